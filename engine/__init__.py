@@ -1,0 +1,48 @@
+"""weir's Trio engine: the server, the application API and the stores.
+
+Everything here is built on the sans-io core in :mod:`protocol`; this is the only
+layer that reads the clock or touches a socket.
+"""
+
+from __future__ import annotations
+
+from ._app import (
+    App,
+    McpError,
+    Prompt,
+    Resource,
+    ResourceTemplate,
+    Tool,
+    ToolError,
+    audio,
+    embedded_resource,
+    image,
+    text,
+    tool_result,
+)
+from ._context import Context
+from ._server import Server, ServerConfig, serve
+from ._store import MemoryStore, SessionRecord, SessionStore, StoreUnavailable
+
+__all__ = [
+    "App",
+    "Context",
+    "McpError",
+    "MemoryStore",
+    "Prompt",
+    "Resource",
+    "ResourceTemplate",
+    "Server",
+    "ServerConfig",
+    "SessionRecord",
+    "SessionStore",
+    "StoreUnavailable",
+    "Tool",
+    "ToolError",
+    "audio",
+    "embedded_resource",
+    "image",
+    "serve",
+    "text",
+    "tool_result",
+]

@@ -1,0 +1,413 @@
+"""The application API: tools, resources, prompts and completions as decorated functions.
+
+Theory of operation
+-------------------
+An :class:`App` is a registry, nothing more: decorators record functions together
+with the metadata MCP lists (names, descriptions, JSON Schemas, annotations).  It
+has no I/O and no knowledge of sessions; the server (``engine._server``) looks
+handlers up here and calls them with a :class:`~engine.Context`.
+
+* A tool's ``inputSchema`` is derived from its type hints with msgspec (a Struct is
+  built from the parameters), and incoming ``arguments`` are validated and
+  converted with the same Struct before the function runs.  Bad arguments become a
+  tool result with ``isError: true`` (MCP 2025-11-25: input validation errors are
+  tool execution errors), never a crash.
+* A parameter annotated as :class:`~engine.Context` receives the per-call context
+  and is not part of the schema.
+* Return values are normalised into MCP result objects by :func:`tool_result`
+  (``str`` -> one text block, a content block or a list of them, or a full result
+  ``dict`` with ``content``).  Raising :class:`ToolError` yields ``isError: true``.
+"""
+
+from __future__ import annotations
+
+import base64
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
+
+import msgspec
+
+if TYPE_CHECKING:
+    from ._context import Context
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_\-.]{1,128}")
+
+
+class ToolError(Exception):
+    """Raise from a tool to return ``isError: true`` with this message as text."""
+
+
+class McpError(Exception):
+    """Raise from any handler to answer with a JSON-RPC error.
+
+    Args:
+        code: the JSON-RPC error code (e.g. ``-32602`` invalid params).
+        message: the error message.
+        data: optional ``error.data``.
+    """
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+# ---------------------------------------------------------------- content helpers
+def text(value: str) -> dict[str, Any]:
+    """A text content block."""
+    return {"type": "text", "text": value}
+
+
+def image(data: bytes, mime_type: str) -> dict[str, Any]:
+    """An image content block (``data`` is base64-encoded for you)."""
+    return {"type": "image", "data": base64.b64encode(data).decode(), "mimeType": mime_type}
+
+
+def audio(data: bytes, mime_type: str) -> dict[str, Any]:
+    """An audio content block (``data`` is base64-encoded for you)."""
+    return {"type": "audio", "data": base64.b64encode(data).decode(), "mimeType": mime_type}
+
+
+def embedded_resource(
+    uri: str, *, text: str | None = None, blob: bytes | None = None, mime_type: str | None = None
+) -> dict[str, Any]:
+    """An embedded resource content block holding either ``text`` or ``blob``."""
+    res: dict[str, Any] = {"uri": uri}
+    if mime_type is not None:
+        res["mimeType"] = mime_type
+    if (text is None) == (blob is None):
+        raise ValueError("give exactly one of text or blob")
+    if text is not None:
+        res["text"] = text
+    else:
+        assert blob is not None
+        res["blob"] = base64.b64encode(blob).decode()
+    return {"type": "resource", "resource": res}
+
+
+def tool_result(value: Any) -> dict[str, Any]:
+    """Normalise a tool's return value into a ``CallToolResult`` object.
+
+    Raises:
+        TypeError: for a value that cannot be shown to a client.
+    """
+    if isinstance(value, str):
+        return {"content": [text(value)]}
+    if isinstance(value, Mapping):
+        if "content" in value:
+            return dict(value)
+        if "type" in value:
+            return {"content": [dict(value)]}
+        return {"content": [text(msgspec.json.encode(value).decode())], "structuredContent": dict(value)}
+    if isinstance(value, list | tuple):
+        return {"content": [c if isinstance(c, Mapping) else text(str(c)) for c in value]}
+    if value is None:
+        return {"content": []}
+    if isinstance(value, int | float | bool):
+        return {"content": [text(str(value))]}
+    raise TypeError(f"cannot turn {type(value).__name__} into a tool result")
+
+
+# ---------------------------------------------------------------- registry records
+@dataclass(slots=True, kw_only=True)
+class Tool:
+    """A registered tool."""
+
+    name: str
+    description: str
+    fn: Callable[..., Awaitable[Any] | Any]
+    input_schema: dict[str, Any]
+    args_type: type[msgspec.Struct] | None
+    context_param: str | None
+    annotations: dict[str, Any] | None = None
+    title: str | None = None
+
+    def listing(self) -> dict[str, Any]:
+        """The entry for ``tools/list``."""
+        out: dict[str, Any] = {"name": self.name, "description": self.description,
+                               "inputSchema": self.input_schema}
+        if self.title:
+            out["title"] = self.title
+        if self.annotations:
+            out["annotations"] = self.annotations
+        return out
+
+
+@dataclass(slots=True, kw_only=True)
+class Resource:
+    """A registered static resource."""
+
+    uri: str
+    name: str
+    description: str | None
+    mime_type: str | None
+    fn: Callable[..., Any]
+    context_param: str | None
+
+    def listing(self) -> dict[str, Any]:
+        """The entry for ``resources/list``."""
+        out: dict[str, Any] = {"uri": self.uri, "name": self.name}
+        if self.description:
+            out["description"] = self.description
+        if self.mime_type:
+            out["mimeType"] = self.mime_type
+        return out
+
+
+@dataclass(slots=True, kw_only=True)
+class ResourceTemplate:
+    """A registered URI template (RFC 6570 level 1: ``{name}`` segments)."""
+
+    uri_template: str
+    name: str
+    description: str | None
+    mime_type: str | None
+    fn: Callable[..., Any]
+    context_param: str | None
+    pattern: re.Pattern[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        parts = re.split(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", self.uri_template)
+        rx = "".join(
+            re.escape(p) if i % 2 == 0 else f"(?P<{p}>[^/]+)" for i, p in enumerate(parts)
+        )
+        self.pattern = re.compile(rx)
+
+    def match(self, uri: str) -> dict[str, str] | None:
+        """The template variables if ``uri`` matches, else ``None``."""
+        m = self.pattern.fullmatch(uri)
+        return m.groupdict() if m else None
+
+    def listing(self) -> dict[str, Any]:
+        """The entry for ``resources/templates/list``."""
+        out: dict[str, Any] = {"uriTemplate": self.uri_template, "name": self.name}
+        if self.description:
+            out["description"] = self.description
+        if self.mime_type:
+            out["mimeType"] = self.mime_type
+        return out
+
+
+@dataclass(slots=True, kw_only=True)
+class Prompt:
+    """A registered prompt."""
+
+    name: str
+    description: str
+    arguments: list[dict[str, Any]]
+    fn: Callable[..., Any]
+    context_param: str | None
+
+    def listing(self) -> dict[str, Any]:
+        """The entry for ``prompts/list``."""
+        out: dict[str, Any] = {"name": self.name, "description": self.description}
+        if self.arguments:
+            out["arguments"] = self.arguments
+        return out
+
+
+CompletionFn = Callable[[dict[str, Any], str, str, dict[str, str]], Awaitable[list[str]] | list[str]]
+
+
+def _context_param(fn: Callable[..., Any], hints: Mapping[str, Any]) -> str | None:
+    from ._context import Context
+
+    for name, hint in hints.items():
+        if hint is Context:
+            return name
+    return None
+
+
+def _describe(fn: Callable[..., Any], description: str | None, what: str) -> str:
+    desc = description or inspect.getdoc(fn)
+    if not desc:
+        raise ValueError(f"{what} {fn.__name__!r} needs a description (argument or docstring)")
+    return desc
+
+
+def _schema_for(fn: Callable[..., Any], hints: Mapping[str, Any], skip: str | None) -> tuple[
+    dict[str, Any], type[msgspec.Struct] | None
+]:
+    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+    for pname, param in inspect.signature(fn).parameters.items():
+        if pname == skip:
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise TypeError(f"{fn.__name__}: *args/**kwargs cannot be described as a schema")
+        hint = hints.get(pname, Any)
+        if param.default is inspect.Parameter.empty:
+            fields.append((pname, hint))
+        else:
+            fields.append((pname, hint, param.default))
+    if not fields:
+        return {"type": "object", "properties": {}}, None
+    struct = msgspec.defstruct(f"{fn.__name__}_args", fields, forbid_unknown_fields=False)
+    schema = msgspec.json.schema(struct)
+    ref = schema.pop("$ref").rsplit("/", 1)[1]
+    defs: dict[str, Any] = schema.pop("$defs")
+    top = dict(defs.pop(ref))
+    top.pop("title", None)
+    if not top.get("required"):
+        top.pop("required", None)
+    if defs:
+        top["$defs"] = defs
+    return top, struct
+
+
+class App:
+    """An MCP application: a named registry of tools, resources, prompts and completions.
+
+    Args:
+        name: ``serverInfo.name``.
+        version: ``serverInfo.version``.
+        instructions: optional ``instructions`` returned by ``initialize``.
+    """
+
+    def __init__(self, name: str, version: str = "0.1.0", *, instructions: str | None = None) -> None:
+        self.name = name
+        self.version = version
+        self.instructions = instructions
+        self.tools: dict[str, Tool] = {}
+        self.resources: dict[str, Resource] = {}
+        self.templates: list[ResourceTemplate] = []
+        self.prompts: dict[str, Prompt] = {}
+        self.completion_fn: CompletionFn | None = None
+
+    # ---------------------------------------------------------------- tools
+    def tool(
+        self,
+        name: str | None = None,
+        *,
+        description: str | None = None,
+        title: str | None = None,
+        input_schema: dict[str, Any] | None = None,
+        read_only: bool | None = None,
+        destructive: bool | None = None,
+        idempotent: bool | None = None,
+        open_world: bool | None = None,
+    ) -> Callable[[F], F]:
+        """Register a tool.  Usable as ``@app.tool()`` or ``@app.tool("name", ...)``.
+
+        The hint flags become ``annotations`` (``readOnlyHint``, ``destructiveHint``,
+        ``idempotentHint``, ``openWorldHint``); clients treat them as untrusted, and
+        so does weir.  ``input_schema`` overrides the derived schema verbatim (then
+        arguments are passed through unvalidated).
+
+        Raises:
+            ValueError: a duplicate or malformed name, or no description.
+        """
+
+        def register(fn: F) -> F:
+            tname = name or fn.__name__
+            if not _TOOL_NAME.fullmatch(tname):
+                raise ValueError(f"tool name {tname!r}: use 1-128 of A-Z a-z 0-9 _ - .")
+            if tname in self.tools:
+                raise ValueError(f"tool {tname!r} registered twice")
+            hints = get_type_hints(fn)
+            hints.pop("return", None)
+            ctx = _context_param(fn, hints)
+            if input_schema is not None:
+                schema, struct = input_schema, None
+            else:
+                schema, struct = _schema_for(fn, hints, ctx)
+            ann = {
+                k: v
+                for k, v in (("readOnlyHint", read_only), ("destructiveHint", destructive),
+                             ("idempotentHint", idempotent), ("openWorldHint", open_world))
+                if v is not None
+            }
+            if title:
+                ann["title"] = title
+            self.tools[tname] = Tool(
+                name=tname, description=_describe(fn, description, "tool"), fn=fn,
+                input_schema=schema, args_type=struct, context_param=ctx,
+                annotations=ann or None, title=title,
+            )
+            return fn
+
+        return register
+
+    # ---------------------------------------------------------------- resources
+    def resource(
+        self, uri: str, *, name: str | None = None, description: str | None = None,
+        mime_type: str | None = None,
+    ) -> Callable[[F], F]:
+        """Register a static resource; the function returns ``str`` (text) or ``bytes`` (blob)."""
+
+        def register(fn: F) -> F:
+            if uri in self.resources:
+                raise ValueError(f"resource {uri!r} registered twice")
+            hints = get_type_hints(fn)
+            self.resources[uri] = Resource(
+                uri=uri, name=name or fn.__name__, description=description or inspect.getdoc(fn),
+                mime_type=mime_type, fn=fn, context_param=_context_param(fn, hints),
+            )
+            return fn
+
+        return register
+
+    def resource_template(
+        self, uri_template: str, *, name: str | None = None, description: str | None = None,
+        mime_type: str | None = None,
+    ) -> Callable[[F], F]:
+        """Register a templated resource; template variables are passed as keyword arguments."""
+
+        def register(fn: F) -> F:
+            hints = get_type_hints(fn)
+            self.templates.append(ResourceTemplate(
+                uri_template=uri_template, name=name or fn.__name__,
+                description=description or inspect.getdoc(fn), mime_type=mime_type, fn=fn,
+                context_param=_context_param(fn, hints),
+            ))
+            return fn
+
+        return register
+
+    # ---------------------------------------------------------------- prompts
+    def prompt(self, name: str | None = None, *, description: str | None = None,
+               arguments: dict[str, str] | None = None) -> Callable[[F], F]:
+        """Register a prompt.  Its parameters are the prompt's (string) arguments.
+
+        ``arguments`` optionally maps parameter names to their descriptions.
+        The function returns ``str`` (one user message) or a list of messages.
+        """
+
+        def register(fn: F) -> F:
+            pname = name or fn.__name__
+            hints = get_type_hints(fn)
+            ctx = _context_param(fn, hints)
+            args = []
+            for p, param in inspect.signature(fn).parameters.items():
+                if p == ctx:
+                    continue
+                entry: dict[str, Any] = {"name": p, "required": param.default is inspect.Parameter.empty}
+                if arguments and p in arguments:
+                    entry["description"] = arguments[p]
+                args.append(entry)
+            self.prompts[pname] = Prompt(
+                name=pname, description=_describe(fn, description, "prompt"), arguments=args,
+                fn=fn, context_param=ctx,
+            )
+            return fn
+
+        return register
+
+    # ---------------------------------------------------------------- completion
+    def completion(self, fn: CompletionFn) -> CompletionFn:
+        """Register the completion handler: ``fn(ref, argument_name, value, context_arguments)``."""
+        self.completion_fn = fn
+        return fn
+
+    def find_template(self, uri: str) -> tuple[ResourceTemplate, dict[str, str]] | None:
+        """The first template matching ``uri``, with its variables."""
+        for t in self.templates:
+            found = t.match(uri)
+            if found is not None:
+                return t, found
+        return None

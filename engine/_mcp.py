@@ -1,0 +1,244 @@
+"""MCP methods: turn one JSON-RPC request into a result, using the application registry.
+
+Theory of operation
+-------------------
+:func:`dispatch` is the only place that knows MCP method names.  It returns the
+``result`` object or raises :class:`~engine.McpError` (a JSON-RPC error).  Tool
+failures are *results* with ``isError: true`` (MCP), not JSON-RPC errors.
+Transport concerns (streams, sessions, HTTP) stay in ``engine._server``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from protocol import INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND, Request
+
+from ._app import App, McpError, ToolError, text, tool_result
+from ._context import Context
+from ._session import LOG_LEVELS, Session
+
+log = logging.getLogger("weir.app")
+
+
+async def _call(fn: Callable[..., Any], ctx_param: str | None, ctx: Context, kwargs: dict[str, Any]) -> Any:
+    if ctx_param is not None:
+        kwargs = {**kwargs, ctx_param: ctx}
+    out = fn(**kwargs)
+    if inspect.isawaitable(out):
+        out = await out
+    return out
+
+
+def _params(req: Request) -> dict[str, Any]:
+    return req.params or {}
+
+
+def _require_str(params: dict[str, Any], key: str) -> str:
+    value = params.get(key)
+    if not isinstance(value, str):
+        raise McpError(INVALID_PARAMS, f"params.{key} must be a string")
+    return value
+
+
+def capabilities(app: App) -> dict[str, Any]:
+    """The server capabilities advertised at ``initialize``."""
+    caps: dict[str, Any] = {"logging": {}}
+    if app.tools:
+        caps["tools"] = {"listChanged": False}
+    if app.resources or app.templates:
+        caps["resources"] = {"subscribe": True, "listChanged": False}
+    if app.prompts:
+        caps["prompts"] = {"listChanged": False}
+    if app.completion_fn is not None:
+        caps["completions"] = {}
+    return caps
+
+
+async def call_tool(app: App, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """Run ``tools/call``; every failure inside the tool becomes ``isError: true``."""
+    name = _require_str(params, "name")
+    tool = app.tools.get(name)
+    if tool is None:
+        raise McpError(INVALID_PARAMS, f"unknown tool {name!r}")
+    arguments = params.get("arguments") or {}
+    if not isinstance(arguments, dict):
+        raise McpError(INVALID_PARAMS, "params.arguments must be an object")
+    try:
+        if tool.args_type is not None:
+            converted = msgspec.convert(arguments, tool.args_type, strict=False)
+            kwargs = {f: getattr(converted, f) for f in tool.args_type.__struct_fields__}
+        else:
+            kwargs = dict(arguments) if tool.input_schema.get("properties") else {}
+    except msgspec.ValidationError as exc:
+        return {"content": [text(f"invalid arguments for {name}: {exc}")], "isError": True}
+    try:
+        return tool_result(await _call(tool.fn, tool.context_param, ctx, kwargs))
+    except ToolError as exc:
+        return {"content": [text(str(exc))], "isError": True}
+    except McpError:
+        raise
+    except Exception as exc:
+        log.exception("tool %s failed", name)
+        return {"content": [text(f"tool {name} failed: {type(exc).__name__}: {exc}")], "isError": True}
+
+
+def _resource_contents(uri: str, mime: str | None, value: Any) -> list[dict[str, Any]]:
+    import base64
+
+    if isinstance(value, str):
+        item: dict[str, Any] = {"uri": uri, "text": value}
+    elif isinstance(value, bytes):
+        item = {"uri": uri, "blob": base64.b64encode(value).decode()}
+    elif isinstance(value, list):
+        return value
+    elif isinstance(value, dict):
+        return [value]
+    else:
+        raise TypeError(f"resource {uri}: cannot serve {type(value).__name__}")
+    if mime:
+        item["mimeType"] = mime
+    return [item]
+
+
+async def read_resource(app: App, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """Run ``resources/read`` for a static resource or a template match."""
+    uri = _require_str(params, "uri")
+    res = app.resources.get(uri)
+    if res is not None:
+        value = await _call(res.fn, res.context_param, ctx, {})
+        return {"contents": _resource_contents(uri, res.mime_type, value)}
+    found = app.find_template(uri)
+    if found is None:
+        raise McpError(RESOURCE_NOT_FOUND, f"resource {uri!r} not found", {"uri": uri})
+    tpl, variables = found
+    value = await _call(tpl.fn, tpl.context_param, ctx, variables)
+    return {"contents": _resource_contents(uri, tpl.mime_type, value)}
+
+
+async def get_prompt(app: App, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """Run ``prompts/get``."""
+    name = _require_str(params, "name")
+    prompt = app.prompts.get(name)
+    if prompt is None:
+        raise McpError(INVALID_PARAMS, f"unknown prompt {name!r}")
+    args = params.get("arguments") or {}
+    if not isinstance(args, dict):
+        raise McpError(INVALID_PARAMS, "params.arguments must be an object")
+    missing = [a["name"] for a in prompt.arguments if a["required"] and a["name"] not in args]
+    if missing:
+        raise McpError(INVALID_PARAMS, f"prompt {name!r} is missing arguments: {', '.join(missing)}")
+    known = {a["name"] for a in prompt.arguments}
+    value = await _call(prompt.fn, prompt.context_param, ctx, {k: v for k, v in args.items() if k in known})
+    if isinstance(value, str):
+        messages = [{"role": "user", "content": text(value)}]
+    elif isinstance(value, dict) and "messages" in value:
+        return value
+    else:
+        messages = list(value)
+    return {"description": prompt.description, "messages": messages}
+
+
+async def complete(app: App, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """Run ``completion/complete``."""
+    ref = params.get("ref")
+    argument = params.get("argument")
+    if not isinstance(ref, dict) or not isinstance(argument, dict):
+        raise McpError(INVALID_PARAMS, "params.ref and params.argument must be objects")
+    values: list[str] = []
+    if app.completion_fn is not None:
+        context_args = (params.get("context") or {}).get("arguments") or {}
+        out = app.completion_fn(ref, str(argument.get("name", "")), str(argument.get("value", "")),
+                                context_args)
+        values = list(await out) if inspect.isawaitable(out) else list(out)
+    return {"completion": {"values": values[:100], "total": len(values), "hasMore": len(values) > 100}}
+
+
+Handler = Callable[[App, Session, dict[str, Any], Context], Awaitable[dict[str, Any]]]
+
+
+async def _ping(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+    return {}
+
+
+async def _tools_list(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+    return {"tools": [t.listing() for t in app.tools.values()]}
+
+
+async def _tools_call(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+    return await call_tool(app, p, c)
+
+
+async def _resources_list(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+    return {"resources": [r.listing() for r in app.resources.values()]}
+
+
+async def _templates_list(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+    return {"resourceTemplates": [t.listing() for t in app.templates]}
+
+
+async def _resources_read(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+    return await read_resource(app, p, c)
+
+
+async def _subscribe(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+    s.subscriptions.add(_require_str(p, "uri"))
+    return {}
+
+
+async def _unsubscribe(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+    s.subscriptions.discard(_require_str(p, "uri"))
+    return {}
+
+
+async def _prompts_list(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+    return {"prompts": [pr.listing() for pr in app.prompts.values()]}
+
+
+async def _prompts_get(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+    return await get_prompt(app, p, c)
+
+
+async def _complete(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+    return await complete(app, p, c)
+
+
+async def _set_level(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+    level = _require_str(p, "level")
+    if level not in LOG_LEVELS:
+        raise McpError(INVALID_PARAMS, f"unknown log level {level!r}")
+    s.log_level = level
+    return {}
+
+
+METHODS: dict[str, Handler] = {
+    "ping": _ping,
+    "tools/list": _tools_list,
+    "tools/call": _tools_call,
+    "resources/list": _resources_list,
+    "resources/templates/list": _templates_list,
+    "resources/read": _resources_read,
+    "resources/subscribe": _subscribe,
+    "resources/unsubscribe": _unsubscribe,
+    "prompts/list": _prompts_list,
+    "prompts/get": _prompts_get,
+    "completion/complete": _complete,
+    "logging/setLevel": _set_level,
+}
+
+
+async def dispatch(app: App, session: Session, req: Request, ctx: Context) -> dict[str, Any]:
+    """Serve one request.
+
+    Raises:
+        McpError: ``-32601`` for an unknown method, or whatever the handler raised.
+    """
+    handler = METHODS.get(req.method)
+    if handler is None:
+        raise McpError(METHOD_NOT_FOUND, f"method {req.method!r} not found")
+    return await handler(app, session, _params(req), ctx)

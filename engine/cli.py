@@ -1,0 +1,121 @@
+"""The ``weir`` command line.
+
+``weir serve [APP] [--host H] [--port P] [--path /mcp] [--json-response] [--log-level L]``
+
+APP is ``module:attribute`` naming an :class:`engine.App` (or a zero-argument
+callable returning one), or a built-in name: ``demo`` (default) or
+``conformance``.  With ``--port 0`` a free port is chosen; the first line on stdout
+is always ``weir: serving http://HOST:PORT/PATH``.  SIGINT/SIGTERM shut down
+gracefully (see ``engine.Server.shutdown``); a second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+import trio
+
+from ._app import App
+from ._server import Server, ServerConfig
+
+BUILTIN_APPS = {"demo": "engine.apps.demo:app", "conformance": "engine.apps.conformance:app"}
+
+
+def load_app(spec: str) -> App:
+    """Resolve ``demo``, ``conformance`` or ``module:attribute`` to an :class:`App`.
+
+    Raises:
+        SystemExit: with a clear message when the spec cannot be resolved.
+    """
+    target = BUILTIN_APPS.get(spec, spec)
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise SystemExit(f"weir: APP must be 'demo', 'conformance' or 'module:attribute', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SystemExit(f"weir: cannot import {module_name!r}: {exc}") from None
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise SystemExit(f"weir: module {module_name!r} has no attribute {attr!r}")
+    if not isinstance(obj, App) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, App):
+        raise SystemExit(f"weir: {spec!r} is a {type(obj).__name__}, not an engine.App")
+    return obj
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="weir", description="weir: an MCP transport engine on Trio")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve an MCP application over Streamable HTTP")
+    s.add_argument("app", nargs="?", default="demo",
+                   help="'demo' (default), 'conformance', or module:attribute")
+    s.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one (default 8000)")
+    s.add_argument("--path", default="/mcp", help="endpoint path (default /mcp)")
+    s.add_argument("--json-response", action="store_true",
+                   help="answer requests with application/json instead of SSE streams")
+    s.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="also accept this Host/Origin name (repeatable; '*' disables the check)")
+    s.add_argument("--log-level", default="warning",
+                   choices=["debug", "info", "warning", "error", "critical"])
+    s.add_argument("--shutdown-grace", type=float, default=10.0, metavar="SECONDS",
+                   help="time running calls get to finish on SIGINT/SIGTERM (default 10)")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """Build a :class:`ServerConfig` from parsed ``serve`` arguments."""
+    if not args.path.startswith("/"):
+        raise SystemExit(f"weir: --path must start with '/', got {args.path!r}")
+    if not 0 <= args.port <= 65535:
+        raise SystemExit(f"weir: --port must be 0..65535, got {args.port}")
+    hosts = None
+    if args.allow_host:
+        base = ServerConfig(host=args.host).endpoint().allowed_hosts
+        hosts = frozenset(base | {h.lower() for h in args.allow_host})
+    return ServerConfig(host=args.host, port=args.port, path=args.path,
+                        json_response=args.json_response, allowed_hosts=hosts,
+                        shutdown_grace=args.shutdown_grace)
+
+
+async def _run(app: App, config: ServerConfig) -> None:
+    async with trio.open_nursery() as nursery:
+        server: Server = await nursery.start(Server(app, config).run)
+        print(f"weir: serving {server.url}", flush=True)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                if server.shutting_down:
+                    nursery.cancel_scope.cancel()
+                    return
+                print("weir: shutting down", file=sys.stderr, flush=True)
+                server.shutdown()
+                nursery.start_soon(_wait_then_cancel, server, nursery)
+
+
+async def _wait_then_cancel(server: Server, nursery: trio.Nursery) -> None:
+    # run() returns once drained; the signal loop is the only other task.
+    await server.stopped.wait()
+    nursery.cancel_scope.cancel()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``weir`` console script."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    app = load_app(args.app)
+    config = config_from_args(args)
+    try:
+        trio.run(_run, app, config)
+    except OSError as exc:
+        print(f"weir: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0

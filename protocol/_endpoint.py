@@ -1,0 +1,280 @@
+"""The MCP endpoint rules: which HTTP requests the server serves, and how it refuses.
+
+Theory of operation
+-------------------
+:func:`route` maps one complete :class:`~protocol.HttpRequest` to one MCP-level
+request -- :class:`PostMessages`, :class:`OpenStream` or :class:`DeleteSession` --
+or raises :class:`~protocol.RemoteProtocolError` carrying the exact refusal.  It
+checks everything that needs no state, in this order (the first failure wins):
+
+1. path (404), then ``Host`` and ``Origin`` against the allow-list (403; DNS
+   rebinding protection, MCP 2025-11-25 "Security Warning");
+2. method: POST, GET and DELETE only (405 with ``Allow``);
+3. ``MCP-Protocol-Version``: absent means 2025-03-26; unsupported is 400;
+4. POST: ``Content-Type: application/json`` (415), ``Accept`` listing
+   ``application/json`` and ``text/event-stream`` (406), a JSON-RPC body (400 with
+   -32700/-32600), batches only at 2025-03-26, ``initialize`` alone and without a
+   session; everything else needs ``Mcp-Session-Id`` (400);
+5. GET: ``Accept: text/event-stream`` (406), a session (400), and a well-formed
+   ``Last-Event-ID`` if present (400 ``cursor_invalid``);
+6. DELETE: a session (400).
+
+Whether the session exists, and everything else that needs state, is the
+driver's business (it owns the store); :func:`refusal` renders any refusal as
+``(status, headers, body)`` so every layer answers in the same shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from ._errors import INVALID_REQUEST, Reason, RemoteProtocolError
+from ._event_ids import EventId, parse_event_id
+from ._http import Headers, HttpRequest
+from ._jsonrpc import Message, Request, decode_body, error_body
+
+#: Revisions served on the Streamable HTTP endpoint, newest first.
+SUPPORTED_VERSIONS: Final = ("2025-11-25", "2025-06-18", "2025-03-26")
+#: The revision assumed when a request has no ``MCP-Protocol-Version`` header.
+DEFAULT_VERSION: Final = "2025-03-26"
+LATEST_VERSION: Final = SUPPORTED_VERSIONS[0]
+#: Revisions an ``initialize`` may ask for and get echoed back.
+NEGOTIABLE_VERSIONS: Final = (*SUPPORTED_VERSIONS, "2024-11-05")
+
+LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+ALLOWED_METHODS: Final = "GET, POST, DELETE"
+
+_SESSION_ID_MAX: Final = 256
+
+
+def negotiate_version(requested: object) -> str:
+    """Echo the client's revision if served, else answer with the latest."""
+    if isinstance(requested, str) and requested in NEGOTIABLE_VERSIONS:
+        return requested
+    return LATEST_VERSION
+
+
+def version_at_least(version: str, minimum: str) -> bool:
+    """True if revision ``version`` is ``minimum`` or newer (dates compare as text)."""
+    return version >= minimum
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndpointConfig:
+    """Static endpoint configuration.
+
+    Attributes:
+        path: the MCP endpoint path.
+        allowed_hosts: host names (without port) accepted in ``Host`` and in
+            ``Origin``; ``"*"`` disables the check.  Defaults to loopback names.
+        allowed_origins: exact origins (``scheme://host[:port]``) accepted in
+            addition to those whose host is in ``allowed_hosts``.
+        json_response: answer requests with ``application/json`` instead of SSE;
+            then ``Accept`` need only list ``application/json``.
+    """
+
+    path: str = "/mcp"
+    allowed_hosts: frozenset[str] = LOOPBACK_HOSTS
+    allowed_origins: frozenset[str] = frozenset()
+    json_response: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestContext:
+    """What every routed request carries besides its body."""
+
+    session_id: str | None
+    protocol_version: str
+    headers: Headers
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PostMessages:
+    """A POST carrying one JSON-RPC message, or a batch (2025-03-26 only)."""
+
+    ctx: RequestContext
+    messages: list[Message]
+    is_batch: bool
+
+    @property
+    def is_initialize(self) -> bool:
+        """True for a POST whose single message is an ``initialize`` request."""
+        m = self.messages
+        return len(m) == 1 and isinstance(m[0], Request) and m[0].method == "initialize"
+
+    @property
+    def requests(self) -> list[Request]:
+        """The messages that expect a response."""
+        return [m for m in self.messages if isinstance(m, Request)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpenStream:
+    """A GET: open the standalone stream, or resume one with ``Last-Event-ID``."""
+
+    ctx: RequestContext
+    last_event_id: EventId | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteSession:
+    """A DELETE: the client ends its session."""
+
+    ctx: RequestContext
+
+
+McpRequest = PostMessages | OpenStream | DeleteSession
+
+
+def _refuse(status: int, reason: Reason, message: str, **kw: object) -> RemoteProtocolError:
+    return RemoteProtocolError(message, http_status=status, reason=reason, **kw)  # type: ignore[arg-type]
+
+
+def host_of(authority: str) -> str:
+    """The host part of an ``authority`` (``host[:port]``, IPv6 in brackets), lower-cased."""
+    a = authority.strip().lower()
+    if a.startswith("["):
+        end = a.find("]")
+        return a[: end + 1] if end != -1 else a
+    return a.rsplit(":", 1)[0] if a.count(":") == 1 else a
+
+
+def check_host_and_origin(headers: Headers, config: EndpointConfig) -> None:
+    """Refuse requests whose ``Host`` or ``Origin`` is not allowed (403).
+
+    Raises:
+        RemoteProtocolError: reason ``forbidden_host`` or ``forbidden_origin``.
+    """
+    allowed = config.allowed_hosts
+    if "*" in allowed:
+        return
+    host = headers.get("host")
+    if host is None or host_of(host) not in allowed:
+        raise _refuse(403, Reason.FORBIDDEN_HOST, f"Host {host!r} is not allowed")
+    origin = headers.get("origin")
+    if origin is None or origin in config.allowed_origins:
+        return
+    scheme, sep, rest = origin.partition("://")
+    if not sep or scheme.lower() not in ("http", "https") or host_of(rest) not in allowed:
+        raise _refuse(403, Reason.FORBIDDEN_ORIGIN, f"Origin {origin!r} is not allowed")
+
+
+def _media_ranges(accept: str | None) -> set[str]:
+    if accept is None:
+        return set()
+    out: set[str] = set()
+    for part in accept.split(","):
+        fields = part.split(";")
+        media = fields[0].strip().lower()
+        q_zero = any(p.strip().replace(" ", "") in ("q=0", "q=0.0", "q=0.00", "q=0.000") for p in fields[1:])
+        if media and not q_zero:
+            out.add(media)
+    return out
+
+
+def accepts(accept: str | None, media_type: str) -> bool:
+    """Whether an ``Accept`` value admits ``media_type`` (wildcards honoured)."""
+    ranges = _media_ranges(accept)
+    major = media_type.split("/", 1)[0]
+    return media_type in ranges or f"{major}/*" in ranges or "*/*" in ranges
+
+
+def _session_id(headers: Headers) -> str | None:
+    sid = headers.get("mcp-session-id")
+    if sid is None:
+        return None
+    if not sid or len(sid) > _SESSION_ID_MAX or not all("!" <= c <= "~" for c in sid):
+        raise _refuse(400, Reason.SESSION_INVALID, "Mcp-Session-Id must be 1-256 visible ASCII characters")
+    return sid
+
+
+def _protocol_version(headers: Headers) -> str:
+    version = headers.get("mcp-protocol-version")
+    if version is None:
+        return DEFAULT_VERSION
+    version = version.strip()
+    if version not in SUPPORTED_VERSIONS:
+        raise _refuse(
+            400, Reason.UNSUPPORTED_PROTOCOL_VERSION,
+            f"unsupported MCP-Protocol-Version {version!r}",
+            data={"supported": list(SUPPORTED_VERSIONS)},
+        )
+    return version
+
+
+def route(request: HttpRequest, config: EndpointConfig) -> McpRequest:
+    """Classify and validate one request for the MCP endpoint.
+
+    Raises:
+        RemoteProtocolError: the refusal to send (see the module docstring).
+    """
+    if request.path != config.path:
+        raise _refuse(404, Reason.NOT_FOUND, f"no MCP endpoint at {request.path!r}")
+    headers = request.headers
+    check_host_and_origin(headers, config)
+    method = request.method
+    if method not in ("POST", "GET", "DELETE"):
+        raise _refuse(
+            405, Reason.METHOD_NOT_ALLOWED, f"method {method} not allowed",
+            headers=(("allow", ALLOWED_METHODS),),
+        )
+    version = _protocol_version(headers)
+    ctx = RequestContext(session_id=_session_id(headers), protocol_version=version, headers=headers)
+    if method == "POST":
+        return _route_post(request, ctx, config)
+    if ctx.session_id is None:
+        raise _refuse(400, Reason.SESSION_REQUIRED, "Mcp-Session-Id header is required")
+    if method == "DELETE":
+        return DeleteSession(ctx=ctx)
+    if not accepts(headers.get("accept"), "text/event-stream"):
+        raise _refuse(406, Reason.NOT_ACCEPTABLE, "GET must accept text/event-stream")
+    raw_cursor = headers.get("last-event-id")
+    cursor = parse_event_id(raw_cursor) if raw_cursor is not None else None
+    return OpenStream(ctx=ctx, last_event_id=cursor)
+
+
+def _route_post(request: HttpRequest, ctx: RequestContext, config: EndpointConfig) -> PostMessages:
+    headers = ctx.headers
+    ctype = (headers.get("content-type") or "").split(";", 1)[0].strip().lower()
+    if ctype != "application/json":
+        raise _refuse(415, Reason.UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json")
+    accept = headers.get("accept")
+    wants_sse = not config.json_response
+    if not accepts(accept, "application/json") or (wants_sse and not accepts(accept, "text/event-stream")):
+        raise _refuse(
+            406, Reason.NOT_ACCEPTABLE,
+            "Accept must list both application/json and text/event-stream",
+        )
+    messages, is_batch = decode_body(request.body, allow_batch=ctx.protocol_version == "2025-03-26")
+    post = PostMessages(ctx=ctx, messages=messages, is_batch=is_batch)
+    if any(isinstance(m, Request) and m.method == "initialize" for m in messages):
+        if is_batch:
+            raise _refuse(400, Reason.INVALID_REQUEST, "initialize must not be part of a batch",
+                          code=INVALID_REQUEST)
+        return post
+    if ctx.session_id is None:
+        rid = messages[0].id if not is_batch and isinstance(messages[0], Request) else None
+        raise _refuse(400, Reason.SESSION_REQUIRED, "Mcp-Session-Id header is required",
+                      request_id=rid)
+    return post
+
+
+def refusal(exc: RemoteProtocolError) -> tuple[int, list[tuple[str, str]], bytes]:
+    """Render a refusal as ``(status, headers, JSON-RPC error body)``."""
+    headers = [("content-type", "application/json"), *exc.headers]
+    if exc.retry_after_ms is not None:
+        headers.append(("retry-after", str(max(1, -(-exc.retry_after_ms // 1000)))))
+    return exc.http_status, headers, error_body(exc)
+
+
+def session_refusal(session_id: str, request_id: int | str | None = None) -> RemoteProtocolError:
+    """The 404 for an unknown or terminated session."""
+    return _refuse(404, Reason.SESSION_NOT_FOUND, f"session {session_id!r} not found",
+                   request_id=request_id)
+
+
+def supported_versions() -> Sequence[str]:
+    """The revisions accepted in ``MCP-Protocol-Version``."""
+    return SUPPORTED_VERSIONS

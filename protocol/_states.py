@@ -1,0 +1,142 @@
+"""Session and stream state machines: every transition lives in this file.
+
+Theory of operation
+-------------------
+Rule (after h11's ``_state.py``): everything that changes the state of a session or
+of one of its SSE streams goes through :func:`session_transition` or
+:func:`stream_transition`, which look the change up in :data:`SESSION_TRANSITIONS`
+or :data:`STREAM_TRANSITIONS`.  A pair missing from a table is illegal: the
+functions raise :class:`~protocol.LocalProtocolError` and the state is unchanged.
+
+A stream is two facts at once -- is its final message written to the log yet
+(LIVE vs FINAL), and is a writer attached to a connection (ATTACHED vs
+DETACHED) -- plus CLOSED.  A standalone (GET) stream never becomes FINAL.
+
+* ATTACH on an ATTACHED stream is the "second GET stream" conflict: refused.
+* A CLOSED stream may still be attached for *replay only* (its log is kept until
+  retention drops it), which is how a client that lost the final event of a
+  POST stream gets it back; it goes on being CLOSED.
+* ABORT (session teardown, DELETE, cancellation) closes from any state.
+
+A session is NEW until the client's ``notifications/initialized``; requests are
+served in NEW too (as the official SDKs do); CLOSED is terminal and every later
+request for it gets 404.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Final
+
+from ._errors import LocalProtocolError
+
+
+class StreamState(enum.Enum):
+    """States of one SSE stream."""
+
+    LIVE_ATTACHED = "LIVE_ATTACHED"
+    LIVE_DETACHED = "LIVE_DETACHED"
+    FINAL_ATTACHED = "FINAL_ATTACHED"
+    FINAL_DETACHED = "FINAL_DETACHED"
+    CLOSED = "CLOSED"
+
+
+class StreamInput(enum.Enum):
+    """What can happen to a stream."""
+
+    ATTACH = "ATTACH"  # a connection starts writing this stream
+    DETACH = "DETACH"  # that connection went away, or the server closed it early
+    FINISH = "FINISH"  # the final message (the response) was appended
+    DELIVERED = "DELIVERED"  # the attached writer wrote the final message
+    ABORT = "ABORT"  # session ended or request cancelled
+
+
+class SessionState(enum.Enum):
+    """States of one session."""
+
+    NEW = "NEW"
+    ACTIVE = "ACTIVE"
+    CLOSED = "CLOSED"
+
+
+class SessionInput(enum.Enum):
+    """What can happen to a session."""
+
+    INITIALIZED = "INITIALIZED"  # notifications/initialized received
+    REQUEST = "REQUEST"  # any other message admitted
+    DELETE = "DELETE"  # client DELETE
+    TEARDOWN = "TEARDOWN"  # server ended it (liveness timeout, shutdown)
+
+
+S, I = StreamState, StreamInput
+STREAM_TRANSITIONS: Final[Mapping[StreamState, Mapping[StreamInput, StreamState]]] = {
+    S.LIVE_DETACHED: {
+        I.ATTACH: S.LIVE_ATTACHED,
+        I.FINISH: S.FINAL_DETACHED,
+        I.ABORT: S.CLOSED,
+    },
+    S.LIVE_ATTACHED: {
+        I.DETACH: S.LIVE_DETACHED,
+        I.FINISH: S.FINAL_ATTACHED,
+        I.ABORT: S.CLOSED,
+    },
+    S.FINAL_DETACHED: {
+        I.ATTACH: S.FINAL_ATTACHED,
+        I.ABORT: S.CLOSED,
+    },
+    S.FINAL_ATTACHED: {
+        I.DETACH: S.FINAL_DETACHED,
+        I.DELIVERED: S.CLOSED,
+        I.ABORT: S.CLOSED,
+    },
+    S.CLOSED: {
+        I.ATTACH: S.CLOSED,  # replay only
+        I.DETACH: S.CLOSED,
+        I.DELIVERED: S.CLOSED,
+        I.ABORT: S.CLOSED,
+    },
+}
+del S, I
+
+SS, SI = SessionState, SessionInput
+SESSION_TRANSITIONS: Final[Mapping[SessionState, Mapping[SessionInput, SessionState]]] = {
+    SS.NEW: {
+        SI.INITIALIZED: SS.ACTIVE,
+        SI.REQUEST: SS.NEW,
+        SI.DELETE: SS.CLOSED,
+        SI.TEARDOWN: SS.CLOSED,
+    },
+    SS.ACTIVE: {
+        SI.INITIALIZED: SS.ACTIVE,
+        SI.REQUEST: SS.ACTIVE,
+        SI.DELETE: SS.CLOSED,
+        SI.TEARDOWN: SS.CLOSED,
+    },
+    SS.CLOSED: {},
+}
+del SS, SI
+
+
+def stream_transition(state: StreamState, event: StreamInput) -> StreamState:
+    """The stream state after ``event``.
+
+    Raises:
+        LocalProtocolError: ``event`` is not allowed in ``state``.
+    """
+    try:
+        return STREAM_TRANSITIONS[state][event]
+    except KeyError:
+        raise LocalProtocolError(f"stream cannot {event.value} in state {state.value}") from None
+
+
+def session_transition(state: SessionState, event: SessionInput) -> SessionState:
+    """The session state after ``event``.
+
+    Raises:
+        LocalProtocolError: ``event`` is not allowed in ``state``.
+    """
+    try:
+        return SESSION_TRANSITIONS[state][event]
+    except KeyError:
+        raise LocalProtocolError(f"session cannot {event.value} in state {state.value}") from None

@@ -1,0 +1,209 @@
+"""Per-session SSE streams: their event logs, cursors and replay.
+
+Theory of operation
+-------------------
+Every message the server sends on an SSE stream is first appended to that
+stream's :class:`StreamLog` and only then written, by whichever writer is attached,
+from the log.  A writer is nothing but a cursor into the log, so:
+
+* a reconnect with ``Last-Event-ID: <epoch>:<n>`` gets exactly the frames with
+  ``seq > n`` of *that* stream (the epoch names the stream), then continues live
+  from the same log -- no gap and no duplicate at the switch, by construction;
+* nothing is ever reordered: frames leave in append order.
+
+Each frame is SSE-encoded once, at append time (``id: <epoch>:<seq>`` unless ids
+are disabled).  Logs are bounded: a log keeps at most ``max_events`` frames (older
+ones are dropped; a cursor older than what is kept is ``cursor_unknown``, never
+silently skipped).  :class:`StreamTable` holds one session's logs by epoch and
+forgets the oldest closed streams beyond ``max_closed``.
+
+State changes go through :mod:`protocol._states`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict, deque
+from collections.abc import Iterator
+
+from ._errors import Reason, RemoteProtocolError
+from ._event_ids import EventId
+from ._sse import encode_event
+from ._states import StreamInput, StreamState, stream_transition
+
+
+class StreamKind(enum.Enum):
+    """What a stream carries."""
+
+    REQUEST = "request"  # the response stream of one POSTed request
+    STANDALONE = "standalone"  # the session's GET stream
+    LEGACY = "legacy"  # the single stream of the 2024-11-05 HTTP+SSE transport
+
+
+class StreamLog:
+    """The ordered, bounded log of one stream's frames.
+
+    Args:
+        epoch: the stream's epoch (8 lowercase hex digits), unique in its session.
+        kind: what the stream carries.
+        max_events: how many frames are retained for replay.
+        emit_ids: write ``id:`` lines (False for resumption policy ``off``).
+    """
+
+    __slots__ = ("_frames", "_next_seq", "emit_ids", "epoch", "kind", "max_events", "state")
+
+    def __init__(
+        self, epoch: str, kind: StreamKind, *, max_events: int = 4096, emit_ids: bool = True
+    ) -> None:
+        EventId(epoch, 0)  # validates the epoch
+        if max_events < 1:
+            raise ValueError("max_events must be >= 1")
+        self.epoch = epoch
+        self.kind = kind
+        self.max_events = max_events
+        self.emit_ids = emit_ids
+        self.state = StreamState.LIVE_DETACHED
+        self._frames: deque[tuple[int, bytes]] = deque()
+        self._next_seq = 0
+
+    # ---------------------------------------------------------------- appending
+    def append(self, payload: str, *, final: bool = False, event: str | None = None) -> EventId:
+        """Append one message (already JSON text) and return its id.
+
+        Args:
+            payload: the ``data`` of the event.
+            final: this is the stream's last message (a request's response);
+                the stream moves to a FINAL state.
+            event: optional SSE event type (the legacy transport uses it).
+
+        Raises:
+            LocalProtocolError: appending after the final message, or to a
+                CLOSED stream.
+        """
+        if self.state in (StreamState.FINAL_ATTACHED, StreamState.FINAL_DETACHED, StreamState.CLOSED):
+            stream_transition(self.state, StreamInput.FINISH)  # raises: nothing after final
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        eid = f"{self.epoch}:{seq}" if self.emit_ids else None
+        self._frames.append((seq, encode_event(payload, id=eid, event=event)))
+        if len(self._frames) > self.max_events:
+            self._frames.popleft()
+        if final:
+            self.state = stream_transition(self.state, StreamInput.FINISH)
+        return EventId(self.epoch, seq)
+
+    def prime(self) -> EventId:
+        """Append the priming event (an id and empty data; MCP 2025-11-25)."""
+        return self.append("")
+
+    # ---------------------------------------------------------------- reading
+    @property
+    def next_seq(self) -> int:
+        """The seq the next appended frame will get."""
+        return self._next_seq
+
+    def first_retained(self) -> int:
+        """The oldest seq still held (``next_seq`` when the log is empty)."""
+        return self._frames[0][0] if self._frames else self._next_seq
+
+    def frames_from(self, seq: int) -> list[bytes]:
+        """All retained frames with ``seq >= seq``, in order.
+
+        Raises:
+            RemoteProtocolError: 409 ``cursor_unknown`` if frames at or after
+                ``seq`` were already dropped, or ``seq`` is beyond the head.
+        """
+        if seq > self._next_seq or seq < self.first_retained():
+            raise RemoteProtocolError(
+                f"event {self.epoch}:{seq - 1} is outside what this stream retains "
+                f"(seq {self.first_retained()}..{self._next_seq - 1})",
+                http_status=409,
+                reason=Reason.CURSOR_UNKNOWN,
+            )
+        if seq == self._next_seq:
+            return []
+        start = seq - self._frames[0][0]
+        return [f for _, f in _islice(self._frames, start)]
+
+    def cursor_after(self, cursor: EventId) -> int:
+        """The next seq to write for a client whose last event was ``cursor``.
+
+        Raises:
+            RemoteProtocolError: 409 ``cursor_unknown`` if the cursor names
+                another stream or a seq this log does not retain.
+        """
+        if cursor.epoch != self.epoch or cursor.seq >= self._next_seq:
+            raise RemoteProtocolError(
+                f"event {cursor} was never sent on this stream",
+                http_status=409,
+                reason=Reason.CURSOR_UNKNOWN,
+            )
+        nxt = cursor.seq + 1
+        self.frames_from(nxt)  # validates retention
+        return nxt
+
+    # ---------------------------------------------------------------- lifecycle
+    def handle(self, event: StreamInput) -> StreamState:
+        """Apply a lifecycle input (see :mod:`protocol._states`); return the new state."""
+        self.state = stream_transition(self.state, event)
+        return self.state
+
+    @property
+    def finished(self) -> bool:
+        """True once the final message is in the log (or the stream is closed)."""
+        return self.state in (StreamState.FINAL_ATTACHED, StreamState.FINAL_DETACHED, StreamState.CLOSED)
+
+
+def _islice(frames: deque[tuple[int, bytes]], start: int) -> Iterator[tuple[int, bytes]]:
+    for i in range(start, len(frames)):
+        yield frames[i]
+
+
+class StreamTable:
+    """One session's streams, by epoch, with bounded retention of closed ones."""
+
+    def __init__(self, *, max_closed: int = 64) -> None:
+        self.max_closed = max_closed
+        self._streams: OrderedDict[str, StreamLog] = OrderedDict()
+        self.standalone: StreamLog | None = None
+
+    def add(self, log: StreamLog) -> StreamLog:
+        """Register a new stream.
+
+        Raises:
+            ValueError: if the epoch is already in use in this session.
+        """
+        if log.epoch in self._streams:
+            raise ValueError(f"epoch {log.epoch} already used in this session")
+        self._streams[log.epoch] = log
+        if log.kind is StreamKind.STANDALONE:
+            self.standalone = log
+        self._evict()
+        return log
+
+    def get(self, cursor: EventId) -> StreamLog:
+        """The stream a cursor names.
+
+        Raises:
+            RemoteProtocolError: 409 ``cursor_unknown`` for an epoch this session
+                never had or no longer retains.
+        """
+        log = self._streams.get(cursor.epoch)
+        if log is None:
+            raise RemoteProtocolError(
+                f"no stream with epoch {cursor.epoch} in this session",
+                http_status=409,
+                reason=Reason.CURSOR_UNKNOWN,
+            )
+        return log
+
+    def __iter__(self) -> Iterator[StreamLog]:
+        return iter(list(self._streams.values()))
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def _evict(self) -> None:
+        closed = [e for e, s in self._streams.items() if s.state is StreamState.CLOSED]
+        for epoch in closed[: max(0, len(closed) - self.max_closed)]:
+            del self._streams[epoch]
