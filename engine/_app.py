@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
 import msgspec
 
 if TYPE_CHECKING:
-    from ._context import Context
+    pass
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -104,7 +104,10 @@ def tool_result(value: Any) -> dict[str, Any]:
             return dict(value)
         if "type" in value:
             return {"content": [dict(value)]}
-        return {"content": [text(msgspec.json.encode(value).decode())], "structuredContent": dict(value)}
+        return {
+            "content": [text(msgspec.json.encode(value).decode())],
+            "structuredContent": dict(value),
+        }
     if isinstance(value, list | tuple):
         return {"content": [c if isinstance(c, Mapping) else text(str(c)) for c in value]}
     if value is None:
@@ -130,8 +133,11 @@ class Tool:
 
     def listing(self) -> dict[str, Any]:
         """The entry for ``tools/list``."""
-        out: dict[str, Any] = {"name": self.name, "description": self.description,
-                               "inputSchema": self.input_schema}
+        out: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "inputSchema": self.input_schema,
+        }
         if self.title:
             out["title"] = self.title
         if self.annotations:
@@ -174,9 +180,7 @@ class ResourceTemplate:
 
     def __post_init__(self) -> None:
         parts = re.split(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", self.uri_template)
-        rx = "".join(
-            re.escape(p) if i % 2 == 0 else f"(?P<{p}>[^/]+)" for i, p in enumerate(parts)
-        )
+        rx = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>[^/]+)" for i, p in enumerate(parts))
         self.pattern = re.compile(rx)
 
     def match(self, uri: str) -> dict[str, str] | None:
@@ -212,7 +216,9 @@ class Prompt:
         return out
 
 
-CompletionFn = Callable[[dict[str, Any], str, str, dict[str, str]], Awaitable[list[str]] | list[str]]
+CompletionFn = Callable[
+    [dict[str, Any], str, str, dict[str, str]], Awaitable[list[str]] | list[str]
+]
 
 
 def _context_param(fn: Callable[..., Any], hints: Mapping[str, Any]) -> str | None:
@@ -231,9 +237,9 @@ def _describe(fn: Callable[..., Any], description: str | None, what: str) -> str
     return desc
 
 
-def _schema_for(fn: Callable[..., Any], hints: Mapping[str, Any], skip: str | None) -> tuple[
-    dict[str, Any], type[msgspec.Struct] | None
-]:
+def _schema_for(
+    fn: Callable[..., Any], hints: Mapping[str, Any], skip: str | None
+) -> tuple[dict[str, Any], type[msgspec.Struct] | None]:
     fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
     for pname, param in inspect.signature(fn).parameters.items():
         if pname == skip:
@@ -269,7 +275,9 @@ class App:
         instructions: optional ``instructions`` returned by ``initialize``.
     """
 
-    def __init__(self, name: str, version: str = "0.1.0", *, instructions: str | None = None) -> None:
+    def __init__(
+        self, name: str, version: str = "0.1.0", *, instructions: str | None = None
+    ) -> None:
         self.name = name
         self.version = version
         self.instructions = instructions
@@ -316,18 +324,27 @@ class App:
                 schema, struct = input_schema, None
             else:
                 schema, struct = _schema_for(fn, hints, ctx)
-            ann = {
+            ann: dict[str, Any] = {
                 k: v
-                for k, v in (("readOnlyHint", read_only), ("destructiveHint", destructive),
-                             ("idempotentHint", idempotent), ("openWorldHint", open_world))
+                for k, v in (
+                    ("readOnlyHint", read_only),
+                    ("destructiveHint", destructive),
+                    ("idempotentHint", idempotent),
+                    ("openWorldHint", open_world),
+                )
                 if v is not None
             }
             if title:
                 ann["title"] = title
             self.tools[tname] = Tool(
-                name=tname, description=_describe(fn, description, "tool"), fn=fn,
-                input_schema=schema, args_type=struct, context_param=ctx,
-                annotations=ann or None, title=title,
+                name=tname,
+                description=_describe(fn, description, "tool"),
+                fn=fn,
+                input_schema=schema,
+                args_type=struct,
+                context_param=ctx,
+                annotations=ann or None,
+                title=title,
             )
             return fn
 
@@ -335,7 +352,11 @@ class App:
 
     # ---------------------------------------------------------------- resources
     def resource(
-        self, uri: str, *, name: str | None = None, description: str | None = None,
+        self,
+        uri: str,
+        *,
+        name: str | None = None,
+        description: str | None = None,
         mime_type: str | None = None,
     ) -> Callable[[F], F]:
         """Register a static resource; the function returns ``str`` (text) or ``bytes`` (blob)."""
@@ -345,33 +366,51 @@ class App:
                 raise ValueError(f"resource {uri!r} registered twice")
             hints = get_type_hints(fn)
             self.resources[uri] = Resource(
-                uri=uri, name=name or fn.__name__, description=description or inspect.getdoc(fn),
-                mime_type=mime_type, fn=fn, context_param=_context_param(fn, hints),
+                uri=uri,
+                name=name or fn.__name__,
+                description=description or inspect.getdoc(fn),
+                mime_type=mime_type,
+                fn=fn,
+                context_param=_context_param(fn, hints),
             )
             return fn
 
         return register
 
     def resource_template(
-        self, uri_template: str, *, name: str | None = None, description: str | None = None,
+        self,
+        uri_template: str,
+        *,
+        name: str | None = None,
+        description: str | None = None,
         mime_type: str | None = None,
     ) -> Callable[[F], F]:
         """Register a templated resource; template variables are passed as keyword arguments."""
 
         def register(fn: F) -> F:
             hints = get_type_hints(fn)
-            self.templates.append(ResourceTemplate(
-                uri_template=uri_template, name=name or fn.__name__,
-                description=description or inspect.getdoc(fn), mime_type=mime_type, fn=fn,
-                context_param=_context_param(fn, hints),
-            ))
+            self.templates.append(
+                ResourceTemplate(
+                    uri_template=uri_template,
+                    name=name or fn.__name__,
+                    description=description or inspect.getdoc(fn),
+                    mime_type=mime_type,
+                    fn=fn,
+                    context_param=_context_param(fn, hints),
+                )
+            )
             return fn
 
         return register
 
     # ---------------------------------------------------------------- prompts
-    def prompt(self, name: str | None = None, *, description: str | None = None,
-               arguments: dict[str, str] | None = None) -> Callable[[F], F]:
+    def prompt(
+        self,
+        name: str | None = None,
+        *,
+        description: str | None = None,
+        arguments: dict[str, str] | None = None,
+    ) -> Callable[[F], F]:
         """Register a prompt.  Its parameters are the prompt's (string) arguments.
 
         ``arguments`` optionally maps parameter names to their descriptions.
@@ -386,13 +425,19 @@ class App:
             for p, param in inspect.signature(fn).parameters.items():
                 if p == ctx:
                     continue
-                entry: dict[str, Any] = {"name": p, "required": param.default is inspect.Parameter.empty}
+                entry: dict[str, Any] = {
+                    "name": p,
+                    "required": param.default is inspect.Parameter.empty,
+                }
                 if arguments and p in arguments:
                     entry["description"] = arguments[p]
                 args.append(entry)
             self.prompts[pname] = Prompt(
-                name=pname, description=_describe(fn, description, "prompt"), arguments=args,
-                fn=fn, context_param=ctx,
+                name=pname,
+                description=_describe(fn, description, "prompt"),
+                arguments=args,
+                fn=fn,
+                context_param=ctx,
             )
             return fn
 

@@ -39,7 +39,10 @@ class Context:
     """
 
     def __init__(
-        self, session: Session, request_id: RequestId, stream: StreamHandle | None,
+        self,
+        session: Session,
+        request_id: RequestId,
+        stream: StreamHandle | None,
         meta: dict[str, Any] | None = None,
     ) -> None:
         self._session = session
@@ -108,8 +111,9 @@ class Context:
         """``log("error", data)``."""
         await self.log("error", data)
 
-    async def request(self, method: str, params: dict[str, Any] | None = None,
-                      *, timeout: float = 300.0) -> dict[str, Any]:
+    async def request(
+        self, method: str, params: dict[str, Any] | None = None, *, timeout: float = 300.0
+    ) -> dict[str, Any]:
         """Send a server-to-client request and wait for the client's answer.
 
         Returns:
@@ -140,16 +144,19 @@ class Context:
             raise McpError(-32603, f"session ended while waiting for {method}")
         raise McpError(-32603, f"no answer to {method} within {timeout} s")
 
-    async def sample(self, messages: list[dict[str, Any]], *, max_tokens: int,
-                     **extra: Any) -> dict[str, Any]:
+    async def sample(
+        self, messages: list[dict[str, Any]], *, max_tokens: int, **extra: Any
+    ) -> dict[str, Any]:
         """Ask the client's model (``sampling/createMessage``)."""
-        return await self.request("sampling/createMessage",
-                                  {"messages": messages, "maxTokens": max_tokens, **extra})
+        return await self.request(
+            "sampling/createMessage", {"messages": messages, "maxTokens": max_tokens, **extra}
+        )
 
     async def elicit(self, message: str, requested_schema: dict[str, Any]) -> dict[str, Any]:
         """Ask the user for input (``elicitation/create``, form mode)."""
-        return await self.request("elicitation/create",
-                                  {"message": message, "requestedSchema": requested_schema})
+        return await self.request(
+            "elicitation/create", {"message": message, "requestedSchema": requested_schema}
+        )
 
     async def list_roots(self) -> list[dict[str, Any]]:
         """The client's roots (``roots/list``)."""

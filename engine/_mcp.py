@@ -26,7 +26,9 @@ from ._session import LOG_LEVELS, Session
 log = logging.getLogger("weir.app")
 
 
-async def _call(fn: Callable[..., Any], ctx_param: str | None, ctx: Context, kwargs: dict[str, Any]) -> Any:
+async def _call(
+    fn: Callable[..., Any], ctx_param: str | None, ctx: Context, kwargs: dict[str, Any]
+) -> Any:
     if ctx_param is not None:
         kwargs = {**kwargs, ctx_param: ctx}
     out = fn(**kwargs)
@@ -85,7 +87,10 @@ async def call_tool(app: App, params: dict[str, Any], ctx: Context) -> dict[str,
         raise
     except Exception as exc:
         log.exception("tool %s failed", name)
-        return {"content": [text(f"tool {name} failed: {type(exc).__name__}: {exc}")], "isError": True}
+        return {
+            "content": [text(f"tool {name} failed: {type(exc).__name__}: {exc}")],
+            "isError": True,
+        }
 
 
 def _resource_contents(uri: str, mime: str | None, value: Any) -> list[dict[str, Any]]:
@@ -132,9 +137,13 @@ async def get_prompt(app: App, params: dict[str, Any], ctx: Context) -> dict[str
         raise McpError(INVALID_PARAMS, "params.arguments must be an object")
     missing = [a["name"] for a in prompt.arguments if a["required"] and a["name"] not in args]
     if missing:
-        raise McpError(INVALID_PARAMS, f"prompt {name!r} is missing arguments: {', '.join(missing)}")
+        raise McpError(
+            INVALID_PARAMS, f"prompt {name!r} is missing arguments: {', '.join(missing)}"
+        )
     known = {a["name"] for a in prompt.arguments}
-    value = await _call(prompt.fn, prompt.context_param, ctx, {k: v for k, v in args.items() if k in known})
+    value = await _call(
+        prompt.fn, prompt.context_param, ctx, {k: v for k, v in args.items() if k in known}
+    )
     if isinstance(value, str):
         messages = [{"role": "user", "content": text(value)}]
     elif isinstance(value, dict) and "messages" in value:
@@ -153,10 +162,13 @@ async def complete(app: App, params: dict[str, Any], ctx: Context) -> dict[str, 
     values: list[str] = []
     if app.completion_fn is not None:
         context_args = (params.get("context") or {}).get("arguments") or {}
-        out = app.completion_fn(ref, str(argument.get("name", "")), str(argument.get("value", "")),
-                                context_args)
+        out = app.completion_fn(
+            ref, str(argument.get("name", "")), str(argument.get("value", "")), context_args
+        )
         values = list(await out) if inspect.isawaitable(out) else list(out)
-    return {"completion": {"values": values[:100], "total": len(values), "hasMore": len(values) > 100}}
+    return {
+        "completion": {"values": values[:100], "total": len(values), "hasMore": len(values) > 100}
+    }
 
 
 Handler = Callable[[App, Session, dict[str, Any], Context], Awaitable[dict[str, Any]]]

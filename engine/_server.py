@@ -136,8 +136,10 @@ class ServerConfig:
                 {self.host.lower()} if self.host not in ("0.0.0.0", "::", "") else set()
             )
         return EndpointConfig(
-            path=self.path, allowed_hosts=frozenset(hosts),
-            allowed_origins=self.allowed_origins, json_response=self.json_response,
+            path=self.path,
+            allowed_hosts=frozenset(hosts),
+            allowed_origins=self.allowed_origins,
+            json_response=self.json_response,
         )
 
 
@@ -156,7 +158,11 @@ class Server:
     """
 
     def __init__(
-        self, app: App, config: ServerConfig | None = None, *, store: SessionStore | None = None,
+        self,
+        app: App,
+        config: ServerConfig | None = None,
+        *,
+        store: SessionStore | None = None,
         session_id_factory: Callable[[], str] | None = None,
     ) -> None:
         self.app = app
@@ -187,9 +193,16 @@ class Server:
             host = f"[{host}]"
         return f"http://{host}:{self.port}{self.config.path}"
 
-    async def run(self, *, task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED) -> None:
-        """Listen and serve until :meth:`shutdown`; usable with ``nursery.start``."""
-        self.listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+    async def run(
+        self, *, task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED, listen: bool = True
+    ) -> None:
+        """Listen and serve until :meth:`shutdown`; usable with ``nursery.start``.
+
+        With ``listen=False`` no socket is opened: connections are handed in with
+        :meth:`serve_connection` (in-memory tests, or another accept loop).
+        """
+        if listen:
+            self.listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
         try:
             await self._run(task_status)
         finally:
@@ -210,7 +223,14 @@ class Server:
         await self.store.aclose()
 
     async def _serve_listeners(self, conns: trio.Nursery) -> None:
-        await trio.serve_listeners(self._connection, self.listeners, handler_nursery=conns)
+        if self.listeners:
+            await trio.serve_listeners(self._connection, self.listeners, handler_nursery=conns)
+
+    async def serve_connection(self, stream: trio.abc.Stream) -> None:
+        """Serve one already-accepted connection until it closes (needs :meth:`run` started)."""
+        if self._handlers is None:
+            raise RuntimeError("Server.run() must be started before serve_connection()")
+        await self._connection(stream)
 
     @property
     def shutting_down(self) -> bool:
@@ -232,7 +252,11 @@ class Server:
             for h in session.handles.values():
                 h.request_close(self.config.retry_ms)
         with trio.move_on_after(1.0):  # let writers send their retry: and end
-            while any(h.writer_scope is not None for s in self.sessions.values() for h in s.handles.values()):
+            while any(
+                h.writer_scope is not None
+                for s in self.sessions.values()
+                for h in s.handles.values()
+            ):
                 await trio.sleep(0.01)
 
     async def _sweep_sessions(self, idle: float) -> None:
@@ -240,7 +264,9 @@ class Server:
             await trio.sleep(max(1.0, min(idle / 4, 60.0)))
             now = trio.current_time()
             for sid, session in list(self.sessions.items()):
-                busy = session.running or any(h.writer_scope is not None for h in session.handles.values())
+                busy = session.running or any(
+                    h.writer_scope is not None for h in session.handles.values()
+                )
                 if busy:
                     self._last_seen[sid] = now
                 elif now - self._last_seen.get(sid, now) >= idle:
@@ -254,7 +280,7 @@ class Server:
         await self.store.delete_session(session.record.principal, session.session_id)
 
     # ---------------------------------------------------------------- connections
-    async def _connection(self, sock: trio.SocketStream) -> None:
+    async def _connection(self, sock: trio.abc.Stream) -> None:
         conn = HttpConnection(self.config.limits)
         try:
             while True:
@@ -283,22 +309,30 @@ class Server:
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await sock.aclose()
 
-    async def _send(self, sock: trio.SocketStream, conn: HttpConnection, data: bytes) -> None:
+    async def _send(self, sock: trio.abc.Stream, conn: HttpConnection, data: bytes) -> None:
         try:
             await sock.send_all(data)
         except BaseException:
             conn.send_failed()
             raise
 
-    async def _refuse(self, sock: trio.SocketStream, conn: HttpConnection, exc: RemoteProtocolError) -> None:
+    async def _refuse(
+        self, sock: trio.abc.Stream, conn: HttpConnection, exc: RemoteProtocolError
+    ) -> None:
         status, headers, body = refusal(exc)
         await self._send(sock, conn, conn.send_response(status, headers, body))
 
-    async def _respond(self, sock: trio.SocketStream, conn: HttpConnection, request: HttpRequest) -> None:
+    async def _respond(
+        self, sock: trio.abc.Stream, conn: HttpConnection, request: HttpRequest
+    ) -> None:
         try:
             if self._closing:
-                raise RemoteProtocolError("server is shutting down", http_status=503,
-                                          reason=Reason.SHUTTING_DOWN, retry_after_ms=self.config.retry_ms)
+                raise RemoteProtocolError(
+                    "server is shutting down",
+                    http_status=503,
+                    reason=Reason.SHUTTING_DOWN,
+                    retry_after_ms=self.config.retry_ms,
+                )
             mcp = route(request, self._endpoint)
             if isinstance(mcp, PostMessages):
                 await self._post(sock, conn, mcp)
@@ -319,12 +353,16 @@ class Server:
         return session
 
     # ---------------------------------------------------------------- POST
-    async def _post(self, sock: trio.SocketStream, conn: HttpConnection, post: PostMessages) -> None:
+    async def _post(
+        self, sock: trio.abc.Stream, conn: HttpConnection, post: PostMessages
+    ) -> None:
         if post.is_initialize:
             await self._initialize(sock, conn, post)
             return
         first = post.messages[0]
-        session = self._session(post.ctx.session_id, first.id if isinstance(first, Request) else None)
+        session = self._session(
+            post.ctx.session_id, first.id if isinstance(first, Request) else None
+        )
         requests: list[Request] = []
         for msg in post.messages:
             if isinstance(msg, Request):
@@ -345,7 +383,9 @@ class Server:
             await self._post_json(sock, conn, session, requests, post.is_batch)
             return
         epoch = await self.store.allocate_epoch(session.record.principal, session.session_id)
-        handle = session.open_stream(epoch, StreamKind.REQUEST, max_events=self.config.max_stream_events)
+        handle = session.open_stream(
+            epoch, StreamKind.REQUEST, max_events=self.config.max_stream_events
+        )
         handle.outstanding = len(requests)
         if self._primes(session, post.ctx.protocol_version):
             handle.log.prime()
@@ -354,8 +394,14 @@ class Server:
             self._handlers.start_soon(self._run_request, session, req, handle)
         await self._write_stream(sock, conn, session, handle, 0, headers)
 
-    async def _post_json(self, sock: trio.SocketStream, conn: HttpConnection, session: Session,
-                         requests: list[Request], is_batch: bool) -> None:
+    async def _post_json(
+        self,
+        sock: trio.abc.Stream,
+        conn: HttpConnection,
+        session: Session,
+        requests: list[Request],
+        is_batch: bool,
+    ) -> None:
         results: list[bytes | None] = [None] * len(requests)
         done = trio.Event()
 
@@ -382,21 +428,33 @@ class Server:
         headers = [("content-type", "application/json"), ("mcp-session-id", session.session_id)]
         await self._send(sock, conn, conn.send_response(200, headers, body))
 
-    async def _initialize(self, sock: trio.SocketStream, conn: HttpConnection, post: PostMessages) -> None:
+    async def _initialize(
+        self, sock: trio.abc.Stream, conn: HttpConnection, post: PostMessages
+    ) -> None:
         req = post.messages[0]
         assert isinstance(req, Request)
         params = req.params or {}
         caps = params.get("capabilities", {})
         info = params.get("clientInfo", {})
-        if not isinstance(params.get("protocolVersion"), str) or not isinstance(caps, dict) \
-                or not isinstance(info, dict):
+        if (
+            not isinstance(params.get("protocolVersion"), str)
+            or not isinstance(caps, dict)
+            or not isinstance(info, dict)
+        ):
             raise RemoteProtocolError(
-                "initialize needs params.protocolVersion (string), capabilities and clientInfo (objects)",
-                reason=Reason.INVALID_REQUEST, code=INVALID_PARAMS, request_id=req.id,
+                "initialize needs params.protocolVersion (a string), "
+                "and capabilities and clientInfo (objects)",
+                reason=Reason.INVALID_REQUEST,
+                code=INVALID_PARAMS,
+                request_id=req.id,
             )
         version = negotiate_version(params["protocolVersion"])
-        record = SessionRecord(session_id=self._new_session_id(), principal=self.config.principal,
-                               protocol_version=version, created_at=trio.current_time())
+        record = SessionRecord(
+            session_id=self._new_session_id(),
+            principal=self.config.principal,
+            protocol_version=version,
+            created_at=trio.current_time(),
+        )
         await self.store.create_session(record)
         session = Session(record, max_closed_streams=self.config.max_closed_streams)
         session.client_capabilities = caps
@@ -411,15 +469,18 @@ class Server:
         if self.app.instructions:
             result["instructions"] = self.app.instructions
         headers = [("content-type", "application/json"), ("mcp-session-id", record.session_id)]
-        await self._send(sock, conn, conn.send_response(200, headers, encode_result(req.id, result)))
+        await self._send(
+            sock, conn, conn.send_response(200, headers, encode_result(req.id, result))
+        )
 
     @staticmethod
     def _primes(session: Session, header_version: str) -> bool:
         # Priming events (empty data) are a 2025-11-25 feature; older clients may
         # choke on them.  The negotiated revision says what the client understands,
         # whatever revision a single request's header names.
-        return version_at_least(session.record.protocol_version, "2025-11-25") or \
-            version_at_least(header_version, "2025-11-25")
+        return version_at_least(session.record.protocol_version, "2025-11-25") or version_at_least(
+            header_version, "2025-11-25"
+        )
 
     def _notification(self, session: Session, msg: Notification) -> None:
         if msg.method == "notifications/initialized":
@@ -430,11 +491,17 @@ class Server:
             if scope is not None:
                 scope.cancel()
 
-    async def _execute(self, session: Session, req: Request, handle: StreamHandle | None) -> bytes | None:
+    async def _execute(
+        self, session: Session, req: Request, handle: StreamHandle | None
+    ) -> bytes | None:
         """Run one request's handler; the encoded response, or ``None`` if cancelled."""
         if req.id in session.running:
-            return encode_error(req.id, INVALID_REQUEST, f"request id {req.id!r} is already in use",
-                                {"reason": str(Reason.INVALID_REQUEST)})
+            return encode_error(
+                req.id,
+                INVALID_REQUEST,
+                f"request id {req.id!r} is already in use",
+                {"reason": str(Reason.INVALID_REQUEST)},
+            )
         params = req.params or {}
         meta = params.get("_meta")
         ctx = Context(session, req.id, handle, meta if isinstance(meta, dict) else None)
@@ -462,18 +529,24 @@ class Server:
             handle.handle(StreamInput.ABORT)  # cancelled: end the stream with no response
 
     # ---------------------------------------------------------------- GET / DELETE
-    async def _get(self, sock: trio.SocketStream, conn: HttpConnection, get: OpenStream) -> None:
+    async def _get(self, sock: trio.abc.Stream, conn: HttpConnection, get: OpenStream) -> None:
         session = self._session(get.ctx.session_id)
         cursor = get.last_event_id
         if cursor is None:
             handle = session.standalone
             if handle is None:
-                epoch = await self.store.allocate_epoch(session.record.principal, session.session_id)
-                handle = session.open_stream(epoch, StreamKind.STANDALONE,
-                                             max_events=self.config.max_stream_events)
+                epoch = await self.store.allocate_epoch(
+                    session.record.principal, session.session_id
+                )
+                handle = session.open_stream(
+                    epoch, StreamKind.STANDALONE, max_events=self.config.max_stream_events
+                )
             elif handle.log.state is StreamState.LIVE_ATTACHED:
-                raise RemoteProtocolError("this session already has an open GET stream",
-                                          http_status=409, reason=Reason.STREAM_CONFLICT)
+                raise RemoteProtocolError(
+                    "this session already has an open GET stream",
+                    http_status=409,
+                    reason=Reason.STREAM_CONFLICT,
+                )
             next_seq = handle.log.next_seq
             if self._primes(session, get.ctx.protocol_version):
                 handle.log.prime()
@@ -481,6 +554,7 @@ class Server:
             log_ = session.streams.get(cursor)
             handle = session.handle_for(log_)
             next_seq = log_.cursor_after(cursor)
+            handle.close_retry_ms = None  # a close asked of an earlier connection is done with
             if handle.writer_scope is not None:
                 # The old connection is presumed dead: the newest reader wins.
                 handle.writer_scope.cancel()
@@ -490,19 +564,27 @@ class Server:
         headers = (*_SSE_HEADERS, ("mcp-session-id", session.session_id))
         await self._write_stream(sock, conn, session, handle, next_seq, headers)
 
-    async def _delete(self, sock: trio.SocketStream, conn: HttpConnection, delete: DeleteSession) -> None:
+    async def _delete(
+        self, sock: trio.abc.Stream, conn: HttpConnection, delete: DeleteSession
+    ) -> None:
         session = self._session(delete.ctx.session_id)
         session.handle(SessionInput.DELETE)
         await self._end_session(session)
         await self._send(sock, conn, conn.send_response(200, ()))
 
     # ---------------------------------------------------------------- the writer
-    async def _write_stream(self, sock: trio.SocketStream, conn: HttpConnection, session: Session,
-                            handle: StreamHandle, next_seq: int, headers: tuple[tuple[str, str], ...]) -> None:
+    async def _write_stream(
+        self,
+        sock: trio.abc.Stream,
+        conn: HttpConnection,
+        session: Session,
+        handle: StreamHandle,
+        next_seq: int,
+        headers: tuple[tuple[str, str], ...],
+    ) -> None:
         """Copy frames from ``handle``'s log to the socket from ``next_seq`` on (see module doc)."""
         log_ = handle.log
         await self._send(sock, conn, conn.start_stream(200, headers))
-        handle.close_retry_ms = None  # a close asked of an earlier connection is done with
         if log_.state in (StreamState.LIVE_DETACHED, StreamState.FINAL_DETACHED):
             handle.handle(StreamInput.ATTACH)
         scope = trio.CancelScope()
@@ -538,8 +620,14 @@ class Server:
             raise _PeerGone
         await self._send(sock, conn, conn.end_stream())
 
-    async def _copy_frames(self, sock: trio.SocketStream, conn: HttpConnection, session: Session,
-                           handle: StreamHandle, next_seq: int) -> None:
+    async def _copy_frames(
+        self,
+        sock: trio.abc.Stream,
+        conn: HttpConnection,
+        session: Session,
+        handle: StreamHandle,
+        next_seq: int,
+    ) -> None:
         log_ = handle.log
         while True:
             try:
@@ -565,9 +653,18 @@ class Server:
             await handle.wait_changed()
 
 
-async def serve(app: App, config: ServerConfig | None = None, *,
-                task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED, **kwargs: Any) -> None:
-    """Serve ``app`` until cancelled or shut down; ``await nursery.start(serve, app)`` gives the :class:`Server`."""
+async def serve(
+    app: App,
+    config: ServerConfig | None = None,
+    *,
+    task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
+    **kwargs: Any,
+) -> None:
+    """Serve ``app`` until cancelled or shut down.
+
+    ``server = await nursery.start(serve, app, config)`` returns the running
+    :class:`Server` once it listens.
+    """
     server = Server(app, config, **kwargs)
     await server.run(task_status=task_status)
 

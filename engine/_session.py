@@ -40,8 +40,14 @@ from protocol import (
 from ._store import SessionRecord
 
 LOG_LEVELS: dict[str, int] = {
-    "debug": 0, "info": 1, "notice": 2, "warning": 3, "error": 4,
-    "critical": 5, "alert": 6, "emergency": 7,
+    "debug": 0,
+    "info": 1,
+    "notice": 2,
+    "warning": 3,
+    "error": 4,
+    "critical": 5,
+    "alert": 6,
+    "emergency": 7,
 }
 
 

@@ -35,7 +35,9 @@ def load_app(spec: str) -> App:
     target = BUILTIN_APPS.get(spec, spec)
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
-        raise SystemExit(f"weir: APP must be 'demo', 'conformance' or 'module:attribute', got {spec!r}")
+        raise SystemExit(
+            f"weir: APP must be 'demo', 'conformance' or 'module:attribute', got {spec!r}"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -54,19 +56,39 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="weir", description="weir: an MCP transport engine on Trio")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve an MCP application over Streamable HTTP")
-    s.add_argument("app", nargs="?", default="demo",
-                   help="'demo' (default), 'conformance', or module:attribute")
+    s.add_argument(
+        "app",
+        nargs="?",
+        default="demo",
+        help="'demo' (default), 'conformance', or module:attribute",
+    )
     s.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    s.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one (default 8000)")
+    s.add_argument(
+        "--port", type=int, default=8000, help="TCP port; 0 picks a free one (default 8000)"
+    )
     s.add_argument("--path", default="/mcp", help="endpoint path (default /mcp)")
-    s.add_argument("--json-response", action="store_true",
-                   help="answer requests with application/json instead of SSE streams")
-    s.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                   help="also accept this Host/Origin name (repeatable; '*' disables the check)")
-    s.add_argument("--log-level", default="warning",
-                   choices=["debug", "info", "warning", "error", "critical"])
-    s.add_argument("--shutdown-grace", type=float, default=10.0, metavar="SECONDS",
-                   help="time running calls get to finish on SIGINT/SIGTERM (default 10)")
+    s.add_argument(
+        "--json-response",
+        action="store_true",
+        help="answer requests with application/json instead of SSE streams",
+    )
+    s.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also accept this Host/Origin name (repeatable; '*' disables the check)",
+    )
+    s.add_argument(
+        "--log-level", default="warning", choices=["debug", "info", "warning", "error", "critical"]
+    )
+    s.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="time running calls get to finish on SIGINT/SIGTERM (default 10)",
+    )
     return p
 
 
@@ -80,9 +102,14 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if args.allow_host:
         base = ServerConfig(host=args.host).endpoint().allowed_hosts
         hosts = frozenset(base | {h.lower() for h in args.allow_host})
-    return ServerConfig(host=args.host, port=args.port, path=args.path,
-                        json_response=args.json_response, allowed_hosts=hosts,
-                        shutdown_grace=args.shutdown_grace)
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        path=args.path,
+        json_response=args.json_response,
+        allowed_hosts=hosts,
+        shutdown_grace=args.shutdown_grace,
+    )
 
 
 async def _run(app: App, config: ServerConfig) -> None:

@@ -168,7 +168,9 @@ def _media_ranges(accept: str | None) -> set[str]:
     for part in accept.split(","):
         fields = part.split(";")
         media = fields[0].strip().lower()
-        q_zero = any(p.strip().replace(" ", "") in ("q=0", "q=0.0", "q=0.00", "q=0.000") for p in fields[1:])
+        q_zero = any(
+            p.strip().replace(" ", "") in ("q=0", "q=0.0", "q=0.00", "q=0.000") for p in fields[1:]
+        )
         if media and not q_zero:
             out.add(media)
     return out
@@ -186,7 +188,9 @@ def _session_id(headers: Headers) -> str | None:
     if sid is None:
         return None
     if not sid or len(sid) > _SESSION_ID_MAX or not all("!" <= c <= "~" for c in sid):
-        raise _refuse(400, Reason.SESSION_INVALID, "Mcp-Session-Id must be 1-256 visible ASCII characters")
+        raise _refuse(
+            400, Reason.SESSION_INVALID, "Mcp-Session-Id must be 1-256 visible ASCII characters"
+        )
     return sid
 
 
@@ -197,7 +201,8 @@ def _protocol_version(headers: Headers) -> str:
     version = version.strip()
     if version not in SUPPORTED_VERSIONS:
         raise _refuse(
-            400, Reason.UNSUPPORTED_PROTOCOL_VERSION,
+            400,
+            Reason.UNSUPPORTED_PROTOCOL_VERSION,
             f"unsupported MCP-Protocol-Version {version!r}",
             data={"supported": list(SUPPORTED_VERSIONS)},
         )
@@ -217,7 +222,9 @@ def route(request: HttpRequest, config: EndpointConfig) -> McpRequest:
     method = request.method
     if method not in ("POST", "GET", "DELETE"):
         raise _refuse(
-            405, Reason.METHOD_NOT_ALLOWED, f"method {method} not allowed",
+            405,
+            Reason.METHOD_NOT_ALLOWED,
+            f"method {method} not allowed",
             headers=(("allow", ALLOWED_METHODS),),
         )
     version = _protocol_version(headers)
@@ -242,22 +249,30 @@ def _route_post(request: HttpRequest, ctx: RequestContext, config: EndpointConfi
         raise _refuse(415, Reason.UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json")
     accept = headers.get("accept")
     wants_sse = not config.json_response
-    if not accepts(accept, "application/json") or (wants_sse and not accepts(accept, "text/event-stream")):
+    if not accepts(accept, "application/json") or (
+        wants_sse and not accepts(accept, "text/event-stream")
+    ):
         raise _refuse(
-            406, Reason.NOT_ACCEPTABLE,
+            406,
+            Reason.NOT_ACCEPTABLE,
             "Accept must list both application/json and text/event-stream",
         )
     messages, is_batch = decode_body(request.body, allow_batch=ctx.protocol_version == "2025-03-26")
     post = PostMessages(ctx=ctx, messages=messages, is_batch=is_batch)
     if any(isinstance(m, Request) and m.method == "initialize" for m in messages):
         if is_batch:
-            raise _refuse(400, Reason.INVALID_REQUEST, "initialize must not be part of a batch",
-                          code=INVALID_REQUEST)
+            raise _refuse(
+                400,
+                Reason.INVALID_REQUEST,
+                "initialize must not be part of a batch",
+                code=INVALID_REQUEST,
+            )
         return post
     if ctx.session_id is None:
         rid = messages[0].id if not is_batch and isinstance(messages[0], Request) else None
-        raise _refuse(400, Reason.SESSION_REQUIRED, "Mcp-Session-Id header is required",
-                      request_id=rid)
+        raise _refuse(
+            400, Reason.SESSION_REQUIRED, "Mcp-Session-Id header is required", request_id=rid
+        )
     return post
 
 
@@ -271,8 +286,9 @@ def refusal(exc: RemoteProtocolError) -> tuple[int, list[tuple[str, str]], bytes
 
 def session_refusal(session_id: str, request_id: int | str | None = None) -> RemoteProtocolError:
     """The 404 for an unknown or terminated session."""
-    return _refuse(404, Reason.SESSION_NOT_FOUND, f"session {session_id!r} not found",
-                   request_id=request_id)
+    return _refuse(
+        404, Reason.SESSION_NOT_FOUND, f"session {session_id!r} not found", request_id=request_id
+    )
 
 
 def supported_versions() -> Sequence[str]:

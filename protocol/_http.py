@@ -156,12 +156,12 @@ class HttpConnection:
         self._failed = False
 
     # ------------------------------------------------------------------ inbound
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray) -> None:
         """Feed bytes received from the peer; ``b""`` signals EOF."""
         if self._closed:
             return
         try:
-            self._h11.receive_data(data)
+            self._h11.receive_data(bytes(data))
         except RuntimeError:
             # h11 refuses data after EOF; treat extra bytes as a closed connection.
             self._closed = True
@@ -181,7 +181,9 @@ class HttpConnection:
             except h11.RemoteProtocolError as exc:
                 status = exc.error_status_hint
                 if status == 431 or "exceeds" in str(exc).lower() or "too long" in str(exc).lower():
-                    return self._fail(431, Reason.HEADERS_TOO_LARGE, "request header block too large")
+                    return self._fail(
+                        431, Reason.HEADERS_TOO_LARGE, "request header block too large"
+                    )
                 return self._fail(status, Reason.MALFORMED_HTTP, f"malformed HTTP request: {exc}")
             if event is h11.NEED_DATA:
                 return NEED_DATA
@@ -221,7 +223,8 @@ class HttpConnection:
 
     def _too_large(self) -> HttpError:
         return self._fail(
-            413, Reason.PAYLOAD_TOO_LARGE,
+            413,
+            Reason.PAYLOAD_TOO_LARGE,
             f"request body larger than {self.limits.max_body_bytes} bytes",
         )
 
@@ -260,7 +263,9 @@ class HttpConnection:
 
     def start_stream(self, status: int, headers: Iterable[tuple[str, str]]) -> bytes:
         """Start a streamed (chunked) response, e.g. ``text/event-stream``."""
-        return self._send(h11.Response(status_code=status, headers=_headers(headers), reason=_phrase(status)))
+        return self._send(
+            h11.Response(status_code=status, headers=_headers(headers), reason=_phrase(status))
+        )
 
     def send_stream_data(self, data: bytes) -> bytes:
         """Frame ``data`` as one chunk of the streamed response."""

@@ -71,7 +71,7 @@ Message: TypeAlias = Request | Notification | Response | ErrorResponse
 class _Envelope(msgspec.Struct, kw_only=True):
     # Every member optional: which ones are present decides the message kind.
     jsonrpc: str | None = None
-    id: int | str | None | msgspec.UnsetType = msgspec.UNSET
+    id: int | str | msgspec.UnsetType | None = msgspec.UNSET
     method: str | msgspec.UnsetType = msgspec.UNSET
     params: dict[str, Any] | None = None
     result: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
@@ -121,7 +121,7 @@ def decode_message(body: bytes) -> Message:
         RemoteProtocolError: ``-32700``/``parse_error`` for malformed JSON,
             ``-32600``/``invalid_request`` for JSON that is not a JSON-RPC message.
     """
-    messages, is_batch = decode_body(body, allow_batch=False)
+    messages, _ = decode_body(body, allow_batch=False)
     return messages[0]
 
 
@@ -169,9 +169,7 @@ def decode_body(body: bytes, *, allow_batch: bool) -> tuple[list[Message], bool]
 
 
 def _parse_error(exc: Exception) -> RemoteProtocolError:
-    return RemoteProtocolError(
-        f"parse error: {exc}", reason=Reason.PARSE_ERROR, code=PARSE_ERROR
-    )
+    return RemoteProtocolError(f"parse error: {exc}", reason=Reason.PARSE_ERROR, code=PARSE_ERROR)
 
 
 def _check_json(body: bytes) -> None:
@@ -194,16 +192,19 @@ def encode(message: Message | list[Message]) -> bytes:
 
 def encode_result(request_id: RequestId, result: Any) -> bytes:
     """Encode a success response whose ``result`` is any msgspec-encodable value."""
-    return b'{"jsonrpc":"2.0","id":' + _encoder.encode(request_id) + b',"result":' + (
-        _encoder.encode(result) + b"}"
+    return (
+        b'{"jsonrpc":"2.0","id":'
+        + _encoder.encode(request_id)
+        + b',"result":'
+        + (_encoder.encode(result) + b"}")
     )
 
 
-def encode_error(
-    request_id: RequestId | None, code: int, message: str, data: Any = None
-) -> bytes:
+def encode_error(request_id: RequestId | None, code: int, message: str, data: Any = None) -> bytes:
     """Encode an error response (``id`` null when the request id is unknown)."""
-    return encode(ErrorResponse(id=request_id, error=ErrorObject(code=code, message=message, data=data)))
+    return encode(
+        ErrorResponse(id=request_id, error=ErrorObject(code=code, message=message, data=data))
+    )
 
 
 def encode_request(request_id: RequestId, method: str, params: Any = None) -> bytes:

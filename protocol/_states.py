@@ -69,35 +69,35 @@ class SessionInput(enum.Enum):
     TEARDOWN = "TEARDOWN"  # server ended it (liveness timeout, shutdown)
 
 
-S, I = StreamState, StreamInput
+S, In = StreamState, StreamInput
 STREAM_TRANSITIONS: Final[Mapping[StreamState, Mapping[StreamInput, StreamState]]] = {
     S.LIVE_DETACHED: {
-        I.ATTACH: S.LIVE_ATTACHED,
-        I.FINISH: S.FINAL_DETACHED,
-        I.ABORT: S.CLOSED,
+        In.ATTACH: S.LIVE_ATTACHED,
+        In.FINISH: S.FINAL_DETACHED,
+        In.ABORT: S.CLOSED,
     },
     S.LIVE_ATTACHED: {
-        I.DETACH: S.LIVE_DETACHED,
-        I.FINISH: S.FINAL_ATTACHED,
-        I.ABORT: S.CLOSED,
+        In.DETACH: S.LIVE_DETACHED,
+        In.FINISH: S.FINAL_ATTACHED,
+        In.ABORT: S.CLOSED,
     },
     S.FINAL_DETACHED: {
-        I.ATTACH: S.FINAL_ATTACHED,
-        I.ABORT: S.CLOSED,
+        In.ATTACH: S.FINAL_ATTACHED,
+        In.ABORT: S.CLOSED,
     },
     S.FINAL_ATTACHED: {
-        I.DETACH: S.FINAL_DETACHED,
-        I.DELIVERED: S.CLOSED,
-        I.ABORT: S.CLOSED,
+        In.DETACH: S.FINAL_DETACHED,
+        In.DELIVERED: S.CLOSED,
+        In.ABORT: S.CLOSED,
     },
     S.CLOSED: {
-        I.ATTACH: S.CLOSED,  # replay only
-        I.DETACH: S.CLOSED,
-        I.DELIVERED: S.CLOSED,
-        I.ABORT: S.CLOSED,
+        In.ATTACH: S.CLOSED,  # replay only
+        In.DETACH: S.CLOSED,
+        In.DELIVERED: S.CLOSED,
+        In.ABORT: S.CLOSED,
     },
 }
-del S, I
+del S, In
 
 SS, SI = SessionState, SessionInput
 SESSION_TRANSITIONS: Final[Mapping[SessionState, Mapping[SessionInput, SessionState]]] = {

@@ -80,7 +80,11 @@ class StreamLog:
             LocalProtocolError: appending after the final message, or to a
                 CLOSED stream.
         """
-        if self.state in (StreamState.FINAL_ATTACHED, StreamState.FINAL_DETACHED, StreamState.CLOSED):
+        if self.state in (
+            StreamState.FINAL_ATTACHED,
+            StreamState.FINAL_DETACHED,
+            StreamState.CLOSED,
+        ):
             stream_transition(self.state, StreamInput.FINISH)  # raises: nothing after final
         seq = self._next_seq
         self._next_seq = seq + 1
@@ -151,7 +155,11 @@ class StreamLog:
     @property
     def finished(self) -> bool:
         """True once the final message is in the log (or the stream is closed)."""
-        return self.state in (StreamState.FINAL_ATTACHED, StreamState.FINAL_DETACHED, StreamState.CLOSED)
+        return self.state in (
+            StreamState.FINAL_ATTACHED,
+            StreamState.FINAL_DETACHED,
+            StreamState.CLOSED,
+        )
 
 
 def _islice(frames: deque[tuple[int, bytes]], start: int) -> Iterator[tuple[int, bytes]]:

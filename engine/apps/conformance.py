@@ -26,7 +26,9 @@ PNG_1X1 = base64.b64decode(
 def _wav(samples: int = 64, rate: int = 8000) -> bytes:
     data = bytes(128 for _ in range(samples))  # 8-bit silence
     fmt = struct.pack("<HHIIHH", 1, 1, rate, rate, 1, 8)
-    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    chunks = (
+        b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    )
     return b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks
 
 
@@ -55,8 +57,13 @@ async def test_audio_content() -> list[dict[str, Any]]:
 @app.tool()
 async def test_embedded_resource() -> list[dict[str, Any]]:
     """Returns an embedded text resource."""
-    return [embedded_resource("test://embedded-resource", text="This is an embedded resource content.",
-                              mime_type="text/plain")]
+    return [
+        embedded_resource(
+            "test://embedded-resource",
+            text="This is an embedded resource content.",
+            mime_type="text/plain",
+        )
+    ]
 
 
 @app.tool()
@@ -65,8 +72,11 @@ async def test_multiple_content_types() -> list[dict[str, Any]]:
     return [
         text("Multiple content types test:"),
         image(PNG_1X1, "image/png"),
-        embedded_resource("test://mixed-content-resource", text='{"test": "data", "value": 123}',
-                          mime_type="application/json"),
+        embedded_resource(
+            "test://mixed-content-resource",
+            text='{"test": "data", "value": 123}',
+            mime_type="application/json",
+        ),
     ]
 
 
@@ -110,62 +120,106 @@ async def test_sampling(ctx: Context, prompt: str) -> str:
 @app.tool()
 async def test_elicitation(ctx: Context, message: str) -> str:
     """Asks the user for input (elicitation/create)."""
-    result = await ctx.elicit(message, {
-        "type": "object",
-        "properties": {
-            "username": {"type": "string", "description": "User's response"},
-            "email": {"type": "string", "description": "User's email address"},
+    result = await ctx.elicit(
+        message,
+        {
+            "type": "object",
+            "properties": {
+                "username": {"type": "string", "description": "User's response"},
+                "email": {"type": "string", "description": "User's email address"},
+            },
+            "required": ["username", "email"],
         },
-        "required": ["username", "email"],
-    })
+    )
     return f"User response: action={result.get('action')}, content={result.get('content', {})}"
 
 
 @app.tool()
 async def test_elicitation_sep1034_defaults(ctx: Context) -> str:
     """Elicits a form whose fields carry default values (SEP-1034)."""
-    result = await ctx.elicit("Please review and update the form fields with defaults", {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "description": "User name", "default": "John Doe"},
-            "age": {"type": "integer", "description": "User age", "default": 30},
-            "score": {"type": "number", "description": "User score", "default": 95.5},
-            "status": {"type": "string", "description": "User status",
-                       "enum": ["active", "inactive", "pending"], "default": "active"},
-            "verified": {"type": "boolean", "description": "Verification status", "default": True},
+    result = await ctx.elicit(
+        "Please review and update the form fields with defaults",
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "description": "User name", "default": "John Doe"},
+                "age": {"type": "integer", "description": "User age", "default": 30},
+                "score": {"type": "number", "description": "User score", "default": 95.5},
+                "status": {
+                    "type": "string",
+                    "description": "User status",
+                    "enum": ["active", "inactive", "pending"],
+                    "default": "active",
+                },
+                "verified": {
+                    "type": "boolean",
+                    "description": "Verification status",
+                    "default": True,
+                },
+            },
+            "required": [],
         },
-        "required": [],
-    })
-    return f"Elicitation completed: action={result.get('action')}, content={result.get('content', {})}"
+    )
+    return (
+        f"Elicitation completed: action={result.get('action')}, content={result.get('content', {})}"
+    )
 
 
 @app.tool()
 async def test_elicitation_sep1330_enums(ctx: Context) -> str:
     """Elicits every enum form of SEP-1330."""
-    result = await ctx.elicit("Please select options from the enum fields", {
-        "type": "object",
-        "properties": {
-            "untitledSingle": {"type": "string", "description": "Select one option",
-                               "enum": ["option1", "option2", "option3"]},
-            "titledSingle": {"type": "string", "description": "Select one option with titles",
-                             "oneOf": [{"const": "value1", "title": "First Option"},
-                                       {"const": "value2", "title": "Second Option"},
-                                       {"const": "value3", "title": "Third Option"}]},
-            "legacyEnum": {"type": "string", "description": "Select one option (legacy)",
-                           "enum": ["opt1", "opt2", "opt3"],
-                           "enumNames": ["Option One", "Option Two", "Option Three"]},
-            "untitledMulti": {"type": "array", "description": "Select multiple options",
-                              "minItems": 1, "maxItems": 3,
-                              "items": {"type": "string", "enum": ["option1", "option2", "option3"]}},
-            "titledMulti": {"type": "array", "description": "Select multiple options with titles",
-                            "minItems": 1, "maxItems": 3,
-                            "items": {"anyOf": [{"const": "value1", "title": "First Choice"},
-                                                {"const": "value2", "title": "Second Choice"},
-                                                {"const": "value3", "title": "Third Choice"}]}},
+    result = await ctx.elicit(
+        "Please select options from the enum fields",
+        {
+            "type": "object",
+            "properties": {
+                "untitledSingle": {
+                    "type": "string",
+                    "description": "Select one option",
+                    "enum": ["option1", "option2", "option3"],
+                },
+                "titledSingle": {
+                    "type": "string",
+                    "description": "Select one option with titles",
+                    "oneOf": [
+                        {"const": "value1", "title": "First Option"},
+                        {"const": "value2", "title": "Second Option"},
+                        {"const": "value3", "title": "Third Option"},
+                    ],
+                },
+                "legacyEnum": {
+                    "type": "string",
+                    "description": "Select one option (legacy)",
+                    "enum": ["opt1", "opt2", "opt3"],
+                    "enumNames": ["Option One", "Option Two", "Option Three"],
+                },
+                "untitledMulti": {
+                    "type": "array",
+                    "description": "Select multiple options",
+                    "minItems": 1,
+                    "maxItems": 3,
+                    "items": {"type": "string", "enum": ["option1", "option2", "option3"]},
+                },
+                "titledMulti": {
+                    "type": "array",
+                    "description": "Select multiple options with titles",
+                    "minItems": 1,
+                    "maxItems": 3,
+                    "items": {
+                        "anyOf": [
+                            {"const": "value1", "title": "First Choice"},
+                            {"const": "value2", "title": "Second Choice"},
+                            {"const": "value3", "title": "Third Choice"},
+                        ]
+                    },
+                },
+            },
+            "required": [],
         },
-        "required": [],
-    })
-    return f"Elicitation completed: action={result.get('action')}, content={result.get('content', {})}"
+    )
+    return (
+        f"Elicitation completed: action={result.get('action')}, content={result.get('content', {})}"
+    )
 
 
 JSON_SCHEMA_2020_12 = {
@@ -198,26 +252,42 @@ async def test_reconnection(ctx: Context) -> str:
 
 
 # ---------------------------------------------------------------- resources
-@app.resource("test://static-text", name="Static Text Resource", mime_type="text/plain",
-              description="A static text resource for testing")
+@app.resource(
+    "test://static-text",
+    name="Static Text Resource",
+    mime_type="text/plain",
+    description="A static text resource for testing",
+)
 def static_text() -> str:
     return "This is the content of the static text resource."
 
 
-@app.resource("test://static-binary", name="Static Binary Resource", mime_type="image/png",
-              description="A static binary resource (a 1x1 PNG) for testing")
+@app.resource(
+    "test://static-binary",
+    name="Static Binary Resource",
+    mime_type="image/png",
+    description="A static binary resource (a 1x1 PNG) for testing",
+)
 def static_binary() -> bytes:
     return PNG_1X1
 
 
-@app.resource("test://watched-resource", name="Watched Resource", mime_type="text/plain",
-              description="A resource clients may subscribe to")
+@app.resource(
+    "test://watched-resource",
+    name="Watched Resource",
+    mime_type="text/plain",
+    description="A resource clients may subscribe to",
+)
 def watched() -> str:
     return "Watched resource content"
 
 
-@app.resource_template("test://template/{id}/data", name="Resource Template",
-                       mime_type="application/json", description="A templated resource for testing")
+@app.resource_template(
+    "test://template/{id}/data",
+    name="Resource Template",
+    mime_type="application/json",
+    description="A templated resource for testing",
+)
 def template_data(id: str) -> str:
     return f'{{"id": "{id}", "templateTest": true, "data": "Data for ID: {id}"}}'
 
@@ -228,18 +298,26 @@ def test_simple_prompt() -> str:
     return "This is a simple prompt for testing."
 
 
-@app.prompt(description="A prompt with required arguments",
-            arguments={"arg1": "First test argument", "arg2": "Second test argument"})
+@app.prompt(
+    description="A prompt with required arguments",
+    arguments={"arg1": "First test argument", "arg2": "Second test argument"},
+)
 def test_prompt_with_arguments(arg1: str, arg2: str) -> str:
     return f"Prompt with arguments: arg1='{arg1}', arg2='{arg2}'"
 
 
-@app.prompt(description="A prompt that embeds a resource",
-            arguments={"resourceUri": "URI of the resource to embed"})
+@app.prompt(
+    description="A prompt that embeds a resource",
+    arguments={"resourceUri": "URI of the resource to embed"},
+)
 def test_prompt_with_embedded_resource(resourceUri: str) -> list[dict[str, Any]]:
     return [
-        {"role": "user", "content": embedded_resource(resourceUri, text="Embedded resource content for testing.",
-                                                      mime_type="text/plain")},
+        {
+            "role": "user",
+            "content": embedded_resource(
+                resourceUri, text="Embedded resource content for testing.", mime_type="text/plain"
+            ),
+        },
         {"role": "user", "content": text("Please process the embedded resource above.")},
     ]
 

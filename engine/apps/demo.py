@@ -13,7 +13,11 @@ import trio
 
 from engine import App, Context
 
-app = App("weir-demo", "0.1.0", instructions="A demo of weir: echo, a counter, and a cancellable countdown.")
+app = App(
+    "weir-demo",
+    "0.1.0",
+    instructions="A demo of weir: echo, a counter, and a cancellable countdown.",
+)
 
 _counter = {"value": 0}
 
@@ -44,12 +48,18 @@ async def countdown(ctx: Context, seconds: int = 5) -> str:
     return "lift-off"
 
 
-@app.resource("demo://counter", name="counter", mime_type="text/plain",
-              description="The current value of the increment counter")
+@app.resource(
+    "demo://counter",
+    name="counter",
+    mime_type="text/plain",
+    description="The current value of the increment counter",
+)
 def counter() -> str:
     return str(_counter["value"])
 
 
-@app.prompt(description="Ask the model to summarise a text", arguments={"text": "the text to summarise"})
+@app.prompt(
+    description="Ask the model to summarise a text", arguments={"text": "the text to summarise"}
+)
 def summarize(text: str) -> str:
     return f"Summarise the following text in one paragraph:\n\n{text}"
