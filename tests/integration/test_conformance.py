@@ -38,21 +38,11 @@ _SERVING = re.compile(r"^weir: serving (?P<url>https?://\S+)")
 
 # WARNING checks that are accepted, as (scenario, check id). Anything else fails.
 #
-# Suite 0.1.16, scenario server-sse-polling: after initializing (which negotiates
-# 2025-11-25) the scenario sends its own tools/call POST and the GET reconnection
-# with the header `mcp-protocol-version: 2025-03-26` hard-coded (see that scenario in
-# @modelcontextprotocol/conformance@0.1.16 dist/index.js). A spec-following server
-# sends SSE priming events (an event id with empty data, plus `retry:`) only to
-# clients of protocol version >= 2025-11-25, since older clients cannot handle empty
-# data (the reference TS SDK 1.32.2 does the same: webStandardStreamableHttp.js,
-# writePrimingEvent). So every correct server gets these two WARNING checks there.
-# 0.2.0-alpha.12 sends the negotiated version instead, and its run allows none.
-ALLOWED_WARNINGS_0_1_16: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("server-sse-polling", "server-sse-priming-event"),
-        ("server-sse-polling", "server-sse-retry-field"),
-    }
-)
+# None are.  (Suite 0.1.16's server-sse-polling scenario sends
+# `mcp-protocol-version: 2025-03-26` on a session that negotiated 2025-11-25; servers
+# that decide on priming events from that per-request header get two warnings.
+# weir decides from the negotiated revision, so it primes and gets none.)
+ALLOWED_WARNINGS_0_1_16: frozenset[tuple[str, str]] = frozenset()
 ALLOWED_WARNINGS_0_2_0_ALPHA_12: frozenset[tuple[str, str]] = frozenset()
 
 
