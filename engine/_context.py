@@ -58,12 +58,14 @@ class Context:
         """The capabilities the client declared at ``initialize``."""
         return self._session.client_capabilities
 
-    def _send(self, payload: bytes) -> bool:
+    async def _send(self, payload: bytes) -> None:
+        # Waits for the session's drain credit: a handler whose client does not
+        # read is held here, never allowed to queue without bound.
         stream = self._stream
         if stream is None:
-            return False
-        stream.append(payload.decode())
-        return True
+            await trio.lowlevel.checkpoint()
+            return
+        await stream.send(payload.decode())
 
     async def report_progress(
         self, progress: float, total: float | None = None, message: str | None = None
@@ -82,8 +84,7 @@ class Context:
             params["total"] = total
         if message is not None:
             params["message"] = message
-        self._send(encode_notification("notifications/progress", params))
-        await trio.lowlevel.checkpoint()
+        await self._send(encode_notification("notifications/progress", params))
 
     async def log(self, level: str, data: Any, logger: str | None = None) -> None:
         """Send ``notifications/message`` if ``level`` passes the session's ``logging/setLevel``."""
@@ -92,8 +93,7 @@ class Context:
         params: dict[str, Any] = {"level": level, "data": data}
         if logger is not None:
             params["logger"] = logger
-        self._send(encode_notification("notifications/message", params))
-        await trio.lowlevel.checkpoint()
+        await self._send(encode_notification("notifications/message", params))
 
     async def debug(self, data: Any) -> None:
         """``log("debug", data)``."""
@@ -130,7 +130,7 @@ class Context:
         rid = session.next_request_id()
         pending = session.pending[rid] = _new_pending()
         try:
-            stream.append(encode_request(rid, method, params).decode())
+            await stream.send(encode_request(rid, method, params).decode())
             with trio.move_on_after(timeout):
                 await pending.done.wait()
         finally:

@@ -13,20 +13,30 @@ store.  Its state changes go through the tables in :mod:`protocol` (here only
 * the cancel scope of every running request handler, by JSON-RPC id, so
   ``notifications/cancelled`` and teardown can cancel them;
 * the pending server-to-client requests (sampling, elicitation, roots), by the id
-  the server gave them, whose answers arrive later in a POST.
+  the server gave them, whose answers arrive later in a POST;
+* its drain credit (:class:`protocol.SessionCredit`) and the FIFO of frames waiting
+  for credit.  Every frame enters a log through :meth:`StreamHandle.send`, which
+  first takes credit for its exact encoded size, waiting in FIFO order when there
+  is none -- so frames are never reordered and a session never holds more than
+  its credit; credit comes back when a connection's peer acknowledges the frame's
+  last byte (:meth:`Session.drained`), or when the stream is aborted.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
 from protocol import (
+    CreditLimits,
+    CreditState,
     Message,
     RequestId,
+    SessionCredit,
     SessionInput,
     SessionState,
     StreamInput,
@@ -51,23 +61,45 @@ LOG_LEVELS: dict[str, int] = {
 }
 
 
+def _closed(log: StreamLog) -> bool:
+    return log.state is StreamState.CLOSED
+
+
+class SessionClosed(Exception):
+    """The session ended while a frame waited for credit."""
+
+
 class StreamHandle:
     """A stream's log, the wake-up its writer waits on, and the writer's cancel scope."""
 
-    __slots__ = ("_changed", "close_retry_ms", "log", "outstanding", "writer_scope")
+    __slots__ = ("_changed", "close_retry_ms", "log", "outstanding", "session", "writer_scope")
 
-    def __init__(self, log: StreamLog) -> None:
+    def __init__(self, log: StreamLog, session: Session) -> None:
         self.log = log
+        self.session = session
         self._changed = trio.Event()
         self.outstanding = 0  # requests whose response is still to come on this stream
         self.close_retry_ms: int | None = None  # set: server closes the connection early
         self.writer_scope: trio.CancelScope | None = None
 
-    def append(self, payload: str, *, final: bool = False) -> None:
-        """Append one message and wake the writer.  Appends to a CLOSED stream are dropped."""
-        if self.log.state is StreamState.CLOSED:
+    async def send(self, payload: str, *, final: bool = False, event: str | None = None) -> None:
+        """Take credit for one frame (waiting FIFO if none is left), append it, wake the writer.
+
+        Frames for a CLOSED stream are dropped without taking credit.
+
+        Raises:
+            SessionClosed: the session ended while waiting for credit.
+        """
+        log = self.log
+        if _closed(log):
             return
-        self.log.append(payload, final=final)
+        size = log.size_of(payload, event=event)
+        await self.session.acquire(size)
+        if _closed(log):  # aborted while we waited
+            self.session.release(1, size)
+            return
+        log.append(payload, final=final, event=event)
+        self.session.credit.correct(size, log.last_frame_size())
         self.wake()
 
     def wake(self) -> None:
@@ -90,6 +122,17 @@ class StreamHandle:
         self.wake()
 
 
+@dataclass(eq=False)
+class Execution:
+    """One ``tools/call`` key in the idempotency gate."""
+
+    key: tuple[str, Any]
+    fingerprint: bytes
+    request_id: RequestId | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+    payload: bytes | None = None  # the stored response once finished
+
+
 @dataclass
 class PendingRequest:
     """A server-to-client request waiting for the client's answer."""
@@ -101,8 +144,19 @@ class PendingRequest:
 class Session:
     """Live state of one session in this process."""
 
-    def __init__(self, record: SessionRecord, *, max_closed_streams: int = 64) -> None:
+    def __init__(
+        self,
+        record: SessionRecord,
+        *,
+        max_closed_streams: int = 64,
+        credit: CreditLimits | None = None,
+        now: float = 0.0,
+    ) -> None:
         self.record = record
+        self.credit = SessionCredit(credit or CreditLimits(), now)
+        self._waiters: deque[tuple[int, trio.Event]] = deque()
+        #: Pulsed whenever the credit's deadline may have moved (the timer task waits on it).
+        self.credit_changed = trio.Event()
         self.state = SessionState.NEW
         self.streams = StreamTable(max_closed=max_closed_streams)
         self.handles: dict[str, StreamHandle] = {}
@@ -113,6 +167,8 @@ class Session:
         self.client_info: dict[str, Any] = {}
         self.client_capabilities: dict[str, Any] = {}
         self._ids = itertools.count(1)
+        #: The idempotency gate's records, oldest first (bounded by the server).
+        self.executions: OrderedDict[tuple[str, Any], Execution] = OrderedDict()
 
     @property
     def session_id(self) -> str:
@@ -130,7 +186,7 @@ class Session:
 
     def open_stream(self, epoch: str, kind: StreamKind, *, max_events: int) -> StreamHandle:
         """Create and register a stream with a store-allocated epoch."""
-        h = StreamHandle(self.streams.add(StreamLog(epoch, kind, max_events=max_events)))
+        h = StreamHandle(self.streams.add(StreamLog(epoch, kind, max_events=max_events)), self)
         self.handles[epoch] = h
         for stale in [e for e in self.handles if e not in {s.epoch for s in self.streams}]:
             del self.handles[stale]
@@ -156,8 +212,95 @@ class Session:
             return True
         return LOG_LEVELS.get(level, 0) >= LOG_LEVELS.get(self.log_level, 0)
 
+    # ------------------------------------------------------------ idempotency gate
+    def record_execution(self, key: tuple[str, Any], fingerprint: bytes, limit: int) -> Execution:
+        """Claim ``key`` before executing; forget the oldest *finished* records beyond ``limit``."""
+        execution = Execution(key=key, fingerprint=fingerprint)
+        self.executions[key] = execution
+        if len(self.executions) > limit:
+            for old_key in [k for k, e in self.executions.items() if e.done.is_set()][
+                : len(self.executions) - limit
+            ]:
+                del self.executions[old_key]
+        return execution
+
+    def finish_execution(
+        self, execution: Execution, payload: bytes | None, request_id: RequestId
+    ) -> None:
+        """Store the outcome; a cancelled execution (``payload`` None) releases its key."""
+        execution.request_id = request_id
+        if payload is None:
+            self.executions.pop(execution.key, None)
+        execution.payload = payload
+        execution.done.set()
+
+    # ------------------------------------------------------------ credit
+    @property
+    def queue_depth(self) -> int:
+        """Frames enqueued and not yet acknowledged (always <= the frame credit)."""
+        return self.credit.frames_in_use
+
+    def _pulse(self) -> None:
+        self.credit_changed.set()
+        self.credit_changed = trio.Event()
+
+    async def acquire(self, nbytes: int) -> None:
+        """Take credit for one frame of ``nbytes``, in FIFO order behind earlier waiters.
+
+        Raises:
+            SessionClosed: the session is (or becomes) closed.
+        """
+        if self.closed:
+            raise SessionClosed(self.session_id)
+        now = trio.current_time()
+        if not self._waiters and self.credit.try_acquire(nbytes, now):
+            self._pulse()
+            await trio.lowlevel.checkpoint()
+            return
+        entry = (nbytes, trio.Event())
+        self._waiters.append(entry)
+        self.credit.mark_blocked(now)
+        self._pulse()
+        try:
+            await entry[1].wait()
+        except BaseException:
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+            elif not self.closed:
+                self.release(1, nbytes)  # granted, but we are cancelled: give it back
+            raise
+        if self.closed:
+            raise SessionClosed(self.session_id)
+
+    def release(self, frames: int, nbytes: int) -> None:
+        """Return credit (frames drained or discarded) and grant waiting frames in order."""
+        if not frames and not nbytes:
+            return
+        now = trio.current_time()
+        self.credit.release(frames, nbytes, now)
+        while self._waiters and self.credit.try_acquire(self._waiters[0][0], now):
+            self._waiters.popleft()[1].set()
+        if not self._waiters:
+            self.credit.mark_unblocked(now)
+        self._pulse()
+
+    def drained(self, handle: StreamHandle, upto_seq: int) -> None:
+        """A peer acknowledged every frame of ``handle``'s stream below ``upto_seq``."""
+        frames, nbytes = handle.log.mark_drained(upto_seq)
+        self.release(frames, nbytes)
+
+    def progress(self) -> None:
+        """A peer acknowledged some bytes (not necessarily a whole frame)."""
+        self.credit.progress(trio.current_time())
+        self._pulse()
+
+    @property
+    def half_open(self) -> bool:
+        """True while the credit state is HALF_OPEN (or DEAD)."""
+        return self.credit.state in (CreditState.HALF_OPEN, CreditState.DEAD)
+
     def close(self) -> None:
-        """End the session: cancel handlers, abort streams, fail pending requests."""
+        """End the session: cancel handlers and writers, abort streams, release credit."""
         if self.state is not SessionState.CLOSED:
             self.handle(SessionInput.TEARDOWN)
         for scope in list(self.running.values()):
@@ -165,5 +308,14 @@ class Session:
         for h in list(self.handles.values()):
             if h.log.state is not StreamState.CLOSED:
                 h.handle(StreamInput.ABORT)
+            if h.writer_scope is not None:
+                h.writer_scope.cancel()
+            frames, nbytes = h.log.drain_all()
+            if frames or nbytes:
+                self.credit.release(frames, nbytes, trio.current_time())
+        for _, ev in self._waiters:
+            ev.set()
+        self._waiters.clear()
         for p in self.pending.values():
             p.done.set()
+        self._pulse()

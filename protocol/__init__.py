@@ -7,6 +7,7 @@ and deadlines come out.  This module's ``__all__`` is the whole public surface;
 
 from __future__ import annotations
 
+from ._credit import CreditLimits, DrainTracker, SessionCredit
 from ._endpoint import (
     DEFAULT_VERSION,
     LATEST_VERSION,
@@ -79,18 +80,23 @@ from ._sse import (
     encode_retry,
 )
 from ._states import (
+    CREDIT_TRANSITIONS,
     SESSION_TRANSITIONS,
     STREAM_TRANSITIONS,
+    CreditInput,
+    CreditState,
     SessionInput,
     SessionState,
     StreamInput,
     StreamState,
+    credit_transition,
     session_transition,
     stream_transition,
 )
 from ._streams import StreamKind, StreamLog, StreamTable
 
 __all__ = [
+    "CREDIT_TRANSITIONS",
     "DEFAULT_VERSION",
     "INTERNAL_ERROR",
     "INVALID_PARAMS",
@@ -107,7 +113,11 @@ __all__ = [
     "STREAM_TRANSITIONS",
     "SUPPORTED_VERSIONS",
     "ConnectionClosed",
+    "CreditInput",
+    "CreditLimits",
+    "CreditState",
     "DeleteSession",
+    "DrainTracker",
     "EndpointConfig",
     "ErrorObject",
     "ErrorResponse",
@@ -131,6 +141,7 @@ __all__ = [
     "RequestContext",
     "RequestId",
     "Response",
+    "SessionCredit",
     "SessionInput",
     "SessionState",
     "SseComment",
@@ -144,6 +155,7 @@ __all__ = [
     "StreamTable",
     "accepts",
     "check_host_and_origin",
+    "credit_transition",
     "decode_body",
     "decode_message",
     "encode",

@@ -51,6 +51,7 @@ class Reason(enum.StrEnum):
     CHANNEL_UNBOUND = "channel_unbound"
     STREAM_HALF_OPEN = "stream_half_open"
     IN_PROGRESS = "in_progress"
+    IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
     SHUTTING_DOWN = "shutting_down"
     STORE_UNAVAILABLE = "store_unavailable"
 

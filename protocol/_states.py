@@ -18,6 +18,10 @@ DETACHED) -- plus CLOSED.  A standalone (GET) stream never becomes FINAL.
   POST stream gets it back; it goes on being CLOSED.
 * ABORT (session teardown, DELETE, cancellation) closes from any state.
 
+A session's drain credit (``protocol._credit``) has its own small machine,
+:data:`CREDIT_TRANSITIONS`: OPEN -> EXHAUSTED (a frame waits) -> HALF_OPEN (no
+progress for the drain window) -> DEAD (no progress for the liveness timeout).
+
 A session is NEW until the client's ``notifications/initialized``; requests are
 served in NEW too (as the official SDKs do); CLOSED is terminal and every later
 request for it gets 404.
@@ -116,6 +120,63 @@ SESSION_TRANSITIONS: Final[Mapping[SessionState, Mapping[SessionInput, SessionSt
     SS.CLOSED: {},
 }
 del SS, SI
+
+
+class CreditState(enum.Enum):
+    """States of one session's drain credit (see :mod:`protocol._credit`)."""
+
+    OPEN = "OPEN"
+    EXHAUSTED = "EXHAUSTED"
+    HALF_OPEN = "HALF_OPEN"
+    DEAD = "DEAD"
+
+
+class CreditInput(enum.Enum):
+    """What can happen to a session's credit."""
+
+    EXHAUST = "EXHAUST"  # a frame had to wait for credit
+    REPLENISH = "REPLENISH"  # no frame waits any more
+    PROGRESS = "PROGRESS"  # the peer acknowledged bytes
+    STALL = "STALL"  # exhausted with no progress for the drain window
+    EXPIRE = "EXPIRE"  # frames pending, no progress for the liveness timeout
+
+
+CS, CI = CreditState, CreditInput
+CREDIT_TRANSITIONS: Final[Mapping[CreditState, Mapping[CreditInput, CreditState]]] = {
+    CS.OPEN: {
+        CI.EXHAUST: CS.EXHAUSTED,
+        CI.REPLENISH: CS.OPEN,
+        CI.PROGRESS: CS.OPEN,
+        CI.EXPIRE: CS.DEAD,
+    },
+    CS.EXHAUSTED: {
+        CI.EXHAUST: CS.EXHAUSTED,
+        CI.REPLENISH: CS.OPEN,
+        CI.PROGRESS: CS.EXHAUSTED,
+        CI.STALL: CS.HALF_OPEN,
+        CI.EXPIRE: CS.DEAD,
+    },
+    CS.HALF_OPEN: {
+        CI.EXHAUST: CS.HALF_OPEN,
+        CI.REPLENISH: CS.OPEN,
+        CI.PROGRESS: CS.EXHAUSTED,
+        CI.EXPIRE: CS.DEAD,
+    },
+    CS.DEAD: {},
+}
+del CS, CI
+
+
+def credit_transition(state: CreditState, event: CreditInput) -> CreditState:
+    """The credit state after ``event``.
+
+    Raises:
+        LocalProtocolError: ``event`` is not allowed in ``state``.
+    """
+    try:
+        return CREDIT_TRANSITIONS[state][event]
+    except KeyError:
+        raise LocalProtocolError(f"credit cannot {event.value} in state {state.value}") from None
 
 
 def stream_transition(state: StreamState, event: StreamInput) -> StreamState:

@@ -50,7 +50,16 @@ class StreamLog:
         emit_ids: write ``id:`` lines (False for resumption policy ``off``).
     """
 
-    __slots__ = ("_frames", "_next_seq", "emit_ids", "epoch", "kind", "max_events", "state")
+    __slots__ = (
+        "_drained",
+        "_frames",
+        "_next_seq",
+        "emit_ids",
+        "epoch",
+        "kind",
+        "max_events",
+        "state",
+    )
 
     def __init__(
         self, epoch: str, kind: StreamKind, *, max_events: int = 4096, emit_ids: bool = True
@@ -65,6 +74,7 @@ class StreamLog:
         self.state = StreamState.LIVE_DETACHED
         self._frames: deque[tuple[int, bytes]] = deque()
         self._next_seq = 0
+        self._drained = 0  # frames with seq < _drained have been acknowledged by a peer
 
     # ---------------------------------------------------------------- appending
     def append(self, payload: str, *, final: bool = False, event: str | None = None) -> EventId:
@@ -90,7 +100,9 @@ class StreamLog:
         self._next_seq = seq + 1
         eid = f"{self.epoch}:{seq}" if self.emit_ids else None
         self._frames.append((seq, encode_event(payload, id=eid, event=event)))
-        if len(self._frames) > self.max_events:
+        # Retention never drops a frame no peer has acknowledged yet (it holds
+        # credit, and dropping it would lose data); drained ones go first.
+        while len(self._frames) > self.max_events and self._frames[0][0] < self._drained:
             self._frames.popleft()
         if final:
             self.state = stream_transition(self.state, StreamInput.FINISH)
@@ -99,6 +111,43 @@ class StreamLog:
     def prime(self) -> EventId:
         """Append the priming event (an id and empty data; MCP 2025-11-25)."""
         return self.append("")
+
+    def size_of(self, payload: str, *, event: str | None = None) -> int:
+        """The exact encoded size the next frame would have (for credit, before append)."""
+        eid = f"{self.epoch}:{self._next_seq}" if self.emit_ids else None
+        return len(encode_event(payload, id=eid, event=event))
+
+    def last_frame_size(self) -> int:
+        """The encoded size of the newest frame (0 if none is retained)."""
+        return len(self._frames[-1][1]) if self._frames else 0
+
+    # ---------------------------------------------------------------- credit
+    @property
+    def drained_seq(self) -> int:
+        """Every frame with a lower seq has been acknowledged by a peer."""
+        return self._drained
+
+    def mark_drained(self, upto: int) -> tuple[int, int]:
+        """Frames below seq ``upto`` are acknowledged; return (frames, bytes) newly drained."""
+        upto = min(upto, self._next_seq)
+        if upto <= self._drained:
+            return 0, 0
+        frames = upto - self._drained
+        nbytes = sum(len(f) for q, f in self._frames if self._drained <= q < upto)
+        self._drained = upto
+        return frames, nbytes
+
+    def undrained(self) -> tuple[int, int]:
+        """(frames, bytes) appended but not yet acknowledged."""
+        return self._next_seq - self._drained, sum(
+            len(f) for q, f in self._frames if q >= self._drained
+        )
+
+    def drain_all(self) -> tuple[int, int]:
+        """Forget that anything is pending (the stream was aborted); return what was held."""
+        held = self.undrained()
+        self._drained = self._next_seq
+        return held
 
     # ---------------------------------------------------------------- reading
     @property

@@ -1,0 +1,104 @@
+"""One client connection: the HTTP core, byte-exact send accounting, and the ack poller.
+
+Theory of operation
+-------------------
+:class:`Connection` owns a stream and its :class:`protocol.HttpConnection`.  Every
+byte goes out through :meth:`Connection.send`, which counts bytes as the kernel
+accepts them (on a TCP socket it calls ``send()`` itself, so the count is exact even
+while a write is blocked part-way) and records, for each SSE frame in the data, the
+offset of the frame's last byte (:class:`protocol.DrainTracker`).
+
+:meth:`Connection.check_acks` asks the :class:`~engine._drain.DrainMeter` how many
+of those bytes the peer has acknowledged and hands the result to the core: frames
+whose last byte is acknowledged give their session's credit back, and any
+acknowledged byte counts as progress for the session last written to.  After each
+write it checks once; while something is still unacknowledged, :meth:`poll_acks`
+re-checks on a backoff (10 ms doubling to 250 ms, reset by progress).  A stalled
+peer therefore shows as "no progress", however the writer is blocked.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+from protocol import DrainTracker, HttpConnection, HttpLimits
+
+from ._drain import DrainMeter
+
+if TYPE_CHECKING:
+    from ._session import Session, StreamHandle
+
+_MIN_POLL = 0.01
+_MAX_POLL = 0.25
+
+
+class Connection:
+    """A client connection (see the module docstring)."""
+
+    __slots__ = ("_outstanding", "http", "meter", "session", "stream", "tracker")
+
+    def __init__(
+        self, stream: trio.abc.Stream, limits: HttpLimits, *, notsent_lowat: int | None
+    ) -> None:
+        self.stream = stream
+        self.http = HttpConnection(limits)
+        self.meter = DrainMeter(stream, notsent_lowat=notsent_lowat)
+        self.tracker: DrainTracker[tuple[StreamHandle, int]] = DrainTracker()
+        self.session: Session | None = None  # whose frames this connection carries now
+        self._outstanding = trio.Event()
+
+    async def send(
+        self, data: bytes, marks: list[tuple[int, tuple[StreamHandle, int]]] | None = None
+    ) -> None:
+        """Write ``data``; ``marks`` are (offset within ``data`` just past a frame, token).
+
+        A failed or cancelled write leaves the HTTP core unusable (``send_failed``).
+        """
+        start = self.tracker.written
+        try:
+            sock = self.stream.socket if isinstance(self.stream, trio.SocketStream) else None
+            if sock is not None and self.meter.exact:
+                view = memoryview(data)
+                while view:
+                    n = await sock.send(view)
+                    self.tracker.wrote(n)
+                    view = view[n:]
+            else:
+                await self.stream.send_all(data)
+                self.tracker.wrote(len(data))
+        except OSError as exc:
+            self.http.send_failed()
+            raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+        except BaseException:
+            self.http.send_failed()
+            raise
+        for offset, token in marks or ():
+            self.tracker.mark(start + offset, token)
+        self.check_acks()
+
+    def check_acks(self) -> None:
+        """Ask the kernel what the peer acknowledged; release drained frames' credit."""
+        tracker = self.tracker
+        before = tracker.acked
+        tokens = tracker.acknowledged_total(self.meter.unacknowledged())
+        if tracker.acked > before and self.session is not None and not tokens:
+            self.session.progress()
+        for handle, seq in tokens:
+            handle.session.drained(handle, seq + 1)
+        if tracker.outstanding:
+            self._outstanding.set()
+
+    async def poll_acks(self) -> None:
+        """Re-check acknowledgements while bytes are in flight; runs as long as the connection."""
+        delay = _MIN_POLL
+        while True:
+            if not self.tracker.outstanding:
+                self._outstanding = trio.Event()
+                await self._outstanding.wait()
+                delay = _MIN_POLL
+            await trio.sleep(delay)
+            before = self.tracker.acked
+            self.check_acks()
+            delay = _MIN_POLL if self.tracker.acked > before else min(delay * 2, _MAX_POLL)

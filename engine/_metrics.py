@@ -1,0 +1,120 @@
+"""Counters and gauges, rendered in the Prometheus text format at ``GET /metrics``.
+
+Theory of operation
+-------------------
+The hot path only bumps integer attributes of :class:`Metrics`; everything else
+(per-session gauges, label escaping) is computed when ``/metrics`` is scraped.
+Per-session series are limited to the ``top`` sessions by bytes of credit in use,
+and sessions are labelled by a short hash of their id (never the id itself: it
+is a bearer secret), so label cardinality stays bounded however many sessions
+exist; aggregates cover all sessions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._session import Session
+
+
+class Metrics:
+    """The server's counters (see the module docstring)."""
+
+    def __init__(self, *, top: int = 20) -> None:
+        self.top = top
+        self.admissions = 0
+        self.executions = 0
+        self.teardowns = 0
+        self.duplicates_replayed = 0
+        self.duplicates_in_progress = 0
+        self.refusals: Counter[str] = Counter()
+
+    def refused(self, reason: str) -> None:
+        """Count one refusal by its ``reason``."""
+        self.refusals[reason] += 1
+
+    def render(self, sessions: Mapping[str, Session]) -> str:
+        """The Prometheus text exposition of every metric."""
+        out: list[str] = []
+
+        def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+            out.append(f"# HELP {name} {help_}")
+            out.append(f"# TYPE {name} {kind}")
+            out.extend(f"{name}{labels} {value:g}" for labels, value in samples)
+
+        live = [s for s in sessions.values() if not s.closed]
+        metric("weir_sessions", "gauge", "Live sessions.", [("", len(live))])
+        metric(
+            "weir_half_open_sessions",
+            "gauge",
+            "Sessions whose streams are half-open.",
+            [("", sum(1 for s in live if s.half_open))],
+        )
+        metric(
+            "weir_admissions_total",
+            "counter",
+            "Requests admitted for dispatch.",
+            [("", self.admissions)],
+        )
+        metric(
+            "weir_refusals_total",
+            "counter",
+            "Requests refused, by reason.",
+            [(f'{{reason="{r}"}}', n) for r, n in sorted(self.refusals.items())] or [("", 0)],
+        )
+        metric(
+            "weir_teardowns_total",
+            "counter",
+            "Sessions torn down after the liveness timeout.",
+            [("", self.teardowns)],
+        )
+        metric(
+            "weir_tool_executions_total",
+            "counter",
+            "tools/call executions (after the idempotency gate).",
+            [("", self.executions)],
+        )
+        metric(
+            "weir_duplicate_requests_total",
+            "counter",
+            "Duplicate deliveries stopped by the gate.",
+            [
+                ('{outcome="replayed"}', self.duplicates_replayed),
+                ('{outcome="in_progress"}', self.duplicates_in_progress),
+            ],
+        )
+        metric(
+            "weir_credit_frames_in_use",
+            "gauge",
+            "Unacknowledged frames, all sessions.",
+            [("", sum(s.credit.frames_in_use for s in live))],
+        )
+        metric(
+            "weir_credit_bytes_in_use",
+            "gauge",
+            "Unacknowledged bytes, all sessions.",
+            [("", sum(s.credit.bytes_in_use for s in live))],
+        )
+        worst = sorted(live, key=lambda s: s.credit.bytes_in_use, reverse=True)[: self.top]
+        worst = [s for s in worst if s.credit.frames_in_use]
+        metric(
+            "weir_session_queue_depth",
+            "gauge",
+            f"Unacknowledged frames of the {self.top} sessions holding the most credit.",
+            [(f'{{session="{_label(s)}"}}', s.credit.frames_in_use) for s in worst],
+        )
+        metric(
+            "weir_session_credit_bytes",
+            "gauge",
+            f"Unacknowledged bytes of the {self.top} sessions holding the most credit.",
+            [(f'{{session="{_label(s)}"}}', s.credit.bytes_in_use) for s in worst],
+        )
+        return "\n".join(out) + "\n"
+
+
+def _label(session: Session) -> str:
+    return hashlib.sha256(session.session_id.encode()).hexdigest()[:12]

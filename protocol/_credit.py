@@ -1,0 +1,256 @@
+"""Per-session drain credit, half-open detection, and per-connection drain tracking.
+
+Theory of operation
+-------------------
+A *frame* is one SSE event in a stream log.  It holds its session's credit from
+the moment it is enqueued (appended to a log) until its last byte has been
+**acknowledged by the peer's TCP stack** -- not merely accepted by ``send()``.  The
+budget is per session, shared by all of that session's streams, and has two
+dimensions, frames and bytes (:class:`CreditLimits`).  So a session whose client
+stopped reading holds at most its credit in queued frames, whatever else happens.
+
+:class:`SessionCredit` is pure arithmetic on counters plus one small state
+machine (table in :mod:`protocol._states`):
+
+* ``OPEN`` -- frames are admitted as long as they fit (:meth:`~SessionCredit.try_acquire`).
+* ``EXHAUSTED`` -- a frame did not fit and waits (the driver said so with
+  :meth:`~SessionCredit.mark_blocked`).  Requests are still admitted.
+* ``HALF_OPEN`` -- exhausted *and* no forward progress (no acknowledged byte, no
+  released frame) for ``drain_window`` seconds.  :meth:`~SessionCredit.admit`
+  refuses session-scoped requests with 429 ``stream_half_open`` before anything is
+  dispatched.  Progress moves it back to ``EXHAUSTED``; room for the waiting frames
+  (:meth:`~SessionCredit.mark_unblocked`) back to ``OPEN``.
+* ``DEAD`` -- frames pending and no progress for ``liveness_timeout`` seconds: the
+  driver must tear the session down.  Terminal.
+
+Time is an argument (``now``); :meth:`~SessionCredit.deadline` names the next
+instant at which :meth:`~SessionCredit.handle_timer` would change something.
+
+:class:`DrainTracker` belongs to one connection.  The driver reports every byte
+it hands to the kernel (:meth:`~DrainTracker.wrote`), marks where each frame's last
+byte lies in that byte stream (:meth:`~DrainTracker.mark`), and reports how many
+bytes the peer has acknowledged since last time (:meth:`~DrainTracker.bytes_drained`,
+computed by the driver as ``written - unacknowledged``); the tracker returns the
+marks that are now fully acknowledged, in order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from ._errors import SERVER_ERROR, LocalProtocolError, Reason, RemoteProtocolError
+from ._states import CreditInput, CreditState, credit_transition
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreditLimits:
+    """Per-session credit and timers.
+
+    Attributes:
+        frames: most frames a session may hold unacknowledged.
+        bytes: most bytes a session may hold unacknowledged (a single frame larger
+            than this is admitted only when nothing else is held).
+        drain_window: seconds of no progress, while exhausted, before half-open.
+        liveness_timeout: seconds of no progress, with frames pending, before the
+            session is torn down.
+    """
+
+    frames: int = 256
+    bytes: int = 1024 * 1024
+    drain_window: float = 10.0
+    liveness_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.frames < 1 or self.bytes < 1:
+            raise ValueError("credit limits must be >= 1")
+        if not 0 < self.drain_window <= self.liveness_timeout:
+            raise ValueError("need 0 < drain_window <= liveness_timeout")
+
+
+class SessionCredit:
+    """One session's credit (see the module docstring).
+
+    Args:
+        limits: the budget and timers.
+        now: creation time.
+    """
+
+    __slots__ = (
+        "_exhausted_since",
+        "bytes_in_use",
+        "frames_in_use",
+        "last_progress",
+        "limits",
+        "state",
+    )
+
+    def __init__(self, limits: CreditLimits, now: float) -> None:
+        self.limits = limits
+        self.state = CreditState.OPEN
+        self.frames_in_use = 0
+        self.bytes_in_use = 0
+        self.last_progress = now
+        self._exhausted_since = now
+
+    # ------------------------------------------------------------ frames
+    def fits(self, nbytes: int) -> bool:
+        """Whether a frame of ``nbytes`` fits in the remaining credit."""
+        lim = self.limits
+        if self.frames_in_use >= lim.frames:
+            return False
+        return self.bytes_in_use == 0 or self.bytes_in_use + nbytes <= lim.bytes
+
+    def try_acquire(self, nbytes: int, now: float) -> bool:
+        """Take credit for one frame if it fits; never blocks, never changes state.
+
+        Raises:
+            LocalProtocolError: the session is ``DEAD``.
+        """
+        if self.state is CreditState.DEAD:
+            credit_transition(self.state, CreditInput.PROGRESS)  # raises
+        if not self.fits(nbytes):
+            return False
+        if self.frames_in_use == 0:
+            self.last_progress = now  # the liveness clock starts with the first pending frame
+        self.frames_in_use += 1
+        self.bytes_in_use += nbytes
+        return True
+
+    def correct(self, acquired: int, actual: int) -> None:
+        """Replace a frame's acquired byte count by its actual encoded size."""
+        self.bytes_in_use += actual - acquired
+
+    def release(self, frames: int, nbytes: int, now: float) -> None:
+        """Return credit for drained (or discarded) frames; counts as progress."""
+        if frames < 0 or nbytes < 0 or frames > self.frames_in_use or nbytes > self.bytes_in_use:
+            raise LocalProtocolError(
+                f"releasing {frames} frames/{nbytes} bytes but only "
+                f"{self.frames_in_use}/{self.bytes_in_use} are held"
+            )
+        self.frames_in_use -= frames
+        self.bytes_in_use -= nbytes
+        if frames or nbytes:
+            self.progress(now)
+
+    # ------------------------------------------------------------ state
+    def mark_blocked(self, now: float) -> None:
+        """A frame is waiting for credit: ``OPEN`` becomes ``EXHAUSTED``."""
+        if self.state is CreditState.OPEN:
+            self.state = credit_transition(self.state, CreditInput.EXHAUST)
+            self._exhausted_since = now
+
+    def mark_unblocked(self, now: float) -> None:
+        """No frame waits any more: back to ``OPEN``."""
+        if self.state in (CreditState.EXHAUSTED, CreditState.HALF_OPEN):
+            self.state = credit_transition(self.state, CreditInput.REPLENISH)
+
+    def progress(self, now: float) -> None:
+        """The peer acknowledged bytes (or frames were released)."""
+        self.last_progress = max(self.last_progress, now)
+        if self.state is CreditState.HALF_OPEN:
+            self.state = credit_transition(self.state, CreditInput.PROGRESS)
+
+    def deadline(self) -> float:
+        """The next instant :meth:`handle_timer` may change the state (``inf``: none)."""
+        out = math.inf
+        if self.state is CreditState.EXHAUSTED:
+            out = max(self._exhausted_since, self.last_progress) + self.limits.drain_window
+        if self.frames_in_use and self.state is not CreditState.DEAD:
+            out = min(out, self.last_progress + self.limits.liveness_timeout)
+        return out
+
+    def handle_timer(self, now: float) -> CreditState:
+        """Apply the timers at ``now``; return the (possibly new) state."""
+        if self.state is CreditState.DEAD:
+            return self.state
+        if self.frames_in_use and now >= self.last_progress + self.limits.liveness_timeout:
+            self.state = credit_transition(self.state, CreditInput.EXPIRE)
+        elif self.state is CreditState.EXHAUSTED and now >= (
+            max(self._exhausted_since, self.last_progress) + self.limits.drain_window
+        ):
+            self.state = credit_transition(self.state, CreditInput.STALL)
+        return self.state
+
+    def is_half_open(self, now: float) -> bool:
+        """Apply the timers, then say whether the session is half-open (or dead)."""
+        return self.handle_timer(now) in (CreditState.HALF_OPEN, CreditState.DEAD)
+
+    def admit(self, now: float, request_id: int | str | None = None) -> None:
+        """Admission check for one session-scoped request, before dispatch.
+
+        Raises:
+            RemoteProtocolError: 429 ``stream_half_open`` with ``retryAfterMs``
+                when the session is half-open.
+        """
+        if self.is_half_open(now):
+            retry_ms = max(1000, int(self.limits.drain_window * 1000))
+            raise RemoteProtocolError(
+                "this session's streams are not draining (half-open); retry later",
+                http_status=429,
+                reason=Reason.STREAM_HALF_OPEN,
+                code=SERVER_ERROR,
+                request_id=request_id,
+                retry_after_ms=retry_ms,
+            )
+
+
+class DrainTracker(Generic[T]):
+    """Which frames one connection's peer has acknowledged (see the module docstring)."""
+
+    __slots__ = ("_marks", "acked", "written")
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.acked = 0
+        self._marks: deque[tuple[int, T]] = deque()
+
+    def wrote(self, nbytes: int) -> int:
+        """Record ``nbytes`` handed to the kernel; return the new total written."""
+        self.written += nbytes
+        return self.written
+
+    def mark(self, end_offset: int, token: T) -> None:
+        """Report ``token`` drained once byte ``end_offset - 1`` is acknowledged.
+
+        A mark at or below what is already acknowledged is returned by the next
+        :meth:`bytes_drained` call (``bytes_drained(0)`` flushes it).
+
+        Raises:
+            ValueError: marks must be given in non-decreasing offset order and not
+                beyond what was written.
+        """
+        if end_offset > self.written or (self._marks and end_offset < self._marks[-1][0]):
+            raise ValueError(f"bad mark at {end_offset} (written {self.written})")
+        self._marks.append((end_offset, token))
+
+    def bytes_drained(self, nbytes: int) -> list[T]:
+        """``nbytes`` more bytes were acknowledged; return the tokens now drained, in order."""
+        if nbytes < 0 or self.acked + nbytes > self.written:
+            raise ValueError(
+                f"cannot acknowledge {nbytes} bytes: {self.written - self.acked} outstanding"
+            )
+        self.acked += nbytes
+        out: list[T] = []
+        marks = self._marks
+        while marks and marks[0][0] <= self.acked:
+            out.append(marks.popleft()[1])
+        return out
+
+    def acknowledged_total(self, unacknowledged: int) -> list[T]:
+        """Convenience: the kernel says ``unacknowledged`` bytes are still in flight."""
+        return self.bytes_drained(max(0, self.written - unacknowledged - self.acked))
+
+    @property
+    def pending(self) -> bool:
+        """True while some mark is not yet acknowledged."""
+        return bool(self._marks)
+
+    @property
+    def outstanding(self) -> int:
+        """Bytes written and not yet acknowledged."""
+        return self.written - self.acked
