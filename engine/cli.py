@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 import trio
 
+from protocol import CreditLimits
+
 from ._app import App
 from ._server import Server, ServerConfig
 
@@ -89,6 +91,38 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="time running calls get to finish on SIGINT/SIGTERM (default 10)",
     )
+    d = CreditLimits()
+    c = s.add_argument_group("drain credit (per session; see the README, 'Half-open streams')")
+    c.add_argument(
+        "--credit-frames",
+        type=int,
+        default=d.frames,
+        metavar="N",
+        help=f"unacknowledged SSE frames a session may hold (default {d.frames})",
+    )
+    c.add_argument(
+        "--credit-bytes",
+        type=int,
+        default=d.bytes,
+        metavar="BYTES",
+        help=f"unacknowledged bytes a session may hold (default {d.bytes})",
+    )
+    c.add_argument(
+        "--drain-window",
+        type=float,
+        default=d.drain_window,
+        metavar="SECONDS",
+        help="no progress for this long while out of credit means half-open: "
+        f"the session's requests get 429 (default {d.drain_window:g})",
+    )
+    c.add_argument(
+        "--liveness-timeout",
+        type=float,
+        default=d.liveness_timeout,
+        metavar="SECONDS",
+        help="no progress for this long with frames pending: the session is torn "
+        f"down (default {d.liveness_timeout:g})",
+    )
     return p
 
 
@@ -98,18 +132,34 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise SystemExit(f"weir: --path must start with '/', got {args.path!r}")
     if not 0 <= args.port <= 65535:
         raise SystemExit(f"weir: --port must be 0..65535, got {args.port}")
+    try:
+        credit = CreditLimits(
+            frames=args.credit_frames,
+            bytes=args.credit_bytes,
+            drain_window=args.drain_window,
+            liveness_timeout=args.liveness_timeout,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"weir: bad credit options: {exc}") from None
+    if args.shutdown_grace < 0:
+        raise SystemExit("weir: --shutdown-grace must be >= 0")
     hosts = None
     if args.allow_host:
         base = ServerConfig(host=args.host).endpoint().allowed_hosts
         hosts = frozenset(base | {h.lower() for h in args.allow_host})
-    return ServerConfig(
-        host=args.host,
-        port=args.port,
-        path=args.path,
-        json_response=args.json_response,
-        allowed_hosts=hosts,
-        shutdown_grace=args.shutdown_grace,
-    )
+    try:
+        return ServerConfig(
+            host=args.host,
+            port=args.port,
+            path=args.path,
+            json_response=args.json_response,
+            allowed_hosts=hosts,
+            shutdown_grace=args.shutdown_grace,
+            credit=credit,
+            max_stream_events=max(4096, credit.frames),
+        )
+    except ValueError as exc:
+        raise SystemExit(f"weir: {exc}") from None
 
 
 async def _run(app: App, config: ServerConfig) -> None:

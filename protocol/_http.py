@@ -154,6 +154,7 @@ class HttpConnection:
         self._out = bytearray()
         self._closed = False
         self._failed = False
+        self._head_request = False  # the request being answered is a HEAD
 
     # ------------------------------------------------------------------ inbound
     def receive_data(self, data: bytes | bytearray) -> None:
@@ -194,6 +195,13 @@ class HttpConnection:
                 self._pending = event
                 self._body = []
                 self._body_size = 0
+                # h11 enforces max_incomplete_event_size only while the head is
+                # still incomplete, so a head that arrives in one chunk would slip
+                # through; check the complete head too (same answer however split).
+                if _head_size(event) > self.limits.max_header_bytes:
+                    return self._fail(
+                        431, Reason.HEADERS_TOO_LARGE, "request header block too large"
+                    )
                 declared = _content_length(event.headers)
                 if declared is not None and declared > self.limits.max_body_bytes:
                     return self._too_large()
@@ -208,6 +216,7 @@ class HttpConnection:
                 req = self._pending
                 assert req is not None
                 self._pending = None
+                self._head_request = req.method == b"HEAD"
                 body = b"".join(self._body)
                 self._body = []
                 return HttpRequest(
@@ -255,7 +264,8 @@ class HttpConnection:
         hdrs = _headers(headers)
         hdrs.append((b"content-length", str(len(body)).encode()))
         out = self._send(h11.Response(status_code=status, headers=hdrs, reason=_phrase(status)))
-        if body:
+        if body and not self._head_request:
+            # A HEAD response carries the headers of the full response, no body.
             out += self._send(h11.Data(data=body))
         out += self._send(h11.EndOfMessage())
         self._after_response()
@@ -297,6 +307,10 @@ class HttpConnection:
     def _send(self, event: h11.Event) -> bytes:
         if self._failed:
             raise LocalProtocolError("connection already failed; cannot send")
+        if isinstance(event, h11.Response) and self._h11.our_state is not h11.SEND_RESPONSE:
+            # h11 lets a server answer in IDLE (for early errors), but here that
+            # would answer a request the driver never saw, desynchronising the peer.
+            raise LocalProtocolError("no request is awaiting a response")
         try:
             data = self._h11.send(event)
         except h11.LocalProtocolError as exc:
@@ -319,6 +333,14 @@ def _headers(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     out = [(b"server", _SERVER_HEADER)]
     out.extend((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers)
     return out
+
+
+def _head_size(req: h11.Request) -> int:
+    # The size of the request line plus header block in canonical form
+    # ("name: value" lines, CRLF endings): exact for what clients send, and what
+    # h11's incremental limit measures on the raw bytes.
+    line = len(req.method) + len(req.target) + len(req.http_version) + len(b"  HTTP/\r\n")
+    return line + sum(len(n) + len(v) + 4 for n, v in req.headers) + 2
 
 
 def _content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:

@@ -7,7 +7,8 @@ typed messages into bytes, and nothing else: it knows no sessions and no transpo
 
 * Decoding is strict about the envelope and lax about ``params``/``result``, which
   are application data (plain JSON objects).  Syntax errors are ``-32700``
-  (reason ``parse_error``); a well-formed body that is not a JSON-RPC message is
+  (reason ``parse_error``), and so is JSON nested too deeply to decode; a
+  well-formed body that is not a JSON-RPC message is
   ``-32600`` (reason ``invalid_request``).  Both surface as
   :class:`~protocol.RemoteProtocolError` with ``http_status=400``.
 * A body may be a batch (JSON array) only where the caller allows it (MCP
@@ -153,7 +154,7 @@ def decode_body(body: bytes, *, allow_batch: bool) -> tuple[list[Message], bool]
         except msgspec.ValidationError as exc:
             _check_json(body)
             raise _invalid(f"invalid JSON-RPC batch: {exc}") from None
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:
             raise _parse_error(exc) from None
         if not envs:
             raise _invalid("an empty JSON-RPC batch is not allowed")
@@ -163,7 +164,7 @@ def decode_body(body: bytes, *, allow_batch: bool) -> tuple[list[Message], bool]
     except msgspec.ValidationError as exc:
         _check_json(body)
         raise _invalid(f"invalid JSON-RPC message: {exc}") from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise _parse_error(exc) from None
     return [_classify(env)], False
 
@@ -177,7 +178,7 @@ def _check_json(body: bytes) -> None:
     # body; JSON-RPC wants -32700 for any syntax error, so check syntax first.
     try:
         _any_decoder.decode(body)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise _parse_error(exc) from None
 
 
