@@ -11,7 +11,8 @@ offset of the frame's last byte (:class:`protocol.DrainTracker`).
 :meth:`Connection.check_acks` asks the :class:`~engine._drain.DrainMeter` how many
 of those bytes the peer has acknowledged and hands the result to the core: frames
 whose last byte is acknowledged give their session's credit back, and any
-acknowledged byte counts as progress for the session last written to.  After each
+acknowledged byte of a pending frame counts as progress for that frame's session
+(never bytes of refusals or of other sessions' responses).  After each
 write it checks once; while something is still unacknowledged, :meth:`poll_acks`
 re-checks on a backoff (10 ms doubling to 250 ms, reset by progress).  A stalled
 peer therefore shows as "no progress", however the writer is blocked.
@@ -28,7 +29,7 @@ from protocol import DrainTracker, HttpConnection, HttpLimits
 from ._drain import DrainMeter
 
 if TYPE_CHECKING:
-    from ._session import Session, StreamHandle
+    from ._session import StreamHandle
 
 _MIN_POLL = 0.01
 _MAX_POLL = 0.25
@@ -37,7 +38,7 @@ _MAX_POLL = 0.25
 class Connection:
     """A client connection (see the module docstring)."""
 
-    __slots__ = ("_outstanding", "http", "meter", "session", "stream", "tracker")
+    __slots__ = ("_outstanding", "http", "meter", "stream", "tracker")
 
     def __init__(
         self, stream: trio.abc.Stream, limits: HttpLimits, *, notsent_lowat: int | None
@@ -46,7 +47,6 @@ class Connection:
         self.http = HttpConnection(limits)
         self.meter = DrainMeter(stream, notsent_lowat=notsent_lowat)
         self.tracker: DrainTracker[tuple[StreamHandle, int]] = DrainTracker()
-        self.session: Session | None = None  # whose frames this connection carries now
         self._outstanding = trio.Event()
 
     async def send(
@@ -82,9 +82,12 @@ class Connection:
         """Ask the kernel what the peer acknowledged; release drained frames' credit."""
         tracker = self.tracker
         before = tracker.acked
+        # Only bytes of a pending frame are progress, and only for the session that
+        # owns it: a 429 body or another session's response is nobody's progress.
+        owner = tracker.oldest()
         tokens = tracker.acknowledged_total(self.meter.unacknowledged())
-        if tracker.acked > before and self.session is not None and not tokens:
-            self.session.progress()
+        if tracker.acked > before and owner is not None and not tokens:
+            owner[0].session.progress()
         for handle, seq in tokens:
             handle.session.drained(handle, seq + 1)
         if tracker.outstanding:

@@ -250,6 +250,10 @@ class DrainTracker(Generic[T]):
         """True while some mark is not yet acknowledged."""
         return bool(self._marks)
 
+    def oldest(self) -> T | None:
+        """The token of the oldest mark not yet acknowledged, if any."""
+        return self._marks[0][1] if self._marks else None
+
     @property
     def outstanding(self) -> int:
         """Bytes written and not yet acknowledged."""
