@@ -67,12 +67,14 @@ from protocol import (
     INVALID_REQUEST,
     LOOPBACK_HOSTS,
     NEED_DATA,
+    SERVER_ERROR,
     ConnectionClosed,
     CreditLimits,
     CreditState,
     DeleteSession,
     EndpointConfig,
     ErrorResponse,
+    EventId,
     HttpError,
     HttpLimits,
     HttpRequest,
@@ -82,11 +84,13 @@ from protocol import (
     Reason,
     RemoteProtocolError,
     Request,
+    RequestContext,
     RequestId,
     Response,
     SessionInput,
     StreamInput,
     StreamKind,
+    StreamLog,
     StreamState,
     accepts,
     check_host_and_origin,
@@ -106,10 +110,24 @@ from ._connection import Connection
 from ._context import Context
 from ._mcp import capabilities, dispatch
 from ._metrics import Metrics
-from ._session import Execution, Session, SessionClosed, StreamHandle
-from ._store import MemoryStore, SessionRecord, SessionStore
+from ._session import Session, SessionClosed, StreamHandle, StreamLost
+from ._store import (
+    CallOutcome,
+    ChannelRejected,
+    ChannelVerdict,
+    MemoryStore,
+    SessionGone,
+    SessionRecord,
+    SessionStore,
+    StoreUnavailable,
+    check_channel,
+)
 
 log = logging.getLogger("weir")
+
+#: The explicit rebind handshake (seed 003), advertised in ``capabilities.experimental``.
+REBIND_METHOD = "weir/rebind"
+RESUME_POLICIES = ("shared", "pinned", "off")
 
 _RECV = 65536
 _SSE_HEADERS = (
@@ -146,6 +164,11 @@ class ServerConfig:
         retry_ms: the ``retry:`` hint sent when the server ends a stream early.
         shutdown_grace: seconds running handlers get to finish at shutdown.
         principal: the owner recorded for sessions (no authentication yet).
+        resume: the resumption policy: ``shared`` (events go to the store before
+            the wire; any replica replays), ``pinned`` (this process's buffer; a
+            cursor not in it is 409) or ``off`` (no event ids; any cursor is 409).
+        replica_id: names this process in ``: replica=<id>`` comments (default:
+            random); ``None`` and resume ``off`` write no comment.
         legacy_sse_path: the 2024-11-05 HTTP+SSE stream endpoint (``None``: off).
         legacy_messages_path: the 2024-11-05 POST endpoint.
         metrics_path: Prometheus metrics (``None``: off).
@@ -169,11 +192,17 @@ class ServerConfig:
     retry_ms: int = 1000
     shutdown_grace: float = 10.0
     principal: str = "anonymous"
+    resume: str = "shared"
+    replica_id: str | None = None
     legacy_sse_path: str | None = "/sse"
     legacy_messages_path: str = "/messages"
     metrics_path: str | None = "/metrics"
 
     def __post_init__(self) -> None:
+        if self.resume not in RESUME_POLICIES:
+            raise ValueError(
+                f"resume must be one of {', '.join(RESUME_POLICIES)}, got {self.resume!r}"
+            )
         if self.max_stream_events < self.credit.frames:
             raise ValueError(
                 f"max_stream_events ({self.max_stream_events}) must be >= the frame credit "
@@ -226,6 +255,7 @@ class Server:
         self.store: SessionStore = store if store is not None else MemoryStore()
         self._endpoint = self.config.endpoint()
         self._new_session_id = session_id_factory or (lambda: secrets.token_urlsafe(32))
+        self.replica_id = self.config.replica_id or secrets.token_hex(4)
         self.sessions: dict[str, Session] = {}
         self.metrics = Metrics()
         self._last_seen: dict[str, float] = {}
@@ -235,6 +265,8 @@ class Server:
         self.stopped = trio.Event()
         self._handlers: trio.Nursery | None = None
         self.listeners: list[trio.SocketListener] = []
+        self._accept_scope = trio.CancelScope()
+        self._accepting_done = trio.Event()
 
     # ---------------------------------------------------------------- lifecycle
     @property
@@ -283,8 +315,14 @@ class Server:
         await self.store.aclose()
 
     async def _serve_listeners(self, conns: trio.Nursery) -> None:
-        if self.listeners:
-            await trio.serve_listeners(self._connection, self.listeners, handler_nursery=conns)
+        try:
+            if self.listeners:
+                with self._accept_scope:
+                    await trio.serve_listeners(
+                        self._connection, self.listeners, handler_nursery=conns
+                    )
+        finally:
+            self._accepting_done.set()
 
     async def serve_connection(self, stream: trio.abc.Stream) -> None:
         """Serve one already-accepted connection until it closes (needs :meth:`run` started)."""
@@ -303,6 +341,9 @@ class Server:
 
     async def _drain(self) -> None:
         self._closing = True
+        # Stop accepting first; close the listening sockets only once no task uses them.
+        self._accept_scope.cancel()
+        await self._accepting_done.wait()
         for listener in self.listeners:
             await listener.aclose()
         with trio.move_on_after(self.config.shutdown_grace):
@@ -346,6 +387,7 @@ class Server:
             principal=self.config.principal,
             protocol_version=version,
             created_at=now,
+            secret=secrets.token_urlsafe(16),
         )
         await self.store.create_session(record)
         session = Session(
@@ -448,17 +490,116 @@ class Server:
                 await self._get(conn, mcp)
             elif isinstance(mcp, DeleteSession):
                 await self._delete(conn, mcp)
+        except StoreUnavailable as exc:
+            if conn.http.response_in_progress:
+                raise
+            log.warning("store unavailable: %s", exc)
+            await self._refuse(
+                conn,
+                RemoteProtocolError(
+                    "the session store is unavailable; nothing was executed",
+                    http_status=503,
+                    reason=Reason.STORE_UNAVAILABLE,
+                    code=SERVER_ERROR,
+                    retry_after_ms=self.config.retry_ms,
+                ),
+            )
         except RemoteProtocolError as exc:
             if conn.http.response_in_progress:
                 raise
             await self._refuse(conn, exc)
 
-    def _session(self, session_id: str | None, request_id: RequestId | None = None) -> Session:
-        session = self.sessions.get(session_id) if session_id is not None else None
-        if session is None or session.closed:
-            raise session_refusal(session_id or "", request_id)
+    async def _session(
+        self, session_id: str | None, request_id: RequestId | None = None, *, verify: bool = True
+    ) -> Session:
+        """The live session for ``session_id``, or the 404 refusal.
+
+        With a shared store the record is re-read (``verify``) so a session deleted or
+        rebound on another replica is seen here; a session first seen on this replica
+        is adopted from its record.
+        """
+        sid = session_id or ""
+        session = self.sessions.get(sid)
+        if session is not None and session.closed:
+            session = None
+        if self.store.shared and (session is None or verify):
+            record = await self.store.get_session(self.config.principal, sid)
+            if record is None:
+                if session is not None:
+                    await self._end_session(session)
+                raise session_refusal(sid, request_id)
+            if session is None:
+                session = self._adopt(record)
+            else:
+                session.record = record
+        if session is None:
+            raise session_refusal(sid, request_id)
         self._last_seen[session.session_id] = trio.current_time()
         return session
+
+    def _adopt(self, record: SessionRecord) -> Session:
+        now = trio.current_time()
+        session = Session(
+            record,
+            max_closed_streams=self.config.max_closed_streams,
+            credit=self.config.credit,
+            now=now,
+        )
+        session.handle(SessionInput.INITIALIZED)
+        self.sessions[record.session_id] = session
+        self._last_seen[record.session_id] = now
+        assert self._handlers is not None
+        self._handlers.start_soon(self._session_timer, session)
+        return session
+
+    def _channel(self, session: Session, ctx: RequestContext) -> tuple[int, str] | None:
+        """Parse and check ``Mcp-Channel-Token`` against the session (seed 003).
+
+        Raises:
+            RemoteProtocolError: 409 ``cursor_stale`` (older generation) or
+                ``channel_unbound`` (wrong secret, future generation, malformed).
+        """
+        token = _parse_token(ctx.headers.get("mcp-channel-token"))
+        _raise_channel(check_channel(session.record, token))
+        return token
+
+    def _open_stream(
+        self, session: Session, epoch: str, kind: StreamKind, token: tuple[int, str] | None
+    ) -> StreamHandle:
+        cfg = self.config
+        handle = session.open_stream(
+            epoch,
+            kind,
+            max_events=cfg.max_stream_events,
+            emit_ids=cfg.resume != "off",
+            replica=self.replica_id,
+            binding=token[0] if token else 0,
+        )
+        if self.store.shared and cfg.resume == "shared" and kind is not StreamKind.LEGACY:
+            handle.sink = self._store_sink(session, handle)
+        return handle
+
+    def _store_sink(
+        self, session: Session, handle: StreamHandle
+    ) -> Callable[[int, str, bool], Any]:
+        store, principal, sid = self.store, session.record.principal, session.session_id
+        generation, epoch, binding = session.record.generation, handle.log.epoch, handle.log.binding
+
+        async def sink(seq: int, payload: str, final: bool) -> None:
+            if seq == 0 and payload == "":
+                return  # the priming event carries nothing to replay
+            await store.append_event(
+                principal,
+                sid,
+                epoch,
+                seq,
+                payload.encode(),
+                final=final,
+                generation=generation,
+                binding=binding,
+            )
+
+        return sink
 
     # ---------------------------------------------------------------- POST
     async def _post(self, conn: Connection, post: PostMessages) -> None:
@@ -466,28 +607,33 @@ class Server:
             await self._initialize(conn, post)
             return
         first = post.messages[0]
-        session = self._session(
-            post.ctx.session_id, first.id if isinstance(first, Request) else None
+        rid = first.id if isinstance(first, Request) else None
+        # A lone tools/call is checked by the store in begin_call (one round trip).
+        lone_call = (
+            len(post.messages) == 1 and isinstance(first, Request) and first.method == "tools/call"
         )
+        session = await self._session(post.ctx.session_id, rid, verify=not lone_call)
+        token = _parse_token(post.ctx.headers.get("mcp-channel-token"))
+        if not lone_call:
+            _raise_channel(check_channel(session.record, token), rid)
         requests = self._absorb(session, post.messages)
         if not requests:
             await conn.send(conn.http.send_response(202, ()))
             return
-        # Admission, before anything is dispatched or enqueued (seed 000).
-        session.credit.admit(trio.current_time(), requests[0].id)
-        self.metrics.admissions += len(requests)
+        if len(requests) == 1 and requests[0].method == REBIND_METHOD:
+            session.credit.admit(trio.current_time(), requests[0].id)
+            await self._rebind(conn, session, requests[0])
+            return
         session.handle(SessionInput.REQUEST)
         key = post.ctx.headers.get("idempotency-key")
-        plans = [
-            await self._plan(session, req, key if len(requests) == 1 else None) for req in requests
-        ]
+        plans = await self._admit_and_plan(session, requests, key, token)
         if self.config.json_response:
             await self._post_json(conn, session, plans, post.is_batch)
             return
-        epoch = await self.store.allocate_epoch(session.record.principal, session.session_id)
-        handle = session.open_stream(
-            epoch, StreamKind.REQUEST, max_events=self.config.max_stream_events
-        )
+        epoch = plans[0].epoch if len(plans) == 1 and plans[0].epoch else None
+        if epoch is None:
+            epoch = await self.store.allocate_epoch(session.record.principal, session.session_id)
+        handle = self._open_stream(session, epoch, StreamKind.REQUEST, token)
         handle.outstanding = len(plans)
         assert self._handlers is not None
         if self._primes(session, post.ctx.protocol_version):
@@ -513,42 +659,125 @@ class Server:
                     pending.done.set()
         return requests
 
-    async def _plan(self, session: Session, req: Request, header_key: str | None) -> _Plan:
-        """Pass the idempotency gate: decide whether ``req`` executes or replays.
+    async def _admit_and_plan(
+        self,
+        session: Session,
+        requests: list[Request],
+        key: str | None,
+        token: tuple[int, str] | None,
+    ) -> list[_Plan]:
+        """Admission (seed 000), then the idempotency gate (seed 003), before any dispatch.
+
+        Every request admitted here is accounted for exactly once later
+        (:meth:`Session.done`), whether it executes, replays or is cancelled.
+        """
+        try:
+            await session.admit(len(requests), requests[0].id)
+        except SessionClosed:
+            raise session_refusal(session.session_id, requests[0].id) from None
+        self.metrics.admissions += len(requests)
+        plans: list[_Plan] = []
+        try:
+            for req in requests:
+                one_key = key if len(requests) == 1 else None
+                plans.append(await self._plan(session, req, one_key, token))
+        except BaseException:
+            session.done(len(requests))
+            for plan in plans:  # give back keys this refused POST had claimed
+                if plan.key is not None:
+                    await self._finish_call(session, plan.key, None)
+            raise
+        return plans
+
+    async def _plan(
+        self,
+        session: Session,
+        req: Request,
+        header_key: str | None,
+        token: tuple[int, str] | None,
+    ) -> _Plan:
+        """Pass the idempotency gate (in the store): does ``req`` execute, or replay?
 
         Raises:
             RemoteProtocolError: 409 ``in_progress`` (still running after the bounded
-                wait) or 422 ``idempotency_key_reused`` (same key, different request).
+                wait), 422 ``idempotency_key_reused`` (same key, different request), or
+                a channel refusal.
         """
         if req.method != "tools/call":
-            return _Plan(req, None, None)
-        key = ("header", header_key) if header_key else ("id", req.id)
+            return _Plan(req)
+        key = f"h:{header_key}" if header_key else "i:" + msgspec.json.encode(req.id).decode()
         fp = _fingerprint(req)
-        found = session.executions.get(key)
-        if found is None:
-            execution = session.record_execution(key, fp, self.config.max_executions)
-            return _Plan(req, execution, None)
-        if found.fingerprint != fp:
-            raise RemoteProtocolError(
-                f"idempotency key {key[1]!r} was used for a different request",
-                http_status=422,
-                reason=Reason.IDEMPOTENCY_KEY_REUSED,
-                request_id=req.id,
-            )
-        with trio.move_on_after(self.config.in_progress_wait):
-            await found.done.wait()
-        if found.payload is None:
-            self.metrics.duplicates_in_progress += 1
-            raise RemoteProtocolError(
-                f"request {key[1]!r} is still running",
-                http_status=409,
-                reason=Reason.IN_PROGRESS,
-                request_id=req.id,
-                retry_after_ms=self.config.retry_ms,
-            )
-        self.metrics.duplicates_replayed += 1
-        payload = found.payload if req.id == found.request_id else _reid(found.payload, req.id)
-        return _Plan(req, None, payload)
+        principal, sid = session.record.principal, session.session_id
+        deadline = trio.current_time() + self.config.in_progress_wait
+        delay = 0.01
+        while True:
+            try:
+                start = await self.store.begin_call(principal, sid, key, fp, token)
+            except SessionGone:
+                await self._end_session(session)
+                raise session_refusal(sid, req.id) from None
+            except ChannelRejected as exc:
+                _raise_channel(exc.verdict, req.id)
+                raise  # unreachable: _raise_channel raises
+            if start.outcome is CallOutcome.EXECUTE:
+                session.calls[key] = trio.Event()
+                return _Plan(req, key=key, epoch=start.epoch)
+            if start.outcome is CallOutcome.MISMATCH:
+                raise RemoteProtocolError(
+                    f"idempotency key {key[2:]!r} was used for a different request",
+                    http_status=422,
+                    reason=Reason.IDEMPOTENCY_KEY_REUSED,
+                    request_id=req.id,
+                )
+            if start.outcome is CallOutcome.DONE and start.payload is not None:
+                self.metrics.duplicates_replayed += 1
+                return _Plan(req, replay=_reid(start.payload, req.id), epoch=start.epoch)
+            now = trio.current_time()
+            if now >= deadline:
+                self.metrics.duplicates_in_progress += 1
+                raise RemoteProtocolError(
+                    f"request {key[2:]!r} is still running",
+                    http_status=409,
+                    reason=Reason.IN_PROGRESS,
+                    request_id=req.id,
+                    retry_after_ms=self.config.retry_ms,
+                )
+            local = session.calls.get(key)
+            with trio.move_on_at(min(deadline, now + (3600.0 if local is not None else delay))):
+                if local is not None:
+                    await local.wait()  # the running delivery is ours: wake exactly when done
+                else:
+                    await trio.sleep_forever()  # another replica runs it: poll the store
+            delay = min(delay * 2, 0.25)
+
+    async def _rebind(self, conn: Connection, session: Session, req: Request) -> None:
+        """The explicit rebind handshake (seed 003): new generation, new token, past results."""
+        secret = secrets.token_urlsafe(16)
+        try:
+            record = await self.store.rebind(session.record.principal, session.session_id, secret)
+        except SessionGone:
+            await self._end_session(session)
+            raise session_refusal(session.session_id, req.id) from None
+        session.record = record
+        # Streams of older generations are never inherited: end them now.
+        for h in list(session.handles.values()):
+            if h.generation < record.generation and h.log.state is not StreamState.CLOSED:
+                h.handle(StreamInput.ABORT)
+        results = [msgspec.json.decode(p) for p in session.finished[-100:]]
+        body = encode_result(
+            req.id,
+            {
+                "generation": record.generation,
+                "channelToken": record.channel_token,
+                "results": results,
+            },
+        )
+        headers = [
+            ("content-type", "application/json"),
+            ("mcp-session-id", session.session_id),
+            ("mcp-channel-token", record.channel_token),
+        ]
+        await conn.send(conn.http.send_response(200, headers, body))
 
     async def _post_json(
         self, conn: Connection, session: Session, plans: list[_Plan], is_batch: bool
@@ -557,7 +786,10 @@ class Server:
         done = trio.Event()
 
         async def one(i: int, plan: _Plan) -> None:
-            results[i] = await self._execute(session, plan, None)
+            try:
+                results[i] = await self._execute(session, plan, None)
+            finally:
+                session.done()
 
         async def run_all() -> None:
             try:
@@ -584,7 +816,11 @@ class Server:
         assert isinstance(req, Request)
         session = await self._initialize_session(req, None)
         result = self._initialize_result(session)
-        headers = [("content-type", "application/json"), ("mcp-session-id", session.session_id)]
+        headers = [
+            ("content-type", "application/json"),
+            ("mcp-session-id", session.session_id),
+            ("mcp-channel-token", session.record.channel_token),
+        ]
         await conn.send(conn.http.send_response(200, headers, encode_result(req.id, result)))
 
     async def _initialize_session(self, req: Request, session: Session | None) -> Session:
@@ -611,9 +847,11 @@ class Server:
         return session
 
     def _initialize_result(self, session: Session) -> dict[str, Any]:
+        caps = capabilities(self.app)
+        caps["experimental"] = {REBIND_METHOD: {"header": "Mcp-Channel-Token"}}
         result: dict[str, Any] = {
             "protocolVersion": session.record.protocol_version,
-            "capabilities": capabilities(self.app),
+            "capabilities": caps,
             "serverInfo": {"name": self.app.name, "version": self.app.version},
         }
         if self.app.instructions:
@@ -659,60 +897,84 @@ class Server:
         with trio.CancelScope() as scope:
             session.running[req.id] = scope
             try:
-                if plan.execution is not None:
+                if plan.key is not None:
                     self.metrics.executions += 1
                 payload = encode_result(req.id, await dispatch(self.app, session, req, ctx))
             except McpError as exc:
                 payload = encode_error(req.id, exc.code, exc.message, exc.data)
-            except SessionClosed:
+            except StreamLost:
                 payload = None
             except Exception:
                 log.exception("handler for %s failed", req.method)
                 payload = encode_error(req.id, INTERNAL_ERROR, f"internal error in {req.method}")
             finally:
                 session.running.pop(req.id, None)
-        if plan.execution is not None:
-            session.finish_execution(
-                plan.execution, None if scope.cancelled_caught else payload, req.id
-            )
-        return None if scope.cancelled_caught else payload
+        result = None if scope.cancelled_caught else payload
+        if plan.key is not None:
+            await self._finish_call(session, plan.key, result)
+        return result
+
+    async def _finish_call(self, session: Session, key: str, payload: bytes | None) -> None:
+        """Store the call's outcome in the gate (a cancelled call releases its key)."""
+        try:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await self.store.finish_call(
+                    session.record.principal, session.session_id, key, payload
+                )
+        except (StoreUnavailable, SessionGone):
+            log.warning("could not record the outcome of call %s in the store", key)
+        if payload is not None:
+            session.finished.append(payload)
+            del session.finished[: -session.max_finished]
+        done = session.calls.pop(key, None)
+        if done is not None:
+            done.set()
 
     async def _prime_then_run(
         self, session: Session, handle: StreamHandle, plans: list[_Plan]
     ) -> None:
         try:
             await handle.send("")  # the priming event: an id and empty data
-        except SessionClosed:
+        except StreamLost:
+            session.done(len(plans))
             return
         assert self._handlers is not None
         for plan in plans:
             self._handlers.start_soon(self._run_request, session, plan, handle)
 
     async def _run_request(self, session: Session, plan: _Plan, handle: StreamHandle) -> None:
-        payload = await self._execute(session, plan, handle)
-        handle.outstanding -= 1
-        final = handle.outstanding == 0 and handle.log.kind is not StreamKind.LEGACY
         try:
-            if payload is not None:
-                await handle.send(payload.decode(), final=final)
-            elif final and handle.log.state is not StreamState.CLOSED:
-                handle.handle(StreamInput.ABORT)  # cancelled: end the stream with no response
-        except SessionClosed:
+            payload = await self._execute(session, plan, handle)
+            await handle.respond(payload.decode() if payload is not None else None)
+        except StreamLost:
             pass
+        except Exception:
+            # Never let one request take the handler nursery (the server) down.
+            log.exception("delivering the response to %r failed", plan.request.id)
+            if handle.log.state is not StreamState.CLOSED:
+                handle.handle(StreamInput.ABORT)
+        finally:
+            session.done()
 
     # ---------------------------------------------------------------- GET / DELETE
     async def _get(self, conn: Connection, get: OpenStream) -> None:
-        session = self._session(get.ctx.session_id)
+        session = await self._session(get.ctx.session_id)
+        token = self._channel(session, get.ctx)
         cursor = get.last_event_id
+        headers = (*_SSE_HEADERS, ("mcp-session-id", session.session_id))
+        if cursor is not None and self.config.resume == "off":
+            raise RemoteProtocolError(
+                "this server does not resume streams (resumption policy 'off')",
+                http_status=409,
+                reason=Reason.CURSOR_UNKNOWN,
+            )
         if cursor is None:
             handle = session.standalone
             if handle is None:
                 epoch = await self.store.allocate_epoch(
                     session.record.principal, session.session_id
                 )
-                handle = session.open_stream(
-                    epoch, StreamKind.STANDALONE, max_events=self.config.max_stream_events
-                )
+                handle = self._open_stream(session, epoch, StreamKind.STANDALONE, token)
             elif handle.log.state is StreamState.LIVE_ATTACHED:
                 raise RemoteProtocolError(
                     "this session already has an open GET stream",
@@ -720,10 +982,22 @@ class Server:
                     reason=Reason.STREAM_CONFLICT,
                 )
             next_seq = handle.log.next_seq
-            if self._primes(session, get.ctx.protocol_version):
+            if self._primes(session, get.ctx.protocol_version) and self.config.resume != "off":
                 self._handlers_start(handle.send, "")
         else:
-            log_ = session.streams.get(cursor)
+            try:
+                log_ = session.streams.get(cursor)
+            except RemoteProtocolError:
+                if not (self.store.shared and self.config.resume == "shared"):
+                    raise
+                await self._replay_from_store(conn, session, cursor, token, headers)
+                return
+            if log_.binding != (token[0] if token else 0):
+                raise _channel_refusal(
+                    ChannelVerdict.UNBOUND,
+                    None,
+                    "this cursor was issued on another channel; rebind to resume it",
+                )
             handle = session.handle_for(log_)
             next_seq = log_.cursor_after(cursor)
             handle.close_retry_ms = None  # a close asked of an earlier connection is done with
@@ -733,19 +1007,73 @@ class Server:
                 handle.writer_scope = None
                 if handle.log.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
                     handle.handle(StreamInput.DETACH)
-        headers = (*_SSE_HEADERS, ("mcp-session-id", session.session_id))
         await self._write_stream(conn, session, handle, next_seq, headers)
+
+    async def _replay_from_store(
+        self,
+        conn: Connection,
+        session: Session,
+        cursor: EventId,
+        token: tuple[int, str] | None,
+        headers: tuple[tuple[str, str], ...],
+    ) -> None:
+        """Serve a cursor of a stream another replica produced: replay, then tail (seed 004).
+
+        Exactly the events after the cursor, in order; then live events as the
+        producing replica appends them, until the final one.  Unknown or trimmed
+        cursors are refused (409 ``cursor_unknown``) -- never a resume from head.
+        """
+        store, principal, sid = self.store, session.record.principal, session.session_id
+        events = await store.read_events(principal, sid, cursor.epoch, cursor.seq)
+        if events is None:
+            raise RemoteProtocolError(
+                f"event {cursor} is not held for this session",
+                http_status=409,
+                reason=Reason.CURSOR_UNKNOWN,
+            )
+        if events and events[0].binding != (token[0] if token else 0):
+            raise _channel_refusal(
+                ChannelVerdict.UNBOUND,
+                None,
+                "this cursor was issued on another channel; rebind to resume it",
+            )
+        shape = StreamLog(cursor.epoch, StreamKind.REQUEST, replica=self.replica_id)
+        http = conn.http
+        await conn.send(http.start_stream(200, headers))
+        after, delay = cursor.seq, 0.01
+        with trio.move_on_after(self.config.credit.liveness_timeout * 10):
+            while not self._closing and not session.closed:
+                if events:
+                    data = b"".join(shape.frame(e.seq, e.data.decode()) for e in events)
+                    await conn.send(http.send_stream_data(data))
+                    after = events[-1].seq
+                    delay = 0.01
+                    if events[-1].final:
+                        break
+                else:
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, 0.25)
+                got = await store.read_events(principal, sid, cursor.epoch, after)
+                if got is None:
+                    break
+                events = got
+        await conn.send(http.end_stream())
 
     def _handlers_start(self, fn: Callable[..., Any], *args: Any) -> None:
         async def guarded() -> None:
-            with contextlib.suppress(SessionClosed):
+            try:
                 await fn(*args)
+            except StreamLost:
+                pass
+            except Exception:
+                log.exception("background task %s failed", getattr(fn, "__qualname__", fn))
 
         assert self._handlers is not None
         self._handlers.start_soon(guarded)
 
     async def _delete(self, conn: Connection, delete: DeleteSession) -> None:
-        session = self._session(delete.ctx.session_id)
+        session = await self._session(delete.ctx.session_id)
+        self._channel(session, delete.ctx)
         session.handle(SessionInput.DELETE)
         await self._end_session(session)
         await conn.send(conn.http.send_response(200, ()))
@@ -780,9 +1108,7 @@ class Server:
             )
         session = await self._new_session("2024-11-05")
         epoch = await self.store.allocate_epoch(session.record.principal, session.session_id)
-        handle = session.open_stream(
-            epoch, StreamKind.LEGACY, max_events=self.config.max_stream_events
-        )
+        handle = self._open_stream(session, epoch, StreamKind.LEGACY, None)
         handle.log.emit_ids = False  # 2024-11-05 has no resumption
         endpoint = f"{self.config.legacy_messages_path}?session_id={session.session_id}"
         await handle.send(endpoint, event="endpoint")
@@ -809,7 +1135,7 @@ class Server:
                 "session_id query parameter is required", reason=Reason.SESSION_REQUIRED
             )
         messages, _ = decode_body(request.body, allow_batch=True)
-        session = self._session(sid)
+        session = await self._session(sid)
         legacy = next(
             (h for h in session.handles.values() if h.log.kind is StreamKind.LEGACY), None
         )
@@ -817,12 +1143,9 @@ class Server:
             raise session_refusal(sid)
         requests = self._absorb(session, messages)
         if requests:
-            session.credit.admit(trio.current_time(), requests[0].id)
-            self.metrics.admissions += len(requests)
-            key = headers.get("idempotency-key")
-            plans = [
-                await self._plan(session, r, key if len(requests) == 1 else None) for r in requests
-            ]
+            plans = await self._admit_and_plan(
+                session, requests, headers.get("idempotency-key"), None
+            )
             assert self._handlers is not None
             for plan in plans:
                 if plan.request.method == "initialize":
@@ -842,8 +1165,11 @@ class Server:
             payload = encode_result(req.id, self._initialize_result(session))
         except RemoteProtocolError as exc:
             payload = encode_error(req.id, exc.code, exc.message, exc.error_data())
-        with contextlib.suppress(SessionClosed):
-            await handle.send(payload.decode())
+        try:
+            with contextlib.suppress(StreamLost):
+                await handle.send(payload.decode())
+        finally:
+            session.done()
 
     # ---------------------------------------------------------------- the writer
     async def _write_stream(
@@ -858,7 +1184,6 @@ class Server:
         log_ = handle.log
         http = conn.http
         await conn.send(http.start_stream(200, headers))
-        conn.session = session
         if log_.state in (StreamState.LIVE_DETACHED, StreamState.FINAL_DETACHED):
             handle.handle(StreamInput.ATTACH)
         scope = trio.CancelScope()
@@ -936,8 +1261,38 @@ class _Plan:
     """What the idempotency gate decided for one request."""
 
     request: Request
-    execution: Execution | None  # set: this delivery executes and records its result
-    replay: bytes | None  # set: answer with this stored response, execute nothing
+    key: str | None = None  # set: this delivery executes; its outcome goes to the gate
+    replay: bytes | None = None  # set: answer with this stored response, execute nothing
+    epoch: str | None = None  # the epoch the store allocated with the claim
+
+
+def _parse_token(raw: str | None) -> tuple[int, str] | None:
+    """``Mcp-Channel-Token: <generation>.<secret>``; malformed is ``channel_unbound``."""
+    if raw is None:
+        return None
+    gen, sep, secret = raw.strip().partition(".")
+    if not sep or not gen.isdigit() or len(gen) > 18 or not secret:
+        raise _channel_refusal(ChannelVerdict.UNBOUND, None, "malformed Mcp-Channel-Token")
+    return int(gen), secret
+
+
+def _channel_refusal(
+    verdict: ChannelVerdict, request_id: RequestId | None, message: str | None = None
+) -> RemoteProtocolError:
+    reason = Reason.CURSOR_STALE if verdict is ChannelVerdict.STALE else Reason.CHANNEL_UNBOUND
+    text = message or (
+        "this channel token belongs to an older generation of the session"
+        if verdict is ChannelVerdict.STALE
+        else "this channel token is not bound to the session; rebind first"
+    )
+    return RemoteProtocolError(
+        text, http_status=409, reason=reason, code=SERVER_ERROR, request_id=request_id
+    )
+
+
+def _raise_channel(verdict: ChannelVerdict, request_id: RequestId | None = None) -> None:
+    if verdict is not ChannelVerdict.OK:
+        raise _channel_refusal(verdict, request_id)
 
 
 def _reid(payload: bytes, request_id: RequestId) -> bytes:

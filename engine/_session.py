@@ -25,7 +25,8 @@ store.  Its state changes go through the tables in :mod:`protocol` (here only
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict, deque
+from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,18 +66,37 @@ def _closed(log: StreamLog) -> bool:
     return log.state is StreamState.CLOSED
 
 
-class SessionClosed(Exception):
+class StreamLost(Exception):
+    """A frame could not be enqueued: its stream or session is gone (stop quietly)."""
+
+
+class SessionClosed(StreamLost):
     """The session ended while a frame waited for credit."""
 
 
 class StreamHandle:
     """A stream's log, the wake-up its writer waits on, and the writer's cancel scope."""
 
-    __slots__ = ("_changed", "close_retry_ms", "log", "outstanding", "session", "writer_scope")
+    __slots__ = (
+        "_changed",
+        "close_retry_ms",
+        "generation",
+        "lock",
+        "log",
+        "outstanding",
+        "session",
+        "sink",
+        "writer_scope",
+    )
 
     def __init__(self, log: StreamLog, session: Session) -> None:
         self.log = log
         self.session = session
+        #: The session generation the stream belongs to (fencing, seed 003).
+        self.generation = session.record.generation
+        #: Where frames go before the wire (the shared store), or None.
+        self.sink: Callable[[int, str, bool], Awaitable[None]] | None = None
+        self.lock = trio.Lock()  # keeps store order == log order
         self._changed = trio.Event()
         self.outstanding = 0  # requests whose response is still to come on this stream
         self.close_retry_ms: int | None = None  # set: server closes the connection early
@@ -95,12 +115,69 @@ class StreamHandle:
             return
         size = log.size_of(payload, event=event)
         await self.session.acquire(size)
-        if _closed(log):  # aborted while we waited
-            self.session.release(1, size)
-            return
-        log.append(payload, final=final, event=event)
-        self.session.credit.correct(size, log.last_frame_size())
+        async with self.lock:
+            if _closed(log):  # aborted while we waited
+                self.session.release(1, size)
+                return
+            if self.sink is not None:
+                try:
+                    await self.sink(log.next_seq, payload, final)
+                except BaseException:
+                    # Not in the store, so never on the wire: give the credit back
+                    # and end the stream (a rebind fenced it, or the store failed).
+                    self.session.release(1, size)
+                    if not _closed(log):
+                        self.handle(StreamInput.ABORT)
+                    raise
+            size = self._append(payload, final, event, size)
         self.wake()
+
+    async def respond(self, payload: str | None) -> None:
+        """Enqueue one request's response (``None``: it was cancelled and has none).
+
+        The response of the stream's last outstanding request is its final frame;
+        this is decided under the stream's lock, so responses of a batch finishing
+        in any order never put a frame after the final one.
+        """
+        if payload is None:
+            async with self.lock:
+                self.outstanding -= 1
+                if (
+                    self.outstanding <= 0
+                    and self.log.kind is not StreamKind.LEGACY
+                    and not _closed(self.log)
+                ):
+                    self.handle(StreamInput.ABORT)  # nothing more will come: end the stream
+            return
+        log = self.log
+        if _closed(log):
+            self.outstanding -= 1
+            return
+        size = log.size_of(payload)
+        await self.session.acquire(size)
+        async with self.lock:
+            self.outstanding -= 1
+            final = self.outstanding <= 0 and log.kind is not StreamKind.LEGACY
+            if _closed(log):
+                self.session.release(1, size)
+                return
+            if self.sink is not None:
+                try:
+                    await self.sink(log.next_seq, payload, final)
+                except BaseException:
+                    self.session.release(1, size)
+                    if not _closed(log):
+                        self.handle(StreamInput.ABORT)
+                    raise
+            self._append(payload, final, None, size)
+        self.wake()
+
+    def _append(self, payload: str, final: bool, event: str | None, size: int) -> int:
+        log = self.log
+        log.append(payload, final=final, event=event)
+        actual = log.last_frame_size()
+        self.session.credit.correct(size, actual)
+        return actual
 
     def wake(self) -> None:
         """Wake whoever waits in :meth:`wait_changed`."""
@@ -120,17 +197,6 @@ class StreamHandle:
         """Ask the attached writer to send ``retry:`` and end the HTTP response early."""
         self.close_retry_ms = retry_ms
         self.wake()
-
-
-@dataclass(eq=False)
-class Execution:
-    """One ``tools/call`` key in the idempotency gate."""
-
-    key: tuple[str, Any]
-    fingerprint: bytes
-    request_id: RequestId | None = None
-    done: trio.Event = field(default_factory=trio.Event)
-    payload: bytes | None = None  # the stored response once finished
 
 
 @dataclass
@@ -155,6 +221,8 @@ class Session:
         self.record = record
         self.credit = SessionCredit(credit or CreditLimits(), now)
         self._waiters: deque[tuple[int, trio.Event]] = deque()
+        #: Admitted requests whose response is not enqueued yet (bounded by the frame credit).
+        self.inflight = 0
         #: Pulsed whenever the credit's deadline may have moved (the timer task waits on it).
         self.credit_changed = trio.Event()
         self.state = SessionState.NEW
@@ -167,8 +235,11 @@ class Session:
         self.client_info: dict[str, Any] = {}
         self.client_capabilities: dict[str, Any] = {}
         self._ids = itertools.count(1)
-        #: The idempotency gate's records, oldest first (bounded by the server).
-        self.executions: OrderedDict[tuple[str, Any], Execution] = OrderedDict()
+        #: Calls this process is running, by gate key: set when each finishes.
+        self.calls: dict[str, trio.Event] = {}
+        #: Responses of recently finished calls, handed back by a rebind.
+        self.finished: list[bytes] = []
+        self.max_finished = 100
 
     @property
     def session_id(self) -> str:
@@ -184,9 +255,21 @@ class Session:
         """Apply a lifecycle input (see :mod:`protocol._states`)."""
         self.state = session_transition(self.state, event)
 
-    def open_stream(self, epoch: str, kind: StreamKind, *, max_events: int) -> StreamHandle:
+    def open_stream(
+        self,
+        epoch: str,
+        kind: StreamKind,
+        *,
+        max_events: int,
+        emit_ids: bool = True,
+        replica: str | None = None,
+        binding: int = 0,
+    ) -> StreamHandle:
         """Create and register a stream with a store-allocated epoch."""
-        h = StreamHandle(self.streams.add(StreamLog(epoch, kind, max_events=max_events)), self)
+        log = StreamLog(
+            epoch, kind, max_events=max_events, emit_ids=emit_ids, replica=replica, binding=binding
+        )
+        h = StreamHandle(self.streams.add(log), self)
         self.handles[epoch] = h
         for stale in [e for e in self.handles if e not in {s.epoch for s in self.streams}]:
             del self.handles[stale]
@@ -212,28 +295,6 @@ class Session:
             return True
         return LOG_LEVELS.get(level, 0) >= LOG_LEVELS.get(self.log_level, 0)
 
-    # ------------------------------------------------------------ idempotency gate
-    def record_execution(self, key: tuple[str, Any], fingerprint: bytes, limit: int) -> Execution:
-        """Claim ``key`` before executing; forget the oldest *finished* records beyond ``limit``."""
-        execution = Execution(key=key, fingerprint=fingerprint)
-        self.executions[key] = execution
-        if len(self.executions) > limit:
-            for old_key in [k for k, e in self.executions.items() if e.done.is_set()][
-                : len(self.executions) - limit
-            ]:
-                del self.executions[old_key]
-        return execution
-
-    def finish_execution(
-        self, execution: Execution, payload: bytes | None, request_id: RequestId
-    ) -> None:
-        """Store the outcome; a cancelled execution (``payload`` None) releases its key."""
-        execution.request_id = request_id
-        if payload is None:
-            self.executions.pop(execution.key, None)
-        execution.payload = payload
-        execution.done.set()
-
     # ------------------------------------------------------------ credit
     @property
     def queue_depth(self) -> int:
@@ -243,6 +304,43 @@ class Session:
     def _pulse(self) -> None:
         self.credit_changed.set()
         self.credit_changed = trio.Event()
+
+    async def admit(self, n: int, request_id: RequestId | None) -> None:
+        """Admission for ``n`` session-scoped requests, before anything is dispatched.
+
+        Admits while the session has credit and fewer than ``credit.frames``
+        requests in flight (so results parked waiting for credit are bounded too);
+        otherwise waits -- in order, before any handler runs -- until there is room.
+
+        Raises:
+            RemoteProtocolError: 429 ``stream_half_open`` as soon as the session is
+                half-open (also while waiting).
+            SessionClosed: the session ended while waiting.
+        """
+        credit = self.credit
+        while True:
+            if self.closed:
+                raise SessionClosed(self.session_id)
+            now = trio.current_time()
+            credit.admit(now, request_id)
+            lim = credit.limits
+            has_room = credit.frames_in_use < lim.frames and credit.bytes_in_use < lim.bytes
+            if (has_room and self.inflight + n <= lim.frames) or self.inflight == 0:
+                self.inflight += n
+                return
+            # No credit: that starts the drain window, exactly as a waiting frame does.
+            # (Pulse only on a real change, or two waiters would wake each other forever.)
+            if credit.state is CreditState.OPEN:
+                credit.mark_blocked(now)
+                self._pulse()
+            changed = self.credit_changed
+            with trio.move_on_at(credit.deadline()):
+                await changed.wait()
+
+    def done(self, n: int = 1) -> None:
+        """``n`` admitted requests have their response enqueued (or will never have one)."""
+        self.inflight -= n
+        self._pulse()
 
     async def acquire(self, nbytes: int) -> None:
         """Take credit for one frame of ``nbytes``, in FIFO order behind earlier waiters.

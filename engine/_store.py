@@ -1,20 +1,41 @@
-"""Session stores: where session records live, behind one interface.
+"""Session stores: what every process serving a session must agree on, behind one interface.
 
 Theory of operation
 -------------------
-The server keeps *live* per-session machinery (open streams, running handlers) in
-process; the :class:`SessionStore` holds what must be agreed on by every process
-that can serve a session: that it exists, who owns it, the negotiated revision,
-and the allocation of stream epochs (unique within a session, never reused, so
-``<epoch>:<seq>`` cursors mean the same thing everywhere).
+The server keeps *live* per-session machinery (open streams, running handlers,
+drain credit) in process; a :class:`SessionStore` holds what must be agreed on by
+every process that can serve a session:
+
+* the session record -- that it exists, who owns it (``principal``), the
+  negotiated revision, its **generation** (starts at 1, only grows) and the secret
+  of its current channel token;
+* **stream epochs**, allocated per session, never reused, so ``<epoch>:<seq>``
+  cursors mean the same thing on every replica;
+* the **idempotency gate**: a ``tools/call`` key is claimed atomically before the
+  call runs (:meth:`SessionStore.begin_call`), and its response stored when it
+  finishes, so a second delivery -- on any replica -- never executes again;
+* **event logs** (shared stores only): every event of a stream is appended before
+  it is written to the wire, so any replica can replay it after a cursor.
+
+Every key is scoped by ``(principal, session_id)``.  Each multi-step update is one
+atomic step (one Lua script on Redis): claim + epoch allocation + channel check in
+:meth:`~SessionStore.begin_call`; generation check + append + storing the call's
+result in :meth:`~SessionStore.append_event`; generation bump + token rotation in
+:meth:`~SessionStore.rebind`.
+
+Failures: :class:`SessionGone` (unknown or deleted: answer 404),
+:class:`ChannelRejected` (409 ``cursor_stale`` / ``channel_unbound``),
+:class:`StoreUnavailable` (fail closed: 503 ``store_unavailable``).
 
 :class:`MemoryStore` is the embedded default: one process, nothing survives a
-restart.  A shared Redis-protocol store implements the same interface.
+restart, ``shared`` is False.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import enum
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from protocol import format_epoch
@@ -31,6 +52,7 @@ class SessionRecord:
         protocol_version: the revision negotiated at ``initialize``.
         created_at: engine clock time of creation.
         generation: starts at 1 and only grows (channel rebinds).
+        secret: the secret half of the current channel token.
     """
 
     session_id: str
@@ -38,14 +60,99 @@ class SessionRecord:
     protocol_version: str
     created_at: float
     generation: int = 1
+    secret: str = ""
+
+    @property
+    def channel_token(self) -> str:
+        """The ``Mcp-Channel-Token`` value: ``<generation>.<secret>``."""
+        return f"{self.generation}.{self.secret}"
 
 
 class StoreUnavailable(Exception):
     """The store could not be reached; callers fail closed (503 ``store_unavailable``)."""
 
 
+class SessionGone(Exception):
+    """The session is unknown or was deleted (404)."""
+
+
+class ChannelVerdict(enum.Enum):
+    """How a presented channel token compares with the session's."""
+
+    OK = "ok"
+    STALE = "cursor_stale"  # an older generation
+    UNBOUND = "channel_unbound"  # the current generation with the wrong secret (or a future one)
+
+
+class ChannelRejected(Exception):
+    """A channel token was refused; ``verdict`` is STALE or UNBOUND."""
+
+    def __init__(self, verdict: ChannelVerdict) -> None:
+        super().__init__(verdict.value)
+        self.verdict = verdict
+
+
+def check_channel(record: SessionRecord, token: tuple[int, str] | None) -> ChannelVerdict:
+    """Compare a presented ``(generation, secret)`` with the record (None: no token, OK)."""
+    if token is None:
+        return ChannelVerdict.OK
+    generation, secret = token
+    if generation < record.generation:
+        return ChannelVerdict.STALE
+    if generation > record.generation or secret != record.secret:
+        return ChannelVerdict.UNBOUND
+    return ChannelVerdict.OK
+
+
+class CallOutcome(enum.Enum):
+    """What the idempotency gate decided in :meth:`SessionStore.begin_call`."""
+
+    EXECUTE = "execute"  # the key is ours now: run the call
+    RUNNING = "running"  # another delivery is running it
+    DONE = "done"  # it ran; ``payload`` is the stored response
+    MISMATCH = "mismatch"  # same key, different request fingerprint
+
+
+@dataclass(frozen=True, slots=True)
+class CallStart:
+    """The answer of :meth:`SessionStore.begin_call`."""
+
+    outcome: CallOutcome
+    epoch: str
+    payload: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """One event of a stored stream log."""
+
+    seq: int
+    data: bytes
+    final: bool = False
+    #: The channel generation the stream was opened under (0: no channel token).
+    binding: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Retention:
+    """How long and how much the store keeps.
+
+    Attributes:
+        events_per_stream: newest events kept per stream log.
+        ttl: seconds a session's keys live after their last update.
+        idempotency_ttl: seconds a finished call's stored response is kept.
+    """
+
+    events_per_stream: int = 4096
+    ttl: float = 3600.0
+    idempotency_ttl: float = 3600.0
+
+
 class SessionStore(Protocol):
-    """The interface every store implements."""
+    """The interface every store implements (see the module docstring)."""
+
+    #: True if other processes see the same data (a Redis-protocol server).
+    shared: bool
 
     async def create_session(self, record: SessionRecord) -> None:
         """Persist a new session.  Raises ``ValueError`` if the id is taken."""
@@ -54,51 +161,179 @@ class SessionStore(Protocol):
         """The record, or ``None`` if unknown or deleted."""
 
     async def delete_session(self, principal: str, session_id: str) -> bool:
-        """Forget a session; ``True`` if it existed."""
+        """Forget a session and everything stored for it; ``True`` if it existed."""
+
+    async def rebind(self, principal: str, session_id: str, secret: str) -> SessionRecord:
+        """Bump the generation and install ``secret``, atomically.  Raises :class:`SessionGone`."""
 
     async def allocate_epoch(self, principal: str, session_id: str) -> str:
-        """A fresh epoch (8 lowercase hex digits) never used before in this session."""
+        """A fresh epoch never used before in this session.  Raises :class:`SessionGone`."""
+
+    async def begin_call(
+        self,
+        principal: str,
+        session_id: str,
+        key: str,
+        fingerprint: bytes,
+        token: tuple[int, str] | None,
+    ) -> CallStart:
+        """Check the channel token, claim ``key`` and allocate the response stream's epoch.
+
+        Raises:
+            SessionGone: unknown session.
+            ChannelRejected: the token is stale or unbound (nothing claimed).
+        """
+
+    async def finish_call(
+        self, principal: str, session_id: str, key: str, payload: bytes | None
+    ) -> None:
+        """Store the call's response (``None``: the call was cancelled; release the key)."""
+
+    async def append_event(
+        self,
+        principal: str,
+        session_id: str,
+        epoch: str,
+        seq: int,
+        data: bytes,
+        *,
+        final: bool,
+        generation: int,
+        binding: int = 0,
+    ) -> None:
+        """Append one event if the session is still at ``generation``.
+
+        ``binding`` (the channel generation the stream was opened under, 0 for none)
+        is stored with the event and returned by :meth:`read_events`.
+
+        Raises:
+            SessionGone: unknown session.
+            ChannelRejected: the session moved to a newer generation (STALE).
+        """
+
+    async def read_events(
+        self, principal: str, session_id: str, epoch: str, after_seq: int
+    ) -> list[StoredEvent] | None:
+        """Events with ``seq > after_seq``; ``None`` if this session has no such stream
+        or no longer holds ``after_seq + 1`` (the cursor cannot be honoured)."""
 
     async def aclose(self) -> None:
         """Release connections."""
 
 
-class MemoryStore:
-    """Process-local store: the embedded default."""
+@dataclass
+class _MemSession:
+    record: SessionRecord
+    epochs: int = 0
+    calls: OrderedDict[str, tuple[bytes, bytes | None]] = field(default_factory=OrderedDict)
 
-    def __init__(self) -> None:
-        self._sessions: dict[tuple[str, str], SessionRecord] = {}
-        self._epochs: dict[tuple[str, str], int] = {}
+
+class MemoryStore:
+    """Process-local store: the embedded default (see the module docstring).
+
+    It keeps no event logs (``shared`` is False: the engine replays from its own
+    in-process logs).
+    """
+
+    shared = False
+
+    def __init__(self, retention: Retention | None = None) -> None:
+        self.retention = retention or Retention()
+        self._sessions: dict[tuple[str, str], _MemSession] = {}
+
+    def _get(self, principal: str, session_id: str) -> _MemSession:
+        s = self._sessions.get((principal, session_id))
+        if s is None:
+            raise SessionGone(session_id)
+        return s
 
     async def create_session(self, record: SessionRecord) -> None:
         key = (record.principal, record.session_id)
         if key in self._sessions:
             raise ValueError(f"session {record.session_id!r} already exists")
-        self._sessions[key] = record
-        self._epochs[key] = 0
+        self._sessions[key] = _MemSession(record)
 
     async def get_session(self, principal: str, session_id: str) -> SessionRecord | None:
-        return self._sessions.get((principal, session_id))
+        s = self._sessions.get((principal, session_id))
+        return s.record if s is not None else None
 
     async def delete_session(self, principal: str, session_id: str) -> bool:
-        key = (principal, session_id)
-        self._epochs.pop(key, None)
-        return self._sessions.pop(key, None) is not None
+        return self._sessions.pop((principal, session_id), None) is not None
+
+    async def rebind(self, principal: str, session_id: str, secret: str) -> SessionRecord:
+        s = self._get(principal, session_id)
+        s.record = replace(s.record, generation=s.record.generation + 1, secret=secret)
+        return s.record
 
     async def allocate_epoch(self, principal: str, session_id: str) -> str:
-        key = (principal, session_id)
-        if key not in self._sessions:
-            raise KeyError(session_id)
-        n = self._epochs[key] + 1
-        self._epochs[key] = n
-        return format_epoch(n)
+        s = self._get(principal, session_id)
+        s.epochs += 1
+        return format_epoch(s.epochs)
 
-    async def bump_generation(self, principal: str, session_id: str) -> SessionRecord:
-        """Increment the session's generation (used by rebinds)."""
-        key = (principal, session_id)
-        rec = replace(self._sessions[key], generation=self._sessions[key].generation + 1)
-        self._sessions[key] = rec
-        return rec
+    async def begin_call(
+        self,
+        principal: str,
+        session_id: str,
+        key: str,
+        fingerprint: bytes,
+        token: tuple[int, str] | None,
+    ) -> CallStart:
+        s = self._get(principal, session_id)
+        verdict = check_channel(s.record, token)
+        if verdict is not ChannelVerdict.OK:
+            raise ChannelRejected(verdict)
+        s.epochs += 1
+        epoch = format_epoch(s.epochs)
+        found = s.calls.get(key)
+        if found is None:
+            s.calls[key] = (fingerprint, None)
+            return CallStart(CallOutcome.EXECUTE, epoch)
+        fp, payload = found
+        if fp != fingerprint:
+            return CallStart(CallOutcome.MISMATCH, epoch)
+        if payload is None:
+            return CallStart(CallOutcome.RUNNING, epoch)
+        return CallStart(CallOutcome.DONE, epoch, payload)
+
+    async def finish_call(
+        self, principal: str, session_id: str, key: str, payload: bytes | None
+    ) -> None:
+        s = self._sessions.get((principal, session_id))
+        if s is None:
+            return
+        if payload is None:
+            s.calls.pop(key, None)
+            return
+        if key in s.calls:
+            s.calls[key] = (s.calls[key][0], payload)
+            s.calls.move_to_end(key)
+        limit = max(1, self.retention.events_per_stream)
+        while len(s.calls) > limit:
+            oldest = next(iter(s.calls))
+            if s.calls[oldest][1] is None:
+                break  # never forget a running claim
+            del s.calls[oldest]
+
+    async def append_event(
+        self,
+        principal: str,
+        session_id: str,
+        epoch: str,
+        seq: int,
+        data: bytes,
+        *,
+        final: bool,
+        generation: int,
+        binding: int = 0,
+    ) -> None:
+        s = self._get(principal, session_id)
+        if generation < s.record.generation:
+            raise ChannelRejected(ChannelVerdict.STALE)
+
+    async def read_events(
+        self, principal: str, session_id: str, epoch: str, after_seq: int
+    ) -> list[StoredEvent] | None:
+        return None
 
     async def aclose(self) -> None:
         return None

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 from ._errors import Reason, RemoteProtocolError
 from ._event_ids import EventId
-from ._sse import encode_event
+from ._sse import encode_comment, encode_event
 from ._states import StreamInput, StreamState, stream_transition
 
 
@@ -54,15 +54,24 @@ class StreamLog:
         "_drained",
         "_frames",
         "_next_seq",
+        "binding",
         "emit_ids",
         "epoch",
         "kind",
         "max_events",
+        "prefix",
         "state",
     )
 
     def __init__(
-        self, epoch: str, kind: StreamKind, *, max_events: int = 4096, emit_ids: bool = True
+        self,
+        epoch: str,
+        kind: StreamKind,
+        *,
+        max_events: int = 4096,
+        emit_ids: bool = True,
+        replica: str | None = None,
+        binding: int = 0,
     ) -> None:
         EventId(epoch, 0)  # validates the epoch
         if max_events < 1:
@@ -71,6 +80,10 @@ class StreamLog:
         self.kind = kind
         self.max_events = max_events
         self.emit_ids = emit_ids
+        #: Written as ``: replica=<id>`` before every event (seed 004), or nothing.
+        self.prefix = encode_comment(f"replica={replica}", blank_line=False) if replica else b""
+        #: The channel generation the stream was opened under (0: no channel token).
+        self.binding = binding
         self.state = StreamState.LIVE_DETACHED
         self._frames: deque[tuple[int, bytes]] = deque()
         self._next_seq = 0
@@ -98,8 +111,7 @@ class StreamLog:
             stream_transition(self.state, StreamInput.FINISH)  # raises: nothing after final
         seq = self._next_seq
         self._next_seq = seq + 1
-        eid = f"{self.epoch}:{seq}" if self.emit_ids else None
-        self._frames.append((seq, encode_event(payload, id=eid, event=event)))
+        self._frames.append((seq, self.frame(seq, payload, event=event)))
         # Retention never drops a frame no peer has acknowledged yet (it holds
         # credit, and dropping it would lose data); drained ones go first.
         while len(self._frames) > self.max_events and self._frames[0][0] < self._drained:
@@ -112,10 +124,14 @@ class StreamLog:
         """Append the priming event (an id and empty data; MCP 2025-11-25)."""
         return self.append("")
 
+    def frame(self, seq: int, payload: str, *, event: str | None = None) -> bytes:
+        """Encode event ``seq`` of this stream exactly as the log does (also for store replay)."""
+        eid = f"{self.epoch}:{seq}" if self.emit_ids else None
+        return self.prefix + encode_event(payload, id=eid, event=event)
+
     def size_of(self, payload: str, *, event: str | None = None) -> int:
         """The exact encoded size the next frame would have (for credit, before append)."""
-        eid = f"{self.epoch}:{self._next_seq}" if self.emit_ids else None
-        return len(encode_event(payload, id=eid, event=event))
+        return len(self.frame(self._next_seq, payload, event=event))
 
     def last_frame_size(self) -> int:
         """The encoded size of the newest frame (0 if none is retained)."""

@@ -1,0 +1,818 @@
+"""A :class:`~engine._store.SessionStore` on any Redis-protocol server (Redis, Valkey, Cluster).
+
+Theory of operation
+-------------------
+Every process serving a session talks to the same server, so everything the
+:class:`~engine._store.SessionStore` docstrings promise has to hold across
+processes: each multi-step update is **one Lua script** (one round trip, atomic
+on the server), and the Python side only encodes arguments and decodes replies.
+
+**Key layout.**  All keys of one session share one *hash tag*, so they live in
+one cluster slot and every script touches a single slot::
+
+    <prefix>:{<P>:<S>}:s           HASH    the session record: principal, session_id,
+                                           protocol_version, created_at, generation,
+                                           secret, epochs (the epoch counter)
+    <prefix>:{<P>:<S>}:c           HASH    the idempotency gate: "f:<call key>" -> request
+                                           fingerprint, "p:<call key>" -> stored response
+                                           (absent while the call runs)
+    <prefix>:{<P>:<S>}:x           ZSET    <call key> -> expiry time (ms, server clock)
+    <prefix>:{<P>:<S>}:e:<epoch>   STREAM  one event log; entry id "<seq+1>-0",
+                                           fields d=data, f="1"/"0" (final),
+                                           b=binding (channel generation, 0 = none)
+    <prefix>:{<P>:<S>}:k           SET     names of the session's stream keys (for delete)
+
+``<P>`` and ``<S>`` are the principal and the session id percent-encoded with
+:func:`urllib.parse.quote` and no safe characters: only ``A-Z a-z 0-9 _ . - ~``
+survive, so ``{``, ``}``, ``:`` and ``%`` never appear raw and the pair
+``<P>:<S>`` is an injective encoding of ``(principal, session_id)`` -- no
+principal or session id can move the hash tag, or name another session's keys.
+The call key lives only inside hash fields and set members (binary-safe), the
+epoch is percent-encoded like the ids.
+
+**Stream ids.**  Event ``seq`` (0, 1, 2, ...) is stored under the explicit entry id
+``<seq+1>-0`` (``0-0`` is not a valid id, hence the ``+1``), so ``XRANGE`` by id
+*is* a range by sequence number and ``redis-cli XRANGE key - +`` reads naturally.
+Appends must be contiguous (``seq == head + 1``; any ``seq`` starts a new log); a
+re-append of an event already stored with identical contents is a no-op (a retry
+after a lost reply).  Logs are trimmed with ``MAXLEN ~ events_per_stream`` (so at
+least that many newest events are kept).  :meth:`RedisStore.read_events` returns
+``None`` -- the cursor cannot be honoured -- when the log is missing, when its
+oldest retained event is newer than ``after_seq + 1`` (trimmed), or when
+``after_seq`` is beyond its newest event (a cursor this log never issued); an empty
+list means the cursor is exactly at the head.
+
+**Lifetimes.**  Every write refreshes the TTL (``retention.ttl``) of the session's
+fixed keys (``s``, ``c``, ``x``, ``k``) and of the stream it writes, so no key of a
+session outlives its record: when a session expires, all of it does.  A running
+claim expires after ``retention.ttl`` (a process that died mid-call does not block
+the key forever), a finished call's response after
+``retention.idempotency_ttl``; expired entries of the gate are pruned lazily, at
+most 64 per :meth:`~RedisStore.begin_call`.  Reads (:meth:`~RedisStore.get_session`,
+:meth:`~RedisStore.read_events`) do not extend a session's life.
+
+**Failures.**  Every operation runs under one deadline (``timeout``, default 2 s;
+coredis' connect, read and pool timeouts are set to the same value), and
+connection errors, timeouts, cluster-down and "server cannot serve now" replies
+(``LOADING``, ``READONLY``, ``OOM``, ...) become :class:`StoreUnavailable` with the
+cause chained: the engine fails closed (503), it never hangs on the store.
+coredis' automatic retries are **off**: a script whose reply was lost may have run,
+and running ``begin_call`` twice would report our own claim as RUNNING.  A timed-out
+``begin_call`` may therefore leave a claim that nobody executes; it reads as RUNNING
+until it expires -- at-most-once wins over liveness, as seed 003 asks.
+
+**Connections.**  coredis 6 clients hold an anyio task group and must be used as an
+async context manager that is entered and exited by the same task.  So that
+``await RedisStore.connect(...)`` can return a plain object (closed later, from any
+task, by :meth:`~RedisStore.aclose`), a Trio *system task* owns the client: it
+enters it, parks until :meth:`~RedisStore.aclose` cancels it, and exits it.  If that
+task ever stops, every later operation raises :class:`StoreUnavailable`.
+"""
+
+from __future__ import annotations
+
+import math
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Literal, TypeVar, cast
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
+
+import anyio
+import coredis
+import coredis.exceptions as cx
+import trio
+from coredis.client import Client
+from coredis.commands.script import Script
+from coredis.connection import TCPLocation
+from coredis.retry import ConstantRetryPolicy, NoRetryPolicy
+from coredis.typing import ResponseType
+
+from ._store import (
+    CallOutcome,
+    CallStart,
+    ChannelRejected,
+    ChannelVerdict,
+    Retention,
+    SessionGone,
+    SessionRecord,
+    StoredEvent,
+    StoreUnavailable,
+)
+
+__all__ = ["RedisStore"]
+
+T = TypeVar("T")
+
+#: Default deadline (seconds) of one store operation, including connecting.
+DEFAULT_TIMEOUT = 2.0
+
+_SCHEMES: dict[str, tuple[bool, bool]] = {  # scheme -> (tls, cluster)
+    "redis": (False, False),
+    "rediss": (True, False),
+    "redis+cluster": (False, True),
+    "rediss+cluster": (True, True),
+}
+_CLUSTER_QUERY = frozenset({"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs"})
+_MAX_SEQ = 2**52  # stream ids are parsed as Lua numbers (doubles): stay exact
+
+# Error replies that mean "the server cannot serve this now", not "your script is wrong".
+_UNAVAILABLE_REPLIES = (
+    "LOADING",
+    "READONLY",
+    "MASTERDOWN",
+    "OOM",
+    "BUSY",
+    "NOREPLICAS",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "MOVED",
+    "ASK",
+)
+_UNAVAILABLE_TYPES: tuple[type[BaseException], ...] = (
+    cx.ConnectionError,  # includes ProtocolError, BusyLoadingError
+    cx.ClusterError,
+    cx.ClusterDownError,
+    cx.ClusterRoutingError,
+    cx.TryAgainError,
+    cx.ReadOnlyError,
+    OSError,  # includes the builtin TimeoutError coredis raises on a read timeout
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.EndOfStream,
+)
+
+
+# --------------------------------------------------------------------------- Lua
+#
+# Every script gets the session's fixed keys first:
+#   KEYS[1] = s (record)  KEYS[2] = k (stream index)  KEYS[3] = c (calls)  KEYS[4] = x (expiry)
+# and ARGV[1] = the TTL in milliseconds.  Statuses come back as plain strings.
+
+_PRELUDE = """
+local S, IDX, CALLS, CEXP = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local TTL = tonumber(ARGV[1])
+local function touch()
+  redis.call('PEXPIRE', S, TTL)
+  redis.call('PEXPIRE', IDX, TTL)
+  redis.call('PEXPIRE', CALLS, TTL)
+  redis.call('PEXPIRE', CEXP, TTL)
+end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function new_epoch()
+  local n = redis.call('HINCRBY', S, 'epochs', 1)
+  if n > 4294967295 then error('weir: the epoch space of this session is exhausted') end
+  return string.format('%08x', n)
+end
+local function wipe_streams()
+  local names = redis.call('SMEMBERS', IDX)
+  for _, name in ipairs(names) do redis.call('DEL', name) end
+end
+"""
+
+# ARGV: ttl, field, value, field, value, ...
+_CREATE = """
+if redis.call('EXISTS', S) == 1 then return 0 end
+wipe_streams()  -- leftovers of an earlier session with this id, if any
+redis.call('DEL', IDX, CALLS, CEXP)
+redis.call('HSET', S, unpack(ARGV, 2))
+redis.call('PEXPIRE', S, TTL)
+return 1
+"""
+
+_DELETE = """
+local existed = redis.call('EXISTS', S)
+wipe_streams()
+redis.call('DEL', S, IDX, CALLS, CEXP)
+return existed
+"""
+
+# ARGV: ttl, secret
+_REBIND = """
+if redis.call('EXISTS', S) == 0 then return false end
+redis.call('HINCRBY', S, 'generation', 1)
+redis.call('HSET', S, 'secret', ARGV[2])
+touch()
+return redis.call('HGETALL', S)
+"""
+
+# ARGV: ttl
+_ALLOCATE = """
+if redis.call('EXISTS', S) == 0 then return false end
+local epoch = new_epoch()
+touch()
+return epoch
+"""
+
+# ARGV: ttl, call key, fingerprint, token generation ('' = no token), token secret
+_BEGIN = """
+if redis.call('EXISTS', S) == 0 then return {'gone'} end
+if ARGV[4] ~= '' then
+  local current = tonumber(redis.call('HGET', S, 'generation'))
+  local presented = tonumber(ARGV[4])
+  if presented < current then return {'stale'} end
+  if presented > current or redis.call('HGET', S, 'secret') ~= ARGV[5] then
+    return {'unbound'}
+  end
+end
+local now = now_ms()
+local dead = redis.call('ZRANGEBYSCORE', CEXP, '-inf', now, 'LIMIT', 0, 64)
+for _, key in ipairs(dead) do
+  redis.call('HDEL', CALLS, 'f:' .. key, 'p:' .. key)
+  redis.call('ZREM', CEXP, key)
+end
+local epoch = new_epoch()
+local fp = redis.call('HGET', CALLS, 'f:' .. ARGV[2])
+local reply
+if not fp then
+  redis.call('HSET', CALLS, 'f:' .. ARGV[2], ARGV[3])
+  redis.call('ZADD', CEXP, now + TTL, ARGV[2])
+  reply = {'execute', epoch}
+elseif fp ~= ARGV[3] then
+  reply = {'mismatch', epoch}
+else
+  local payload = redis.call('HGET', CALLS, 'p:' .. ARGV[2])
+  if payload then reply = {'done', epoch, payload} else reply = {'running', epoch} end
+end
+touch()
+return reply
+"""
+
+# ARGV: ttl, call key, payload ('' when released), '1' = store / '0' = release, idempotency ttl
+_FINISH = """
+if redis.call('EXISTS', S) == 0 then return 0 end
+if ARGV[4] == '0' then
+  redis.call('HDEL', CALLS, 'f:' .. ARGV[2], 'p:' .. ARGV[2])
+  redis.call('ZREM', CEXP, ARGV[2])
+elseif redis.call('HEXISTS', CALLS, 'f:' .. ARGV[2]) == 1 then
+  redis.call('HSET', CALLS, 'p:' .. ARGV[2], ARGV[3])
+  redis.call('ZADD', CEXP, now_ms() + tonumber(ARGV[5]), ARGV[2])
+end
+touch()
+return 1
+"""
+
+# KEYS[5] = the stream.  ARGV: ttl, generation, seq + 1, data, final ('1'/'0'), binding, maxlen
+_APPEND = """
+local E = KEYS[5]
+if redis.call('EXISTS', S) == 0 then return 'gone' end
+if tonumber(redis.call('HGET', S, 'generation')) ~= tonumber(ARGV[2]) then return 'stale' end
+local id = ARGV[3] .. '-0'
+local top = redis.call('XREVRANGE', E, '+', '-', 'COUNT', 1)
+if #top > 0 then
+  local head = tonumber(string.match(top[1][1], '^(%d+)-'))
+  local want = tonumber(ARGV[3])
+  if want <= head then
+    local same = redis.call('XRANGE', E, id, id)
+    if #same == 1 then
+      local f = {}
+      local flat = same[1][2]
+      for i = 1, #flat, 2 do f[flat[i]] = flat[i + 1] end
+      if f['d'] == ARGV[4] and f['f'] == ARGV[5] and f['b'] == ARGV[6] then return 'duplicate' end
+    end
+    return 'order:' .. (head - 1)
+  end
+  if want ~= head + 1 then return 'order:' .. (head - 1) end
+end
+redis.call('XADD', E, 'MAXLEN', '~', ARGV[7], id, 'd', ARGV[4], 'f', ARGV[5], 'b', ARGV[6])
+redis.call('SADD', IDX, E)
+redis.call('PEXPIRE', E, TTL)
+touch()
+return 'ok'
+"""
+
+# A read: KEYS[1] = the stream only.  ARGV: after_seq + 1
+_READ = """
+local E = KEYS[1]
+local first = redis.call('XRANGE', E, '-', '+', 'COUNT', 1)
+if #first == 0 then return false end
+local last = redis.call('XREVRANGE', E, '+', '-', 'COUNT', 1)
+local oldest = tonumber(string.match(first[1][1], '^(%d+)-')) - 1
+local newest = tonumber(string.match(last[1][1], '^(%d+)-')) - 1
+local want = tonumber(ARGV[1])
+if want < oldest or want > newest + 1 then return false end
+if want == newest + 1 then return {} end
+return redis.call('XRANGE', E, string.format('%d-0', want + 1), '+')
+"""
+
+
+# ------------------------------------------------------------------------ helpers
+
+
+def _enc(text: str) -> str:
+    """Percent-encode ``text`` so it holds no ``{ } : %`` (injective, see the module doc)."""
+    return quote(text.encode("utf-8", "surrogatepass"), safe="")
+
+
+def _ms(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1000))
+
+
+def _redact(url: str) -> str:
+    """``url`` without its password, for messages."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<malformed URL>"
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.partition(":")[0]
+    return parts._replace(netloc=f"{user}:***@{hosts}").geturl()
+
+
+def _is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` means "the store cannot answer now" (and not a bug)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_outage(e) for e in exc.exceptions)
+    if isinstance(exc, _UNAVAILABLE_TYPES):
+        return True
+    if isinstance(exc, cx.ResponseError):
+        return str(exc).lstrip("-").startswith(_UNAVAILABLE_REPLIES)
+    return False
+
+
+def _only_cancelled(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_cancelled(e) for e in exc.exceptions)
+    return isinstance(exc, trio.Cancelled)
+
+
+def _text(value: ResponseType) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    if isinstance(value, str):
+        return value
+    raise StoreUnavailable(f"unexpected reply from the store: {value!r}")
+
+
+def _blob(value: ResponseType) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    raise StoreUnavailable(f"unexpected reply from the store: {value!r}")
+
+
+def _items(value: ResponseType) -> list[ResponseType]:
+    if isinstance(value, list):
+        return value
+    if isinstance(value, tuple):
+        return list(value)
+    raise StoreUnavailable(f"unexpected reply from the store: {value!r}")
+
+
+def _record(principal: str, session_id: str, fields: dict[str, bytes]) -> SessionRecord:
+    try:
+        return SessionRecord(
+            session_id=session_id,
+            principal=principal,
+            protocol_version=fields["protocol_version"].decode(),
+            created_at=float(fields["created_at"]),
+            generation=int(fields["generation"]),
+            secret=fields["secret"].decode(),
+        )
+    except (KeyError, ValueError, UnicodeDecodeError) as exc:
+        # Never written by this module: fail closed rather than guess.
+        raise StoreUnavailable(f"malformed session record for {session_id!r}") from exc
+
+
+def _pairs(flat: Sequence[ResponseType]) -> dict[str, bytes]:
+    return {_text(flat[i]): _blob(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+
+
+# ----------------------------------------------------------------------- the URL
+
+
+def _cluster_client(url: str, *, tls: bool, timeout: float) -> coredis.RedisCluster[bytes]:
+    parts = urlsplit(url)
+    if parts.path not in ("", "/", "/0") or parts.fragment:
+        raise ValueError(f"store URL {_redact(url)!r}: a cluster URL has no database or path")
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = set(query) - _CLUSTER_QUERY
+    if unknown:
+        raise ValueError(
+            f"store URL {_redact(url)!r}: unsupported cluster option(s) {sorted(unknown)}; "
+            f"supported: {sorted(_CLUSTER_QUERY)}"
+        )
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    username: str | None = None
+    password: str | None = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+    nodes: list[TCPLocation] = []
+    for seed in hosts.split(","):
+        node = urlsplit(f"//{seed}")
+        if not node.hostname:
+            raise ValueError(f"store URL {_redact(url)!r}: a cluster seed node has no host")
+        nodes.append(TCPLocation(node.hostname, node.port or 6379))  # port: ValueError if bad
+    cert_reqs = query.get("ssl_cert_reqs")
+    if cert_reqs not in (None, "optional", "required", "none"):
+        raise ValueError(f"store URL {_redact(url)!r}: bad ssl_cert_reqs {cert_reqs!r}")
+    return coredis.RedisCluster(
+        startup_nodes=nodes,
+        username=username,
+        password=password,
+        ssl=tls,
+        ssl_ca_certs=query.get("ssl_ca_certs"),
+        ssl_certfile=query.get("ssl_certfile"),
+        ssl_keyfile=query.get("ssl_keyfile"),
+        ssl_cert_reqs=cast(Literal["optional", "required", "none"] | None, cert_reqs),
+        connect_timeout=timeout,
+        stream_timeout=timeout,
+        pool_timeout=timeout,
+        decode_responses=False,
+        verify_version=False,
+        # CLUSTERDOWN means the command was refused, so retrying it is safe; a lost reply
+        # is not (the script may have run): see the module docstring.
+        retry_policy=ConstantRetryPolicy((cx.ClusterDownError,), retries=2, delay=0.1),
+    )
+
+
+def _client_for(url: str, *, timeout: float) -> Client[bytes]:
+    """A coredis client for ``url`` (not entered yet).  Raises ValueError for a bad URL."""
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme.lower() not in _SCHEMES:
+        raise ValueError(
+            f"store URL {_redact(url)!r}: unsupported scheme {scheme + sep!r}; expected "
+            "redis://host[:port][/db], rediss://... (TLS), "
+            "redis+cluster://host:port[,host:port...] or rediss+cluster://..."
+        )
+    tls, cluster = _SCHEMES[scheme.lower()]
+    try:
+        if cluster:
+            return _cluster_client(url, tls=tls, timeout=timeout)
+        parts = urlsplit(url)
+        if not parts.hostname:
+            raise ValueError(f"store URL {_redact(url)!r} has no host")
+        _ = parts.port  # raises ValueError for a malformed port
+        return coredis.Redis.from_url(
+            url,
+            decode_responses=False,
+            verify_version=False,
+            retry_policy=NoRetryPolicy(),
+            connect_timeout=timeout,
+            stream_timeout=timeout,
+            pool_timeout=timeout,
+        )
+    except ValueError as exc:  # urllib's and coredis' own complaints about the URL
+        if str(exc).startswith("store URL"):
+            raise
+        raise ValueError(f"store URL {_redact(url)!r}: {exc}") from exc
+    except (ssl.SSLError, OSError) as exc:  # e.g. an unreadable CA file
+        raise ValueError(f"store URL {_redact(url)!r}: TLS setup failed: {exc}") from exc
+
+
+# ---------------------------------------------------------------------- the store
+
+
+class RedisStore:
+    """The shared :class:`~engine._store.SessionStore` (see the module docstring).
+
+    Create it with :meth:`connect`; close it with :meth:`aclose` (or use it as an
+    async context manager).
+    """
+
+    shared = True
+
+    def __init__(
+        self,
+        client: Client[bytes],
+        *,
+        where: str,
+        retention: Retention,
+        prefix: str,
+        timeout: float,
+    ) -> None:
+        """Use :meth:`connect`; this only wires the parts together."""
+        self.retention = retention
+        self.prefix = prefix
+        self.timeout = timeout
+        self._client = client
+        self._where = where
+        self._ttl = _ms(retention.ttl)
+        self._idempotency_ttl = _ms(retention.idempotency_ttl)
+        self._maxlen = max(1, retention.events_per_stream)
+        self._owner_scope = trio.CancelScope()
+        self._owner_done = trio.Event()
+        self._entered = False
+        self._closed = False
+        self._failure: BaseException | None = None
+        register = client.register_script
+        self._create: Script[bytes] = register(_PRELUDE + _CREATE)
+        self._delete: Script[bytes] = register(_PRELUDE + _DELETE)
+        self._rebind: Script[bytes] = register(_PRELUDE + _REBIND)
+        self._allocate: Script[bytes] = register(_PRELUDE + _ALLOCATE)
+        self._begin: Script[bytes] = register(_PRELUDE + _BEGIN)
+        self._finish: Script[bytes] = register(_PRELUDE + _FINISH)
+        self._append: Script[bytes] = register(_PRELUDE + _APPEND)
+        self._read: Script[bytes] = register(_READ)
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        retention: Retention | None = None,
+        prefix: str = "weir",
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> RedisStore:
+        """Connect to the server at ``url`` and check that it answers.
+
+        Args:
+            url: ``redis://[user:password@]host[:port][/db]``, ``rediss://...`` (TLS;
+                coredis' ``ssl_*`` query options apply), or
+                ``redis+cluster://[user:password@]host:port[,host:port...]`` /
+                ``rediss+cluster://...`` for Redis Cluster (seed nodes).
+            retention: how long and how much to keep (default :class:`Retention()`).
+            prefix: the first component of every key (no ``{`` or ``}``).
+            timeout: the deadline, in seconds, of every operation (connecting included).
+
+        Raises:
+            ValueError: a malformed or unsupported URL or prefix.
+            StoreUnavailable: the server did not answer ``PING`` within ``timeout``.
+        """
+        if not prefix or "{" in prefix or "}" in prefix:
+            raise ValueError(f"store key prefix {prefix!r} must be non-empty, without '{{' or '}}'")
+        if not (timeout > 0 and math.isfinite(timeout)):
+            raise ValueError(f"store timeout must be a positive number of seconds, not {timeout!r}")
+        client = _client_for(url, timeout=timeout)
+        store = cls(
+            client,
+            where=_redact(url),
+            retention=retention or Retention(),
+            prefix=prefix,
+            timeout=timeout,
+        )
+        await store._start()
+        return store
+
+    async def _start(self) -> None:
+        ready = trio.Event()
+        trio.lowlevel.spawn_system_task(self._own, ready, name=f"RedisStore({self._where})")
+        with trio.move_on_after(self.timeout):
+            await ready.wait()
+        try:
+            if not self._entered:
+                raise StoreUnavailable(
+                    f"store {self._where}: could not open a client within {self.timeout}s"
+                ) from self._failure
+            await self._run("connect", self._client.ping)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def _own(self, ready: trio.Event) -> None:
+        """The system task that owns the coredis client (see the module docstring)."""
+        try:
+            with self._owner_scope:
+                async with self._client:
+                    self._entered = True
+                    ready.set()
+                    await trio.sleep_forever()
+        except BaseException as exc:  # a system task must not raise: keep it for _run
+            if not _only_cancelled(exc):
+                self._failure = exc
+        finally:
+            self._entered = False
+            ready.set()
+            self._owner_done.set()
+
+    async def aclose(self) -> None:
+        """Close the client (idempotent; waits at most ``timeout`` for it to wind down)."""
+        self._closed = True
+        self._owner_scope.cancel()
+        with trio.move_on_after(self.timeout):
+            await self._owner_done.wait()
+
+    async def __aenter__(self) -> RedisStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def _run(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
+        """Run one store operation under the deadline, mapping outages to StoreUnavailable."""
+        if self._closed:
+            raise StoreUnavailable(f"{what}: the store {self._where} is closed")
+        if not self._entered:
+            raise StoreUnavailable(
+                f"{what}: the client of {self._where} stopped: {self._failure!r}"
+            ) from self._failure
+        try:
+            with trio.fail_after(self.timeout):
+                return await op()
+        except trio.TooSlowError as exc:
+            raise StoreUnavailable(
+                f"{what}: no answer from {self._where} within {self.timeout}s"
+            ) from exc
+        except Exception as exc:
+            if isinstance(exc, StoreUnavailable):
+                raise
+            if _is_outage(exc) or not self._entered:
+                raise StoreUnavailable(f"{what}: {self._where} unavailable: {exc}") from exc
+            raise
+
+    async def _script(
+        self,
+        what: str,
+        script: Script[bytes],
+        principal: str,
+        session_id: str,
+        args: Sequence[str | bytes | int],
+        *,
+        stream: str | None = None,
+    ) -> ResponseType:
+        keys = self._keys(principal, session_id)
+        if stream is not None:
+            keys.append(self._stream_key(principal, session_id, stream))
+
+        async def op() -> ResponseType:
+            return await script(keys, [self._ttl, *args])
+
+        return await self._run(what, op)
+
+    # -- keys
+
+    def _tag(self, principal: str, session_id: str) -> str:
+        return f"{self.prefix}:{{{_enc(principal)}:{_enc(session_id)}}}"
+
+    def _keys(self, principal: str, session_id: str) -> list[str | bytes]:
+        tag = self._tag(principal, session_id)
+        return [f"{tag}:s", f"{tag}:k", f"{tag}:c", f"{tag}:x"]
+
+    def _stream_key(self, principal: str, session_id: str, epoch: str) -> str:
+        return f"{self._tag(principal, session_id)}:e:{_enc(epoch)}"
+
+    # -- the SessionStore interface
+
+    async def create_session(self, record: SessionRecord) -> None:
+        """Persist a new session.  Raises ``ValueError`` if the id is taken."""
+        fields: list[str | bytes | int] = [
+            "principal", record.principal,
+            "session_id", record.session_id,
+            "protocol_version", record.protocol_version,
+            "created_at", repr(record.created_at),
+            "generation", record.generation,
+            "secret", record.secret,
+            "epochs", 0,
+        ]  # fmt: skip
+        created = await self._script(
+            "create_session", self._create, record.principal, record.session_id, fields
+        )
+        if created != 1:
+            raise ValueError(f"session {record.session_id!r} already exists")
+
+    async def get_session(self, principal: str, session_id: str) -> SessionRecord | None:
+        """The record, or ``None`` if unknown, deleted or expired."""
+        key = self._keys(principal, session_id)[0]
+
+        async def op() -> dict[bytes, bytes]:
+            return await self._client.hgetall(key)
+
+        fields = await self._run("get_session", op)
+        if not fields:
+            return None
+        decoded = {k.decode("utf-8", "surrogateescape"): v for k, v in fields.items()}
+        return _record(principal, session_id, decoded)
+
+    async def delete_session(self, principal: str, session_id: str) -> bool:
+        """Delete every key of the session; ``True`` if it existed."""
+        existed = await self._script("delete_session", self._delete, principal, session_id, [])
+        return existed == 1
+
+    async def rebind(self, principal: str, session_id: str, secret: str) -> SessionRecord:
+        """Bump the generation and install ``secret`` in one script.  Raises SessionGone."""
+        reply = await self._script("rebind", self._rebind, principal, session_id, [secret])
+        if reply is None:
+            raise SessionGone(session_id)
+        return _record(principal, session_id, _pairs(_items(reply)))
+
+    async def allocate_epoch(self, principal: str, session_id: str) -> str:
+        """A fresh epoch (``HINCRBY`` on the record).  Raises SessionGone."""
+        reply = await self._script("allocate_epoch", self._allocate, principal, session_id, [])
+        if reply is None:
+            raise SessionGone(session_id)
+        return _text(reply)
+
+    async def begin_call(
+        self,
+        principal: str,
+        session_id: str,
+        key: str,
+        fingerprint: bytes,
+        token: tuple[int, str] | None,
+    ) -> CallStart:
+        """Channel check, claim and epoch allocation in one script (see the Protocol)."""
+        generation, secret = ("", "") if token is None else (str(int(token[0])), token[1])
+        reply = _items(
+            await self._script(
+                "begin_call",
+                self._begin,
+                principal,
+                session_id,
+                [key, fingerprint, generation, secret],
+            )
+        )
+        status = _text(reply[0])
+        if status == "gone":
+            raise SessionGone(session_id)
+        if status == "stale":
+            raise ChannelRejected(ChannelVerdict.STALE)
+        if status == "unbound":
+            raise ChannelRejected(ChannelVerdict.UNBOUND)
+        epoch = _text(reply[1])
+        if status == "done":
+            return CallStart(CallOutcome.DONE, epoch, _blob(reply[2]))
+        return CallStart(CallOutcome(status), epoch)
+
+    async def finish_call(
+        self, principal: str, session_id: str, key: str, payload: bytes | None
+    ) -> None:
+        """Store the response for ``idempotency_ttl`` (``None``: release the claim)."""
+        args: list[str | bytes | int] = (
+            [key, b"", "0", 0] if payload is None else [key, payload, "1", self._idempotency_ttl]
+        )
+        await self._script("finish_call", self._finish, principal, session_id, args)
+
+    async def append_event(
+        self,
+        principal: str,
+        session_id: str,
+        epoch: str,
+        seq: int,
+        data: bytes,
+        *,
+        final: bool,
+        generation: int,
+        binding: int = 0,
+    ) -> None:
+        """Append event ``seq`` to the epoch's log if the session is at ``generation``.
+
+        ``binding`` (the channel generation the stream was opened under, 0 for none)
+        is stored with the event (field ``b``) and returned by :meth:`read_events`.
+
+        Raises:
+            SessionGone: unknown session.
+            ChannelRejected: STALE, the session is at another generation (older *or*
+                newer: a newer one means it was deleted and re-created).
+            ValueError: ``seq`` is not the next event of the log (a re-append of an
+                identical event is accepted as a retry).
+        """
+        if not 0 <= seq < _MAX_SEQ:
+            raise ValueError(f"event seq out of range: {seq}")
+        args: list[str | bytes | int] = [
+            generation,
+            seq + 1,
+            data,
+            "1" if final else "0",
+            int(binding),
+            self._maxlen,
+        ]
+        status = _text(
+            await self._script(
+                "append_event", self._append, principal, session_id, args, stream=epoch
+            )
+        )
+        if status in ("ok", "duplicate"):
+            return
+        if status == "gone":
+            raise SessionGone(session_id)
+        if status == "stale":
+            raise ChannelRejected(ChannelVerdict.STALE)
+        head = status.partition(":")[2]
+        raise ValueError(f"event {epoch}:{seq} is out of order (the log's newest is {head})")
+
+    async def read_events(
+        self, principal: str, session_id: str, epoch: str, after_seq: int
+    ) -> list[StoredEvent] | None:
+        """Events with ``seq > after_seq`` (``[]`` at the head), or ``None`` when the
+        cursor cannot be honoured: no such log, trimmed past it, or beyond its head."""
+        if not -1 <= after_seq < _MAX_SEQ:
+            return None
+        stream = self._stream_key(principal, session_id, epoch)
+
+        async def op() -> ResponseType:
+            return await self._read([stream], [after_seq + 1])
+
+        reply = await self._run("read_events", op)
+        if reply is None:
+            return None
+        events: list[StoredEvent] = []
+        for entry in _items(reply):
+            entry_id, flat = _items(entry)
+            fields = _pairs(_items(flat))
+            seq = int(_text(entry_id).partition("-")[0]) - 1
+            events.append(
+                StoredEvent(
+                    seq,
+                    fields.get("d", b""),
+                    fields.get("f") == b"1",
+                    int(fields.get("b", b"0")),
+                )
+            )
+        return events

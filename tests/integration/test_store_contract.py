@@ -1,0 +1,658 @@
+"""The SessionStore contract, run against every store; then what only RedisStore promises.
+
+The contract tests are parametrized over ``memory`` (:class:`MemoryStore`), ``redis``
+(:class:`RedisStore` on a real valkey-server) and ``cluster`` (RedisStore through
+``redis+cluster://`` on a one-node Valkey cluster, where a script touching keys of
+two slots would fail with CROSSSLOT).  Every test uses fresh session ids, and every
+RedisStore its own key prefix, so tests never see each other's data.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import coredis
+import pytest
+import trio
+
+from engine._redis_store import RedisStore
+from engine._store import (
+    CallOutcome,
+    CallStart,
+    ChannelRejected,
+    ChannelVerdict,
+    MemoryStore,
+    Retention,
+    SessionGone,
+    SessionRecord,
+    SessionStore,
+    StoredEvent,
+    StoreUnavailable,
+)
+from tests.integration.conftest import ValkeyProcess
+
+EPOCH = re.compile(r"[0-9a-f]{8}")
+P = "alice"
+FP = b"fingerprint-1"
+
+
+def new_id() -> str:
+    return f"s-{uuid.uuid4().hex}"
+
+
+def new_prefix() -> str:
+    return f"weirtest-{uuid.uuid4().hex[:12]}"
+
+
+def record(
+    session_id: str, principal: str = P, *, secret: str = "secret-1", generation: int = 1
+) -> SessionRecord:
+    return SessionRecord(
+        session_id=session_id,
+        principal=principal,
+        protocol_version="2025-06-18",
+        created_at=12.5,
+        generation=generation,
+        secret=secret,
+    )
+
+
+async def new_session(store: SessionStore, principal: str = P) -> SessionRecord:
+    rec = record(new_id(), principal)
+    await store.create_session(rec)
+    return rec
+
+
+# ------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(params=["memory", "redis", "cluster"])
+def store_url(request: pytest.FixtureRequest) -> str | None:
+    """None for MemoryStore, else the URL a RedisStore connects to."""
+    if request.param == "memory":
+        return None
+    fixture = "valkey_url" if request.param == "redis" else "valkey_cluster_url"
+    url: str = request.getfixturevalue(fixture)
+    return url
+
+
+@pytest.fixture
+async def store(store_url: str | None) -> AsyncIterator[SessionStore]:
+    if store_url is None:
+        yield MemoryStore()
+        return
+    redis_store = await RedisStore.connect(store_url, prefix=new_prefix())
+    try:
+        yield redis_store
+    finally:
+        await redis_store.aclose()
+
+
+@pytest.fixture(params=["redis", "cluster"])
+def redis_url(request: pytest.FixtureRequest) -> str:
+    fixture = "valkey_url" if request.param == "redis" else "valkey_cluster_url"
+    url: str = request.getfixturevalue(fixture)
+    return url
+
+
+@pytest.fixture
+async def rstore(redis_url: str) -> AsyncIterator[RedisStore]:
+    async with await RedisStore.connect(redis_url, prefix=new_prefix()) as s:
+        yield s
+
+
+async def raw_keys(url: str, prefix: str) -> list[bytes]:
+    """Every key under ``prefix`` (through a plain client on the node)."""
+    plain = url.replace("redis+cluster://", "redis://")
+    async with coredis.Redis.from_url(plain, decode_responses=False) as raw:
+        return sorted([k async for k in raw.scan_iter(match=f"{prefix}:*")])
+
+
+def crc16(data: bytes) -> int:
+    """CRC16-XMODEM, as Redis Cluster uses for key slots."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def key_slot(key: bytes) -> int:
+    start = key.find(b"{")
+    if start != -1:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            key = key[start + 1 : end]
+    return crc16(key) % 16384
+
+
+# ------------------------------------------------------------- the contract
+
+
+async def test_create_get_delete_scoped_by_principal(store: SessionStore) -> None:
+    rec = await new_session(store)
+    assert await store.get_session(P, rec.session_id) == rec
+    # The same id under another principal is another (unknown) session.
+    assert await store.get_session("mallory", rec.session_id) is None
+    assert await store.delete_session("mallory", rec.session_id) is False
+    other = record(rec.session_id, "mallory", secret="other")
+    await store.create_session(other)
+    assert await store.get_session("mallory", rec.session_id) == other
+    assert await store.get_session(P, rec.session_id) == rec
+
+    assert await store.delete_session(P, rec.session_id) is True
+    assert await store.get_session(P, rec.session_id) is None
+    assert await store.delete_session(P, rec.session_id) is False
+    assert await store.get_session("mallory", rec.session_id) == other
+
+
+async def test_duplicate_create_raises(store: SessionStore) -> None:
+    rec = await new_session(store)
+    with pytest.raises(ValueError, match="already exists"):
+        await store.create_session(record(rec.session_id, secret="another"))
+    assert await store.get_session(P, rec.session_id) == rec  # unchanged
+
+
+async def test_epochs_unique_hex_increasing(store: SessionStore) -> None:
+    rec = await new_session(store)
+    epochs = []
+    for i in range(20):
+        if i % 2:
+            epochs.append(await store.allocate_epoch(P, rec.session_id))
+        else:
+            start = await store.begin_call(P, rec.session_id, f"k{i}", FP, None)
+            epochs.append(start.epoch)
+    assert all(EPOCH.fullmatch(e) for e in epochs), epochs
+    numbers = [int(e, 16) for e in epochs]
+    assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)
+    # Epochs are per session: another session starts its own sequence.
+    other = await new_session(store)
+    assert await store.allocate_epoch(P, other.session_id) == "00000001"
+
+
+async def test_begin_call_outcomes(store: SessionStore) -> None:
+    sid = (await new_session(store)).session_id
+    first = await store.begin_call(P, sid, "call-1", FP, None)
+    assert first.outcome is CallOutcome.EXECUTE and first.payload is None
+    second = await store.begin_call(P, sid, "call-1", FP, None)
+    assert second.outcome is CallOutcome.RUNNING
+    await store.finish_call(P, sid, "call-1", b'{"result": 1}')
+    third = await store.begin_call(P, sid, "call-1", FP, None)
+    assert third == CallStart(CallOutcome.DONE, third.epoch, b'{"result": 1}')
+    mismatch = await store.begin_call(P, sid, "call-1", b"another request", None)
+    assert mismatch.outcome is CallOutcome.MISMATCH and mismatch.payload is None
+    assert len({first.epoch, second.epoch, third.epoch, mismatch.epoch}) == 4
+    # Keys are independent, and binary payloads survive.
+    other = await store.begin_call(P, sid, "call-2", FP, None)
+    assert other.outcome is CallOutcome.EXECUTE
+    await store.finish_call(P, sid, "call-2", b"\x00\xff\r\n")
+    done = await store.begin_call(P, sid, "call-2", FP, None)
+    assert done.payload == b"\x00\xff\r\n"
+
+
+async def test_cancelled_call_releases_the_key(store: SessionStore) -> None:
+    sid = (await new_session(store)).session_id
+    assert (await store.begin_call(P, sid, "k", FP, None)).outcome is CallOutcome.EXECUTE
+    await store.finish_call(P, sid, "k", None)
+    retry = await store.begin_call(P, sid, "k", b"a new request may reuse it", None)
+    assert retry.outcome is CallOutcome.EXECUTE
+
+
+async def test_calls_are_scoped_by_principal_and_session(store: SessionStore) -> None:
+    rec = await new_session(store)
+    await store.create_session(record(rec.session_id, "mallory"))
+    other = await new_session(store)
+    assert (await store.begin_call(P, rec.session_id, "k", FP, None)).outcome is (
+        CallOutcome.EXECUTE
+    )
+    await store.finish_call(P, rec.session_id, "k", b"alice's result")
+    for principal, sid in (("mallory", rec.session_id), (P, other.session_id)):
+        start = await store.begin_call(principal, sid, "k", FP, None)
+        assert start.outcome is CallOutcome.EXECUTE and start.payload is None
+
+
+async def test_channel_checks(store: SessionStore) -> None:
+    rec = await new_session(store)
+    sid = rec.session_id
+    assert (await store.begin_call(P, sid, "a", FP, None)).outcome is CallOutcome.EXECUTE
+    ok = await store.begin_call(P, sid, "b", FP, (1, "secret-1"))
+    assert ok.outcome is CallOutcome.EXECUTE
+
+    rebound = await store.rebind(P, sid, "secret-2")
+    assert rebound.generation == 2
+    cases = [
+        ((1, "secret-1"), ChannelVerdict.STALE),  # the old generation, even with its secret
+        ((1, "secret-2"), ChannelVerdict.STALE),
+        ((2, "secret-1"), ChannelVerdict.UNBOUND),  # right generation, wrong secret
+        ((2, ""), ChannelVerdict.UNBOUND),
+        ((3, "secret-2"), ChannelVerdict.UNBOUND),  # a future generation
+        ((10**30, "secret-2"), ChannelVerdict.UNBOUND),
+        ((0, "secret-2"), ChannelVerdict.STALE),
+    ]
+    for token, verdict in cases:
+        with pytest.raises(ChannelRejected) as caught:
+            await store.begin_call(P, sid, "c", FP, token)
+        assert caught.value.verdict is verdict, token
+    # Nothing was claimed by the refused attempts.
+    assert (await store.begin_call(P, sid, "c", FP, (2, "secret-2"))).outcome is (
+        CallOutcome.EXECUTE
+    )
+    # No token is still served (standard SDK clients).
+    assert (await store.begin_call(P, sid, "d", FP, None)).outcome is CallOutcome.EXECUTE
+
+
+async def test_rebind_bumps_generation_and_rotates_secret(store: SessionStore) -> None:
+    rec = await new_session(store)
+    first = await store.rebind(P, rec.session_id, "s2")
+    second = await store.rebind(P, rec.session_id, "s3")
+    assert (first.generation, first.secret) == (2, "s2")
+    assert (second.generation, second.secret) == (3, "s3")
+    assert second.channel_token == "3.s3"
+    stored = await store.get_session(P, rec.session_id)
+    assert stored == second
+    assert (stored.protocol_version, stored.created_at) == (rec.protocol_version, rec.created_at)
+
+
+async def test_rebinds_are_atomic(store: SessionStore) -> None:
+    rec = await new_session(store)
+    results: list[SessionRecord] = []
+
+    async def rebind(i: int) -> None:
+        results.append(await store.rebind(P, rec.session_id, f"secret-{i}"))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(30):
+            nursery.start_soon(rebind, i)
+    assert sorted(r.generation for r in results) == list(range(2, 32))
+    final = await store.get_session(P, rec.session_id)
+    assert final is not None and final.generation == 31
+    assert final == max(results, key=lambda r: r.generation)  # secret matches its generation
+
+
+async def test_append_event_after_rebind_is_stale(store: SessionStore) -> None:
+    sid = (await new_session(store)).session_id
+    epoch = await store.allocate_epoch(P, sid)
+    await store.append_event(P, sid, epoch, 0, b"e0", final=False, generation=1)
+    await store.rebind(P, sid, "new")
+    with pytest.raises(ChannelRejected) as caught:
+        await store.append_event(P, sid, epoch, 1, b"e1", final=False, generation=1)
+    assert caught.value.verdict is ChannelVerdict.STALE
+    await store.append_event(P, sid, epoch, 1, b"e1", final=True, generation=2)
+
+
+async def test_unknown_sessions_are_gone(store: SessionStore) -> None:
+    sid = new_id()
+    assert await store.get_session(P, sid) is None
+    assert await store.delete_session(P, sid) is False
+    with pytest.raises(SessionGone):
+        await store.rebind(P, sid, "x")
+    with pytest.raises(SessionGone):
+        await store.allocate_epoch(P, sid)
+    with pytest.raises(SessionGone):
+        await store.begin_call(P, sid, "k", FP, None)
+    with pytest.raises(SessionGone):
+        await store.begin_call(P, sid, "k", FP, (1, "secret-1"))
+    with pytest.raises(SessionGone):
+        await store.append_event(P, sid, "00000001", 0, b"x", final=False, generation=1)
+    await store.finish_call(P, sid, "k", b"late result")  # a no-op, not an error
+    await store.finish_call(P, sid, "k", None)
+    assert await store.read_events(P, sid, "00000001", -1) is None
+    assert await store.get_session(P, sid) is None  # nothing was created on the way
+
+
+async def test_delete_forgets_everything(store: SessionStore) -> None:
+    rec = await new_session(store)
+    sid = rec.session_id
+    await store.begin_call(P, sid, "k", FP, None)
+    await store.finish_call(P, sid, "k", b"result")
+    assert await store.delete_session(P, sid)
+    with pytest.raises(SessionGone):
+        await store.begin_call(P, sid, "k", FP, None)
+    await store.finish_call(P, sid, "k", b"a late finish must not resurrect anything")
+    assert await store.get_session(P, sid) is None
+    # Re-created under the same id: a new session, with no calls of the old one.
+    await store.create_session(rec)
+    again = await store.begin_call(P, sid, "k", FP, None)
+    assert again.outcome is CallOutcome.EXECUTE
+
+
+async def test_concurrent_deliveries_execute_once(store: SessionStore) -> None:
+    sid = (await new_session(store)).session_id
+    starts: list[CallStart] = []
+
+    async def deliver() -> None:
+        starts.append(await store.begin_call(P, sid, "same-key", FP, (1, "secret-1")))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(50):
+            nursery.start_soon(deliver)
+    outcomes = [s.outcome for s in starts]
+    assert outcomes.count(CallOutcome.EXECUTE) == 1
+    assert outcomes.count(CallOutcome.RUNNING) == 49
+    assert len({s.epoch for s in starts}) == 50
+
+
+# ------------------------------------------------------------ RedisStore only
+
+
+async def test_store_is_shared_and_a_session_store(rstore: RedisStore) -> None:
+    as_protocol: SessionStore = rstore
+    assert as_protocol.shared is True
+    assert MemoryStore.shared is False
+
+
+async def append_all(
+    store: SessionStore, sid: str, epoch: str, count: int, *, generation: int = 1
+) -> None:
+    for seq in range(count):
+        await store.append_event(
+            P, sid, epoch, seq, f"event {seq}".encode(), final=seq == count - 1,
+            generation=generation, binding=generation,
+        )  # fmt: skip
+
+
+async def test_read_events_replays_exactly_after_the_cursor(rstore: RedisStore) -> None:
+    sid = (await new_session(rstore)).session_id
+    epoch = await rstore.allocate_epoch(P, sid)
+    await append_all(rstore, sid, epoch, 10)
+    everything = await rstore.read_events(P, sid, epoch, -1)
+    assert everything == [
+        StoredEvent(seq, f"event {seq}".encode(), seq == 9, 1) for seq in range(10)
+    ]
+    assert await rstore.read_events(P, sid, epoch, 6) == everything[7:]
+    assert await rstore.read_events(P, sid, epoch, 8) == everything[9:]
+    assert await rstore.read_events(P, sid, epoch, 9) == []  # at the head: nothing yet
+    assert await rstore.read_events(P, sid, epoch, 10) is None  # beyond the head
+    assert await rstore.read_events(P, sid, epoch, -2) is None
+    # Unknown epochs, another session's epochs, another principal: no such stream.
+    assert await rstore.read_events(P, sid, "0000ffff", -1) is None
+    assert await rstore.read_events(P, sid, "not an epoch}{", -1) is None
+    other = await new_session(rstore)
+    assert await rstore.read_events(P, other.session_id, epoch, -1) is None
+    assert await rstore.read_events("mallory", sid, epoch, -1) is None
+    # Live continuation: a reader at the head sees the next event.
+    await rstore.append_event(P, sid, epoch, 10, b"late", final=True, generation=1)
+    assert await rstore.read_events(P, sid, epoch, 9) == [StoredEvent(10, b"late", True, 0)]
+
+
+async def test_append_is_contiguous_and_idempotent(rstore: RedisStore) -> None:
+    sid = (await new_session(rstore)).session_id
+    epoch = await rstore.allocate_epoch(P, sid)
+    await append_all(rstore, sid, epoch, 3)
+    # A retry of an event already stored (its reply was lost) is accepted...
+    await rstore.append_event(P, sid, epoch, 2, b"event 2", final=True, generation=1, binding=1)
+    # ...a different event under a used seq, or a gap, is not.
+    with pytest.raises(ValueError, match="out of order"):
+        await rstore.append_event(P, sid, epoch, 2, b"other", final=True, generation=1)
+    with pytest.raises(ValueError, match="out of order"):
+        await rstore.append_event(P, sid, epoch, 5, b"gap", final=False, generation=1)
+    with pytest.raises(ValueError):
+        await rstore.append_event(P, sid, epoch, -1, b"negative", final=False, generation=1)
+    events = await rstore.read_events(P, sid, epoch, -1)
+    assert events is not None and [e.seq for e in events] == [0, 1, 2]
+
+
+async def test_append_with_a_future_generation_is_stale(rstore: RedisStore) -> None:
+    # Only possible when the session was deleted and re-created under the same id
+    # (generation back to 1) while a writer of the old one still runs: fence it.
+    sid = (await new_session(rstore)).session_id
+    epoch = await rstore.allocate_epoch(P, sid)
+    with pytest.raises(ChannelRejected) as caught:
+        await rstore.append_event(P, sid, epoch, 0, b"x", final=False, generation=2)
+    assert caught.value.verdict is ChannelVerdict.STALE
+
+
+async def test_trimmed_cursor_cannot_be_honoured(redis_url: str) -> None:
+    retention = Retention(events_per_stream=5)
+    async with await RedisStore.connect(redis_url, prefix=new_prefix(), retention=retention) as s:
+        sid = (await new_session(s)).session_id
+        epoch = await s.allocate_epoch(P, sid)
+        await append_all(s, sid, epoch, 400)  # MAXLEN ~ trims whole nodes (100 entries)
+        assert await s.read_events(P, sid, epoch, -1) is None
+        assert await s.read_events(P, sid, epoch, 0) is None
+        tail = await s.read_events(P, sid, epoch, 394)
+        assert tail is not None and [e.seq for e in tail] == [395, 396, 397, 398, 399]
+        assert await s.read_events(P, sid, epoch, 399) == []
+        # The boundary: the oldest retained event is replayable from just before it.
+        oldest = 0
+        while await s.read_events(P, sid, epoch, oldest - 1) is None:
+            oldest += 1
+            assert oldest <= 400
+        assert 5 <= 400 - oldest <= 400 - 100  # kept at least 5, trimmed at least a node
+        assert await s.read_events(P, sid, epoch, oldest - 2) is None
+
+
+async def test_data_survives_a_new_connection(redis_url: str) -> None:
+    prefix = new_prefix()
+    async with await RedisStore.connect(redis_url, prefix=prefix) as first:
+        rec = await new_session(first)
+        sid = rec.session_id
+        epoch = (await first.begin_call(P, sid, "k", FP, None)).epoch
+        await append_all(first, sid, epoch, 3)
+        await first.finish_call(P, sid, "k", b"result")
+        await first.begin_call(P, sid, "running", FP, None)
+    async with await RedisStore.connect(redis_url, prefix=prefix) as second:
+        assert await second.get_session(P, sid) == rec
+        events = await second.read_events(P, sid, epoch, 0)
+        assert events is not None and [e.data for e in events] == [b"event 1", b"event 2"]
+        done = await second.begin_call(P, sid, "k", FP, None)
+        assert (done.outcome, done.payload) == (CallOutcome.DONE, b"result")
+        assert (await second.begin_call(P, sid, "running", FP, None)).outcome is (
+            CallOutcome.RUNNING
+        )
+        assert int(done.epoch, 16) > int(epoch, 16)  # the epoch counter is shared too
+
+
+async def test_keys_share_one_slot_and_cannot_be_injected(
+    rstore: RedisStore, redis_url: str
+) -> None:
+    assert key_slot(b"foo") == 12182 and key_slot(b"{user1000}.following") == 3443  # docs
+    tricky = [
+        ("a:b", "c"),
+        ("a", "b:c"),
+        ("}{", "x"),
+        ("x", "}{"),
+        ("%7D", "x"),
+        ("p\x1fq", "\u00e9\u2603"),
+    ]
+    epoch_of: dict[tuple[str, str], str] = {}
+    for principal, sid in tricky:
+        await rstore.create_session(record(sid, principal))
+        start = await rstore.begin_call(principal, sid, "k:{x}", FP, None)
+        epoch_of[principal, sid] = start.epoch
+        await rstore.append_event(principal, sid, start.epoch, 0, b"e", final=True, generation=1)
+        await rstore.finish_call(principal, sid, "k:{x}", principal.encode() + b"/" + sid.encode())
+    # Every pair is its own session (no separator injection).
+    for principal, sid in tricky:
+        done = await rstore.begin_call(principal, sid, "k:{x}", FP, None)
+        assert done.payload == principal.encode() + b"/" + sid.encode()
+
+    keys = await raw_keys(redis_url, rstore.prefix)
+    by_tag: dict[bytes, list[bytes]] = {}
+    for key in keys:
+        by_tag.setdefault(key[: key.index(b"}") + 1], []).append(key)
+    assert len(by_tag) == len(tricky)
+    plain = redis_url.replace("redis+cluster://", "redis://")
+    cluster = redis_url.startswith("redis+cluster://")
+    async with coredis.Redis.from_url(plain, decode_responses=False) as raw:
+        for tag, group in by_tag.items():
+            assert {k[len(tag) :] for k in group} == {b":s", b":c", b":x", b":k", b":e:00000001"}
+            assert len({key_slot(k) for k in group}) == 1, group
+            if cluster:  # the server agrees with our CRC16
+                for key in group:
+                    assert await raw.cluster_keyslot(key) == key_slot(key)
+
+
+async def test_every_key_has_a_ttl(redis_url: str) -> None:
+    retention = Retention(ttl=600.0, idempotency_ttl=30.0)
+    async with await RedisStore.connect(redis_url, prefix=new_prefix(), retention=retention) as s:
+        sid = (await new_session(s)).session_id
+        start = await s.begin_call(P, sid, "k", FP, None)
+        await s.append_event(P, sid, start.epoch, 0, b"e", final=True, generation=1)
+        await s.finish_call(P, sid, "k", b"r")
+        keys = await raw_keys(redis_url, s.prefix)
+        assert len(keys) == 5
+        plain = redis_url.replace("redis+cluster://", "redis://")
+        async with coredis.Redis.from_url(plain, decode_responses=False) as raw:
+            for key in keys:
+                assert 0 < await raw.pttl(key) <= 600_000, key
+        assert await s.delete_session(P, sid)
+        assert await raw_keys(redis_url, s.prefix) == []  # delete leaves nothing behind
+
+
+async def test_finished_calls_expire_after_the_idempotency_ttl(redis_url: str) -> None:
+    retention = Retention(idempotency_ttl=0.2)
+    async with await RedisStore.connect(redis_url, prefix=new_prefix(), retention=retention) as s:
+        sid = (await new_session(s)).session_id
+        await s.begin_call(P, sid, "k", FP, None)
+        await s.finish_call(P, sid, "k", b"r")
+        assert (await s.begin_call(P, sid, "k", FP, None)).outcome is CallOutcome.DONE
+        await trio.sleep(0.3)
+        assert (await s.begin_call(P, sid, "k", FP, None)).outcome is CallOutcome.EXECUTE
+
+
+async def test_bad_urls_and_prefixes_are_refused() -> None:
+    bad = [
+        "http://127.0.0.1:6379",
+        "memory",
+        "unix:///tmp/valkey.sock",
+        "redis://",
+        "redis://127.0.0.1:notaport",
+        "redis+cluster://",
+        "redis+cluster://127.0.0.1:7000/3",
+        "redis+cluster://127.0.0.1:7000?protocol_version=2",
+    ]
+    for url in bad:
+        with pytest.raises(ValueError, match="store URL"):
+            await RedisStore.connect(url)
+    with pytest.raises(ValueError) as caught:
+        await RedisStore.connect("http://user:hunter2@127.0.0.1")
+    assert "hunter2" not in str(caught.value)
+    for prefix in ("", "we{ir", "we}ir"):
+        with pytest.raises(ValueError, match="prefix"):
+            await RedisStore.connect("redis://127.0.0.1", prefix=prefix)
+
+
+async def test_nothing_listening_is_unavailable_not_a_hang() -> None:
+    with trio.socket.socket() as sock:  # a port nobody listens on
+        await sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with trio.fail_after(5):
+        with pytest.raises(StoreUnavailable):
+            await RedisStore.connect(f"redis://127.0.0.1:{port}", timeout=0.5)
+
+
+# ---------------------------------------------------------------- outages
+
+OUTAGE_TIMEOUT = 0.5
+SLACK = 1.0  # scheduling slack on top of the store's own deadline
+
+
+def operations(
+    store_: SessionStore, sid: str, epoch: str
+) -> dict[str, Callable[[], Awaitable[Any]]]:
+    """One call of every SessionStore method on session ``sid``."""
+    return {
+        "create_session": lambda: store_.create_session(record(new_id())),
+        "get_session": lambda: store_.get_session(P, sid),
+        "delete_session": lambda: store_.delete_session(P, new_id()),
+        "rebind": lambda: store_.rebind(P, sid, "x"),
+        "allocate_epoch": lambda: store_.allocate_epoch(P, sid),
+        "begin_call": lambda: store_.begin_call(P, sid, "outage", FP, None),
+        "finish_call": lambda: store_.finish_call(P, sid, "k", b"r"),
+        "append_event": lambda: store_.append_event(
+            P, sid, epoch, 1, b"x", final=False, generation=1
+        ),
+        "read_events": lambda: store_.read_events(P, sid, epoch, -1),
+    }
+
+
+async def assert_unavailable(name: str, op: Callable[[], Awaitable[Any]]) -> None:
+    started = trio.current_time()
+    with trio.fail_after(OUTAGE_TIMEOUT + SLACK):  # a hang fails here, as TooSlowError
+        with pytest.raises(StoreUnavailable) as caught:
+            await op()
+    assert caught.value.__cause__ is not None, name
+    assert trio.current_time() - started <= OUTAGE_TIMEOUT + SLACK, name
+
+
+async def test_outage_fails_closed_then_recovers(
+    private_valkey: ValkeyProcess,
+) -> None:
+    server = private_valkey
+    async with await RedisStore.connect(server.url, timeout=OUTAGE_TIMEOUT) as s:
+        rec = await new_session(s)
+        sid = rec.session_id
+        epoch = (await s.begin_call(P, sid, "k", FP, None)).epoch
+        await s.append_event(P, sid, epoch, 0, b"e0", final=False, generation=1)
+
+        server.stop()
+        for name, op in operations(s, sid, epoch).items():
+            await assert_unavailable(name, op)
+
+        server.start()  # same port, empty: nothing was persisted
+        assert await s.get_session(P, sid) is None
+        # The cursor cannot be honoured any more: None (409), never "resume from head".
+        assert await s.read_events(P, sid, epoch, 0) is None
+        with pytest.raises(SessionGone):
+            await s.begin_call(P, sid, "k", FP, None)
+        with pytest.raises(SessionGone):
+            await s.append_event(P, sid, epoch, 1, b"e1", final=False, generation=1)
+        fresh = await new_session(s)  # and the store works again
+        assert (await s.begin_call(P, fresh.session_id, "k", FP, None)).outcome is (
+            CallOutcome.EXECUTE
+        )
+
+
+async def test_a_frozen_server_times_out_instead_of_hanging(
+    private_valkey: ValkeyProcess,
+) -> None:
+    server = private_valkey
+    async with await RedisStore.connect(server.url, timeout=OUTAGE_TIMEOUT) as s:
+        sid = (await new_session(s)).session_id
+        epoch = await s.allocate_epoch(P, sid)
+        server.pause()
+        try:
+            ops = operations(s, sid, epoch)
+            for name in ("get_session", "begin_call", "read_events"):
+                await assert_unavailable(name, ops[name])
+        finally:
+            server.resume()
+        # The timed-out begin_call may still have run once the server woke up: its
+        # claim then reads RUNNING (at-most-once wins; it expires after retention.ttl).
+        with trio.fail_after(5):
+            start = await s.begin_call(P, sid, "outage", FP, None)
+        assert start.outcome in (CallOutcome.RUNNING, CallOutcome.EXECUTE)
+        assert await s.get_session(P, sid) is not None
+
+
+async def test_a_server_refusing_writes_is_unavailable(private_valkey: ValkeyProcess) -> None:
+    async with await RedisStore.connect(private_valkey.url, timeout=OUTAGE_TIMEOUT) as s:
+        rec = await new_session(s)
+        # Out of memory (maxmemory reached, noeviction).
+        assert private_valkey.command("CONFIG", "SET", "maxmemory", "1") == b"+OK"
+        with pytest.raises(StoreUnavailable) as caught:
+            await s.begin_call(P, rec.session_id, "k", FP, None)
+        assert "OOM" in str(caught.value.__cause__)
+        assert await s.get_session(P, rec.session_id) == rec  # reads still work
+        assert private_valkey.command("CONFIG", "SET", "maxmemory", "0") == b"+OK"
+        # Demoted to a replica (a failover in progress): READONLY.
+        assert private_valkey.command("REPLICAOF", "127.0.0.1", "1") == b"+OK"
+        with pytest.raises(StoreUnavailable) as caught:
+            await s.rebind(P, rec.session_id, "x")
+        assert isinstance(caught.value.__cause__, coredis.exceptions.ReadOnlyError)
+        assert private_valkey.command("REPLICAOF", "NO", "ONE") == b"+OK"
+        assert (await s.rebind(P, rec.session_id, "x")).generation == 2
+
+
+async def test_a_closed_store_is_unavailable(redis_url: str) -> None:
+    s = await RedisStore.connect(redis_url, prefix=new_prefix())
+    await s.aclose()
+    await s.aclose()  # idempotent
+    with pytest.raises(StoreUnavailable, match="closed"):
+        await s.get_session(P, new_id())
