@@ -52,6 +52,8 @@ try:
     from mcp.client import ClientRequestContext
     from mcp.client.streamable_http import streamable_http_client
 except ImportError as exc:  # pragma: no cover - depends on the environment
+    if os.environ.get("WEIR_REQUIRE_SDK") == "1":  # CI: a missing SDK is a failure
+        raise
     pytest.skip(
         f"the MCP Python SDK is not installed (pip install -e '.[sdk]'): {exc}",
         allow_module_level=True,
