@@ -168,7 +168,9 @@ class ServerConfig:
             the wire; any replica replays), ``pinned`` (this process's buffer; a
             cursor not in it is 409) or ``off`` (no event ids; any cursor is 409).
         replica_id: names this process in ``: replica=<id>`` comments (default:
-            random); ``None`` and resume ``off`` write no comment.
+            random).
+        reuse_port: listen with ``SO_REUSEPORT`` so several worker processes share
+            the port (``weir serve --workers N``).
         legacy_sse_path: the 2024-11-05 HTTP+SSE stream endpoint (``None``: off).
         legacy_messages_path: the 2024-11-05 POST endpoint.
         metrics_path: Prometheus metrics (``None``: off).
@@ -194,6 +196,7 @@ class ServerConfig:
     principal: str = "anonymous"
     resume: str = "shared"
     replica_id: str | None = None
+    reuse_port: bool = False
     legacy_sse_path: str | None = "/sse"
     legacy_messages_path: str = "/messages"
     metrics_path: str | None = "/metrics"
@@ -294,7 +297,7 @@ class Server:
         :meth:`serve_connection` (in-memory tests, or another accept loop).
         """
         if listen:
-            self.listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+            self.listeners = await _open_listeners(self.config)
         try:
             await self._run(task_status)
         finally:
@@ -1300,6 +1303,26 @@ def _reid(payload: bytes, request_id: RequestId) -> bytes:
     msg = msgspec.json.decode(payload)
     msg["id"] = request_id
     return msgspec.json.encode(msg)
+
+
+async def _open_listeners(config: ServerConfig) -> list[trio.SocketListener]:
+    if not config.reuse_port:
+        return await trio.open_tcp_listeners(config.port, host=config.host)
+    # Several processes accept on one port; the kernel spreads connections among them.
+    infos = await trio.socket.getaddrinfo(
+        config.host, config.port, type=trio.socket.SOCK_STREAM, flags=trio.socket.AI_PASSIVE
+    )
+    family, kind, proto, _, addr = infos[0]
+    sock = trio.socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)
+        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEPORT, 1)
+        await sock.bind(addr)
+        sock.listen(1024)
+    except BaseException:
+        sock.close()
+        raise
+    return [trio.SocketListener(sock)]
 
 
 def _only_disconnects(exc: BaseException) -> bool:

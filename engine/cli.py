@@ -24,6 +24,7 @@ from protocol import CreditLimits
 
 from ._app import App
 from ._server import Server, ServerConfig
+from ._store import MemoryStore, SessionStore, StoreUnavailable
 
 BUILTIN_APPS = {"demo": "engine.apps.demo:app", "conformance": "engine.apps.conformance:app"}
 
@@ -91,6 +92,37 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="time running calls get to finish on SIGINT/SIGTERM (default 10)",
     )
+    st = s.add_argument_group("sessions across processes (see docs/wire.md)")
+    st.add_argument(
+        "--store",
+        default="memory",
+        metavar="URL",
+        help="'memory' (default: this process only) or a Redis-protocol server: "
+        "redis://host:port/db, rediss://... (TLS), redis+cluster://host:port",
+    )
+    st.add_argument(
+        "--resume",
+        default="shared",
+        choices=["shared", "pinned", "off"],
+        help="resumption policy: shared (events in the store; any replica "
+        "replays), pinned (this process only; other cursors are 409), off (no "
+        "event ids). Default shared",
+    )
+    st.add_argument(
+        "--replica-id",
+        default=None,
+        metavar="ID",
+        help="names this replica in ': replica=<id>' SSE comments (default: random)",
+    )
+    st.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes sharing the port with SO_REUSEPORT (default 1); "
+        "more than one needs a shared --store",
+    )
+    st.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     d = CreditLimits()
     c = s.add_argument_group("drain credit (per session; see the README, 'Half-open streams')")
     c.add_argument(
@@ -143,6 +175,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise SystemExit(f"weir: bad credit options: {exc}") from None
     if args.shutdown_grace < 0:
         raise SystemExit("weir: --shutdown-grace must be >= 0")
+    check_deployment(args.store, args.resume, args.workers)
     hosts = None
     if args.allow_host:
         base = ServerConfig(host=args.host).endpoint().allowed_hosts
@@ -157,14 +190,56 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             shutdown_grace=args.shutdown_grace,
             credit=credit,
             max_stream_events=max(4096, credit.frames),
+            resume=args.resume,
+            replica_id=args.replica_id,
+            reuse_port=args.reuse_port or args.workers > 1,
         )
     except ValueError as exc:
         raise SystemExit(f"weir: {exc}") from None
 
 
-async def _run(app: App, config: ServerConfig) -> None:
+def check_deployment(store: str, resume: str, workers: int) -> None:
+    """Refuse, with the reason, a combination that would be silently wrong (seed 004).
+
+    Raises:
+        SystemExit: the message says what is wrong and what to use instead.
+    """
+    if workers < 1:
+        raise SystemExit("weir: --workers must be >= 1")
+    if store != "memory" and not store.startswith(
+        ("redis://", "rediss://", "redis+cluster://", "rediss+cluster://")
+    ):
+        raise SystemExit(
+            f"weir: --store must be 'memory' or a redis://, rediss:// or "
+            f"redis+cluster:// URL, got {store.split('@')[-1]!r}"
+        )
+    if workers > 1 and store == "memory":
+        why = (
+            "each worker's memory store is its own: a session created on one worker is "
+            "unknown to the others (404), and with --resume shared a cursor replayed "
+            "elsewhere would be wrong"
+        )
+        raise SystemExit(
+            f"weir: --workers {workers} with --store memory refused: {why}; "
+            "use --store redis://... (or run one worker)"
+        )
+
+
+async def _open_store(url: str) -> SessionStore:
+    if url == "memory":
+        return MemoryStore()
+    from ._redis_store import RedisStore
+
+    try:
+        return await RedisStore.connect(url)
+    except StoreUnavailable as exc:
+        raise SystemExit(f"weir: cannot reach the store {url.split('@')[-1]}: {exc}") from None
+
+
+async def _run(app: App, config: ServerConfig, store_url: str = "memory") -> None:
+    store = await _open_store(store_url)
     async with trio.open_nursery() as nursery:
-        server: Server = await nursery.start(Server(app, config).run)
+        server: Server = await nursery.start(Server(app, config, store=store).run)
         print(f"weir: serving {server.url}", flush=True)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:
@@ -188,8 +263,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     app = load_app(args.app)
     config = config_from_args(args)
+    if args.workers > 1:
+        from ._workers import run_workers
+
+        return run_workers(args, config)
     try:
-        trio.run(_run, app, config)
+        trio.run(_run, app, config, args.store)
     except OSError as exc:
         print(f"weir: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
         return 1

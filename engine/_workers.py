@@ -1,0 +1,155 @@
+"""``weir serve --workers N``: N processes, one Trio loop each, sharing one port.
+
+Theory of operation
+-------------------
+The parent reserves the port (binding a ``SO_REUSEPORT`` socket it never listens
+on, so ``--port 0`` gets one definite port), then starts N children, each
+``python -m engine serve ... --port P --workers 1 --reuse-port --replica-id
+<id>-<i>``.  Each child listens on the same port with ``SO_REUSEPORT``; the kernel
+spreads new connections across them.  Sessions must be in a shared store (the
+CLI refuses ``--workers`` > 1 with ``--store memory``), so any worker serves any
+request of any session.
+
+The parent prints ``weir: serving URL`` once every child has, forwards SIGINT and
+SIGTERM to the children, and exits with the first non-zero child status (a child
+that dies takes the others down: a half-running server is worse than none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import IO
+
+from ._server import ServerConfig
+
+_START_TIMEOUT = 30.0
+
+
+def _child_argv(args: argparse.Namespace, port: int, replica: str) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "engine",
+        "serve",
+        args.app,
+        "--host",
+        args.host,
+        "--port",
+        str(port),
+        "--path",
+        args.path,
+        "--log-level",
+        args.log_level,
+        "--shutdown-grace",
+        str(args.shutdown_grace),
+        "--store",
+        args.store,
+        "--resume",
+        args.resume,
+        "--replica-id",
+        replica,
+        "--workers",
+        "1",
+        "--reuse-port",
+        "--credit-frames",
+        str(args.credit_frames),
+        "--credit-bytes",
+        str(args.credit_bytes),
+        "--drain-window",
+        str(args.drain_window),
+        "--liveness-timeout",
+        str(args.liveness_timeout),
+    ]
+    if args.json_response:
+        argv.append("--json-response")
+    for host in args.allow_host:
+        argv += ["--allow-host", host]
+    return argv
+
+
+def _reserve_port(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def _pump(stream: IO[str], ready: threading.Event) -> None:
+    for line in stream:
+        if line.startswith("weir: serving "):
+            ready.set()
+        else:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+
+def run_workers(args: argparse.Namespace, config: ServerConfig) -> int:
+    """Run ``args.workers`` children on one port; return the exit status."""
+    try:
+        reserved = _reserve_port(config.host, config.port)
+    except OSError as exc:
+        print(f"weir: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return 1
+    port = int(reserved.getsockname()[1])
+    base = args.replica_id or secrets.token_hex(4)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    children: list[subprocess.Popen[str]] = []
+    readiness: list[threading.Event] = []
+    try:
+        for i in range(args.workers):
+            proc = subprocess.Popen(
+                _child_argv(args, port, f"{base}-{i}"), stdout=subprocess.PIPE, text=True, env=env
+            )
+            ready = threading.Event()
+            assert proc.stdout is not None
+            threading.Thread(target=_pump, args=(proc.stdout, ready), daemon=True).start()
+            children.append(proc)
+            readiness.append(ready)
+        deadline = time.monotonic() + _START_TIMEOUT
+        for proc, ready in zip(children, readiness, strict=True):
+            while not ready.wait(0.1):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"worker {proc.pid} did not start (status {proc.poll()})")
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        print(
+            f"weir: serving http://{host}:{port}{config.path} ({args.workers} workers)", flush=True
+        )
+
+        def forward(signum: int, _frame: object) -> None:
+            for child in children:
+                if child.poll() is None:
+                    child.send_signal(signum)
+
+        signal.signal(signal.SIGINT, forward)
+        signal.signal(signal.SIGTERM, forward)
+        while True:
+            statuses = [c.poll() for c in children]
+            if all(s is not None for s in statuses):
+                return next((s for s in statuses if s), 0) or 0
+            failed = [s for s in statuses if s not in (None, 0)]
+            if failed:
+                forward(signal.SIGTERM, None)
+            time.sleep(0.2)
+    except RuntimeError as exc:
+        print(f"weir: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.terminate()
+        for child in children:
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        reserved.close()
