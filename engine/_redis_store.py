@@ -106,6 +106,18 @@ T = TypeVar("T")
 #: Default deadline (seconds) of one store operation, including connecting.
 DEFAULT_TIMEOUT = 2.0
 
+# Mailboxes (cross-replica answers and cancellations): KEYS[1] = the box.
+_POST = """
+redis.call('RPUSH', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+_TAKE = """
+local items = redis.call('LRANGE', KEYS[1], 0, -1)
+if ARGV[1] == '0' and #items > 0 then redis.call('DEL', KEYS[1]) end
+return items
+"""
+
 _SCHEMES: dict[str, tuple[bool, bool]] = {  # scheme -> (tls, cluster)
     "redis": (False, False),
     "rediss": (True, False),
@@ -254,7 +266,9 @@ touch()
 return 1
 """
 
-# KEYS[5] = the stream.  ARGV: ttl, generation, seq + 1, data, final ('1'/'0'), binding, maxlen
+# KEYS[5] = the stream.  ARGV: ttl, generation, seq + 1, data, final ('1'/'0'), binding, maxlen,
+# call key ('' for none), idempotency ttl.  With a call key the data is also stored as
+# that call's response: the final event and the gate's record are one atomic step.
 _APPEND = """
 local E = KEYS[5]
 if redis.call('EXISTS', S) == 0 then return 'gone' end
@@ -277,6 +291,10 @@ if #top > 0 then
   if want ~= head + 1 then return 'order:' .. (head - 1) end
 end
 redis.call('XADD', E, 'MAXLEN', '~', ARGV[7], id, 'd', ARGV[4], 'f', ARGV[5], 'b', ARGV[6])
+if ARGV[8] ~= '' and redis.call('HEXISTS', CALLS, 'f:' .. ARGV[8]) == 1 then
+  redis.call('HSET', CALLS, 'p:' .. ARGV[8], ARGV[4])
+  redis.call('ZADD', CEXP, now_ms() + tonumber(ARGV[9]), ARGV[8])
+end
 redis.call('SADD', IDX, E)
 redis.call('PEXPIRE', E, TTL)
 touch()
@@ -287,7 +305,13 @@ return 'ok'
 _READ = """
 local E = KEYS[1]
 local first = redis.call('XRANGE', E, '-', '+', 'COUNT', 1)
-if #first == 0 then return false end
+if #first == 0 then
+  -- No event stored yet.  A cursor at the priming event (seq 0, never stored) of
+  -- an epoch this session did allocate is valid: the stream is just empty so far.
+  local allocated = tonumber(redis.call('HGET', KEYS[2], 'epochs') or '0')
+  if tonumber(ARGV[1]) == 1 and tonumber(ARGV[2]) <= allocated then return {} end
+  return false
+end
 local last = redis.call('XREVRANGE', E, '+', '-', 'COUNT', 1)
 local oldest = tonumber(string.match(first[1][1], '^(%d+)-')) - 1
 local newest = tonumber(string.match(last[1][1], '^(%d+)-')) - 1
@@ -511,6 +535,8 @@ class RedisStore:
         self._finish: Script[bytes] = register(_PRELUDE + _FINISH)
         self._append: Script[bytes] = register(_PRELUDE + _APPEND)
         self._read: Script[bytes] = register(_READ)
+        self._post: Script[bytes] = register(_POST)
+        self._take: Script[bytes] = register(_TAKE)
 
     @classmethod
     async def connect(
@@ -750,11 +776,14 @@ class RedisStore:
         final: bool,
         generation: int,
         binding: int = 0,
+        call_key: str | None = None,
     ) -> None:
         """Append event ``seq`` to the epoch's log if the session is at ``generation``.
 
         ``binding`` (the channel generation the stream was opened under, 0 for none)
         is stored with the event (field ``b``) and returned by :meth:`read_events`.
+        With ``call_key`` the event's data is also stored as that call's response
+        (what :meth:`finish_call` does), in the same script.
 
         Raises:
             SessionGone: unknown session.
@@ -772,6 +801,8 @@ class RedisStore:
             "1" if final else "0",
             int(binding),
             self._maxlen,
+            call_key or "",
+            self._idempotency_ttl,
         ]
         status = _text(
             await self._script(
@@ -787,6 +818,29 @@ class RedisStore:
         head = status.partition(":")[2]
         raise ValueError(f"event {epoch}:{seq} is out of order (the log's newest is {head})")
 
+    def _box_key(self, principal: str, session_id: str, box: str) -> str:
+        return f"{self._tag(principal, session_id)}:m:{_enc(box)}"
+
+    async def post_message(self, principal: str, session_id: str, box: str, data: bytes) -> None:
+        """Append ``data`` to the session's mailbox ``box`` (RPUSH + TTL, one script)."""
+        key = self._box_key(principal, session_id, box)
+
+        async def op() -> ResponseType:
+            return await self._post([key], [self._ttl, data])
+
+        await self._run("post_message", op)
+
+    async def take_messages(
+        self, principal: str, session_id: str, box: str, *, keep: bool = False
+    ) -> list[bytes]:
+        """Everything in mailbox ``box``, oldest first; emptied unless ``keep``."""
+        key = self._box_key(principal, session_id, box)
+
+        async def op() -> ResponseType:
+            return await self._take([key], [1 if keep else 0])
+
+        return [_blob(item) for item in _items(await self._run("take_messages", op))]
+
     async def read_events(
         self, principal: str, session_id: str, epoch: str, after_seq: int
     ) -> list[StoredEvent] | None:
@@ -795,9 +849,14 @@ class RedisStore:
         if not -1 <= after_seq < _MAX_SEQ:
             return None
         stream = self._stream_key(principal, session_id, epoch)
+        record = self._keys(principal, session_id)[0]
+        try:
+            epoch_number = int(epoch, 16)
+        except ValueError:
+            return None
 
         async def op() -> ResponseType:
-            return await self._read([stream], [after_seq + 1])
+            return await self._read([stream, record], [after_seq + 1, epoch_number])
 
         reply = await self._run("read_events", op)
         if reply is None:

@@ -95,6 +95,8 @@ from protocol import (
     accepts,
     check_host_and_origin,
     decode_body,
+    decode_message,
+    encode,
     encode_error,
     encode_result,
     encode_retry,
@@ -310,6 +312,8 @@ class Server:
                 conns.start_soon(self._serve_listeners, conns)
                 if self.config.session_idle_timeout is not None:
                     conns.start_soon(self._sweep_sessions, self.config.session_idle_timeout)
+                if self.store.shared:
+                    conns.start_soon(self._relay_mail)
                 task_status.started(self)
                 await self._shutdown.wait()
                 await self._drain()
@@ -399,6 +403,7 @@ class Server:
             credit=self.config.credit,
             now=now,
         )
+        session.replica = self.replica_id
         self.sessions[record.session_id] = session
         self._last_seen[record.session_id] = now
         assert self._handlers is not None
@@ -493,6 +498,10 @@ class Server:
                 await self._get(conn, mcp)
             elif isinstance(mcp, DeleteSession):
                 await self._delete(conn, mcp)
+        except SessionGone:
+            if conn.http.response_in_progress:
+                raise
+            await self._refuse(conn, session_refusal(request.headers.get("mcp-session-id") or ""))
         except StoreUnavailable as exc:
             if conn.http.response_in_progress:
                 raise
@@ -549,6 +558,7 @@ class Server:
             now=now,
         )
         session.handle(SessionInput.INITIALIZED)
+        session.replica = self.replica_id
         self.sessions[record.session_id] = session
         self._last_seen[record.session_id] = now
         assert self._handlers is not None
@@ -584,23 +594,29 @@ class Server:
 
     def _store_sink(
         self, session: Session, handle: StreamHandle
-    ) -> Callable[[int, str, bool], Any]:
+    ) -> Callable[[int, str, bool, str | None], Any]:
         store, principal, sid = self.store, session.record.principal, session.session_id
         generation, epoch, binding = session.record.generation, handle.log.epoch, handle.log.binding
 
-        async def sink(seq: int, payload: str, final: bool) -> None:
+        async def sink(seq: int, payload: str, final: bool, call_key: str | None) -> None:
             if seq == 0 and payload == "":
                 return  # the priming event carries nothing to replay
-            await store.append_event(
-                principal,
-                sid,
-                epoch,
-                seq,
-                payload.encode(),
-                final=final,
-                generation=generation,
-                binding=binding,
-            )
+            try:
+                await store.append_event(
+                    principal,
+                    sid,
+                    epoch,
+                    seq,
+                    payload.encode(),
+                    final=final,
+                    generation=generation,
+                    binding=binding,
+                    call_key=call_key,
+                )
+            except (SessionGone, ChannelRejected, StoreUnavailable) as exc:
+                # Not stored means not sent: the stream ends here (a rebind fenced
+                # it, the session is gone, or the store failed -- fail closed).
+                raise StreamLost(f"{epoch}:{seq} not appended: {exc!r}") from exc
 
         return sink
 
@@ -619,7 +635,7 @@ class Server:
         token = _parse_token(post.ctx.headers.get("mcp-channel-token"))
         if not lone_call:
             _raise_channel(check_channel(session.record, token), rid)
-        requests = self._absorb(session, post.messages)
+        requests = await self._absorb(session, post.messages)
         if not requests:
             await conn.send(conn.http.send_response(202, ()))
             return
@@ -647,20 +663,71 @@ class Server:
         headers = (*_SSE_HEADERS, ("mcp-session-id", session.session_id))
         await self._write_stream(conn, session, handle, 0, headers)
 
-    def _absorb(self, session: Session, messages: list[Any]) -> list[Request]:
-        """Handle notifications and responses at once; return the requests."""
+    async def _absorb(self, session: Session, messages: list[Any]) -> list[Request]:
+        """Handle notifications and responses at once; return the requests.
+
+        With a shared store, an answer to another replica's request and a
+        cancellation of a request running elsewhere are forwarded through the
+        session's mailboxes (see :meth:`_relay_mail`).
+        """
         requests: list[Request] = []
+        principal, sid = session.record.principal, session.session_id
         for msg in messages:
             if isinstance(msg, Request):
                 requests.append(msg)
             elif isinstance(msg, Notification):
+                rid = (msg.params or {}).get("requestId")
+                if (
+                    msg.method == "notifications/cancelled"
+                    and self.store.shared
+                    and isinstance(rid, int | str)
+                    and rid not in session.running
+                ):
+                    await self.store.post_message(
+                        principal, sid, "cancel", msgspec.json.encode(rid)
+                    )
                 self._notification(session, msg)
             elif isinstance(msg, Response | ErrorResponse) and msg.id is not None:
                 pending = session.pending.get(msg.id)
                 if pending is not None:
                     pending.answer = msg
                     pending.done.set()
+                elif self.store.shared and isinstance(msg.id, str) and msg.id.startswith("weir:"):
+                    replica = msg.id[5:].rpartition(":")[0]
+                    await self.store.post_message(principal, sid, f"answers:{replica}", encode(msg))
         return requests
+
+    async def _relay_mail(self) -> None:
+        """Shared stores only: deliver answers and cancellations other replicas received.
+
+        Polls (every 100 ms) only sessions that wait for a client's answer, or run a
+        request for more than a second, so idle or fast traffic costs nothing.
+        """
+        box = f"answers:{self.replica_id}"
+        while True:
+            await trio.sleep(0.1)
+            now = trio.current_time()
+            for session in list(self.sessions.values()):
+                if session.closed:
+                    continue
+                principal, sid = session.record.principal, session.session_id
+                try:
+                    if session.pending:
+                        for raw in await self.store.take_messages(principal, sid, box):
+                            msg = decode_message(raw)
+                            if isinstance(msg, Response | ErrorResponse) and msg.id is not None:
+                                pending = session.pending.get(msg.id)
+                                if pending is not None:
+                                    pending.answer = msg
+                                    pending.done.set()
+                    if any(now - t > 1.0 for t in session.started.values()):
+                        wanted = await self.store.take_messages(principal, sid, "cancel", keep=True)
+                        for raw in wanted:
+                            scope = session.running.get(msgspec.json.decode(raw))
+                            if scope is not None:
+                                scope.cancel()
+                except (StoreUnavailable, RemoteProtocolError, msgspec.DecodeError):
+                    continue
 
     async def _admit_and_plan(
         self,
@@ -899,6 +966,7 @@ class Server:
         payload: bytes | None = None
         with trio.CancelScope() as scope:
             session.running[req.id] = scope
+            session.started[req.id] = trio.current_time()
             try:
                 if plan.key is not None:
                     self.metrics.executions += 1
@@ -912,20 +980,28 @@ class Server:
                 payload = encode_error(req.id, INTERNAL_ERROR, f"internal error in {req.method}")
             finally:
                 session.running.pop(req.id, None)
+                session.started.pop(req.id, None)
         result = None if scope.cancelled_caught else payload
         if plan.key is not None:
-            await self._finish_call(session, plan.key, result)
+            single = handle is not None and handle.sink is not None and handle.outstanding == 1
+            if result is not None and single:
+                plan.deferred = True  # the final append records it: one round trip less
+            else:
+                await self._finish_call(session, plan.key, result)
         return result
 
-    async def _finish_call(self, session: Session, key: str, payload: bytes | None) -> None:
+    async def _finish_call(
+        self, session: Session, key: str, payload: bytes | None, *, stored: bool = False
+    ) -> None:
         """Store the call's outcome in the gate (a cancelled call releases its key)."""
-        try:
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                await self.store.finish_call(
-                    session.record.principal, session.session_id, key, payload
-                )
-        except (StoreUnavailable, SessionGone):
-            log.warning("could not record the outcome of call %s in the store", key)
+        if not stored:
+            try:
+                with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    await self.store.finish_call(
+                        session.record.principal, session.session_id, key, payload
+                    )
+            except (StoreUnavailable, SessionGone):
+                log.warning("could not record the outcome of call %s in the store", key)
         if payload is not None:
             session.finished.append(payload)
             del session.finished[: -session.max_finished]
@@ -948,7 +1024,16 @@ class Server:
     async def _run_request(self, session: Session, plan: _Plan, handle: StreamHandle) -> None:
         try:
             payload = await self._execute(session, plan, handle)
-            await handle.respond(payload.decode() if payload is not None else None)
+            if plan.deferred and plan.key is not None and payload is not None:
+                try:
+                    await handle.respond(payload.decode(), call_key=plan.key)
+                    await self._finish_call(session, plan.key, payload, stored=True)
+                except BaseException:
+                    # The final append failed: record the outcome on its own.
+                    await self._finish_call(session, plan.key, payload)
+                    raise
+            else:
+                await handle.respond(payload.decode() if payload is not None else None)
         except StreamLost:
             pass
         except Exception:
@@ -1144,7 +1229,7 @@ class Server:
         )
         if legacy is None:
             raise session_refusal(sid)
-        requests = self._absorb(session, messages)
+        requests = await self._absorb(session, messages)
         if requests:
             plans = await self._admit_and_plan(
                 session, requests, headers.get("idempotency-key"), None
@@ -1267,6 +1352,7 @@ class _Plan:
     key: str | None = None  # set: this delivery executes; its outcome goes to the gate
     replay: bytes | None = None  # set: answer with this stored response, execute nothing
     epoch: str | None = None  # the epoch the store allocated with the claim
+    deferred: bool = False  # the response's store append also records it in the gate
 
 
 def _parse_token(raw: str | None) -> tuple[int, str] | None:

@@ -95,7 +95,7 @@ class StreamHandle:
         #: The session generation the stream belongs to (fencing, seed 003).
         self.generation = session.record.generation
         #: Where frames go before the wire (the shared store), or None.
-        self.sink: Callable[[int, str, bool], Awaitable[None]] | None = None
+        self.sink: Callable[[int, str, bool, str | None], Awaitable[None]] | None = None
         self.lock = trio.Lock()  # keeps store order == log order
         self._changed = trio.Event()
         self.outstanding = 0  # requests whose response is still to come on this stream
@@ -121,7 +121,7 @@ class StreamHandle:
                 return
             if self.sink is not None:
                 try:
-                    await self.sink(log.next_seq, payload, final)
+                    await self.sink(log.next_seq, payload, final, None)
                 except BaseException:
                     # Not in the store, so never on the wire: give the credit back
                     # and end the stream (a rebind fenced it, or the store failed).
@@ -132,8 +132,11 @@ class StreamHandle:
             size = self._append(payload, final, event, size)
         self.wake()
 
-    async def respond(self, payload: str | None) -> None:
+    async def respond(self, payload: str | None, *, call_key: str | None = None) -> None:
         """Enqueue one request's response (``None``: it was cancelled and has none).
+
+        ``call_key`` (shared stores): record the response in the idempotency gate
+        in the same store step that appends it.
 
         The response of the stream's last outstanding request is its final frame;
         this is decided under the stream's lock, so responses of a batch finishing
@@ -163,7 +166,7 @@ class StreamHandle:
                 return
             if self.sink is not None:
                 try:
-                    await self.sink(log.next_seq, payload, final)
+                    await self.sink(log.next_seq, payload, final, call_key)
                 except BaseException:
                     self.session.release(1, size)
                     if not _closed(log):
@@ -235,6 +238,10 @@ class Session:
         self.client_info: dict[str, Any] = {}
         self.client_capabilities: dict[str, Any] = {}
         self._ids = itertools.count(1)
+        #: This process's replica id (in server-to-client request ids).
+        self.replica = "local"
+        #: When each running request started (cross-replica cancellation polls old ones).
+        self.started: dict[RequestId, float] = {}
         #: Calls this process is running, by gate key: set when each finishes.
         self.calls: dict[str, trio.Event] = {}
         #: Responses of recently finished calls, handed back by a rebind.
@@ -286,8 +293,12 @@ class Session:
         return self.handles.get(s.epoch) if s is not None else None
 
     def next_request_id(self) -> str:
-        """A fresh id for a server-to-client request (never collides with client ids' meaning)."""
-        return f"weir-{next(self._ids)}"
+        """A fresh id for a server-to-client request: ``weir:<replica>:<n>``.
+
+        It names the replica waiting for the answer, so whichever replica the
+        client's answer reaches can forward it there through the store.
+        """
+        return f"weir:{self.replica}:{next(self._ids)}"
 
     def log_enabled(self, level: str) -> bool:
         """Whether a ``notifications/message`` at ``level`` passes ``logging/setLevel``."""

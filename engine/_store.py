@@ -200,11 +200,14 @@ class SessionStore(Protocol):
         final: bool,
         generation: int,
         binding: int = 0,
+        call_key: str | None = None,
     ) -> None:
         """Append one event if the session is still at ``generation``.
 
         ``binding`` (the channel generation the stream was opened under, 0 for none)
-        is stored with the event and returned by :meth:`read_events`.
+        is stored with the event and returned by :meth:`read_events`.  With
+        ``call_key`` the data is also stored as that call's response, atomically
+        (the final event of a call's stream and the gate's record in one step).
 
         Raises:
             SessionGone: unknown session.
@@ -217,6 +220,15 @@ class SessionStore(Protocol):
         """Events with ``seq > after_seq``; ``None`` if this session has no such stream
         or no longer holds ``after_seq + 1`` (the cursor cannot be honoured)."""
 
+    async def post_message(self, principal: str, session_id: str, box: str, data: bytes) -> None:
+        """Leave ``data`` in the session's mailbox ``box`` (cross-replica messages: a
+        client's answer to another replica's request, a cancellation)."""
+
+    async def take_messages(
+        self, principal: str, session_id: str, box: str, *, keep: bool = False
+    ) -> list[bytes]:
+        """Everything in mailbox ``box``, oldest first; emptied unless ``keep``."""
+
     async def aclose(self) -> None:
         """Release connections."""
 
@@ -226,6 +238,7 @@ class _MemSession:
     record: SessionRecord
     epochs: int = 0
     calls: OrderedDict[str, tuple[bytes, bytes | None]] = field(default_factory=OrderedDict)
+    boxes: dict[str, list[bytes]] = field(default_factory=dict)
 
 
 class MemoryStore:
@@ -325,15 +338,32 @@ class MemoryStore:
         final: bool,
         generation: int,
         binding: int = 0,
+        call_key: str | None = None,
     ) -> None:
         s = self._get(principal, session_id)
-        if generation < s.record.generation:
+        if generation != s.record.generation:
             raise ChannelRejected(ChannelVerdict.STALE)
+        if call_key is not None and call_key in s.calls:
+            s.calls[call_key] = (s.calls[call_key][0], data)
 
     async def read_events(
         self, principal: str, session_id: str, epoch: str, after_seq: int
     ) -> list[StoredEvent] | None:
         return None
+
+    async def post_message(self, principal: str, session_id: str, box: str, data: bytes) -> None:
+        self._get(principal, session_id).boxes.setdefault(box, []).append(data)
+
+    async def take_messages(
+        self, principal: str, session_id: str, box: str, *, keep: bool = False
+    ) -> list[bytes]:
+        s = self._sessions.get((principal, session_id))
+        if s is None:
+            return []
+        items = s.boxes.get(box, [])
+        if not keep:
+            s.boxes.pop(box, None)
+        return list(items)
 
     async def aclose(self) -> None:
         return None
