@@ -145,6 +145,17 @@ class Tool:
         return out
 
 
+def _resource_listing(
+    out: dict[str, Any], name: str, description: str | None, mime_type: str | None
+) -> dict[str, Any]:
+    out["name"] = name
+    if description:
+        out["description"] = description
+    if mime_type:
+        out["mimeType"] = mime_type
+    return out
+
+
 @dataclass(slots=True, kw_only=True)
 class Resource:
     """A registered static resource."""
@@ -158,12 +169,7 @@ class Resource:
 
     def listing(self) -> dict[str, Any]:
         """The entry for ``resources/list``."""
-        out: dict[str, Any] = {"uri": self.uri, "name": self.name}
-        if self.description:
-            out["description"] = self.description
-        if self.mime_type:
-            out["mimeType"] = self.mime_type
-        return out
+        return _resource_listing({"uri": self.uri}, self.name, self.description, self.mime_type)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -190,12 +196,9 @@ class ResourceTemplate:
 
     def listing(self) -> dict[str, Any]:
         """The entry for ``resources/templates/list``."""
-        out: dict[str, Any] = {"uriTemplate": self.uri_template, "name": self.name}
-        if self.description:
-            out["description"] = self.description
-        if self.mime_type:
-            out["mimeType"] = self.mime_type
-        return out
+        return _resource_listing(
+            {"uriTemplate": self.uri_template}, self.name, self.description, self.mime_type
+        )
 
 
 @dataclass(slots=True, kw_only=True)
