@@ -97,6 +97,7 @@ from ._store import (
     SessionRecord,
     StoredEvent,
     StoreUnavailable,
+    StreamInfo,
 )
 
 __all__ = ["RedisStore"]
@@ -105,6 +106,19 @@ T = TypeVar("T")
 
 #: Default deadline (seconds) of one store operation, including connecting.
 DEFAULT_TIMEOUT = 2.0
+
+# KEYS[1] = the stream, KEYS[2] = the session record.  ARGV: epoch number, epoch.
+_INFO = """
+local allocated = tonumber(redis.call('HGET', KEYS[2], 'epochs') or '0')
+if tonumber(ARGV[1]) > allocated then return false end
+local binding = redis.call('HGET', KEYS[2], 'b:' .. ARGV[2]) or '0'
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if #last == 0 then return {binding, -1, '0'} end
+local f = {}
+local flat = last[1][2]
+for i = 1, #flat, 2 do f[flat[i]] = flat[i + 1] end
+return {binding, tonumber(string.match(last[1][1], '^(%d+)-')) - 1, f['f'] or '0'}
+"""
 
 # Mailboxes (cross-replica answers and cancellations): KEYS[1] = the box.
 _POST = """
@@ -211,9 +225,11 @@ return redis.call('HGETALL', S)
 """
 
 # ARGV: ttl
+# ARGV: ttl, binding (the channel generation the stream is opened under; '0' = none)
 _ALLOCATE = """
 if redis.call('EXISTS', S) == 0 then return false end
 local epoch = new_epoch()
+if ARGV[2] ~= '0' then redis.call('HSET', S, 'b:' .. epoch, ARGV[2]) end
 touch()
 return epoch
 """
@@ -236,6 +252,8 @@ for _, key in ipairs(dead) do
   redis.call('ZREM', CEXP, key)
 end
 local epoch = new_epoch()
+-- The stream this call's response travels on is bound to the presented token.
+if ARGV[4] ~= '' and ARGV[4] ~= '0' then redis.call('HSET', S, 'b:' .. epoch, ARGV[4]) end
 local fp = redis.call('HGET', CALLS, 'f:' .. ARGV[2])
 local reply
 if not fp then
@@ -267,7 +285,7 @@ return 1
 """
 
 # KEYS[5] = the stream.  ARGV: ttl, generation, seq + 1, data, final ('1'/'0'), binding, maxlen,
-# call key ('' for none), idempotency ttl.  With a call key the data is also stored as
+# call key ('' for none), idempotency ttl, replica id.  With a call key the data is also stored as
 # that call's response: the final event and the gate's record are one atomic step.
 _APPEND = """
 local E = KEYS[5]
@@ -290,7 +308,8 @@ if #top > 0 then
   end
   if want ~= head + 1 then return 'order:' .. (head - 1) end
 end
-redis.call('XADD', E, 'MAXLEN', '~', ARGV[7], id, 'd', ARGV[4], 'f', ARGV[5], 'b', ARGV[6])
+redis.call('XADD', E, 'MAXLEN', '~', ARGV[7], id, 'd', ARGV[4], 'f', ARGV[5], 'b', ARGV[6],
+  'r', ARGV[10])
 if ARGV[8] ~= '' and redis.call('HEXISTS', CALLS, 'f:' .. ARGV[8]) == 1 then
   redis.call('HSET', CALLS, 'p:' .. ARGV[8], ARGV[4])
   redis.call('ZADD', CEXP, now_ms() + tonumber(ARGV[9]), ARGV[8])
@@ -536,6 +555,7 @@ class RedisStore:
         self._append: Script[bytes] = register(_PRELUDE + _APPEND)
         self._read: Script[bytes] = register(_READ)
         self._post: Script[bytes] = register(_POST)
+        self._info: Script[bytes] = register(_INFO)
         self._take: Script[bytes] = register(_TAKE)
 
     @classmethod
@@ -718,9 +738,11 @@ class RedisStore:
             raise SessionGone(session_id)
         return _record(principal, session_id, _pairs(_items(reply)))
 
-    async def allocate_epoch(self, principal: str, session_id: str) -> str:
+    async def allocate_epoch(self, principal: str, session_id: str, binding: int = 0) -> str:
         """A fresh epoch (``HINCRBY`` on the record).  Raises SessionGone."""
-        reply = await self._script("allocate_epoch", self._allocate, principal, session_id, [])
+        reply = await self._script(
+            "allocate_epoch", self._allocate, principal, session_id, [int(binding)]
+        )
         if reply is None:
             raise SessionGone(session_id)
         return _text(reply)
@@ -777,6 +799,7 @@ class RedisStore:
         generation: int,
         binding: int = 0,
         call_key: str | None = None,
+        replica: str = "",
     ) -> None:
         """Append event ``seq`` to the epoch's log if the session is at ``generation``.
 
@@ -803,6 +826,7 @@ class RedisStore:
             self._maxlen,
             call_key or "",
             self._idempotency_ttl,
+            replica,
         ]
         status = _text(
             await self._script(
@@ -817,6 +841,27 @@ class RedisStore:
             raise ChannelRejected(ChannelVerdict.STALE)
         head = status.partition(":")[2]
         raise ValueError(f"event {epoch}:{seq} is out of order (the log's newest is {head})")
+
+    async def stream_info(self, principal: str, session_id: str, epoch: str) -> StreamInfo | None:
+        """The stream's binding and newest event, or ``None`` if the epoch was never
+        allocated in this session."""
+        try:
+            epoch_number = int(epoch, 16)
+        except ValueError:
+            return None
+        keys: list[str | bytes] = [
+            self._stream_key(principal, session_id, epoch),
+            self._keys(principal, session_id)[0],
+        ]
+
+        async def op() -> ResponseType:
+            return await self._info(keys, [epoch_number, epoch])
+
+        reply = await self._run("stream_info", op)
+        if reply is None:
+            return None
+        binding, last, final = _items(reply)
+        return StreamInfo(int(_text(binding)), int(cast(int, last)), _text(final) == "1")
 
     def _box_key(self, principal: str, session_id: str, box: str) -> str:
         return f"{self._tag(principal, session_id)}:m:{_enc(box)}"
@@ -872,6 +917,7 @@ class RedisStore:
                     fields.get("d", b""),
                     fields.get("f") == b"1",
                     int(fields.get("b", b"0")),
+                    fields.get("r", b"").decode("utf-8", "replace"),
                 )
             )
         return events

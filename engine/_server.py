@@ -97,6 +97,7 @@ from protocol import (
     decode_body,
     decode_message,
     encode,
+    encode_comment,
     encode_error,
     encode_result,
     encode_retry,
@@ -597,6 +598,7 @@ class Server:
     ) -> Callable[[int, str, bool, str | None], Any]:
         store, principal, sid = self.store, session.record.principal, session.session_id
         generation, epoch, binding = session.record.generation, handle.log.epoch, handle.log.binding
+        replica = self.replica_id
 
         async def sink(seq: int, payload: str, final: bool, call_key: str | None) -> None:
             if seq == 0 and payload == "":
@@ -612,6 +614,7 @@ class Server:
                     generation=generation,
                     binding=binding,
                     call_key=call_key,
+                    replica=replica,
                 )
             except (SessionGone, ChannelRejected, StoreUnavailable) as exc:
                 # Not stored means not sent: the stream ends here (a rebind fenced
@@ -632,7 +635,7 @@ class Server:
             len(post.messages) == 1 and isinstance(first, Request) and first.method == "tools/call"
         )
         session = await self._session(post.ctx.session_id, rid, verify=not lone_call)
-        token = _parse_token(post.ctx.headers.get("mcp-channel-token"))
+        token = _parse_token(post.ctx.headers.get("mcp-channel-token"), rid)
         if not lone_call:
             _raise_channel(check_channel(session.record, token), rid)
         requests = await self._absorb(session, post.messages)
@@ -651,11 +654,13 @@ class Server:
             return
         epoch = plans[0].epoch if len(plans) == 1 and plans[0].epoch else None
         if epoch is None:
-            epoch = await self.store.allocate_epoch(session.record.principal, session.session_id)
+            epoch = await self.store.allocate_epoch(
+                session.record.principal, session.session_id, token[0] if token else 0
+            )
         handle = self._open_stream(session, epoch, StreamKind.REQUEST, token)
         handle.outstanding = len(plans)
         assert self._handlers is not None
-        if self._primes(session, post.ctx.protocol_version):
+        if self._primes(session, post.ctx.protocol_version) and self.config.resume != "off":
             self._handlers.start_soon(self._prime_then_run, session, handle, plans)
         else:
             for plan in plans:
@@ -1058,9 +1063,10 @@ class Server:
             )
         if cursor is None:
             handle = session.standalone
-            if handle is None:
+            if handle is None or handle.log.state is StreamState.CLOSED:
+                # None yet, or the old one ended (e.g. fenced by a rebind): a new one.
                 epoch = await self.store.allocate_epoch(
-                    session.record.principal, session.session_id
+                    session.record.principal, session.session_id, token[0] if token else 0
                 )
                 handle = self._open_stream(session, epoch, StreamKind.STANDALONE, token)
             elif handle.log.state is StreamState.LIVE_ATTACHED:
@@ -1112,6 +1118,19 @@ class Server:
         cursors are refused (409 ``cursor_unknown``) -- never a resume from head.
         """
         store, principal, sid = self.store, session.record.principal, session.session_id
+        info = await store.stream_info(principal, sid, cursor.epoch)
+        if info is None:
+            raise RemoteProtocolError(
+                f"no stream with epoch {cursor.epoch} in this session",
+                http_status=409,
+                reason=Reason.CURSOR_UNKNOWN,
+            )
+        if info.binding != (token[0] if token else 0):
+            raise _channel_refusal(
+                ChannelVerdict.UNBOUND,
+                None,
+                "this cursor was issued on another channel; rebind to resume it",
+            )
         events = await store.read_events(principal, sid, cursor.epoch, cursor.seq)
         if events is None:
             raise RemoteProtocolError(
@@ -1119,20 +1138,19 @@ class Server:
                 http_status=409,
                 reason=Reason.CURSOR_UNKNOWN,
             )
-        if events and events[0].binding != (token[0] if token else 0):
-            raise _channel_refusal(
-                ChannelVerdict.UNBOUND,
-                None,
-                "this cursor was issued on another channel; rebind to resume it",
-            )
-        shape = StreamLog(cursor.epoch, StreamKind.REQUEST, replica=self.replica_id)
+        shape = StreamLog(cursor.epoch, StreamKind.REQUEST)
         http = conn.http
         await conn.send(http.start_stream(200, headers))
         after, delay = cursor.seq, 0.01
+        done = info.finished and cursor.seq >= info.last_seq  # nothing more will come
         with trio.move_on_after(self.config.credit.liveness_timeout * 10):
-            while not self._closing and not session.closed:
+            while not done and not self._closing and not session.closed:
                 if events:
-                    data = b"".join(shape.frame(e.seq, e.data.decode()) for e in events)
+                    data = b"".join(
+                        encode_comment(f"replica={e.replica or self.replica_id}", blank_line=False)
+                        + shape.frame(e.seq, e.data.decode())
+                        for e in events
+                    )
                     await conn.send(http.send_stream_data(data))
                     after = events[-1].seq
                     delay = 0.01
@@ -1355,13 +1373,13 @@ class _Plan:
     deferred: bool = False  # the response's store append also records it in the gate
 
 
-def _parse_token(raw: str | None) -> tuple[int, str] | None:
+def _parse_token(raw: str | None, request_id: RequestId | None = None) -> tuple[int, str] | None:
     """``Mcp-Channel-Token: <generation>.<secret>``; malformed is ``channel_unbound``."""
     if raw is None:
         return None
     gen, sep, secret = raw.strip().partition(".")
     if not sep or not gen.isdigit() or len(gen) > 18 or not secret:
-        raise _channel_refusal(ChannelVerdict.UNBOUND, None, "malformed Mcp-Channel-Token")
+        raise _channel_refusal(ChannelVerdict.UNBOUND, request_id, "malformed Mcp-Channel-Token")
     return int(gen), secret
 
 

@@ -131,6 +131,20 @@ class StoredEvent:
     final: bool = False
     #: The channel generation the stream was opened under (0: no channel token).
     binding: int = 0
+    #: The replica that produced the event ("" if unknown).
+    replica: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    """What a shared store knows about one stream log."""
+
+    #: The channel generation the stream was opened under (0: no channel token).
+    binding: int
+    #: The newest stored event's seq (-1: nothing stored yet).
+    last_seq: int
+    #: True if the newest stored event is the stream's final one.
+    finished: bool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,8 +180,9 @@ class SessionStore(Protocol):
     async def rebind(self, principal: str, session_id: str, secret: str) -> SessionRecord:
         """Bump the generation and install ``secret``, atomically.  Raises :class:`SessionGone`."""
 
-    async def allocate_epoch(self, principal: str, session_id: str) -> str:
-        """A fresh epoch never used before in this session.  Raises :class:`SessionGone`."""
+    async def allocate_epoch(self, principal: str, session_id: str, binding: int = 0) -> str:
+        """A fresh epoch never used before in this session, for a stream bound to
+        channel generation ``binding`` (0: no token).  Raises :class:`SessionGone`."""
 
     async def begin_call(
         self,
@@ -201,6 +216,7 @@ class SessionStore(Protocol):
         generation: int,
         binding: int = 0,
         call_key: str | None = None,
+        replica: str = "",
     ) -> None:
         """Append one event if the session is still at ``generation``.
 
@@ -219,6 +235,10 @@ class SessionStore(Protocol):
     ) -> list[StoredEvent] | None:
         """Events with ``seq > after_seq``; ``None`` if this session has no such stream
         or no longer holds ``after_seq + 1`` (the cursor cannot be honoured)."""
+
+    async def stream_info(self, principal: str, session_id: str, epoch: str) -> StreamInfo | None:
+        """The stream's binding and newest stored event; ``None`` if this session never
+        allocated ``epoch`` (or the store keeps no event logs)."""
 
     async def post_message(self, principal: str, session_id: str, box: str, data: bytes) -> None:
         """Leave ``data`` in the session's mailbox ``box`` (cross-replica messages: a
@@ -278,7 +298,7 @@ class MemoryStore:
         s.record = replace(s.record, generation=s.record.generation + 1, secret=secret)
         return s.record
 
-    async def allocate_epoch(self, principal: str, session_id: str) -> str:
+    async def allocate_epoch(self, principal: str, session_id: str, binding: int = 0) -> str:
         s = self._get(principal, session_id)
         s.epochs += 1
         return format_epoch(s.epochs)
@@ -339,6 +359,7 @@ class MemoryStore:
         generation: int,
         binding: int = 0,
         call_key: str | None = None,
+        replica: str = "",
     ) -> None:
         s = self._get(principal, session_id)
         if generation != s.record.generation:
@@ -349,6 +370,9 @@ class MemoryStore:
     async def read_events(
         self, principal: str, session_id: str, epoch: str, after_seq: int
     ) -> list[StoredEvent] | None:
+        return None
+
+    async def stream_info(self, principal: str, session_id: str, epoch: str) -> StreamInfo | None:
         return None
 
     async def post_message(self, principal: str, session_id: str, box: str, data: bytes) -> None:

@@ -31,6 +31,7 @@ from engine._store import (
     SessionStore,
     StoredEvent,
     StoreUnavailable,
+    StreamInfo,
 )
 from tests.integration.conftest import ValkeyProcess
 
@@ -378,6 +379,26 @@ async def test_read_events_replays_exactly_after_the_cursor(rstore: RedisStore) 
     # Live continuation: a reader at the head sees the next event.
     await rstore.append_event(P, sid, epoch, 10, b"late", final=True, generation=1)
     assert await rstore.read_events(P, sid, epoch, 9) == [StoredEvent(10, b"late", True, 0)]
+
+
+async def test_stream_info_binding_head_and_replica(rstore: RedisStore) -> None:
+    """What a replica needs before replaying someone else's stream (seeds 003, 004)."""
+    sid = (await new_session(rstore)).session_id
+    assert await rstore.stream_info(P, sid, "00000001") is None  # never allocated
+    plain = await rstore.allocate_epoch(P, sid)
+    assert await rstore.stream_info(P, sid, plain) == StreamInfo(0, -1, False)
+    bound = await rstore.allocate_epoch(P, sid, binding=3)
+    assert (await rstore.stream_info(P, sid, bound)) == StreamInfo(3, -1, False)
+    start = await rstore.begin_call(P, sid, "k", b"fp", None)
+    assert (await rstore.stream_info(P, sid, start.epoch)) == StreamInfo(0, -1, False)
+    await rstore.append_event(P, sid, bound, 1, b"a", final=False, generation=1, replica="r9")
+    assert await rstore.stream_info(P, sid, bound) == StreamInfo(3, 1, False)
+    await rstore.append_event(P, sid, bound, 2, b"b", final=True, generation=1, binding=3)
+    assert await rstore.stream_info(P, sid, bound) == StreamInfo(3, 2, True)
+    events = await rstore.read_events(P, sid, bound, 0)
+    assert events is not None and [e.replica for e in events] == ["r9", ""]
+    assert await rstore.stream_info("mallory", sid, bound) is None
+    assert await rstore.stream_info(P, sid, "zz") is None
 
 
 async def test_append_is_contiguous_and_idempotent(rstore: RedisStore) -> None:
