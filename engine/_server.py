@@ -635,8 +635,23 @@ class Server:
             len(post.messages) == 1 and isinstance(first, Request) and first.method == "tools/call"
         )
         session = await self._session(post.ctx.session_id, rid, verify=not lone_call)
-        token = _parse_token(post.ctx.headers.get("mcp-channel-token"), rid)
-        if not lone_call:
+        rebind = (
+            len(post.messages) == 1 and isinstance(first, Request) and first.method == REBIND_METHOD
+        )
+        raw_token = post.ctx.headers.get("mcp-channel-token")
+        if rebind:
+            # The rebind is how a client whose channel is unbound gets a new one, so
+            # only a token of an older generation (a fenced client) is refused.
+            try:
+                verdict = check_channel(session.record, _parse_token(raw_token))
+            except RemoteProtocolError:
+                verdict = ChannelVerdict.UNBOUND  # malformed: unbound, and rebind fixes that
+            if verdict is ChannelVerdict.STALE:
+                raise _channel_refusal(ChannelVerdict.STALE, rid)
+            token = None
+        else:
+            token = _parse_token(raw_token, rid)
+        if not lone_call and not rebind:
             _raise_channel(check_channel(session.record, token), rid)
         requests = await self._absorb(session, post.messages)
         if not requests:

@@ -9,12 +9,12 @@ the negotiated ``Mcp-Protocol-Version`` and the channel token on every request.
 Servers that issue no channel token (the official SDKs) are served the same way, minus
 the token.
 
-**HTTP.**  Each request borrows one keep-alive connection from a small pool (an
-``h11`` client connection over a Trio stream) and gives it back once its response has
+**HTTP.**  Each request borrows one keep-alive connection (h11 over a Trio stream)
+from a small pool, :mod:`engine._client_http`, and gives it back once its response has
 been read to the end; a connection whose response was abandoned is closed instead.
 So concurrent requests use one connection each and sequential ones share.  A reused
 connection that fails before a single response byte arrives (the server closed it
-while idle) is replaced by a fresh one once; nothing else is ever re-sent implicitly.
+while idle) is replaced by a fresh one once; nothing else is re-sent implicitly.
 
 **One logical request** (an :class:`_Exchange`) can take several HTTP exchanges:
 
@@ -33,7 +33,8 @@ while idle) is replaced by a fresh one once; nothing else is ever re-sent implic
   ``max_reconnects`` in a row that bring no new event.  With no cursor at all (the
   connection died before the first event id), a ``tools/call`` is re-POSTed with the
   *same* idempotency key -- the server's gate replays or waits, never re-executes --
-  and any other request raises :class:`TransportError`.
+  and any other request raises :class:`TransportError`.  In general a request without
+  a key is never POSTed again once the server has accepted it (answered 200).
 * **Contiguity (seed 004).**  Every weir event is preceded by ``: replica=<id>`` and
   carries the id ``<epoch>:<seq>``.  Across all reconnects of one stream the client
   requires the first event to be ``seq`` 0 and each following one to be exactly the
@@ -82,19 +83,18 @@ from __future__ import annotations
 import logging
 import random
 import re
-import ssl
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
-from urllib.parse import urlsplit
 
-import h11
 import msgspec
 import trio
 
 from protocol import SseComment, SseDecodeError, SseDecoder
+
+from ._client_http import ConnectionDropped, Pool, Response, ResponseTooLarge
 
 __all__ = [
     "BadResponse",
@@ -133,11 +133,9 @@ ObservedEvent: TypeAlias = tuple[str | None, str, int]
 
 REBIND_METHOD: Final = "weir/rebind"
 _EVENT_ID: Final = re.compile(r"([0-9a-f]{8}):(0|[1-9][0-9]{0,17})")
-_RECV: Final = 65536
 _MAX_BODY: Final = 16 << 20
 _ACCEPT_BOTH: Final = "application/json, text/event-stream"
 _DRAIN_SECONDS: Final = 2.0  # reading the rest of a stream after its final response
-_USER_AGENT: Final = "weir-client/0.1"
 
 
 # ---------------------------------------------------------------------------- errors
@@ -253,10 +251,6 @@ _BY_REASON: Final[dict[str, type[WeirError]]] = {
 }
 
 
-class _Dropped(Exception):
-    """A connection broke, closed or went silent (internal: triggers a resume)."""
-
-
 # ---------------------------------------------------------------------------- public records
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetryPolicy:
@@ -320,192 +314,6 @@ class RebindResult:
     generation: int
     channel_token: str
     results: list[JsonObject]
-
-
-# ---------------------------------------------------------------------------- HTTP
-class _Conn:
-    """One HTTP/1.1 client connection: an h11 state machine over a Trio stream."""
-
-    def __init__(self, stream: trio.abc.Stream) -> None:
-        self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT)
-        self.reused = False
-        self.received = False  # any byte received since the current request was sent
-
-    async def send(self, event: h11.Event) -> None:
-        data = self.h11.send(event)
-        if data:
-            await self.stream.send_all(data)
-
-    async def next_event(self, timeout: float) -> h11.Event:
-        while True:
-            event = self.h11.next_event()
-            if event is h11.NEED_DATA:
-                with trio.fail_after(timeout):
-                    data = await self.stream.receive_some(_RECV)
-                self.received = self.received or bool(data)
-                self.h11.receive_data(bytes(data))
-                continue
-            if event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
-                raise _Dropped("the server closed the connection")
-            assert isinstance(event, h11.Event)
-            return event
-
-    async def aclose(self) -> None:
-        await trio.aclose_forcefully(self.stream)
-
-
-class _Response:
-    """A response whose head has arrived; its body is read with :meth:`chunk`."""
-
-    def __init__(
-        self, pool: _Pool, conn: _Conn, status: int, headers: dict[str, str], timeout: float
-    ) -> None:
-        self.pool = pool
-        self.conn = conn
-        self.status = status
-        self.headers = headers
-        self.timeout = timeout
-        self.done = False
-        self.closed = False
-
-    @property
-    def content_type(self) -> str:
-        return self.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-
-    async def chunk(self, timeout: float | None = None) -> bytes:
-        """The next piece of the body, or ``b""`` at its end.
-
-        Raises:
-            _Dropped: the connection broke or stayed silent for ``timeout``.
-        """
-        if self.done:
-            return b""
-        try:
-            event = await self.conn.next_event(self.timeout if timeout is None else timeout)
-        except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise _Dropped(f"{type(exc).__name__}: {exc}") from exc
-        except (h11.RemoteProtocolError, OSError) as exc:
-            raise _Dropped(str(exc)) from exc
-        if isinstance(event, h11.Data):
-            return bytes(event.data) or await self.chunk(timeout)
-        if isinstance(event, h11.EndOfMessage):
-            self.done = True
-            return b""
-        raise _Dropped(f"unexpected HTTP event {type(event).__name__}")
-
-    async def body(self) -> bytes:
-        out = bytearray()
-        while chunk := await self.chunk():
-            out += chunk
-            if len(out) > _MAX_BODY:
-                raise BadResponse(self.status, None, "response body too large")
-        return bytes(out)
-
-    async def drain(self) -> None:
-        """Read what is left of the body (briefly), so the connection can be reused."""
-        try:
-            while await self.chunk(min(self.timeout, _DRAIN_SECONDS)):
-                pass
-        except _Dropped:
-            pass
-
-    async def aclose(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if self.done:
-            await self.pool.release(self.conn)
-        else:
-            await self.conn.aclose()
-
-
-class _Pool:
-    """Keep-alive connections to one origin, one per concurrent request."""
-
-    def __init__(self, url: str, timeout: float, max_idle: int = 8) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {url!r}")
-        self.tls = parts.scheme == "https"
-        self.host = parts.hostname
-        self.port = parts.port or (443 if self.tls else 80)
-        self.authority = parts.netloc.rpartition("@")[2]
-        self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        self.timeout = timeout
-        self.max_idle = max_idle
-        self.idle: list[_Conn] = []
-        self.opened = 0  # connections ever opened (for tests and metrics)
-
-    async def _connect(self) -> _Conn:
-        with trio.fail_after(self.timeout):
-            if self.tls:
-                ctx = ssl.create_default_context()
-                stream: trio.abc.Stream = await trio.open_ssl_over_tcp_stream(
-                    self.host, self.port, ssl_context=ctx, https_compatible=True
-                )
-            else:
-                stream = await trio.open_tcp_stream(self.host, self.port)
-        self.opened += 1
-        return _Conn(stream)
-
-    async def release(self, conn: _Conn) -> None:
-        """Keep ``conn`` for the next request if its exchange ended cleanly, else close it."""
-        h = conn.h11
-        if h.our_state is h11.DONE and h.their_state is h11.DONE and len(self.idle) < self.max_idle:
-            h.start_next_cycle()
-            conn.reused = True
-            self.idle.append(conn)
-        else:
-            await conn.aclose()
-
-    async def request(
-        self, method: str, headers: list[tuple[str, str]], body: bytes | None = None
-    ) -> _Response:
-        """Send one request and return once the response head has arrived.
-
-        Raises:
-            _Dropped: connecting, sending or waiting for the head failed.
-        """
-        hdrs = [("host", self.authority), ("user-agent", _USER_AGENT), *headers]
-        if body is not None:
-            hdrs.append(("content-length", str(len(body))))
-        for fresh in (False, True):
-            conn = self.idle.pop() if self.idle and not fresh else None
-            try:
-                if conn is None:
-                    conn = await self._connect()
-                conn.received = False
-                await conn.send(h11.Request(method=method, target=self.target, headers=hdrs))
-                if body:
-                    await conn.send(h11.Data(data=body))
-                await conn.send(h11.EndOfMessage())
-                while True:
-                    event = await conn.next_event(self.timeout)
-                    if isinstance(event, h11.Response):
-                        break  # (1xx informational responses are skipped)
-            except (
-                trio.TooSlowError,
-                trio.BrokenResourceError,
-                trio.ClosedResourceError,
-                h11.ProtocolError,
-                OSError,
-                _Dropped,
-            ) as exc:
-                if conn is not None:
-                    await conn.aclose()
-                stale = conn is not None and conn.reused and not conn.received
-                if stale and not fresh and not isinstance(exc, trio.TooSlowError):
-                    continue  # the server closed it while idle: once more on a fresh one
-                raise _Dropped(f"{method} failed: {type(exc).__name__}: {exc}") from exc
-            headers_out = {k.decode().lower(): v.decode("latin-1") for k, v in event.headers}
-            return _Response(self, conn, event.status_code, headers_out, self.timeout)
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    async def aclose(self) -> None:
-        idle, self.idle = self.idle, []
-        for conn in idle:
-            await conn.aclose()
 
 
 # ---------------------------------------------------------------------------- contiguity
@@ -590,6 +398,12 @@ class _Exchange:
             return self.key
         return f"weir-{self.rid}" if self.on_progress is not None else None
 
+    @property
+    def resendable(self) -> bool:
+        """May it be POSTed again?  Not once accepted without a key: nothing would stop
+        the server from running it twice."""
+        return self.key is not None or not self.accepted
+
     def body(self) -> bytes:
         params = dict(self.params) if self.params is not None else None
         token = self.progress_token
@@ -607,6 +421,21 @@ class _Exchange:
         self.cursor = None
         self.retry_ms = None
         self.contiguity = _Contiguity(self.trace.observed_events)
+
+
+async def _read_body(resp: Response) -> bytes:
+    """The whole body of ``resp`` (its connection then goes back to the pool).
+
+    Raises:
+        ConnectionDropped: the connection failed.
+        BadResponse: the body is too large.
+    """
+    try:
+        return await resp.body(_MAX_BODY)
+    except ResponseTooLarge as exc:
+        raise BadResponse(resp.status, None, str(exc)) from None
+    finally:
+        await resp.aclose()
 
 
 def _decode(raw: bytes | str, status: int | None) -> Any:
@@ -691,7 +520,7 @@ class ClientSession:
     ) -> None:
         self.url = url
         self._nursery = nursery
-        self._pool = _Pool(url, timeout)
+        self._pool = Pool(url, timeout)
         self._client_info = client_info
         self.protocol_version = protocol_version
         self._timeout = timeout
@@ -776,9 +605,11 @@ class ClientSession:
         on_progress: ProgressCallback | None = None,
         trace: CallTrace | None = None,
     ) -> JsonObject:
-        """Send any request and return its ``result`` (same retry rules as
-        :meth:`call_tool`, without an idempotency key, so never re-POSTed after a
-        connection died unread).
+        """Send any request and return its ``result``.
+
+        The retry rules of :meth:`call_tool` apply, but without an idempotency key the
+        request is never POSTed again once the server has accepted it (its stream is
+        still resumed); a refusal or failure after that point is raised.
 
         Raises:
             WeirError: as for :meth:`call_tool`.
@@ -822,9 +653,8 @@ class ClientSession:
             if self.session_id is not None:
                 with trio.move_on_after(min(self._timeout, 5.0)):
                     resp = await self._pool.request("DELETE", self._headers(accept=None))
-                    await resp.body()
-                    await resp.aclose()
-        except (WeirError, _Dropped) as exc:
+                    await _read_body(resp)
+        except (WeirError, ConnectionDropped) as exc:
             log.debug("DELETE of session %s failed: %s", self.session_id, exc)
         finally:
             await self._pool.aclose()
@@ -903,9 +733,9 @@ class ClientSession:
             sent_token = self.channel_token
             try:
                 msg = await self._attempt(ex)
-            except _Dropped as exc:
+            except ConnectionDropped as exc:
                 # Died before the first event id: only a keyed call may be re-sent.
-                if ex.key is None or reposts >= self.retry.max_reconnects:
+                if not ex.resendable or ex.key is None or reposts >= self.retry.max_reconnects:
                     raise TransportError(None, "transport", str(exc)) from None
                 await trio.sleep(self._delay(reposts, None))
                 reposts += 1
@@ -913,7 +743,7 @@ class ClientSession:
                 continue
             except (Overloaded, InProgress) as err:
                 too_long = (err.retry_after or 0.0) > self.retry.max_delay
-                if attempts >= self.retry.max_attempts or too_long:
+                if attempts >= self.retry.max_attempts or too_long or not ex.resendable:
                     raise
                 ex.trace.refusals.append(err)
                 await trio.sleep(self._delay(attempts, err.retry_after))
@@ -930,6 +760,8 @@ class ClientSession:
                 if found is not None:
                     ex.trace.replayed_by_rebind = True
                     return _rpc_result(found, None)
+                if not ex.resendable:
+                    raise
                 if ex.key is not None and not ex.accepted:
                     # Never accepted anywhere: a fresh key, as the server asks.  Once
                     # accepted, the old key is the only thing that stops a second run.
@@ -946,7 +778,7 @@ class ClientSession:
         """POST once and follow the answer (and its resumes) to our response.
 
         Raises:
-            _Dropped: the connection died before any event id (nothing to resume from).
+            ConnectionDropped: the connection died before any event id (nothing to resume from).
             WeirError: a refusal, violation or bad answer.
         """
         ex.new_stream()
@@ -958,10 +790,7 @@ class ClientSession:
         ex.accepted = ex.accepted or resp.status == 200
         if resp.status == 200 and resp.content_type == "text/event-stream":
             return await self._follow(ex, resp)
-        try:
-            body = await resp.body()
-        finally:
-            await resp.aclose()
+        body = await _read_body(resp)
         if 200 < resp.status < 300:
             raise BadResponse(resp.status, None, f"HTTP {resp.status} for a request")
         if resp.status != 200:
@@ -975,7 +804,7 @@ class ClientSession:
             raise BadResponse(200, None, f"the JSON answer is not our response: {msg!r}")
         return msg
 
-    async def _follow(self, ex: _Exchange, resp: _Response) -> JsonObject:
+    async def _follow(self, ex: _Exchange, resp: Response) -> JsonObject:
         """Read a request's SSE stream to our response, resuming it whenever it ends early."""
         failures = 0
         while True:
@@ -984,12 +813,12 @@ class ClientSession:
             if msg is not None:
                 return msg
             if ex.cursor is None:
-                raise _Dropped("the stream ended before its first event id")
+                raise ConnectionDropped("the stream ended before its first event id")
             progressed = (len(ex.trace.observed_events), ex.cursor) != before
             failures = 0 if progressed else failures + 1
             resp = await self._resume(ex, failures)
 
-    async def _resume(self, ex: _Exchange, failures: int) -> _Response:
+    async def _resume(self, ex: _Exchange, failures: int) -> Response:
         """GET + ``Last-Event-ID`` from the newest cursor, after the server's ``retry``."""
         while True:
             if failures > self.retry.max_reconnects:
@@ -1004,17 +833,15 @@ class ClientSession:
             hdrs = [*self._headers(accept="text/event-stream"), ("last-event-id", ex.cursor)]
             try:
                 resp = await self._pool.request("GET", hdrs)
-            except _Dropped:
+            except ConnectionDropped:
                 failures += 1
                 continue
             if resp.status == 200 and resp.content_type == "text/event-stream":
                 return resp
             try:
-                body = await resp.body()
-            except _Dropped:
+                body = await _read_body(resp)
+            except ConnectionDropped:
                 body = b""
-            finally:
-                await resp.aclose()
             err = _refusal(resp.status, resp.headers, body)
             if not isinstance(err, Overloaded) or failures >= self.retry.max_reconnects:
                 raise err
@@ -1022,7 +849,7 @@ class ClientSession:
             ex.retry_ms = int((err.retry_after or 0.0) * 1000)
             failures += 1
 
-    async def _read_stream(self, ex: _Exchange, resp: _Response) -> JsonObject | None:
+    async def _read_stream(self, ex: _Exchange, resp: Response) -> JsonObject | None:
         """Our response from one HTTP SSE response, or None if it ended without it."""
         decoder = SseDecoder()
         assert ex.contiguity is not None
@@ -1030,7 +857,7 @@ class ClientSession:
             while True:
                 try:
                     chunk = await resp.chunk()
-                except _Dropped:
+                except ConnectionDropped:
                     break
                 if not chunk:
                     break
@@ -1049,7 +876,7 @@ class ClientSession:
                         continue  # the priming event, or not MCP
                     msg = await self._on_message(ex, _decode(item.data, 200))
                     if msg is not None:
-                        await resp.drain()
+                        await resp.drain(_DRAIN_SECONDS)
                         return msg
         finally:
             if decoder.retry is not None:
@@ -1111,11 +938,8 @@ class ClientSession:
         hdrs = [*self._headers(), ("content-type", "application/json")]
         try:
             resp = await self._pool.request("POST", hdrs, body)
-            try:
-                data = await resp.body()
-            finally:
-                await resp.aclose()
-        except _Dropped as exc:
+            data = await _read_body(resp)
+        except ConnectionDropped as exc:
             raise TransportError(None, "transport", str(exc)) from None
         if resp.status not in (200, 202, 204):
             raise _refusal(resp.status, resp.headers, data)
