@@ -998,6 +998,12 @@ class Server:
             except Exception:
                 log.exception("handler for %s failed", req.method)
                 payload = encode_error(req.id, INTERNAL_ERROR, f"internal error in {req.method}")
+            except BaseException:
+                if not scope.cancel_called:
+                    # Not the client's cancellation: this process is going away under
+                    # the call (shutdown).  Say so, durably, before letting go.
+                    await self._interrupted(session, plan, handle)
+                raise
             finally:
                 session.running.pop(req.id, None)
                 session.started.pop(req.id, None)
@@ -1009,6 +1015,34 @@ class Server:
             else:
                 await self._finish_call(session, plan.key, result)
         return result
+
+    async def _interrupted(
+        self, session: Session, plan: _Plan, handle: StreamHandle | None
+    ) -> None:
+        """Answer a call this process abandons at shutdown, without ever re-running it.
+
+        The call may have had effects, so releasing its key (and letting a retry run
+        it again) would risk a duplicate; leaving the claim RUNNING would leave every
+        retry hanging.  Instead its outcome becomes an error with reason
+        ``interrupted``: stored in the gate (a retry on any replica gets it) and,
+        where the stream is shared, appended as the stream's final event (a resume
+        on another replica gets it).  Best effort, bounded, shielded from the
+        cancellation that brought us here.
+        """
+        req = plan.request
+        payload = encode_error(
+            req.id,
+            SERVER_ERROR,
+            "the server shut down while this call ran; it was not completed and will not "
+            "be re-executed",
+            {"reason": str(Reason.INTERRUPTED)},
+        )
+        with trio.CancelScope(shield=True), trio.move_on_after(2):
+            if handle is not None and handle.sink is not None and handle.outstanding == 1:
+                with contextlib.suppress(Exception):
+                    await handle.respond(payload.decode(), call_key=plan.key)
+            if plan.key is not None:
+                await self._finish_call(session, plan.key, payload)
 
     async def _finish_call(
         self, session: Session, key: str, payload: bytes | None, *, stored: bool = False

@@ -52,6 +52,7 @@ class Reason(enum.StrEnum):
     STREAM_HALF_OPEN = "stream_half_open"
     IN_PROGRESS = "in_progress"
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
+    INTERRUPTED = "interrupted"
     SHUTTING_DOWN = "shutting_down"
     STORE_UNAVAILABLE = "store_unavailable"
 

@@ -1,0 +1,1269 @@
+"""Seeds 003 and 004 across replicas: several weir servers, one Valkey, a round-robin balancer.
+
+Every test runs real :class:`engine.Server` replicas in-process, each listening on its
+own loopback port with its own :class:`~engine._redis_store.RedisStore` connection to
+the same ``valkey-server`` (the ``valkey_url`` fixture; ``private_valkey`` for the
+outage test).  Clients never talk to a replica directly: they go through
+:class:`Balancer`, written here, which opens a connection to the *next* replica in
+rotation for every HTTP request (request-level round robin, no affinity at all), so
+a client's POST, its answers and each of its resumptions land on different replicas
+-- exactly the routing of seeds 003 and 004.  It names the replica that served each
+response in an ``X-Upstream`` header, which is how the clients prove that a
+resumption crossed replicas whatever the ``: replica=`` comment says (it names the
+replica that *produced* an event, which a replay on another replica preserves).
+
+Clock: real time (the store is a real process with real timeouts).  Every wait is
+bounded, in time by ``trio.fail_after``/``move_on_after`` and in count by ``range``.
+
+What is checked, and where
+--------------------------
+1. ``test_replicas_survive_kills_without_duplicates_or_gaps`` -- the seeds' incident:
+   5 sessions x 20 calls of a slow, non-idempotent tool (and of one that hangs up
+   its stream early with ``ctx.close_stream``), retried by the clients with the same
+   ``Idempotency-Key`` on every failure, while a chaos task kills replicas (cancelled
+   run, or shutdown with no grace) and restarts them on the same port.  Zero
+   duplicate executions, every stream contiguous in ``(epoch, seq)`` across
+   reconnects (whichever replica serves the resumption, whatever ``: replica=``
+   says), at least one resumption served by another replica, and -- checked last --
+   every call answered, those a kill interrupted mid-call included (a JSON-RPC error
+   counts as an answer; another execution would count as a duplicate).  Prints a
+   one-line summary (run with ``-s`` to see it).
+   ``test_a_call_interrupted_by_a_replica_kill_is_answered_once`` isolates the
+   interrupted-call case: kill the replica running a call, retry on another one.
+2. ``test_bad_cursors_fail_closed_on_every_replica`` -- ``42`` is 400
+   ``cursor_invalid``; an unknown epoch, a trimmed seq or one beyond the head is 409
+   ``cursor_unknown``, on every replica; a good cursor resumes exactly after itself.
+3. ``test_store_outage_fails_closed_and_forgets_sessions`` -- Valkey stops mid-run:
+   503 ``store_unavailable`` with ``Retry-After``, nothing executes; Valkey comes
+   back empty: old sessions are 404 (never resumed from head), a new one works,
+   nothing ran twice.
+4. ``test_sampling_answer_posted_to_another_replica_completes_the_call`` -- a tool on
+   replica A asks the client (``sampling/createMessage``); the answer is POSTed
+   through the balancer and lands on replica B, which relays it through the store.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+from collections import Counter, deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import h11
+import pytest
+import trio
+
+from engine import App, Context, Server, ServerConfig
+from engine._redis_store import RedisStore
+from engine._store import Retention
+from protocol import CreditLimits, SseComment, SseDecoder, SseEvent
+from tests.integration.conftest import ValkeyProcess
+
+HOST = "127.0.0.1"
+VERSION = "2025-11-25"
+RECV = 65536
+
+# The chaos run (test 1).
+SESSIONS = 5
+CALLS_PER_SESSION = 20
+HANG_UP_EVERY = 4  # every 4th call uses the tool that closes its stream early
+TOOL_STEP_SECONDS = 0.1  # the counting tool: 3 steps -> 0.3 s per execution
+MAX_KILLS = 8
+CALL_DEADLINE = 6.0  # one call, all its attempts (a normal call takes ~0.35 s)
+MAX_ATTEMPTS = 60
+IDLE_SECONDS = 2.0  # a response with no byte for this long is given up (and retried)
+
+# Replicas: answer duplicates of running calls quickly, and end streams at once.
+REPLICA_CONFIG: dict[str, Any] = {
+    "in_progress_wait": 1.0,
+    "retry_ms": 100,
+    "shutdown_grace": 0.0,
+}
+
+
+# --------------------------------------------------------------------------- the app
+@dataclass
+class Ledger:
+    """What the tools did, by idempotency key (the tools' ``key`` argument)."""
+
+    executions: Counter[str] = field(default_factory=Counter)
+    running: set[str] = field(default_factory=set)
+    #: Executions cancelled mid-call (by a replica kill), and by which kind of kill.
+    interrupted: dict[str, str] = field(default_factory=dict)
+    #: Set by the chaos task while it kills a replica ("hard" or "graceful").
+    killing: str = "-"
+
+
+def make_app(ledger: Ledger) -> App:
+    """Tools: a slow non-idempotent counter, one that hangs up early, a chatterbox, an asker."""
+    app = App("replicas")
+
+    @app.tool()
+    async def charge(key: str, ctx: Context, steps: int = 3) -> str:
+        """Non-idempotent: every execution counts (like payments.capture)."""
+        ledger.executions[key] += 1
+        ledger.running.add(key)
+        try:
+            for step in range(1, steps):
+                await trio.sleep(TOOL_STEP_SECONDS)
+                await ctx.report_progress(step, steps)
+            await trio.sleep(TOOL_STEP_SECONDS)
+        except trio.Cancelled:
+            ledger.interrupted[key] = ledger.killing
+            raise
+        finally:
+            ledger.running.discard(key)
+        return f"charged {key} #{ledger.executions[key]}"
+
+    @app.tool()
+    async def charge_and_hang_up(key: str, ctx: Context) -> str:
+        """Non-idempotent; ends its SSE connection early (``retry:``), then finishes."""
+        ledger.executions[key] += 1
+        ledger.running.add(key)
+        try:
+            await ctx.report_progress(1, 3)
+            ctx.close_stream(retry_ms=20)
+            await trio.sleep(TOOL_STEP_SECONDS)
+            await ctx.report_progress(2, 3)
+            await trio.sleep(TOOL_STEP_SECONDS)
+        except trio.Cancelled:
+            ledger.interrupted[key] = ledger.killing
+            raise
+        finally:
+            ledger.running.discard(key)
+        return f"charged {key} #{ledger.executions[key]}"
+
+    @app.tool()
+    async def chatter(key: str, count: int, ctx: Context) -> str:
+        """Send ``count`` progress notifications, then answer."""
+        ledger.executions[key] += 1
+        for i in range(1, count + 1):
+            await ctx.report_progress(i, count)
+        return f"said {count}"
+
+    @app.tool()
+    async def ask(question: str, ctx: Context) -> str:
+        """Ask the client's model (a server-to-client request), return its answer."""
+        reply = await ctx.sample(
+            [{"role": "user", "content": {"type": "text", "text": question}}], max_tokens=5
+        )
+        content = reply.get("content", {})
+        return f"the model said {content.get('text')!r}"
+
+    return app
+
+
+# ---------------------------------------------------------------------- replicas
+@dataclass
+class Replica:
+    """One weir server process stand-in: start, kill (two ways), restart on the same port."""
+
+    app: App
+    replica_id: str
+    store_url: str
+    prefix: str
+    config: dict[str, Any]
+    retention: Retention | None = None
+    port: int = 0
+    server: Server | None = None
+    scope: trio.CancelScope | None = None
+    done: trio.Event | None = None
+    starts: int = 0
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        """Start on ``self.port`` (0 the first time: a free one, kept for restarts)."""
+        store = await RedisStore.connect(
+            self.store_url, prefix=self.prefix, retention=self.retention, timeout=0.5
+        )
+        config = ServerConfig(port=self.port, replica_id=self.replica_id, **self.config)
+        server = Server(self.app, config, store=store)
+        scope = trio.CancelScope()
+        done = trio.Event()
+
+        async def run(task_status: trio.TaskStatus[Server]) -> None:
+            try:
+                with scope:
+                    await server.run(task_status=task_status)
+            finally:
+                with trio.CancelScope(shield=True):
+                    for listener in server.listeners:
+                        await listener.aclose()
+                    await store.aclose()
+                done.set()
+
+        try:
+            await nursery.start(run)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await store.aclose()
+            raise
+        self.server, self.scope, self.done = server, scope, done
+        self.port = server.port
+        self.starts += 1
+
+    @property
+    def up(self) -> bool:
+        return self.done is not None and not self.done.is_set()
+
+    async def kill(self, *, hard: bool) -> None:
+        """``hard``: cancel the server's run (a crash); else ``shutdown()`` with 0 s grace."""
+        assert self.server is not None and self.scope is not None and self.done is not None
+        if hard:
+            self.scope.cancel()
+        else:
+            self.server.shutdown()
+        with trio.fail_after(5):
+            await self.done.wait()
+
+
+@asynccontextmanager
+async def replica_set(
+    app: App,
+    store_url: str,
+    count: int,
+    *,
+    config: dict[str, Any] | None = None,
+    retention: Retention | None = None,
+) -> AsyncIterator[tuple[list[Replica], Balancer, trio.Nursery]]:
+    """``count`` replicas sharing one store key prefix, behind a fresh :class:`Balancer`."""
+    prefix = f"weir-replicas-{secrets.token_hex(4)}"
+    cfg = {**REPLICA_CONFIG, **(config or {})}
+    replicas = [Replica(app, f"r{i + 1}", store_url, prefix, cfg, retention) for i in range(count)]
+    async with trio.open_nursery() as nursery:
+        for replica in replicas:
+            await replica.start(nursery)
+        balancer = Balancer([r.port for r in replicas])
+        await balancer.start(nursery)
+        try:
+            yield replicas, balancer, nursery
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+# ---------------------------------------------------------------------- the balancer
+_HOP_BY_HOP = frozenset(
+    {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"upgrade"}
+)
+
+
+@dataclass
+class Routed:
+    """One request the balancer handled: where it went and what came back."""
+
+    method: str
+    target: str
+    port: int | None = None
+    status: int | None = None
+    complete: bool = False
+
+
+class Balancer:
+    """A round-robin HTTP/1.1 load balancer on Trio + h11, for tests.
+
+    For **each request** it connects to the next replica in rotation (no affinity,
+    not even per connection), forwards the request, and streams the response back as
+    it arrives (SSE included) until the replica ends it or the client goes away,
+    naming the replica that served it in an ``X-Upstream`` header (its port).  The
+    rotation is global, but it never sends two consecutive requests of one client
+    connection to the same replica (it skips ahead once instead): lockstep clients
+    could otherwise keep landing where they were, and a resumption right after its
+    POST is then guaranteed to cross replicas, as a load balancer may do.  A
+    replica that refuses the connection is skipped (the next one is tried); if none
+    accepts, or the chosen one fails before answering, the client gets 502.  If the
+    replica breaks mid-response, the client connection is cut too (the client sees
+    the response truncated, as behind any real proxy).
+    """
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports = ports
+        self.port = 0
+        self.log: list[Routed] = []
+        self.failovers = 0  # connections refused by a replica that was down
+        self.bad_gateways = 0
+        self._turn = 0
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        listeners: list[trio.SocketListener] = await nursery.start(
+            partial(trio.serve_tcp, self._client, 0, host=HOST)
+        )
+        self.port = int(listeners[0].socket.getsockname()[1])
+
+    async def _client(self, client: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        last: list[int] = []  # the replica port of this connection's previous request
+        try:
+            for _ in range(10_000):
+                got = await self._read_request(client, conn)
+                if got is None:
+                    return
+                if not await self._forward(client, conn, *got, last):
+                    return
+                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                    return
+                conn.start_next_cycle()
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+            return
+        finally:
+            with trio.CancelScope(shield=True):
+                await client.aclose()
+
+    @staticmethod
+    async def _read_request(
+        client: trio.SocketStream, conn: h11.Connection
+    ) -> tuple[h11.Request, bytes] | None:
+        request: h11.Request | None = None
+        body = bytearray()
+        for _ in range(100_000):
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                data = b""
+                with trio.move_on_after(30):
+                    data = bytes(await client.receive_some(RECV))
+                if not data:
+                    return None
+                conn.receive_data(data)
+            elif isinstance(event, h11.Request):
+                request = event
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage) and request is not None:
+                return request, bytes(body)
+            else:
+                return None
+        return None
+
+    async def _forward(
+        self,
+        client: trio.SocketStream,
+        conn: h11.Connection,
+        request: h11.Request,
+        body: bytes,
+        last: list[int],
+    ) -> bool:
+        """Send ``request`` to the next replica that accepts; False: cut the client."""
+        routed = Routed(request.method.decode(), request.target.decode())
+        self.log.append(routed)
+        if self.ports[self._turn % len(self.ports)] in last[-1:]:
+            self._turn += 1  # never twice in a row to one replica for one connection
+        for _ in range(len(self.ports)):
+            port = self.ports[self._turn % len(self.ports)]
+            self._turn += 1
+            try:
+                upstream = await trio.open_tcp_stream(HOST, port)
+            except OSError:
+                self.failovers += 1
+                continue
+            routed.port = port
+            last[:] = [port]
+            async with upstream:
+                return await self._relay(client, conn, upstream, request, body, routed)
+        await self._bad_gateway(client, conn, routed, "no replica accepted the connection")
+        return True
+
+    async def _bad_gateway(
+        self, client: trio.SocketStream, conn: h11.Connection, routed: Routed, why: str
+    ) -> None:
+        self.bad_gateways += 1
+        routed.status = 502
+        body = why.encode()
+        head = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
+        data = conn.send(h11.Response(status_code=502, headers=head)) or b""
+        data += conn.send(h11.Data(data=body)) or b""
+        data += conn.send(h11.EndOfMessage()) or b""
+        await client.send_all(data)
+
+    async def _relay(
+        self,
+        client: trio.SocketStream,
+        conn: h11.Connection,
+        upstream: trio.SocketStream,
+        request: h11.Request,
+        body: bytes,
+        routed: Routed,
+    ) -> bool:
+        up = h11.Connection(h11.CLIENT)
+        skip = _HOP_BY_HOP | {b"content-length", b"transfer-encoding"}
+        headers = [(k, v) for k, v in request.headers if k.lower() not in skip]
+        if body or request.method in (b"POST", b"PUT"):
+            headers.append((b"content-length", str(len(body)).encode()))
+        out = up.send(h11.Request(method=request.method, target=request.target, headers=headers))
+        out = out or b""
+        if body:
+            out += up.send(h11.Data(data=body)) or b""
+        out += up.send(h11.EndOfMessage()) or b""
+        try:
+            await upstream.send_all(out)
+            response = await _next_event(upstream, up)
+            while isinstance(response, h11.InformationalResponse):
+                response = await _next_event(upstream, up)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+            response = None
+        if not isinstance(response, h11.Response):
+            await self._bad_gateway(client, conn, routed, "the replica failed before answering")
+            return True
+        routed.status = response.status_code
+        head = [
+            (k, v)
+            for k, v in response.headers
+            if k.lower() not in _HOP_BY_HOP and k.lower() != b"transfer-encoding"
+        ]
+        head.append((b"x-upstream", str(routed.port).encode()))  # like X-Served-By
+        await client.send_all(
+            conn.send(h11.Response(status_code=response.status_code, headers=head)) or b""
+        )
+        routed.complete = await self._pump(client, conn, upstream, up)
+        return routed.complete
+
+    @staticmethod
+    async def _pump(
+        client: trio.SocketStream,
+        conn: h11.Connection,
+        upstream: trio.SocketStream,
+        up: h11.Connection,
+    ) -> bool:
+        """Copy the response body as it comes; stop when either side goes away."""
+        ended = False
+
+        async def watch_client(cancel: trio.CancelScope) -> None:
+            try:
+                data = bytes(await client.receive_some(RECV))
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if data:
+                conn.receive_data(data)  # the client's next request: read after this one
+                return
+            cancel.cancel()  # the client went away: drop the replica's response too
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_client, nursery.cancel_scope)
+            try:
+                for _ in range(1_000_000):
+                    event = await _next_event(upstream, up)
+                    if isinstance(event, h11.Data):
+                        await client.send_all(conn.send(h11.Data(data=event.data)) or b"")
+                    elif isinstance(event, h11.EndOfMessage):
+                        await client.send_all(conn.send(h11.EndOfMessage()) or b"")
+                        ended = True
+                        break
+                    else:
+                        break
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+                pass
+            nursery.cancel_scope.cancel()
+        return ended
+
+
+async def _next_event(stream: trio.SocketStream, conn: h11.Connection) -> h11.Event:
+    for _ in range(1_000_000):
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(bytes(await stream.receive_some(RECV)))
+            continue
+        assert not isinstance(event, type), event  # PAUSED
+        return event
+    raise AssertionError("unreachable")
+
+
+# ---------------------------------------------------------------------- the client
+class Dropped(Exception):
+    """The connection broke, or went quiet, before the response ended."""
+
+
+@dataclass
+class Answer:
+    """A response head (and, once read, its body)."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes = b""
+
+    @property
+    def sse(self) -> bool:
+        return self.headers.get("content-type", "").startswith("text/event-stream")
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def reason(self) -> str | None:
+        try:
+            data = self.json().get("error", {}).get("data") or {}
+        except (ValueError, AttributeError):
+            return None
+        reason = data.get("reason") if isinstance(data, dict) else None
+        return str(reason) if reason is not None else None
+
+
+@dataclass
+class Seen:
+    """One SSE event, with the replica its ``: replica=`` comment named."""
+
+    event: SseEvent
+    replica: str | None
+
+
+class Peer:
+    """An MCP client's HTTP/1.1 connection to the balancer, reopened after any failure."""
+
+    def __init__(self, port: int, session_id: str | None = None) -> None:
+        self.port = port
+        self.session_id = session_id
+        self._stream: trio.SocketStream | None = None
+        self._conn = h11.Connection(h11.CLIENT)
+        self._decoder = SseDecoder()
+        self._items: deque[Seen] = deque()
+        self._replica: str | None = None
+        self._ended = True
+
+    async def close(self) -> None:
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def _event(self) -> h11.Event:
+        assert self._stream is not None
+        try:
+            for _ in range(1_000_000):
+                event = self._conn.next_event()
+                if event is h11.NEED_DATA:
+                    data = None
+                    with trio.move_on_after(IDLE_SECONDS):
+                        data = bytes(await self._stream.receive_some(RECV))
+                    if data is None:
+                        raise Dropped(f"nothing received for {IDLE_SECONDS} s")
+                    self._conn.receive_data(data)
+                    continue
+                if isinstance(event, h11.ConnectionClosed | type):
+                    raise Dropped("connection closed")
+                return event
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise Dropped(repr(exc)) from exc
+        except h11.ProtocolError as exc:
+            raise Dropped(repr(exc)) from exc
+        raise AssertionError("unreachable")
+
+    async def start(
+        self, method: str, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> Answer:
+        """Send one request and read the response head.
+
+        Raises:
+            Dropped: the connection failed (it is closed; the next call reopens one).
+        """
+        try:
+            if self._stream is None or self._conn.our_state is not h11.IDLE:
+                await self.close()
+                self._stream = await trio.open_tcp_stream(HOST, self.port)
+                self._conn = h11.Connection(h11.CLIENT)
+            hdrs = {
+                "host": f"{HOST}:{self.port}",
+                "accept": "application/json, text/event-stream",
+                "mcp-protocol-version": VERSION,
+            }
+            if self.session_id:
+                hdrs["mcp-session-id"] = self.session_id
+            if body is not None:
+                hdrs["content-type"] = "application/json"
+                hdrs["content-length"] = str(len(body))
+            hdrs.update(headers or {})
+            req = h11.Request(method=method, target="/mcp", headers=list(hdrs.items()))
+            data = self._conn.send(req) or b""
+            if body:
+                data += self._conn.send(h11.Data(data=body)) or b""
+            data += self._conn.send(h11.EndOfMessage()) or b""
+            await self._stream.send_all(data)
+            event = await self._event()
+            while isinstance(event, h11.InformationalResponse):
+                event = await self._event()
+            assert isinstance(event, h11.Response), event
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+            await self.close()
+            raise Dropped("could not send") from None
+        except Dropped:
+            await self.close()
+            raise
+        answer = Answer(
+            event.status_code, {k.decode().lower(): v.decode() for k, v in event.headers}
+        )
+        self._decoder, self._items, self._replica, self._ended = SseDecoder(), deque(), None, False
+        if not answer.sse:
+            answer.body = await self._body()
+        return answer
+
+    async def _body(self) -> bytes:
+        parts = bytearray()
+        try:
+            for _ in range(1_000_000):
+                event = await self._event()
+                if isinstance(event, h11.Data):
+                    parts += event.data
+                elif isinstance(event, h11.EndOfMessage):
+                    self._finish_cycle()
+                    return bytes(parts)
+        except Dropped:
+            await self.close()
+            raise
+        raise AssertionError("unreachable")
+
+    def _finish_cycle(self) -> None:
+        self._ended = True
+        if self._conn.our_state is h11.DONE and self._conn.their_state is h11.DONE:
+            self._conn.start_next_cycle()
+
+    async def next_seen(self) -> Seen | None:
+        """The next SSE event of the response being read; None at its end.
+
+        Raises:
+            Dropped: the connection broke or went quiet (it is closed).
+        """
+        try:
+            while not self._items:
+                if self._ended:
+                    return None
+                event = await self._event()
+                if isinstance(event, h11.Data):
+                    for item in self._decoder.feed(bytes(event.data)):
+                        if isinstance(item, SseComment) and item.text.startswith("replica="):
+                            self._replica = item.text.removeprefix("replica=")
+                        elif isinstance(item, SseEvent):
+                            self._items.append(Seen(item, self._replica))
+                            self._replica = None
+                elif isinstance(event, h11.EndOfMessage):
+                    self._finish_cycle()
+            return self._items.popleft()
+        except Dropped:
+            await self.close()
+            raise
+
+    async def post(self, message: Any, headers: dict[str, str] | None = None) -> Answer:
+        return await self.start("POST", json.dumps(message).encode(), headers)
+
+    async def initialize(self) -> None:
+        """``initialize`` + ``notifications/initialized`` (retried through outages, bounded)."""
+        msg = {
+            "jsonrpc": "2.0",
+            "id": 0,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": VERSION,
+                "capabilities": {"sampling": {}},
+                "clientInfo": {"name": "replicas-test", "version": "1"},
+            },
+        }
+        self.session_id = None
+        for _ in range(50):
+            try:
+                answer = await self.post(msg)
+            except Dropped:
+                await trio.sleep(0.05)
+                continue
+            if answer.status == 200:
+                self.session_id = answer.headers["mcp-session-id"]
+                break
+            assert answer.status in (502, 503), (answer.status, answer.body)
+            await trio.sleep(0.05)
+        assert self.session_id is not None, "initialize never succeeded"
+        for _ in range(50):
+            try:
+                ack = await self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            except Dropped:
+                await trio.sleep(0.05)
+                continue
+            if ack.status == 202:
+                return
+            assert ack.status in (502, 503), (ack.status, ack.body)
+            await trio.sleep(0.05)
+        raise AssertionError("notifications/initialized never accepted")
+
+
+def parse_id(raw: str | None) -> tuple[str, int] | None:
+    if raw is None:
+        return None
+    epoch, _, seq = raw.partition(":")
+    return (epoch, int(seq)) if seq.isdigit() else None
+
+
+def retry_after(answer: Answer, cap: float = 0.2) -> float:
+    try:
+        data = answer.json().get("error", {}).get("data") or {}
+        ms = float(data.get("retryAfterMs", 100))
+    except (ValueError, AttributeError, TypeError):
+        ms = 100.0
+    return min(cap, ms / 1000)
+
+
+# ---------------------------------------------------------------- calls with retries
+@dataclass
+class Tally:
+    """What the clients saw (test 1)."""
+
+    calls: int = 0
+    delivered: int = 0
+    error_results: int = 0
+    attempts: int = 0
+    resumes: int = 0
+    #: Resumptions served by another replica than the one the cursor was read from.
+    cross_replica_resumes: int = 0
+    #: ... of which the ``: replica=`` comment changed at the resumption point.
+    cross_resumes_comment_changed: int = 0
+    #: Consecutive events of one stream whose ``: replica=`` comments differ.
+    replica_changes: int = 0
+    events: int = 0
+    statuses: Counter[str] = field(default_factory=Counter)
+    gaps: list[str] = field(default_factory=list)
+    anomalies: list[str] = field(default_factory=list)
+    undelivered: list[str] = field(default_factory=list)
+
+
+async def call_until_answered(
+    peer: Peer, tally: Tally, rid: int, tool: str, key: str, deadline: float = CALL_DEADLINE
+) -> dict[str, Any] | None:
+    """One ``tools/call``, retried until answered (bounded): same request, same key.
+
+    On a dropped connection, a 5xx, a 409 ``in_progress`` or a stream that ended without
+    the response, re-send the same POST with the same ``Idempotency-Key`` -- or, when a
+    cursor is held, resume with GET + ``Last-Event-ID``.  Every event read is checked
+    for contiguity: within one stream ``(epoch, seq)`` goes up by exactly 1, across a
+    resumption too, whatever replica serves it.
+    """
+    tally.calls += 1
+    body = {
+        "jsonrpc": "2.0",
+        "id": rid,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": {"key": key}, "_meta": {"progressToken": key}},
+    }
+    post_headers = {"idempotency-key": key}
+    cursor: tuple[str, int] | None = None  # the newest event seen on the current stream
+    cursor_replica: str | None = None  # its ": replica=" comment
+    cursor_served: str | None = None  # the replica (port) whose response carried it
+    epochs: set[str] = set()
+    history: list[str] = []
+    with trio.move_on_after(deadline):
+        for _ in range(MAX_ATTEMPTS):
+            tally.attempts += 1
+            resuming = cursor is not None
+            try:
+                if cursor is not None:
+                    tally.resumes += 1
+                    answer = await peer.start(
+                        "GET",
+                        headers={
+                            "accept": "text/event-stream",
+                            "last-event-id": f"{cursor[0]}:{cursor[1]}",
+                        },
+                    )
+                else:
+                    answer = await peer.post(body, post_headers)
+            except Dropped:
+                history.append("drop-before-head")
+                tally.statuses["dropped"] += 1
+                await trio.sleep(0.02)
+                continue
+            label = f"{'GET' if resuming else 'POST'} {answer.status}"
+            if answer.reason:
+                label += f" {answer.reason}"
+            history.append(label)
+            tally.statuses[label] += 1
+            if not answer.sse:
+                if answer.status == 409 and answer.reason == "in_progress":
+                    await trio.sleep(retry_after(answer))
+                    continue
+                if answer.status in (502, 503):
+                    await trio.sleep(retry_after(answer, 0.1))
+                    continue
+                if answer.status == 200:  # a plain JSON answer (not expected here)
+                    msg = answer.json()
+                    if msg.get("id") == rid:
+                        return _delivered(tally, msg)
+                tally.anomalies.append(f"{key}: {label}: {answer.body[:200]!r}")
+                if answer.status == 404:
+                    break
+                cursor = None  # anything else on a resume: fall back to the gate
+                continue
+            # An SSE stream: read it, checking contiguity event by event.
+            served = answer.headers.get("x-upstream")
+            first = True
+            fresh = 0
+            try:
+                for _ in range(10_000):
+                    seen = await peer.next_seen()
+                    if seen is None:
+                        break
+                    tally.events += 1
+                    eid = parse_id(seen.event.id)
+                    if eid is None:
+                        tally.gaps.append(f"{key}: event without an epoch:seq id: {seen.event}")
+                        continue
+                    if first and not resuming:
+                        if eid[0] in epochs or eid[1] != 0:
+                            tally.gaps.append(f"{key}: new stream began at {eid} (seen {epochs})")
+                    else:
+                        assert cursor is not None
+                        if eid != (cursor[0], cursor[1] + 1):
+                            tally.gaps.append(
+                                f"{key}: {eid[0]}:{eid[1]} after {cursor[0]}:{cursor[1]}"
+                                f"{' (first event of a resumption)' if first else ''}"
+                            )
+                        changed = seen.replica != cursor_replica
+                        tally.replica_changes += changed
+                        if first and served != cursor_served:
+                            tally.cross_replica_resumes += 1
+                            tally.cross_resumes_comment_changed += changed
+                    if seen.replica is None:
+                        tally.gaps.append(f"{key}: {eid} came without a ': replica=' comment")
+                    first = False
+                    fresh += 1
+                    epochs.add(eid[0])
+                    cursor, cursor_replica, cursor_served = eid, seen.replica, served
+                    if seen.event.data:
+                        msg = json.loads(seen.event.data)
+                        if msg.get("id") == rid and ("result" in msg or "error" in msg):
+                            await _drain_after_final(peer, tally, key)
+                            return _delivered(tally, msg)
+            except Dropped:
+                history.append(f"drop-mid-stream after {fresh} events")
+                tally.statuses["dropped mid-stream"] += 1
+                if resuming and not fresh:
+                    # A resumption that went quiet: ask the idempotency gate instead.
+                    cursor = None
+            await trio.sleep(0.02)
+    tally.undelivered.append(f"{key}: {' | '.join(history[-8:])} ({len(history)} attempts)")
+    await peer.close()
+    return None
+
+
+def _delivered(tally: Tally, msg: dict[str, Any]) -> dict[str, Any]:
+    tally.delivered += 1
+    if "error" in msg or msg.get("result", {}).get("isError"):
+        tally.error_results += 1
+    return msg
+
+
+async def _drain_after_final(peer: Peer, tally: Tally, key: str) -> None:
+    """After the final response the stream must end with nothing more on it."""
+    try:
+        with trio.move_on_after(IDLE_SECONDS):
+            extra = await peer.next_seen()
+            if extra is not None:
+                tally.gaps.append(f"{key}: event after the final response: {extra.event}")
+    except Dropped:
+        pass
+
+
+# ------------------------------------------------------------------------ test 1
+async def test_replicas_survive_kills_without_duplicates_or_gaps(valkey_url: str) -> None:
+    ledger = Ledger()
+    tally = Tally()
+    seed = secrets.randbits(32)
+    rng = random.Random(seed)
+    kills: Counter[str] = Counter()
+    keys: list[str] = []
+    run = secrets.token_hex(3)
+
+    async with replica_set(make_app(ledger), valkey_url, 3) as (replicas, balancer, nursery):
+
+        async def chaos(stop: trio.Event) -> None:
+            for i in range(MAX_KILLS):
+                with trio.move_on_after(rng.uniform(0.3, 0.8)):
+                    await stop.wait()
+                if stop.is_set():
+                    return
+                victim = rng.choice(replicas)
+                hard = i % 2 == 0
+                ledger.killing = f"{'hard' if hard else 'graceful'} kill of {victim.replica_id}"
+                await victim.kill(hard=hard)
+                ledger.killing = "-"
+                kills["hard" if hard else "graceful"] += 1
+                await trio.sleep(rng.uniform(0.15, 0.4))
+                for _ in range(20):  # the port may linger for a moment
+                    try:
+                        await victim.start(nursery)
+                        break
+                    except OSError:
+                        await trio.sleep(0.05)
+                assert victim.up, f"{victim.replica_id} did not come back on {victim.port}"
+
+        async def session(n: int) -> None:
+            peer = Peer(balancer.port)
+            with trio.fail_after(10):
+                await peer.initialize()
+            for i in range(CALLS_PER_SESSION):
+                key = f"{run}-s{n}-c{i}"
+                keys.append(key)
+                tool = "charge_and_hang_up" if i % HANG_UP_EVERY == HANG_UP_EVERY - 1 else "charge"
+                await call_until_answered(peer, tally, i + 1, tool, key)
+                await trio.sleep(rng.uniform(0, 0.05))  # no lockstep between sessions
+            await peer.close()
+
+        with trio.fail_after(45):
+            stop = trio.Event()
+            async with trio.open_nursery() as work:
+                work.start_soon(chaos, stop)
+                async with trio.open_nursery() as clients:
+                    for n in range(SESSIONS):
+                        clients.start_soon(session, n)
+                stop.set()
+
+    restarts = sum(r.starts - 1 for r in replicas)
+    executions = sum(ledger.executions[k] for k in keys)
+    duplicates = sum(max(0, ledger.executions[k] - 1) for k in keys)
+    never_ran = [k for k in keys if ledger.executions[k] == 0]
+    summary = (
+        f"replicas: calls={tally.calls} delivered={tally.delivered} "
+        f"(errors={tally.error_results}) restarts={restarts} "
+        f"interrupted_mid_call={len(ledger.interrupted)} "
+        f"(kills: {kills['hard']} hard, {kills['graceful']} graceful) "
+        f"executions={executions} distinct_keys={len(set(keys))} duplicates={duplicates} "
+        f"gaps={len(tally.gaps)} cross_replica_resumes={tally.cross_replica_resumes} "
+        f"(replica comment changed on {tally.cross_resumes_comment_changed}) "
+        f"resumes={tally.resumes} replica_changes={tally.replica_changes} "
+        f"attempts={tally.attempts} events={tally.events} "
+        f"502s={balancer.bad_gateways} failovers={balancer.failovers} seed={seed}"
+    )
+    print(summary)
+    print("statuses:", dict(tally.statuses.most_common()))
+    interrupted = [f"{k} (interrupted by the {how})" for k, how in ledger.interrupted.items()]
+    interrupted += [f"{k} never executed" for k in never_ran]
+    details = "\n".join(
+        [
+            summary,
+            *tally.undelivered[:12],
+            *interrupted[:12],
+            *tally.gaps[:10],
+            *tally.anomalies[:10],
+        ]
+    )
+    assert restarts >= 3, details
+    assert duplicates == 0, (
+        details + "\n" + str({k: ledger.executions[k] for k in keys if ledger.executions[k] > 1})
+    )
+    assert not tally.gaps, details
+    assert not tally.anomalies, details
+    assert tally.cross_replica_resumes >= 1, details
+    # Liveness last: every call is answered, including those a kill interrupted.
+    assert not tally.undelivered, details
+    assert not never_ran, details
+    assert executions == len(set(keys)), details
+    assert tally.delivered == len(keys) == SESSIONS * CALLS_PER_SESSION, details
+
+
+@pytest.mark.parametrize("hard", [True, False], ids=["cancelled-run", "shutdown-no-grace"])
+async def test_a_call_interrupted_by_a_replica_kill_is_answered_once(
+    valkey_url: str, hard: bool
+) -> None:
+    """Test 1's interrupted calls, alone: the replica running a call dies mid-call.
+
+    The retry (same request, same key) lands on the surviving replica.  At most once:
+    the tool must not run again.  Liveness: the retry must get *an* answer (the
+    stored result, or an error saying the call was interrupted) -- not 409
+    ``in_progress`` until the claim expires (``Retention.ttl``, an hour by default).
+    """
+    ledger = Ledger()
+    async with replica_set(make_app(ledger), valkey_url, 2) as (replicas, balancer, _):
+        by_port = {str(r.port): r for r in replicas}
+        with trio.fail_after(20):
+            peer = Peer(balancer.port)
+            await peer.initialize()
+            key = f"interrupted-{secrets.token_hex(3)}"
+            msg = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "tools/call",
+                "params": {
+                    "name": "charge",
+                    "arguments": {"key": key},
+                    "_meta": {"progressToken": key},
+                },
+            }
+            answer = await peer.post(msg, {"idempotency-key": key})
+            assert answer.status == 200 and answer.sse, (answer.status, answer.body)
+            first = await peer.next_seen()  # the priming event: the tool is running
+            assert first is not None and key in ledger.running
+            victim = by_port[answer.headers["x-upstream"]]
+            ledger.killing = "hard kill" if hard else "graceful kill"
+            await victim.kill(hard=hard)
+            assert ledger.interrupted == {key: ledger.killing}
+            await peer.close()
+            tally = Tally()
+            result = await call_until_answered(peer, tally, 1, "charge", key, deadline=4.0)
+    assert ledger.executions[key] == 1, ledger  # at most once: never re-executed
+    assert result is not None, (
+        f"the interrupted call was never answered: {tally.undelivered} "
+        f"(statuses {dict(tally.statuses)})"
+    )
+
+
+# ------------------------------------------------------------------------ test 2
+async def _one_call(peer: Peer, rid: int, tool: str, arguments: dict[str, Any]) -> list[Seen]:
+    """A tools/call read to the end; every event (with its replica)."""
+    msg = {
+        "jsonrpc": "2.0",
+        "id": rid,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments, "_meta": {"progressToken": rid}},
+    }
+    answer = await peer.post(msg, {"idempotency-key": f"{arguments.get('key', '')}-{rid}"})
+    assert answer.status == 200 and answer.sse, (answer.status, answer.body)
+    seen: list[Seen] = []
+    for _ in range(10_000):
+        item = await peer.next_seen()
+        if item is None:
+            break
+        seen.append(item)
+    return seen
+
+
+async def _resume(peer: Peer, cursor: str) -> tuple[Answer, list[Seen]]:
+    answer = await peer.start(
+        "GET", headers={"accept": "text/event-stream", "last-event-id": cursor}
+    )
+    seen: list[Seen] = []
+    if answer.sse:
+        for _ in range(10_000):
+            item = await peer.next_seen()
+            if item is None:
+                break
+            seen.append(item)
+    return answer, seen
+
+
+async def test_bad_cursors_fail_closed_on_every_replica(valkey_url: str) -> None:
+    """400 ``cursor_invalid`` / 409 ``cursor_unknown`` on every replica; never from head."""
+    ledger = Ledger()
+    # Small local logs and store logs, so a long stream really loses its oldest events.
+    config = {"credit": CreditLimits(frames=32), "max_stream_events": 32}
+    retention = Retention(events_per_stream=16)
+    async with replica_set(make_app(ledger), valkey_url, 3, config=config, retention=retention) as (
+        replicas,
+        balancer,
+        _,
+    ):
+        ports = {r.port: r.replica_id for r in replicas}
+        with trio.fail_after(20):
+            peer = Peer(balancer.port)
+            await peer.initialize()
+            events = await _one_call(peer, 1, "chatter", {"key": "long", "count": 300})
+            epoch = (events[0].event.id or "").partition(":")[0]
+            ids = [parse_id(s.event.id) for s in events]
+            assert ids == [(epoch, n) for n in range(302)], ids[:5]  # priming, 300, response
+            short = await _one_call(peer, 2, "charge", {"key": "short", "steps": 3})
+            short_epoch = (short[0].event.id or "").partition(":")[0]
+            assert len(short) == 4, short  # priming, 2 progress, the response
+
+            def routed_since(mark: int) -> set[str]:
+                return {ports[r.port] for r in balancer.log[mark:] if r.port in ports}
+
+            cases = [
+                ("42", 400, "cursor_invalid"),  # a per-process counter (seed 004)
+                ("ffffff00:1", 409, "cursor_unknown"),  # an epoch this session never had
+                (f"{epoch}:5", 409, "cursor_unknown"),  # trimmed from every log
+                (f"{short_epoch}:99", 409, "cursor_unknown"),  # beyond the stream's head
+            ]
+            for cursor, status, reason in cases:
+                mark = len(balancer.log)
+                for _ in range(len(replicas)):
+                    answer, seen = await _resume(peer, cursor)
+                    assert (answer.status, answer.reason) == (status, reason), (
+                        cursor,
+                        answer.status,
+                        answer.body,
+                        [s.event for s in seen][:3],
+                    )
+                    assert not answer.sse and not seen
+                assert routed_since(mark) == set(ports.values()), (cursor, balancer.log[mark:])
+
+            # A good cursor on the same streams resumes exactly after itself, everywhere.
+            mark = len(balancer.log)
+            for _ in range(len(replicas)):
+                answer, seen = await _resume(peer, f"{short_epoch}:1")
+                assert answer.status == 200, (answer.status, answer.body)
+                got = [parse_id(s.event.id) for s in seen]
+                assert got == [(short_epoch, 2), (short_epoch, 3)], got
+                assert json.loads(seen[-1].event.data)["id"] == 2
+            assert routed_since(mark) == set(ports.values())
+            await peer.close()
+    assert ledger.executions == Counter({"long": 1, "short": 1})
+
+
+# ------------------------------------------------------------------------ test 3
+def _refused(answer: Answer, status: int, reason: str) -> bool:
+    return answer.status == status and answer.reason == reason
+
+
+async def test_store_outage_fails_closed_and_forgets_sessions(
+    private_valkey: ValkeyProcess,
+) -> None:
+    """Valkey stops: 503 store_unavailable, nothing runs; it returns empty: 404, fresh works."""
+    ledger = Ledger()
+    async with replica_set(make_app(ledger), private_valkey.url, 2) as (_, balancer, _):
+        with trio.fail_after(40):
+            peer = Peer(balancer.port)
+            await peer.initialize()
+            tally = Tally()
+            first = await call_until_answered(peer, tally, 1, "charge", "before")
+            assert first is not None and "result" in first, tally
+            old_sid = peer.session_id
+
+            # A call in flight when the store goes away: its next event cannot be
+            # stored, so it is never sent -- the stream ends without a response.
+            live = await peer.post(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 2,
+                    "method": "tools/call",
+                    "params": {
+                        "name": "charge",
+                        "arguments": {"key": "in-flight", "steps": 8},
+                        "_meta": {"progressToken": 2},
+                    },
+                },
+                {"idempotency-key": "in-flight"},
+            )
+            assert live.status == 200 and live.sse
+            seen = [await peer.next_seen()]  # the priming event: the call is running
+            await trio.to_thread.run_sync(private_valkey.stop)
+            before_outage = Counter(ledger.executions)
+            try:
+                for _ in range(100):
+                    item = await peer.next_seen()
+                    if item is None:
+                        break
+                    seen.append(item)
+            except Dropped:
+                pass
+            assert not any(s is not None and '"result"' in s.event.data for s in seen), (
+                "a response that could not be stored reached the wire"
+            )
+
+            # While the store is down: every request fails closed, on every replica.
+            call = {
+                "jsonrpc": "2.0",
+                "id": 3,
+                "method": "tools/call",
+                "params": {"name": "charge", "arguments": {"key": "during"}},
+            }
+            for _ in range(4):
+                answer = await peer.post(call, {"idempotency-key": "during"})
+                assert _refused(answer, 503, "store_unavailable"), (answer.status, answer.body)
+                assert answer.headers.get("retry-after", "").isdigit(), answer.headers
+            listing = await peer.post({"jsonrpc": "2.0", "id": 4, "method": "tools/list"})
+            assert _refused(listing, 503, "store_unavailable"), (listing.status, listing.body)
+            resume, _ = await _resume(peer, "00000001:0")
+            assert _refused(resume, 503, "store_unavailable"), (resume.status, resume.body)
+            assert listing.headers.get("retry-after") and resume.headers.get("retry-after")
+            fresh = Peer(balancer.port)
+            init = await fresh.post(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 0,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": VERSION,
+                        "capabilities": {},
+                        "clientInfo": {"name": "t", "version": "1"},
+                    },
+                }
+            )
+            assert _refused(init, 503, "store_unavailable"), (init.status, init.body)
+            await trio.sleep(0.5)  # let the in-flight handler run out
+            assert ledger.executions == before_outage, "a tool ran while the store was down"
+            assert not ledger.running
+
+            # The store comes back empty (no persistence): old sessions are gone.
+            await trio.to_thread.run_sync(private_valkey.start)
+            gone: list[Answer] = []
+            for _ in range(3):
+                for _ in range(20):  # the first command on a broken pool may still 503
+                    answer = await peer.post(call, {"idempotency-key": "during"})
+                    if answer.status != 503:
+                        break
+                    await trio.sleep(0.05)
+                gone.append(answer)
+            assert all(_refused(a, 404, "session_not_found") for a in gone), [
+                (a.status, a.body) for a in gone
+            ]
+            resume, seen_after = await _resume(peer, "00000002:0")
+            assert _refused(resume, 404, "session_not_found"), (resume.status, resume.body)
+            assert not seen_after
+
+            # A new session works; nothing ran twice, "during" never ran.
+            await peer.initialize()
+            assert peer.session_id != old_sid
+            after = await call_until_answered(peer, tally, 1, "charge", "after")
+            assert after is not None and "result" in after, tally
+            await peer.close()
+            await fresh.close()
+    assert ledger.executions == Counter({"before": 1, "in-flight": 1, "after": 1}), ledger
+
+
+# ------------------------------------------------------------------------ test 4
+async def test_sampling_answer_posted_to_another_replica_completes_the_call(
+    valkey_url: str,
+) -> None:
+    ledger = Ledger()
+    async with replica_set(make_app(ledger), valkey_url, 3) as (replicas, balancer, _):
+        ports = {r.port: r.replica_id for r in replicas}
+        with trio.fail_after(15):
+            peer = Peer(balancer.port)
+            await peer.initialize()
+            answers = Peer(balancer.port, peer.session_id)  # a second connection
+            mark = len(balancer.log)
+            stream = await peer.post(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 7,
+                    "method": "tools/call",
+                    "params": {"name": "ask", "arguments": {"question": "6 x 7?"}},
+                }
+            )
+            assert stream.status == 200 and stream.sse, (stream.status, stream.body)
+            call_port = balancer.log[mark].port
+            assert call_port is not None and call_port in ports
+            request: dict[str, Any] | None = None
+            producer: str | None = None
+            result: dict[str, Any] | None = None
+            answer_port: int | None = None
+            for _ in range(20):
+                seen = await peer.next_seen()
+                assert seen is not None, "the stream ended without the response"
+                if not seen.event.data:
+                    continue
+                msg = json.loads(seen.event.data)
+                if msg.get("method") == "sampling/createMessage":
+                    request, producer = msg, seen.replica
+                    mark = len(balancer.log)
+                    reply = await answers.post(
+                        {
+                            "jsonrpc": "2.0",
+                            "id": msg["id"],
+                            "result": {
+                                "role": "assistant",
+                                "content": {"type": "text", "text": "42"},
+                                "model": "test-model",
+                            },
+                        }
+                    )
+                    assert reply.status == 202, (reply.status, reply.body)
+                    answer_port = balancer.log[mark].port
+                elif msg.get("id") == 7:
+                    result = msg
+                    break
+            assert request is not None and result is not None, (request, result)
+            assert producer == ports[call_port], (producer, ports, call_port)
+            assert answer_port is not None and answer_port != call_port, (
+                "the balancer sent the answer to the same replica"
+            )
+            assert result["result"]["content"][0]["text"] == "the model said '42'", result
+            print(
+                f"sampling: tool on {ports[call_port]}, answer POSTed to {ports[answer_port]}, "
+                "relayed through the store"
+            )
+            await peer.close()
+            await answers.close()
