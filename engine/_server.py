@@ -415,7 +415,7 @@ class Server:
         """Drive the session's credit timers; tear the session down when it is DEAD."""
         credit = session.credit
         while not session.closed:
-            changed = session.credit_changed
+            changed = session.timer_changed
             with trio.move_on_at(credit.deadline()):
                 await changed.wait()
             state = credit.handle_timer(trio.current_time())
@@ -1335,15 +1335,21 @@ class Server:
         next_seq: int,
         headers: tuple[tuple[str, str], ...],
     ) -> None:
-        """Copy frames from ``handle``'s log to the socket from ``next_seq`` on (see module doc)."""
+        """Copy frames from ``handle``'s log to the socket from ``next_seq`` on (see module doc).
+
+        Hot path: a response whose answer is ready within a few scheduling steps
+        goes out as ONE write -- head, frames and terminator together -- with no
+        watcher task.  Otherwise the head and first frames go out as soon as they
+        exist, and a watcher task notices a peer that goes away while we wait.
+        """
         log_ = handle.log
         http = conn.http
-        await conn.send(http.start_stream(200, headers))
         if log_.state in (StreamState.LIVE_DETACHED, StreamState.FINAL_DETACHED):
             handle.handle(StreamInput.ATTACH)
         scope = trio.CancelScope()
         handle.writer_scope = scope
         peer_gone = False
+        pump = _Pump(conn, session, handle, next_seq, http.start_stream(200, headers))
 
         async def watch_peer() -> None:
             nonlocal peer_gone
@@ -1358,13 +1364,14 @@ class Server:
             scope.cancel()
 
         with scope:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch_peer)
-                try:
-                    await self._copy_frames(conn, session, handle, next_seq)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    peer_gone = True
-                nursery.cancel_scope.cancel()
+            try:
+                if not await pump.run(fast=True):
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(watch_peer)
+                        await pump.run(fast=False)
+                        nursery.cancel_scope.cancel()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                peer_gone = True
         if handle.writer_scope is scope:
             handle.writer_scope = None
             if log_.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
@@ -1372,43 +1379,89 @@ class Server:
         if peer_gone or scope.cancelled_caught or http.should_close:
             http.send_failed()
             raise _PeerGone
-        await conn.send(http.end_stream())
+        if not pump.ended:
+            await conn.send(pump.pending + http.end_stream())
 
-    async def _copy_frames(
-        self, conn: Connection, session: Session, handle: StreamHandle, next_seq: int
+
+class _Pump:
+    """A writer's cursor into one stream log, and the bytes not written yet."""
+
+    __slots__ = ("conn", "ended", "handle", "next_seq", "pending", "session")
+
+    #: Scheduling steps the fast path yields, waiting for a ready answer, before writing
+    #: (a handler that returns without blocking needs about this many to finish).
+    COALESCE = 8
+
+    def __init__(
+        self, conn: Connection, session: Session, handle: StreamHandle, next_seq: int, head: bytes
     ) -> None:
-        log_ = handle.log
-        http = conn.http
+        self.conn = conn
+        self.session = session
+        self.handle = handle
+        self.next_seq = next_seq
+        self.pending = head  # written with the first frames (or before the first wait)
+        self.ended = False  # the terminating chunk went out with the last frames
+
+    async def run(self, *, fast: bool) -> bool:
+        """Write until the stream is done (True); with ``fast``, give up (False) rather
+        than wait with nobody watching the peer."""
+        handle, log_, http = self.handle, self.handle.log, self.conn.http
+        budget = self.COALESCE if fast else 0
         while True:
             try:
-                frames = log_.frames_from(next_seq)
+                frames = log_.frames_from(self.next_seq)
             except RemoteProtocolError:
                 log.warning("writer fell behind stream %s's retention; ending it", log_.epoch)
-                return
+                return True
             if frames:
-                data = b"".join(frames)
-                chunk = http.send_stream_data(data)
-                offset = len(chunk) - len(data) - 2  # chunk header; the frames follow it
-                marks: list[tuple[int, tuple[StreamHandle, int]]] = []
-                for i, frame in enumerate(frames):
-                    offset += len(frame)
-                    if next_seq + i >= log_.drained_seq:
-                        marks.append((offset, (handle, next_seq + i)))
-                await conn.send(chunk, marks)
-                next_seq += len(frames)
+                if budget and log_.state is not StreamState.FINAL_ATTACHED:
+                    budget -= 1  # the answer may be a step away: let its task run first
+                    await trio.lowlevel.checkpoint()
+                    continue
+                await self._write(frames)
+                if self.ended:
+                    return True
                 continue
             state = log_.state
             if state is StreamState.FINAL_ATTACHED:
                 handle.handle(StreamInput.DELIVERED)
-                return
-            if state is StreamState.CLOSED or session.closed:
-                return
+                return True
+            if state is StreamState.CLOSED or self.session.closed:
+                return True
             if handle.close_retry_ms is not None:
-                retry = handle.close_retry_ms
+                self.pending += http.send_stream_data(encode_retry(handle.close_retry_ms))
                 handle.close_retry_ms = None
-                await conn.send(http.send_stream_data(encode_retry(retry)))
-                return
+                return True
+            if budget:
+                budget -= 1
+                await trio.lowlevel.checkpoint()
+                continue
+            if fast:
+                return False  # not ready within a few steps: wait, watching the peer
+            if self.pending:
+                await self.conn.send(self.pending)  # the head goes out before any wait
+                self.pending = b""
             await handle.wait_changed()
+
+    async def _write(self, frames: list[bytes]) -> None:
+        handle, log_, http = self.handle, self.handle.log, self.conn.http
+        data = b"".join(frames)
+        chunk = http.send_stream_data(data)
+        out = self.pending + chunk
+        offset = len(out) - len(data) - 2  # the frames follow the chunk header
+        marks: list[tuple[int, tuple[StreamHandle, int]]] = []
+        first, drained = self.next_seq, log_.drained_seq
+        for i, frame in enumerate(frames):
+            offset += len(frame)
+            if first + i >= drained:
+                marks.append((offset, (handle, first + i)))
+        self.next_seq = first + len(frames)
+        if log_.state is StreamState.FINAL_ATTACHED and self.next_seq == log_.next_seq:
+            handle.handle(StreamInput.DELIVERED)
+            out += http.end_stream()
+            self.ended = True
+        self.pending = b""
+        await self.conn.send(out, marks)
 
 
 @dataclass(slots=True)

@@ -226,7 +226,9 @@ class Session:
         self._waiters: deque[tuple[int, trio.Event]] = deque()
         #: Admitted requests whose response is not enqueued yet (bounded by the frame credit).
         self.inflight = 0
-        #: Pulsed whenever the credit's deadline may have moved (the timer task waits on it).
+        #: Pulsed when the credit's deadline may have moved earlier (the timer task waits on it).
+        self.timer_changed = trio.Event()
+        #: Pulsed on every credit change (admission waiters wait on it).
         self.credit_changed = trio.Event()
         self.state = SessionState.NEW
         self.streams = StreamTable(max_closed=max_closed_streams)
@@ -278,8 +280,8 @@ class Session:
         )
         h = StreamHandle(self.streams.add(log), self)
         self.handles[epoch] = h
-        for stale in [e for e in self.handles if e not in {s.epoch for s in self.streams}]:
-            del self.handles[stale]
+        for stale in self.streams.evicted:
+            self.handles.pop(stale, None)
         return h
 
     def handle_for(self, log: StreamLog) -> StreamHandle:
@@ -312,9 +314,12 @@ class Session:
         """Frames enqueued and not yet acknowledged (always <= the frame credit)."""
         return self.credit.frames_in_use
 
-    def _pulse(self) -> None:
+    def _pulse(self, *, timer: bool = False) -> None:
         self.credit_changed.set()
         self.credit_changed = trio.Event()
+        if timer:  # the credit's deadline may have moved earlier: wake the timer task
+            self.timer_changed.set()
+            self.timer_changed = trio.Event()
 
     async def admit(self, n: int, request_id: RequestId | None) -> None:
         """Admission for ``n`` session-scoped requests, before anything is dispatched.
@@ -343,7 +348,7 @@ class Session:
             # (Pulse only on a real change, or two waiters would wake each other forever.)
             if credit.state is CreditState.OPEN:
                 credit.mark_blocked(now)
-                self._pulse()
+                self._pulse(timer=True)
             changed = self.credit_changed
             with trio.move_on_at(credit.deadline()):
                 await changed.wait()
@@ -363,13 +368,14 @@ class Session:
             raise SessionClosed(self.session_id)
         now = trio.current_time()
         if not self._waiters and self.credit.try_acquire(nbytes, now):
-            self._pulse()
+            # A first pending frame starts the liveness clock: a new deadline.
+            self._pulse(timer=self.credit.frames_in_use == 1)
             await trio.lowlevel.checkpoint()
             return
         entry = (nbytes, trio.Event())
         self._waiters.append(entry)
         self.credit.mark_blocked(now)
-        self._pulse()
+        self._pulse(timer=True)
         try:
             await entry[1].wait()
         except BaseException:
@@ -427,4 +433,4 @@ class Session:
         self._waiters.clear()
         for p in self.pending.values():
             p.done.set()
-        self._pulse()
+        self._pulse(timer=True)

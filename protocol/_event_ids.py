@@ -52,7 +52,15 @@ class EventId:
 
     def next(self) -> EventId:
         """The id that follows this one on the same stream."""
-        return EventId(self.epoch, self.seq + 1)
+        return _trusted(self.epoch, self.seq + 1)
+
+
+def _trusted(epoch: str, seq: int) -> EventId:
+    # For ids the core formats itself from a validated epoch: skip re-validation.
+    eid = object.__new__(EventId)
+    object.__setattr__(eid, "epoch", epoch)
+    object.__setattr__(eid, "seq", seq)
+    return eid
 
 
 def format_epoch(n: int) -> str:

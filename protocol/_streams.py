@@ -27,7 +27,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterator
 
 from ._errors import Reason, RemoteProtocolError
-from ._event_ids import EventId
+from ._event_ids import EventId, _trusted
 from ._sse import encode_comment, encode_event
 from ._states import StreamInput, StreamState, stream_transition
 
@@ -118,7 +118,7 @@ class StreamLog:
             self._frames.popleft()
         if final:
             self.state = stream_transition(self.state, StreamInput.FINISH)
-        return EventId(self.epoch, seq)
+        return _trusted(self.epoch, seq)
 
     def prime(self) -> EventId:
         """Append the priming event (an id and empty data; MCP 2025-11-25)."""
@@ -239,6 +239,8 @@ class StreamTable:
         self.max_closed = max_closed
         self._streams: OrderedDict[str, StreamLog] = OrderedDict()
         self.standalone: StreamLog | None = None
+        #: The epochs the last :meth:`add` dropped (so owners can forget them too).
+        self.evicted: list[str] = []
 
     def add(self, log: StreamLog) -> StreamLog:
         """Register a new stream.
@@ -251,7 +253,7 @@ class StreamTable:
         self._streams[log.epoch] = log
         if log.kind is StreamKind.STANDALONE:
             self.standalone = log
-        self._evict()
+        self.evicted = self._evict()
         return log
 
     def get(self, cursor: EventId) -> StreamLog:
@@ -276,7 +278,9 @@ class StreamTable:
     def __len__(self) -> int:
         return len(self._streams)
 
-    def _evict(self) -> None:
+    def _evict(self) -> list[str]:
         closed = [e for e, s in self._streams.items() if s.state is StreamState.CLOSED]
-        for epoch in closed[: max(0, len(closed) - self.max_closed)]:
+        dropped = closed[: max(0, len(closed) - self.max_closed)]
+        for epoch in dropped:
             del self._streams[epoch]
+        return dropped
