@@ -155,11 +155,15 @@ class Retention:
         events_per_stream: newest events kept per stream log.
         ttl: seconds a session's keys live after their last update.
         idempotency_ttl: seconds a finished call's stored response is kept.
+        calls_per_session: finished calls whose responses the memory store keeps
+            per session (it has no clock for ``idempotency_ttl``; the oldest
+            finished ones go first, running claims are never dropped).
     """
 
     events_per_stream: int = 4096
     ttl: float = 3600.0
     idempotency_ttl: float = 3600.0
+    calls_per_session: int = 256
 
 
 class SessionStore(Protocol):
@@ -340,7 +344,7 @@ class MemoryStore:
         if key in s.calls:
             s.calls[key] = (s.calls[key][0], payload)
             s.calls.move_to_end(key)
-        limit = max(1, self.retention.events_per_stream)
+        limit = max(1, self.retention.calls_per_session)
         while len(s.calls) > limit:
             oldest = next(iter(s.calls))
             if s.calls[oldest][1] is None:
