@@ -42,6 +42,11 @@ the credit reports DEAD (frames pending, no progress for the liveness timeout) t
 session's streams are closed, its handlers cancelled, its credit released and the
 session forgotten -- later requests get 404.
 
+Pieces that live in their own modules: the writer (``engine._writer``), channel
+tokens (``engine._channel``), configuration and listeners (``engine._config``),
+byte-exact send accounting (``engine._connection``), the stores
+(``engine._store``, ``engine._redis_store``).
+
 **Shutdown** (:meth:`Server.shutdown`): stop accepting, refuse new requests with
 503 ``shutting_down``, let running handlers finish within the grace period, end
 every open stream with ``retry:``, then cancel what is left.
@@ -54,7 +59,7 @@ import hashlib
 import logging
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -65,18 +70,14 @@ from protocol import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
-    LOOPBACK_HOSTS,
     NEED_DATA,
     SERVER_ERROR,
     ConnectionClosed,
-    CreditLimits,
     CreditState,
     DeleteSession,
-    EndpointConfig,
     ErrorResponse,
     EventId,
     HttpError,
-    HttpLimits,
     HttpRequest,
     Notification,
     OpenStream,
@@ -100,7 +101,6 @@ from protocol import (
     encode_comment,
     encode_error,
     encode_result,
-    encode_retry,
     negotiate_version,
     refusal,
     route,
@@ -109,6 +109,8 @@ from protocol import (
 )
 
 from ._app import App, McpError
+from ._channel import channel_refusal, parse_token, raise_channel
+from ._config import ServerConfig, _open_listeners
 from ._connection import Connection
 from ._context import Context
 from ._mcp import capabilities, dispatch
@@ -125,113 +127,12 @@ from ._store import (
     StoreUnavailable,
     check_channel,
 )
+from ._writer import RECV_BYTES, SSE_HEADERS, PeerGone, write_stream
 
 log = logging.getLogger("weir")
 
 #: The explicit rebind handshake (seed 003), advertised in ``capabilities.experimental``.
 REBIND_METHOD = "weir/rebind"
-RESUME_POLICIES = ("shared", "pinned", "off")
-
-_RECV = 65536
-_SSE_HEADERS = (
-    ("content-type", "text/event-stream"),
-    ("cache-control", "no-cache"),
-    ("x-accel-buffering", "no"),
-)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ServerConfig:
-    """Everything ``weir serve`` can be told.
-
-    Attributes:
-        host: address to listen on (loopback by default).
-        port: TCP port; 0 picks a free one.
-        path: the MCP endpoint path.
-        json_response: answer requests with one JSON body instead of an SSE stream.
-        allowed_hosts: accepted ``Host``/``Origin`` host names; ``None`` means the
-            loopback names plus ``host`` itself.
-        allowed_origins: extra exact origins to accept.
-        limits: HTTP size limits.
-        credit: per-session drain credit and its timers.
-        notsent_lowat: ``TCP_NOTSENT_LOWAT`` for accepted sockets (``None``: leave as is).
-        keepalive_timeout: idle seconds before an idle keep-alive connection is closed.
-        session_idle_timeout: seconds without traffic after which a session with
-            nothing running is forgotten (``None``: never).
-        max_stream_events: frames each stream retains for replay (at least the
-            frame credit, so no unacknowledged frame is ever dropped).
-        max_closed_streams: finished streams each session keeps for replay.
-        max_executions: finished ``tools/call`` results each session keeps for
-            the idempotency gate.
-        in_progress_wait: seconds a duplicate of a running call waits before 409.
-        retry_ms: the ``retry:`` hint sent when the server ends a stream early.
-        shutdown_grace: seconds running handlers get to finish at shutdown.
-        principal: the owner recorded for sessions (no authentication yet).
-        resume: the resumption policy: ``shared`` (events go to the store before
-            the wire; any replica replays), ``pinned`` (this process's buffer; a
-            cursor not in it is 409) or ``off`` (no event ids; any cursor is 409).
-        replica_id: names this process in ``: replica=<id>`` comments (default:
-            random).
-        reuse_port: listen with ``SO_REUSEPORT`` so several worker processes share
-            the port (``weir serve --workers N``).
-        legacy_sse_path: the 2024-11-05 HTTP+SSE stream endpoint (``None``: off).
-        legacy_messages_path: the 2024-11-05 POST endpoint.
-        metrics_path: Prometheus metrics (``None``: off).
-    """
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    path: str = "/mcp"
-    json_response: bool = False
-    allowed_hosts: frozenset[str] | None = None
-    allowed_origins: frozenset[str] = frozenset()
-    limits: HttpLimits = field(default_factory=HttpLimits)
-    credit: CreditLimits = field(default_factory=CreditLimits)
-    notsent_lowat: int | None = 16384
-    keepalive_timeout: float = 75.0
-    session_idle_timeout: float | None = 3600.0
-    max_stream_events: int = 4096
-    max_closed_streams: int = 64
-    max_executions: int = 1024
-    in_progress_wait: float = 5.0
-    retry_ms: int = 1000
-    shutdown_grace: float = 10.0
-    principal: str = "anonymous"
-    resume: str = "shared"
-    replica_id: str | None = None
-    reuse_port: bool = False
-    legacy_sse_path: str | None = "/sse"
-    legacy_messages_path: str = "/messages"
-    metrics_path: str | None = "/metrics"
-
-    def __post_init__(self) -> None:
-        if self.resume not in RESUME_POLICIES:
-            raise ValueError(
-                f"resume must be one of {', '.join(RESUME_POLICIES)}, got {self.resume!r}"
-            )
-        if self.max_stream_events < self.credit.frames:
-            raise ValueError(
-                f"max_stream_events ({self.max_stream_events}) must be >= the frame credit "
-                f"({self.credit.frames}): a stream must retain every unacknowledged frame"
-            )
-
-    def endpoint(self) -> EndpointConfig:
-        """The sans-io endpoint configuration derived from this one."""
-        hosts = self.allowed_hosts
-        if hosts is None:
-            hosts = LOOPBACK_HOSTS | (
-                {self.host.lower()} if self.host not in ("0.0.0.0", "::", "") else set()
-            )
-        return EndpointConfig(
-            path=self.path,
-            allowed_hosts=frozenset(hosts),
-            allowed_origins=self.allowed_origins,
-            json_response=self.json_response,
-        )
-
-
-class _PeerGone(Exception):
-    pass
 
 
 def _fingerprint(req: Request) -> bytes:
@@ -437,7 +338,7 @@ class Server:
                 nursery.start_soon(conn.poll_acks)
                 await self._connection_loop(conn)
                 nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, _PeerGone):
+        except (trio.BrokenResourceError, trio.ClosedResourceError, PeerGone):
             pass
         except Exception as exc:
             # One broken connection must never take the server down.
@@ -455,7 +356,7 @@ class Server:
             event = http.next_event()
             if event is NEED_DATA:
                 with trio.move_on_after(self.config.keepalive_timeout) as idle:
-                    data = await conn.stream.receive_some(_RECV)
+                    data = await conn.stream.receive_some(RECV_BYTES)
                 if idle.cancelled_caught:
                     return
                 http.receive_data(data)
@@ -573,8 +474,8 @@ class Server:
             RemoteProtocolError: 409 ``cursor_stale`` (older generation) or
                 ``channel_unbound`` (wrong secret, future generation, malformed).
         """
-        token = _parse_token(ctx.headers.get("mcp-channel-token"))
-        _raise_channel(check_channel(session.record, token))
+        token = parse_token(ctx.headers.get("mcp-channel-token"))
+        raise_channel(check_channel(session.record, token))
         return token
 
     def _open_stream(
@@ -643,16 +544,16 @@ class Server:
             # The rebind is how a client whose channel is unbound gets a new one, so
             # only a token of an older generation (a fenced client) is refused.
             try:
-                verdict = check_channel(session.record, _parse_token(raw_token))
+                verdict = check_channel(session.record, parse_token(raw_token))
             except RemoteProtocolError:
                 verdict = ChannelVerdict.UNBOUND  # malformed: unbound, and rebind fixes that
             if verdict is ChannelVerdict.STALE:
-                raise _channel_refusal(ChannelVerdict.STALE, rid)
+                raise channel_refusal(ChannelVerdict.STALE, rid)
             token = None
         else:
-            token = _parse_token(raw_token, rid)
+            token = parse_token(raw_token, rid)
         if not lone_call and not rebind:
-            _raise_channel(check_channel(session.record, token), rid)
+            raise_channel(check_channel(session.record, token), rid)
         requests = await self._absorb(session, post.messages)
         if not requests:
             await conn.send(conn.http.send_response(202, ()))
@@ -680,7 +581,7 @@ class Server:
         else:
             for plan in plans:
                 self._handlers.start_soon(self._run_request, session, plan, handle)
-        headers = (*_SSE_HEADERS, ("mcp-session-id", session.session_id))
+        headers = (*SSE_HEADERS, ("mcp-session-id", session.session_id))
         await self._write_stream(conn, session, handle, 0, headers)
 
     async def _absorb(self, session: Session, messages: list[Any]) -> list[Request]:
@@ -807,7 +708,7 @@ class Server:
                 await self._end_session(session)
                 raise session_refusal(sid, req.id) from None
             except ChannelRejected as exc:
-                _raise_channel(exc.verdict, req.id)
+                raise_channel(exc.verdict, req.id)
                 raise  # unreachable: _raise_channel raises
             if start.outcome is CallOutcome.EXECUTE:
                 session.calls[key] = trio.Event()
@@ -1103,7 +1004,7 @@ class Server:
         session = await self._session(get.ctx.session_id)
         token = self._channel(session, get.ctx)
         cursor = get.last_event_id
-        headers = (*_SSE_HEADERS, ("mcp-session-id", session.session_id))
+        headers = (*SSE_HEADERS, ("mcp-session-id", session.session_id))
         if cursor is not None and self.config.resume == "off":
             raise RemoteProtocolError(
                 "this server does not resume streams (resumption policy 'off')",
@@ -1136,7 +1037,7 @@ class Server:
                 await self._replay_from_store(conn, session, cursor, token, headers)
                 return
             if log_.binding != (token[0] if token else 0):
-                raise _channel_refusal(
+                raise channel_refusal(
                     ChannelVerdict.UNBOUND,
                     None,
                     "this cursor was issued on another channel; rebind to resume it",
@@ -1175,7 +1076,7 @@ class Server:
                 reason=Reason.CURSOR_UNKNOWN,
             )
         if info.binding != (token[0] if token else 0):
-            raise _channel_refusal(
+            raise channel_refusal(
                 ChannelVerdict.UNBOUND,
                 None,
                 "this cursor was issued on another channel; rebind to resume it",
@@ -1268,7 +1169,7 @@ class Server:
         endpoint = f"{self.config.legacy_messages_path}?session_id={session.session_id}"
         await handle.send(endpoint, event="endpoint")
         try:
-            await self._write_stream(conn, session, handle, 0, _SSE_HEADERS)
+            await self._write_stream(conn, session, handle, 0, SSE_HEADERS)
         finally:
             # The legacy session lives exactly as long as its stream.
             if not session.closed:
@@ -1335,133 +1236,7 @@ class Server:
         next_seq: int,
         headers: tuple[tuple[str, str], ...],
     ) -> None:
-        """Copy frames from ``handle``'s log to the socket from ``next_seq`` on (see module doc).
-
-        Hot path: a response whose answer is ready within a few scheduling steps
-        goes out as ONE write -- head, frames and terminator together -- with no
-        watcher task.  Otherwise the head and first frames go out as soon as they
-        exist, and a watcher task notices a peer that goes away while we wait.
-        """
-        log_ = handle.log
-        http = conn.http
-        if log_.state in (StreamState.LIVE_DETACHED, StreamState.FINAL_DETACHED):
-            handle.handle(StreamInput.ATTACH)
-        scope = trio.CancelScope()
-        handle.writer_scope = scope
-        peer_gone = False
-        pump = _Pump(conn, session, handle, next_seq, http.start_stream(200, headers))
-
-        async def watch_peer() -> None:
-            nonlocal peer_gone
-            try:
-                data = await conn.stream.receive_some(_RECV)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                data = b""
-            if data:
-                http.receive_data(data)  # a pipelined request: served after this response
-                return
-            peer_gone = True
-            scope.cancel()
-
-        with scope:
-            try:
-                if not await pump.run(fast=True):
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(watch_peer)
-                        await pump.run(fast=False)
-                        nursery.cancel_scope.cancel()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                peer_gone = True
-        if handle.writer_scope is scope:
-            handle.writer_scope = None
-            if log_.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
-                handle.handle(StreamInput.DETACH)
-        if peer_gone or scope.cancelled_caught or http.should_close:
-            http.send_failed()
-            raise _PeerGone
-        if not pump.ended:
-            await conn.send(pump.pending + http.end_stream())
-
-
-class _Pump:
-    """A writer's cursor into one stream log, and the bytes not written yet."""
-
-    __slots__ = ("conn", "ended", "handle", "next_seq", "pending", "session")
-
-    #: Scheduling steps the fast path yields, waiting for a ready answer, before writing
-    #: (a handler that returns without blocking needs about this many to finish).
-    COALESCE = 8
-
-    def __init__(
-        self, conn: Connection, session: Session, handle: StreamHandle, next_seq: int, head: bytes
-    ) -> None:
-        self.conn = conn
-        self.session = session
-        self.handle = handle
-        self.next_seq = next_seq
-        self.pending = head  # written with the first frames (or before the first wait)
-        self.ended = False  # the terminating chunk went out with the last frames
-
-    async def run(self, *, fast: bool) -> bool:
-        """Write until the stream is done (True); with ``fast``, give up (False) rather
-        than wait with nobody watching the peer."""
-        handle, log_, http = self.handle, self.handle.log, self.conn.http
-        budget = self.COALESCE if fast else 0
-        while True:
-            try:
-                frames = log_.frames_from(self.next_seq)
-            except RemoteProtocolError:
-                log.warning("writer fell behind stream %s's retention; ending it", log_.epoch)
-                return True
-            if frames:
-                if budget and log_.state is not StreamState.FINAL_ATTACHED:
-                    budget -= 1  # the answer may be a step away: let its task run first
-                    await trio.lowlevel.checkpoint()
-                    continue
-                await self._write(frames)
-                if self.ended:
-                    return True
-                continue
-            state = log_.state
-            if state is StreamState.FINAL_ATTACHED:
-                handle.handle(StreamInput.DELIVERED)
-                return True
-            if state is StreamState.CLOSED or self.session.closed:
-                return True
-            if handle.close_retry_ms is not None:
-                self.pending += http.send_stream_data(encode_retry(handle.close_retry_ms))
-                handle.close_retry_ms = None
-                return True
-            if budget:
-                budget -= 1
-                await trio.lowlevel.checkpoint()
-                continue
-            if fast:
-                return False  # not ready within a few steps: wait, watching the peer
-            if self.pending:
-                await self.conn.send(self.pending)  # the head goes out before any wait
-                self.pending = b""
-            await handle.wait_changed()
-
-    async def _write(self, frames: list[bytes]) -> None:
-        handle, log_, http = self.handle, self.handle.log, self.conn.http
-        data = b"".join(frames)
-        chunk = http.send_stream_data(data)
-        out = self.pending + chunk
-        offset = len(out) - len(data) - 2  # the frames follow the chunk header
-        marks: list[tuple[int, tuple[StreamHandle, int]]] = []
-        first, drained = self.next_seq, log_.drained_seq
-        for i, frame in enumerate(frames):
-            offset += len(frame)
-            if first + i >= drained:
-                marks.append((offset, (handle, first + i)))
-        self.next_seq = first + len(frames)
-        if log_.state is StreamState.FINAL_ATTACHED and self.next_seq == log_.next_seq:
-            handle.handle(StreamInput.DELIVERED)
-            out += http.end_stream()
-            self.ended = True
-        self.pending = b""
-        await self.conn.send(out, marks)
+        await write_stream(conn, session, handle, next_seq, headers)
 
 
 @dataclass(slots=True)
@@ -1475,35 +1250,6 @@ class _Plan:
     deferred: bool = False  # the response's store append also records it in the gate
 
 
-def _parse_token(raw: str | None, request_id: RequestId | None = None) -> tuple[int, str] | None:
-    """``Mcp-Channel-Token: <generation>.<secret>``; malformed is ``channel_unbound``."""
-    if raw is None:
-        return None
-    gen, sep, secret = raw.strip().partition(".")
-    if not sep or not gen.isdigit() or len(gen) > 18 or not secret:
-        raise _channel_refusal(ChannelVerdict.UNBOUND, request_id, "malformed Mcp-Channel-Token")
-    return int(gen), secret
-
-
-def _channel_refusal(
-    verdict: ChannelVerdict, request_id: RequestId | None, message: str | None = None
-) -> RemoteProtocolError:
-    reason = Reason.CURSOR_STALE if verdict is ChannelVerdict.STALE else Reason.CHANNEL_UNBOUND
-    text = message or (
-        "this channel token belongs to an older generation of the session"
-        if verdict is ChannelVerdict.STALE
-        else "this channel token is not bound to the session; rebind first"
-    )
-    return RemoteProtocolError(
-        text, http_status=409, reason=reason, code=SERVER_ERROR, request_id=request_id
-    )
-
-
-def _raise_channel(verdict: ChannelVerdict, request_id: RequestId | None = None) -> None:
-    if verdict is not ChannelVerdict.OK:
-        raise _channel_refusal(verdict, request_id)
-
-
 def _reid(payload: bytes, request_id: RequestId) -> bytes:
     # A replay under an Idempotency-Key answers the *new* JSON-RPC id.
     msg = msgspec.json.decode(payload)
@@ -1511,30 +1257,10 @@ def _reid(payload: bytes, request_id: RequestId) -> bytes:
     return msgspec.json.encode(msg)
 
 
-async def _open_listeners(config: ServerConfig) -> list[trio.SocketListener]:
-    if not config.reuse_port:
-        return await trio.open_tcp_listeners(config.port, host=config.host)
-    # Several processes accept on one port; the kernel spreads connections among them.
-    infos = await trio.socket.getaddrinfo(
-        config.host, config.port, type=trio.socket.SOCK_STREAM, flags=trio.socket.AI_PASSIVE
-    )
-    family, kind, proto, _, addr = infos[0]
-    sock = trio.socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)
-        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEPORT, 1)
-        await sock.bind(addr)
-        sock.listen(1024)
-    except BaseException:
-        sock.close()
-        raise
-    return [trio.SocketListener(sock)]
-
-
 def _only_disconnects(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return all(_only_disconnects(e) for e in exc.exceptions)
-    return isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError | _PeerGone)
+    return isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError | PeerGone)
 
 
 async def serve(

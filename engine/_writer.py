@@ -1,0 +1,175 @@
+"""SSE writers: copying a stream's log to one connection, from a cursor.
+
+Theory of operation
+-------------------
+A writer is nothing but a cursor into a :class:`protocol.StreamLog` and the
+connection holding the HTTP response: it copies frames in log order, marks where
+each frame's last byte lies (so the frame's credit comes back when the peer
+acknowledges it), and ends the response when the stream is finished, closed, or
+asked to close early (``retry:``).  Handlers never write; they append to the log.
+
+The hot path matters: for a call that answers within a few scheduling steps the
+head, the frames and the terminating chunk go out as ONE write, with no watcher
+task.  Only a writer that has to wait runs a watcher, which notices a peer that
+goes away (EOF) and cancels the writer at once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from protocol import RemoteProtocolError, StreamInput, StreamState, encode_retry
+
+from ._connection import Connection
+from ._session import Session, StreamHandle
+
+log = logging.getLogger("weir")
+
+RECV_BYTES = 65536
+SSE_HEADERS = (
+    ("content-type", "text/event-stream"),
+    ("cache-control", "no-cache"),
+    ("x-accel-buffering", "no"),
+)
+
+
+class PeerGone(Exception):
+    """The peer went away (or a newer reader took over) while we wrote its stream."""
+
+
+async def write_stream(
+    conn: Connection,
+    session: Session,
+    handle: StreamHandle,
+    next_seq: int,
+    headers: tuple[tuple[str, str], ...],
+) -> None:
+    """Copy frames from ``handle``'s log to the socket from ``next_seq`` on (see module doc).
+
+    Hot path: a response whose answer is ready within a few scheduling steps
+    goes out as ONE write -- head, frames and terminator together -- with no
+    watcher task.  Otherwise the head and first frames go out as soon as they
+    exist, and a watcher task notices a peer that goes away while we wait.
+    """
+    log_ = handle.log
+    http = conn.http
+    if log_.state in (StreamState.LIVE_DETACHED, StreamState.FINAL_DETACHED):
+        handle.handle(StreamInput.ATTACH)
+    scope = trio.CancelScope()
+    handle.writer_scope = scope
+    peer_gone = False
+    pump = _Pump(conn, session, handle, next_seq, http.start_stream(200, headers))
+
+    async def watch_peer() -> None:
+        nonlocal peer_gone
+        try:
+            data = await conn.stream.receive_some(RECV_BYTES)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""
+        if data:
+            http.receive_data(data)  # a pipelined request: served after this response
+            return
+        peer_gone = True
+        scope.cancel()
+
+    with scope:
+        try:
+            if not await pump.run(fast=True):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(watch_peer)
+                    await pump.run(fast=False)
+                    nursery.cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            peer_gone = True
+    if handle.writer_scope is scope:
+        handle.writer_scope = None
+        if log_.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
+            handle.handle(StreamInput.DETACH)
+    if peer_gone or scope.cancelled_caught or http.should_close:
+        http.send_failed()
+        raise PeerGone
+    if not pump.ended:
+        await conn.send(pump.pending + http.end_stream())
+
+
+class _Pump:
+    """A writer's cursor into one stream log, and the bytes not written yet."""
+
+    __slots__ = ("conn", "ended", "handle", "next_seq", "pending", "session")
+
+    #: Scheduling steps the fast path yields, waiting for a ready answer, before writing
+    #: (a handler that returns without blocking needs about this many to finish).
+    COALESCE = 8
+
+    def __init__(
+        self, conn: Connection, session: Session, handle: StreamHandle, next_seq: int, head: bytes
+    ) -> None:
+        self.conn = conn
+        self.session = session
+        self.handle = handle
+        self.next_seq = next_seq
+        self.pending = head  # written with the first frames (or before the first wait)
+        self.ended = False  # the terminating chunk went out with the last frames
+
+    async def run(self, *, fast: bool) -> bool:
+        """Write until the stream is done (True); with ``fast``, give up (False) rather
+        than wait with nobody watching the peer."""
+        handle, log_, http = self.handle, self.handle.log, self.conn.http
+        budget = self.COALESCE if fast else 0
+        while True:
+            try:
+                frames = log_.frames_from(self.next_seq)
+            except RemoteProtocolError:
+                log.warning("writer fell behind stream %s's retention; ending it", log_.epoch)
+                return True
+            if frames:
+                if budget and log_.state is not StreamState.FINAL_ATTACHED:
+                    budget -= 1  # the answer may be a step away: let its task run first
+                    await trio.lowlevel.checkpoint()
+                    continue
+                await self._write(frames)
+                if self.ended:
+                    return True
+                continue
+            state = log_.state
+            if state is StreamState.FINAL_ATTACHED:
+                handle.handle(StreamInput.DELIVERED)
+                return True
+            if state is StreamState.CLOSED or self.session.closed:
+                return True
+            if handle.close_retry_ms is not None:
+                self.pending += http.send_stream_data(encode_retry(handle.close_retry_ms))
+                handle.close_retry_ms = None
+                return True
+            if budget:
+                budget -= 1
+                await trio.lowlevel.checkpoint()
+                continue
+            if fast:
+                return False  # not ready within a few steps: wait, watching the peer
+            if self.pending:
+                await self.conn.send(self.pending)  # the head goes out before any wait
+                self.pending = b""
+            await handle.wait_changed()
+
+    async def _write(self, frames: list[bytes]) -> None:
+        handle, log_, http = self.handle, self.handle.log, self.conn.http
+        data = b"".join(frames)
+        chunk = http.send_stream_data(data)
+        out = self.pending + chunk
+        offset = len(out) - len(data) - 2  # the frames follow the chunk header
+        marks: list[tuple[int, tuple[StreamHandle, int]]] = []
+        first, drained = self.next_seq, log_.drained_seq
+        for i, frame in enumerate(frames):
+            offset += len(frame)
+            if first + i >= drained:
+                marks.append((offset, (handle, first + i)))
+        self.next_seq = first + len(frames)
+        if log_.state is StreamState.FINAL_ATTACHED and self.next_seq == log_.next_seq:
+            handle.handle(StreamInput.DELIVERED)
+            out += http.end_stream()
+            self.ended = True
+        self.pending = b""
+        await self.conn.send(out, marks)
