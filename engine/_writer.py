@@ -152,6 +152,7 @@ class _Pump:
             if self.pending:
                 await self.conn.send(self.pending)  # the head goes out before any wait
                 self.pending = b""
+                continue  # frames may have arrived while we sent: never wait past them
             await handle.wait_changed()
 
     async def _write(self, frames: list[bytes]) -> None:

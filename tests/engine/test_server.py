@@ -418,3 +418,42 @@ async def test_graceful_shutdown_lets_calls_finish_and_ends_streams_with_retry(
             await get.events()
             assert get.ended and b"retry: " in get.raw
         outer.cancel_scope.cancel()
+
+
+gate = {"event": trio.Event()}
+
+
+@app.tool()
+async def gated() -> str:
+    """Answer once the test opens the gate."""
+    await gate["event"].wait()
+    return "through"
+
+
+async def test_answer_arriving_while_the_head_is_written_is_not_lost(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Regression: the writer sent the response head and then waited for the next
+    # frame without looking again, so an answer appended during that send was
+    # never written (no priming event below 2025-11-25 made the window wide).
+    gate["event"] = trio.Event()
+    sends = {"n": 0}
+    async with running_server(app) as (server, nursery):
+        s2c_send, s2c_recv = trio.testing.memory_stream_one_way_pair()
+        c2s_send, c2s_recv = trio.testing.memory_stream_one_way_pair()
+
+        async def hook() -> None:
+            sends["n"] += 1
+            if sends["n"] == 3:  # initialize, 202, then the call's head: answer now
+                gate["event"].set()
+                for _ in range(20):
+                    await trio.lowlevel.checkpoint()
+            trio.testing.memory_stream_pump(s2c_send, s2c_recv)
+
+        s2c_send.send_all_hook = hook
+        nursery.start_soon(server.serve_connection, trio.StapledStream(s2c_send, c2s_recv))
+        client = H11Client(trio.StapledStream(c2s_send, s2c_recv))
+        await client.initialize("2025-06-18")
+        with trio.fail_after(10):
+            msgs = await (await client.call(1, "gated")).messages()
+        assert msgs[-1]["result"]["content"][0]["text"] == "through"
