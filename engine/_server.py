@@ -57,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -352,23 +353,26 @@ class Server:
 
     async def _connection_loop(self, conn: Connection) -> None:
         http = conn.http
-        while True:
-            event = http.next_event()
-            if event is NEED_DATA:
-                with trio.move_on_after(self.config.keepalive_timeout) as idle:
+        keepalive = self.config.keepalive_timeout
+        # One scope for the connection's idle deadline, armed only while we wait for
+        # the peer (cheaper than a new timeout scope around every read).
+        with trio.CancelScope() as idle:
+            while True:
+                event = http.next_event()
+                if event is NEED_DATA:
+                    idle.deadline = trio.current_time() + keepalive
                     data = await conn.stream.receive_some(RECV_BYTES)
-                if idle.cancelled_caught:
+                    idle.deadline = math.inf
+                    http.receive_data(data)
+                elif isinstance(event, HttpRequest):
+                    await self._respond(conn, event)
+                    if http.should_close:
+                        return
+                elif isinstance(event, HttpError):
+                    await conn.send(http.data_to_send())
                     return
-                http.receive_data(data)
-            elif isinstance(event, HttpRequest):
-                await self._respond(conn, event)
-                if http.should_close:
+                elif isinstance(event, ConnectionClosed):
                     return
-            elif isinstance(event, HttpError):
-                await conn.send(http.data_to_send())
-                return
-            elif isinstance(event, ConnectionClosed):
-                return
 
     async def _refuse(self, conn: Connection, exc: RemoteProtocolError) -> None:
         self.metrics.refused(str(exc.reason))

@@ -272,10 +272,24 @@ class HttpConnection:
         return out
 
     def start_stream(self, status: int, headers: Iterable[tuple[str, str]]) -> bytes:
-        """Start a streamed (chunked) response, e.g. ``text/event-stream``."""
-        return self._send(
-            h11.Response(status_code=status, headers=_headers(headers), reason=_phrase(status))
-        )
+        """Start a streamed (chunked) response, e.g. ``text/event-stream``.
+
+        The validated h11 event is cached by ``(status, headers)``: an SSE server
+        sends the same head (per session) again and again, and h11 validates every
+        header each time it builds one.
+        """
+        if not isinstance(headers, tuple):
+            headers = tuple(headers)
+        key = (status, headers)
+        event = _STREAM_HEADS.get(key)
+        if event is None:
+            event = h11.Response(
+                status_code=status, headers=_headers(headers), reason=_phrase(status)
+            )
+            if len(_STREAM_HEADS) >= _STREAM_HEADS_MAX:
+                _STREAM_HEADS.pop(next(iter(_STREAM_HEADS)))
+            _STREAM_HEADS[key] = event
+        return self._send(event)
 
     def send_stream_data(self, data: bytes) -> bytes:
         """Frame ``data`` as one chunk of the streamed response."""
@@ -327,6 +341,11 @@ class HttpConnection:
             # We answered before reading the whole request body (e.g. a 413):
             # the rest of the body cannot be skipped safely, so close.
             self._closed = True
+
+
+# Streamed-response heads already validated by h11, oldest first (bounded).
+_STREAM_HEADS: dict[tuple[int, tuple[tuple[str, str], ...]], h11.Response] = {}
+_STREAM_HEADS_MAX = 4096
 
 
 def _headers(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
