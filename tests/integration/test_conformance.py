@@ -10,15 +10,10 @@ to ``$WEIR_CONFORMANCE_REPORT_DIR/<suite version>.txt`` so CI can check the leg 
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, NoReturn
+from typing import NoReturn
 
 import pytest
 
@@ -28,13 +23,10 @@ from tests.conformance_runner import (
     ensure_suite,
     run_conformance,
 )
+from tests.integration.serverproc import WeirProcess
 
 pytestmark = pytest.mark.conformance
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SERVER_START_TIMEOUT = 20.0
-SERVER_STOP_TIMEOUT = 5.0
-_SERVING = re.compile(r"^weir: serving (?P<url>https?://\S+)")
 
 # WARNING checks that are accepted, as (scenario, check id). Anything else fails.
 #
@@ -46,81 +38,10 @@ ALLOWED_WARNINGS_0_1_16: frozenset[tuple[str, str]] = frozenset()
 ALLOWED_WARNINGS_0_2_0_ALPHA_12: frozenset[tuple[str, str]] = frozenset()
 
 
-class WeirServer:
-    """``python -m engine serve conformance`` on an ephemeral port."""
-
-    def __init__(self, stdout: IO[bytes], stderr: IO[bytes]) -> None:
-        """Start it, its output going to the given (seekable, temporary) files."""
-        self._stdout = stdout
-        self._stderr = stderr
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "engine",
-                "serve",
-                "conformance",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-            ],
-            cwd=REPO_ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            stdin=subprocess.DEVNULL,
-            stdout=self._stdout,
-            stderr=self._stderr,
-        )
-        self.url = self._wait_for_url()
-
-    @staticmethod
-    def _read(stream: IO[bytes]) -> str:
-        # pread: the child shares this file's offset, which must not move under it.
-        fd = stream.fileno()
-        return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
-
-    def stderr(self, limit: int = 6000) -> str:
-        text = self._read(self._stderr)
-        return text if len(text) <= limit else "...\n" + text[-limit:]
-
-    def _fail(self, why: str) -> NoReturn:
-        self.stop()
-        stdout = self._read(self._stdout)[-2000:]
-        pytest.fail(
-            f"weir server did not start: {why}\n"
-            f"--- server stdout ---\n{stdout}\n--- server stderr ---\n{self.stderr()}",
-            pytrace=False,
-        )
-
-    def _wait_for_url(self) -> str:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT
-        while True:
-            first_line = self._read(self._stdout).split("\n", 1)
-            if len(first_line) == 2:  # the first line is complete
-                match = _SERVING.match(first_line[0].strip())
-                if match is None:
-                    self._fail(f"unexpected first stdout line {first_line[0]!r}")
-                return match.group("url")
-            if self.proc.poll() is not None:
-                self._fail(f"it exited with code {self.proc.returncode}")
-            if time.monotonic() > deadline:
-                self._fail(f"no 'weir: serving URL' line within {SERVER_START_TIMEOUT:.0f}s")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=SERVER_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 @pytest.fixture(scope="module")
-def weir_server() -> Iterator[WeirServer]:
+def weir_server() -> Iterator[WeirProcess]:
     with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
-        server = WeirServer(stdout, stderr)
+        server = WeirProcess("conformance", stdout, stderr)
         try:
             yield server
         finally:
@@ -140,13 +61,13 @@ def _run_suite(
     *,
     suite: str,
     spec_version: str | None = None,
-) -> tuple[ConformanceReport, WeirServer]:
-    server: WeirServer | None = None
+) -> tuple[ConformanceReport, WeirProcess]:
+    server: WeirProcess | None = None
     try:
         # Installing first means a machine without npm skips before starting a server.
         ensure_suite(version)
         server = request.getfixturevalue("weir_server")
-        assert isinstance(server, WeirServer)
+        assert isinstance(server, WeirProcess)
         report = run_conformance(
             server.url, version=version, suite=suite, spec_version=spec_version
         )
@@ -169,7 +90,7 @@ def _run_suite(
 
 def _check(
     report: ConformanceReport,
-    server: WeirServer,
+    server: WeirProcess,
     *,
     expected_scenarios: int,
     allowed_warnings: frozenset[tuple[str, str]],
