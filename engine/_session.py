@@ -179,7 +179,9 @@ class StreamHandle:
         log = self.log
         log.append(payload, final=final, event=event)
         actual = log.last_frame_size()
-        self.session.credit.correct(size, actual)
+        session = self.session
+        session.credit.correct(size, actual)
+        session.typical_frame += (actual - session.typical_frame) / 8
         return actual
 
     def wake(self) -> None:
@@ -226,6 +228,8 @@ class Session:
         self._waiters: deque[tuple[int, trio.Event]] = deque()
         #: Admitted requests whose response is not enqueued yet (bounded by the frame credit).
         self.inflight = 0
+        #: A moving average of this session's frame sizes (admission's byte estimate).
+        self.typical_frame = 256.0
         #: Pulsed when the credit's deadline may have moved earlier (the timer task waits on it).
         self.timer_changed = trio.Event()
         #: Pulsed on every credit change (admission waiters wait on it).
@@ -340,8 +344,12 @@ class Session:
             now = trio.current_time()
             credit.admit(now, request_id)
             lim = credit.limits
-            has_room = credit.frames_in_use < lim.frames and credit.bytes_in_use < lim.bytes
-            if (has_room and self.inflight + n <= lim.frames) or self.inflight == 0:
+            room = lim.bytes - credit.bytes_in_use
+            has_room = credit.frames_in_use < lim.frames and room > 0
+            # In flight at most what the remaining byte credit can take at the session's
+            # typical frame size: results parked waiting for credit stay near the credit.
+            cap = min(lim.frames, max(1, int(room // self.typical_frame)))
+            if (has_room and self.inflight + n <= cap) or self.inflight == 0:
                 self.inflight += n
                 return
             # No credit: that starts the drain window, exactly as a waiting frame does.

@@ -158,12 +158,14 @@ class Retention:
         calls_per_session: finished calls whose responses the memory store keeps
             per session (it has no clock for ``idempotency_ttl``; the oldest
             finished ones go first, running claims are never dropped).
+        call_bytes_per_session: and at most this many bytes of those responses.
     """
 
     events_per_stream: int = 4096
     ttl: float = 3600.0
     idempotency_ttl: float = 3600.0
     calls_per_session: int = 256
+    call_bytes_per_session: int = 1024 * 1024
 
 
 class SessionStore(Protocol):
@@ -345,10 +347,14 @@ class MemoryStore:
             s.calls[key] = (s.calls[key][0], payload)
             s.calls.move_to_end(key)
         limit = max(1, self.retention.calls_per_session)
-        while len(s.calls) > limit:
+        budget = self.retention.call_bytes_per_session
+        held = sum(len(p) for _, p in s.calls.values() if p is not None)
+        while len(s.calls) > limit or (held > budget and len(s.calls) > 1):
             oldest = next(iter(s.calls))
-            if s.calls[oldest][1] is None:
+            payload_ = s.calls[oldest][1]
+            if payload_ is None:
                 break  # never forget a running claim
+            held -= len(payload_)
             del s.calls[oldest]
 
     async def append_event(
