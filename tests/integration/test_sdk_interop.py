@@ -511,3 +511,28 @@ async def test_session_terminated_when_client_exits(demo_server: WeirProcess) ->
     assert body["error"]["data"]["reason"] == "session_not_found"
     assert get.status_code == 404, get.text
     assert delete.status_code == 404, delete.text
+
+
+@on_asyncio
+async def test_legacy_http_sse_transport_with_the_sdk_sse_client(demo_server: WeirProcess) -> None:
+    """The 2024-11-05 HTTP+SSE transport (``GET /sse`` + ``POST /messages``), driven
+    by the official SDK's ``sse_client``: every response travels on the one stream."""
+    from mcp.client.session import ClientSession
+    from mcp.client.sse import sse_client
+
+    base = demo_server.url.rsplit("/", 1)[0]
+    async with (
+        sse_client(f"{base}/sse") as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        init = await session.initialize()
+        assert init.server_info.name == "weir-demo"
+        tools = await session.list_tools()
+        assert {"echo", "increment", "countdown"} <= {t.name for t in tools.tools}
+        result = await session.call_tool("echo", {"text": "over the legacy stream"})
+        assert result.content[0].text == "over the legacy stream"  # type: ignore[union-attr]
+        before = int((await session.call_tool("increment", {"by": 0})).content[0].text)  # type: ignore[union-attr]
+        for _ in range(3):
+            await session.call_tool("increment", {"by": 1})
+        after = int((await session.call_tool("increment", {"by": 0})).content[0].text)  # type: ignore[union-attr]
+        assert after == before + 3  # each call executed exactly once
