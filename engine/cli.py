@@ -12,6 +12,7 @@ gracefully (see ``engine.Server.shutdown``); a second signal exits at once.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import logging
 import signal
@@ -236,10 +237,24 @@ async def _open_store(url: str) -> SessionStore:
         raise SystemExit(f"weir: cannot reach the store {url.split('@')[-1]}: {exc}") from None
 
 
+def _tune_gc() -> None:
+    """Collector settings for a long-running server (set by ``weir serve`` only).
+
+    Everything built at start-up (modules, the app, the server) is moved out of the
+    collector's sight (``gc.freeze``), and the youngest generation is collected
+    less often: per-request garbage is mostly freed by reference counting, and
+    fewer, smaller collections mean fewer pauses in the latency tail.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
+
+
 async def _run(app: App, config: ServerConfig, store_url: str = "memory") -> None:
     store = await _open_store(store_url)
     async with trio.open_nursery() as nursery:
         server: Server = await nursery.start(Server(app, config, store=store).run)
+        _tune_gc()
         print(f"weir: serving {server.url}", flush=True)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:
