@@ -32,8 +32,6 @@ class ServerConfig:
         max_stream_events: frames each stream retains for replay (at least the
             frame credit, so no unacknowledged frame is ever dropped).
         max_closed_streams: finished streams each session keeps for replay.
-        max_executions: finished ``tools/call`` results each session keeps for
-            the idempotency gate.
         in_progress_wait: seconds a duplicate of a running call waits before 409.
         retry_ms: the ``retry:`` hint sent when the server ends a stream early.
         shutdown_grace: seconds running handlers get to finish at shutdown.
@@ -63,7 +61,6 @@ class ServerConfig:
     session_idle_timeout: float | None = 3600.0
     max_stream_events: int = 4096
     max_closed_streams: int = 64
-    max_executions: int = 1024
     in_progress_wait: float = 5.0
     retry_ms: int = 1000
     shutdown_grace: float = 10.0

@@ -23,6 +23,7 @@ import trio
 from protocol import ErrorResponse, RequestId, Response, encode_notification, encode_request
 
 from ._app import McpError
+from ._session import PendingRequest
 
 if TYPE_CHECKING:
     from ._session import Session, StreamHandle
@@ -128,7 +129,7 @@ class Context:
         if stream is None:
             raise McpError(-32603, f"cannot send {method}: no stream to the client is open")
         rid = session.next_request_id()
-        pending = session.pending[rid] = _new_pending()
+        pending = session.pending[rid] = PendingRequest()
         try:
             await stream.send(encode_request(rid, method, params).decode())
             with trio.move_on_after(timeout):
@@ -173,9 +174,3 @@ class Context:
         """
         if self._stream is not None:
             self._stream.request_close(retry_ms)
-
-
-def _new_pending() -> Any:
-    from ._session import PendingRequest
-
-    return PendingRequest()

@@ -586,7 +586,7 @@ class Server:
             for plan in plans:
                 self._handlers.start_soon(self._run_request, session, plan, handle)
         headers = (*SSE_HEADERS, ("mcp-session-id", session.session_id))
-        await self._write_stream(conn, session, handle, 0, headers)
+        await write_stream(conn, session, handle, 0, headers)
 
     async def _absorb(self, session: Session, messages: list[Any]) -> list[Request]:
         """Handle notifications and responses at once; return the requests.
@@ -1055,7 +1055,7 @@ class Server:
                 handle.writer_scope = None
                 if handle.log.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
                     handle.handle(StreamInput.DETACH)
-        await self._write_stream(conn, session, handle, next_seq, headers)
+        await write_stream(conn, session, handle, next_seq, headers)
 
     async def _replay_from_store(
         self,
@@ -1173,7 +1173,7 @@ class Server:
         endpoint = f"{self.config.legacy_messages_path}?session_id={session.session_id}"
         await handle.send(endpoint, event="endpoint")
         try:
-            await self._write_stream(conn, session, handle, 0, SSE_HEADERS)
+            await write_stream(conn, session, handle, 0, SSE_HEADERS)
         finally:
             # The legacy session lives exactly as long as its stream.
             if not session.closed:
@@ -1232,15 +1232,6 @@ class Server:
             session.done()
 
     # ---------------------------------------------------------------- the writer
-    async def _write_stream(
-        self,
-        conn: Connection,
-        session: Session,
-        handle: StreamHandle,
-        next_seq: int,
-        headers: tuple[tuple[str, str], ...],
-    ) -> None:
-        await write_stream(conn, session, handle, next_seq, headers)
 
 
 @dataclass(slots=True)

@@ -110,27 +110,7 @@ class StreamHandle:
         Raises:
             SessionClosed: the session ended while waiting for credit.
         """
-        log = self.log
-        if _closed(log):
-            return
-        size = log.size_of(payload, event=event)
-        await self.session.acquire(size)
-        async with self.lock:
-            if _closed(log):  # aborted while we waited
-                self.session.release(1, size)
-                return
-            if self.sink is not None:
-                try:
-                    await self.sink(log.next_seq, payload, final, None)
-                except BaseException:
-                    # Not in the store, so never on the wire: give the credit back
-                    # and end the stream (a rebind fenced it, or the store failed).
-                    self.session.release(1, size)
-                    if not _closed(log):
-                        self.handle(StreamInput.ABORT)
-                    raise
-            size = self._append(payload, final, event, size)
-        self.wake()
+        await self._enqueue(payload, final=final, event=event, call_key=None)
 
     async def respond(self, payload: str | None, *, call_key: str | None = None) -> None:
         """Enqueue one request's response (``None``: it was cancelled and has none).
@@ -152,27 +132,40 @@ class StreamHandle:
                 ):
                     self.handle(StreamInput.ABORT)  # nothing more will come: end the stream
             return
-        log = self.log
-        if _closed(log):
+        if _closed(self.log):
             self.outstanding -= 1
             return
-        size = log.size_of(payload)
+        await self._enqueue(payload, final=None, event=None, call_key=call_key)
+
+    async def _enqueue(
+        self, payload: str, *, final: bool | None, event: str | None, call_key: str | None
+    ) -> None:
+        # The one way into the log: credit first (FIFO), then -- under the stream's
+        # lock, so store order is log order -- the store (if shared), then the log.
+        # ``final=None`` means "a response": one fewer outstanding, and final if last.
+        log = self.log
+        if final is not None and _closed(log):
+            return
+        size = log.size_of(payload, event=event)
         await self.session.acquire(size)
         async with self.lock:
-            self.outstanding -= 1
-            final = self.outstanding <= 0 and log.kind is not StreamKind.LEGACY
-            if _closed(log):
+            if final is None:
+                self.outstanding -= 1
+                final = self.outstanding <= 0 and log.kind is not StreamKind.LEGACY
+            if _closed(log):  # aborted while we waited
                 self.session.release(1, size)
                 return
             if self.sink is not None:
                 try:
                     await self.sink(log.next_seq, payload, final, call_key)
                 except BaseException:
+                    # Not in the store, so never on the wire: give the credit back
+                    # and end the stream (a rebind fenced it, or the store failed).
                     self.session.release(1, size)
                     if not _closed(log):
                         self.handle(StreamInput.ABORT)
                     raise
-            self._append(payload, final, None, size)
+            self._append(payload, final, event, size)
         self.wake()
 
     def _append(self, payload: str, final: bool, event: str | None, size: int) -> int:
