@@ -22,8 +22,10 @@ handlers up here and calls them with a :class:`~engine.Context`.
 from __future__ import annotations
 
 import base64
+import dis
 import inspect
 import re
+import types
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
@@ -36,6 +38,30 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_\-.]{1,128}")
+
+
+#: Bytecodes through which a coroutine can give control back to the event loop
+#: (``await``, ``async with``, ``async for``; ``YIELD_VALUE`` underlies them all).
+_SUSPENDING_OPS = frozenset(
+    {"GET_AWAITABLE", "SEND", "YIELD_VALUE", "YIELD_FROM", "BEFORE_ASYNC_WITH", "GET_AITER"}
+    | {"GET_ANEXT", "END_ASYNC_FOR", "ASYNC_GEN_WRAP"}
+)
+
+
+def never_suspends(fn: Callable[..., Any]) -> bool:
+    """True if ``fn`` is an ``async def`` whose body contains no suspension point.
+
+    Such a coroutine runs to completion on its first step: it cannot block the
+    event loop any longer than the same code in a task would, cannot be cancelled
+    half-way, and cannot observe which task runs it.  That is what lets the server
+    execute it inline.  Anything else -- a function with an ``await`` anywhere in
+    its body (taken or not), a plain ``def``, a wrapper object, a ``partial`` --
+    answers False and runs in a handler task as usual.  The check reads the
+    function's own bytecode only; what it calls synchronously cannot suspend it.
+    """
+    if not isinstance(fn, types.FunctionType) or not inspect.iscoroutinefunction(fn):
+        return False
+    return not any(ins.opname in _SUSPENDING_OPS for ins in dis.get_instructions(fn))
 
 
 class ToolError(Exception):
@@ -130,6 +156,10 @@ class Tool:
     context_param: str | None
     annotations: dict[str, Any] | None = None
     title: str | None = None
+    #: True when ``fn`` is a coroutine function that can never suspend (see
+    #: :func:`never_suspends`): the server then runs it to completion in the
+    #: connection's task, with no handler task and no cancel scope.
+    inline: bool = False
 
     def listing(self) -> dict[str, Any]:
         """The entry for ``tools/list``."""
@@ -348,6 +378,7 @@ class App:
                 context_param=ctx,
                 annotations=ann or None,
                 title=title,
+                inline=never_suspends(fn),
             )
             return fn
 

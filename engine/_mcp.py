@@ -10,16 +10,17 @@ Transport concerns (streams, sessions, HTTP) stay in ``engine._server``.
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, cast
 
 import msgspec
 
 from protocol import INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND, Request
 
-from ._app import App, McpError, ToolError, text, tool_result
+from ._app import App, McpError, Tool, ToolError, text, tool_result
 from ._context import Context
 from ._session import LOG_LEVELS, Session
 
@@ -62,8 +63,13 @@ def capabilities(app: App) -> dict[str, Any]:
     return caps
 
 
-async def call_tool(app: App, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    """Run ``tools/call``; every failure inside the tool becomes ``isError: true``."""
+def _prepare(app: App, params: dict[str, Any]) -> tuple[str, Tool, dict[str, Any]]:
+    """The tool's name, the tool and its converted keyword arguments.
+
+    Raises:
+        McpError: an unknown tool, or ``arguments`` that is not an object.
+        _InvalidArguments: the arguments do not validate (a tool error, not a JSON-RPC one).
+    """
     name = _require_str(params, "name")
     tool = app.tools.get(name)
     if tool is None:
@@ -78,19 +84,77 @@ async def call_tool(app: App, params: dict[str, Any], ctx: Context) -> dict[str,
         else:
             kwargs = dict(arguments) if tool.input_schema.get("properties") else {}
     except msgspec.ValidationError as exc:
-        return {"content": [text(f"invalid arguments for {name}: {exc}")], "isError": True}
+        raise _InvalidArguments(f"invalid arguments for {name}: {exc}") from None
+    return name, tool, kwargs
+
+
+class _InvalidArguments(Exception):
+    pass
+
+
+def _tool_failed(name: str, exc: Exception) -> dict[str, Any]:
+    if isinstance(exc, ToolError):
+        return {"content": [text(str(exc))], "isError": True}
+    log.exception("tool %s failed", name)
+    return {
+        "content": [text(f"tool {name} failed: {type(exc).__name__}: {exc}")],
+        "isError": True,
+    }
+
+
+async def call_tool(app: App, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """Run ``tools/call``; every failure inside the tool becomes ``isError: true``."""
+    try:
+        name, tool, kwargs = _prepare(app, params)
+    except _InvalidArguments as exc:
+        return {"content": [text(str(exc))], "isError": True}
     try:
         return tool_result(await _call(tool.fn, tool.context_param, ctx, kwargs))
-    except ToolError as exc:
-        return {"content": [text(str(exc))], "isError": True}
     except McpError:
         raise
     except Exception as exc:
-        log.exception("tool %s failed", name)
-        return {
-            "content": [text(f"tool {name} failed: {type(exc).__name__}: {exc}")],
-            "isError": True,
-        }
+        return _tool_failed(name, exc)
+
+
+def inline_tool(app: App, req: Request) -> Tool | None:
+    """The tool ``req`` calls if it is a ``tools/call`` that can run inline, else None."""
+    if req.method != "tools/call" or not req.params:
+        return None
+    name = req.params.get("name")
+    tool = app.tools.get(name) if isinstance(name, str) else None
+    return tool if tool is not None and tool.inline else None
+
+
+def call_tool_now(app: App, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """:func:`call_tool` for a tool whose function never suspends, run synchronously.
+
+    Same results and errors as :func:`call_tool`; the caller has checked
+    :func:`inline_tool`.  The coroutine is stepped once and must finish on that
+    step (:func:`engine._app.never_suspends` guarantees it); it runs in a copy of
+    the current context, as a task would, so context variables it sets do not leak.
+    """
+    try:
+        name, tool, kwargs = _prepare(app, params)
+    except _InvalidArguments as exc:
+        return {"content": [text(str(exc))], "isError": True}
+    if tool.context_param is not None:
+        kwargs[tool.context_param] = ctx
+    coro = cast("Coroutine[Any, Any, Any]", tool.fn(**kwargs))
+    try:
+        contextvars.copy_context().run(coro.send, None)
+    except StopIteration as stop:
+        value = stop.value
+    except McpError:
+        raise
+    except Exception as exc:
+        return _tool_failed(name, exc)
+    else:  # pragma: no cover - never_suspends() rules this out
+        coro.close()
+        raise RuntimeError(f"tool {name!r} suspended although it has no await")
+    try:
+        return tool_result(value)
+    except Exception as exc:
+        return _tool_failed(name, exc)
 
 
 def _resource_contents(uri: str, mime: str | None, value: Any) -> list[dict[str, Any]]:

@@ -114,7 +114,7 @@ from ._channel import channel_refusal, parse_token, raise_channel
 from ._config import ServerConfig, _open_listeners
 from ._connection import Connection
 from ._context import Context
-from ._mcp import capabilities, dispatch
+from ._mcp import call_tool_now, capabilities, dispatch, inline_tool
 from ._metrics import Metrics
 from ._session import Session, SessionClosed, StreamHandle, StreamLost
 from ._store import (
@@ -318,7 +318,8 @@ class Server:
         credit = session.credit
         while not session.closed:
             changed = session.timer_changed
-            with trio.move_on_at(credit.deadline()):
+            session.timer_at = credit.deadline()
+            with trio.move_on_at(session.timer_at):
                 await changed.wait()
             state = credit.handle_timer(trio.current_time())
             if state is CreditState.DEAD and not session.closed:
@@ -580,7 +581,10 @@ class Server:
         handle = self._open_stream(session, epoch, StreamKind.REQUEST, token)
         handle.outstanding = len(plans)
         assert self._handlers is not None
-        if self._primes(session, post.ctx.protocol_version) and self.config.resume != "off":
+        primes = self._primes(session, post.ctx.protocol_version) and self.config.resume != "off"
+        if len(plans) == 1 and await self._run_now(session, plans[0], handle, primes=primes):
+            pass
+        elif primes:
             self._handlers.start_soon(self._prime_then_run, session, handle, plans)
         else:
             for plan in plans:
@@ -777,6 +781,14 @@ class Server:
     async def _post_json(
         self, conn: Connection, session: Session, plans: list[_Plan], is_batch: bool
     ) -> None:
+        headers = [("content-type", "application/json"), ("mcp-session-id", session.session_id)]
+        if len(plans) == 1 and not is_batch and self._runs_now(plans[0]):
+            try:
+                body = await self._answer_now(session, plans[0], None)
+            finally:
+                session.done()
+            await conn.send(conn.http.send_response(200, headers, body))
+            return
         results: list[bytes | None] = [None] * len(plans)
         done = trio.Event()
 
@@ -803,7 +815,6 @@ class Server:
             await conn.send(conn.http.send_response(202, ()))
             return
         body = b"[" + b",".join(bodies) + b"]" if is_batch else bodies[0]
-        headers = [("content-type", "application/json"), ("mcp-session-id", session.session_id)]
         await conn.send(conn.http.send_response(200, headers, body))
 
     async def _initialize(self, conn: Connection, post: PostMessages) -> None:
@@ -871,6 +882,88 @@ class Server:
             if scope is not None:
                 scope.cancel()
 
+    # ---------------------------------------------------------------- execution
+    def _runs_now(self, plan: _Plan) -> bool:
+        """Can ``plan`` be answered in the connection's task, with no handler task?
+
+        Yes for a replay (nothing executes) and for a ``tools/call`` of a tool that
+        never suspends (:func:`engine._app.never_suspends`), when the store is
+        process-local (its calls never block either).  Such a call cannot be
+        cancelled half-way, observe its task, or outlive a dropped connection, so
+        running it here changes nothing a client can see -- except the latency.
+        """
+        if self.store.shared:
+            return False
+        return plan.replay is not None or inline_tool(self.app, plan.request) is not None
+
+    async def _answer_now(
+        self, session: Session, plan: _Plan, handle: StreamHandle | None
+    ) -> bytes:
+        """Execute (or replay) a plan :meth:`_runs_now` accepted; record it in the gate."""
+        if plan.replay is not None:
+            return plan.replay
+        req = plan.request
+        if req.id in session.running:
+            payload = _id_in_use(req.id)
+        else:
+            params = req.params or {}
+            meta = params.get("_meta")
+            ctx = Context(session, req.id, handle, meta if isinstance(meta, dict) else None)
+            if plan.key is not None:
+                self.metrics.executions += 1
+            try:
+                payload = encode_result(req.id, call_tool_now(self.app, params, ctx))
+            except McpError as exc:
+                payload = encode_error(req.id, exc.code, exc.message, exc.data)
+            except Exception:
+                log.exception("handler for %s failed", req.method)
+                payload = encode_error(req.id, INTERNAL_ERROR, f"internal error in {req.method}")
+        if plan.key is not None:
+            await self._finish_call(session, plan.key, payload)
+        return payload
+
+    async def _run_now(
+        self, session: Session, plan: _Plan, handle: StreamHandle, *, primes: bool
+    ) -> bool:
+        """Answer a lone request on an SSE stream without a handler task, if it can be.
+
+        Returns False (having done nothing) unless :meth:`_runs_now` accepts the
+        plan.  Otherwise the answer is computed here and its frames (the priming
+        event first, if ``primes``) go into the log at once when credit allows --
+        so the writer finds the final frame on its first look and sends head,
+        frames and terminator in one write.  When a frame would have to wait for
+        credit, a task enqueues them instead, in order, and the writer waits.
+        """
+        if not self._runs_now(plan):
+            return False
+        try:
+            text = (await self._answer_now(session, plan, handle)).decode()
+        except BaseException:
+            session.done()
+            raise
+        if primes and not handle.try_send_now(""):
+            assert self._handlers is not None
+            self._handlers.start_soon(self._deliver, session, handle, True, text)
+        elif handle.try_respond_now(text):
+            session.done()
+        else:
+            assert self._handlers is not None
+            self._handlers.start_soon(self._deliver, session, handle, False, text)
+        return True
+
+    async def _deliver(
+        self, session: Session, handle: StreamHandle, prime: bool, payload: str
+    ) -> None:
+        """Enqueue an answer computed by :meth:`_run_now` when it has to wait for credit."""
+        try:
+            if prime:
+                await handle.send("")
+            await handle.respond(payload)
+        except StreamLost:
+            pass
+        finally:
+            session.done()
+
     async def _execute(
         self, session: Session, plan: _Plan, handle: StreamHandle | None
     ) -> bytes | None:
@@ -879,12 +972,7 @@ class Server:
         if plan.replay is not None:
             return plan.replay
         if req.id in session.running:
-            return encode_error(
-                req.id,
-                INVALID_REQUEST,
-                f"request id {req.id!r} is already in use",
-                {"reason": str(Reason.INVALID_REQUEST)},
-            )
+            return _id_in_use(req.id)
         params = req.params or {}
         meta = params.get("_meta")
         ctx = Context(session, req.id, handle, meta if isinstance(meta, dict) else None)
@@ -953,7 +1041,10 @@ class Server:
         self, session: Session, key: str, payload: bytes | None, *, stored: bool = False
     ) -> None:
         """Store the call's outcome in the gate (a cancelled call releases its key)."""
-        if not stored:
+        if not stored and not self.store.shared:
+            # The process-local store never blocks: no shield or timeout to set up.
+            await self.store.finish_call(session.record.principal, session.session_id, key, payload)
+        elif not stored:
             try:
                 with trio.CancelScope(shield=True), trio.move_on_after(5):
                     await self.store.finish_call(
@@ -1243,6 +1334,15 @@ class _Plan:
     replay: bytes | None = None  # set: answer with this stored response, execute nothing
     epoch: str | None = None  # the epoch the store allocated with the claim
     deferred: bool = False  # the response's store append also records it in the gate
+
+
+def _id_in_use(request_id: RequestId) -> bytes:
+    return encode_error(
+        request_id,
+        INVALID_REQUEST,
+        f"request id {request_id!r} is already in use",
+        {"reason": str(Reason.INVALID_REQUEST)},
+    )
 
 
 def _reid(payload: bytes, request_id: RequestId) -> bytes:

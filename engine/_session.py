@@ -25,6 +25,7 @@ store.  Its state changes go through the tables in :mod:`protocol` (here only
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -97,7 +98,7 @@ class StreamHandle:
         #: Where frames go before the wire (the shared store), or None.
         self.sink: Callable[[int, str, bool, str | None], Awaitable[None]] | None = None
         self.lock = trio.Lock()  # keeps store order == log order
-        self._changed = trio.Event()
+        self._changed: trio.Event | None = None  # created only when a writer waits
         self.outstanding = 0  # requests whose response is still to come on this stream
         self.close_retry_ms: int | None = None  # set: server closes the connection early
         self.writer_scope: trio.CancelScope | None = None
@@ -168,6 +169,38 @@ class StreamHandle:
             self._append(payload, final, event, size)
         self.wake()
 
+    def try_send_now(self, payload: str) -> bool:
+        """:meth:`send` without waiting, where that is possible; True if it was done.
+
+        Possible when the stream has no store sink, nothing holds its lock, no
+        frame of the session waits for credit and there is credit for this one --
+        exactly the cases where :meth:`send` would not block.  Otherwise nothing
+        changes and the caller awaits :meth:`send`.
+        """
+        return self._enqueue_now(payload, final=False)
+
+    def try_respond_now(self, payload: str) -> bool:
+        """:meth:`respond` without waiting, where that is possible (see :meth:`try_send_now`)."""
+        return self._enqueue_now(payload, final=None)
+
+    def _enqueue_now(self, payload: str, *, final: bool | None) -> bool:
+        log = self.log
+        if self.sink is not None or self.lock.locked():
+            return False
+        if _closed(log):  # dropped without credit, as _enqueue does
+            if final is None:
+                self.outstanding -= 1
+            return True
+        size = log.size_of(payload, event=None)
+        if not self.session.try_acquire_now(size):
+            return False
+        if final is None:
+            self.outstanding -= 1
+            final = self.outstanding <= 0 and log.kind is not StreamKind.LEGACY
+        self._append(payload, final, None, size)
+        self.wake()
+        return True
+
     def _append(self, payload: str, final: bool, event: str | None, size: int) -> int:
         log = self.log
         log.append(payload, final=final, event=event)
@@ -178,13 +211,18 @@ class StreamHandle:
         return actual
 
     def wake(self) -> None:
-        """Wake whoever waits in :meth:`wait_changed`."""
-        self._changed.set()
-        self._changed = trio.Event()
+        """Wake whoever waits in :meth:`wait_changed` (nothing to do if nobody does)."""
+        changed = self._changed
+        if changed is not None:
+            self._changed = None
+            changed.set()
 
     async def wait_changed(self) -> None:
         """Block until the next append or lifecycle change."""
-        await self._changed.wait()
+        changed = self._changed
+        if changed is None:
+            changed = self._changed = trio.Event()
+        await changed.wait()
 
     def handle(self, event: StreamInput) -> None:
         """Apply a lifecycle input to the log's state machine and wake the writer."""
@@ -223,10 +261,11 @@ class Session:
         self.inflight = 0
         #: A moving average of this session's frame sizes (admission's byte estimate).
         self.typical_frame = 256.0
-        #: Pulsed when the credit's deadline may have moved earlier (the timer task waits on it).
-        self.timer_changed = trio.Event()
-        #: Pulsed on every credit change (admission waiters wait on it).
-        self.credit_changed = trio.Event()
+        #: The instant the timer task sleeps until (it is woken only for an earlier one).
+        self.timer_at = math.inf
+        # Created on demand by whoever waits, set and dropped by the next pulse.
+        self._timer_event: trio.Event | None = None
+        self._credit_event: trio.Event | None = None
         self.state = SessionState.NEW
         self.streams = StreamTable(max_closed=max_closed_streams)
         self.handles: dict[str, StreamHandle] = {}
@@ -246,6 +285,22 @@ class Session:
         #: Responses of recently finished calls, handed back by a rebind.
         self.finished: list[bytes] = []
         self.max_finished = 100
+
+    @property
+    def timer_changed(self) -> trio.Event:
+        """Set when the credit's deadline moves earlier than :attr:`timer_at`, or on close."""
+        ev = self._timer_event
+        if ev is None:
+            ev = self._timer_event = trio.Event()
+        return ev
+
+    @property
+    def credit_changed(self) -> trio.Event:
+        """Set at the next credit change (admission waiters and samplers wait on it)."""
+        ev = self._credit_event
+        if ev is None:
+            ev = self._credit_event = trio.Event()
+        return ev
 
     @property
     def session_id(self) -> str:
@@ -312,11 +367,18 @@ class Session:
         return self.credit.frames_in_use
 
     def _pulse(self, *, timer: bool = False) -> None:
-        self.credit_changed.set()
-        self.credit_changed = trio.Event()
-        if timer:  # the credit's deadline may have moved earlier: wake the timer task
-            self.timer_changed.set()
-            self.timer_changed = trio.Event()
+        ev = self._credit_event
+        if ev is not None:
+            self._credit_event = None
+            ev.set()
+        # The credit's deadline may have moved: wake the timer task only if it now
+        # lies before the instant the timer sleeps until (a later one is found when
+        # that wake-up comes), so a busy session does not wake it on every frame.
+        if timer and (self.closed or self.credit.deadline() < self.timer_at):
+            ev = self._timer_event
+            if ev is not None:
+                self._timer_event = None
+                ev.set()
 
     async def admit(self, n: int, request_id: RequestId | None) -> None:
         """Admission for ``n`` session-scoped requests, before anything is dispatched.
@@ -365,14 +427,12 @@ class Session:
         Raises:
             SessionClosed: the session is (or becomes) closed.
         """
+        if self.try_acquire_now(nbytes):
+            await trio.lowlevel.checkpoint()
+            return
         if self.closed:
             raise SessionClosed(self.session_id)
         now = trio.current_time()
-        if not self._waiters and self.credit.try_acquire(nbytes, now):
-            # A first pending frame starts the liveness clock: a new deadline.
-            self._pulse(timer=self.credit.frames_in_use == 1)
-            await trio.lowlevel.checkpoint()
-            return
         entry = (nbytes, trio.Event())
         self._waiters.append(entry)
         self.credit.mark_blocked(now)
@@ -387,6 +447,16 @@ class Session:
             raise
         if self.closed:
             raise SessionClosed(self.session_id)
+
+    def try_acquire_now(self, nbytes: int) -> bool:
+        """Take credit for one frame if that needs no wait (open session, nobody queued)."""
+        if self.closed or self._waiters:
+            return False
+        if not self.credit.try_acquire(nbytes, trio.current_time()):
+            return False
+        # A first pending frame starts the liveness clock: a new deadline.
+        self._pulse(timer=self.credit.frames_in_use == 1)
+        return True
 
     def release(self, frames: int, nbytes: int) -> None:
         """Return credit (frames drained or discarded) and grant waiting frames in order."""

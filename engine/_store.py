@@ -264,6 +264,7 @@ class _MemSession:
     record: SessionRecord
     epochs: int = 0
     calls: OrderedDict[str, tuple[bytes, bytes | None]] = field(default_factory=OrderedDict)
+    held: int = 0  # bytes of the finished responses in ``calls``
     boxes: dict[str, list[bytes]] = field(default_factory=dict)
 
 
@@ -340,21 +341,25 @@ class MemoryStore:
         s = self._sessions.get((principal, session_id))
         if s is None:
             return
+        found = s.calls.get(key)
+        if found is not None and found[1] is not None:
+            s.held -= len(found[1])  # finished twice: the newer outcome replaces it
         if payload is None:
-            s.calls.pop(key, None)
+            if found is not None:
+                del s.calls[key]
             return
-        if key in s.calls:
-            s.calls[key] = (s.calls[key][0], payload)
+        if found is not None:
+            s.calls[key] = (found[0], payload)
             s.calls.move_to_end(key)
+            s.held += len(payload)
         limit = max(1, self.retention.calls_per_session)
         budget = self.retention.call_bytes_per_session
-        held = sum(len(p) for _, p in s.calls.values() if p is not None)
-        while len(s.calls) > limit or (held > budget and len(s.calls) > 1):
+        while len(s.calls) > limit or (s.held > budget and len(s.calls) > 1):
             oldest = next(iter(s.calls))
             payload_ = s.calls[oldest][1]
             if payload_ is None:
                 break  # never forget a running claim
-            held -= len(payload_)
+            s.held -= len(payload_)
             del s.calls[oldest]
 
     async def append_event(
@@ -374,8 +379,10 @@ class MemoryStore:
         s = self._get(principal, session_id)
         if generation != s.record.generation:
             raise ChannelRejected(ChannelVerdict.STALE)
-        if call_key is not None and call_key in s.calls:
-            s.calls[call_key] = (s.calls[call_key][0], data)
+        found = s.calls.get(call_key) if call_key is not None else None
+        if call_key is not None and found is not None:
+            s.held += len(data) - (len(found[1]) if found[1] is not None else 0)
+            s.calls[call_key] = (found[0], data)
 
     async def read_events(
         self, principal: str, session_id: str, epoch: str, after_seq: int
