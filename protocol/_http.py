@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import enum
 import http
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 import h11
 
@@ -51,6 +52,7 @@ class _Need(enum.Enum):
 NEED_DATA: Final = _Need.NEED_DATA
 
 _SERVER_HEADER: Final = b"weir"
+_SERVER: Final = _SERVER_HEADER
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,14 +142,36 @@ class HttpLimits:
     max_body_bytes: int = 4 * 1024 * 1024
 
 
-class HttpConnection:
-    """Server side of one HTTP/1.1 connection (see the module docstring)."""
+class _Phase(enum.Enum):
+    """Where the fast path's connection is in its request/response cycle."""
 
-    def __init__(self, limits: HttpLimits | None = None) -> None:
+    IDLE = "IDLE"  # waiting for (or parsing) the next request
+    ANSWER = "ANSWER"  # a request was delivered; its response has not started
+    STREAM = "STREAM"  # a chunked response is being sent
+
+
+class HttpConnection:
+    """Server side of one HTTP/1.1 connection (see the module docstring).
+
+    Args:
+        limits: size limits (defaults: :class:`HttpLimits`).
+        fast_path: parse the common request shape and frame responses directly
+            (see "Two paths" in the module docstring).  ``False`` hands every byte
+            to h11 from the start; the two produce the same events and the same
+            bytes, which the tests check byte for byte.
+    """
+
+    def __init__(self, limits: HttpLimits | None = None, *, fast_path: bool = True) -> None:
         self.limits = limits or HttpLimits()
-        self._h11 = h11.Connection(
-            h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes
-        )
+        self._h11: h11.Connection | None = None
+        # Fast path state (unused once h11 has taken over).
+        self._buf = bytearray()
+        self._eof = False
+        self._phase = _Phase.IDLE
+        self._keep_alive = True
+        self._head: _Head | None = None  # parsed head of a request whose body is incomplete
+        self._scanned = 0  # no head ends before this offset of _buf
+        # Shared state.
         self._pending: h11.Request | None = None
         self._body: list[bytes] = []
         self._body_size = 0
@@ -155,11 +179,37 @@ class HttpConnection:
         self._closed = False
         self._failed = False
         self._head_request = False  # the request being answered is a HEAD
+        if not fast_path:
+            self._take_over()
+
+    def _take_over(self) -> h11.Connection:
+        # h11 takes the connection from here on, at a request boundary: it gets
+        # every byte not consumed yet (and the EOF, if it came).
+        conn = self._h11 = h11.Connection(
+            h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes
+        )
+        if self._buf:
+            conn.receive_data(bytes(self._buf))
+            self._buf.clear()
+        if self._eof:
+            conn.receive_data(b"")
+        self._head = None
+        return conn
 
     # ------------------------------------------------------------------ inbound
     def receive_data(self, data: bytes | bytearray) -> None:
         """Feed bytes received from the peer; ``b""`` signals EOF."""
         if self._closed:
+            return
+        if self._h11 is None:
+            if self._eof:
+                if data:
+                    self._closed = True  # bytes after EOF: as h11, a closed connection
+                return
+            if data:
+                self._buf += data
+            else:
+                self._eof = True
             return
         try:
             self._h11.receive_data(bytes(data))
@@ -174,11 +224,66 @@ class HttpConnection:
         :class:`HttpError` (with the error response queued in
         :meth:`data_to_send`) followed by :class:`ConnectionClosed`.
         """
+        if self._h11 is None:
+            event = self._fast_next_event()
+            if event is not None:
+                return event
+        return self._h11_next_event()
+
+    def _fast_next_event(self) -> HttpEvent | None:
+        """The next event from the fast path, or None once h11 has taken over."""
+        if self._closed:
+            return ConnectionClosed()
+        buf = self._buf
+        if self._phase is not _Phase.IDLE:
+            if self._eof and not buf:
+                self._closed = True
+                return ConnectionClosed()
+            return NEED_DATA  # a pipelined request waits until our response is done
+        head = self._head
+        if head is None:
+            limit = self.limits.max_header_bytes  # the whole head, blank line included
+            end = buf.find(b"\r\n\r\n", self._scanned, limit)
+            if end < 0:
+                if not buf and self._eof:
+                    self._closed = True
+                    return ConnectionClosed()
+                bare_lf = buf.find(b"\n\n", self._scanned) >= 0
+                if len(buf) < limit and not self._eof and not bare_lf:
+                    # Resume the search where a terminator could still start
+                    # (a byte-by-byte trickle stays linear).
+                    self._scanned = max(0, len(buf) - 3)
+                    return NEED_DATA
+                # Too large, cut short, or bare-LF line ends: h11 says what it is.
+                self._take_over()
+                return None
+            self._scanned = 0
+            head = _parse_head(buf, end)
+            if head is None or head.content_length > self.limits.max_body_bytes:
+                self._take_over()  # not the common shape (or an error): h11 decides
+                return None
+            self._head = head
+        total = head.size + head.content_length
+        if len(buf) < total:
+            if self._eof:
+                self._take_over()  # the body was cut short
+                return None
+            return NEED_DATA
+        body = bytes(buf[head.size : total])
+        del buf[:total]
+        self._head = None
+        self._phase = _Phase.ANSWER
+        self._keep_alive = head.keep_alive
+        return HttpRequest(method=head.method, target=head.target, headers=head.headers, body=body)
+
+    def _h11_next_event(self) -> HttpEvent:
+        conn = self._h11
+        assert conn is not None
         while True:
             if self._closed:
                 return ConnectionClosed()
             try:
-                event = self._h11.next_event()
+                event = conn.next_event()
             except h11.RemoteProtocolError as exc:
                 status = exc.error_status_hint
                 if status == 431 or "exceeds" in str(exc).lower() or "too long" in str(exc).lower():
@@ -238,7 +343,8 @@ class HttpConnection:
         )
 
     def _fail(self, status: int, reason: Reason, message: str) -> HttpError:
-        if self._h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+        conn = self._h11
+        if conn is not None and conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             exc = RemoteProtocolError(message, http_status=status, reason=reason)
             body = error_body(exc)
             # Build the answer by hand: h11 may be in its ERROR state already.
@@ -259,8 +365,19 @@ class HttpConnection:
         """Serialise a complete response with ``Content-Length``.
 
         Raises:
-            LocalProtocolError: if a response is not expected now.
+            LocalProtocolError: if a response is not expected now, or a header is
+                malformed or one the connection sets itself (framing, ``connection``).
         """
+        if not isinstance(headers, tuple):
+            headers = tuple(headers)
+        if self._h11 is None:
+            self._fast_check(_Phase.ANSWER, "Response")
+            head = _encode_head(status, headers)
+            close = b"" if self._keep_alive else b"Connection: close\r\n"
+            out = b"%scontent-length: %d\r\n%s\r\n%s" % (head, len(body), close, body)
+            self._fast_done()
+            return out
+        _check_headers(headers)
         hdrs = _headers(headers)
         hdrs.append((b"content-length", str(len(body)).encode()))
         out = self._send(h11.Response(status_code=status, headers=hdrs, reason=_phrase(status)))
@@ -274,31 +391,46 @@ class HttpConnection:
     def start_stream(self, status: int, headers: Iterable[tuple[str, str]]) -> bytes:
         """Start a streamed (chunked) response, e.g. ``text/event-stream``.
 
-        The validated h11 event is cached by ``(status, headers)``: an SSE server
-        sends the same head (per session) again and again, and h11 validates every
-        header each time it builds one.
+        The encoded head (or, on the h11 path, the validated h11 event) is cached by
+        ``(status, headers)``: an SSE server sends the same head again and again.
+
+        Raises:
+            LocalProtocolError: as :meth:`send_response`.
         """
         if not isinstance(headers, tuple):
             headers = tuple(headers)
+        if self._h11 is None:
+            self._fast_check(_Phase.ANSWER, "Response")
+            head = _encode_head(status, headers)
+            self._phase = _Phase.STREAM
+            if self._keep_alive:
+                return head + b"Transfer-Encoding: chunked\r\n\r\n"
+            return head + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
         key = (status, headers)
         event = _STREAM_HEADS.get(key)
         if event is None:
+            _check_headers(headers)
             event = h11.Response(
                 status_code=status, headers=_headers(headers), reason=_phrase(status)
             )
-            if len(_STREAM_HEADS) >= _STREAM_HEADS_MAX:
-                _STREAM_HEADS.pop(next(iter(_STREAM_HEADS)))
-            _STREAM_HEADS[key] = event
+            _remember(_STREAM_HEADS, key, event)
         return self._send(event)
 
     def send_stream_data(self, data: bytes) -> bytes:
         """Frame ``data`` as one chunk of the streamed response."""
+        if self._h11 is None:
+            self._fast_check(_Phase.STREAM, "Data")
+            return b"%x\r\n%s\r\n" % (len(data), data) if data else b""
         if not data:
             return b""
         return self._send(h11.Data(data=data))
 
     def end_stream(self) -> bytes:
         """Finish the streamed response (terminating chunk)."""
+        if self._h11 is None:
+            self._fast_check(_Phase.STREAM, "EndOfMessage")
+            self._fast_done()
+            return b"0\r\n\r\n"
         out = self._send(h11.EndOfMessage())
         self._after_response()
         return out
@@ -316,23 +448,41 @@ class HttpConnection:
     @property
     def response_in_progress(self) -> bool:
         """True between the start of a response and its end."""
+        if self._h11 is None:
+            return self._phase is _Phase.STREAM
         return self._h11.our_state is h11.SEND_BODY
 
-    def _send(self, event: h11.Event) -> bytes:
+    def _fast_check(self, phase: _Phase, what: str) -> None:
         if self._failed:
             raise LocalProtocolError("connection already failed; cannot send")
-        if isinstance(event, h11.Response) and self._h11.our_state is not h11.SEND_RESPONSE:
+        if self._phase is not phase:
+            if phase is _Phase.ANSWER:
+                raise LocalProtocolError("no request is awaiting a response")
+            raise LocalProtocolError(f"cannot send {what}: no streamed response in progress")
+
+    def _fast_done(self) -> None:
+        self._phase = _Phase.IDLE
+        if not self._keep_alive or self._eof:
+            self._closed = True
+
+    def _send(self, event: h11.Event) -> bytes:
+        conn = self._h11
+        assert conn is not None
+        if self._failed:
+            raise LocalProtocolError("connection already failed; cannot send")
+        if isinstance(event, h11.Response) and conn.our_state is not h11.SEND_RESPONSE:
             # h11 lets a server answer in IDLE (for early errors), but here that
             # would answer a request the driver never saw, desynchronising the peer.
             raise LocalProtocolError("no request is awaiting a response")
         try:
-            data = self._h11.send(event)
+            data = conn.send(event)
         except h11.LocalProtocolError as exc:
             raise LocalProtocolError(f"cannot send {type(event).__name__}: {exc}") from None
         return data or b""
 
     def _after_response(self) -> None:
         h = self._h11
+        assert h is not None
         if h.our_state is h11.MUST_CLOSE or h.their_state is h11.MUST_CLOSE:
             self._closed = True
         elif h.our_state is h11.DONE and h.their_state is h11.DONE:
@@ -343,9 +493,126 @@ class HttpConnection:
             self._closed = True
 
 
+# ------------------------------------------------------------------ the fast path
+@dataclass(frozen=True, slots=True)
+class _Head:
+    """A request head in the fast path's shape."""
+
+    method: str
+    target: str
+    headers: Headers
+    size: int  # bytes up to and including the blank line
+    content_length: int
+    keep_alive: bool
+
+
+# RFC 9110/9112 grammar, as h11 applies it (h11/_abnf.py), on the latin-1 text.
+_REQUEST_LINE = re.compile(r"(GET|POST|DELETE) (/[\x21-\x7e]*) HTTP/1\.1")
+_TOKEN = r"[-!#$%&'*+.^_`|~0-9A-Za-z]+"
+_FIELD_VALUE = r"(?:[\x21-\x7e\x80-\xff]+(?:[ \t]+[\x21-\x7e\x80-\xff]+)*)?"
+_HEADER_LINE = re.compile(rf"({_TOKEN}):[ \t]*({_FIELD_VALUE})[ \t]*")
+_TOKEN_RE = re.compile(_TOKEN)
+_FIELD_VALUE_RE = re.compile(_FIELD_VALUE)
+_DIGITS = re.compile(r"[0-9]{1,15}")
+# Request headers that change framing or the connection beyond keep-alive/close:
+# the fast path leaves requests carrying them to h11.
+_H11_ONLY = frozenset({"transfer-encoding", "expect", "upgrade", "te", "trailer"})
+# Response headers the connection sets itself.
+_FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
+
+
+def _parse_head(buf: bytearray, end: int) -> _Head | None:
+    """Parse ``buf[:end]`` (the head, without its blank line) if it has the common shape.
+
+    The common shape: ``GET``, ``POST`` or ``DELETE`` of an origin-form target over
+    HTTP/1.1; CRLF line ends; every header line a token, a colon and a valid
+    field value; exactly one ``Host``; at most one ``Content-Length`` (digits);
+    ``Connection`` at most ``keep-alive``/``close``; no transfer coding, no
+    ``Expect``, no ``Upgrade``.  Anything else answers None and goes to h11, which
+    accepts or refuses it exactly as the RFCs (and h11) say.
+    """
+    text = buf[:end].decode("latin-1")
+    lines = text.split("\r\n")
+    m = _REQUEST_LINE.fullmatch(lines[0])
+    if m is None:
+        return None
+    items: list[tuple[str, str]] = []
+    merged: dict[str, str] = {}
+    length = -1
+    hosts = 0
+    keep_alive = True
+    for line in lines[1:]:
+        h = _HEADER_LINE.fullmatch(line)
+        if h is None:
+            return None
+        name = h[1].lower()
+        value = h[2]
+        if name in _H11_ONLY:
+            return None
+        if name == "host":
+            hosts += 1
+        elif name == "content-length":
+            if length >= 0 or _DIGITS.fullmatch(value) is None:
+                return None
+            length = int(value)
+        elif name == "connection":
+            tokens = {t.strip().lower() for t in value.split(",")}
+            if not tokens <= {"keep-alive", "close"}:
+                return None
+            if "close" in tokens:
+                keep_alive = False
+        items.append((name, value))
+        merged[name] = f"{merged[name]}, {value}" if name in merged else value
+    if hosts != 1:
+        return None
+    return _Head(
+        method=m[1],
+        target=m[2],
+        headers=Headers(tuple(items), merged),
+        size=end + 4,
+        content_length=max(length, 0),
+        keep_alive=keep_alive,
+    )
+
+
+def _encode_head(status: int, headers: tuple[tuple[str, str], ...]) -> bytes:
+    """Status line, ``server`` and ``headers`` (validated), without framing or blank line."""
+    key = (status, headers)
+    head = _HEADS.get(key)
+    if head is None:
+        _check_headers(headers)
+        try:
+            lines = "".join(f"{n}: {v}\r\n" for n, v in headers).encode("latin-1")
+        except UnicodeEncodeError:
+            raise LocalProtocolError("header values must be latin-1") from None
+        head = b"HTTP/1.1 %d %s\r\nserver: %s\r\n%s" % (status, _phrase(status), _SERVER, lines)
+        _remember(_HEADS, key, head)
+    return head
+
+
+def _check_headers(headers: tuple[tuple[str, str], ...]) -> None:
+    for name, value in headers:
+        if name.lower() in _FRAMING:
+            raise LocalProtocolError(f"header {name!r} is set by the connection, not the caller")
+        if _TOKEN_RE.fullmatch(name) is None or _FIELD_VALUE_RE.fullmatch(value) is None:
+            raise LocalProtocolError(f"cannot send Response: malformed header {name!r}")
+
+
+def _remember(cache: dict[_K, _V], key: _K, value: _V) -> None:
+    if len(cache) >= _CACHE_MAX:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
+
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+_CACHE_MAX = 4096
+# Encoded response heads (fast path), oldest first, bounded.
+_HEADS: dict[tuple[int, tuple[tuple[str, str], ...]], bytes] = {}
+
+
 # Streamed-response heads already validated by h11, oldest first (bounded).
 _STREAM_HEADS: dict[tuple[int, tuple[tuple[str, str], ...]], h11.Response] = {}
-_STREAM_HEADS_MAX = 4096
 
 
 def _headers(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
