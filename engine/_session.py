@@ -80,9 +80,9 @@ class StreamHandle:
 
     __slots__ = (
         "_changed",
+        "_lock",
         "close_retry_ms",
         "generation",
-        "lock",
         "log",
         "outstanding",
         "session",
@@ -97,11 +97,19 @@ class StreamHandle:
         self.generation = session.record.generation
         #: Where frames go before the wire (the shared store), or None.
         self.sink: Callable[[int, str, bool, str | None], Awaitable[None]] | None = None
-        self.lock = trio.Lock()  # keeps store order == log order
+        self._lock: trio.Lock | None = None  # created on first use (see :attr:`lock`)
         self._changed: trio.Event | None = None  # created only when a writer waits
         self.outstanding = 0  # requests whose response is still to come on this stream
         self.close_retry_ms: int | None = None  # set: server closes the connection early
         self.writer_scope: trio.CancelScope | None = None
+
+    @property
+    def lock(self) -> trio.Lock:
+        """Held while a frame goes to the store and the log, so store order is log order."""
+        lock = self._lock
+        if lock is None:
+            lock = self._lock = trio.Lock()
+        return lock
 
     async def send(self, payload: str, *, final: bool = False, event: str | None = None) -> None:
         """Take credit for one frame (waiting FIFO if none is left), append it, wake the writer.
@@ -185,7 +193,7 @@ class StreamHandle:
 
     def _enqueue_now(self, payload: str, *, final: bool | None) -> bool:
         log = self.log
-        if self.sink is not None or self.lock.locked():
+        if self.sink is not None or (self._lock is not None and self._lock.locked()):
             return False
         if _closed(log):  # dropped without credit, as _enqueue does
             if final is None:

@@ -26,6 +26,8 @@ driver's business (it owns the store); :func:`refusal` renders any refusal as
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -47,6 +49,7 @@ LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 ALLOWED_METHODS: Final = "GET, POST, DELETE"
 
 _SESSION_ID_MAX: Final = 256
+_SESSION_ID: Final = re.compile(rf"[!-~]{{1,{_SESSION_ID_MAX}}}")
 
 
 def negotiate_version(requested: object) -> str:
@@ -161,9 +164,11 @@ def check_host_and_origin(headers: Headers, config: EndpointConfig) -> None:
         raise _refuse(403, Reason.FORBIDDEN_ORIGIN, f"Origin {origin!r} is not allowed")
 
 
-def _media_ranges(accept: str | None) -> set[str]:
+@functools.lru_cache(maxsize=256)
+def _media_ranges(accept: str | None) -> frozenset[str]:
+    # Cached: clients send the same few Accept values again and again.
     if accept is None:
-        return set()
+        return frozenset()
     out: set[str] = set()
     for part in accept.split(","):
         fields = part.split(";")
@@ -173,7 +178,7 @@ def _media_ranges(accept: str | None) -> set[str]:
         )
         if media and not q_zero:
             out.add(media)
-    return out
+    return frozenset(out)
 
 
 def accepts(accept: str | None, media_type: str) -> bool:
@@ -187,7 +192,7 @@ def _session_id(headers: Headers) -> str | None:
     sid = headers.get("mcp-session-id")
     if sid is None:
         return None
-    if not sid or len(sid) > _SESSION_ID_MAX or not all("!" <= c <= "~" for c in sid):
+    if _SESSION_ID.fullmatch(sid) is None:
         raise _refuse(
             400, Reason.SESSION_INVALID, "Mcp-Session-Id must be 1-256 visible ASCII characters"
         )

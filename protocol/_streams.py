@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ._errors import Reason, RemoteProtocolError
 from ._event_ids import EventId, _trusted
@@ -59,6 +59,7 @@ class StreamLog:
         "epoch",
         "kind",
         "max_events",
+        "on_closed",
         "prefix",
         "state",
     )
@@ -85,6 +86,8 @@ class StreamLog:
         #: The channel generation the stream was opened under (0: no channel token).
         self.binding = binding
         self.state = StreamState.LIVE_DETACHED
+        #: Called with the epoch when the stream becomes CLOSED (its table's bookkeeping).
+        self.on_closed: Callable[[str], object] | None = None
         self._frames: deque[tuple[int, bytes]] = deque()
         self._next_seq = 0
         self._drained = 0  # frames with seq < _drained have been acknowledged by a peer
@@ -214,7 +217,11 @@ class StreamLog:
     # ---------------------------------------------------------------- lifecycle
     def handle(self, event: StreamInput) -> StreamState:
         """Apply a lifecycle input (see :mod:`protocol._states`); return the new state."""
-        self.state = stream_transition(self.state, event)
+        before = self.state
+        self.state = stream_transition(before, event)
+        closed_now = self.state is StreamState.CLOSED and before is not StreamState.CLOSED
+        if closed_now and self.on_closed is not None:
+            self.on_closed(self.epoch)
         return self.state
 
     @property
@@ -233,11 +240,17 @@ def _islice(frames: deque[tuple[int, bytes]], start: int) -> Iterator[tuple[int,
 
 
 class StreamTable:
-    """One session's streams, by epoch, with bounded retention of closed ones."""
+    """One session's streams, by epoch, with bounded retention of closed ones.
+
+    At most ``max_closed`` CLOSED streams are kept; when a stream is added, those
+    that closed longest ago are dropped (in O(1) per stream: the table learns of
+    each closure from the log).  Live and FINAL streams are never dropped.
+    """
 
     def __init__(self, *, max_closed: int = 64) -> None:
         self.max_closed = max_closed
         self._streams: OrderedDict[str, StreamLog] = OrderedDict()
+        self._closed: deque[str] = deque()  # epochs of CLOSED streams, in closing order
         self.standalone: StreamLog | None = None
         #: The epochs the last :meth:`add` dropped (so owners can forget them too).
         self.evicted: list[str] = []
@@ -251,9 +264,12 @@ class StreamTable:
         if log.epoch in self._streams:
             raise ValueError(f"epoch {log.epoch} already used in this session")
         self._streams[log.epoch] = log
+        log.on_closed = self._closed.append
+        if log.state is StreamState.CLOSED:
+            self._closed.append(log.epoch)
         if log.kind is StreamKind.STANDALONE:
             self.standalone = log
-        self.evicted = self._evict()
+        self.evicted = self._evict() if len(self._closed) > self.max_closed else []
         return log
 
     def get(self, cursor: EventId) -> StreamLog:
@@ -279,8 +295,11 @@ class StreamTable:
         return len(self._streams)
 
     def _evict(self) -> list[str]:
-        closed = [e for e, s in self._streams.items() if s.state is StreamState.CLOSED]
-        dropped = closed[: max(0, len(closed) - self.max_closed)]
-        for epoch in dropped:
-            del self._streams[epoch]
+        dropped: list[str] = []
+        while len(self._closed) > self.max_closed:
+            epoch = self._closed.popleft()
+            log = self._streams.get(epoch)
+            if log is not None and log.state is StreamState.CLOSED:
+                del self._streams[epoch]
+                dropped.append(epoch)
         return dropped
