@@ -15,9 +15,14 @@ requests for a session whose credit is half-open is refused with 429
 ``stream_half_open`` and ``Retry-After``; nothing is enqueued, nothing runs.
 ``initialize`` and other sessions are never refused on its account.
 
-**Execution.**  Handlers run in the server's handler nursery, never in the
+**Execution.**  Handlers run in the server's handler nursery, not in the
 connection's task, so a dropped connection does not cancel them (MCP:
-disconnection is not cancellation) and their output stays replayable.  Before a
+disconnection is not cancellation) and their output stays replayable.  The
+exception is a ``tools/call`` of a tool whose ``async def`` has no suspension
+point at all (:func:`engine._app.never_suspends`), with the process-local store:
+it finishes on its first step, so it runs right in the connection's task
+(:meth:`Server._run_now`) -- it can neither be cancelled half-way nor outlive
+anything -- and its response goes out in the same write as the head.  Before a
 ``tools/call`` runs, the session's idempotency gate records its key
 (``Idempotency-Key`` or the JSON-RPC id): a second delivery while it runs waits a
 bounded time and then gets 409 ``in_progress``; after it finished, the stored

@@ -21,6 +21,23 @@ In each case the core writes the error response into :meth:`data_to_send` itself
 emits :class:`HttpError`, and then :class:`ConnectionClosed`.  No exception other
 than :class:`~protocol.LocalProtocolError` (API misuse) leaves this class.
 
+Two paths
+---------
+Requests of the common shape -- ``GET``, ``POST`` or ``DELETE`` of an origin-form
+target over HTTP/1.1, CRLF line ends, exactly one ``Host``, at most one
+``Content-Length``, ``Connection`` at most ``keep-alive``/``close``, no transfer
+coding, ``Expect`` or ``Upgrade`` -- are parsed here with the RFC 9110/9112
+grammar (the same expressions h11 uses), and responses to them are framed here
+(status line, headers, ``Content-Length`` or chunked).  That is what every MCP
+client sends, and it costs a fraction of h11's generic machinery, which
+re-validates every header of every response.  Anything else -- chunked request
+bodies, ``Expect: 100-continue``, HTTP/1.0, ``HEAD``, obs-fold, bare-LF line ends,
+oversized or malformed heads -- hands the connection to h11 at that request's
+boundary, with every unread byte; h11 then serves it for the rest of its life,
+errors included.  Both paths give the same events and the same bytes for the
+same input (``tests/protocol/test_http_fastpath.py`` checks this differentially);
+``HttpConnection(fast_path=False)`` uses h11 alone.
+
 Outbound, a response is either complete (:meth:`send_response`, with
 ``Content-Length``) or streamed (:meth:`start_stream` / :meth:`send_stream_data` /
 :meth:`end_stream`, chunked -- used for ``text/event-stream``).  When a response
