@@ -139,8 +139,8 @@ def call_tool_now(app: App, params: dict[str, Any], ctx: Context) -> dict[str, A
         return {"content": [text(str(exc))], "isError": True}
     if tool.context_param is not None:
         kwargs[tool.context_param] = ctx
-    coro = cast("Coroutine[Any, Any, Any]", tool.fn(**kwargs))
     try:
+        coro = cast("Coroutine[Any, Any, Any]", tool.fn(**kwargs))
         contextvars.copy_context().run(coro.send, None)
     except StopIteration as stop:
         value = stop.value
