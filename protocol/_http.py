@@ -265,8 +265,12 @@ class HttpConnection:
                 if not buf and self._eof:
                     self._closed = True
                     return ConnectionClosed()
-                bare_lf = buf.find(b"\n\n", self._scanned) >= 0
-                if len(buf) < limit and not self._eof and not bare_lf:
+                odd = (
+                    (buf and buf[0] < 0x21)  # h11 refuses such a request line at once
+                    or buf.find(b"\n\n", self._scanned) >= 0  # bare-LF line ends
+                    or buf.find(b"\n\r\n", self._scanned) >= 0
+                )
+                if len(buf) < limit and not self._eof and not odd:
                     # Resume the search where a terminator could still start
                     # (a byte-by-byte trickle stays linear).
                     self._scanned = max(0, len(buf) - 3)
@@ -275,7 +279,7 @@ class HttpConnection:
                 self._take_over()
                 return None
             self._scanned = 0
-            head = _parse_head(buf, end)
+            head = _parse_head(buf, end, self.limits.max_header_bytes)
             if head is None or head.content_length > self.limits.max_body_bytes:
                 self._take_over()  # not the common shape (or an error): h11 decides
                 return None
@@ -299,6 +303,16 @@ class HttpConnection:
         while True:
             if self._closed:
                 return ConnectionClosed()
+            if (
+                conn.their_state is h11.MUST_CLOSE
+                and conn.our_state in (h11.SEND_RESPONSE, h11.SEND_BODY)
+                and self._pending is None
+                and conn.trailing_data[0]
+            ):
+                # Bytes after a "Connection: close" request: ignored while we answer
+                # it (the connection closes after the response), never an error
+                # that would replace the response to the request delivered.
+                return NEED_DATA
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
@@ -387,6 +401,7 @@ class HttpConnection:
         """
         if not isinstance(headers, tuple):
             headers = tuple(headers)
+        _check_status(status, streamed=False, body=body)
         if self._h11 is None:
             self._fast_check(_Phase.ANSWER, "Response")
             head = _encode_head(status, headers)
@@ -394,6 +409,7 @@ class HttpConnection:
             out = b"%scontent-length: %d\r\n%s\r\n%s" % (head, len(body), close, body)
             self._fast_done()
             return out
+        self._h11_check_response()
         _check_headers(headers)
         hdrs = _headers(headers)
         hdrs.append((b"content-length", str(len(body)).encode()))
@@ -416,6 +432,7 @@ class HttpConnection:
         """
         if not isinstance(headers, tuple):
             headers = tuple(headers)
+        _check_status(status, streamed=True, body=b"")
         if self._h11 is None:
             self._fast_check(_Phase.ANSWER, "Response")
             head = _encode_head(status, headers)
@@ -423,6 +440,7 @@ class HttpConnection:
             if self._keep_alive:
                 return head + b"Transfer-Encoding: chunked\r\n\r\n"
             return head + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        self._h11_check_response()
         key = (status, headers)
         event = _STREAM_HEADS.get(key)
         if event is None:
@@ -434,12 +452,12 @@ class HttpConnection:
         return self._send(event)
 
     def send_stream_data(self, data: bytes) -> bytes:
-        """Frame ``data`` as one chunk of the streamed response."""
-        if self._h11 is None:
-            self._fast_check(_Phase.STREAM, "Data")
-            return b"%x\r\n%s\r\n" % (len(data), data) if data else b""
+        """Frame ``data`` as one chunk of the streamed response (``b""``: nothing to send)."""
         if not data:
             return b""
+        if self._h11 is None:
+            self._fast_check(_Phase.STREAM, "Data")
+            return b"%x\r\n%s\r\n" % (len(data), data)
         return self._send(h11.Data(data=data))
 
     def end_stream(self) -> bytes:
@@ -478,9 +496,18 @@ class HttpConnection:
             raise LocalProtocolError(f"cannot send {what}: no streamed response in progress")
 
     def _fast_done(self) -> None:
+        # (An EOF that came meanwhile shows at the next next_event(), as with h11.)
         self._phase = _Phase.IDLE
-        if not self._keep_alive or self._eof:
+        if not self._keep_alive:
             self._closed = True
+
+    def _h11_check_response(self) -> None:
+        conn = self._h11
+        assert conn is not None
+        if self._failed:
+            raise LocalProtocolError("connection already failed; cannot send")
+        if conn.our_state is not h11.SEND_RESPONSE:
+            raise LocalProtocolError("no request is awaiting a response")
 
     def _send(self, event: h11.Event) -> bytes:
         conn = self._h11
@@ -538,7 +565,7 @@ _H11_ONLY = frozenset({"transfer-encoding", "expect", "upgrade", "te", "trailer"
 _FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
 
 
-def _parse_head(buf: bytearray, end: int) -> _Head | None:
+def _parse_head(buf: bytearray, end: int, max_head: int) -> _Head | None:
     """Parse ``buf[:end]`` (the head, without its blank line) if it has the common shape.
 
     The common shape: ``GET``, ``POST`` or ``DELETE`` of an origin-form target over
@@ -582,6 +609,12 @@ def _parse_head(buf: bytearray, end: int) -> _Head | None:
         merged[name] = f"{merged[name]}, {value}" if name in merged else value
     if hosts != 1:
         return None
+    if end + 4 + len(lines) > max_head:
+        # Near the limit: apply it to the canonical form, exactly as the h11 path
+        # does (``_head_size``), so both paths agree on every head.
+        size = len(m[1]) + len(m[2]) + len("1.1") + len("  HTTP/\r\n") + 2
+        if size + sum(len(n) + len(v) + 4 for n, v in items) > max_head:
+            return None
     return _Head(
         method=m[1],
         target=m[2],
@@ -590,6 +623,13 @@ def _parse_head(buf: bytearray, end: int) -> _Head | None:
         content_length=max(length, 0),
         keep_alive=keep_alive,
     )
+
+
+def _check_status(status: int, *, streamed: bool, body: bytes) -> None:
+    if not 200 <= status <= 999:
+        raise LocalProtocolError(f"status {status}: a final response needs 200-999")
+    if status in (204, 304) and (streamed or body):
+        raise LocalProtocolError(f"status {status} has no body; it cannot carry one")
 
 
 def _encode_head(status: int, headers: tuple[tuple[str, str], ...]) -> bytes:
