@@ -41,6 +41,12 @@ total over ``--half-open-posters`` keep-alive connections, ignoring ``Retry-Afte
 A ``404`` means the server tore the session down: the peer opens a new one.  It
 counts 202s, 429s (reason ``stream_half_open``) and 404s.
 
+``--half-open-control`` turns the same peers into a control: they read their
+streams to the end (normal receive buffer), so their sessions stay healthy while
+sending exactly the same requests.  Comparing the other sessions' latency with
+half-open peers and with control peers separates what a *stalled* stream costs its
+neighbours from what the peers' traffic itself costs on a shared machine.
+
 **Gateway retries** (``--gateway-retries R``): the POSTs (of every session, or
 only of the half-open peers with ``--gateway-scope half-open``) go through
 :mod:`benchmarks.gateway`, which re-sends a POST on a new upstream connection when
@@ -693,6 +699,7 @@ class Options:
     half_open_rate: float
     half_open_pad: int
     half_open_posters: int
+    half_open_control: bool
     gateway_retries: int
     gateway_timeout: float
     gateway_scope: str
@@ -923,29 +930,59 @@ class Run:
                 init = Client(post_ep.host, post_ep.port)
                 await self._legacy_initialize(init, endpoint_path)
                 await init.close()
-                async with trio.open_nursery() as posters:
-                    for j in range(opts.half_open_posters):
-                        posters.start_soon(
-                            self._keep_posting,
-                            Client(post_ep.host, post_ep.port),
-                            endpoint_path,
-                            f"h{index}.{cycle}.{j}",
-                            ids,
-                            pad,
-                            interval * opts.half_open_posters,
-                            j * interval,
-                            deadline,
-                            posters.cancel_scope,
-                        )
+                async with trio.open_nursery() as reader:
+                    if opts.half_open_control:
+                        reader.start_soon(self._read_all, sse)
+                    await self._post_all(index, cycle, endpoint_path, ids, pad, interval, deadline)
+                    reader.cancel_scope.cancel()
             finally:
                 with trio.move_on_after(1):
                     await sse.aclose()
 
+    @staticmethod
+    async def _read_all(sse: trio.SocketStream) -> None:
+        """The control peer: read (and discard) its stream until it ends."""
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            while await sse.receive_some(65536):
+                pass
+
+    async def _post_all(
+        self,
+        index: int,
+        cycle: int,
+        endpoint_path: str,
+        ids: Iterator[int],
+        pad: str,
+        interval: float,
+        deadline: float,
+    ) -> None:
+        """Run a peer's posters until the phase ends or its session is gone."""
+        opts = self.opts
+        post_ep = self.half_endpoint
+        async with trio.open_nursery() as posters:
+            for j in range(opts.half_open_posters):
+                posters.start_soon(
+                    self._keep_posting,
+                    Client(post_ep.host, post_ep.port),
+                    endpoint_path,
+                    f"h{index}.{cycle}.{j}",
+                    ids,
+                    pad,
+                    interval * opts.half_open_posters,
+                    j * interval,
+                    deadline,
+                    posters.cancel_scope,
+                )
+
     async def _stalled_stream(self) -> tuple[trio.SocketStream, str] | None:
-        """Open the legacy SSE stream with a tiny receive buffer; read up to ``endpoint``."""
+        """Open the legacy SSE stream with a tiny receive buffer; read up to ``endpoint``.
+
+        (A control peer keeps the normal receive buffer: it will read everything.)
+        """
         ep = self.endpoint
         sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)
-        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 1024)
+        if not self.opts.half_open_control:
+            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 1024)
         try:
             await sock.connect((ep.host, ep.port))
         except OSError:
@@ -1549,6 +1586,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--half-open-posters", type=int, default=8, help="concurrent POST connections per peer"
     )
+    p.add_argument(
+        "--half-open-control",
+        action="store_true",
+        help="the peers read their streams (same traffic, healthy sessions): a control",
+    )
     p.add_argument("--gateway-retries", type=int, default=0, metavar="R", help="retrying gateway")
     p.add_argument("--gateway-timeout", type=float, default=2.0, help="seconds to headers (2.0)")
     p.add_argument(
@@ -1624,6 +1666,7 @@ def options(args: argparse.Namespace) -> Options:
         half_open_rate=args.half_open_rate,
         half_open_pad=args.half_open_pad,
         half_open_posters=args.half_open_posters,
+        half_open_control=args.half_open_control,
         gateway_retries=args.gateway_retries,
         gateway_timeout=args.gateway_timeout,
         gateway_scope=args.gateway_scope,
@@ -1684,11 +1727,12 @@ def main(argv: list[str] | None = None) -> int:
         bound = "<=" if "target_max" in value else ">="
         goal = "" if target is None else f", target {bound} {target}"
         print(f"{key}: {value['value']:.2f}{goal}{verdict}")
+    peers = "control peers (reading)" if opts.half_open_control else "half-open"
     for r in results:
         if r.half_open:
             h = r.half_open
             print(
-                f"{r.server} half-open: {h['sessions_opened']} sessions, {h['sent']} POSTs, "
+                f"{r.server} {peers}: {h['sessions_opened']} sessions, {h['sent']} POSTs, "
                 f"{h['accepted']} accepted, {h['refused_429']} x 429, {h['gone_404']} x 404; "
                 f"max queue depth {h['max_queue_depth']:.0f} frames / "
                 f"{h['max_queue_bytes'] / 1024:.0f} KiB (credit "
