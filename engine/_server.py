@@ -909,20 +909,22 @@ class Server:
             return plan.replay
         req = plan.request
         if req.id in session.running:
-            payload = _id_in_use(req.id)
-        else:
-            params = req.params or {}
-            meta = params.get("_meta")
-            ctx = Context(session, req.id, handle, meta if isinstance(meta, dict) else None)
+            # Refused before it ran: release the key, so a retry under it may run.
             if plan.key is not None:
-                self.metrics.executions += 1
-            try:
-                payload = encode_result(req.id, call_tool_now(self.app, params, ctx))
-            except McpError as exc:
-                payload = encode_error(req.id, exc.code, exc.message, exc.data)
-            except Exception:
-                log.exception("handler for %s failed", req.method)
-                payload = encode_error(req.id, INTERNAL_ERROR, f"internal error in {req.method}")
+                await self._finish_call(session, plan.key, None)
+            return _id_in_use(req.id)
+        params = req.params or {}
+        meta = params.get("_meta")
+        ctx = Context(session, req.id, handle, meta if isinstance(meta, dict) else None)
+        if plan.key is not None:
+            self.metrics.executions += 1
+        try:
+            payload = encode_result(req.id, call_tool_now(self.app, params, ctx))
+        except McpError as exc:
+            payload = encode_error(req.id, exc.code, exc.message, exc.data)
+        except Exception:
+            log.exception("handler for %s failed", req.method)
+            payload = encode_error(req.id, INTERNAL_ERROR, f"internal error in {req.method}")
         if plan.key is not None:
             await self._finish_call(session, plan.key, payload)
         return payload
@@ -977,6 +979,9 @@ class Server:
         if plan.replay is not None:
             return plan.replay
         if req.id in session.running:
+            # Refused before it ran: release the key, so a retry under it may run.
+            if plan.key is not None:
+                await self._finish_call(session, plan.key, None)
             return _id_in_use(req.id)
         params = req.params or {}
         meta = params.get("_meta")

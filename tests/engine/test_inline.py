@@ -966,6 +966,23 @@ async def test_request_id_in_use_is_refused_like_the_task_path(
         )
         assert free["result"]["content"][0]["text"] == "y"
         assert inline_runs == ["echo"]
+        # The refused deliveries released their keys: a retry under them runs now,
+        # rather than waiting for a claim nobody will finish or replaying the refusal.
+        retried = await answer(
+            client,
+            call_msg(2, "echo", {"text": "x"}),
+            json_mode=json_mode,
+            headers={"idempotency-key": "b"},
+        )
+        retried_twin = await answer(
+            client,
+            call_msg(3, "echo_task", {"text": "x"}),
+            json_mode=json_mode,
+            headers={"idempotency-key": "c"},
+        )
+        assert retried["result"]["content"][0]["text"] == "x"
+        assert retried_twin["result"]["content"][0]["text"] == "x"
+        assert inline_runs == ["echo", "echo"]
         assert session.inflight == 0
 
 
