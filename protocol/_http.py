@@ -69,7 +69,6 @@ class _Need(enum.Enum):
 NEED_DATA: Final = _Need.NEED_DATA
 
 _SERVER_HEADER: Final = b"weir"
-_SERVER: Final = _SERVER_HEADER
 
 
 @dataclass(frozen=True, slots=True)
@@ -642,7 +641,12 @@ def _encode_head(status: int, headers: tuple[tuple[str, str], ...]) -> bytes:
             lines = "".join(f"{n}: {v}\r\n" for n, v in headers).encode("latin-1")
         except UnicodeEncodeError:
             raise LocalProtocolError("header values must be latin-1") from None
-        head = b"HTTP/1.1 %d %s\r\nserver: %s\r\n%s" % (status, _phrase(status), _SERVER, lines)
+        head = b"HTTP/1.1 %d %s\r\nserver: %s\r\n%s" % (
+            status,
+            _phrase(status),
+            _SERVER_HEADER,
+            lines,
+        )
         _remember(_HEADS, key, head)
     return head
 
