@@ -724,7 +724,7 @@ class Server:
                 raise_channel(exc.verdict, req.id)
                 raise  # unreachable: _raise_channel raises
             if start.outcome is CallOutcome.EXECUTE:
-                session.calls[key] = trio.Event()
+                session.calls[key] = None  # an Event only once a duplicate waits
                 return _Plan(req, key=key, epoch=start.epoch)
             if start.outcome is CallOutcome.MISMATCH:
                 raise RemoteProtocolError(
@@ -746,9 +746,12 @@ class Server:
                     request_id=req.id,
                     retry_after_ms=self.config.retry_ms,
                 )
-            local = session.calls.get(key)
-            with trio.move_on_at(min(deadline, now + (3600.0 if local is not None else delay))):
-                if local is not None:
+            ours = key in session.calls
+            with trio.move_on_at(min(deadline, now + (3600.0 if ours else delay))):
+                if ours:
+                    local = session.calls[key]
+                    if local is None:
+                        local = session.calls[key] = trio.Event()
                     await local.wait()  # the running delivery is ours: wake exactly when done
                 else:
                     await trio.sleep_forever()  # another replica runs it: poll the store
@@ -901,30 +904,40 @@ class Server:
             return False
         return plan.replay is not None or inline_tool(self.app, plan.request) is not None
 
+    async def _answer_or_context(
+        self, session: Session, plan: _Plan, handle: StreamHandle | None
+    ) -> bytes | Context:
+        """What both execution paths do first: the answer that needs no handler, or
+        the :class:`Context` to run it with (counted as an execution if it is a call).
+
+        Needing no handler: a replay from the gate, or the refusal of a request id
+        already running -- which releases the key this delivery claimed, so a retry
+        under that key may run.
+        """
+        req = plan.request
+        if plan.replay is not None:
+            return plan.replay
+        if req.id in session.running:
+            if plan.key is not None:
+                await self._finish_call(session, plan.key, None)
+            return _id_in_use(req.id)
+        if plan.key is not None:
+            self.metrics.executions += 1
+        meta = (req.params or {}).get("_meta")
+        return Context(session, req.id, handle, meta if isinstance(meta, dict) else None)
+
     async def _answer_now(
         self, session: Session, plan: _Plan, handle: StreamHandle | None
     ) -> bytes:
         """Execute (or replay) a plan :meth:`_runs_now` accepted; record it in the gate."""
-        if plan.replay is not None:
-            return plan.replay
+        ready = await self._answer_or_context(session, plan, handle)
+        if isinstance(ready, bytes):
+            return ready
         req = plan.request
-        if req.id in session.running:
-            # Refused before it ran: release the key, so a retry under it may run.
-            if plan.key is not None:
-                await self._finish_call(session, plan.key, None)
-            return _id_in_use(req.id)
-        params = req.params or {}
-        meta = params.get("_meta")
-        ctx = Context(session, req.id, handle, meta if isinstance(meta, dict) else None)
-        if plan.key is not None:
-            self.metrics.executions += 1
         try:
-            payload = encode_result(req.id, call_tool_now(self.app, params, ctx))
-        except McpError as exc:
-            payload = encode_error(req.id, exc.code, exc.message, exc.data)
-        except Exception:
-            log.exception("handler for %s failed", req.method)
-            payload = encode_error(req.id, INTERNAL_ERROR, f"internal error in {req.method}")
+            payload = encode_result(req.id, call_tool_now(self.app, req.params or {}, ready))
+        except Exception as exc:
+            payload = _failure(req, exc)
         if plan.key is not None:
             await self._finish_call(session, plan.key, payload)
         return payload
@@ -975,32 +988,20 @@ class Server:
         self, session: Session, plan: _Plan, handle: StreamHandle | None
     ) -> bytes | None:
         """Run one request's handler; the encoded response, or ``None`` if cancelled."""
+        ready = await self._answer_or_context(session, plan, handle)
+        if isinstance(ready, bytes):
+            return ready
         req = plan.request
-        if plan.replay is not None:
-            return plan.replay
-        if req.id in session.running:
-            # Refused before it ran: release the key, so a retry under it may run.
-            if plan.key is not None:
-                await self._finish_call(session, plan.key, None)
-            return _id_in_use(req.id)
-        params = req.params or {}
-        meta = params.get("_meta")
-        ctx = Context(session, req.id, handle, meta if isinstance(meta, dict) else None)
         payload: bytes | None = None
         with trio.CancelScope() as scope:
             session.running[req.id] = scope
             session.started[req.id] = trio.current_time()
             try:
-                if plan.key is not None:
-                    self.metrics.executions += 1
-                payload = encode_result(req.id, await dispatch(self.app, session, req, ctx))
-            except McpError as exc:
-                payload = encode_error(req.id, exc.code, exc.message, exc.data)
+                payload = encode_result(req.id, await dispatch(self.app, session, req, ready))
             except StreamLost:
                 payload = None
-            except Exception:
-                log.exception("handler for %s failed", req.method)
-                payload = encode_error(req.id, INTERNAL_ERROR, f"internal error in {req.method}")
+            except Exception as exc:
+                payload = _failure(req, exc)
             except BaseException:
                 if not scope.cancel_called:
                     # Not the client's cancellation: this process is going away under
@@ -1344,6 +1345,14 @@ class _Plan:
     replay: bytes | None = None  # set: answer with this stored response, execute nothing
     epoch: str | None = None  # the epoch the store allocated with the claim
     deferred: bool = False  # the response's store append also records it in the gate
+
+
+def _failure(req: Request, exc: Exception) -> bytes:
+    """The JSON-RPC error for a handler that raised (logged unless it is an McpError)."""
+    if isinstance(exc, McpError):
+        return encode_error(req.id, exc.code, exc.message, exc.data)
+    log.exception("handler for %s failed", req.method)
+    return encode_error(req.id, INTERNAL_ERROR, f"internal error in {req.method}")
 
 
 def _id_in_use(request_id: RequestId) -> bytes:

@@ -159,8 +159,7 @@ class StreamHandle:
         await self.session.acquire(size)
         async with self.lock:
             if final is None:
-                self.outstanding -= 1
-                final = self.outstanding <= 0 and log.kind is not StreamKind.LEGACY
+                final = self._count_response()
             if _closed(log):  # aborted while we waited
                 self.session.release(1, size)
                 return
@@ -203,11 +202,15 @@ class StreamHandle:
         if not self.session.try_acquire_now(size):
             return False
         if final is None:
-            self.outstanding -= 1
-            final = self.outstanding <= 0 and log.kind is not StreamKind.LEGACY
+            final = self._count_response()
         self._append(payload, final, None, size)
         self.wake()
         return True
+
+    def _count_response(self) -> bool:
+        # One fewer response to come; the last one is the stream's final frame.
+        self.outstanding -= 1
+        return self.outstanding <= 0 and self.log.kind is not StreamKind.LEGACY
 
     def _append(self, payload: str, final: bool, event: str | None, size: int) -> int:
         log = self.log
@@ -288,8 +291,9 @@ class Session:
         self.replica = "local"
         #: When each running request started (cross-replica cancellation polls old ones).
         self.started: dict[RequestId, float] = {}
-        #: Calls this process is running, by gate key: set when each finishes.
-        self.calls: dict[str, trio.Event] = {}
+        #: Calls this process is running, by gate key; the Event (made when a duplicate
+        #: first waits) is set when the call finishes.
+        self.calls: dict[str, trio.Event | None] = {}
         #: Responses of recently finished calls, handed back by a rebind.
         self.finished: list[bytes] = []
         self.max_finished = 100

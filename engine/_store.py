@@ -267,6 +267,23 @@ class _MemSession:
     held: int = 0  # bytes of the finished responses in ``calls``
     boxes: dict[str, list[bytes]] = field(default_factory=dict)
 
+    def set_outcome(self, key: str, payload: bytes | None) -> bool:
+        """Record ``payload`` as claim ``key``'s outcome (``None``: forget the claim).
+
+        Keeps :attr:`held` exact; False (nothing changed) if ``key`` is not claimed.
+        """
+        found = self.calls.get(key)
+        if found is None:
+            return False
+        if found[1] is not None:
+            self.held -= len(found[1])  # finished twice: the newer outcome replaces it
+        if payload is None:
+            del self.calls[key]
+        else:
+            self.calls[key] = (found[0], payload)
+            self.held += len(payload)
+        return True
+
 
 class MemoryStore:
     """Process-local store: the embedded default (see the module docstring).
@@ -341,17 +358,11 @@ class MemoryStore:
         s = self._sessions.get((principal, session_id))
         if s is None:
             return
-        found = s.calls.get(key)
-        if found is not None and found[1] is not None:
-            s.held -= len(found[1])  # finished twice: the newer outcome replaces it
         if payload is None:
-            if found is not None:
-                del s.calls[key]
+            s.set_outcome(key, None)
             return
-        if found is not None:
-            s.calls[key] = (found[0], payload)
+        if s.set_outcome(key, payload):
             s.calls.move_to_end(key)
-            s.held += len(payload)
         limit = max(1, self.retention.calls_per_session)
         budget = self.retention.call_bytes_per_session
         while len(s.calls) > limit or (s.held > budget and len(s.calls) > 1):
@@ -379,10 +390,8 @@ class MemoryStore:
         s = self._get(principal, session_id)
         if generation != s.record.generation:
             raise ChannelRejected(ChannelVerdict.STALE)
-        found = s.calls.get(call_key) if call_key is not None else None
-        if call_key is not None and found is not None:
-            s.held += len(data) - (len(found[1]) if found[1] is not None else 0)
-            s.calls[call_key] = (found[0], data)
+        if call_key is not None:
+            s.set_outcome(call_key, data)
 
     async def read_events(
         self, principal: str, session_id: str, epoch: str, after_seq: int

@@ -501,6 +501,9 @@ class HttpConnection:
             self._closed = True
 
     def _h11_check_response(self) -> None:
+        # Before any h11.Response: h11 lets a server answer in IDLE (for early
+        # errors), but here that would answer a request the driver never saw,
+        # desynchronising the peer.
         conn = self._h11
         assert conn is not None
         if self._failed:
@@ -513,10 +516,6 @@ class HttpConnection:
         assert conn is not None
         if self._failed:
             raise LocalProtocolError("connection already failed; cannot send")
-        if isinstance(event, h11.Response) and conn.our_state is not h11.SEND_RESPONSE:
-            # h11 lets a server answer in IDLE (for early errors), but here that
-            # would answer a request the driver never saw, desynchronising the peer.
-            raise LocalProtocolError("no request is awaiting a response")
         try:
             data = conn.send(event)
         except h11.LocalProtocolError as exc:

@@ -29,6 +29,7 @@ from engine import App, Context, Server, ServerConfig
 from engine._session import StreamHandle
 from protocol import CreditLimits, CreditState, SessionCredit, StreamKind
 
+from .conftest import Peak
 from .helpers import H11Client, Reply, SseReply, connect, running_server
 
 FRAMES = 8
@@ -101,37 +102,6 @@ def fresh_state() -> Iterator[None]:
     STATE.counts.clear()
     STATE.hanging = STATE.cancelled = 0
     yield
-
-
-@dataclass
-class Peak:
-    """Largest frames/bytes any session's credit ever held (every acquisition is seen)."""
-
-    frames: int = 0
-    bytes: int = 0
-    violations: list[str] = field(default_factory=list)
-
-
-@pytest.fixture
-def peak(monkeypatch: pytest.MonkeyPatch) -> Iterator[Peak]:
-    """Watch every credit acquisition: queue depth may never exceed the frame credit."""
-    seen = Peak()
-    original = SessionCredit.try_acquire
-
-    def watched(self: SessionCredit, nbytes: int, now: float) -> bool:
-        ok = original(self, nbytes, now)
-        seen.frames = max(seen.frames, self.frames_in_use)
-        seen.bytes = max(seen.bytes, self.bytes_in_use)
-        if self.frames_in_use > self.limits.frames or (
-            self.bytes_in_use > self.limits.bytes and self.frames_in_use > 1
-        ):
-            seen.violations.append(f"{self.frames_in_use}/{self.bytes_in_use} at {now}")
-        return ok
-
-    monkeypatch.setattr(SessionCredit, "try_acquire", watched)
-    yield seen
-    assert not seen.violations
-    assert seen.frames <= FRAMES
 
 
 @asynccontextmanager

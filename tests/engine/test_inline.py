@@ -37,7 +37,7 @@ import functools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -60,6 +60,7 @@ from protocol import (
     StreamState,
 )
 
+from .conftest import Peak
 from .helpers import H11Client, Reply, SseReply, connect, running_server
 from .test_half_open import connect_stalling
 
@@ -302,35 +303,6 @@ def deliveries(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
     monkeypatch.setattr(Server, "_deliver", watched)
     return seen
-
-
-@dataclass
-class Bound:
-    """The most frames any session's credit ever held, and every over-credit moment."""
-
-    frames: int = 0
-    violations: list[str] = field(default_factory=list)
-
-
-@pytest.fixture
-def bound(monkeypatch: pytest.MonkeyPatch) -> Iterator[Bound]:
-    """Watch every credit acquisition: a session never holds more than its credit."""
-    seen = Bound()
-    original = SessionCredit.try_acquire
-
-    def watched(self: SessionCredit, nbytes: int, now: float) -> bool:
-        ok = original(self, nbytes, now)
-        seen.frames = max(seen.frames, self.frames_in_use)
-        if self.frames_in_use > self.limits.frames or (
-            self.bytes_in_use > self.limits.bytes and self.frames_in_use > 1
-        ):
-            seen.violations.append(f"{self.frames_in_use}/{self.bytes_in_use} at {now}")
-        return ok
-
-    monkeypatch.setattr(SessionCredit, "try_acquire", watched)
-    yield seen
-    assert not seen.violations
-    assert seen.frames <= FRAMES
 
 
 @pytest.fixture
@@ -1021,7 +993,7 @@ async def test_inline_answer_waits_for_credit_then_arrives_in_order(
     autojump_clock: trio.testing.MockClock,
     inline_runs: list[str],
     deliveries: list[bool],
-    bound: Bound,
+    peak: Peak,
 ) -> None:
     async with serving() as (server, nursery):
         client = connect(server, nursery)
@@ -1079,14 +1051,14 @@ async def test_inline_answer_waits_for_credit_then_arrives_in_order(
         assert credit.bytes_in_use == 0
         assert inline_runs == ["stamp"] and deliveries == [prime]
         assert sid in server.sessions and server.metrics.teardowns == 0
-    assert bound.frames == FRAMES
+    assert peak.frames == FRAMES
 
 
 async def test_inline_response_waits_for_its_own_priming_event_to_drain(
     autojump_clock: trio.testing.MockClock,
     inline_runs: list[str],
     deliveries: list[bool],
-    bound: Bound,
+    peak: Peak,
 ) -> None:
     """One frame of credit left: the priming event takes it, the response waits for it."""
     async with serving() as (server, nursery):

@@ -19,6 +19,13 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+FRAMES, BYTES = 16, 65536
+#: Four weir sessions paced at 20 calls/s, one peer with 16 KiB results, a small credit.
+PEER_RUN = (
+    *("--server", "weir", "--sessions", "4", "--rate", "20", "--half-open", "1"),
+    *("--half-open-pad", "16384", "--credit-frames", str(FRAMES), "--credit-bytes", str(BYTES)),
+    *("--drain-window", "1"),
+)
 
 
 def fanout(tmp_path: Path, *args: str, timeout: float = 90.0) -> dict[str, Any]:
@@ -64,35 +71,14 @@ def test_closed_loop_run_answers_every_call_once(tmp_path: Path, server: str) ->
 def test_half_open_peer_is_refused_its_queue_stays_within_credit(tmp_path: Path) -> None:
     run = fanout(
         tmp_path,
-        "--server",
-        "weir",
-        "--sessions",
-        "4",
-        "--duration",
-        "6",
-        "--rate",
-        "20",
-        "--half-open",
-        "1",
-        "--half-open-pad",
-        "16384",
-        "--credit-frames",
-        "16",
-        "--credit-bytes",
-        "65536",
-        "--drain-window",
-        "1",
-        "--liveness-timeout",
-        "30",
-        "--gateway-retries",
-        "1",
-        "--gateway-scope",
-        "half-open",
+        *PEER_RUN,
+        *("--duration", "6", "--liveness-timeout", "30"),
+        *("--gateway-retries", "1", "--gateway-scope", "half-open"),
     )
     half = run["half_open"]
     assert half["refused_429_half_open"] > 0
-    assert 0 < half["max_queue_depth"] <= 16
-    assert half["max_queue_bytes"] <= 65536
+    assert 0 < half["max_queue_depth"] <= FRAMES
+    assert half["max_queue_bytes"] <= BYTES
     assert half["mark"]["duplicates"] == 0
     assert run["errors"] == 0
     assert run["duplicates"] == 0
@@ -100,28 +86,7 @@ def test_half_open_peer_is_refused_its_queue_stays_within_credit(tmp_path: Path)
 
 def test_control_peer_sends_the_same_requests_and_is_never_refused(tmp_path: Path) -> None:
     run = fanout(
-        tmp_path,
-        "--server",
-        "weir",
-        "--sessions",
-        "4",
-        "--duration",
-        "4",
-        "--rate",
-        "20",
-        "--half-open",
-        "1",
-        "--half-open-control",
-        "--half-open-rate",
-        "10",
-        "--half-open-pad",
-        "16384",
-        "--credit-frames",
-        "16",
-        "--credit-bytes",
-        "65536",
-        "--drain-window",
-        "1",
+        tmp_path, *PEER_RUN, "--duration", "4", "--half-open-control", "--half-open-rate", "10"
     )
     half = run["half_open"]
     assert half["sent"] > 10
