@@ -58,6 +58,27 @@ requests sent (every request is sent once by the client; only the gateway repeat
 Against a server without the tally, the peers' calls still make frames (as tool
 errors) and duplicates are executions beyond all distinct requests sent.
 
+**Isolating what the server does** from what the peers' own traffic costs a shared
+machine (the load generator, the peers, the gateway and the server otherwise share the
+same cores, and every one of the peers' POSTs costs all of them CPU):
+
+* ``--peer-process`` runs the half-open peers in a child process (``--peers-only``,
+  internal), so the load generator's event loop times only the other sessions.  The
+  child reports each session it opens (so their queue depth is still followed in
+  ``/metrics``) and its counts at the end; a child that ends without them marks the run
+  invalid.
+* ``--peer-nice N`` lowers that child's priority (and the gateway's, when it serves only
+  the peers, ``--gateway-scope half-open``); 19 stands in for the peer being on another
+  machine.  The *server's* work for the peer is never deprioritized: it is what is
+  measured.
+* ``--pin-server`` pins the server to the first CPU and everything else started here to
+  the others, as a server has its own machine.
+* ``--ab PAIRS`` answers "the other sessions' p99 with the peers against a run without
+  them" in one invocation: PAIRS runs without the peers and PAIRS with them, in ABBA
+  order, each on a fresh server with the same options.  The headline ratio compares the
+  p99 of all the other sessions' calls pooled per arm; the mean of the per-run p99s and
+  each pair's ratio are reported beside it.
+
 Output: a progress bar on stderr when it is a terminal, then a table and exactly
 one JSON line on stdout (with the p99 of every 5 s of the phase), and a PNG (latency
 CDF, p99 over time, queue depth over time, RSS over time) when matplotlib is
@@ -82,8 +103,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -414,8 +435,13 @@ class ServerProcess:
         return "\n".join(lines[-n:])
 
 
-async def start_process(name: str, argv: list[str], logdir: Path) -> ServerProcess:
-    """Start ``argv``; wait (at most 60 s) for its ``NAME: serving URL`` line."""
+async def start_process(
+    name: str, argv: list[str], logdir: Path, setup: Callable[[], None] | None = None
+) -> ServerProcess:
+    """Start ``argv``; wait (at most 60 s) for its ``NAME: serving URL`` line.
+
+    ``setup`` runs in the child before ``exec`` (CPU affinity, niceness).
+    """
     log_path = logdir / f"{name}.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with log_path.open("wb") as log_file:
@@ -426,6 +452,7 @@ async def start_process(name: str, argv: list[str], logdir: Path) -> ServerProce
             stdout=subprocess.PIPE,
             stderr=log_file,
             stdin=subprocess.DEVNULL,
+            preexec_fn=setup,
         )
     sp = ServerProcess(name, proc, "", log_path)
     assert proc.stdout is not None
@@ -453,6 +480,27 @@ async def stop_process(sp: ServerProcess) -> None:
             await trio.to_thread.run_sync(proc.wait)
     if proc.stdout is not None:
         proc.stdout.close()
+
+
+def child_setup(nice: int = 0, cpus: set[int] | None = None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that lowers a child's priority by ``nice`` and pins it to ``cpus``."""
+    if not nice and cpus is None:
+        return None
+
+    def setup() -> None:
+        if nice:
+            os.nice(nice)
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+
+    return setup
+
+
+def pin_self(cpus: set[int]) -> None:
+    """Pin every thread of this process to ``cpus`` (children started later inherit it)."""
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread may have just exited
+            os.sched_setaffinity(int(tid), cpus)
 
 
 def proc_children(pid: int) -> list[int]:
@@ -659,11 +707,14 @@ class RunResult:
     setup_s: float = 0.0
     client_cpu_s: float = 0.0
     gateway_cpu_s: float | None = None
+    peer_cpu_s: float | None = None  # --peer-process: the whole peer process's CPU time
     machine_busy_s: float = 0.0
     foreign_cpu_s: float | None = None
     loadavg_before: float = 0.0
     busy_before_cores: float | None = None
     p99_timeline_ms: list[float] = field(default_factory=list)  # p99 per 5 s of the phase
+    arm: str | None = None  # with --ab: "without" or "with" the half-open peers
+    layout: dict[str, Any] | None = None  # with --pin-server / --peer-process: who ran where
     latencies_ms: list[float] = field(default_factory=list, repr=False)
     timed_ms: list[tuple[float, float]] = field(default_factory=list, repr=False)
     samples: list[Sample] = field(default_factory=list, repr=False)
@@ -713,6 +764,9 @@ class Options:
     quiet_wait: float
     store: str | None = None
     workers: int = 1
+    peer_process: bool = False
+    peer_nice: int = 0
+    pin_server: bool = False
 
 
 class Progress:
@@ -786,6 +840,11 @@ class Run:
         self.store_rtt: int | None = None  # store round trips in the measured phase
         self.metrics_ok = False
         self.sent = 0
+        self.logdir: Path | None = None  # where a peer process logs (set by run_one)
+        #: ``--peers-only``: called with each new half-open session's label.
+        self.announce: Callable[[str], None] | None = None
+        self.peer_done = trio.Event()  # ``--peer-process``: the peer process has ended
+        self.peer_stats_ok = False
 
     # ------------------------------------------------------------------ samplers
     async def sample_memory(self) -> None:
@@ -924,6 +983,8 @@ class Run:
             sse, endpoint_path = stream
             sid = endpoint_path.partition("session_id=")[2]
             half.labels.append(session_label(sid))
+            if self.announce is not None:
+                self.announce(half.labels[-1])
             half.sessions_opened += 1
             ids = itertools.count(1)  # JSON-RPC ids, unique within the session
             try:
@@ -938,6 +999,78 @@ class Run:
             finally:
                 with trio.move_on_after(1):
                     await sse.aclose()
+
+    async def peer_process(
+        self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """``--peer-process``: run the half-open peers in a child process; collect their counts.
+
+        The child (``--peers-only``) prints one ``label L`` line per session it opens (so
+        the queue-depth sampler here can follow that session in ``/metrics``) and one
+        ``stats {...}`` line at the end.  It shares ``phase_start`` (``CLOCK_MONOTONIC`` is
+        system-wide) and stops at the same deadline as the other sessions.
+        """
+        opts = self.opts
+        ep, via = self.endpoint, self.half_endpoint
+        argv = [sys.executable, "-m", "benchmarks.fanout", "--peers-only"]
+        argv += ["--url", f"http://{ep.authority}{ep.path}"]
+        argv += ["--half-open-via", f"http://{via.authority}{via.path}"]
+        argv += ["--phase-start", repr(self.phase_start), "--duration", str(opts.duration or 60.0)]
+        argv += ["--half-open", str(opts.half_open), "--half-open-rate", str(opts.half_open_rate)]
+        argv += ["--half-open-pad", str(opts.half_open_pad)]
+        argv += ["--half-open-posters", str(opts.half_open_posters)]
+        argv += ["--legacy-sse-path", opts.legacy_sse_path]
+        argv += ["--call-timeout", str(opts.call_timeout)]
+        if opts.half_open_control:
+            argv.append("--half-open-control")
+        log_path = (self.logdir or Path(tempfile.gettempdir())) / "peers.log"
+        with log_path.open("wb") as log:
+            proc = await trio.lowlevel.open_process(
+                argv,
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                preexec_fn=child_setup(opts.peer_nice),
+            )
+        task_status.started()
+        try:
+            assert proc.stdout is not None
+            buf = b""
+            for _ in range(10_000_000):  # ends with the child (its own deadline) or a cancel
+                chunk = await proc.stdout.receive_some(_RECV)
+                if not chunk:
+                    break
+                *lines, buf = (buf + chunk).split(b"\n")
+                for line in lines:
+                    self._peer_line(line)
+            await proc.wait()
+        finally:
+            self.peer_done.set()
+            if proc.returncode is None:
+                proc.kill()
+                with trio.CancelScope(shield=True):
+                    await proc.wait()
+            if not self.peer_stats_ok:
+                try:
+                    tail = log_path.read_text(errors="replace")[-2000:]
+                except OSError:
+                    tail = ""
+                why = f"the peer process ended without its counts:\n{tail}"
+                self.result.died.append(why)
+                print(f"fanout: INVALID RUN: {why}", file=sys.stderr)
+
+    def _peer_line(self, line: bytes) -> None:
+        """One line of the peer process's output (``label L`` or ``stats {...}``)."""
+        kind, _, rest = line.partition(b" ")
+        if kind == b"label":
+            self.half.labels.append(rest.decode())
+        elif kind == b"stats":
+            counts = json.loads(rest)
+            for key in _PEER_COUNTS:
+                setattr(self.half, key, counts[key])
+            self.result.peer_cpu_s = float(counts["cpu_s"])
+            self.peer_stats_ok = True
 
     @staticmethod
     async def _read_all(sse: trio.SocketStream) -> None:
@@ -1105,13 +1238,20 @@ class Run:
             samplers.start_soon(progress.run)
             samplers.start_soon(self.sample_metrics, Client(self.endpoint.host, self.endpoint.port))
             budget = (opts.duration or 0) + 600.0
+            separate = opts.half_open > 0 and opts.peer_process
             with trio.move_on_after(budget):
                 async with trio.open_nursery() as load:
+                    if separate:
+                        await load.start(self.peer_process)
                     async with trio.open_nursery() as main:
                         for i, s in enumerate(sessions):
                             main.start_soon(self.drive, s, i, limiter, progress)
-                        for i in range(opts.half_open):
-                            load.start_soon(self.half_open_peer, i)
+                        if not separate:
+                            for i in range(opts.half_open):
+                                load.start_soon(self.half_open_peer, i)
+                    if separate:  # it stops at the same deadline; give it time to report
+                        with trio.move_on_after(30):
+                            await self.peer_done.wait()
                     load.cancel_scope.cancel()  # the peers stop with the main load
             elapsed = time.monotonic() - self.phase_start
             split1 = proc_cpu_split(self.pid) if self.pid is not None else None
@@ -1133,7 +1273,8 @@ class Run:
                     result.machine_busy_s
                     - (cpu1 - cpu0)
                     - result.client_cpu_s
-                    - (result.gateway_cpu_s or 0.0),
+                    - (result.gateway_cpu_s or 0.0)
+                    - (result.peer_cpu_s or 0.0),
                 )
             phase_peak = self.rss_peak
             if self.pid is not None and self._alive():
@@ -1242,6 +1383,33 @@ class Run:
         return True
 
 
+#: The counters a ``--peers-only`` child reports back (its ``stats`` line).
+_PEER_COUNTS = (
+    "sessions_opened",
+    "sent",
+    "accepted",
+    "refused_429",
+    "refused_429_half_open",
+    "gone_404",
+    "other",
+    "errors",
+    "first_429_s",
+    "first_404_s",
+)
+
+
+async def run_peers_only(opts: Options, url: str, via: str, phase_start: float) -> HalfOpenStats:
+    """``--peers-only`` (the child of ``--peer-process``): just the half-open peers."""
+    endpoint = Endpoint.parse(url)
+    run = Run(opts, "peers", endpoint, None, endpoint, Endpoint.parse(via))
+    run.phase_start = phase_start
+    run.announce = lambda label: print(f"label {label}", flush=True)
+    async with trio.open_nursery() as nursery:
+        for i in range(opts.half_open):
+            nursery.start_soon(run.half_open_peer, i)
+    return run.half
+
+
 # ====================================================================== orchestration
 def server_argv(name: str, opts: Options, weir_flags: set[str]) -> tuple[str, list[str]]:
     """(process label, argv) of a server started here."""
@@ -1314,11 +1482,27 @@ async def run_one(
     """Start the server (unless ``url``) and the gateway (if asked), run, stop them."""
     procs: list[ServerProcess] = []
     quiet = await wait_for_quiet(opts.quiet_wait) if opts.quiet_wait > 0 else None
+    own_cpus = os.sched_getaffinity(0)
+    server_cpus: set[int] | None = None
+    if opts.pin_server:  # the server alone on the first CPU; everything else on the rest
+        cpus = sorted(own_cpus)
+        if len(cpus) < 2:
+            raise BenchError(f"--pin-server needs at least 2 CPUs; this process may use {cpus}")
+        server_cpus = {cpus[0]}
+        pin_self(set(cpus[1:]))
+    peer_side = opts.peer_process and opts.gateway_scope == "half-open"
+    layout = {
+        "server_cpus": sorted(server_cpus) if server_cpus else None,
+        "client_cpus": sorted(os.sched_getaffinity(0)),
+        "peer_process": opts.peer_process,
+        "peer_nice": opts.peer_nice if opts.peer_process else None,
+        "gateway_nice": opts.peer_nice if peer_side else 0,
+    }
     try:
         if url is None:
             flags = weir_flags() if name == "weir" else set()
             label, argv = server_argv(name, opts, flags)
-            server = await start_process(label, argv, logdir)
+            server = await start_process(label, argv, logdir, child_setup(cpus=server_cpus))
             procs.append(server)
             url, pid = server.url, server.pid
         endpoint = Endpoint.parse(url)
@@ -1328,7 +1512,9 @@ async def run_one(
             argv = [sys.executable, "-m", "benchmarks.gateway"]
             argv += ["--upstream", f"http://{endpoint.authority}"]
             argv += ["--retries", str(opts.gateway_retries), "--timeout", str(opts.gateway_timeout)]
-            gateway = await start_process("gateway", argv, logdir)
+            # Serving only the peers, the gateway is on the peers' side of the network.
+            nice = opts.peer_nice if peer_side else 0
+            gateway = await start_process("gateway", argv, logdir, child_setup(nice))
             procs.append(gateway)
             gateway_url = gateway.url
             through = Endpoint.parse(gateway.url + endpoint.path)
@@ -1337,8 +1523,10 @@ async def run_one(
                 main_endpoint = through
         gateway_pid = procs[-1].pid if gateway_url is not None else None
         run = Run(opts, name, endpoint, pid, main_endpoint, half_endpoint, gateway_pid)
+        run.logdir = logdir
         result = await run.execute()
         result.busy_before_cores = quiet
+        result.layout = layout
         for p in procs:
             code = p.proc.poll()
             if code is not None:  # it must still be serving: nothing here stopped it
@@ -1365,6 +1553,8 @@ async def run_one(
     finally:
         for p in reversed(procs):
             await stop_process(p)
+        if server_cpus is not None:
+            pin_self(own_cpus)
 
 
 _WEIR_FLAGS = ("--credit-frames", "--credit-bytes", "--drain-window", "--liveness-timeout")
@@ -1411,6 +1601,8 @@ def table(results: list[RunResult]) -> str:
     rows = [[title for title, _, _ in _COLUMNS]]
     for r in results:
         d = asdict(r)
+        if r.arm:
+            d["server"] = f"{r.server} ({r.arm} peers)"
         rows.append(
             [fmt.format(d[key]) if d[key] is not None else "n/a" for _, key, fmt in _COLUMNS]
         )
@@ -1437,7 +1629,49 @@ def ratios(results: list[RunResult]) -> dict[str, Any]:
         out["weir_calls_per_s_vs_sdk"] = {"value": value, "target_min": 5.0, "met": value >= 5.0}
     if weir and sdk and weir.cpu_us_per_call and sdk.cpu_us_per_call:
         out["sdk_cpu_per_call_vs_weir"] = {"value": sdk.cpu_us_per_call / weir.cpu_us_per_call}
+    ab = ab_ratio(results)
+    if ab is not None:
+        out["others_p99_with_half_open_vs_without"] = ab
     return out
+
+
+def ab_ratio(results: list[RunResult]) -> dict[str, Any] | None:
+    """``--ab``: the other sessions' p99 with the half-open peers against without them.
+
+    The headline ``value`` pools every measured call of each arm (all its runs) and
+    compares the two p99s; the ratio of the mean per-run p99s and each pair's ratio are
+    given beside it, because single runs of a p99 this small are noisy.
+    """
+    arms: dict[str, list[RunResult]] = {"without": [], "with": []}
+    for r in results:
+        if r.arm in arms:
+            arms[r.arm].append(r)
+    if not arms["without"] or not arms["with"]:
+        return None
+    pooled = {
+        arm: percentile(sorted(x for r in runs for x in r.latencies_ms), 0.99)
+        for arm, runs in arms.items()
+    }
+    means = {arm: sum(r.p99_ms for r in runs) / len(runs) for arm, runs in arms.items()}
+    pairs = [
+        w.p99_ms / wo.p99_ms
+        for wo, w in zip(arms["without"], arms["with"], strict=False)
+        if wo.p99_ms > 0
+    ]
+    if not pooled["without"]:
+        return None
+    value = pooled["with"] / pooled["without"]
+    return {
+        "value": value,
+        "target_max": 1.1,
+        "met": value <= 1.1,
+        "pairs": len(pairs),
+        "pooled_p99_ms": pooled,
+        "mean_p99_ms": means,
+        "mean_ratio": means["with"] / means["without"] if means["without"] else None,
+        "pair_ratios": [round(x, 3) for x in pairs],
+        "median_pair_ratio": sorted(pairs)[len(pairs) // 2] if pairs else None,
+    }
 
 
 def machine() -> dict[str, Any]:
@@ -1591,6 +1825,36 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the peers read their streams (same traffic, healthy sessions): a control",
     )
+    p.add_argument(
+        "--peer-process",
+        action="store_true",
+        help="run the half-open peers in their own process, so this event loop times "
+        "only the other sessions",
+    )
+    p.add_argument(
+        "--peer-nice",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --peer-process: its niceness (and the gateway's, with --gateway-scope "
+        "half-open); 19 stands in for the peer being on another machine (0)",
+    )
+    p.add_argument(
+        "--pin-server",
+        action="store_true",
+        help="pin the server to the first CPU and everything else started here to the rest",
+    )
+    p.add_argument(
+        "--ab",
+        type=int,
+        default=0,
+        metavar="PAIRS",
+        help="with --half-open: PAIRS runs without the peers and PAIRS with them, "
+        "alternately, a fresh server each; compares the other sessions' p99",
+    )
+    p.add_argument("--peers-only", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--half-open-via", help=argparse.SUPPRESS)
+    p.add_argument("--phase-start", type=float, help=argparse.SUPPRESS)
     p.add_argument("--gateway-retries", type=int, default=0, metavar="R", help="retrying gateway")
     p.add_argument("--gateway-timeout", type=float, default=2.0, help="seconds to headers (2.0)")
     p.add_argument(
@@ -1643,6 +1907,20 @@ def options(args: argparse.Namespace) -> Options:
         raise SystemExit(
             "fanout: --half-open needs weir's legacy /sse (use --server weir or --url)"
         )
+    if args.peer_process and not args.half_open:
+        raise SystemExit("fanout: --peer-process needs --half-open N")
+    if not 0 <= args.peer_nice <= 19:
+        raise SystemExit("fanout: --peer-nice must be in [0, 19]")
+    if args.peer_nice and not args.peer_process:
+        raise SystemExit("fanout: --peer-nice needs --peer-process")
+    if args.pin_server and args.url is not None:
+        raise SystemExit("fanout: --pin-server pins a server started here (not with --url)")
+    if args.ab < 0:
+        raise SystemExit("fanout: --ab must be >= 0")
+    if args.ab and (not args.half_open or args.url is not None or args.server == "all"):
+        raise SystemExit("fanout: --ab needs --half-open N and one server started here")
+    if args.peers_only and (args.url is None or args.phase_start is None or not args.half_open):
+        raise SystemExit("fanout: --peers-only is internal (--peer-process starts it)")
     from protocol import CreditLimits
 
     given = {
@@ -1680,6 +1958,9 @@ def options(args: argparse.Namespace) -> Options:
         quiet_wait=args.quiet_wait,
         store=args.store,
         workers=args.workers,
+        peer_process=args.peer_process,
+        peer_nice=args.peer_nice,
+        pin_server=args.pin_server,
     )
 
 
@@ -1688,6 +1969,14 @@ async def _main(args: argparse.Namespace, opts: Options) -> list[RunResult]:
     with tempfile.TemporaryDirectory(prefix="fanout-") as tmp:
         if args.url is not None:
             results.append(await run_one("url", opts, args.url, args.pid, Path(tmp)))
+            return results
+        if args.ab:  # without and with the peers, alternately (ABBA), a fresh server each
+            arms = [("without", replace(opts, half_open=0)), ("with", opts)]
+            for i in range(args.ab):
+                for arm, arm_opts in arms if i % 2 == 0 else arms[::-1]:
+                    result = await run_one(args.server, arm_opts, None, None, Path(tmp))
+                    result.arm = arm
+                    results.append(result)
             return results
         names = ["weir", "ceiling", "sdk"] if args.server == "all" else [args.server]
         for name in names:
@@ -1710,6 +1999,12 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m benchmarks.fanout``."""
     args = parser().parse_args(argv)
     opts = options(args)
+    if args.peers_only:
+        via = args.half_open_via or args.url
+        half = trio.run(run_peers_only, opts, args.url, via, args.phase_start)
+        counts = {key: getattr(half, key) for key in _PEER_COUNTS}
+        print("stats " + json.dumps({**counts, "cpu_s": own_cpu_seconds()}))
+        return 0
     try:
         results = trio.run(_main, args, opts)
     except BenchError as exc:
@@ -1727,6 +2022,12 @@ def main(argv: list[str] | None = None) -> int:
         bound = "<=" if "target_max" in value else ">="
         goal = "" if target is None else f", target {bound} {target}"
         print(f"{key}: {value['value']:.2f}{goal}{verdict}")
+        if "pair_ratios" in value:
+            print(
+                f"  pooled p99 {value['pooled_p99_ms']['with']:.3f} ms with the peers, "
+                f"{value['pooled_p99_ms']['without']:.3f} ms without; mean of run p99s "
+                f"{value['mean_ratio']:.2f}x; each pair {value['pair_ratios']}"
+            )
     peers = "control peers (reading)" if opts.half_open_control else "half-open"
     for r in results:
         if r.half_open:
@@ -1746,7 +2047,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r.server} phase: {r.elapsed_s:.1f} s; CPU: server {r.server_cpu_s or 0:.1f} s, "
             f"load generator {r.client_cpu_s:.1f} s, gateway {r.gateway_cpu_s or 0:.1f} s, "
-            f"other processes {foreign} (machine busy {r.machine_busy_s:.1f} s of "
+            + (f"peer process {r.peer_cpu_s:.1f} s, " if r.peer_cpu_s is not None else "")
+            + f"other processes {foreign} (machine busy {r.machine_busy_s:.1f} s of "
             f"{r.elapsed_s * (os.cpu_count() or 1):.1f}); "
             f"load average before {r.loadavg_before:.2f}"
         )

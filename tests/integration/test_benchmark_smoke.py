@@ -4,13 +4,16 @@ These are not timing tests -- no number here is a speed.  They guarantee that
 ``python -m benchmarks.fanout`` starts weir and the ceiling, drives them, and
 reports what it claims to: every call answered once, executions counted exactly,
 and, with a half-open peer, refusals, a bounded queue and no duplicates; with
-``--half-open-control``, the same peer reading its stream and never refused.
+``--half-open-control``, the same peer reading its stream and never refused; with
+``--ab``, a run without the peer and one with it (in its own, lowered process, the
+server pinned to its own CPU), compared.
 Each run is a subprocess bounded by a timeout, on 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,8 +31,8 @@ PEER_RUN = (
 )
 
 
-def fanout(tmp_path: Path, *args: str, timeout: float = 90.0) -> dict[str, Any]:
-    """Run the benchmark with ``args``; return its one run's JSON record."""
+def fanout_record(tmp_path: Path, *args: str, timeout: float = 90.0) -> dict[str, Any]:
+    """Run the benchmark with ``args``; return its JSON line."""
     out = tmp_path / "run.json"
     cmd = [
         sys.executable,
@@ -48,7 +51,14 @@ def fanout(tmp_path: Path, *args: str, timeout: float = 90.0) -> dict[str, Any]:
         cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    record = json.loads(out.read_text())
+    assert "INVALID RUN" not in done.stderr, done.stderr[-2000:]
+    record: dict[str, Any] = json.loads(out.read_text())
+    return record
+
+
+def fanout(tmp_path: Path, *args: str, timeout: float = 90.0) -> dict[str, Any]:
+    """Run the benchmark with ``args``; return its one run's JSON record."""
+    record = fanout_record(tmp_path, *args, timeout=timeout)
     assert len(record["runs"]) == 1
     run: dict[str, Any] = record["runs"][0]
     return run
@@ -95,3 +105,43 @@ def test_control_peer_sends_the_same_requests_and_is_never_refused(tmp_path: Pat
     assert half["mark"]["executions"] == half["accepted"]
     assert half["mark"]["duplicates"] == 0
     assert run["errors"] == 0
+
+
+def test_ab_runs_without_and_with_a_peer_in_its_own_process(tmp_path: Path) -> None:
+    pin = len(os.sched_getaffinity(0)) >= 2  # --pin-server needs a CPU for each side
+    record = fanout_record(
+        tmp_path,
+        *PEER_RUN,
+        *("--duration", "5", "--liveness-timeout", "30", "--ab", "1"),
+        *("--peer-process", "--peer-nice", "19", *(("--pin-server",) if pin else ())),
+        *("--gateway-retries", "1", "--gateway-scope", "half-open"),
+        timeout=150.0,
+    )
+    without, with_peer = record["runs"]
+    assert (without["arm"], with_peer["arm"]) == ("without", "with")
+    assert without["half_open"] is None
+    assert without["refusals"].get("stream_half_open", 0) == 0
+    # The peer ran in its own process: its counts came back, and its session was
+    # followed in /metrics from here (so its queue depth is known, within credit).
+    half = with_peer["half_open"]
+    assert half["sent"] > 0
+    assert half["refused_429_half_open"] > 0
+    assert half["refused_429_half_open"] == with_peer["refusals"]["stream_half_open"]
+    assert 0 < half["max_queue_depth"] <= FRAMES
+    assert half["mark"]["duplicates"] == 0
+    layout = with_peer["layout"]
+    assert layout["peer_process"] is True
+    assert layout["peer_nice"] == layout["gateway_nice"] == 19
+    if pin:
+        assert len(layout["server_cpus"]) == 1
+        assert not set(layout["server_cpus"]) & set(layout["client_cpus"])
+    for run in (without, with_peer):
+        assert run["errors"] == 0
+        assert run["duplicates"] == 0
+        assert run["calls"] > 0
+    ratio = record["ratios"]["others_p99_with_half_open_vs_without"]
+    assert ratio["pairs"] == 1
+    assert ratio["value"] == pytest.approx(
+        ratio["pooled_p99_ms"]["with"] / ratio["pooled_p99_ms"]["without"]
+    )
+    assert ratio["met"] == (ratio["value"] <= 1.1)
