@@ -99,6 +99,7 @@ import platform
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -1670,7 +1671,7 @@ def ab_ratio(results: list[RunResult]) -> dict[str, Any] | None:
         "mean_p99_ms": means,
         "mean_ratio": means["with"] / means["without"] if means["without"] else None,
         "pair_ratios": [round(x, 3) for x in pairs],
-        "median_pair_ratio": sorted(pairs)[len(pairs) // 2] if pairs else None,
+        "median_pair_ratio": statistics.median(pairs) if pairs else None,
     }
 
 
@@ -1713,6 +1714,37 @@ def source_tree() -> dict[str, Any]:
     return {"git_head": head, "sources_sha256": digest.hexdigest()[:12]}
 
 
+def _per_arm(results: list[RunResult]) -> list[RunResult]:
+    """``--ab``: one pooled line per arm (latencies and p99 per 5 s over all its runs;
+    queue depth and RSS from its first run).  Otherwise the runs unchanged."""
+    arms = [arm for arm in ("without", "with") if any(r.arm == arm for r in results)]
+    if not arms:
+        return results
+    merged = []
+    for arm in arms:
+        runs = [r for r in results if r.arm == arm]
+        lat = sorted(x for r in runs for x in r.latencies_ms)
+        buckets: dict[int, list[float]] = {}
+        for r in runs:
+            for t, latency in r.timed_ms:
+                buckets.setdefault(int(t // 5), []).append(latency)
+        timeline = [
+            percentile(sorted(buckets.get(i, [])), 0.99)
+            for i in range(max(buckets, default=-1) + 1)
+        ]
+        label = f"{runs[0].server}, {arm} peers ({len(runs)} runs)"
+        merged.append(
+            replace(
+                runs[0],
+                server=label,
+                latencies_ms=lat,
+                p99_ms=percentile(lat, 0.99),
+                p99_timeline_ms=timeline,
+            )
+        )
+    return merged
+
+
 def plot(results: list[RunResult], path: str) -> str | None:
     """Latency CDF, queue depth over time, RSS over time; an error message or ``None``."""
     try:
@@ -1723,13 +1755,13 @@ def plot(results: list[RunResult], path: str) -> str | None:
     except ImportError:
         return "matplotlib is not installed (pip install matplotlib): no plot written"
     fig, (ax_cdf, ax_t, ax_q, ax_rss) = plt.subplots(1, 4, figsize=(22, 5))
-    for r in results:
+    for r in _per_arm(results):
         lat = r.latencies_ms
         if lat:
             step = max(1, len(lat) // 2000)
             xs = [*lat[::step], lat[-1]]
             ys = [min(1.0, (i * step + 1) / len(lat)) for i in range(len(xs) - 1)] + [1.0]
-            ax_cdf.plot(xs, ys, label=f"{r.server} (p99 {r.p99_ms:.0f} ms)")
+            ax_cdf.plot(xs, ys, label=f"{r.server} (p99 {r.p99_ms:.2f} ms)")
         if r.p99_timeline_ms:
             ax_t.plot(
                 [5 * i + 2.5 for i in range(len(r.p99_timeline_ms))],
