@@ -104,7 +104,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -726,6 +726,16 @@ class RunResult:
         return out
 
 
+def p99_timeline(timed: Iterable[tuple[float, float]]) -> list[float]:
+    """The p99 of each 5 s of the phase, from (start s, latency ms) pairs."""
+    buckets: dict[int, list[float]] = {}
+    for t, latency in timed:
+        buckets.setdefault(int(t // 5), []).append(latency)
+    return [
+        percentile(sorted(buckets.get(i, [])), 0.99) for i in range(max(buckets, default=-1) + 1)
+    ]
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     """Nearest-rank percentile of an ascending list (0 for an empty one)."""
     if not sorted_values:
@@ -1319,13 +1329,7 @@ class Run:
         r = self.result
         lat = sorted(r.latencies_ms)
         r.latencies_ms = lat
-        buckets: dict[int, list[float]] = {}
-        for t, latency in r.timed_ms:
-            buckets.setdefault(int(t // 5), []).append(latency)
-        r.p99_timeline_ms = [
-            round(percentile(sorted(buckets.get(i, [])), 0.99), 1)
-            for i in range(max(buckets, default=-1) + 1)
-        ]
+        r.p99_timeline_ms = [round(p99, 1) for p99 in p99_timeline(r.timed_ms)]
         r.calls = len(lat)
         r.requests_sent = self.sent
         r.elapsed_s = elapsed
@@ -1643,10 +1647,7 @@ def ab_ratio(results: list[RunResult]) -> dict[str, Any] | None:
     compares the two p99s; the ratio of the mean per-run p99s and each pair's ratio are
     given beside it, because single runs of a p99 this small are noisy.
     """
-    arms: dict[str, list[RunResult]] = {"without": [], "with": []}
-    for r in results:
-        if r.arm in arms:
-            arms[r.arm].append(r)
+    arms = _arms(results)
     if not arms["without"] or not arms["with"]:
         return None
     pooled = {
@@ -1714,24 +1715,25 @@ def source_tree() -> dict[str, Any]:
     return {"git_head": head, "sources_sha256": digest.hexdigest()[:12]}
 
 
+def _arms(results: list[RunResult]) -> dict[str, list[RunResult]]:
+    """``--ab``: the runs of each arm, in the order they ran."""
+    arms: dict[str, list[RunResult]] = {"without": [], "with": []}
+    for r in results:
+        if r.arm in arms:
+            arms[r.arm].append(r)
+    return arms
+
+
 def _per_arm(results: list[RunResult]) -> list[RunResult]:
     """``--ab``: one pooled line per arm (latencies and p99 per 5 s over all its runs;
     queue depth and RSS from its first run).  Otherwise the runs unchanged."""
-    arms = [arm for arm in ("without", "with") if any(r.arm == arm for r in results)]
+    arms = {arm: runs for arm, runs in _arms(results).items() if runs}
     if not arms:
         return results
     merged = []
-    for arm in arms:
-        runs = [r for r in results if r.arm == arm]
+    for arm, runs in arms.items():
         lat = sorted(x for r in runs for x in r.latencies_ms)
-        buckets: dict[int, list[float]] = {}
-        for r in runs:
-            for t, latency in r.timed_ms:
-                buckets.setdefault(int(t // 5), []).append(latency)
-        timeline = [
-            percentile(sorted(buckets.get(i, [])), 0.99)
-            for i in range(max(buckets, default=-1) + 1)
-        ]
+        timeline = p99_timeline(pair for r in runs for pair in r.timed_ms)
         label = f"{runs[0].server}, {arm} peers ({len(runs)} runs)"
         merged.append(
             replace(

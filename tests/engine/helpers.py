@@ -189,3 +189,11 @@ def connect(server: Server, nursery: trio.Nursery) -> H11Client:
     client_side, server_side = trio.testing.memory_stream_pair()
     nursery.start_soon(server.serve_connection, server_side)
     return H11Client(client_side)
+
+
+async def open_session(server: Server, nursery: trio.Nursery) -> tuple[H11Client, str]:
+    """A connected client that has initialized a session, and that session's id."""
+    client = connect(server, nursery)
+    await client.initialize()
+    assert client.session_id is not None
+    return client, client.session_id

@@ -30,7 +30,7 @@ from engine._session import StreamHandle
 from protocol import CreditLimits, CreditState, SessionCredit, StreamKind
 
 from .conftest import Peak
-from .helpers import H11Client, Reply, SseReply, connect, running_server
+from .helpers import H11Client, Reply, SseReply, connect, open_session, running_server
 
 FRAMES = 8
 BYTES = 4096
@@ -761,10 +761,7 @@ def connect_as_session(
 
 async def test_same_request_id_executes_once(autojump_clock: trio.testing.MockClock) -> None:
     async with serving() as (server, nursery):
-        client = connect(server, nursery)
-        await client.initialize()
-        sid = client.session_id
-        assert sid is not None
+        client, sid = await open_session(server, nursery)
         first = await (await client.call(1, "count")).messages()
         second = await (await client.call(1, "count")).messages()
         assert (
@@ -785,10 +782,7 @@ async def test_duplicate_while_running_waits_then_gets_409_in_progress(
 ) -> None:
     config = ServerConfig(in_progress_wait=2.0)
     async with serving(config) as (server, nursery):
-        client = connect(server, nursery)
-        await client.initialize()
-        sid = client.session_id
-        assert sid is not None
+        client, sid = await open_session(server, nursery)
         running = await client.call(5, "slow_count", {"seconds": 10})
         await trio.sleep_until(1.0)
         dup = await as_session(server, nursery, client).post(call_msg(5, "slow_count", seconds=10))
@@ -819,10 +813,7 @@ async def test_duplicate_that_finishes_within_the_wait_is_replayed(
 ) -> None:
     config = ServerConfig(in_progress_wait=5.0)
     async with serving(config) as (server, nursery):
-        client = connect(server, nursery)
-        await client.initialize()
-        sid = client.session_id
-        assert sid is not None
+        client, sid = await open_session(server, nursery)
         running = await client.call(6, "slow_count", {"seconds": 3})
         await trio.sleep_until(1.0)
         dup = await as_session(server, nursery, client).post(call_msg(6, "slow_count", seconds=3))
@@ -838,10 +829,7 @@ async def test_duplicate_that_finishes_within_the_wait_is_replayed(
 
 async def test_same_id_different_arguments_is_422(autojump_clock: trio.testing.MockClock) -> None:
     async with serving() as (server, nursery):
-        client = connect(server, nursery)
-        await client.initialize()
-        sid = client.session_id
-        assert sid is not None
+        client, sid = await open_session(server, nursery)
         await (await client.call(7, "slow_count", {"seconds": 0})).messages()
         reused = await client.post(call_msg(7, "slow_count", seconds=1))
         assert isinstance(reused, Reply) and reused.status == 422
@@ -855,10 +843,7 @@ async def test_idempotency_key_header_replays_under_the_new_id(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with serving() as (server, nursery):
-        client = connect(server, nursery)
-        await client.initialize()
-        sid = client.session_id
-        assert sid is not None
+        client, sid = await open_session(server, nursery)
         key = {"idempotency-key": "order-42"}
         first = await client.post(call_msg(10, "count"), headers=key)
         assert isinstance(first, SseReply)

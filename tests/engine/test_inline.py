@@ -12,9 +12,9 @@ What this module guarantees:
   answer -- result, ``isError`` for a ``ToolError``, an exception, bad arguments or
   an unconvertible result, JSON-RPC errors for ``McpError``, non-object arguments,
   unencodable results, an unknown tool, a request id already in use -- is the
-  answer the same tool gives when it runs in a handler task (a twin whose only
-  difference is an ``await`` in a branch never taken), and the connection stays
-  usable.  Context variables a tool sets do not leak into the next request.
+  answer the same tool gives when it runs in a handler task (a twin that only
+  awaits it, :func:`with_task_twin`), and the connection stays usable.  Context
+  variables a tool sets do not leak into the next request.
 * The idempotency gate still executes a keyed call once and replays it; a tool
   that can suspend still runs in a handler task and can be cancelled.
 * When its frames cannot get credit at once, the inline answer waits (``_deliver``)
@@ -61,7 +61,7 @@ from protocol import (
 )
 
 from .conftest import Peak
-from .helpers import H11Client, Reply, SseReply, connect, running_server
+from .helpers import H11Client, Reply, SseReply, connect, open_session, running_server
 from .test_half_open import connect_stalling
 
 FRAMES = 8
@@ -73,7 +73,7 @@ CONFIG = ServerConfig(credit=CREDIT, max_stream_events=64, session_idle_timeout=
 TEST_DEADLINE = 1000.0  # virtual seconds; every test ends long before
 MODES = [pytest.param(False, id="sse"), pytest.param(True, id="json")]
 
-_NEVER = False  # a runtime condition: ``if _NEVER: await ...`` is kept in the bytecode
+ToolFn = Callable[..., Awaitable[Any]]
 
 
 # ----------------------------------------------------------------- the application
@@ -97,119 +97,71 @@ def _bump(name: str) -> int:
 LOOSE_SCHEMA = {"type": "object", "properties": {"count": {"type": "integer"}}}
 
 
-# Each inline tool has a ``_task`` twin: the same body plus an ``await`` in a branch
-# that is never taken, which is enough to run it in a handler task.
+def with_task_twin(**options: Any) -> Callable[[ToolFn], ToolFn]:
+    """Register the tool (it runs inline) and its ``<name>_task`` twin.
+
+    The twin only awaits the tool.  The tool never suspends, so neither does the
+    twin, but its ``await`` is enough to make it run in a handler task.
+    """
+
+    def register(fn: ToolFn) -> ToolFn:
+        app.tool(**options)(fn)
+
+        @functools.wraps(fn)
+        async def twin(*args: Any, **kwargs: Any) -> Any:
+            return await fn(*args, **kwargs)
+
+        app.tool(f"{fn.__name__}_task", **options)(twin)
+        return fn
+
+    return register
 
 
-@app.tool()
+@with_task_twin()
 async def echo(text: str) -> str:
     """Echo."""
     return text
 
 
-@app.tool()
-async def echo_task(text: str) -> str:
-    """Echo, in a handler task."""
-    if _NEVER:
-        await trio.lowlevel.checkpoint()
-    return text
-
-
-@app.tool()
+@with_task_twin()
 async def whoami(ctx: Context, label: str = "") -> dict[str, Any]:
     """What the context says about this call."""
     return {"label": label, "request": ctx.request_id, "progress": ctx.progress_token}
 
 
-@app.tool()
-async def whoami_task(ctx: Context, label: str = "") -> dict[str, Any]:
-    """What the context says about this call, in a handler task."""
-    if _NEVER:
-        await trio.lowlevel.checkpoint()
-    return {"label": label, "request": ctx.request_id, "progress": ctx.progress_token}
-
-
-@app.tool()
+@with_task_twin()
 async def refuse() -> str:
     """Fail with a tool error."""
     raise ToolError("refused by policy")
 
 
-@app.tool()
-async def refuse_task() -> str:
-    """Fail with a tool error, in a handler task."""
-    if _NEVER:
-        await trio.lowlevel.checkpoint()
-    raise ToolError("refused by policy")
-
-
-@app.tool()
+@with_task_twin()
 async def crash() -> str:
     """Fail with a plain exception."""
     raise RuntimeError("boom")
 
 
-@app.tool()
-async def crash_task() -> str:
-    """Fail with a plain exception, in a handler task."""
-    if _NEVER:
-        await trio.lowlevel.checkpoint()
-    raise RuntimeError("boom")
-
-
-@app.tool()
+@with_task_twin()
 async def bad_result() -> object:
     """Return something that is no tool result."""
     return object()
 
 
-@app.tool()
-async def bad_result_task() -> object:
-    """Return something that is no tool result, in a handler task."""
-    if _NEVER:
-        await trio.lowlevel.checkpoint()
-    return object()
-
-
-@app.tool()
+@with_task_twin()
 async def rpc_fail() -> str:
     """Answer with a JSON-RPC error."""
     raise McpError(-32001, "custom failure", {"k": 1})
 
 
-@app.tool()
-async def rpc_fail_task() -> str:
-    """Answer with a JSON-RPC error, in a handler task."""
-    if _NEVER:
-        await trio.lowlevel.checkpoint()
-    raise McpError(-32001, "custom failure", {"k": 1})
-
-
-@app.tool()
+@with_task_twin()
 async def unencodable() -> dict[str, Any]:
     """A result msgspec cannot encode."""
     return {"content": [{"type": "text", "text": object()}]}
 
 
-@app.tool()
-async def unencodable_task() -> dict[str, Any]:
-    """A result msgspec cannot encode, in a handler task."""
-    if _NEVER:
-        await trio.lowlevel.checkpoint()
-    return {"content": [{"type": "text", "text": object()}]}
-
-
-@app.tool(input_schema=LOOSE_SCHEMA)
+@with_task_twin(input_schema=LOOSE_SCHEMA)
 async def loose(count: int) -> str:
     """Arguments passed through unvalidated (schema override)."""
-    return str(count)
-
-
-@app.tool(input_schema=LOOSE_SCHEMA)
-async def loose_task(count: int) -> str:
-    """Arguments passed through unvalidated (schema override), in a handler task."""
-    if _NEVER:
-        await trio.lowlevel.checkpoint()
     return str(count)
 
 
@@ -414,10 +366,8 @@ def untwin(message: dict[str, Any], request_id: int) -> dict[str, Any]:
 
 async def started(server: Server, nursery: trio.Nursery) -> tuple[H11Client, Session]:
     """An initialized client (2025-11-25) and its live session."""
-    client = connect(server, nursery)
-    await client.initialize()
-    assert client.session_id is not None
-    return client, server.sessions[client.session_id]
+    client, sid = await open_session(server, nursery)
+    return client, server.sessions[sid]
 
 
 # ----------------------------------------------------------------- 1. never_suspends
@@ -1062,10 +1012,7 @@ async def test_inline_response_waits_for_its_own_priming_event_to_drain(
 ) -> None:
     """One frame of credit left: the priming event takes it, the response waits for it."""
     async with serving() as (server, nursery):
-        client = connect(server, nursery)
-        await client.initialize()
-        sid = client.session_id
-        assert sid is not None
+        client, sid = await open_session(server, nursery)
         session = server.sessions[sid]
         credit = session.credit
         stalled, valve = connect_stalling(server, nursery)
@@ -1285,10 +1232,7 @@ async def test_busy_session_does_not_wake_its_timer_per_frame(
     inline_runs: list[str],
 ) -> None:
     async with serving() as (server, nursery):
-        client = connect(server, nursery)
-        await client.initialize()
-        sid = client.session_id
-        assert sid is not None
+        client, sid = await open_session(server, nursery)
         session = server.sessions[sid]
         await settle()
         assert timer_wakeups[sid] == [0.0] and session.timer_at == float("inf")
@@ -1326,10 +1270,7 @@ async def test_an_earlier_deadline_still_wakes_the_timer_on_time(
     autojump_clock: trio.testing.MockClock, timer_wakeups: dict[str, list[float]]
 ) -> None:
     async with serving() as (server, nursery):
-        client = connect(server, nursery)
-        await client.initialize()
-        sid = client.session_id
-        assert sid is not None
+        client, sid = await open_session(server, nursery)
         session = server.sessions[sid]
         credit = session.credit
         await trio.sleep_until(1.0)
