@@ -7,36 +7,76 @@ connection.  It is sans-io: the driver feeds received bytes with
 :meth:`~HttpConnection.receive_data` (``b""`` means EOF), pulls events with
 :meth:`~HttpConnection.next_event`, and writes the bytes returned by the ``send_*``
 methods (plus :meth:`~HttpConnection.data_to_send`, for bytes the core produced on
-its own, such as an automatic 400) to the socket.
+its own, such as an automatic 400 or a ``100 Continue``) to the socket.
+
+The driver's loop, and what it must guarantee:
+
+* whenever :meth:`~HttpConnection.next_event` returns :data:`NEED_DATA`, first
+  write :meth:`~HttpConnection.data_to_send` if
+  :attr:`~HttpConnection.has_data_to_send` (a client that sent
+  ``Expect: 100-continue`` waits for the ``100 Continue`` before it sends the
+  body), then wait for bytes -- with the deadline that
+  :attr:`~HttpConnection.inbound` calls for: :attr:`Inbound.IDLE` (nothing owed:
+  keep-alive timeout), :attr:`Inbound.HEAD` (a head has started: whole-head
+  deadline), :attr:`Inbound.BODY` (head complete: body deadline);
+* after :class:`HttpError`, write :meth:`~HttpConnection.data_to_send` and close.
+
+(A ``100 Continue`` still queued when the response starts is returned first by
+``send_response`` / ``start_stream``, so the order on the wire is always right.)
 
 Inbound, the core delivers a request only once its whole body has arrived
-(MCP bodies are single JSON documents), as one :class:`HttpRequest`.  Limits:
+(MCP bodies are single JSON documents), as one :class:`HttpRequest`.  Refusals,
+each a configured bound of :class:`HttpLimits` or a rule of RFC 9110/9112:
 
-* header block larger than ``max_header_bytes`` -> 431, connection closed;
-* body larger than ``max_body_bytes`` -> 413, connection closed (refused from the
-  ``Content-Length`` header alone when it is declared);
-* anything h11 rejects -> 400 (or the status h11 suggests), connection closed.
+* a request target longer than ``max_target_bytes`` -> 414 ``uri_too_long``.
+  When the method is at most 16 bytes this is decided from the start of the
+  request line alone, as soon as the target has passed the limit, before the
+  line (let alone the head) is complete, and before any other check, h11's
+  included: an endless request line is cut there, not at ``max_header_bytes``.
 
-In each case the core writes the error response into :meth:`data_to_send` itself,
-emits :class:`HttpError`, and then :class:`ConnectionClosed`.  No exception other
-than :class:`~protocol.LocalProtocolError` (API misuse) leaves this class.
+Then, once a head is complete, in this order (the first that applies answers):
+
+* request line plus header block larger than ``max_header_bytes`` -> 431
+  ``headers_too_large`` (also while the head is still arriving);
+* request target longer than ``max_target_bytes`` (a longer method) -> 414;
+* more than ``max_header_fields`` header fields -> 431 ``too_many_headers``;
+* both ``Content-Length`` and ``Transfer-Encoding`` -> 400 ``ambiguous_framing``
+  (RFC 9112 section 6.1: a smuggling vector; the request, and anything pipelined
+  behind it, is never delivered);
+* an ``Expect`` member other than ``100-continue`` (case-insensitive) -> 417
+  ``expectation_failed``;
+* body larger than ``max_body_bytes`` -> 413 ``payload_too_large`` (refused from
+  the ``Content-Length`` header alone when it is declared -- before any
+  ``100 Continue``, so such a client never sends the body);
+* anything h11 rejects -> 400 ``malformed_http`` (or the status h11 suggests).
+
+A request that passes and carries ``Expect: 100-continue`` (HTTP/1.1) gets
+``HTTP/1.1 100 Continue`` queued in :meth:`data_to_send` as soon as its head is
+complete.  Every refusal closes the connection: the core writes the error response
+into :meth:`data_to_send` itself, emits :class:`HttpError`, and then
+:class:`ConnectionClosed`.  Each answer depends on the bytes alone, never on how
+they were split into chunks.  No exception other than
+:class:`~protocol.LocalProtocolError` (API misuse) leaves this class.
 
 Two paths
 ---------
 Requests of the common shape -- ``GET``, ``POST`` or ``DELETE`` of an origin-form
 target over HTTP/1.1, CRLF line ends, exactly one ``Host``, at most one
 ``Content-Length``, ``Connection`` at most ``keep-alive``/``close``, no transfer
-coding, ``Expect`` or ``Upgrade`` -- are parsed here with the RFC 9110/9112
-grammar (the same expressions h11 uses), and responses to them are framed here
-(status line, headers, ``Content-Length`` or chunked).  That is what every MCP
-client sends, and it costs a fraction of h11's generic machinery, which
+coding, ``Expect`` or ``Upgrade``, within every limit -- are parsed here with the
+RFC 9110/9112 grammar (the same expressions h11 uses), and responses to them are
+framed here (status line, headers, ``Content-Length`` or chunked).  That is what
+every MCP client sends, and it costs a fraction of h11's generic machinery, which
 re-validates every header of every response.  Anything else -- chunked request
-bodies, ``Expect: 100-continue``, HTTP/1.0, ``HEAD``, obs-fold, bare-LF line ends,
-oversized or malformed heads -- hands the connection to h11 at that request's
-boundary, with every unread byte; h11 then serves it for the rest of its life,
-errors included.  Both paths give the same events and the same bytes for the
-same input (``tests/protocol/test_http_fastpath.py`` checks this differentially);
-``HttpConnection(fast_path=False)`` uses h11 alone.
+bodies, ``Expect``, HTTP/1.0, ``HEAD``, obs-fold, bare-LF line ends, oversized or
+malformed heads, too many header fields, an over-long target, a request line
+that has grown past ``max_target_bytes`` without ending -- hands the connection
+to h11 at that request's boundary, with every unread byte; h11 then serves it
+for the rest of its life, and every refusal above is made on that path.  (The
+fast path's own cost for the limits is a count of header lines and a length
+check of the target per request.)  Both paths give the same events and the same
+bytes for the same input (``tests/protocol/test_http_fastpath.py`` checks this
+differentially); ``HttpConnection(fast_path=False)`` uses h11 alone.
 
 Outbound, a response is either complete (:meth:`send_response`, with
 ``Content-Length``) or streamed (:meth:`start_stream` / :meth:`send_stream_data` /
@@ -151,11 +191,40 @@ class HttpLimits:
 
     Attributes:
         max_header_bytes: largest request line plus header block (431 beyond).
-        max_body_bytes: largest request body (413 beyond).
+        max_body_bytes: largest request body (413 beyond); ``0`` allows no body.
+        max_header_fields: most header fields in one request (431 beyond).
+        max_target_bytes: longest request target (414 beyond).
+
+    Raises:
+        ValueError: if a limit is not an ``int``, or not positive
+            (``max_body_bytes`` may be ``0``).
     """
 
     max_header_bytes: int = 64 * 1024
     max_body_bytes: int = 4 * 1024 * 1024
+    max_header_fields: int = 100
+    max_target_bytes: int = 8192
+
+    def __post_init__(self) -> None:
+        for name in ("max_header_bytes", "max_body_bytes", "max_header_fields", "max_target_bytes"):
+            value = getattr(self, name)
+            least = 0 if name == "max_body_bytes" else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                what = "a non-negative" if least == 0 else "a positive"
+                raise ValueError(f"HttpLimits.{name} must be {what} int, got {value!r}")
+
+
+class Inbound(enum.Enum):
+    """What the peer owes the connection now (:attr:`HttpConnection.inbound`).
+
+    The driver uses it to choose a deadline while it waits for bytes: a whole-head
+    deadline in ``HEAD``, a body deadline in ``BODY``, the idle (keep-alive)
+    timeout in ``IDLE``.
+    """
+
+    IDLE = "IDLE"  # nothing owed: no byte of the next request yet, or we are answering
+    HEAD = "HEAD"  # part of a request head has arrived; the head is incomplete
+    BODY = "BODY"  # the head is complete; the body is not
 
 
 class _Phase(enum.Enum):
@@ -195,15 +264,26 @@ class HttpConnection:
         self._closed = False
         self._failed = False
         self._head_request = False  # the request being answered is a HEAD
+        # h11 path: while h11 waits for a request head, ``_line`` mirrors the first
+        # ``_line_cap`` bytes of it (None otherwise), so that the request line can
+        # be checked before the head is complete (``_target_too_long``) and
+        # ``inbound`` can tell HEAD from IDLE; ``_line_open`` until that check has
+        # a final answer.
+        self._line: bytearray | None = None
+        self._line_open = False
+        self._line_cap = 0
         if not fast_path:
             self._take_over()
 
     def _take_over(self) -> h11.Connection:
         # h11 takes the connection from here on, at a request boundary: it gets
         # every byte not consumed yet (and the EOF, if it came).
+        limits = self.limits
         conn = self._h11 = h11.Connection(
-            h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes
+            h11.SERVER, max_incomplete_event_size=limits.max_header_bytes
         )
+        self._line_cap = min(limits.max_header_bytes, _EARLY_METHOD + limits.max_target_bytes + 2)
+        self._await_head(self._buf)
         if self._buf:
             conn.receive_data(bytes(self._buf))
             self._buf.clear()
@@ -211,6 +291,11 @@ class HttpConnection:
             conn.receive_data(b"")
         self._head = None
         return conn
+
+    def _await_head(self, data: bytes | bytearray) -> None:
+        # h11 waits for a request head; ``data`` is what it holds of it already.
+        self._line = bytearray(data[: self._line_cap])
+        self._line_open = True
 
     # ------------------------------------------------------------------ inbound
     def receive_data(self, data: bytes | bytearray) -> None:
@@ -232,6 +317,10 @@ class HttpConnection:
         except RuntimeError:
             # h11 refuses data after EOF; treat extra bytes as a closed connection.
             self._closed = True
+            return
+        line = self._line
+        if line is not None and len(line) < self._line_cap:
+            line += data[: self._line_cap - len(line)]
 
     def next_event(self) -> HttpEvent:
         """Return the next complete event, or :data:`NEED_DATA`.
@@ -264,10 +353,14 @@ class HttpConnection:
                 if not buf and self._eof:
                     self._closed = True
                     return ConnectionClosed()
+                line_max = self.limits.max_target_bytes + 2
                 odd = (
                     (buf and buf[0] < 0x21)  # h11 refuses such a request line at once
                     or buf.find(b"\n\n", self._scanned) >= 0  # bare-LF line ends
                     or buf.find(b"\n\r\n", self._scanned) >= 0
+                    # A request line that may already hold a target over the limit:
+                    # the h11 path refuses it before it ends (414).
+                    or (len(buf) > line_max and buf.find(b"\n", 0, line_max + 1) < 0)
                 )
                 if len(buf) < limit and not self._eof and not odd:
                     # Resume the search where a terminator could still start
@@ -278,7 +371,7 @@ class HttpConnection:
                 self._take_over()
                 return None
             self._scanned = 0
-            head = _parse_head(buf, end, self.limits.max_header_bytes)
+            head = _parse_head(buf, end, self.limits)
             if head is None or head.content_length > self.limits.max_body_bytes:
                 self._take_over()  # not the common shape (or an error): h11 decides
                 return None
@@ -312,6 +405,8 @@ class HttpConnection:
                 # it (the connection closes after the response), never an error
                 # that would replace the response to the request delivered.
                 return NEED_DATA
+            if self._line_open and self._target_too_long():
+                return self._uri_too_long()
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
@@ -330,16 +425,11 @@ class HttpConnection:
                 self._pending = event
                 self._body = []
                 self._body_size = 0
-                # h11 enforces max_incomplete_event_size only while the head is
-                # still incomplete, so a head that arrives in one chunk would slip
-                # through; check the complete head too (same answer however split).
-                if _head_size(event) > self.limits.max_header_bytes:
-                    return self._fail(
-                        431, Reason.HEADERS_TOO_LARGE, "request header block too large"
-                    )
-                declared = _content_length(event.headers)
-                if declared is not None and declared > self.limits.max_body_bytes:
-                    return self._too_large()
+                self._line = None
+                self._line_open = False
+                refused = self._check_head(conn, event)
+                if refused is not None:
+                    return refused
                 continue
             if isinstance(event, h11.Data):
                 self._body_size += len(event.data)
@@ -365,6 +455,103 @@ class HttpConnection:
                 self._closed = True
                 return ConnectionClosed()
 
+    def _check_head(self, conn: h11.Connection, req: h11.Request) -> HttpError | None:
+        """Apply the limits to a complete head; queue ``100 Continue`` if it is awaited.
+
+        The order (the first that applies answers): 431 head size, 414 target,
+        431 header count, 400 ``Content-Length`` with ``Transfer-Encoding``, 417
+        unknown expectation, 413 declared body size.  Every answer depends on the
+        head alone, so it is the same however the bytes were split.
+        """
+        limits = self.limits
+        # h11 enforces max_incomplete_event_size only while the head is still
+        # incomplete, so a head that arrives in one chunk would slip through;
+        # check the complete head too (same answer however split).
+        if _head_size(req) > limits.max_header_bytes:
+            return self._fail(431, Reason.HEADERS_TOO_LARGE, "request header block too large")
+        if len(req.target) > limits.max_target_bytes:
+            # (A short method's over-long target is refused before the head ends.)
+            return self._uri_too_long()
+        if len(req.headers) > limits.max_header_fields:
+            return self._fail(
+                431,
+                Reason.TOO_MANY_HEADERS,
+                f"more than {limits.max_header_fields} request header fields",
+            )
+        declared: int | None = None
+        chunked = False
+        expect: list[bytes] = []
+        for name, value in req.headers:
+            if name == b"content-length":
+                declared = int(value)  # h11 has checked it: digits, one value
+            elif name == b"transfer-encoding":
+                chunked = True  # h11 accepts "chunked" alone
+            elif name == b"expect":
+                expect.append(value)
+        if chunked and declared is not None:
+            # RFC 9112 section 6.1: such a message is a request smuggling attempt
+            # or a broken intermediary; never guess which framing the peer meant.
+            return self._fail(
+                400,
+                Reason.AMBIGUOUS_FRAMING,
+                "request has both Content-Length and Transfer-Encoding",
+            )
+        if expect and any(
+            m.strip() and m.strip().lower() != b"100-continue"
+            for m in b",".join(expect).split(b",")
+        ):
+            return self._fail(
+                417,
+                Reason.EXPECTATION_FAILED,
+                "unsupported expectation (only 100-continue is supported)",
+            )
+        if declared is not None and declared > limits.max_body_bytes:
+            return self._too_large()
+        if conn.they_are_waiting_for_100_continue:
+            # The peer holds the body back until it hears from us: invite it.
+            self._out += self._send(
+                h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
+            )
+        return None
+
+    def _target_too_long(self) -> bool:
+        """True when the request line arriving on the h11 path has an over-long target.
+
+        Looks only at the start of the head (``_line``, its first ``_line_cap``
+        bytes), before h11 parses it: a method token of at most ``_EARLY_METHOD``
+        bytes, a space, then more than ``max_target_bytes`` bytes without a space,
+        CR or LF.  The answer only ever turns from False to True as bytes arrive,
+        and is checked before every h11 parse, so it is the same however the bytes
+        are split; once it can no longer turn True, ``_line_open`` is cleared (a
+        long method's long target is refused when its head is complete).
+        """
+        line = self._line
+        assert line is not None
+        max_target = self.limits.max_target_bytes
+        if len(line) < max_target + 3:
+            return False  # cannot hold a method, a space and max_target + 1 bytes yet
+        sp = line.find(b" ", 0, _EARLY_METHOD + 1)
+        if sp < 0 or _TOKEN_BYTES.fullmatch(line, 0, sp) is None:
+            if sp >= 0 or len(line) > _EARLY_METHOD:
+                self._line_open = False  # no (short) method: not for this check
+            return False
+        stop = sp + 2 + max_target  # the target would end at or past this offset
+        if _TARGET_END.search(line, sp + 1, stop) is not None:
+            self._line_open = False  # the target ends in time
+            return False
+        if len(line) >= stop:
+            return True
+        if len(line) >= self._line_cap:
+            self._line_open = False  # the rest is past the head limit: h11 says 431
+        return False
+
+    def _uri_too_long(self) -> HttpError:
+        return self._fail(
+            414,
+            Reason.URI_TOO_LONG,
+            f"request target longer than {self.limits.max_target_bytes} bytes",
+        )
+
     def _too_large(self) -> HttpError:
         return self._fail(
             413,
@@ -384,10 +571,43 @@ class HttpConnection:
 
     # ----------------------------------------------------------------- outbound
     def data_to_send(self) -> bytes:
-        """Bytes the core produced on its own (automatic error responses)."""
+        """Bytes the core produced on its own, to write to the socket in order.
+
+        An automatic error response (after :class:`HttpError`), or an interim
+        ``100 Continue`` for a request sent with ``Expect: 100-continue`` (the peer
+        waits for it before sending the body: send it whenever :meth:`next_event`
+        returns :data:`NEED_DATA`).  Taking them empties the queue.
+        """
         out = bytes(self._out)
         self._out.clear()
         return out
+
+    @property
+    def has_data_to_send(self) -> bool:
+        """True while :meth:`data_to_send` would return some bytes."""
+        return bool(self._out)
+
+    @property
+    def inbound(self) -> Inbound:
+        """What the peer owes now, for the driver's deadlines (see :class:`Inbound`).
+
+        Meaningful when :meth:`next_event` has just returned :data:`NEED_DATA`:
+        ``HEAD`` once any byte of a request head has arrived until the head is
+        complete, then ``BODY`` until the body is complete; ``IDLE`` before the
+        first byte of a request, while a response is due or being sent (bytes of
+        a pipelined request do not count until then), and once closed.
+        """
+        if self._closed:
+            return Inbound.IDLE
+        if self._h11 is None:
+            if self._phase is not _Phase.IDLE:
+                return Inbound.IDLE
+            if self._head is not None:
+                return Inbound.BODY
+            return Inbound.HEAD if self._buf else Inbound.IDLE
+        if self._pending is not None:
+            return Inbound.BODY
+        return Inbound.HEAD if self._line else Inbound.IDLE
 
     def send_response(
         self, status: int, headers: Iterable[tuple[str, str]], body: bytes = b""
@@ -413,6 +633,8 @@ class HttpConnection:
         hdrs = _headers(headers)
         hdrs.append((b"content-length", str(len(body)).encode()))
         out = self._send(h11.Response(status_code=status, headers=hdrs, reason=_phrase(status)))
+        if self._out:  # a 100 Continue the driver has not taken yet goes first
+            out = self.data_to_send() + out
         if body and not self._head_request:
             # A HEAD response carries the headers of the full response, no body.
             out += self._send(h11.Data(data=body))
@@ -448,7 +670,10 @@ class HttpConnection:
                 status_code=status, headers=_headers(headers), reason=_phrase(status)
             )
             _remember(_STREAM_HEADS, key, event)
-        return self._send(event)
+        out = self._send(event)
+        if self._out:  # a 100 Continue the driver has not taken yet goes first
+            out = self.data_to_send() + out
+        return out
 
     def send_stream_data(self, data: bytes) -> bytes:
         """Frame ``data`` as one chunk of the streamed response (``b""``: nothing to send)."""
@@ -529,6 +754,7 @@ class HttpConnection:
             self._closed = True
         elif h.our_state is h11.DONE and h.their_state is h11.DONE:
             h.start_next_cycle()
+            self._await_head(h.trailing_data[0])
         elif h.our_state is h11.DONE:
             # We answered before reading the whole request body (e.g. a 413):
             # the rest of the body cannot be skipped safely, so close.
@@ -554,6 +780,10 @@ _TOKEN = r"[-!#$%&'*+.^_`|~0-9A-Za-z]+"
 _FIELD_VALUE = r"(?:[\x21-\x7e\x80-\xff]+(?:[ \t]+[\x21-\x7e\x80-\xff]+)*)?"
 _HEADER_LINE = re.compile(rf"({_TOKEN}):[ \t]*({_FIELD_VALUE})[ \t]*")
 _TOKEN_RE = re.compile(_TOKEN)
+_TOKEN_BYTES = re.compile(_TOKEN.encode())
+_TARGET_END = re.compile(rb"[ \r\n]")
+# Methods up to this long have an over-long target refused before the head ends.
+_EARLY_METHOD: Final = 16
 _FIELD_VALUE_RE = re.compile(_FIELD_VALUE)
 _DIGITS = re.compile(r"[0-9]{1,15}")
 # Request headers that change framing or the connection beyond keep-alive/close:
@@ -563,21 +793,25 @@ _H11_ONLY = frozenset({"transfer-encoding", "expect", "upgrade", "te", "trailer"
 _FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
 
 
-def _parse_head(buf: bytearray, end: int, max_head: int) -> _Head | None:
+def _parse_head(buf: bytearray, end: int, limits: HttpLimits) -> _Head | None:
     """Parse ``buf[:end]`` (the head, without its blank line) if it has the common shape.
 
     The common shape: ``GET``, ``POST`` or ``DELETE`` of an origin-form target over
     HTTP/1.1; CRLF line ends; every header line a token, a colon and a valid
     field value; exactly one ``Host``; at most one ``Content-Length`` (digits);
     ``Connection`` at most ``keep-alive``/``close``; no transfer coding, no
-    ``Expect``, no ``Upgrade``.  Anything else answers None and goes to h11, which
-    accepts or refuses it exactly as the RFCs (and h11) say.
+    ``Expect``, no ``Upgrade``; within ``limits`` (target length, number of
+    header fields, head size).  Anything else answers None and goes to h11, which
+    accepts or refuses it exactly as the RFCs (and h11) say, and the h11 path
+    applies the limits.
     """
     text = buf[:end].decode("latin-1")
     lines = text.split("\r\n")
+    if len(lines) > limits.max_header_fields + 1:
+        return None  # too many header fields: the h11 path refuses them (431)
     m = _REQUEST_LINE.fullmatch(lines[0])
-    if m is None:
-        return None
+    if m is None or len(m[2]) > limits.max_target_bytes:
+        return None  # (a target over the limit: the h11 path refuses it, 414)
     items: list[tuple[str, str]] = []
     merged: dict[str, str] = {}
     length = -1
@@ -607,6 +841,7 @@ def _parse_head(buf: bytearray, end: int, max_head: int) -> _Head | None:
         merged[name] = f"{merged[name]}, {value}" if name in merged else value
     if hosts != 1:
         return None
+    max_head = limits.max_header_bytes
     if end + 4 + len(lines) > max_head:
         # Near the limit: apply it to the canonical form, exactly as the h11 path
         # does (``_head_size``), so both paths agree on every head.
@@ -687,16 +922,6 @@ def _head_size(req: h11.Request) -> int:
     # h11's incremental limit measures on the raw bytes.
     line = len(req.method) + len(req.target) + len(req.http_version) + len(b"  HTTP/\r\n")
     return line + sum(len(n) + len(v) + 4 for n, v in req.headers) + 2
-
-
-def _content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
-    for name, value in headers:
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
 
 
 def _phrase(status: int) -> bytes:

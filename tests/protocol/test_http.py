@@ -264,7 +264,7 @@ def _head(extra: int) -> bytes:
     return request_bytes("GET", "/mcp", [("Host", "x"), ("X-Pad", "a" * extra)])
 
 
-@pytest.mark.parametrize("over", [1, 2, 500])
+@pytest.mark.parametrize("over", [1, 2, 300])
 def test_oversized_header_block_is_431_however_it_is_split(over: int) -> None:
     data = _head(300)
     t = feed_both(data, limits=HttpLimits(max_header_bytes=len(data) - over))
