@@ -7,6 +7,7 @@ and deadlines come out.  This module's ``__all__`` is the whole public surface;
 
 from __future__ import annotations
 
+from ._budget import RetentionBudget
 from ._credit import CreditLimits, DrainTracker, SessionCredit
 from ._endpoint import (
     DEFAULT_VERSION,
@@ -22,6 +23,7 @@ from ._endpoint import (
     RequestContext,
     accepts,
     check_host_and_origin,
+    closing_refusal,
     host_of,
     negotiate_version,
     refusal,
@@ -52,6 +54,7 @@ from ._http import (
     HttpEvent,
     HttpLimits,
     HttpRequest,
+    Inbound,
 )
 from ._jsonrpc import (
     ErrorObject,
@@ -128,6 +131,7 @@ __all__ = [
     "HttpEvent",
     "HttpLimits",
     "HttpRequest",
+    "Inbound",
     "LocalProtocolError",
     "McpRequest",
     "Message",
@@ -141,6 +145,7 @@ __all__ = [
     "RequestContext",
     "RequestId",
     "Response",
+    "RetentionBudget",
     "SessionCredit",
     "SessionInput",
     "SessionState",
@@ -155,6 +160,7 @@ __all__ = [
     "StreamTable",
     "accepts",
     "check_host_and_origin",
+    "closing_refusal",
     "credit_transition",
     "decode_body",
     "decode_message",

@@ -245,6 +245,12 @@ class DrainTracker(Generic[T]):
         """Convenience: the kernel says ``unacknowledged`` bytes are still in flight."""
         return self.bytes_drained(max(0, self.written - unacknowledged - self.acked))
 
+    def take_pending(self) -> list[T]:
+        """Every token not yet acknowledged, oldest first; the tracker forgets them."""
+        out = [token for _, token in self._marks]
+        self._marks.clear()
+        return out
+
     @property
     def pending(self) -> bool:
         """True while some mark is not yet acknowledged."""

@@ -76,12 +76,14 @@ class EndpointConfig:
             addition to those whose host is in ``allowed_hosts``.
         json_response: answer requests with ``application/json`` instead of SSE;
             then ``Accept`` need only list ``application/json``.
+        max_batch: most messages in one batch (400 ``batch_too_large`` beyond).
     """
 
     path: str = "/mcp"
     allowed_hosts: frozenset[str] = LOOPBACK_HOSTS
     allowed_origins: frozenset[str] = frozenset()
     json_response: bool = False
+    max_batch: int = 64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -262,7 +264,9 @@ def _route_post(request: HttpRequest, ctx: RequestContext, config: EndpointConfi
             Reason.NOT_ACCEPTABLE,
             "Accept must list both application/json and text/event-stream",
         )
-    messages, is_batch = decode_body(request.body, allow_batch=ctx.protocol_version == "2025-03-26")
+    messages, is_batch = decode_body(
+        request.body, allow_batch=ctx.protocol_version == "2025-03-26", max_batch=config.max_batch
+    )
     post = PostMessages(ctx=ctx, messages=messages, is_batch=is_batch)
     if any(isinstance(m, Request) and m.method == "initialize" for m in messages):
         if is_batch:
@@ -287,6 +291,23 @@ def refusal(exc: RemoteProtocolError) -> tuple[int, list[tuple[str, str]], bytes
     if exc.retry_after_ms is not None:
         headers.append(("retry-after", str(max(1, -(-exc.retry_after_ms // 1000)))))
     return exc.http_status, headers, error_body(exc)
+
+
+def closing_refusal(exc: RemoteProtocolError) -> bytes:
+    """A whole HTTP/1.1 error response that also closes the connection.
+
+    For refusals that do not answer a delivered request -- a request head or body
+    that did not arrive in time (408) -- where the connection is abandoned
+    mid-request, so nothing but this response may follow on it.
+    """
+    status, headers, body = refusal(exc)
+    head = f"HTTP/1.1 {status} {_PHRASES.get(status, '')}\r\nserver: weir\r\n"
+    head += "".join(f"{n}: {v}\r\n" for n, v in headers)
+    head += f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
+    return head.encode("latin-1") + body
+
+
+_PHRASES: Final = {408: "Request Timeout", 503: "Service Unavailable"}
 
 
 def session_refusal(session_id: str, request_id: int | str | None = None) -> RemoteProtocolError:

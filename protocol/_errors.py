@@ -55,6 +55,17 @@ class Reason(enum.StrEnum):
     INTERRUPTED = "interrupted"
     SHUTTING_DOWN = "shutting_down"
     STORE_UNAVAILABLE = "store_unavailable"
+    # Limits (every one a configured bound; see the README's table of limits).
+    URI_TOO_LONG = "uri_too_long"
+    TOO_MANY_HEADERS = "too_many_headers"
+    AMBIGUOUS_FRAMING = "ambiguous_framing"
+    EXPECTATION_FAILED = "expectation_failed"
+    REQUEST_TIMEOUT = "request_timeout"
+    BATCH_TOO_LARGE = "batch_too_large"
+    SESSION_LIMIT = "session_limit"
+    RESULT_TOO_LARGE = "result_too_large"
+    OUTCOME_EVICTED = "outcome_evicted"
+    OVERLOADED = "overloaded"
 
 
 #: JSON-RPC 2.0 error codes used by weir.

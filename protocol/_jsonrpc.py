@@ -126,19 +126,25 @@ def decode_message(body: bytes) -> Message:
     return messages[0]
 
 
-def decode_body(body: bytes, *, allow_batch: bool) -> tuple[list[Message], bool]:
+def decode_body(
+    body: bytes, *, allow_batch: bool, max_batch: int | None = None
+) -> tuple[list[Message], bool]:
     """Decode an HTTP body into messages.
 
     Args:
         body: the raw request body.
         allow_batch: whether a JSON array (a JSON-RPC batch) is acceptable.
+        max_batch: most entries a batch may have (``None``: no limit); a larger
+            one is refused whole (reason ``batch_too_large``) before any entry is
+            looked at.
 
     Returns:
         ``(messages, is_batch)``; a single message gives a one-element list.
 
     Raises:
         RemoteProtocolError: parse errors, invalid messages, an empty batch, or a
-            batch where none is allowed (reason ``batch_not_supported``).
+            batch where none is allowed (reason ``batch_not_supported``), or one
+            larger than ``max_batch`` (reason ``batch_too_large``).
     """
     stripped = body.lstrip()
     if stripped[:1] == b"[":
@@ -158,6 +164,13 @@ def decode_body(body: bytes, *, allow_batch: bool) -> tuple[list[Message], bool]
             raise _parse_error(exc) from None
         if not envs:
             raise _invalid("an empty JSON-RPC batch is not allowed")
+        if max_batch is not None and len(envs) > max_batch:
+            raise RemoteProtocolError(
+                f"a batch of {len(envs)} messages is larger than this server's limit ({max_batch})",
+                reason=Reason.BATCH_TOO_LARGE,
+                code=INVALID_REQUEST,
+                data={"limit": max_batch},
+            )
         return [_classify(e) for e in envs], True
     try:
         env = _single_decoder.decode(body)

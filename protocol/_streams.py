@@ -26,7 +26,7 @@ import enum
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 
-from ._errors import Reason, RemoteProtocolError
+from ._errors import LocalProtocolError, Reason, RemoteProtocolError
 from ._event_ids import EventId, _trusted
 from ._sse import encode_comment, encode_event
 from ._states import StreamInput, StreamState, stream_transition
@@ -54,6 +54,7 @@ class StreamLog:
         "_drained",
         "_frames",
         "_next_seq",
+        "_undrained_bytes",
         "binding",
         "emit_ids",
         "epoch",
@@ -61,6 +62,7 @@ class StreamLog:
         "max_events",
         "on_closed",
         "prefix",
+        "retained_bytes",
         "state",
     )
 
@@ -91,6 +93,9 @@ class StreamLog:
         self._frames: deque[tuple[int, bytes]] = deque()
         self._next_seq = 0
         self._drained = 0  # frames with seq < _drained have been acknowledged by a peer
+        #: Encoded bytes of every frame the log holds now (for the retention budget).
+        self.retained_bytes = 0
+        self._undrained_bytes = 0  # encoded bytes of frames with seq >= _drained
 
     # ---------------------------------------------------------------- appending
     def append(self, payload: str, *, final: bool = False, event: str | None = None) -> EventId:
@@ -114,11 +119,15 @@ class StreamLog:
             stream_transition(self.state, StreamInput.FINISH)  # raises: nothing after final
         seq = self._next_seq
         self._next_seq = seq + 1
-        self._frames.append((seq, self.frame(seq, payload, event=event)))
+        data = self.frame(seq, payload, event=event)
+        self._frames.append((seq, data))
+        self.retained_bytes += len(data)
+        self._undrained_bytes += len(data)
         # Retention never drops a frame no peer has acknowledged yet (it holds
         # credit, and dropping it would lose data); drained ones go first.
-        while len(self._frames) > self.max_events and self._frames[0][0] < self._drained:
-            self._frames.popleft()
+        frames = self._frames
+        while len(frames) > self.max_events and frames[0][0] < self._drained:
+            self.retained_bytes -= len(frames.popleft()[1])
         if final:
             self.state = stream_transition(self.state, StreamInput.FINISH)
         return _trusted(self.epoch, seq)
@@ -149,24 +158,55 @@ class StreamLog:
     def mark_drained(self, upto: int) -> tuple[int, int]:
         """Frames below seq ``upto`` are acknowledged; return (frames, bytes) newly drained."""
         upto = min(upto, self._next_seq)
-        if upto <= self._drained:
+        drained = self._drained
+        if upto <= drained:
             return 0, 0
-        frames = upto - self._drained
-        nbytes = sum(len(f) for q, f in self._frames if self._drained <= q < upto)
+        frames = upto - drained
+        # Undrained frames are never dropped, so they sit contiguously at the end:
+        # only the newly drained ones are visited (O(frames), not O(retained)).
+        log = self._frames
+        start = len(log) - (self._next_seq - drained)
+        nbytes = 0
+        for i in range(start, start + frames):
+            nbytes += len(log[i][1])
         self._drained = upto
+        self._undrained_bytes -= nbytes
         return frames, nbytes
 
     def undrained(self) -> tuple[int, int]:
         """(frames, bytes) appended but not yet acknowledged."""
-        return self._next_seq - self._drained, sum(
-            len(f) for q, f in self._frames if q >= self._drained
-        )
+        return self._next_seq - self._drained, self._undrained_bytes
 
     def drain_all(self) -> tuple[int, int]:
         """Forget that anything is pending (the stream was aborted); return what was held."""
         held = self.undrained()
         self._drained = self._next_seq
+        self._undrained_bytes = 0
         return held
+
+    def trim_drained(self) -> int:
+        """Drop every acknowledged frame (replay history); return the bytes still held.
+
+        What stays is exactly the unacknowledged frames, which hold drain credit.
+        A later cursor into what was dropped is ``cursor_unknown``.
+        """
+        frames = self._frames
+        while frames and frames[0][0] < self._drained:
+            self.retained_bytes -= len(frames.popleft()[1])
+        return self.retained_bytes
+
+    def forget(self) -> None:
+        """Drop every frame (the stream's whole history); it must not be pending.
+
+        Raises:
+            LocalProtocolError: a frame is still unacknowledged.
+        """
+        if self._drained < self._next_seq:
+            raise LocalProtocolError(
+                f"stream {self.epoch} still has unacknowledged frames; drain or abort it first"
+            )
+        self._frames.clear()
+        self.retained_bytes = 0
 
     # ---------------------------------------------------------------- reading
     @property
@@ -287,6 +327,19 @@ class StreamTable:
                 reason=Reason.CURSOR_UNKNOWN,
             )
         return log
+
+    def drop(self, epoch: str) -> bool:
+        """Forget a CLOSED stream now (the retention budget evicted it); True if dropped.
+
+        Live and FINAL streams are never dropped.
+        """
+        log = self._streams.get(epoch)
+        if log is None or log.state is not StreamState.CLOSED:
+            return False
+        del self._streams[epoch]
+        if self.standalone is log:
+            self.standalone = None
+        return True
 
     def __iter__(self) -> Iterator[StreamLog]:
         return iter(list(self._streams.values()))
