@@ -21,6 +21,7 @@ from ._app import (
     tool_result,
 )
 from ._context import Context
+from ._memory import tune_allocator
 from ._server import Server, ServerConfig, serve
 from ._store import MemoryStore, SessionRecord, SessionStore, StoreUnavailable
 
@@ -45,4 +46,5 @@ __all__ = [
     "serve",
     "text",
     "tool_result",
+    "tune_allocator",
 ]

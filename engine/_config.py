@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 from dataclasses import dataclass, field
 
 import trio
@@ -27,8 +28,35 @@ class ServerConfig:
         credit: per-session drain credit and its timers.
         notsent_lowat: ``TCP_NOTSENT_LOWAT`` for accepted sockets (``None``: leave as is).
         keepalive_timeout: idle seconds before an idle keep-alive connection is closed.
+        head_timeout: seconds a request head may take, from its first byte to its
+            blank line (408 and close beyond; a trickled header is cut here).
+        body_timeout: seconds a request body may take after its head (408 and close).
+        max_connections: connections served at once; past it the server stops
+            accepting (the kernel's backlog holds the rest) after closing idle
+            keep-alive connections to make room.  ``None``: the process's open-file
+            limit less a reserve (:func:`default_max_connections`).
+        max_sessions: live sessions in this process; ``initialize`` beyond it gets
+            503 ``session_limit`` with ``Retry-After``.  Existing sessions are
+            never refused on its account.
+        max_sessions_per_principal: live sessions one principal may hold (429
+            ``session_limit`` beyond); ``None``: ``max_sessions``.
         session_idle_timeout: seconds without traffic after which a session with
             nothing running is forgotten (``None``: never).
+        initialize_timeout: a session that saw no request or notification after its
+            ``initialize`` is forgotten after this many seconds (an abandoned
+            ``initialize`` costs at most this long).
+        max_batch: most messages in one JSON-RPC batch (2025-03-26); more is 400
+            ``batch_too_large``.  Each entry is admitted on its own.
+        session_retain_bytes: bytes of replay history and finished results one
+            session may keep (over it the oldest history goes first).
+        memory_budget: bytes of replay history and finished results all sessions
+            together may keep (over it the oldest history, server-wide, goes first).
+        max_inbound_bytes: bytes of request heads and bodies all connections
+            together may have buffered before their requests are complete; a
+            request that would pass it gets 503 ``overloaded`` and its connection
+            is closed.
+        sse_keepalive: seconds between ``:`` comments on a quiet SSE stream, so
+            proxies that cut idle streams do not (``None``: never).
         max_stream_events: frames each stream retains for replay (at least the
             frame credit, so no unacknowledged frame is ever dropped).
         max_closed_streams: finished streams each session keeps for replay.
@@ -58,7 +86,18 @@ class ServerConfig:
     credit: CreditLimits = field(default_factory=CreditLimits)
     notsent_lowat: int | None = 16384
     keepalive_timeout: float = 75.0
+    head_timeout: float = 30.0
+    body_timeout: float = 60.0
+    max_connections: int | None = None
+    max_sessions: int = 10_000
+    max_sessions_per_principal: int | None = None
     session_idle_timeout: float | None = 3600.0
+    initialize_timeout: float = 60.0
+    max_batch: int = 64
+    session_retain_bytes: int = 4 * 1024 * 1024
+    memory_budget: int = 256 * 1024 * 1024
+    max_inbound_bytes: int = 256 * 1024 * 1024
+    sse_keepalive: float | None = 15.0
     max_stream_events: int = 4096
     max_closed_streams: int = 64
     in_progress_wait: float = 5.0
@@ -83,6 +122,46 @@ class ServerConfig:
                 f"({self.credit.frames}): a stream must retain every unacknowledged frame"
             )
 
+        for name in ("keepalive_timeout", "head_timeout", "body_timeout", "initialize_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in (
+            "max_sessions",
+            "max_batch",
+            "session_retain_bytes",
+            "memory_budget",
+            "max_inbound_bytes",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
+        if self.max_sessions_per_principal is not None and self.max_sessions_per_principal < 1:
+            raise ValueError("max_sessions_per_principal must be >= 1")
+        if self.session_idle_timeout is not None and not self.session_idle_timeout > 0:
+            raise ValueError("session_idle_timeout must be > 0 (or None: never)")
+        if self.sse_keepalive is not None and not self.sse_keepalive > 0:
+            raise ValueError("sse_keepalive must be > 0 (or None: off)")
+        if self.session_retain_bytes > self.memory_budget:
+            raise ValueError(
+                f"session_retain_bytes ({self.session_retain_bytes}) must be <= "
+                f"memory_budget ({self.memory_budget})"
+            )
+
+    @property
+    def connection_limit(self) -> int:
+        """:attr:`max_connections`, or the default derived from the open-file limit."""
+        if self.max_connections is not None:
+            return self.max_connections
+        return default_max_connections()
+
+    @property
+    def principal_session_limit(self) -> int:
+        """:attr:`max_sessions_per_principal`, defaulting to :attr:`max_sessions`."""
+        if self.max_sessions_per_principal is None:
+            return self.max_sessions
+        return min(self.max_sessions_per_principal, self.max_sessions)
+
     def endpoint(self) -> EndpointConfig:
         """The sans-io endpoint configuration derived from this one."""
         hosts = self.allowed_hosts
@@ -95,7 +174,28 @@ class ServerConfig:
             allowed_hosts=frozenset(hosts),
             allowed_origins=self.allowed_origins,
             json_response=self.json_response,
+            max_batch=self.max_batch,
         )
+
+
+#: File descriptors kept free for everything but client connections (the
+#: listening sockets, the store's connections, logs, imports).
+FD_RESERVE = 64
+
+
+def default_max_connections() -> int:
+    """The open-file limit (``RLIMIT_NOFILE``, soft) less :data:`FD_RESERVE`, at least 16.
+
+    So the process refuses connections by not accepting them, before ``accept``
+    could fail with ``EMFILE`` and before the store or a log file could not open.
+    """
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return 1024 - FD_RESERVE
+    if soft == resource.RLIM_INFINITY:
+        return 65536
+    return max(16, soft - FD_RESERVE)
 
 
 async def _open_listeners(config: ServerConfig) -> list[trio.SocketListener]:

@@ -20,6 +20,7 @@ peer therefore shows as "no progress", however the writer is blocked.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import trio
@@ -27,9 +28,14 @@ import trio
 from protocol import DrainTracker, HttpConnection, HttpLimits
 
 from ._drain import DrainMeter
+from ._session import JsonCharge
 
 if TYPE_CHECKING:
     from ._session import StreamHandle
+
+    #: What a mark in the byte stream stands for: a frame of a stream log (its
+    #: handle and seq), or a JSON response's credit.
+    Holder = StreamHandle | JsonCharge
 
 _MIN_POLL = 0.01
 _MAX_POLL = 0.25
@@ -38,7 +44,7 @@ _MAX_POLL = 0.25
 class Connection:
     """A client connection (see the module docstring)."""
 
-    __slots__ = ("_outstanding", "http", "meter", "stream", "tracker")
+    __slots__ = ("_outstanding", "http", "inbound", "meter", "stream", "tracker")
 
     def __init__(
         self, stream: trio.abc.Stream, limits: HttpLimits, *, notsent_lowat: int | None
@@ -46,11 +52,13 @@ class Connection:
         self.stream = stream
         self.http = HttpConnection(limits)
         self.meter = DrainMeter(stream, notsent_lowat=notsent_lowat)
-        self.tracker: DrainTracker[tuple[StreamHandle, int]] = DrainTracker()
+        self.tracker: DrainTracker[tuple[Holder, int]] = DrainTracker()
         self._outstanding = trio.Event()
+        #: Bytes received since the last complete request (the server's inbound cap).
+        self.inbound = 0
 
     async def send(
-        self, data: bytes, marks: list[tuple[int, tuple[StreamHandle, int]]] | None = None
+        self, data: bytes, marks: Sequence[tuple[int, tuple[Holder, int]]] | None = None
     ) -> None:
         """Write ``data``; ``marks`` are (offset within ``data`` just past a frame, token).
 
@@ -88,10 +96,20 @@ class Connection:
         tokens = tracker.acknowledged_total(self.meter.unacknowledged())
         if tracker.acked > before and owner is not None and not tokens:
             owner[0].session.progress()
-        for handle, seq in tokens:
-            handle.session.drained(handle, seq + 1)
+        for holder, seq in tokens:
+            holder.drained(seq + 1)
         if tracker.outstanding:
             self._outstanding.set()
+
+    def abandon(self) -> None:
+        """The connection is gone: JSON responses not acknowledged give their credit back.
+
+        (They cannot be replayed, so nothing is owed any more.  Frames of stream
+        logs keep theirs: the log still holds them for a resumption.)
+        """
+        for holder, _ in self.tracker.take_pending():
+            if isinstance(holder, JsonCharge):
+                holder.drained(0)
 
     async def poll_acks(self) -> None:
         """Re-check acknowledgements while bytes are in flight; runs as long as the connection."""

@@ -18,6 +18,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from protocol import RetentionBudget
+
+    from ._listen import AcceptGate
     from ._session import Session
 
 
@@ -31,13 +34,20 @@ class Metrics:
         self.teardowns = 0
         self.duplicates_replayed = 0
         self.duplicates_in_progress = 0
+        self.sessions_expired = 0
         self.refusals: Counter[str] = Counter()
 
     def refused(self, reason: str) -> None:
         """Count one refusal by its ``reason``."""
         self.refusals[reason] += 1
 
-    def render(self, sessions: Mapping[str, Session]) -> str:
+    def render(
+        self,
+        sessions: Mapping[str, Session],
+        *,
+        gate: AcceptGate | None = None,
+        budget: RetentionBudget | None = None,
+    ) -> str:
         """The Prometheus text exposition of every metric."""
         out: list[str] = []
 
@@ -99,6 +109,56 @@ class Metrics:
             "Unacknowledged bytes, all sessions.",
             [("", sum(s.credit.bytes_in_use for s in live))],
         )
+        metric(
+            "weir_sessions_expired_total",
+            "counter",
+            "Sessions forgotten after the idle or initialize timeout.",
+            [("", self.sessions_expired)],
+        )
+        if budget is not None:
+            metric(
+                "weir_retained_bytes",
+                "gauge",
+                "Replay history and kept results, all sessions (bounded by --memory-budget).",
+                [("", budget.held)],
+            )
+            metric(
+                "weir_retention_evictions_total",
+                "counter",
+                "Retained items evicted to stay within the retention budget.",
+                [("", budget.evictions)],
+            )
+            metric(
+                "weir_retention_evicted_bytes_total",
+                "counter",
+                "Bytes freed by retention evictions.",
+                [("", budget.evicted_bytes)],
+            )
+        if gate is not None:
+            metric(
+                "weir_connections",
+                "gauge",
+                "Connections being served (bounded by --max-connections).",
+                [("", gate.open)],
+            )
+            metric(
+                "weir_connection_limit",
+                "gauge",
+                "The connection limit in force.",
+                [("", gate.limit)],
+            )
+            metric(
+                "weir_connections_shed_total",
+                "counter",
+                "Idle keep-alive connections closed to make room at the limit.",
+                [("", gate.shed_total)],
+            )
+            metric(
+                "weir_accept_errors_total",
+                "counter",
+                "accept() failures for lack of descriptors or memory (backed off).",
+                [("", gate.accept_errors)],
+            )
         worst = sorted(live, key=lambda s: s.credit.bytes_in_use, reverse=True)[: self.top]
         worst = [s for s in worst if s.credit.frames_in_use]
         metric(

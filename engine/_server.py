@@ -60,6 +60,7 @@ every open stream with ``retry:``, then cancel what is left.
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import logging
 import math
@@ -85,6 +86,7 @@ from protocol import (
     EventId,
     HttpError,
     HttpRequest,
+    Inbound,
     Notification,
     OpenStream,
     PostMessages,
@@ -94,6 +96,7 @@ from protocol import (
     RequestContext,
     RequestId,
     Response,
+    RetentionBudget,
     SessionInput,
     StreamInput,
     StreamKind,
@@ -101,6 +104,7 @@ from protocol import (
     StreamState,
     accepts,
     check_host_and_origin,
+    closing_refusal,
     decode_body,
     decode_message,
     encode,
@@ -119,9 +123,11 @@ from ._channel import channel_refusal, parse_token, raise_channel
 from ._config import ServerConfig, _open_listeners
 from ._connection import Connection
 from ._context import Context
+from ._listen import AcceptGate, Slot
 from ._mcp import call_tool_now, capabilities, dispatch, inline_tool
+from ._memory import trim
 from ._metrics import Metrics
-from ._session import Session, SessionClosed, StreamHandle, StreamLost
+from ._session import JsonCharge, Session, SessionClosed, StreamHandle, StreamLost
 from ._store import (
     CallOutcome,
     ChannelRejected,
@@ -133,9 +139,13 @@ from ._store import (
     StoreUnavailable,
     check_channel,
 )
-from ._writer import RECV_BYTES, SSE_HEADERS, PeerGone, write_stream
+from ._writer import KEEPALIVE_COMMENT, RECV_BYTES, SSE_HEADERS, PeerGone, write_stream
 
 log = logging.getLogger("weir")
+
+#: A session that held at least this much (history, results, credit) is followed by a
+#: ``malloc_trim`` when it ends.
+_TRIM_AFTER = 256 * 1024
 
 #: The explicit rebind handshake (seed 003), advertised in ``capabilities.experimental``.
 REBIND_METHOD = "weir/rebind"
@@ -166,12 +176,23 @@ class Server:
         self.app = app
         self.config = config or ServerConfig()
         self.store: SessionStore = store if store is not None else MemoryStore()
+        #: Replay history and kept results, in bytes, per session and in total.
+        self.budget = RetentionBudget(
+            total=self.config.memory_budget, per_owner=self.config.session_retain_bytes
+        )
+        if isinstance(self.store, MemoryStore) and self.store.budget is None:
+            self.store.budget = self.budget
         self._endpoint = self.config.endpoint()
         self._new_session_id = session_id_factory or (lambda: secrets.token_urlsafe(32))
         self.replica_id = self.config.replica_id or secrets.token_hex(4)
         self.sessions: dict[str, Session] = {}
         self.metrics = Metrics()
         self._last_seen: dict[str, float] = {}
+        self._per_principal: dict[str, int] = {}
+        #: Bytes of incomplete requests buffered by all connections (see
+        #: ``ServerConfig.max_inbound_bytes``).
+        self.inbound = 0
+        self._last_trim = -math.inf
         self._closing = False
         self._shutdown = trio.Event()
         #: Set once :meth:`run` has finished (after a shutdown or cancellation).
@@ -180,6 +201,8 @@ class Server:
         self.listeners: list[trio.SocketListener] = []
         self._accept_scope = trio.CancelScope()
         self._accepting_done = trio.Event()
+        #: Accept loops under the connection limit (see :mod:`engine._listen`).
+        self.gate = AcceptGate(self.config.connection_limit)
 
     # ---------------------------------------------------------------- lifecycle
     @property
@@ -218,8 +241,7 @@ class Server:
             self._handlers = handlers
             async with trio.open_nursery() as conns:
                 conns.start_soon(self._serve_listeners, conns)
-                if self.config.session_idle_timeout is not None:
-                    conns.start_soon(self._sweep_sessions, self.config.session_idle_timeout)
+                conns.start_soon(self._sweep_sessions)
                 if self.store.shared:
                     conns.start_soon(self._relay_mail)
                 task_status.started(self)
@@ -233,9 +255,9 @@ class Server:
         try:
             if self.listeners:
                 with self._accept_scope:
-                    await trio.serve_listeners(
-                        self._connection, self.listeners, handler_nursery=conns
-                    )
+                    async with trio.open_nursery() as loops:
+                        for listener in self.listeners:
+                            loops.start_soon(self.gate.serve, listener, self._connection, conns)
         finally:
             self._accepting_done.set()
 
@@ -275,31 +297,119 @@ class Server:
             ):
                 await trio.sleep(0.01)
 
-    async def _sweep_sessions(self, idle: float) -> None:
+    async def _sweep_sessions(self) -> None:
+        """Forget idle sessions, and sessions whose ``initialize`` was never followed up.
+
+        A session counts as busy (never idle) while a handler runs for it or a
+        writer is attached to one of its streams.
+        """
+        cfg = self.config
+        idle = cfg.session_idle_timeout
+        every = max(0.5, min(cfg.initialize_timeout / 4, (idle or 240.0) / 4, 60.0))
         while True:
-            await trio.sleep(max(1.0, min(idle / 4, 60.0)))
+            await trio.sleep(every)
             now = trio.current_time()
             for sid, session in list(self.sessions.items()):
                 busy = session.running or any(
                     h.writer_scope is not None for h in session.handles.values()
                 )
+                seen = self._last_seen.get(sid, now)
                 if busy:
                     self._last_seen[sid] = now
-                elif now - self._last_seen.get(sid, now) >= idle:
-                    log.info("session %s idle for %.0f s: forgotten", sid, idle)
+                elif session.provisional and now - seen >= cfg.initialize_timeout:
+                    log.info(
+                        "session %s: nothing followed its initialize for %.0f s: forgotten",
+                        _redact(sid),
+                        cfg.initialize_timeout,
+                    )
+                    self.metrics.sessions_expired += 1
+                    await self._end_session(session)
+                elif idle is not None and now - seen >= idle:
+                    log.info("session %s idle for %.0f s: forgotten", _redact(sid), idle)
+                    self.metrics.sessions_expired += 1
                     await self._end_session(session)
 
     async def _end_session(self, session: Session) -> None:
+        sid = session.session_id
+        heavy = self.budget.owner_held(sid) + session.credit.bytes_in_use >= _TRIM_AFTER
         session.close()
-        self.sessions.pop(session.session_id, None)
+        now = trio.current_time()
+        if heavy and now - self._last_trim >= 1.0:
+            self._last_trim = now
+            self._handlers_start(self._reclaim)
+        if self.sessions.pop(session.session_id, None) is not None:
+            principal = session.record.principal
+            left = self._per_principal[principal] - 1
+            if left > 0:
+                self._per_principal[principal] = left
+            else:
+                self._per_principal.pop(principal, None)
         self._last_seen.pop(session.session_id, None)
         await self.store.delete_session(session.record.principal, session.session_id)
 
-    async def _new_session(self, version: str) -> Session:
+    async def _reclaim(self) -> None:
+        """After a heavy session ended: collect the cycles that may still hold its
+        buffers (tracebacks of its cancelled tasks), then return free pages to the OS.
+
+        Runs once the cancelled tasks have unwound (a second later), at most once a
+        second, only after sessions that held at least ``_TRIM_AFTER`` bytes.
+        """
+        await trio.sleep(1.0)
+        gc.collect()
+        trim()
+
+    def _check_session_room(self, principal: str, request_id: RequestId | None) -> None:
+        """Refuse a new session past the global or the principal's limit.
+
+        Raises:
+            RemoteProtocolError: 503 ``session_limit`` (the process is full) or 429
+                ``session_limit`` (this principal holds its share), with
+                ``Retry-After``; existing sessions are unaffected.
+        """
+        cfg = self.config
+        retry_ms = int(min(cfg.initialize_timeout, 30.0) * 1000)
+        if len(self.sessions) >= cfg.max_sessions:
+            raise RemoteProtocolError(
+                f"this server holds its limit of {cfg.max_sessions} sessions; retry later",
+                http_status=503,
+                reason=Reason.SESSION_LIMIT,
+                code=SERVER_ERROR,
+                request_id=request_id,
+                retry_after_ms=retry_ms,
+                data={"limit": cfg.max_sessions, "scope": "server"},
+            )
+        limit = cfg.principal_session_limit
+        if self._per_principal.get(principal, 0) >= limit:
+            raise RemoteProtocolError(
+                f"this principal holds its limit of {limit} sessions; end one or retry later",
+                http_status=429,
+                reason=Reason.SESSION_LIMIT,
+                code=SERVER_ERROR,
+                request_id=request_id,
+                retry_after_ms=retry_ms,
+                data={"limit": limit, "scope": "principal"},
+            )
+
+    def _register(self, session: Session, now: float) -> None:
+        sid = session.session_id
+        self.sessions[sid] = session
+        principal = session.record.principal
+        self._per_principal[principal] = self._per_principal.get(principal, 0) + 1
+        self._last_seen[sid] = now
+        session.replica = self.replica_id
+        session.start_timer = self._start_timer
+
+    def _start_timer(self, session: Session) -> None:
+        assert self._handlers is not None
+        self._handlers.start_soon(self._session_timer, session)
+
+    async def _new_session(self, version: str, request_id: RequestId | None = None) -> Session:
         now = trio.current_time()
+        principal = self.config.principal
+        self._check_session_room(principal, request_id)
         record = SessionRecord(
             session_id=self._new_session_id(),
-            principal=self.config.principal,
+            principal=principal,
             protocol_version=version,
             created_at=now,
             secret=secrets.token_urlsafe(16),
@@ -310,40 +420,49 @@ class Server:
             max_closed_streams=self.config.max_closed_streams,
             credit=self.config.credit,
             now=now,
+            budget=self.budget,
         )
-        session.replica = self.replica_id
-        self.sessions[record.session_id] = session
-        self._last_seen[record.session_id] = now
-        assert self._handlers is not None
-        self._handlers.start_soon(self._session_timer, session)
+        session.provisional = True
+        self._register(session, now)
         return session
 
     async def _session_timer(self, session: Session) -> None:
-        """Drive the session's credit timers; tear the session down when it is DEAD."""
+        """Drive the session's credit timers; tear the session down when it is DEAD.
+
+        Runs only while the credit has a deadline (frames pending, or a frame
+        waiting for credit); :meth:`Session._pulse` starts it again when one
+        appears, so an idle session costs no task.
+        """
         credit = session.credit
-        while not session.closed:
-            changed = session.timer_changed
-            session.timer_at = credit.deadline()
-            with trio.move_on_at(session.timer_at):
-                await changed.wait()
-            state = credit.handle_timer(trio.current_time())
-            if state is CreditState.DEAD and not session.closed:
-                log.warning(
-                    "session %s: no progress for %.1f s with %d frames pending: torn down",
-                    session.session_id,
-                    credit.limits.liveness_timeout,
-                    credit.frames_in_use,
-                )
-                self.metrics.teardowns += 1
-                await self._end_session(session)
+        try:
+            while not session.closed:
+                deadline = credit.deadline()
+                if deadline == math.inf:
+                    return
+                changed = session.timer_changed
+                session.timer_at = deadline
+                with trio.move_on_at(deadline):
+                    await changed.wait()
+                state = credit.handle_timer(trio.current_time())
+                if state is CreditState.DEAD and not session.closed:
+                    log.warning(
+                        "session %s: no progress for %.1f s with %d frames pending: torn down",
+                        _redact(session.session_id),
+                        credit.limits.liveness_timeout,
+                        credit.frames_in_use,
+                    )
+                    self.metrics.teardowns += 1
+                    await self._end_session(session)
+        finally:
+            session.timer_stopped()
 
     # ---------------------------------------------------------------- connections
-    async def _connection(self, stream: trio.abc.Stream) -> None:
+    async def _connection(self, stream: trio.abc.Stream, slot: Slot | None = None) -> None:
         conn = Connection(stream, self.config.limits, notsent_lowat=self.config.notsent_lowat)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(conn.poll_acks)
-                await self._connection_loop(conn)
+                await self._connection_loop(conn, slot)
                 nursery.cancel_scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError, PeerGone):
             pass
@@ -352,40 +471,116 @@ class Server:
             if not _only_disconnects(exc):
                 log.exception("connection handler failed")
         finally:
+            if slot is not None:
+                slot.unpark()
             # Last look before the socket goes: what the peer acknowledged counts.
             conn.check_acks()
+            conn.abandon()
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()
 
-    async def _connection_loop(self, conn: Connection) -> None:
+    async def _connection_loop(self, conn: Connection, slot: Slot | None) -> None:
+        """Read requests and answer them, each read under the deadline of its phase.
+
+        Waiting for the first byte of a request: the keep-alive timeout, and the
+        connection may be shed (see :mod:`engine._listen`); then the whole head
+        must arrive within ``head_timeout`` of its first byte and the body within
+        ``body_timeout`` of the head -- however the bytes trickle in.  A head or
+        body that misses its deadline gets 408 and the connection is closed.
+        """
+        try:
+            await self._serve_requests(conn, slot)
+        finally:
+            self.inbound -= conn.inbound
+            conn.inbound = 0
+
+    async def _serve_requests(self, conn: Connection, slot: Slot | None) -> None:
         http = conn.http
-        keepalive = self.config.keepalive_timeout
-        # One scope for the connection's idle deadline, armed only while we wait for
-        # the peer (cheaper than a new timeout scope around every read).
-        with trio.CancelScope() as idle:
-            while True:
-                event = http.next_event()
-                if event is NEED_DATA:
-                    idle.deadline = trio.current_time() + keepalive
+        cfg = self.config
+        phase, since = Inbound.IDLE, 0.0
+        while True:
+            event = http.next_event()
+            if event is NEED_DATA:
+                if http.has_data_to_send:
+                    await conn.send(http.data_to_send())  # e.g. 100 Continue
+                now = trio.current_time()
+                inbound = http.inbound
+                if inbound is not phase:
+                    phase, since = inbound, now
+                if phase is Inbound.IDLE:
+                    deadline = now + cfg.keepalive_timeout
+                elif phase is Inbound.HEAD:
+                    deadline = since + cfg.head_timeout
+                else:
+                    deadline = since + cfg.body_timeout
+                with trio.CancelScope(deadline=deadline) as wait:
+                    if slot is not None and phase is Inbound.IDLE:
+                        slot.park(wait)
                     data = await conn.stream.receive_some(RECV_BYTES)
-                    idle.deadline = math.inf
-                    http.receive_data(data)
-                elif isinstance(event, HttpRequest):
-                    await self._respond(conn, event)
-                    if http.should_close:
-                        return
-                elif isinstance(event, HttpError):
-                    await conn.send(http.data_to_send())
+                if slot is not None:
+                    slot.unpark()
+                if wait.cancelled_caught:
+                    if phase is not Inbound.IDLE:
+                        await self._time_out(conn, phase)
                     return
-                elif isinstance(event, ConnectionClosed):
+                # Bytes of requests not yet complete count against one process-wide cap.
+                conn.inbound += len(data)
+                self.inbound += len(data)
+                if self.inbound > cfg.max_inbound_bytes:
+                    await self._overloaded(conn)
                     return
+                http.receive_data(data)
+            elif isinstance(event, HttpRequest):
+                phase = Inbound.IDLE
+                # Handed over, not kept: a long response (an SSE stream) must not keep
+                # the request's body alive for as long as it lasts.
+                handoff, event = [event], NEED_DATA
+                self.inbound -= conn.inbound
+                conn.inbound = 0
+                await self._respond(conn, handoff)
+                if http.should_close:
+                    return
+            elif isinstance(event, HttpError):
+                self.metrics.refused(str(event.reason))
+                await conn.send(http.data_to_send())
+                return
+            elif isinstance(event, ConnectionClosed):
+                return
+
+    async def _overloaded(self, conn: Connection) -> None:
+        self.metrics.refused(str(Reason.OVERLOADED))
+        exc = RemoteProtocolError(
+            "too many request bytes are in flight on this server; retry later",
+            http_status=503,
+            reason=Reason.OVERLOADED,
+            code=SERVER_ERROR,
+            retry_after_ms=self.config.retry_ms,
+        )
+        conn.http.send_failed()
+        with trio.move_on_after(1):
+            await conn.send(closing_refusal(exc))
+
+    async def _time_out(self, conn: Connection, phase: Inbound) -> None:
+        what = "request head" if phase is Inbound.HEAD else "request body"
+        limit = self.config.head_timeout if phase is Inbound.HEAD else self.config.body_timeout
+        self.metrics.refused(str(Reason.REQUEST_TIMEOUT))
+        exc = RemoteProtocolError(
+            f"the {what} did not arrive within {limit:g} s",
+            http_status=408,
+            reason=Reason.REQUEST_TIMEOUT,
+        )
+        conn.http.send_failed()  # nothing else may follow on this connection
+        with trio.move_on_after(1):
+            await conn.send(closing_refusal(exc))
 
     async def _refuse(self, conn: Connection, exc: RemoteProtocolError) -> None:
         self.metrics.refused(str(exc.reason))
         status, headers, body = refusal(exc)
         await conn.send(conn.http.send_response(status, headers, body))
 
-    async def _respond(self, conn: Connection, request: HttpRequest) -> None:
+    async def _respond(self, conn: Connection, handoff: list[HttpRequest]) -> None:
+        request = handoff.pop()
+        sid_header = request.headers.get("mcp-session-id") or ""
         try:
             if self._closing:
                 raise RemoteProtocolError(
@@ -404,6 +599,7 @@ class Server:
                 await self._auxiliary(conn, request)
                 return
             mcp = route(request, self._endpoint)
+            del request  # the body is decoded: from here on only the messages count
             if isinstance(mcp, PostMessages):
                 await self._post(conn, mcp)
             elif isinstance(mcp, OpenStream):
@@ -413,21 +609,12 @@ class Server:
         except SessionGone:
             if conn.http.response_in_progress:
                 raise
-            await self._refuse(conn, session_refusal(request.headers.get("mcp-session-id") or ""))
+            await self._refuse(conn, session_refusal(sid_header))
         except StoreUnavailable as exc:
             if conn.http.response_in_progress:
                 raise
             log.warning("store unavailable: %s", exc)
-            await self._refuse(
-                conn,
-                RemoteProtocolError(
-                    "the session store is unavailable; nothing was executed",
-                    http_status=503,
-                    reason=Reason.STORE_UNAVAILABLE,
-                    code=SERVER_ERROR,
-                    retry_after_ms=self.config.retry_ms,
-                ),
-            )
+            await self._refuse(conn, _store_unavailable(self.config))
         except RemoteProtocolError as exc:
             if conn.http.response_in_progress:
                 raise
@@ -459,22 +646,21 @@ class Server:
         if session is None:
             raise session_refusal(sid, request_id)
         self._last_seen[session.session_id] = trio.current_time()
+        session.provisional = False
         return session
 
     def _adopt(self, record: SessionRecord) -> Session:
         now = trio.current_time()
+        self._check_session_room(record.principal, None)
         session = Session(
             record,
             max_closed_streams=self.config.max_closed_streams,
             credit=self.config.credit,
             now=now,
+            budget=self.budget,
         )
         session.handle(SessionInput.INITIALIZED)
-        session.replica = self.replica_id
-        self.sessions[record.session_id] = session
-        self._last_seen[record.session_id] = now
-        assert self._handlers is not None
-        self._handlers.start_soon(self._session_timer, session)
+        self._register(session, now)
         return session
 
     def _channel(self, session: Session, ctx: RequestContext) -> tuple[int, str] | None:
@@ -573,29 +759,138 @@ class Server:
             await self._rebind(conn, session, requests[0])
             return
         session.handle(SessionInput.REQUEST)
+        primes = self._primes(session, post.ctx.protocol_version) and self.config.resume != "off"
+        if len(requests) > 1:
+            await self._post_batch(conn, session, requests, token, primes=primes)
+            return
         key = post.ctx.headers.get("idempotency-key")
         plans = await self._admit_and_plan(session, requests, key, token)
         if self.config.json_response:
-            await self._post_json(conn, session, plans, post.is_batch)
+            is_batch = post.is_batch
+            post.messages.clear()
+            del first, requests
+            await self._post_json(conn, session, plans, is_batch)
             return
-        epoch = plans[0].epoch if len(plans) == 1 and plans[0].epoch else None
+        epoch = plans[0].epoch
         if epoch is None:
             epoch = await self.store.allocate_epoch(
                 session.record.principal, session.session_id, token[0] if token else 0
             )
         handle = self._open_stream(session, epoch, StreamKind.REQUEST, token)
-        handle.outstanding = len(plans)
+        handle.outstanding = 1
         assert self._handlers is not None
-        primes = self._primes(session, post.ctx.protocol_version) and self.config.resume != "off"
-        if len(plans) == 1 and await self._run_now(session, plans[0], handle, primes=primes):
+        if await self._run_now(session, plans[0], handle, primes=primes):
             pass
         elif primes:
             self._handlers.start_soon(self._prime_then_run, session, handle, plans)
         else:
-            for plan in plans:
-                self._handlers.start_soon(self._run_request, session, plan, handle)
+            self._handlers.start_soon(self._run_request, session, plans[0], handle)
+        # The handlers own the requests now; the stream may outlive them by far.
+        post.messages.clear()
+        del first, requests, plans
         headers = (*SSE_HEADERS, ("mcp-session-id", session.session_id))
-        await write_stream(conn, session, handle, 0, headers)
+        await write_stream(conn, session, handle, 0, headers, keepalive=self.config.sse_keepalive)
+
+    async def _post_batch(
+        self,
+        conn: Connection,
+        session: Session,
+        requests: list[Request],
+        token: tuple[int, str] | None,
+        *,
+        primes: bool,
+    ) -> None:
+        """A batch (2025-03-26): its entries are admitted one by one, each like a lone
+        request, and dispatched as they are admitted (:meth:`_admit_each`).
+
+        The response starts at once; entries wait for admission while it is open,
+        so a batch never holds more in flight than a session may.
+        """
+        assert self._handlers is not None
+        if self.config.json_response:
+            results: list[bytes | None] = [None] * len(requests)
+            finished = trio.Event()
+
+            async def run_json(i: int, plan: _Plan) -> None:
+                try:
+                    results[i] = await self._execute(session, plan, None)
+                finally:
+                    session.done()
+
+            async def all_json() -> None:
+                try:
+                    await self._admit_each(session, requests, token, run_json)
+                finally:
+                    finished.set()
+
+            self._handlers.start_soon(all_json)
+            await finished.wait()
+            bodies = [r for r in results if r is not None]
+            if not bodies:
+                await conn.send(conn.http.send_response(202, ()))
+                return
+            headers = [
+                ("content-type", "application/json"),
+                ("mcp-session-id", session.session_id),
+            ]
+            body = b"[" + b",".join(bodies) + b"]"
+            await self._send_json(conn, session, headers, body)
+            return
+        epoch = await self.store.allocate_epoch(
+            session.record.principal, session.session_id, token[0] if token else 0
+        )
+        handle = self._open_stream(session, epoch, StreamKind.REQUEST, token)
+        handle.outstanding = len(requests)
+
+        async def run_sse(i: int, plan: _Plan) -> None:
+            await self._run_request(session, plan, handle)
+
+        async def all_sse() -> None:
+            if primes:
+                await handle.send("")  # the priming event: an id and empty data
+            await self._admit_each(session, requests, token, run_sse)
+
+        self._handlers_start(all_sse)
+        sse_headers = (*SSE_HEADERS, ("mcp-session-id", session.session_id))
+        await write_stream(
+            conn, session, handle, 0, sse_headers, keepalive=self.config.sse_keepalive
+        )
+
+    async def _admit_each(
+        self,
+        session: Session,
+        requests: list[Request],
+        token: tuple[int, str] | None,
+        run: Callable[[int, _Plan], Any],
+    ) -> None:
+        """Admit, gate and dispatch a batch's requests one at a time, in order.
+
+        Each entry waits for admission as a lone request would (so the in-flight
+        and credit limits hold for every entry), then passes the idempotency gate,
+        then runs.  An entry refused on the way (half-open, a gate refusal) gets
+        that refusal as its JSON-RPC error in the batch's response and executes
+        nothing; ``run`` accounts for it like any other (:meth:`Session.done`).
+        """
+        async with trio.open_nursery() as nursery:
+            for i, req in enumerate(requests):
+                try:
+                    await session.admit(1, req.id)
+                except SessionClosed:
+                    return  # the session ended: its streams are gone with it
+                except RemoteProtocolError as exc:
+                    self.metrics.refused(str(exc.reason))
+                    session.inflight += 1  # accounted like an admitted entry
+                    nursery.start_soon(run, i, _Plan(req, replay=_error_of(req, exc)))
+                    continue
+                self.metrics.admissions += 1
+                try:
+                    plan = await self._plan(session, req, None, token)
+                except RemoteProtocolError as exc:
+                    self.metrics.refused(str(exc.reason))
+                    plan = _Plan(req, replay=_error_of(req, exc))
+                except StoreUnavailable:
+                    plan = _Plan(req, replay=_error_of(req, _store_unavailable(self.config)))
+                nursery.start_soon(run, i, plan)
 
     async def _absorb(self, session: Session, messages: list[Any]) -> list[Request]:
         """Handle notifications and responses at once; return the requests.
@@ -733,6 +1028,14 @@ class Server:
                     reason=Reason.IDEMPOTENCY_KEY_REUSED,
                     request_id=req.id,
                 )
+            if start.outcome is CallOutcome.EVICTED:
+                raise RemoteProtocolError(
+                    f"request {key[2:]!r} already ran; its result is no longer held, and "
+                    "it is not run again",
+                    http_status=409,
+                    reason=Reason.OUTCOME_EVICTED,
+                    request_id=req.id,
+                )
             if start.outcome is CallOutcome.DONE and start.payload is not None:
                 self.metrics.duplicates_replayed += 1
                 return _Plan(req, replay=_reid(start.payload, req.id), epoch=start.epoch)
@@ -770,7 +1073,11 @@ class Server:
         for h in list(session.handles.values()):
             if h.generation < record.generation and h.log.state is not StreamState.CLOSED:
                 h.handle(StreamInput.ABORT)
-        results = [msgspec.json.decode(p) for p in session.finished[-100:]]
+        if isinstance(self.store, MemoryStore):
+            kept = self.store.recent_results(session.record.principal, session.session_id, 100)
+        else:
+            kept = list(session.finished.values())
+        results = [msgspec.json.decode(p) for p in kept]
         body = encode_result(
             req.id,
             {
@@ -795,7 +1102,7 @@ class Server:
                 body = await self._answer_now(session, plans[0], None)
             finally:
                 session.done()
-            await conn.send(conn.http.send_response(200, headers, body))
+            await self._send_json(conn, session, headers, body)
             return
         results: list[bytes | None] = [None] * len(plans)
         done = trio.Event()
@@ -819,11 +1126,46 @@ class Server:
         self._handlers.start_soon(run_all)
         await done.wait()
         bodies = [r for r in results if r is not None]
+        plans.clear()  # the requests (and their arguments) are done with
+        results.clear()
         if not bodies:
             await conn.send(conn.http.send_response(202, ()))
             return
-        body = b"[" + b",".join(bodies) + b"]" if is_batch else bodies[0]
-        await conn.send(conn.http.send_response(200, headers, body))
+        body = b"[" + b",".join(bodies) + b"]" if is_batch else bodies.pop()
+        await self._send_json(conn, session, headers, body)
+
+    async def _send_json(
+        self, conn: Connection, session: Session, headers: list[tuple[str, str]], body: bytes
+    ) -> None:
+        """Write a JSON response under the session's drain credit (see :class:`JsonCharge`).
+
+        The response takes credit for its exact size before it is written (waiting
+        in FIFO order when there is none) and holds it until the peer acknowledges
+        its last byte; a teardown cancels a write that is stuck on a stalled peer.
+        """
+        data = conn.http.send_response(200, headers, body)
+        del body  # (the caller's reference may remain; this frame keeps only ``data``)
+        n = len(data)
+        session.typical_frame += (n - session.typical_frame) / 8
+        try:
+            if not session.try_acquire_now(n):
+                await session.acquire(n)
+        except SessionClosed:
+            conn.http.send_failed()
+            raise PeerGone from None
+        charge = JsonCharge(session, n)
+        with trio.CancelScope() as scope:
+            session.json_writers.add(scope)
+            try:
+                await conn.send(data, [(n, (charge, 0))])
+            except BaseException:
+                charge.drained(0)  # never written whole: nothing to wait for
+                raise
+            finally:
+                session.json_writers.discard(scope)
+        if scope.cancelled_caught:
+            conn.http.send_failed()
+            raise PeerGone
 
     async def _initialize(self, conn: Connection, post: PostMessages) -> None:
         req = post.messages[0]
@@ -835,7 +1177,13 @@ class Server:
             ("mcp-session-id", session.session_id),
             ("mcp-channel-token", session.record.channel_token),
         ]
-        await conn.send(conn.http.send_response(200, headers, encode_result(req.id, result)))
+        try:
+            await conn.send(conn.http.send_response(200, headers, encode_result(req.id, result)))
+        except BaseException:
+            # The client never learnt the session id: nobody can use the session.
+            with trio.CancelScope(shield=True):
+                await self._end_session(session)
+            raise
 
     async def _initialize_session(self, req: Request, session: Session | None) -> Session:
         params = req.params or {}
@@ -855,7 +1203,7 @@ class Server:
             )
         version = negotiate_version(params["protocolVersion"])
         if session is None:
-            session = await self._new_session(version)
+            session = await self._new_session(version, req.id)
         session.client_capabilities = caps
         session.client_info = info
         return session
@@ -936,6 +1284,7 @@ class Server:
         req = plan.request
         try:
             payload = encode_result(req.id, call_tool_now(self.app, req.params or {}, ready))
+            payload = self._fit(req, payload, handle)
         except Exception as exc:
             payload = _failure(req, exc)
         if plan.key is not None:
@@ -984,6 +1333,28 @@ class Server:
         finally:
             session.done()
 
+    def _fit(self, req: Request, payload: bytes, handle: StreamHandle | None) -> bytes:
+        """``payload``, or the ``result_too_large`` error if it would not fit the credit.
+
+        One response larger than the session's whole byte credit could never be
+        sent within it: it is refused (and that refusal is the call's recorded
+        outcome, so a retry does not run it again) rather than queued past the bound.
+        """
+        limit = self.config.credit.bytes
+        if len(payload) + 512 <= limit:
+            return payload
+        size = handle.log.size_of(payload.decode()) if handle is not None else len(payload)
+        if size + (0 if handle is not None else 256) <= limit:
+            return payload
+        self.metrics.refused(str(Reason.RESULT_TOO_LARGE))
+        return encode_error(
+            req.id,
+            INTERNAL_ERROR,
+            f"the result ({size} bytes) is larger than this server's per-session credit "
+            f"({limit} bytes); the server's operator can raise --credit-bytes",
+            {"reason": str(Reason.RESULT_TOO_LARGE), "size": size, "limit": limit},
+        )
+
     async def _execute(
         self, session: Session, plan: _Plan, handle: StreamHandle | None
     ) -> bytes | None:
@@ -998,6 +1369,7 @@ class Server:
             session.started[req.id] = trio.current_time()
             try:
                 payload = encode_result(req.id, await dispatch(self.app, session, req, ready))
+                payload = self._fit(req, payload, handle)
             except StreamLost:
                 payload = None
             except Exception as exc:
@@ -1063,9 +1435,8 @@ class Server:
                     )
             except (StoreUnavailable, SessionGone):
                 log.warning("could not record the outcome of call %s in the store", key)
-        if payload is not None:
-            session.finished.append(payload)
-            del session.finished[: -session.max_finished]
+        if payload is not None and self.store.shared:
+            session.keep_result(key, payload)
         done = session.calls.pop(key, None)
         if done is not None:
             done.set()
@@ -1157,7 +1528,9 @@ class Server:
                 handle.writer_scope = None
                 if handle.log.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
                     handle.handle(StreamInput.DETACH)
-        await write_stream(conn, session, handle, next_seq, headers)
+        await write_stream(
+            conn, session, handle, next_seq, headers, keepalive=self.config.sse_keepalive
+        )
 
     async def _replay_from_store(
         self,
@@ -1199,8 +1572,16 @@ class Server:
         await conn.send(http.start_stream(200, headers))
         after, delay = cursor.seq, 0.01
         done = info.finished and cursor.seq >= info.last_seq  # nothing more will come
+        keepalive = self.config.sse_keepalive
+        quiet_since = trio.current_time()
         with trio.move_on_after(self.config.credit.liveness_timeout * 10):
             while not done and not self._closing and not session.closed:
+                if not events and keepalive is not None:
+                    if trio.current_time() - quiet_since >= keepalive:
+                        await conn.send(http.send_stream_data(KEEPALIVE_COMMENT))
+                        quiet_since = trio.current_time()
+                else:
+                    quiet_since = trio.current_time()
                 if events:
                     data = b"".join(
                         encode_comment(f"replica={e.replica or self.replica_id}", blank_line=False)
@@ -1255,7 +1636,7 @@ class Server:
                 headers=(("allow", allowed),),
             )
         if path == cfg.metrics_path:
-            body = self.metrics.render(self.sessions).encode()
+            body = self.metrics.render(self.sessions, gate=self.gate, budget=self.budget).encode()
             headers = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
             await conn.send(conn.http.send_response(200, headers, body))
         elif path == cfg.legacy_sse_path:
@@ -1275,7 +1656,9 @@ class Server:
         endpoint = f"{self.config.legacy_messages_path}?session_id={session.session_id}"
         await handle.send(endpoint, event="endpoint")
         try:
-            await write_stream(conn, session, handle, 0, SSE_HEADERS)
+            await write_stream(
+                conn, session, handle, 0, SSE_HEADERS, keepalive=self.config.sse_keepalive
+            )
         finally:
             # The legacy session lives exactly as long as its stream.
             if not session.closed:
@@ -1296,7 +1679,7 @@ class Server:
             raise RemoteProtocolError(
                 "session_id query parameter is required", reason=Reason.SESSION_REQUIRED
             )
-        messages, _ = decode_body(request.body, allow_batch=True)
+        messages, _ = decode_body(request.body, allow_batch=True, max_batch=self.config.max_batch)
         session = await self._session(sid)
         legacy = next(
             (h for h in session.handles.values() if h.log.kind is StreamKind.LEGACY), None
@@ -1304,19 +1687,22 @@ class Server:
         if legacy is None:
             raise session_refusal(sid)
         requests = await self._absorb(session, messages)
-        if requests:
+
+        async def run(_: int, plan: _Plan) -> None:
+            if plan.request.method == "initialize" and plan.replay is None:
+                await self._legacy_initialize(session, plan.request, legacy)
+            else:
+                legacy.outstanding += 1
+                await self._run_request(session, plan, legacy)
+
+        if len(requests) == 1:
             plans = await self._admit_and_plan(
                 session, requests, headers.get("idempotency-key"), None
             )
-            assert self._handlers is not None
-            for plan in plans:
-                if plan.request.method == "initialize":
-                    self._handlers.start_soon(
-                        self._legacy_initialize, session, plan.request, legacy
-                    )
-                else:
-                    legacy.outstanding += 1
-                    self._handlers.start_soon(self._run_request, session, plan, legacy)
+            self._handlers_start(run, 0, plans[0])
+        elif requests:
+            # Every entry waits for admission on its own, after the 202.
+            self._handlers_start(self._admit_each, session, requests, None, run)
         await conn.send(conn.http.send_response(202, ()))
 
     async def _legacy_initialize(
@@ -1355,6 +1741,21 @@ def _failure(req: Request, exc: Exception) -> bytes:
     return encode_error(req.id, INTERNAL_ERROR, f"internal error in {req.method}")
 
 
+def _error_of(req: Request, exc: RemoteProtocolError) -> bytes:
+    """A refusal as the JSON-RPC error answering ``req`` (inside a batch's response)."""
+    return encode_error(req.id, exc.code, exc.message, exc.error_data())
+
+
+def _store_unavailable(config: ServerConfig) -> RemoteProtocolError:
+    return RemoteProtocolError(
+        "the session store is unavailable; nothing was executed",
+        http_status=503,
+        reason=Reason.STORE_UNAVAILABLE,
+        code=SERVER_ERROR,
+        retry_after_ms=config.retry_ms,
+    )
+
+
 def _id_in_use(request_id: RequestId) -> bytes:
     return encode_error(
         request_id,
@@ -1369,6 +1770,11 @@ def _reid(payload: bytes, request_id: RequestId) -> bytes:
     msg = msgspec.json.decode(payload)
     msg["id"] = request_id
     return msgspec.json.encode(msg)
+
+
+def _redact(secret: str) -> str:
+    """A short, stable stand-in for a bearer secret (a session id) in logs and labels."""
+    return hashlib.sha256(secret.encode()).hexdigest()[:12]
 
 
 def _only_disconnects(exc: BaseException) -> bool:

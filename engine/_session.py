@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +38,7 @@ from protocol import (
     CreditState,
     Message,
     RequestId,
+    RetentionBudget,
     SessionCredit,
     SessionInput,
     SessionState,
@@ -75,6 +76,10 @@ class SessionClosed(StreamLost):
     """The session ended while a frame waited for credit."""
 
 
+class FrameTooLarge(ValueError):
+    """A message is larger than the session's whole byte credit: it can never be sent."""
+
+
 class StreamHandle:
     """A stream's log, the wake-up its writer waits on, and the writer's cancel scope."""
 
@@ -102,6 +107,15 @@ class StreamHandle:
         self.outstanding = 0  # requests whose response is still to come on this stream
         self.close_retry_ms: int | None = None  # set: server closes the connection early
         self.writer_scope: trio.CancelScope | None = None
+
+    def _evict(self) -> int:
+        # The budget wants bytes back: a closed stream goes whole (a cursor into it
+        # is then cursor_unknown); a live one gives up its acknowledged frames.
+        log, session = self.log, self.session
+        if log.state is StreamState.CLOSED and session.streams.drop(log.epoch):
+            session.handles.pop(log.epoch, None)
+            return 0
+        return log.trim_drained()
 
     @property
     def lock(self) -> trio.Lock:
@@ -156,6 +170,11 @@ class StreamHandle:
         if final is not None and _closed(log):
             return
         size = log.size_of(payload, event=event)
+        limit = self.session.credit.limits.bytes
+        if size > limit:
+            raise FrameTooLarge(
+                f"a {size}-byte message is larger than the session's credit ({limit} bytes)"
+            )
         await self.session.acquire(size)
         async with self.lock:
             if final is None:
@@ -219,6 +238,11 @@ class StreamHandle:
         session = self.session
         session.credit.correct(size, actual)
         session.typical_frame += (actual - session.typical_frame) / 8
+        budget = session.budget
+        if budget is not None:
+            # (A bound method made here, not kept on self: that would be a reference cycle,
+            # and a cycle keeps a whole log alive until the collector finds it.)
+            budget.hold(session.record.session_id, log.epoch, log.retained_bytes, self._evict)
         return actual
 
     def wake(self) -> None:
@@ -235,6 +259,10 @@ class StreamHandle:
             changed = self._changed = trio.Event()
         await changed.wait()
 
+    def drained(self, upto_seq: int) -> None:
+        """A peer acknowledged every frame of this stream below ``upto_seq``."""
+        self.session.drained(self, upto_seq)
+
     def handle(self, event: StreamInput) -> None:
         """Apply a lifecycle input to the log's state machine and wake the writer."""
         self.log.handle(event)
@@ -244,6 +272,28 @@ class StreamHandle:
         """Ask the attached writer to send ``retry:`` and end the HTTP response early."""
         self.close_retry_ms = retry_ms
         self.wake()
+
+
+class JsonCharge:
+    """The drain credit one ``application/json`` response holds until acknowledged.
+
+    In JSON response mode a response is one body written by its connection, not a
+    frame in a log; it takes credit for its exact size all the same, so a client
+    that stops reading its responses is found half-open and torn down like one
+    that stops reading an SSE stream.
+    """
+
+    __slots__ = ("nbytes", "session")
+
+    def __init__(self, session: Session, nbytes: int) -> None:
+        self.session = session
+        self.nbytes = nbytes
+
+    def drained(self, upto_seq: int) -> None:
+        """The body's last byte was acknowledged (or it was abandoned): give the credit back."""
+        if self.nbytes and not self.session.closed:
+            self.session.release(1, self.nbytes)
+        self.nbytes = 0
 
 
 @dataclass
@@ -264,8 +314,11 @@ class Session:
         max_closed_streams: int = 64,
         credit: CreditLimits | None = None,
         now: float = 0.0,
+        budget: RetentionBudget | None = None,
     ) -> None:
         self.record = record
+        #: Where this session's replay history and kept results are charged.
+        self.budget = budget
         self.credit = SessionCredit(credit or CreditLimits(), now)
         self._waiters: deque[tuple[int, trio.Event]] = deque()
         #: Admitted requests whose response is not enqueued yet (bounded by the frame credit).
@@ -274,6 +327,13 @@ class Session:
         self.typical_frame = 256.0
         #: The instant the timer task sleeps until (it is woken only for an earlier one).
         self.timer_at = math.inf
+        #: Starts the timer task (set by the server); called when the credit gets a
+        #: deadline and no timer task runs, so an idle session costs no task.
+        self.start_timer: Callable[[Session], None] | None = None
+        self._timer_running = False
+        #: True from ``initialize`` until the session's first other request or
+        #: notification: an abandoned ``initialize`` is forgotten sooner.
+        self.provisional = False
         # Created on demand by whoever waits, set and dropped by the next pulse.
         self._timer_event: trio.Event | None = None
         self._credit_event: trio.Event | None = None
@@ -282,6 +342,8 @@ class Session:
         self.handles: dict[str, StreamHandle] = {}
         self.running: dict[RequestId, trio.CancelScope] = {}
         self.pending: dict[RequestId, PendingRequest] = {}
+        #: Cancel scopes of JSON responses being written (teardown cancels them).
+        self.json_writers: set[trio.CancelScope] = set()
         self.log_level: str | None = None
         self.subscriptions: set[str] = set()
         self.client_info: dict[str, Any] = {}
@@ -294,9 +356,27 @@ class Session:
         #: Calls this process is running, by gate key; the Event (made when a duplicate
         #: first waits) is set when the call finishes.
         self.calls: dict[str, trio.Event | None] = {}
-        #: Responses of recently finished calls, handed back by a rebind.
-        self.finished: list[bytes] = []
+        #: Responses of recently finished calls, handed back by a rebind (kept here
+        #: only with a shared store; the memory store keeps them itself).
+        self.finished: OrderedDict[str, bytes] = OrderedDict()
         self.max_finished = 100
+
+    def keep_result(self, key: str, payload: bytes) -> None:
+        """Keep a finished call's response for a rebind, charged to the budget."""
+        finished = self.finished
+        finished[key] = payload
+        finished.move_to_end(key)
+        sid, budget = self.record.session_id, self.budget
+        while len(finished) > self.max_finished:
+            old, _ = finished.popitem(last=False)
+            if budget is not None:
+                budget.release(sid, ("r", old))
+        if budget is not None:
+            budget.hold(sid, ("r", key), len(payload), lambda: self._forget_result(key))
+
+    def _forget_result(self, key: str) -> int:
+        self.finished.pop(key, None)
+        return 0
 
     @property
     def timer_changed(self) -> trio.Event:
@@ -346,6 +426,8 @@ class Session:
         self.handles[epoch] = h
         for stale in self.streams.evicted:
             self.handles.pop(stale, None)
+            if self.budget is not None:
+                self.budget.release(self.record.session_id, stale)
         return h
 
     def handle_for(self, log: StreamLog) -> StreamHandle:
@@ -391,6 +473,15 @@ class Session:
             if ev is not None:
                 self._timer_event = None
                 ev.set()
+            elif not self._timer_running and not self.closed and self.start_timer is not None:
+                self._timer_running = True
+                self.start_timer(self)
+
+    def timer_stopped(self) -> None:
+        """The timer task ended (no deadline left, or the session closed)."""
+        self._timer_running = False
+        self.timer_at = math.inf
+        self._timer_event = None
 
     async def admit(self, n: int, request_id: RequestId | None) -> None:
         """Admission for ``n`` session-scoped requests, before anything is dispatched.
@@ -503,6 +594,8 @@ class Session:
             self.handle(SessionInput.TEARDOWN)
         for scope in list(self.running.values()):
             scope.cancel()
+        for scope in list(self.json_writers):
+            scope.cancel()
         for h in list(self.handles.values()):
             if h.log.state is not StreamState.CLOSED:
                 h.handle(StreamInput.ABORT)
@@ -516,4 +609,7 @@ class Session:
         self._waiters.clear()
         for p in self.pending.values():
             p.done.set()
+        if self.budget is not None:
+            self.budget.release_owner(self.record.session_id)
+        self.finished.clear()
         self._pulse(timer=True)

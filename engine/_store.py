@@ -38,7 +38,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from protocol import format_epoch
+from protocol import RetentionBudget, format_epoch
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,6 +111,7 @@ class CallOutcome(enum.Enum):
     RUNNING = "running"  # another delivery is running it
     DONE = "done"  # it ran; ``payload`` is the stored response
     MISMATCH = "mismatch"  # same key, different request fingerprint
+    EVICTED = "evicted"  # it ran, but its response is no longer held (never re-run)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,16 +156,19 @@ class Retention:
         events_per_stream: newest events kept per stream log.
         ttl: seconds a session's keys live after their last update.
         idempotency_ttl: seconds a finished call's stored response is kept.
-        calls_per_session: finished calls whose responses the memory store keeps
-            per session (it has no clock for ``idempotency_ttl``; the oldest
-            finished ones go first, running claims are never dropped).
-        call_bytes_per_session: and at most this many bytes of those responses.
+        calls_per_session: finished calls the memory store remembers per session
+            (it has no clock for ``idempotency_ttl``; beyond it the oldest finished
+            ones are forgotten, running claims never).
+        call_bytes_per_session: bytes of those calls' responses it keeps per
+            session; beyond it the oldest responses are dropped and leave a
+            tombstone (a retry is told the outcome is gone, and nothing re-runs).
+            Across sessions the server's retention budget applies as well.
     """
 
     events_per_stream: int = 4096
     ttl: float = 3600.0
     idempotency_ttl: float = 3600.0
-    calls_per_session: int = 256
+    calls_per_session: int = 1024
     call_bytes_per_session: int = 1024 * 1024
 
 
@@ -259,6 +263,10 @@ class SessionStore(Protocol):
         """Release connections."""
 
 
+#: The payload of a finished call whose response was dropped to stay in budget.
+EVICTED: bytes = b""
+
+
 @dataclass
 class _MemSession:
     record: SessionRecord
@@ -284,6 +292,14 @@ class _MemSession:
             self.held += len(payload)
         return True
 
+    def tombstone(self, key: str) -> int:
+        """Drop ``key``'s stored response but remember that it ran; return 0 (bytes left)."""
+        found = self.calls.get(key)
+        if found is not None and found[1]:
+            self.held -= len(found[1])
+            self.calls[key] = (found[0], EVICTED)
+        return 0
+
 
 class MemoryStore:
     """Process-local store: the embedded default (see the module docstring).
@@ -294,8 +310,13 @@ class MemoryStore:
 
     shared = False
 
-    def __init__(self, retention: Retention | None = None) -> None:
+    def __init__(
+        self, retention: Retention | None = None, *, budget: RetentionBudget | None = None
+    ) -> None:
         self.retention = retention or Retention()
+        #: Where stored responses are charged (the server installs its own, so the
+        #: gate's results count against the process-wide budget; owner = session id).
+        self.budget = budget
         self._sessions: dict[tuple[str, str], _MemSession] = {}
 
     def _get(self, principal: str, session_id: str) -> _MemSession:
@@ -315,7 +336,11 @@ class MemoryStore:
         return s.record if s is not None else None
 
     async def delete_session(self, principal: str, session_id: str) -> bool:
-        return self._sessions.pop((principal, session_id), None) is not None
+        s = self._sessions.pop((principal, session_id), None)
+        if s is not None and self.budget is not None:
+            for key in s.calls:
+                self.budget.release(session_id, ("c", key))
+        return s is not None
 
     async def rebind(self, principal: str, session_id: str, secret: str) -> SessionRecord:
         s = self._get(principal, session_id)
@@ -350,7 +375,17 @@ class MemoryStore:
             return CallStart(CallOutcome.MISMATCH, epoch)
         if payload is None:
             return CallStart(CallOutcome.RUNNING, epoch)
+        if payload is EVICTED:
+            return CallStart(CallOutcome.EVICTED, epoch)
         return CallStart(CallOutcome.DONE, epoch, payload)
+
+    def recent_results(self, principal: str, session_id: str, n: int) -> list[bytes]:
+        """The stored responses of the session's ``n`` most recently finished calls."""
+        s = self._sessions.get((principal, session_id))
+        if s is None:
+            return []
+        out = [p for _, p in reversed(s.calls.values()) if p]
+        return out[:n][::-1]
 
     async def finish_call(
         self, principal: str, session_id: str, key: str, payload: bytes | None
@@ -358,20 +393,36 @@ class MemoryStore:
         s = self._sessions.get((principal, session_id))
         if s is None:
             return
+        self._record(s, session_id, key, payload)
+
+    def _record(self, s: _MemSession, session_id: str, key: str, payload: bytes | None) -> None:
+        budget = self.budget
         if payload is None:
             s.set_outcome(key, None)
+            if budget is not None:
+                budget.release(session_id, ("c", key))
             return
         if s.set_outcome(key, payload):
             s.calls.move_to_end(key)
+            if budget is not None:
+                budget.hold(session_id, ("c", key), len(payload), lambda: s.tombstone(key))
         limit = max(1, self.retention.calls_per_session)
-        budget = self.retention.call_bytes_per_session
-        while len(s.calls) > limit or (s.held > budget and len(s.calls) > 1):
-            oldest = next(iter(s.calls))
-            payload_ = s.calls[oldest][1]
-            if payload_ is None:
+        while len(s.calls) > limit:
+            oldest, (_, stored) = next(iter(s.calls.items()))
+            if stored is None:
                 break  # never forget a running claim
-            s.held -= len(payload_)
-            del s.calls[oldest]
+            s.set_outcome(oldest, None)
+            if budget is not None:
+                budget.release(session_id, ("c", oldest))
+        cap = self.retention.call_bytes_per_session
+        if s.held > cap:
+            for oldest, (_, stored) in list(s.calls.items()):
+                if s.held <= cap or oldest == key:
+                    break
+                if stored:
+                    s.tombstone(oldest)
+                    if budget is not None:
+                        budget.release(session_id, ("c", oldest))
 
     async def append_event(
         self,
@@ -391,7 +442,7 @@ class MemoryStore:
         if generation != s.record.generation:
             raise ChannelRejected(ChannelVerdict.STALE)
         if call_key is not None:
-            s.set_outcome(call_key, data)
+            self._record(s, session_id, call_key, data)
 
     async def read_events(
         self, principal: str, session_id: str, epoch: str, after_seq: int

@@ -28,6 +28,8 @@ from ._session import Session, StreamHandle
 log = logging.getLogger("weir")
 
 RECV_BYTES = 65536
+#: An SSE comment line: ignored by every client, enough to keep a proxy's idle timer off.
+KEEPALIVE_COMMENT = b": \n\n"
 SSE_HEADERS = (
     ("content-type", "text/event-stream"),
     ("cache-control", "no-cache"),
@@ -45,8 +47,12 @@ async def write_stream(
     handle: StreamHandle,
     next_seq: int,
     headers: tuple[tuple[str, str], ...],
+    *,
+    keepalive: float | None = None,
 ) -> None:
     """Copy frames from ``handle``'s log to the socket from ``next_seq`` on (see module doc).
+
+    ``keepalive``: while the stream is quiet, a ``:`` comment every this many seconds.
 
     Hot path: a response whose answer is ready within a few scheduling steps
     goes out as ONE write -- head, frames and terminator together -- with no
@@ -61,6 +67,7 @@ async def write_stream(
     handle.writer_scope = scope
     peer_gone = False
     pump = _Pump(conn, session, handle, next_seq, http.start_stream(200, headers))
+    pump.keepalive = keepalive
 
     async def watch_peer() -> None:
         nonlocal peer_gone
@@ -97,7 +104,7 @@ async def write_stream(
 class _Pump:
     """A writer's cursor into one stream log, and the bytes not written yet."""
 
-    __slots__ = ("conn", "ended", "handle", "next_seq", "pending", "session")
+    __slots__ = ("conn", "ended", "handle", "keepalive", "next_seq", "pending", "session")
 
     #: Scheduling steps the fast path yields, waiting for a ready answer, before writing
     #: (a handler that returns without blocking needs about this many to finish).
@@ -112,6 +119,8 @@ class _Pump:
         self.next_seq = next_seq
         self.pending = head  # written with the first frames (or before the first wait)
         self.ended = False  # the terminating chunk went out with the last frames
+        #: Seconds of quiet before a keep-alive comment (None: never).
+        self.keepalive: float | None = None
 
     async def run(self, *, fast: bool) -> bool:
         """Write until the stream is done (True); with ``fast``, give up (False) rather
@@ -153,14 +162,26 @@ class _Pump:
                 await self.conn.send(self.pending)  # the head goes out before any wait
                 self.pending = b""
                 continue  # frames may have arrived while we sent: never wait past them
-            await handle.wait_changed()
+            keepalive = self.keepalive
+            if keepalive is None:
+                await handle.wait_changed()
+                continue
+            with trio.move_on_after(keepalive) as quiet:
+                await handle.wait_changed()
+            if quiet.cancelled_caught:
+                # A comment, so proxies that cut idle streams see traffic (and a
+                # vanished peer shows as a failed write); clients ignore it.
+                self.pending = http.send_stream_data(KEEPALIVE_COMMENT)
 
     async def _write(self, frames: list[bytes]) -> None:
         handle, log_, http = self.handle, self.handle.log, self.conn.http
         data = b"".join(frames)
+        size = len(data)
         chunk = http.send_stream_data(data)
-        out = self.pending + chunk
-        offset = len(out) - len(data) - 2  # the frames follow the chunk header
+        del data  # one copy of the frames is enough while the write may block
+        out = self.pending + chunk if self.pending else chunk
+        del chunk
+        offset = len(out) - size - 2  # the frames follow the chunk header
         marks: list[tuple[int, tuple[StreamHandle, int]]] = []
         first, drained = self.next_seq, log_.drained_seq
         for i, frame in enumerate(frames):

@@ -21,9 +21,10 @@ from collections.abc import Sequence
 
 import trio
 
-from protocol import CreditLimits
+from protocol import CreditLimits, HttpLimits
 
 from ._app import App
+from ._memory import tune_allocator
 from ._server import Server, ServerConfig
 from ._store import MemoryStore, SessionStore, StoreUnavailable
 
@@ -156,7 +157,108 @@ def _parser() -> argparse.ArgumentParser:
         help="no progress for this long with frames pending: the session is torn "
         f"down (default {d.liveness_timeout:g})",
     )
+    _limit_options(s)
     return p
+
+
+def _limit_options(s: argparse.ArgumentParser) -> None:
+    d, h = ServerConfig(), HttpLimits()
+    g = s.add_argument_group("limits (see the README, 'Limits')")
+    # (flag, type, default, metavar, help); every one a ServerConfig/HttpLimits field.
+    table: list[tuple[str, type, object, str, str]] = [
+        (
+            "--max-connections",
+            int,
+            None,
+            "N",
+            "connections served at once (default: the open-file limit less 64)",
+        ),
+        (
+            "--keepalive-timeout",
+            float,
+            d.keepalive_timeout,
+            "SECONDS",
+            "idle keep-alive connections are closed after this",
+        ),
+        (
+            "--head-timeout",
+            float,
+            d.head_timeout,
+            "SECONDS",
+            "a request head must arrive within this, from its first byte (then 408)",
+        ),
+        (
+            "--body-timeout",
+            float,
+            d.body_timeout,
+            "SECONDS",
+            "a request body must arrive within this, after its head (then 408)",
+        ),
+        ("--max-body-bytes", int, h.max_body_bytes, "BYTES", "largest request body (413)"),
+        ("--max-header-bytes", int, h.max_header_bytes, "BYTES", "largest request head (431)"),
+        ("--max-header-fields", int, h.max_header_fields, "N", "most header fields (431)"),
+        ("--max-target-bytes", int, h.max_target_bytes, "BYTES", "longest request target (414)"),
+        (
+            "--max-inbound-bytes",
+            int,
+            d.max_inbound_bytes,
+            "BYTES",
+            "request bytes all connections may buffer at once (503 beyond)",
+        ),
+        ("--max-sessions", int, d.max_sessions, "N", "live sessions in this process (503)"),
+        (
+            "--max-sessions-per-principal",
+            int,
+            None,
+            "N",
+            "live sessions one principal may hold (429; default: --max-sessions)",
+        ),
+        (
+            "--session-idle-timeout",
+            float,
+            d.session_idle_timeout,
+            "SECONDS",
+            "sessions idle this long are forgotten; 0: never",
+        ),
+        (
+            "--initialize-timeout",
+            float,
+            d.initialize_timeout,
+            "SECONDS",
+            "a session that saw nothing after its initialize is forgotten after this",
+        ),
+        ("--max-batch", int, d.max_batch, "N", "most messages in one JSON-RPC batch (400)"),
+        (
+            "--session-retain-bytes",
+            int,
+            d.session_retain_bytes,
+            "BYTES",
+            "replay history and results one session keeps",
+        ),
+        (
+            "--memory-budget",
+            int,
+            d.memory_budget,
+            "BYTES",
+            "replay history and results all sessions keep",
+        ),
+        (
+            "--sse-keepalive",
+            float,
+            d.sse_keepalive,
+            "SECONDS",
+            "a ':' comment on quiet SSE streams this often; 0: never",
+        ),
+    ]
+    for flag, kind, default, metavar, help_ in table:
+        shown = (
+            ""
+            if default is None
+            else f" (default {default:g})"
+            if kind is float
+            else (f" (default {default})")
+        )
+        g.add_argument(flag, type=kind, default=default, metavar=metavar, help=help_ + shown)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -182,7 +284,27 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         base = ServerConfig(host=args.host).endpoint().allowed_hosts
         hosts = frozenset(base | {h.lower() for h in args.allow_host})
     try:
+        limits = HttpLimits(
+            max_header_bytes=args.max_header_bytes,
+            max_body_bytes=args.max_body_bytes,
+            max_header_fields=args.max_header_fields,
+            max_target_bytes=args.max_target_bytes,
+        )
         return ServerConfig(
+            limits=limits,
+            keepalive_timeout=args.keepalive_timeout,
+            head_timeout=args.head_timeout,
+            body_timeout=args.body_timeout,
+            max_connections=args.max_connections,
+            max_sessions=args.max_sessions,
+            max_sessions_per_principal=args.max_sessions_per_principal,
+            session_idle_timeout=args.session_idle_timeout or None,
+            initialize_timeout=args.initialize_timeout,
+            max_batch=args.max_batch,
+            session_retain_bytes=args.session_retain_bytes,
+            memory_budget=args.memory_budget,
+            max_inbound_bytes=args.max_inbound_bytes,
+            sse_keepalive=args.sse_keepalive or None,
             host=args.host,
             port=args.port,
             path=args.path,
@@ -255,6 +377,7 @@ async def _run(app: App, config: ServerConfig, store_url: str = "memory") -> Non
     async with trio.open_nursery() as nursery:
         server: Server = await nursery.start(Server(app, config, store=store).run)
         _tune_gc()
+        tune_allocator()
         print(f"weir: serving {server.url}", flush=True)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:

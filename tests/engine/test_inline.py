@@ -1127,7 +1127,7 @@ async def test_try_now_refuses_and_changes_nothing(
             # A frame too big for the bytes left waits, though a small one would fit:
             # FIFO says nothing may pass it.
             assert other.try_send_now("a")
-            nursery.start_soon(other.send, "x" * 180)
+            nursery.start_soon(other.send, "x" * 165)
             await settle()
             assert len(session._waiters) == 1
             assert session.credit.fits(handle.log.size_of("small"))
@@ -1235,14 +1235,15 @@ async def test_busy_session_does_not_wake_its_timer_per_frame(
         client, sid = await open_session(server, nursery)
         session = server.sessions[sid]
         await settle()
-        assert timer_wakeups[sid] == [0.0] and session.timer_at == float("inf")
+        # An idle session runs no timer task at all.
+        assert sid not in timer_wakeups and session.timer_at == float("inf")
 
-        # t=1: the first pending frame gives the timer a liveness deadline (1 + 20).
+        # t=1: the first pending frame starts the timer with a liveness deadline (1 + 20).
         await trio.sleep_until(1.0)
         got = await answer(client, call_msg(1, "echo", {"text": "a"}), json_mode=False)
         assert got["result"]["content"][0]["text"] == "a"
         await settle()
-        assert timer_wakeups[sid] == [0.0, 1.0] and session.timer_at == 1.0 + LIVENESS
+        assert timer_wakeups[sid] == [1.0] and session.timer_at == 1.0 + LIVENESS
 
         # Later first frames have later deadlines: the timer sleeps on, untouched.
         for rid in range(2, 12):
@@ -1250,18 +1251,19 @@ async def test_busy_session_does_not_wake_its_timer_per_frame(
             got = await answer(client, call_msg(rid, "echo", {"text": "b"}), json_mode=False)
             assert got["result"]["content"][0]["text"] == "b"
         await settle()
-        assert timer_wakeups[sid] == [0.0, 1.0] and session.timer_at == 1.0 + LIVENESS
+        assert timer_wakeups[sid] == [1.0] and session.timer_at == 1.0 + LIVENESS
         assert session.credit.frames_in_use == 0
 
-        # Its own wake-up at 21 finds nothing pending; the next frame arms it again.
+        # Its own wake-up at 21 finds nothing pending: the task ends; the next frame
+        # starts another.
         await trio.sleep_until(1.0 + LIVENESS)
         await settle()
-        assert timer_wakeups[sid] == [0.0, 1.0, 21.0] and session.timer_at == float("inf")
+        assert timer_wakeups[sid] == [1.0] and session.timer_at == float("inf")
         assert sid in server.sessions and server.metrics.teardowns == 0
         await trio.sleep_until(30.0)
         await answer(client, call_msg(99, "echo", {"text": "c"}), json_mode=False)
         await settle()
-        assert timer_wakeups[sid] == [0.0, 1.0, 21.0, 30.0]
+        assert timer_wakeups[sid] == [1.0, 30.0]
         assert session.timer_at == 30.0 + LIVENESS
         assert len(inline_runs) == 12
 
@@ -1276,7 +1278,7 @@ async def test_an_earlier_deadline_still_wakes_the_timer_on_time(
         await trio.sleep_until(1.0)
         await answer(client, call_msg(1, "echo", {"text": "a"}), json_mode=False)
         await settle()
-        assert session.timer_at == 21.0 and timer_wakeups[sid] == [0.0, 1.0]
+        assert session.timer_at == 21.0 and timer_wakeups[sid] == [1.0]
 
         # t=2: a stream starts; at t=3 it stalls with more frames than credit.
         stalled, valve = connect_stalling(server, nursery)
@@ -1286,12 +1288,12 @@ async def test_an_earlier_deadline_still_wakes_the_timer_on_time(
         await slow.next_batch()
         valve.shut()
         await settle()
-        assert timer_wakeups[sid] == [0.0, 1.0]  # its priming frame's deadline (22) is later
+        assert timer_wakeups[sid] == [1.0]  # its priming frame's deadline (22) is later
         await trio.sleep_until(3.0)
         await settle()
         # Exhausted at 3: the drain window ends at 3 + 5 = 8, before 21: woken at once.
         assert state_of(credit) is CreditState.EXHAUSTED and credit.last_progress == 3.0
-        assert timer_wakeups[sid] == [0.0, 1.0, 3.0] and session.timer_at == 3.0 + DRAIN
+        assert timer_wakeups[sid] == [1.0, 3.0] and session.timer_at == 3.0 + DRAIN
 
         await trio.sleep_until(3.0 + DRAIN - 0.01)
         await settle()
@@ -1299,7 +1301,7 @@ async def test_an_earlier_deadline_still_wakes_the_timer_on_time(
         await trio.sleep_until(3.0 + DRAIN)
         await settle()
         assert state_of(credit) is CreditState.HALF_OPEN  # turned by the timer, on time
-        assert timer_wakeups[sid] == [0.0, 1.0, 3.0, 8.0]
+        assert timer_wakeups[sid] == [1.0, 3.0, 8.0]
         assert session.timer_at == 3.0 + LIVENESS  # the liveness deadline is next
         refused = await as_session(server, nursery, client).post(call_msg(3, "echo", {"text": "x"}))
         assert isinstance(refused, Reply) and refused.status == 429
@@ -1311,6 +1313,6 @@ async def test_an_earlier_deadline_still_wakes_the_timer_on_time(
         await settle()
         assert sid not in server.sessions and session.closed
         assert server.metrics.teardowns == 1
-        assert timer_wakeups[sid] == [0.0, 1.0, 3.0, 8.0]  # woke at 23, then ended
+        assert timer_wakeups[sid] == [1.0, 3.0, 8.0]  # woke at 23, then ended
         assert valve.stalled == 0
         valve.open()

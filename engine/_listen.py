@@ -1,0 +1,182 @@
+"""Accepting connections under a limit, and ``EMFILE`` as back-pressure.
+
+Theory of operation
+-------------------
+:class:`AcceptGate` owns the accept loops of the server's listening sockets and
+the count of connections being served.  A connection takes a slot before
+``accept()`` is even called, so at most ``limit`` connections are ever open:
+
+* **At the limit**, once a new client is waiting in the backlog, the gate sheds
+  the connection that has been idle the longest between two requests (closing an
+  idle keep-alive connection is always allowed in HTTP/1.1: nothing is owed on it).
+  With none idle, it stops calling ``accept()`` until a slot frees; new clients
+  wait in the kernel's listen backlog rather than being refused, and are served
+  in the order they arrived.
+* **``EMFILE``/``ENFILE``/``ENOBUFS``/``ENOMEM``** from ``accept()`` mean the process
+  (or the machine) is out of descriptors or memory: the loop backs off (50 ms
+  doubling to 1 s) and tries again.  It logs one line when that starts and then at
+  most one every 10 s with the count, never a traceback per attempt.
+
+A connection marks itself *idle* (:meth:`Slot.park`) only while it waits for the
+first byte of its next request, in a cancel scope of its own; shedding cancels
+that scope, which the connection treats like its keep-alive timeout.  A cancel
+that arrives after the read completed is a no-op (the scope has already exited),
+so a request that has arrived is never lost to shedding.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+
+import trio
+
+log = logging.getLogger(__name__)
+
+#: ``accept()`` errors that mean "out of resources, try again later".
+CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_BACKOFF_MIN = 0.05
+_BACKOFF_MAX = 1.0
+_LOG_EVERY = 10.0
+
+
+class Slot:
+    """One connection's place under the limit."""
+
+    __slots__ = ("_gate", "_key", "shed")
+
+    def __init__(self, gate: AcceptGate, key: int) -> None:
+        self._gate = gate
+        self._key = key
+        #: True once the gate closed this connection to make room.
+        self.shed = False
+
+    def park(self, scope: trio.CancelScope) -> None:
+        """The connection waits for its next request in ``scope``: it may be shed."""
+        self._gate._idle[self._key] = (self, scope)
+
+    def unpark(self) -> None:
+        """The connection is busy again (or gone)."""
+        self._gate._idle.pop(self._key, None)
+
+
+class AcceptGate:
+    """Accept loops bounded by a connection limit (see the module docstring).
+
+    Args:
+        limit: most connections open at once.
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("the connection limit must be >= 1")
+        self.limit = limit
+        #: Connections being served now.
+        self.open = 0
+        #: Idle keep-alive connections closed to make room for new ones.
+        self.shed_total = 0
+        #: ``accept()`` calls that failed for lack of descriptors or memory.
+        self.accept_errors = 0
+        #: Times the gate stopped accepting because every slot was busy.
+        self.full_total = 0
+        self._idle: OrderedDict[int, tuple[Slot, trio.CancelScope]] = OrderedDict()
+        self._room: trio.Event | None = None
+        self._next_key = 0
+        self._last_log = -math.inf
+        self._unlogged = 0
+
+    def _take(self) -> Slot:
+        self.open += 1
+        self._next_key += 1
+        return Slot(self, self._next_key)
+
+    def _give_back(self, slot: Slot) -> None:
+        slot.unpark()
+        self.open -= 1
+        room = self._room
+        if room is not None:
+            self._room = None
+            room.set()
+
+    def _shed_one(self) -> bool:
+        while self._idle:
+            _, (slot, scope) = self._idle.popitem(last=False)
+            if not scope.cancel_called:
+                slot.shed = True
+                scope.cancel()
+                self.shed_total += 1
+                return True
+        return False
+
+    async def _wait_for_room(self, listener: trio.SocketListener) -> None:
+        if self.open < self.limit:
+            return
+        self.full_total += 1
+        while self.open >= self.limit:
+            # Shed only for a client that is really waiting to be accepted.
+            await trio.lowlevel.wait_readable(listener.socket)
+            if self.open < self.limit:
+                return
+            # The shed connection (if one was idle) frees its slot once its task has
+            # unwound; either way, wait for a slot to come back.
+            self._shed_one()
+            room = self._room
+            if room is None:
+                room = self._room = trio.Event()
+            await room.wait()
+
+    def _log_capacity(self, exc: OSError) -> None:
+        self.accept_errors += 1
+        now = trio.current_time()
+        if now - self._last_log >= _LOG_EVERY:
+            more = f" ({self._unlogged} more since the last report)" if self._unlogged else ""
+            log.error(
+                "accept() failed: %s; backing off while %d connections are open%s",
+                exc.strerror or exc,
+                self.open,
+                more,
+            )
+            self._last_log = now
+            self._unlogged = 0
+        else:
+            self._unlogged += 1
+
+    async def serve(
+        self,
+        listener: trio.SocketListener,
+        handler: Callable[[trio.SocketStream, Slot], Awaitable[None]],
+        nursery: trio.Nursery,
+    ) -> None:
+        """Accept on ``listener`` forever, each connection handled in ``nursery``."""
+        backoff = _BACKOFF_MIN
+        while True:
+            await self._wait_for_room(listener)
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in CAPACITY_ERRNOS:
+                    raise
+                self._log_capacity(exc)
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+                continue
+            backoff = _BACKOFF_MIN
+            slot = self._take()
+            nursery.start_soon(self._run, handler, stream, slot)
+
+    async def _run(
+        self,
+        handler: Callable[[trio.SocketStream, Slot], Awaitable[None]],
+        stream: trio.SocketStream,
+        slot: Slot,
+    ) -> None:
+        try:
+            await handler(stream, slot)
+        finally:
+            self._give_back(slot)
+
+
+__all__ = ["CAPACITY_ERRNOS", "AcceptGate", "Slot"]

@@ -1,0 +1,65 @@
+"""Giving memory back to the operating system after large buffers are freed.
+
+Theory of operation
+-------------------
+A stalled session's large results are freed when it is torn down, but with
+glibc's defaults the process's RSS often does not come down: glibc serves large
+allocations with ``mmap`` only above a threshold that it *raises* each time such
+a block is freed (up to 32 MiB), so after the first 1 MiB result is freed, later
+ones come from the heap, where freed blocks stay mapped and fragment it.
+
+:func:`tune_allocator` pins the threshold (``mallopt(M_MMAP_THRESHOLD, 128 KiB)``,
+which also turns the raising off) and lowers the heap's trim threshold, so large
+buffers are mapped on their own and unmapped when freed.  :func:`trim` asks glibc
+to return free heap pages at once (``malloc_trim(0)``); the server calls it after
+tearing sessions down, at most once a second.
+
+Both do nothing where the C library is not glibc (musl, macOS) or cannot be
+loaded.  ``weir serve`` calls :func:`tune_allocator` at start-up; an embedding
+program decides for itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+from functools import cache
+
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+#: Allocations at least this large get their own mapping (glibc's initial default).
+MMAP_THRESHOLD = 128 * 1024
+
+
+@cache
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    if not hasattr(libc, "mallopt") or not hasattr(libc, "malloc_trim"):
+        return None
+    return libc
+
+
+def tune_allocator() -> bool:
+    """Pin glibc's mmap threshold so large freed buffers leave the process (True if set)."""
+    libc = _libc()
+    if libc is None:
+        return False
+    ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+    libc.mallopt(M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD)
+    return bool(ok)
+
+
+def trim() -> None:
+    """Return free heap memory to the operating system now (glibc only; else nothing)."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+__all__ = ["trim", "tune_allocator"]

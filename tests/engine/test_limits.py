@@ -1,0 +1,198 @@
+"""Session limits, per-entry batch admission and the gate's tombstones, in virtual time."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from engine import App, MemoryStore, Server, ServerConfig
+from engine._store import CallOutcome, Retention, SessionRecord
+from protocol import CreditLimits, RetentionBudget
+
+from .helpers import Reply, SseReply, connect, open_session, running_server
+
+app = App("limits", "0")
+release = trio.Event()
+started: list[int] = []
+
+
+@app.tool()
+async def wait(n: int) -> str:
+    """Wait until the test lets go."""
+    started.append(n)
+    await release.wait()
+    return str(n)
+
+
+@app.tool()
+async def echo(text: str) -> str:
+    """Echo."""
+    return text
+
+
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-03-26",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "0"},
+    },
+}
+
+
+async def test_sessions_past_the_limit_are_refused_and_existing_ones_served(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    config = ServerConfig(max_sessions=2, initialize_timeout=10)
+    async with running_server(app, config) as (server, nursery):
+        first, sid = await open_session(server, nursery)
+        second, _ = await open_session(server, nursery)
+        third = connect(server, nursery)
+        refused = await third.post(INIT)
+        assert isinstance(refused, Reply) and refused.status == 503
+        assert refused.json()["error"]["data"] == {
+            "reason": "session_limit",
+            "retryAfterMs": 10_000,
+            "limit": 2,
+            "scope": "server",
+        }
+        assert refused.headers["retry-after"] == "10"
+        assert len(server.sessions) == 2
+        ping = await first.post({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+        assert isinstance(ping, SseReply) and ping.status == 200
+        # Both were used (notifications/initialized), so neither is provisional.
+        await trio.sleep(30)
+        assert sid in server.sessions and len(server.sessions) == 2
+
+
+async def test_per_principal_limit_is_429(autojump_clock: trio.testing.MockClock) -> None:
+    config = ServerConfig(max_sessions=10, max_sessions_per_principal=1)
+    async with running_server(app, config) as (server, nursery):
+        await open_session(server, nursery)
+        refused = await connect(server, nursery).post(INIT)
+        assert isinstance(refused, Reply) and refused.status == 429
+        assert refused.json()["error"]["data"]["scope"] == "principal"
+
+
+async def test_an_abandoned_initialize_expires_after_the_initialize_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    config = ServerConfig(max_sessions=1, initialize_timeout=5, session_idle_timeout=None)
+    async with running_server(app, config) as (server, nursery):
+        reply = await connect(server, nursery).post(INIT)
+        assert isinstance(reply, Reply) and reply.status == 200
+        assert len(server.sessions) == 1
+        full = await connect(server, nursery).post(INIT)
+        assert isinstance(full, Reply) and full.status == 503
+        await trio.sleep(7)  # never used: forgotten
+        assert len(server.sessions) == 0 and server.metrics.sessions_expired == 1
+        again = await connect(server, nursery).post(INIT)
+        assert isinstance(again, Reply) and again.status == 200
+
+
+async def test_batch_entries_are_admitted_one_by_one(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A frame credit of 4: at most 4 entries of the batch are in flight at a time,
+    # and the rest are admitted as earlier ones finish -- never all 10 at once.
+    started.clear()
+    global release
+    release = trio.Event()
+    config = ServerConfig(credit=CreditLimits(frames=4, bytes=1 << 20), max_stream_events=64)
+    async with running_server(app, config) as (server, nursery):
+        client = connect(server, nursery)
+        init = await client.post(INIT)
+        assert isinstance(init, Reply)
+        client.session_id = init.headers["mcp-session-id"]
+        client.protocol_version = "2025-03-26"
+        batch = [
+            {
+                "jsonrpc": "2.0",
+                "id": 100 + i,
+                "method": "tools/call",
+                "params": {"name": "wait", "arguments": {"n": i}},
+            }
+            for i in range(10)
+        ]
+        reply = await client.post(batch)
+        assert isinstance(reply, SseReply) and reply.status == 200
+        await trio.sleep(1)
+        session = server.sessions[client.session_id]
+        assert sorted(started) == [0, 1, 2, 3] and session.inflight == 4
+        release.set()
+        messages = await reply.messages()
+        assert sorted(m["id"] for m in messages) == [100 + i for i in range(10)]
+        assert sorted(started) == list(range(10)) and session.inflight == 0
+
+
+async def test_a_batch_larger_than_the_limit_runs_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running_server(app, ServerConfig(max_batch=3)) as (server, nursery):
+        client = connect(server, nursery)
+        init = await client.post(INIT)
+        assert isinstance(init, Reply)
+        client.session_id = init.headers["mcp-session-id"]
+        client.protocol_version = "2025-03-26"
+        batch = [{"jsonrpc": "2.0", "id": i, "method": "ping"} for i in range(4)]
+        reply = await client.post(batch)
+        assert isinstance(reply, Reply) and reply.status == 400
+        assert reply.json()["error"]["data"] == {"reason": "batch_too_large", "limit": 3}
+        assert server.metrics.admissions == 0
+
+
+async def test_memory_store_tombstones_evicted_results_and_never_reexecutes() -> None:
+    budget = RetentionBudget(total=1000, per_owner=150)
+    store = MemoryStore(Retention(calls_per_session=3), budget=budget)
+    record = SessionRecord(session_id="s", principal="p", protocol_version="v", created_at=0.0)
+    await store.create_session(record)
+    for key in "abcd":
+        start = await store.begin_call("p", "s", key, b"fp", None)
+        assert start.outcome is CallOutcome.EXECUTE
+        await store.finish_call("p", "s", key, b"x" * 60)
+    # 4 x 60 bytes > 150: the oldest results were dropped but remembered ...
+    evicted = await store.begin_call("p", "s", "b", b"fp", None)
+    assert evicted.outcome is CallOutcome.EVICTED
+    assert budget.owner_held("s") <= 150
+    # ... and past the count (3 finished calls), the oldest key is forgotten.
+    forgotten = await store.begin_call("p", "s", "a", b"fp", None)
+    assert forgotten.outcome is CallOutcome.EXECUTE
+    done = await store.begin_call("p", "s", "d", b"fp", None)
+    assert done.outcome is CallOutcome.DONE and done.payload == b"x" * 60
+    await store.delete_session("p", "s")
+    assert budget.held == 0
+
+
+async def test_server_retention_is_bounded_per_session(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    config = ServerConfig(session_retain_bytes=8_000, memory_budget=16_000)
+    async with running_server(app, config) as (server, nursery):
+        client, sid = await open_session(server, nursery)
+        for i in range(40):
+            reply = await client.call(10 + i, "echo", {"text": "z" * 1000})
+            assert (await reply.messages())[-1]["result"]["content"][0]["text"] == "z" * 1000
+        assert server.budget.owner_held(sid) <= 8_000
+        assert server.budget.evictions > 0
+        # The first call's replay history is gone: resuming it is cursor_unknown.
+        assert len(server.sessions[sid].streams) < 40
+
+
+def test_config_validates_the_new_limits() -> None:
+    for bad in (
+        {"max_sessions": 0},
+        {"head_timeout": 0},
+        {"session_retain_bytes": 10, "memory_budget": 5},
+        {"max_connections": 0},
+        {"sse_keepalive": 0.0},
+    ):
+        try:
+            ServerConfig(**bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad} was accepted")
+    assert ServerConfig(max_connections=7).connection_limit == 7
+    assert ServerConfig().connection_limit >= 16
+    assert Server(app).gate.limit == ServerConfig().connection_limit
