@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, NoReturn
 
@@ -26,18 +27,43 @@ _SERVING = re.compile(r"^weir: serving (?P<url>https?://\S+)")
 class WeirProcess:
     """``python -m engine serve APP`` on an ephemeral loopback port."""
 
-    def __init__(self, app: str, stdout: IO[bytes], stderr: IO[bytes]) -> None:
+    def __init__(
+        self,
+        app: str,
+        stdout: IO[bytes],
+        stderr: IO[bytes],
+        args: Sequence[str] = (),
+        *,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
         self._stdout = stdout
         self._stderr = stderr
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine", "serve", app, "--host", "127.0.0.1", "--port", "0"],
+            [
+                sys.executable,
+                "-m",
+                "engine",
+                "serve",
+                app,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                *args,
+            ],
             cwd=REPO_ROOT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             stdin=subprocess.DEVNULL,
             stdout=stdout,
             stderr=stderr,
+            preexec_fn=preexec_fn,
         )
         self.url = self._wait_for_url()
+
+    @property
+    def port(self) -> int:
+        """The port the server listens on."""
+        return int(self.url.rsplit(":", 1)[1].split("/", 1)[0])
 
     @staticmethod
     def _read(stream: IO[bytes]) -> str:

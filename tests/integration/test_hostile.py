@@ -1,0 +1,535 @@
+"""Hostile clients against a real ``weir serve demo`` process, on loopback sockets.
+
+Each test reproduces one way a single client could make the server hold memory,
+sessions, connections or time, and asserts the bound that now holds -- the
+server's resident memory (``/proc``), its open descriptors, what ``/metrics``
+says -- and that a polite client is still served during or right after the
+attack.  Every test is bounded in time; limits are set small where the default
+would make the test slow, and the defaults themselves are asserted where they
+matter (a trickled head is cut within 60 s by default).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from functools import partial
+from pathlib import Path
+
+import pytest
+import trio
+
+from engine import ServerConfig
+
+from .rawhttp import (
+    Client,
+    call,
+    initialize,
+    limit_fds,
+    metric,
+    open_fds,
+    percentile_latency,
+    raw_request,
+    rss_bytes,
+)
+from .serverproc import WeirProcess
+
+MiB = 1024 * 1024
+
+
+@contextmanager
+def weir(
+    tmp_path: Path, *args: str, preexec_fn: Callable[[], None] | None = None
+) -> Iterator[WeirProcess]:
+    """``weir serve demo ARGS`` on a free loopback port, stopped afterwards."""
+    with (
+        (tmp_path / "stdout").open("w+b") as out,
+        (tmp_path / "stderr").open("w+b") as err,
+    ):
+        server = WeirProcess("demo", out, err, args, preexec_fn=preexec_fn)
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+@asynccontextmanager
+async def connected(port: int, **kw: int) -> AsyncIterator[Client]:
+    client = await Client.connect(port, **kw)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def metrics(port: int) -> str:
+    async with connected(port) as c:
+        reply = await c.request("GET", "/metrics")
+        assert reply.status == 200
+        return reply.body.decode()
+
+
+async def settle_rss(pid: int, seconds: float = 1.0) -> int:
+    """The server's RSS once it has had ``seconds`` to finish what it was doing."""
+    await trio.sleep(seconds)
+    return rss_bytes(pid)
+
+
+# ----------------------------------------------------------------- retained results
+
+
+async def test_large_results_are_retained_within_the_session_budget(tmp_path: Path) -> None:
+    # 2 sessions x 30 calls with 3 MB results, read to the end.  Before the budget,
+    # every result stayed twice (closed stream log + gate) until DELETE: ~180 MB.
+    text = "x" * (3 * 1000 * 1000)
+    with weir(tmp_path, "--credit-bytes", str(8 * MiB)) as server, trio.fail_after(120):
+        base = await settle_rss(server.proc.pid, 0.2)
+        sids = []
+        for _ in range(2):
+            async with connected(server.port) as c:
+                sid = await initialize(c)
+                sids.append(sid)
+                for rid in range(1, 31):
+                    reply = await c.request(
+                        "POST", "/mcp", call(rid, "echo", {"text": text}), session=sid
+                    )
+                    assert reply.status == 200
+                    assert len(reply.json()["result"]["content"][0]["text"]) == len(text)
+        after = await settle_rss(server.proc.pid)
+        text_ = await metrics(server.port)
+        retained = metric(text_, "weir_retained_bytes")
+        assert retained <= 2 * ServerConfig().session_retain_bytes
+        assert metric(text_, "weir_retention_evictions_total") > 0
+        assert after - base <= 64 * MiB, f"RSS grew {(after - base) / MiB:.1f} MiB"
+
+        # A retry of an evicted call is told so -- it is never run again -- and
+        # the sessions themselves are fine.
+        async with connected(server.port) as c:
+            retry = await c.request(
+                "POST", "/mcp", call(1, "echo", {"text": text}), session=sids[0]
+            )
+            assert retry.status == 409 and retry.reason == "outcome_evicted"
+            ping = await c.request(
+                "POST", "/mcp", {"jsonrpc": "2.0", "id": 99, "method": "ping"}, session=sids[0]
+            )
+            assert ping.status == 200
+
+
+# ----------------------------------------------------------------- sessions
+
+
+async def test_initialize_flood_is_capped_and_existing_sessions_keep_working(
+    tmp_path: Path,
+) -> None:
+    cap = 3000
+    args = ("--max-sessions", str(cap), "--initialize-timeout", "3")
+    with weir(tmp_path, *args) as server, trio.fail_after(120):
+        async with connected(server.port) as polite:
+            polite_sid = await initialize(polite)
+            base = await settle_rss(server.proc.pid, 0.2)
+            refused = 0
+            async with connected(server.port) as flood:
+                msg = {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {},
+                        "clientInfo": {"name": "f", "version": "0"},
+                    },
+                }
+                for _ in range(cap + 500):
+                    reply = await flood.request("POST", "/mcp", msg)
+                    if reply.status == 503:
+                        assert reply.reason == "session_limit"
+                        assert int(reply.headers["retry-after"]) >= 1
+                        refused += 1
+                    else:
+                        assert reply.status == 200
+            assert refused == 501  # exactly the ones past the cap (the polite one counts)
+            grown = rss_bytes(server.proc.pid) - base
+            assert grown <= cap * 12 * 1024, f"{grown / cap:.0f} bytes per session"
+
+            # Existing sessions are never refused on the flood's account.
+            ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+            assert (await polite.request("POST", "/mcp", ping, session=polite_sid)).status == 200
+
+            # The abandoned initializes expire after --initialize-timeout (3 s);
+            # the polite session, which was used, stays.
+            await trio.sleep(5)
+            text = await metrics(server.port)
+            assert metric(text, "weir_sessions") == 1
+            assert metric(text, "weir_sessions_expired_total") == cap - 1
+            assert (await polite.request("POST", "/mcp", ping, session=polite_sid)).status == 200
+            async with connected(server.port) as late:
+                await initialize(late)
+
+
+async def test_initialize_whose_answer_cannot_be_sent_leaves_no_session(tmp_path: Path) -> None:
+    with weir(tmp_path) as server, trio.fail_after(30):
+        for _ in range(50):
+            c = await Client.connect(server.port)
+            body = json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {},
+                        "clientInfo": {"name": "r", "version": "0"},
+                    },
+                }
+            ).encode()
+            await c.send_raw(raw_request("POST", "/mcp", body=body))
+            # Reset at once (SO_LINGER 0), before the answer can be read.
+            c.stream.socket.setsockopt(
+                trio.socket.SOL_SOCKET, trio.socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+            )
+            c.stream.socket.close()
+        await trio.sleep(0.5)
+        # Most are answered into the kernel before the reset arrives; what matters
+        # is that every session whose answer failed was removed, and none leaks
+        # past the initialize timeout either.
+        assert metric(await metrics(server.port), "weir_sessions") <= 50
+
+
+# ----------------------------------------------------------------- batches
+
+
+async def test_huge_batch_is_refused_at_once_and_neighbours_are_unaffected(tmp_path: Path) -> None:
+    with weir(tmp_path) as server, trio.fail_after(60):
+        async with connected(server.port) as c:
+            reply = await c.request(
+                "POST",
+                "/mcp",
+                {
+                    "jsonrpc": "2.0",
+                    "id": 0,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-03-26",
+                        "capabilities": {},
+                        "clientInfo": {"name": "b", "version": "0"},
+                    },
+                },
+            )
+            sid = reply.headers["mcp-session-id"]
+            hdr = {"mcp-protocol-version": "2025-03-26"}
+            base_p99 = await percentile_latency(server.port, sid, 200)
+            batch = [{"jsonrpc": "2.0", "id": i, "method": "ping"} for i in range(90_000)]
+            t0 = time.monotonic()
+            reply = await c.request("POST", "/mcp", batch, session=sid, headers=hdr)
+            elapsed = time.monotonic() - t0
+            assert reply.status == 400 and reply.reason == "batch_too_large"
+            assert reply.json()["error"]["data"]["limit"] == 64
+            assert elapsed < 10
+            # A batch within the limit is answered entry by entry.
+            ok = await c.request("POST", "/mcp", batch[:64], session=sid, headers=hdr)
+            assert ok.status == 200
+            answers = [
+                json.loads(line[6:]) for line in ok.body.split(b"\n") if line.startswith(b"data: {")
+            ]
+            assert sorted(a["id"] for a in answers) == list(range(64))
+            p99 = await percentile_latency(server.port, sid, 200)
+            assert p99 <= max(5 * base_p99, 0.05)
+
+
+# ----------------------------------------------------------------- connections
+
+
+async def test_trickled_head_is_cut_and_waiting_clients_are_then_served(tmp_path: Path) -> None:
+    limit = 20
+    args = ("--head-timeout", "2", "--max-connections", str(limit))
+    with weir(tmp_path, *args) as server, trio.fail_after(60):
+        tricklers = [await Client.connect(server.port) for _ in range(limit)]
+        for c in tricklers:
+            await c.send_raw(b"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\n")
+        await trio.sleep(0.3)
+        t0 = time.monotonic()
+        async with connected(server.port) as polite:
+            # Served once the tricklers are cut (the kernel backlog held it meanwhile).
+            sid = await initialize(polite)
+            waited = time.monotonic() - t0
+        assert sid and waited < 5
+        for c in tricklers:
+            reply = await c.read_reply(5)
+            assert reply.status == 408 and reply.reason == "request_timeout"
+            assert await c.closed_by_peer()
+            await c.aclose()
+        text = await metrics(server.port)
+        assert metric(text, "weir_connection_limit") == limit
+        assert metric(text, "weir_refusals_total", '{reason="request_timeout"}') == limit
+
+
+async def test_trickled_body_is_cut(tmp_path: Path) -> None:
+    with weir(tmp_path, "--body-timeout", "1") as server, trio.fail_after(30):
+        async with connected(server.port) as c:
+            head = raw_request("POST", "/mcp", body=b"{" * 100)[:-100]
+            await c.send_raw(head + b"{")
+            for _ in range(3):
+                await trio.sleep(0.4)
+                await c.send_raw(b"{")
+            reply = await c.read_reply(5)
+            assert reply.status == 408 and reply.reason == "request_timeout"
+
+
+async def test_request_bytes_in_flight_are_capped_server_wide(tmp_path: Path) -> None:
+    with weir(tmp_path, "--max-inbound-bytes", str(MiB)) as server, trio.fail_after(30):
+        partial_body = b"[" + b" " * 400_000  # each declares 2 MB and sends 400 KB
+        head = raw_request(
+            "POST",
+            "/mcp",
+            headers={"content-length": str(2_000_000), "content-type": "application/json"},
+        )
+        holders = []
+        for _ in range(2):
+            c = await Client.connect(server.port)
+            await c.send_raw(head + partial_body)
+            holders.append(c)
+        await trio.sleep(0.3)
+        async with connected(server.port) as third:
+            await third.send_raw(head + partial_body)
+            reply = await third.read_reply()
+            assert reply.status == 503 and reply.reason == "overloaded"
+            assert "retry-after" in reply.headers
+        for c in holders:
+            await c.aclose()
+        await trio.sleep(0.3)
+        async with connected(server.port) as polite:  # the bytes were given back
+            await initialize(polite)
+
+
+def test_default_head_deadline_is_within_a_minute() -> None:
+    assert ServerConfig().head_timeout <= 60 and ServerConfig().body_timeout <= 60
+
+
+async def test_idle_keepalive_connections_are_shed_at_the_limit(tmp_path: Path) -> None:
+    with weir(tmp_path, "--max-connections", "5") as server, trio.fail_after(30):
+        idle = [await Client.connect(server.port) for _ in range(5)]
+        for c in idle:  # each made one request, then went quiet (keep-alive)
+            assert (await c.request("GET", "/metrics")).status == 200
+        async with connected(server.port) as newcomer:
+            assert (await newcomer.request("GET", "/metrics")).status == 200
+        shed = [c for c in idle if await c.closed_by_peer(0.5)]
+        assert shed  # the oldest idle connection made room
+        text = await metrics(server.port)
+        assert metric(text, "weir_connections_shed_total") >= 1
+        for c in idle:
+            await c.aclose()
+
+
+async def test_out_of_descriptors_is_back_pressure_not_a_log_flood(tmp_path: Path) -> None:
+    # The fd limit is below --max-connections: accept() itself fails with EMFILE.
+    args = ("--max-connections", "500")
+    with (
+        weir(tmp_path, *args, preexec_fn=partial(limit_fds, 60)) as server,
+        trio.fail_after(60),
+    ):
+        hogs = []
+        for _ in range(120):
+            try:
+                hogs.append(await Client.connect(server.port))
+            except OSError:
+                break
+        await trio.sleep(3)
+        assert open_fds(server.proc.pid) <= 60
+        for c in hogs:
+            await c.aclose()
+        await trio.sleep(1.5)  # the backoff is at most 1 s
+        async with connected(server.port) as polite:
+            assert (await polite.request("GET", "/metrics")).status == 200
+        err = server.stderr(100_000)
+        assert "Traceback" not in err
+        assert 1 <= err.count("accept() failed") <= 2, err
+
+
+# ----------------------------------------------------------------- HTTP hygiene
+
+
+async def test_content_length_with_transfer_encoding_is_refused_and_closed(tmp_path: Path) -> None:
+    with weir(tmp_path) as server, trio.fail_after(20):
+        async with connected(server.port) as c:
+            smuggled = raw_request("GET", "/metrics")
+            body = b"0\r\n\r\n" + smuggled
+            await c.send_raw(
+                raw_request(
+                    "POST",
+                    "/mcp",
+                    headers={
+                        "content-length": str(len(body)),
+                        "transfer-encoding": "chunked",
+                        "content-type": "application/json",
+                    },
+                )
+                + body
+            )
+            reply = await c.read_reply()
+            assert reply.status == 400 and reply.reason == "ambiguous_framing"
+            assert await c.closed_by_peer()  # the smuggled request is never answered
+
+
+async def test_expect_100_continue_is_answered_before_the_body(tmp_path: Path) -> None:
+    with weir(tmp_path) as server, trio.fail_after(20):
+        async with connected(server.port) as c:
+            body = json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 0,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {},
+                        "clientInfo": {"name": "e", "version": "0"},
+                    },
+                }
+            ).encode()
+            head = raw_request("POST", "/mcp", body=body, headers={"expect": "100-continue"})
+            await c.send_raw(head[: -len(body)])
+            with trio.fail_after(2):
+                interim = await c.stream.receive_some(100)
+            assert interim.startswith(b"HTTP/1.1 100 ")
+            await c.send_raw(body)
+            c.h11.receive_data(b"")  # (h11 is only told about the final response)
+        async with connected(server.port) as c:
+            await c.send_raw(
+                raw_request("POST", "/mcp", body=body, headers={"expect": "something-else"})
+            )
+            reply = await c.read_reply()
+            assert reply.status == 417 and reply.reason == "expectation_failed"
+
+
+async def test_overlong_target_and_too_many_headers(tmp_path: Path) -> None:
+    with weir(tmp_path) as server, trio.fail_after(20):
+        async with connected(server.port) as c:
+            await c.send_raw(b"GET /" + b"a" * 10_000 + b" HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+            reply = await c.read_reply()
+            assert reply.status == 414 and reply.reason == "uri_too_long"
+        async with connected(server.port) as c:
+            many = {f"x-{i}": "1" for i in range(150)}
+            await c.send_raw(raw_request("GET", "/metrics", headers=many))
+            reply = await c.read_reply()
+            assert reply.status == 431 and reply.reason == "too_many_headers"
+        async with connected(server.port) as c:  # the legacy endpoint shares the limits
+            await c.send_raw(b"POST /messages?session_id=" + b"a" * 10_000 + b" HTTP/1.1\r\n")
+            reply = await c.read_reply()
+            assert reply.status == 414
+
+
+# ----------------------------------------------------------------- half-open
+
+
+async def test_a_result_larger_than_the_credit_is_refused_not_queued(tmp_path: Path) -> None:
+    with weir(tmp_path, "--credit-bytes", str(256 * 1024)) as server, trio.fail_after(30):
+        async with connected(server.port) as c:
+            sid = await initialize(c)
+            big = await c.request(
+                "POST", "/mcp", call(1, "echo", {"text": "y" * 300_000}), session=sid
+            )
+            assert big.status == 200
+            assert big.json()["error"]["data"]["reason"] == "result_too_large"
+            t0 = time.monotonic()
+            ok = await c.request("POST", "/mcp", call(2, "echo", {"text": "ok"}), session=sid)
+            assert ok.json()["result"]["content"][0]["text"] == "ok"
+            assert time.monotonic() - t0 < 2
+            # The refusal is the call's outcome: a retry replays it, nothing re-runs.
+            again = await c.request(
+                "POST", "/mcp", call(1, "echo", {"text": "y" * 300_000}), session=sid
+            )
+            assert again.json()["error"]["data"]["reason"] == "result_too_large"
+
+
+async def _stall_sessions(port: int, n: int, size: int) -> list[Client]:
+    """``n`` sessions, each with one ``size``-byte result that its client never reads."""
+    stalled = []
+    for i in range(n):
+        async with connected(port) as c:
+            sid = await initialize(c)
+        s = await Client.connect(port, rcvbuf=4096)
+        await s.send_raw(
+            raw_request(
+                "POST",
+                "/mcp",
+                body=json.dumps(call(i + 1, "echo", {"text": "z" * size})).encode(),
+                headers={"mcp-session-id": sid},
+            )
+        )
+        stalled.append(s)
+    return stalled
+
+
+@pytest.mark.parametrize("mode", [(), ("--json-response",)], ids=["sse", "json"])
+async def test_stalled_sessions_are_torn_down_and_memory_comes_back(
+    tmp_path: Path, mode: Sequence[str]
+) -> None:
+    args = (*mode, "--drain-window", "1", "--liveness-timeout", "3")
+    with weir(tmp_path, *args) as server, trio.fail_after(90):
+        async with connected(server.port) as polite:
+            sid = await initialize(polite)
+            base = await settle_rss(server.proc.pid, 0.5)
+            stalled = await _stall_sessions(server.port, 20, 900_000)
+            await trio.sleep(1.0)
+            peak = rss_bytes(server.proc.pid)
+            assert peak - base <= 64 * MiB, f"peak +{(peak - base) / MiB:.1f} MiB"
+            # The neighbour is served while they stall.
+            ping = {"jsonrpc": "2.0", "id": 5, "method": "ping"}
+            assert (await polite.request("POST", "/mcp", ping, session=sid)).status == 200
+            await trio.sleep(4.0)  # past the liveness timeout
+            text = await metrics(server.port)
+            assert metric(text, "weir_teardowns_total") == 20
+            assert metric(text, "weir_sessions") == 1
+            for s in stalled:
+                await s.aclose()
+            after = await settle_rss(server.proc.pid, 1.0)
+            assert after - base <= 8 * MiB, f"+{(after - base) / MiB:.1f} MiB after teardown"
+            assert (await polite.request("POST", "/mcp", ping, session=sid)).status == 200
+
+
+async def test_json_mode_half_open_session_gets_429(tmp_path: Path) -> None:
+    args = ("--json-response", "--drain-window", "1", "--liveness-timeout", "30")
+    with weir(tmp_path, *args) as server, trio.fail_after(60):
+        async with connected(server.port) as c:
+            sid = await initialize(c)
+        stalled = []
+        for i in range(3):  # more than the credit, unread
+            s = await Client.connect(server.port, rcvbuf=4096)
+            await s.send_raw(
+                raw_request(
+                    "POST",
+                    "/mcp",
+                    body=json.dumps(call(i + 1, "echo", {"text": "z" * 600_000})).encode(),
+                    headers={"mcp-session-id": sid},
+                )
+            )
+            stalled.append(s)
+        await trio.sleep(3)
+        async with connected(server.port) as c:
+            reply = await c.request("POST", "/mcp", call(9, "echo", {"text": "x"}), session=sid)
+            assert reply.status == 429 and reply.reason == "stream_half_open"
+            assert "retry-after" in reply.headers
+        for s in stalled:
+            await s.aclose()
+
+
+# ----------------------------------------------------------------- keep-alive comments
+
+
+async def test_quiet_sse_streams_carry_keepalive_comments(tmp_path: Path) -> None:
+    with weir(tmp_path, "--sse-keepalive", "0.5") as server, trio.fail_after(20):
+        async with connected(server.port) as c:
+            sid = await initialize(c)
+            await c.send_raw(
+                raw_request(
+                    "GET", "/mcp", headers={"mcp-session-id": sid, "accept": "text/event-stream"}
+                )
+            )
+            seen = b""
+            with trio.move_on_after(1.8):
+                while True:
+                    seen += await c.stream.receive_some(65536)
+            head, _, body = seen.partition(b"\r\n\r\n")
+            assert b"x-accel-buffering: no" in head.lower()
+            assert body.count(b": \n\n") >= 3
