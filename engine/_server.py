@@ -650,8 +650,10 @@ class Server:
         return session
 
     def _adopt(self, record: SessionRecord) -> Session:
+        # An existing session (made on another replica) is never refused for the limit:
+        # that would lock out a client the limit exists to protect.  At most every
+        # replica's limit's worth can be adopted.
         now = trio.current_time()
-        self._check_session_room(record.principal, None)
         session = Session(
             record,
             max_closed_streams=self.config.max_closed_streams,

@@ -196,3 +196,22 @@ def test_config_validates_the_new_limits() -> None:
     assert ServerConfig(max_connections=7).connection_limit == 7
     assert ServerConfig().connection_limit >= 16
     assert Server(app).gate.limit == ServerConfig().connection_limit
+
+
+async def test_an_initialize_whose_answer_cannot_be_written_is_undone(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    import json
+
+    async with running_server(app, ServerConfig()) as (server, nursery):
+        client_side, server_side = trio.testing.memory_stream_pair()
+        body = json.dumps(INIT).encode()
+        head = (
+            "POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            f"accept: application/json, text/event-stream\r\ncontent-length: {len(body)}\r\n\r\n"
+        ).encode()
+        await client_side.send_all(head + body)
+        await client_side.aclose()  # gone before the answer: writing it fails
+        await server.serve_connection(server_side)
+        assert server.sessions == {}
+        assert len(server.store) == 0  # type: ignore[arg-type]
