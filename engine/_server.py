@@ -67,6 +67,7 @@ import math
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -398,6 +399,9 @@ class Server:
         self._last_seen[sid] = now
         session.replica = self.replica_id
         session.start_timer = self._start_timer
+        store = self.store
+        if isinstance(store, MemoryStore):
+            session.shed_results = partial(store.shed_results, session.record.principal, sid)
 
     def _start_timer(self, session: Session) -> None:
         assert self._handlers is not None
@@ -498,53 +502,73 @@ class Server:
         http = conn.http
         cfg = self.config
         phase, since = Inbound.IDLE, 0.0
+        # One scope carries every read's deadline (cheaper than a scope per read); it
+        # is armed, and the connection parked for shedding, only while we wait.
+        with trio.CancelScope() as reads:
+            while True:
+                event = http.next_event()
+                if event is NEED_DATA:
+                    if http.has_data_to_send:
+                        await conn.send(http.data_to_send())  # e.g. 100 Continue
+                    now = trio.current_time()
+                    inbound = http.inbound
+                    if inbound is not phase:
+                        phase, since = inbound, now
+                    if phase is Inbound.IDLE:
+                        reads.deadline = now + cfg.keepalive_timeout
+                        if slot is not None:
+                            slot.park(reads)
+                    elif phase is Inbound.HEAD:
+                        reads.deadline = since + cfg.head_timeout
+                    else:
+                        reads.deadline = since + cfg.body_timeout
+                    data = await conn.stream.receive_some(RECV_BYTES)
+                    reads.deadline = math.inf
+                    if slot is not None:
+                        slot.unpark()
+                    if reads.cancel_called:
+                        # Shed (or timed out) just as bytes arrived: the cancellation
+                        # is pending in this scope.  Answer what came, shielded, then close.
+                        with trio.CancelScope(shield=True) as last:
+                            last.deadline = now + cfg.keepalive_timeout
+                            await self._last_requests(conn, data)
+                        return
+                    # Bytes of requests not yet complete count against one process-wide cap.
+                    conn.inbound += len(data)
+                    self.inbound += len(data)
+                    if self.inbound > cfg.max_inbound_bytes:
+                        await self._overloaded(conn)
+                        return
+                    http.receive_data(data)
+                elif isinstance(event, HttpRequest):
+                    phase = Inbound.IDLE
+                    # Handed over, not kept: a long response (an SSE stream) must not
+                    # keep the request's body alive for as long as it lasts.
+                    handoff, event = [event], NEED_DATA
+                    self.inbound -= conn.inbound
+                    conn.inbound = 0
+                    await self._respond(conn, handoff)
+                    if http.should_close:
+                        return
+                elif isinstance(event, HttpError):
+                    self.metrics.refused(str(event.reason))
+                    await conn.send(http.data_to_send())
+                    return
+                elif isinstance(event, ConnectionClosed):
+                    return
+        if reads.cancelled_caught and phase is not Inbound.IDLE:
+            await self._time_out(conn, phase)
+
+    async def _last_requests(self, conn: Connection, data: bytes | bytearray) -> None:
+        """Serve the complete requests in ``data`` and stop (the connection then closes)."""
+        http = conn.http
+        http.receive_data(data)
         while True:
             event = http.next_event()
-            if event is NEED_DATA:
-                if http.has_data_to_send:
-                    await conn.send(http.data_to_send())  # e.g. 100 Continue
-                now = trio.current_time()
-                inbound = http.inbound
-                if inbound is not phase:
-                    phase, since = inbound, now
-                if phase is Inbound.IDLE:
-                    deadline = now + cfg.keepalive_timeout
-                elif phase is Inbound.HEAD:
-                    deadline = since + cfg.head_timeout
-                else:
-                    deadline = since + cfg.body_timeout
-                with trio.CancelScope(deadline=deadline) as wait:
-                    if slot is not None and phase is Inbound.IDLE:
-                        slot.park(wait)
-                    data = await conn.stream.receive_some(RECV_BYTES)
-                if slot is not None:
-                    slot.unpark()
-                if wait.cancelled_caught:
-                    if phase is not Inbound.IDLE:
-                        await self._time_out(conn, phase)
-                    return
-                # Bytes of requests not yet complete count against one process-wide cap.
-                conn.inbound += len(data)
-                self.inbound += len(data)
-                if self.inbound > cfg.max_inbound_bytes:
-                    await self._overloaded(conn)
-                    return
-                http.receive_data(data)
-            elif isinstance(event, HttpRequest):
-                phase = Inbound.IDLE
-                # Handed over, not kept: a long response (an SSE stream) must not keep
-                # the request's body alive for as long as it lasts.
-                handoff, event = [event], NEED_DATA
-                self.inbound -= conn.inbound
-                conn.inbound = 0
-                await self._respond(conn, handoff)
-                if http.should_close:
-                    return
-            elif isinstance(event, HttpError):
-                self.metrics.refused(str(event.reason))
-                await conn.send(http.data_to_send())
+            if not isinstance(event, HttpRequest):
                 return
-            elif isinstance(event, ConnectionClosed):
+            await self._respond(conn, [event])
+            if http.should_close:
                 return
 
     async def _overloaded(self, conn: Connection) -> None:

@@ -108,15 +108,6 @@ class StreamHandle:
         self.close_retry_ms: int | None = None  # set: server closes the connection early
         self.writer_scope: trio.CancelScope | None = None
 
-    def _evict(self) -> int:
-        # The budget wants bytes back: a closed stream goes whole (a cursor into it
-        # is then cursor_unknown); a live one gives up its acknowledged frames.
-        log, session = self.log, self.session
-        if log.state is StreamState.CLOSED and session.streams.drop(log.epoch):
-            session.handles.pop(log.epoch, None)
-            return 0
-        return log.trim_drained()
-
     @property
     def lock(self) -> trio.Lock:
         """Held while a frame goes to the store and the log, so store order is log order."""
@@ -233,6 +224,7 @@ class StreamHandle:
 
     def _append(self, payload: str, final: bool, event: str | None, size: int) -> int:
         log = self.log
+        before = log.retained_bytes
         log.append(payload, final=final, event=event)
         actual = log.last_frame_size()
         session = self.session
@@ -240,9 +232,7 @@ class StreamHandle:
         session.typical_frame += (actual - session.typical_frame) / 8
         budget = session.budget
         if budget is not None:
-            # (A bound method made here, not kept on self: that would be a reference cycle,
-            # and a cycle keeps a whole log alive until the collector finds it.)
-            budget.hold(session.record.session_id, log.epoch, log.retained_bytes, self._evict)
+            budget.charge(session.record.session_id, log.retained_bytes - before)
         return actual
 
     def wake(self) -> None:
@@ -319,6 +309,11 @@ class Session:
         self.record = record
         #: Where this session's replay history and kept results are charged.
         self.budget = budget
+        #: Frees at least ``n`` bytes of kept results, oldest first (set by the server:
+        #: the memory store keeps them, or :attr:`finished` with a shared store).
+        self.shed_results: Callable[[int], object] | None = self.shed_finished
+        if budget is not None:
+            budget.register(record.session_id, self.shed)
         self.credit = SessionCredit(credit or CreditLimits(), now)
         self._waiters: deque[tuple[int, trio.Event]] = deque()
         #: Admitted requests whose response is not enqueued yet (bounded by the frame credit).
@@ -364,19 +359,49 @@ class Session:
     def keep_result(self, key: str, payload: bytes) -> None:
         """Keep a finished call's response for a rebind, charged to the budget."""
         finished = self.finished
+        delta = len(payload) - len(finished.get(key, b""))
         finished[key] = payload
         finished.move_to_end(key)
-        sid, budget = self.record.session_id, self.budget
         while len(finished) > self.max_finished:
-            old, _ = finished.popitem(last=False)
-            if budget is not None:
-                budget.release(sid, ("r", old))
-        if budget is not None:
-            budget.hold(sid, ("r", key), len(payload), lambda: self._forget_result(key))
+            delta -= len(finished.popitem(last=False)[1])
+        if self.budget is not None:
+            self.budget.charge(self.record.session_id, delta)
 
-    def _forget_result(self, key: str) -> int:
-        self.finished.pop(key, None)
-        return 0
+    def shed_finished(self, nbytes: int) -> None:
+        """Drop kept results (for a rebind), oldest first, until ``nbytes`` are freed."""
+        freed = 0
+        while self.finished and freed < nbytes:
+            freed += len(self.finished.popitem(last=False)[1])
+        if self.budget is not None:
+            self.budget.charge(self.record.session_id, -freed)
+
+    def shed(self, nbytes: int) -> None:
+        """Free at least ``nbytes`` of what the session keeps, oldest history first.
+
+        First whole closed streams, in the order they closed (a cursor into one is
+        then ``cursor_unknown``); then the acknowledged frames of live streams (their
+        unacknowledged frames hold credit and stay); then kept results, oldest first
+        (a retry of one is told ``outcome_evicted`` and does not run again).
+        """
+        budget = self.budget
+        if budget is None:
+            return
+        sid = self.record.session_id
+        target = budget.owner_held(sid) - nbytes
+        while budget.owner_held(sid) > target:
+            log = self.streams.drop_oldest_closed()
+            if log is None:
+                break
+            self.handles.pop(log.epoch, None)
+            budget.charge(sid, -log.retained_bytes)
+        for h in list(self.handles.values()):
+            if budget.owner_held(sid) <= target:
+                return
+            before = h.log.retained_bytes
+            budget.charge(sid, h.log.trim_drained() - before)
+        left = budget.owner_held(sid) - target
+        if left > 0 and self.shed_results is not None:
+            self.shed_results(left)
 
     @property
     def timer_changed(self) -> trio.Event:
@@ -426,8 +451,8 @@ class Session:
         self.handles[epoch] = h
         for stale in self.streams.evicted:
             self.handles.pop(stale, None)
-            if self.budget is not None:
-                self.budget.release(self.record.session_id, stale)
+        if self.streams.evicted and self.budget is not None:
+            self.budget.charge(self.record.session_id, -self.streams.evicted_bytes)
         return h
 
     def handle_for(self, log: StreamLog) -> StreamHandle:

@@ -338,8 +338,7 @@ class MemoryStore:
     async def delete_session(self, principal: str, session_id: str) -> bool:
         s = self._sessions.pop((principal, session_id), None)
         if s is not None and self.budget is not None:
-            for key in s.calls:
-                self.budget.release(session_id, ("c", key))
+            self.budget.release_owner(session_id)
         return s is not None
 
     async def rebind(self, principal: str, session_id: str, secret: str) -> SessionRecord:
@@ -396,24 +395,17 @@ class MemoryStore:
         self._record(s, session_id, key, payload)
 
     def _record(self, s: _MemSession, session_id: str, key: str, payload: bytes | None) -> None:
-        budget = self.budget
+        before = s.held
         if payload is None:
             s.set_outcome(key, None)
-            if budget is not None:
-                budget.release(session_id, ("c", key))
-            return
-        if s.set_outcome(key, payload):
+        elif s.set_outcome(key, payload):
             s.calls.move_to_end(key)
-            if budget is not None:
-                budget.hold(session_id, ("c", key), len(payload), lambda: s.tombstone(key))
         limit = max(1, self.retention.calls_per_session)
         while len(s.calls) > limit:
             oldest, (_, stored) = next(iter(s.calls.items()))
             if stored is None:
                 break  # never forget a running claim
             s.set_outcome(oldest, None)
-            if budget is not None:
-                budget.release(session_id, ("c", oldest))
         cap = self.retention.call_bytes_per_session
         if s.held > cap:
             for oldest, (_, stored) in list(s.calls.items()):
@@ -421,8 +413,23 @@ class MemoryStore:
                     break
                 if stored:
                     s.tombstone(oldest)
-                    if budget is not None:
-                        budget.release(session_id, ("c", oldest))
+        if self.budget is not None:
+            self.budget.charge(session_id, s.held - before)
+
+    def shed_results(self, principal: str, session_id: str, nbytes: int) -> None:
+        """Drop stored responses, oldest first, until ``nbytes`` are freed (the budget
+        asks).  Each leaves a tombstone: a retry is told the outcome is gone."""
+        s = self._sessions.get((principal, session_id))
+        if s is None:
+            return
+        before = s.held
+        for key, (_, stored) in list(s.calls.items()):
+            if before - s.held >= nbytes:
+                break
+            if stored:
+                s.tombstone(key)
+        if self.budget is not None:
+            self.budget.charge(session_id, s.held - before)
 
     async def append_event(
         self,

@@ -5,53 +5,50 @@ Theory of operation
 Finished work leaves things behind that are worth keeping for a while -- a
 stream's frames for replay after a reconnect, a call's result for the
 idempotency gate and for a rebind -- but never at any cost.  A
-:class:`RetentionBudget` accounts every such *item* in bytes, charged to its
-*owner* (a session) and to one process-wide total, and enforces two caps:
+:class:`RetentionBudget` accounts such bytes per *owner* (a session) and in one
+process-wide total, and enforces two caps:
 
 * ``per_owner``: one owner never keeps more than this;
 * ``total``: all owners together never keep more than this.
 
-An item is held with :meth:`~RetentionBudget.hold` (which sets its current size;
-holding it again updates the size but not its age) and let go with
-:meth:`~RetentionBudget.release`.  Whenever a hold puts a cap over its limit, the
-budget evicts the **oldest** items first -- the owner's own oldest for the
-per-owner cap, the oldest anywhere for the total -- by calling the item's
-``evict`` callback.  The callback frees what it can and returns the bytes the item
-still holds: ``0`` when it is gone, more when part of it must stay (a live
-stream's unacknowledged frames, which hold drain credit and are bounded by it);
-such an item is kept with its new size and counted as the newest, so eviction
-always makes progress and ends.
+Owners report every change of what they keep with :meth:`~RetentionBudget.charge`
+(a negative amount when they let something go).  When a charge puts a cap over
+its limit, the budget asks owners to shed: the owner itself for its own cap,
+then -- for the total -- the owners that were charged longest ago first, so the
+history of sessions that have been quiet the longest goes first.  An owner's
+``shed(n)`` callback frees what it can, *oldest first within the owner*, and
+reports every byte it frees through the same :meth:`~RetentionBudget.charge`; it
+may free less than asked when the rest must stay (a live stream's unacknowledged
+frames, which hold drain credit and are bounded by it).
 
-What an eviction costs the client is decided by the owner of the item, never by
-the budget: a dropped replay history makes a later cursor into it ``409
-cursor_unknown`` (never a resume from somewhere else); a dropped call result
-leaves a tombstone, so a retry is told the outcome is gone instead of running
-again.
+What an eviction costs the client is decided by the owner, never by the budget:
+dropped replay history makes a later cursor into it ``409 cursor_unknown`` (never
+a resume from somewhere else); a dropped call result leaves a tombstone, so a
+retry is told the outcome is gone instead of running again.
 
-Everything is O(1) per hold or release (ordered dictionaries), plus O(1) per
-evicted item.  No clock, no I/O.
+The bookkeeping is per owner, not per item: one small record and one ordered
+dictionary entry per session, O(1) per charge.  No clock, no I/O.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 
-#: Frees what it can of an item; returns the bytes the item still holds.
-Evict = Callable[[], int]
+#: Asked to free at least ``n`` bytes, oldest first; reports what it frees by charging.
+Shed = Callable[[int], object]
 
 
-class _Item:
-    __slots__ = ("evict", "owner", "size")
+class _Owner:
+    __slots__ = ("held", "shed")
 
-    def __init__(self, owner: str, size: int, evict: Evict) -> None:
-        self.owner = owner
-        self.size = size
-        self.evict = evict
+    def __init__(self, shed: Shed | None) -> None:
+        self.held = 0
+        self.shed = shed
 
 
 class RetentionBudget:
-    """Retained bytes per owner and in total, oldest evicted first (see the module doc).
+    """Retained bytes per owner and in total, shed oldest first (see the module doc).
 
     Args:
         total: most bytes all owners together may hold.
@@ -61,7 +58,7 @@ class RetentionBudget:
         ValueError: a limit below 1, or ``per_owner > total``.
     """
 
-    __slots__ = ("_items", "_owners", "evicted_bytes", "evictions", "held", "per_owner", "total")
+    __slots__ = ("_owners", "_shedding", "evicted_bytes", "evictions", "held", "per_owner", "total")
 
     def __init__(self, *, total: int, per_owner: int) -> None:
         if total < 1 or per_owner < 1:
@@ -72,109 +69,78 @@ class RetentionBudget:
         self.per_owner = per_owner
         #: Bytes held now, all owners.
         self.held = 0
-        #: Items evicted so far, and the bytes that freed.
+        #: Times an owner was made to shed (and freed something), and the bytes freed.
         self.evictions = 0
         self.evicted_bytes = 0
-        self._items: OrderedDict[tuple[str, Hashable], _Item] = OrderedDict()
-        # Per owner: its items oldest first, and the bytes they hold.
-        self._owners: dict[str, tuple[OrderedDict[Hashable, None], list[int]]] = {}
+        self._owners: OrderedDict[str, _Owner] = OrderedDict()
+        self._shedding = False
+
+    def register(self, owner: str, shed: Shed) -> None:
+        """Say how ``owner`` frees bytes when asked (before or after its first charge)."""
+        entry = self._owners.get(owner)
+        if entry is None:
+            self._owners[owner] = _Owner(shed)
+        else:
+            entry.shed = shed
 
     def owner_held(self, owner: str) -> int:
         """Bytes ``owner`` holds now."""
         entry = self._owners.get(owner)
-        return entry[1][0] if entry is not None else 0
+        return entry.held if entry is not None else 0
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._owners)
 
-    def hold(self, owner: str, key: Hashable, size: int, evict: Evict) -> None:
-        """Hold item ``key`` of ``owner`` at ``size`` bytes, then enforce both caps.
+    def charge(self, owner: str, nbytes: int) -> None:
+        """``owner`` now keeps ``nbytes`` more (fewer, if negative); then enforce the caps.
 
-        A new item is the owner's (and the process's) newest; an item held again
-        keeps its age and takes the new size and callback.  May call ``evict`` of
-        any item, this one included, before it returns.
+        A positive charge makes ``owner`` the most recently charged, and may ask
+        any owner (this one included) to shed before it returns.
         """
-        if size < 0:
-            raise ValueError("an item's size cannot be negative")
-        full = (owner, key)
-        item = self._items.get(full)
+        if not nbytes:
+            return
         entry = self._owners.get(owner)
         if entry is None:
-            entry = self._owners[owner] = (OrderedDict(), [0])
-        if item is None:
-            item = self._items[full] = _Item(owner, size, evict)
-            entry[0][key] = None
-            delta = size
-        else:
-            delta = size - item.size
-            item.size = size
-            item.evict = evict
-        entry[1][0] += delta
-        self.held += delta
-        if delta > 0:
-            self._enforce(owner)
-
-    def release(self, owner: str, key: Hashable) -> int:
-        """Stop accounting item ``key`` (its owner freed it); return the bytes it held."""
-        item = self._items.pop((owner, key), None)
-        if item is None:
-            return 0
-        entry = self._owners[owner]
-        del entry[0][key]
-        entry[1][0] -= item.size
-        self.held -= item.size
-        if not entry[0]:
-            del self._owners[owner]
-        return item.size
+            entry = self._owners[owner] = _Owner(None)
+        entry.held += nbytes
+        self.held += nbytes
+        if nbytes < 0 or self._shedding:
+            return
+        self._owners.move_to_end(owner)
+        if entry.held > self.per_owner or self.held > self.total:
+            self._enforce(owner, entry)
 
     def release_owner(self, owner: str) -> int:
-        """Stop accounting everything of ``owner`` (it is gone); return the bytes freed."""
+        """Forget ``owner`` (it is gone, and so is all it kept); return the bytes freed."""
         entry = self._owners.pop(owner, None)
         if entry is None:
             return 0
-        for key in entry[0]:
-            del self._items[(owner, key)]
-        self.held -= entry[1][0]
-        return entry[1][0]
+        self.held -= entry.held
+        return entry.held
 
-    def _enforce(self, owner: str) -> None:
-        entry = self._owners.get(owner)
-        if entry is not None and entry[1][0] > self.per_owner:
-            for _ in range(len(entry[0])):
-                if entry[1][0] <= self.per_owner or not entry[0]:
-                    break
-                self._evict((owner, next(iter(entry[0]))))
-                entry = self._owners.get(owner)
-                if entry is None:
-                    break
-        if self.held > self.total:
-            for _ in range(len(self._items)):
-                if self.held <= self.total or not self._items:
-                    break
-                self._evict(next(iter(self._items)))
+    def _enforce(self, owner: str, entry: _Owner) -> None:
+        self._shedding = True  # sheds report frees (negative charges) only
+        try:
+            if entry.held > self.per_owner:
+                self._shed(entry, entry.held - self.per_owner)
+            if self.held > self.total:
+                for other in list(self._owners.values()):  # least recently charged first
+                    if self.held <= self.total:
+                        break
+                    if other.held > 0:
+                        self._shed(other, self.held - self.total)
+        finally:
+            self._shedding = False
 
-    def _evict(self, full: tuple[str, Hashable]) -> None:
-        item = self._items[full]
-        before = item.size
-        left = max(0, item.evict())
-        if full not in self._items:  # the callback released the item itself
-            freed = before
-        else:
-            freed = before - min(left, before)
-            owner, key = full
-            entry = self._owners[owner]
-            if left <= 0:
-                self.release(owner, key)
-            else:
-                # Part of it must stay: keep it, as the newest, at what it still holds.
-                item.size = min(left, before)
-                entry[1][0] -= freed
-                self.held -= freed
-                self._items.move_to_end(full)
-                entry[0].move_to_end(key)
-        if freed:
+    def _shed(self, entry: _Owner, nbytes: int) -> None:
+        if entry.shed is None:
+            return
+        before = entry.held
+        entry.shed(nbytes)
+        freed = before - entry.held
+        if freed > 0:
             self.evictions += 1
             self.evicted_bytes += freed
 
 
-__all__ = ["Evict", "RetentionBudget"]
+__all__ = ["RetentionBudget", "Shed"]

@@ -292,8 +292,10 @@ class StreamTable:
         self._streams: OrderedDict[str, StreamLog] = OrderedDict()
         self._closed: deque[str] = deque()  # epochs of CLOSED streams, in closing order
         self.standalone: StreamLog | None = None
-        #: The epochs the last :meth:`add` dropped (so owners can forget them too).
+        #: The epochs the last :meth:`add` dropped (so owners can forget them too),
+        #: and the bytes their logs held.
         self.evicted: list[str] = []
+        self.evicted_bytes = 0
 
     def add(self, log: StreamLog) -> StreamLog:
         """Register a new stream.
@@ -309,7 +311,10 @@ class StreamTable:
             self._closed.append(log.epoch)
         if log.kind is StreamKind.STANDALONE:
             self.standalone = log
-        self.evicted = self._evict() if len(self._closed) > self.max_closed else []
+        if len(self._closed) > self.max_closed:
+            self.evicted = self._evict()
+        elif self.evicted:
+            self.evicted, self.evicted_bytes = [], 0
         return log
 
     def get(self, cursor: EventId) -> StreamLog:
@@ -328,18 +333,22 @@ class StreamTable:
             )
         return log
 
-    def drop(self, epoch: str) -> bool:
-        """Forget a CLOSED stream now (the retention budget evicted it); True if dropped.
+    def drop_oldest_closed(self) -> StreamLog | None:
+        """Forget the stream that closed longest ago (the retention budget wants bytes).
 
-        Live and FINAL streams are never dropped.
+        Returns it, or None when no CLOSED stream is held.  Live and FINAL streams
+        are never dropped.
         """
-        log = self._streams.get(epoch)
-        if log is None or log.state is not StreamState.CLOSED:
-            return False
-        del self._streams[epoch]
-        if self.standalone is log:
-            self.standalone = None
-        return True
+        closed = self._closed
+        while closed:
+            epoch = closed.popleft()
+            log = self._streams.get(epoch)
+            if log is not None and log.state is StreamState.CLOSED:
+                del self._streams[epoch]
+                if self.standalone is log:
+                    self.standalone = None
+                return log
+        return None
 
     def __iter__(self) -> Iterator[StreamLog]:
         return iter(list(self._streams.values()))
@@ -349,10 +358,13 @@ class StreamTable:
 
     def _evict(self) -> list[str]:
         dropped: list[str] = []
+        freed = 0
         while len(self._closed) > self.max_closed:
             epoch = self._closed.popleft()
             log = self._streams.get(epoch)
             if log is not None and log.state is StreamState.CLOSED:
                 del self._streams[epoch]
                 dropped.append(epoch)
+                freed += log.retained_bytes
+        self.evicted_bytes = freed
         return dropped

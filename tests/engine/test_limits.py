@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import trio
 import trio.testing
 
@@ -148,6 +150,7 @@ async def test_memory_store_tombstones_evicted_results_and_never_reexecutes() ->
     store = MemoryStore(Retention(calls_per_session=3), budget=budget)
     record = SessionRecord(session_id="s", principal="p", protocol_version="v", created_at=0.0)
     await store.create_session(record)
+    budget.register("s", partial(store.shed_results, "p", "s"))  # as the server does
     for key in "abcd":
         start = await store.begin_call("p", "s", key, b"fp", None)
         assert start.outcome is CallOutcome.EXECUTE

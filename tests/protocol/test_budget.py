@@ -9,77 +9,89 @@ from hypothesis import strategies as st
 from protocol import RetentionBudget, StreamKind, StreamLog
 
 
-class Store:
-    """Items held in a budget, as an owner would keep them (name -> bytes)."""
+class Owner:
+    """An owner keeping items oldest first, some of which must keep some bytes."""
 
-    def __init__(self, budget: RetentionBudget) -> None:
+    def __init__(self, budget: RetentionBudget, name: str) -> None:
         self.budget = budget
-        self.items: dict[tuple[str, str], int] = {}
-        self.evicted: list[tuple[str, str]] = []
-        self.keep: dict[tuple[str, str], int] = {}  # bytes an item cannot give up
+        self.name = name
+        self.items: dict[str, int] = {}  # insertion order = age
+        self.keep: dict[str, int] = {}  # bytes an item cannot give up
+        self.shed_calls = 0
+        budget.register(name, self.shed)
 
-    def put(self, owner: str, key: str, size: int) -> None:
-        self.items[(owner, key)] = size
-        self.budget.hold(owner, key, size, lambda: self._evict(owner, key))
+    def put(self, key: str, size: int) -> None:
+        old = self.items.pop(key, 0)
+        self.items[key] = size
+        self.budget.charge(self.name, size - old)
 
-    def _evict(self, owner: str, key: str) -> int:
-        self.evicted.append((owner, key))
-        left = min(self.keep.get((owner, key), 0), self.items[(owner, key)])
-        if left:
-            self.items[(owner, key)] = left
-        else:
-            del self.items[(owner, key)]
-        return left
+    def drop(self, key: str) -> None:
+        self.budget.charge(self.name, -self.items.pop(key))
 
-
-def test_the_owners_oldest_item_goes_first() -> None:
-    store = Store(RetentionBudget(total=1000, per_owner=100))
-    store.put("a", "1", 40)
-    store.put("b", "1", 40)
-    store.put("a", "2", 40)
-    assert store.evicted == []
-    store.put("a", "3", 40)  # a: 120 > 100
-    assert store.evicted == [("a", "1")]
-    assert store.budget.owner_held("a") == 80 and store.budget.held == 120
-
-
-def test_the_total_evicts_the_oldest_anywhere() -> None:
-    store = Store(RetentionBudget(total=100, per_owner=100))
-    store.put("a", "1", 30)
-    store.put("b", "1", 30)
-    store.put("c", "1", 30)
-    store.put("c", "2", 30)
-    assert store.evicted == [("a", "1")]
-    assert store.budget.held == 90
+    def shed(self, nbytes: int) -> None:
+        self.shed_calls += 1
+        freed = 0
+        for key in list(self.items):
+            if freed >= nbytes:
+                break
+            size = self.items[key]
+            left = min(self.keep.get(key, 0), size)
+            if left:
+                self.items[key] = left
+            else:
+                del self.items[key]
+            freed += size - left
+        self.budget.charge(self.name, -freed)
 
 
-def test_holding_again_keeps_the_age_and_takes_the_new_size() -> None:
-    store = Store(RetentionBudget(total=1000, per_owner=100))
-    store.put("a", "old", 10)
-    store.put("a", "new", 10)
-    store.put("a", "old", 50)  # grown, still the oldest
-    store.put("a", "x", 45)  # 105 > 100: "old" goes, not "new"
-    assert store.evicted == [("a", "old")]
+def test_the_owners_oldest_items_go_first() -> None:
+    budget = RetentionBudget(total=1000, per_owner=100)
+    a, b = Owner(budget, "a"), Owner(budget, "b")
+    a.put("1", 40)
+    b.put("1", 40)
+    a.put("2", 40)
+    assert a.shed_calls == 0
+    a.put("3", 40)  # a: 120 > 100
+    assert list(a.items) == ["2", "3"] and list(b.items) == ["1"]
+    assert budget.owner_held("a") == 80 and budget.held == 120
+    assert budget.evictions == 1 and budget.evicted_bytes == 40
 
 
-def test_an_item_that_must_keep_bytes_stays_as_the_newest_and_eviction_ends() -> None:
-    store = Store(RetentionBudget(total=1000, per_owner=100))
-    store.keep[("a", "live")] = 30
-    store.put("a", "live", 60)
-    store.put("a", "b", 60)  # 120: "live" gives up 30, then "b" is over on its own
-    assert store.budget.owner_held("a") <= 100
-    assert ("a", "live") in store.items and store.items[("a", "live")] == 30
-    assert store.budget.evictions >= 1
+def test_the_total_sheds_the_owner_charged_longest_ago_first() -> None:
+    budget = RetentionBudget(total=100, per_owner=100)
+    a, b, c = Owner(budget, "a"), Owner(budget, "b"), Owner(budget, "c")
+    a.put("1", 30)
+    b.put("1", 30)
+    c.put("1", 30)
+    c.put("2", 30)
+    assert a.items == {} and list(b.items) == ["1"] and budget.held == 90
 
 
-def test_release_and_release_owner_return_what_was_held() -> None:
+def test_an_owner_that_must_keep_bytes_frees_what_it_can() -> None:
+    budget = RetentionBudget(total=1000, per_owner=100)
+    a = Owner(budget, "a")
+    a.keep["live"] = 30
+    a.put("live", 60)
+    a.put("b", 60)  # 120: "live" gives up 30 and that is enough
+    assert a.items == {"live": 30, "b": 60} and budget.owner_held("a") == 90
+
+
+def test_release_owner_returns_what_it_held() -> None:
     budget = RetentionBudget(total=1000, per_owner=500)
-    budget.hold("a", "1", 10, lambda: 0)
-    budget.hold("a", "2", 20, lambda: 0)
-    budget.hold("b", "1", 5, lambda: 0)
-    assert budget.release("a", "1") == 10 and budget.release("a", "1") == 0
+    a, b = Owner(budget, "a"), Owner(budget, "b")
+    a.put("1", 10)
+    a.put("2", 20)
+    b.put("1", 5)
+    a.drop("1")
     assert budget.release_owner("a") == 20 and budget.owner_held("a") == 0
+    assert budget.release_owner("a") == 0
     assert budget.held == 5 and len(budget) == 1
+
+
+def test_an_owner_without_a_shed_callback_is_counted_but_never_asked() -> None:
+    budget = RetentionBudget(total=100, per_owner=50)
+    budget.charge("x", 80)
+    assert budget.owner_held("x") == 80 and budget.held == 80
 
 
 def test_bad_limits_are_refused() -> None:
@@ -87,13 +99,11 @@ def test_bad_limits_are_refused() -> None:
         RetentionBudget(total=0, per_owner=0)
     with pytest.raises(ValueError):
         RetentionBudget(total=10, per_owner=11)
-    with pytest.raises(ValueError):
-        RetentionBudget(total=10, per_owner=5).hold("a", "k", -1, lambda: 0)
 
 
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["hold", "release", "drop"]),
+        st.sampled_from(["put", "drop", "gone"]),
         st.sampled_from(["a", "b", "c"]),
         st.sampled_from(["1", "2", "3", "4"]),
         st.integers(min_value=0, max_value=120),
@@ -109,27 +119,31 @@ def test_accounting_matches_what_owners_keep_and_caps_hold(
     steps: list[tuple[str, str, str, int, int]],
 ) -> None:
     budget = RetentionBudget(total=200, per_owner=100)
-    store = Store(budget)
-    for op, owner, key, size, keep in steps:
-        if op == "hold":
-            store.keep[(owner, key)] = keep
-            store.put(owner, key, size)
-        elif op == "release" and (owner, key) in store.items:
-            del store.items[(owner, key)]
-            budget.release(owner, key)
-        elif op == "drop":
-            for k in [k for k in store.items if k[0] == owner]:
-                del store.items[k]
-            budget.release_owner(owner)
-        # The ledger says exactly what the owners keep.
-        assert budget.held == sum(store.items.values())
-        for o in "abc":
-            assert budget.owner_held(o) == sum(v for k, v in store.items.items() if k[0] == o)
-        # Past every hold, the caps hold -- up to what items could not give up.
-        stuck = {k: v for k, v in store.items.items() if store.keep.get(k, 0) >= v}
-        for o in "abc":
-            unmovable = sum(v for k, v in stuck.items() if k[0] == o)
-            assert budget.owner_held(o) <= max(100, unmovable)
+    owners = {name: Owner(budget, name) for name in "abc"}
+    for op, name, key, size, keep in steps:
+        owner = owners[name]
+        if op == "put":
+            owner.keep[key] = keep
+            owner.put(key, size)
+        elif op == "drop" and key in owner.items:
+            owner.drop(key)
+        elif op == "gone":
+            budget.release_owner(name)
+            owners[name] = Owner(budget, name)
+        # The ledger says exactly what the owners keep ...
+        assert budget.held == sum(sum(o.items.values()) for o in owners.values())
+        for o in owners.values():
+            assert budget.owner_held(o.name) == sum(o.items.values())
+        # ... and after every charge the caps hold, up to what items could not give up.
+        stuck = {
+            (o.name, k): v
+            for o in owners.values()
+            for k, v in o.items.items()
+            if o.keep.get(k, 0) >= v
+        }
+        for o in owners.values():
+            unmovable = sum(v for (n, _), v in stuck.items() if n == o.name)
+            assert budget.owner_held(o.name) <= max(100, unmovable)
         assert budget.held <= max(200, sum(stuck.values()))
 
 
