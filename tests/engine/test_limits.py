@@ -50,7 +50,7 @@ async def test_sessions_past_the_limit_are_refused_and_existing_ones_served(
     config = ServerConfig(max_sessions=2, initialize_timeout=10)
     async with running_server(app, config) as (server, nursery):
         first, sid = await open_session(server, nursery)
-        second, _ = await open_session(server, nursery)
+        await open_session(server, nursery)
         third = connect(server, nursery)
         refused = await third.post(INIT)
         assert isinstance(refused, Reply) and refused.status == 503
@@ -206,7 +206,7 @@ async def test_an_initialize_whose_answer_cannot_be_written_is_undone(
 ) -> None:
     import json
 
-    async with running_server(app, ServerConfig()) as (server, nursery):
+    async with running_server(app, ServerConfig()) as (server, _nursery):
         client_side, server_side = trio.testing.memory_stream_pair()
         body = json.dumps(INIT).encode()
         head = (
