@@ -20,14 +20,19 @@ from ._app import (
     text,
     tool_result,
 )
+from ._auth import AccessToken, Authorization, InvalidToken, JwtVerifier, TokenVerifier
 from ._context import Context
 from ._memory import tune_allocator
 from ._server import Server, ServerConfig, serve
 from ._store import MemoryStore, SessionRecord, SessionStore, StoreUnavailable
 
 __all__ = [
+    "AccessToken",
     "App",
+    "Authorization",
     "Context",
+    "InvalidToken",
+    "JwtVerifier",
     "McpError",
     "MemoryStore",
     "Prompt",
@@ -38,6 +43,7 @@ __all__ = [
     "SessionRecord",
     "SessionStore",
     "StoreUnavailable",
+    "TokenVerifier",
     "Tool",
     "ToolError",
     "audio",

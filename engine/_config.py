@@ -9,6 +9,8 @@ import trio
 
 from protocol import LOOPBACK_HOSTS, CreditLimits, EndpointConfig, HttpLimits
 
+from ._auth import Authorization
+
 RESUME_POLICIES = ("shared", "pinned", "off")
 
 
@@ -63,7 +65,9 @@ class ServerConfig:
         in_progress_wait: seconds a duplicate of a running call waits before 409.
         retry_ms: the ``retry:`` hint sent when the server ends a stream early.
         shutdown_grace: seconds running handlers get to finish at shutdown.
-        principal: the owner recorded for sessions (no authentication yet).
+        principal: the principal of every request when ``auth`` is not set.
+        auth: OAuth resource-server settings (:class:`~engine.Authorization`);
+            ``None``: no authentication, every request is ``principal``.
         resume: the resumption policy: ``shared`` (events go to the store before
             the wire; any replica replays), ``pinned`` (this process's buffer; a
             cursor not in it is 409) or ``off`` (no event ids; any cursor is 409).
@@ -104,6 +108,7 @@ class ServerConfig:
     retry_ms: int = 1000
     shutdown_grace: float = 10.0
     principal: str = "anonymous"
+    auth: Authorization | None = None
     resume: str = "shared"
     replica_id: str | None = None
     reuse_port: bool = False

@@ -44,7 +44,7 @@ _MAX_POLL = 0.25
 class Connection:
     """A client connection (see the module docstring)."""
 
-    __slots__ = ("_outstanding", "http", "inbound", "meter", "stream", "tracker")
+    __slots__ = ("_outstanding", "http", "inbound", "meter", "principal", "stream", "tracker")
 
     def __init__(
         self, stream: trio.abc.Stream, limits: HttpLimits, *, notsent_lowat: int | None
@@ -56,6 +56,8 @@ class Connection:
         self._outstanding = trio.Event()
         #: Bytes received since the last complete request (the server's inbound cap).
         self.inbound = 0
+        #: Who the request being answered speaks for (set per request by the server).
+        self.principal = "anonymous"
 
     async def send(
         self, data: bytes, marks: Sequence[tuple[int, tuple[Holder, int]]] | None = None

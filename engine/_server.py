@@ -120,6 +120,7 @@ from protocol import (
 )
 
 from ._app import App, McpError
+from ._auth import METADATA_PATH, Authorization, InvalidToken, bearer_token
 from ._channel import channel_refusal, parse_token, raise_channel
 from ._config import ServerConfig, _open_listeners
 from ._connection import Connection
@@ -407,9 +408,10 @@ class Server:
         assert self._handlers is not None
         self._handlers.start_soon(self._session_timer, session)
 
-    async def _new_session(self, version: str, request_id: RequestId | None = None) -> Session:
+    async def _new_session(
+        self, version: str, principal: str, request_id: RequestId | None = None
+    ) -> Session:
         now = trio.current_time()
-        principal = self.config.principal
         self._check_session_room(principal, request_id)
         record = SessionRecord(
             session_id=self._new_session_id(),
@@ -615,11 +617,14 @@ class Server:
                 )
             path = request.path
             cfg = self.config
-            if path != cfg.path and path in (
-                cfg.metrics_path,
-                cfg.legacy_sse_path,
-                cfg.legacy_messages_path,
-            ):
+            if cfg.auth is not None and path.startswith(METADATA_PATH):
+                await self._resource_metadata(conn, request, cfg.auth)
+                return
+            if path != cfg.path and path == cfg.metrics_path:
+                await self._auxiliary(conn, request)
+                return
+            conn.principal = await self._authenticate(request)
+            if path != cfg.path and path in (cfg.legacy_sse_path, cfg.legacy_messages_path):
                 await self._auxiliary(conn, request)
                 return
             mcp = route(request, self._endpoint)
@@ -644,21 +649,84 @@ class Server:
                 raise
             await self._refuse(conn, exc)
 
-    async def _session(
-        self, session_id: str | None, request_id: RequestId | None = None, *, verify: bool = True
-    ) -> Session:
-        """The live session for ``session_id``, or the 404 refusal.
+    async def _authenticate(self, request: HttpRequest) -> str:
+        """The principal of ``request``: its verified token's, or the anonymous one.
 
-        With a shared store the record is re-read (``verify``) so a session deleted or
-        rebound on another replica is seen here; a session first seen on this replica
-        is adopted from its record.
+        Raises:
+            RemoteProtocolError: 401 (no token, or a refused one), 403 (a scope is
+                missing) or 400 (a malformed ``Authorization`` header), each with
+                ``WWW-Authenticate`` pointing at the resource metadata.
+        """
+        auth = self.config.auth
+        if auth is None:
+            return self.config.principal
+        try:
+            token = bearer_token(request.headers.get("authorization"))
+        except ValueError as exc:
+            raise _auth_refusal(
+                auth, 400, Reason.INVALID_REQUEST, str(exc), "invalid_request"
+            ) from None
+        if token is None:
+            raise _auth_refusal(auth, 401, Reason.UNAUTHORIZED, "a bearer token is required")
+        try:
+            access = await auth.verifier.verify(token)
+        except InvalidToken as exc:
+            raise _auth_refusal(
+                auth, 401, Reason.UNAUTHORIZED, f"invalid token: {exc}", "invalid_token"
+            ) from None
+        missing = auth.required_scopes - access.scopes
+        if missing:
+            raise _auth_refusal(
+                auth,
+                403,
+                Reason.INSUFFICIENT_SCOPE,
+                f"the token lacks scope {' '.join(sorted(missing))}",
+                "insufficient_scope",
+            )
+        return access.principal
+
+    async def _resource_metadata(
+        self, conn: Connection, request: HttpRequest, auth: Authorization
+    ) -> None:
+        """RFC 9728 protected resource metadata (no token needed)."""
+        path = request.path
+        if path not in (METADATA_PATH, METADATA_PATH + self.config.path):
+            raise RemoteProtocolError(
+                f"no resource at {path}", http_status=404, reason=Reason.NOT_FOUND
+            )
+        if request.method != "GET":
+            raise RemoteProtocolError(
+                f"method {request.method} not allowed",
+                http_status=405,
+                reason=Reason.METHOD_NOT_ALLOWED,
+                headers=(("allow", "GET"),),
+            )
+        headers = [("content-type", "application/json"), ("cache-control", "max-age=300")]
+        await conn.send(conn.http.send_response(200, headers, auth.metadata()))
+
+    async def _session(
+        self,
+        principal: str,
+        session_id: str | None,
+        request_id: RequestId | None = None,
+        *,
+        verify: bool = True,
+    ) -> Session:
+        """``principal``'s live session ``session_id``, or the 404 refusal.
+
+        A session of another principal is answered exactly like one that does not
+        exist (and is left alone).  With a shared store the record is re-read
+        (``verify``) so a session deleted or rebound on another replica is seen here;
+        a session first seen on this replica is adopted from its record.
         """
         sid = session_id or ""
         session = self.sessions.get(sid)
-        if session is not None and session.closed:
+        if session is not None and (session.closed or session.record.principal != principal):
+            if not session.closed:
+                raise session_refusal(sid, request_id)
             session = None
         if self.store.shared and (session is None or verify):
-            record = await self.store.get_session(self.config.principal, sid)
+            record = await self.store.get_session(principal, sid)
             if record is None:
                 if session is not None:
                     await self._end_session(session)
@@ -757,7 +825,9 @@ class Server:
         lone_call = (
             len(post.messages) == 1 and isinstance(first, Request) and first.method == "tools/call"
         )
-        session = await self._session(post.ctx.session_id, rid, verify=not lone_call)
+        session = await self._session(
+            conn.principal, post.ctx.session_id, rid, verify=not lone_call
+        )
         rebind = (
             len(post.messages) == 1 and isinstance(first, Request) and first.method == REBIND_METHOD
         )
@@ -1196,7 +1266,7 @@ class Server:
     async def _initialize(self, conn: Connection, post: PostMessages) -> None:
         req = post.messages[0]
         assert isinstance(req, Request)
-        session = await self._initialize_session(req, None)
+        session = await self._initialize_session(req, None, conn.principal)
         result = self._initialize_result(session)
         headers = [
             ("content-type", "application/json"),
@@ -1211,7 +1281,9 @@ class Server:
                 await self._end_session(session)
             raise
 
-    async def _initialize_session(self, req: Request, session: Session | None) -> Session:
+    async def _initialize_session(
+        self, req: Request, session: Session | None, principal: str
+    ) -> Session:
         params = req.params or {}
         caps = params.get("capabilities", {})
         info = params.get("clientInfo", {})
@@ -1229,7 +1301,7 @@ class Server:
             )
         version = negotiate_version(params["protocolVersion"])
         if session is None:
-            session = await self._new_session(version, req.id)
+            session = await self._new_session(version, principal, req.id)
         session.client_capabilities = caps
         session.client_info = info
         return session
@@ -1504,7 +1576,7 @@ class Server:
 
     # ---------------------------------------------------------------- GET / DELETE
     async def _get(self, conn: Connection, get: OpenStream) -> None:
-        session = await self._session(get.ctx.session_id)
+        session = await self._session(conn.principal, get.ctx.session_id)
         token = self._channel(session, get.ctx)
         cursor = get.last_event_id
         headers = (*SSE_HEADERS, ("mcp-session-id", session.session_id))
@@ -1641,7 +1713,7 @@ class Server:
         self._handlers.start_soon(guarded)
 
     async def _delete(self, conn: Connection, delete: DeleteSession) -> None:
-        session = await self._session(delete.ctx.session_id)
+        session = await self._session(conn.principal, delete.ctx.session_id)
         self._channel(session, delete.ctx)
         session.handle(SessionInput.DELETE)
         await self._end_session(session)
@@ -1675,7 +1747,7 @@ class Server:
             raise RemoteProtocolError(
                 "GET must accept text/event-stream", http_status=406, reason=Reason.NOT_ACCEPTABLE
             )
-        session = await self._new_session("2024-11-05")
+        session = await self._new_session("2024-11-05", conn.principal)
         epoch = await self.store.allocate_epoch(session.record.principal, session.session_id)
         handle = self._open_stream(session, epoch, StreamKind.LEGACY, None)
         handle.log.emit_ids = False  # 2024-11-05 has no resumption
@@ -1706,7 +1778,7 @@ class Server:
                 "session_id query parameter is required", reason=Reason.SESSION_REQUIRED
             )
         messages, _ = decode_body(request.body, allow_batch=True, max_batch=self.config.max_batch)
-        session = await self._session(sid)
+        session = await self._session(conn.principal, sid)
         legacy = next(
             (h for h in session.handles.values() if h.log.kind is StreamKind.LEGACY), None
         )
@@ -1735,7 +1807,7 @@ class Server:
         self, session: Session, req: Request, handle: StreamHandle
     ) -> None:
         try:
-            await self._initialize_session(req, session)
+            await self._initialize_session(req, session, session.record.principal)
             payload = encode_result(req.id, self._initialize_result(session))
         except RemoteProtocolError as exc:
             payload = encode_error(req.id, exc.code, exc.message, exc.error_data())
@@ -1765,6 +1837,19 @@ def _failure(req: Request, exc: Exception) -> bytes:
         return encode_error(req.id, exc.code, exc.message, exc.data)
     log.exception("handler for %s failed", req.method)
     return encode_error(req.id, INTERNAL_ERROR, f"internal error in {req.method}")
+
+
+def _auth_refusal(
+    auth: Authorization, status: int, reason: Reason, message: str, error: str | None = None
+) -> RemoteProtocolError:
+    challenge = auth.challenge(error, message if error else None)
+    return RemoteProtocolError(
+        message,
+        http_status=status,
+        reason=reason,
+        code=SERVER_ERROR,
+        headers=(("www-authenticate", challenge),),
+    )
 
 
 def _error_of(req: Request, exc: RemoteProtocolError) -> bytes:

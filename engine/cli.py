@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import ipaddress
+import json
 import logging
 import signal
 import sys
@@ -24,6 +26,7 @@ import trio
 from protocol import CreditLimits, HttpLimits
 
 from ._app import App
+from ._auth import Authorization, JwtVerifier
 from ._memory import tune_allocator
 from ._server import Server, ServerConfig
 from ._store import MemoryStore, SessionStore, StoreUnavailable
@@ -158,7 +161,66 @@ def _parser() -> argparse.ArgumentParser:
         f"down (default {d.liveness_timeout:g})",
     )
     _limit_options(s)
+    a = s.add_argument_group("authorization (OAuth 2.1 resource server; see the README)")
+    a.add_argument("--auth-issuer", metavar="URL", help="accept JWTs from this issuer (iss)")
+    a.add_argument(
+        "--auth-resource",
+        metavar="URL",
+        help="this server's resource identifier, the audience tokens must name "
+        "(e.g. https://mcp.example.com/mcp)",
+    )
+    a.add_argument("--auth-jwks-url", metavar="URL", help="the issuer's JSON Web Key Set")
+    a.add_argument("--auth-jwks-file", metavar="FILE", help="a static JSON Web Key Set")
+    a.add_argument(
+        "--auth-scope",
+        action="append",
+        default=[],
+        metavar="SCOPE",
+        help="a scope every token must carry (repeatable)",
+    )
+    a.add_argument(
+        "--auth-server",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="an authorization server advertised in the metadata (default: the issuer)",
+    )
     return p
+
+
+def auth_from_args(args: argparse.Namespace) -> Authorization | None:
+    """The :class:`Authorization` the ``--auth-*`` options ask for, if any.
+
+    Raises:
+        SystemExit: an incomplete or contradictory set of options, or an unreadable
+            key set, with what is missing.
+    """
+    given = [args.auth_issuer, args.auth_resource, args.auth_jwks_url, args.auth_jwks_file]
+    if not any(given) and not args.auth_scope and not args.auth_server:
+        return None
+    if not args.auth_issuer or not args.auth_resource:
+        raise SystemExit("weir: --auth-issuer and --auth-resource go together (both needed)")
+    if bool(args.auth_jwks_url) == bool(args.auth_jwks_file):
+        raise SystemExit("weir: give exactly one of --auth-jwks-url and --auth-jwks-file")
+    jwks = None
+    if args.auth_jwks_file:
+        try:
+            with open(args.auth_jwks_file, encoding="utf-8") as f:
+                jwks = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"weir: cannot read --auth-jwks-file: {exc}") from None
+    verifier = JwtVerifier(
+        issuer=args.auth_issuer,
+        audience=args.auth_resource,
+        jwks=jwks,
+        jwks_url=args.auth_jwks_url,
+    )
+    return Authorization(
+        verifier=verifier,
+        resource=args.auth_resource,
+        authorization_servers=tuple(args.auth_server) or (args.auth_issuer,),
+        required_scopes=frozenset(args.auth_scope),
+    )
 
 
 def _limit_options(s: argparse.ArgumentParser) -> None:
@@ -291,6 +353,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_target_bytes=args.max_target_bytes,
         )
         return ServerConfig(
+            auth=auth_from_args(args),
             limits=limits,
             keepalive_timeout=args.keepalive_timeout,
             head_timeout=args.head_timeout,
@@ -395,12 +458,28 @@ async def _wait_then_cancel(server: Server, nursery: trio.Nursery) -> None:
     nursery.cancel_scope.cancel()
 
 
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``weir`` console script."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     app = load_app(args.app)
     config = config_from_args(args)
+    if config.auth is None and not _is_loopback(config.host):
+        print(
+            f"weir: WARNING: serving on {config.host} without --auth-*: anyone who can reach "
+            "this port can use every session whose id they learn, and open sessions up to "
+            "the server's limit. Configure authorization, or serve on 127.0.0.1 behind a "
+            "proxy that authenticates.",
+            file=sys.stderr,
+            flush=True,
+        )
     if args.workers > 1:
         from ._workers import run_workers
 

@@ -66,6 +66,9 @@ class Reason(enum.StrEnum):
     RESULT_TOO_LARGE = "result_too_large"
     OUTCOME_EVICTED = "outcome_evicted"
     OVERLOADED = "overloaded"
+    # Authorization.
+    UNAUTHORIZED = "unauthorized"
+    INSUFFICIENT_SCOPE = "insufficient_scope"
 
 
 #: JSON-RPC 2.0 error codes used by weir.

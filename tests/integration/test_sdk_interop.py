@@ -536,3 +536,64 @@ async def test_legacy_http_sse_transport_with_the_sdk_sse_client(demo_server: We
             await session.call_tool("increment", {"by": 1})
         after = int((await session.call_tool("increment", {"by": 0})).content[0].text)  # type: ignore[union-attr]
         assert after == before + 3  # each call executed exactly once
+
+
+# ---------------------------------------------------------------- (8) a bearer token
+
+
+@on_asyncio
+async def test_sdk_client_with_a_bearer_token(tmp_path: Any) -> None:
+    # weir serve with --auth-*: a static JWKS file, a token signed with its key.
+    import time
+
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
+    jwk["kid"] = "k1"
+    keyfile = tmp_path / "jwks.json"
+    keyfile.write_text(json.dumps({"keys": [jwk]}))
+    resource = "http://127.0.0.1/mcp"
+    args = [
+        "--auth-issuer", "https://issuer.test", "--auth-resource", resource,
+        "--auth-jwks-file", str(keyfile), "--auth-scope", "mcp",
+    ]  # fmt: skip
+    now = int(time.time())
+    claims = {"iss": "https://issuer.test", "aud": resource, "sub": "sdk-user"}
+    bearer = jwt.encode(
+        {**claims, "exp": now + 300, "scope": "mcp"}, key, algorithm="RS256", headers={"kid": "k1"}
+    )
+    with (tmp_path / "out").open("w+b") as out, (tmp_path / "err").open("w+b") as err:
+        server = WeirProcess("demo", out, err, args)
+        try:
+            wire = WireLog()
+            async with (
+                httpx2.AsyncClient(
+                    timeout=httpx2.Timeout(TEST_TIMEOUT),
+                    headers={"authorization": f"Bearer {bearer}"},
+                    event_hooks={"response": [wire.on_response]},
+                ) as hc,
+                Client(streamable_http_client(server.url, http_client=hc)) as client,
+            ):
+                assert text_of(await client.call_tool("echo", {"text": "authorized"})) == (
+                    "authorized"
+                )
+            # Without the token, the same server says 401 and where to look.
+            async with httpx2.AsyncClient(timeout=httpx2.Timeout(TEST_TIMEOUT)) as raw:
+                refused = await raw.post(
+                    server.url,
+                    content=b'{"jsonrpc":"2.0","id":1,"method":"ping"}',
+                    headers={"content-type": "application/json",
+                             "accept": "application/json, text/event-stream"},
+                )  # fmt: skip
+                assert refused.status_code == 401
+                challenge = refused.headers["www-authenticate"]
+                assert challenge.startswith("Bearer resource_metadata=")
+                meta_url = challenge.split('"')[1]
+                assert meta_url == "http://127.0.0.1/.well-known/oauth-protected-resource/mcp"
+                port_url = server.url.rsplit("/", 1)[0]
+                meta = await raw.get(port_url + "/.well-known/oauth-protected-resource/mcp")
+                assert meta.json()["authorization_servers"] == ["https://issuer.test"]
+        finally:
+            server.stop()
