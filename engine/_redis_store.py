@@ -12,7 +12,9 @@ one cluster slot and every script touches a single slot::
 
     <prefix>:{<P>:<S>}:s           HASH    the session record: principal, session_id,
                                            protocol_version, created_at, generation,
-                                           secret, epochs (the epoch counter)
+                                           secret, salt (keys the epoch permutation),
+                                           bound ("1" once the client presented its
+                                           token), epochs (the epoch counter)
     <prefix>:{<P>:<S>}:c           HASH    the idempotency gate: "f:<call key>" -> request
                                            fingerprint, "p:<call key>" -> stored response
                                            (absent while the call runs)
@@ -72,6 +74,7 @@ task ever stops, every later operation raises :class:`StoreUnavailable`.
 from __future__ import annotations
 
 import math
+import re
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal, TypeVar, cast
@@ -107,10 +110,39 @@ T = TypeVar("T")
 #: Default deadline (seconds) of one store operation, including connecting.
 DEFAULT_TIMEOUT = 2.0
 
-# KEYS[1] = the stream, KEYS[2] = the session record.  ARGV: epoch number, epoch.
-_INFO = """
+# The epoch permutation (protocol.scramble_epoch), in Lua: a four-round Feistel network
+# on the 32-bit counter keyed by the session's salt; ``inverse`` undoes it.
+_FEISTEL = """
+local function weir_feistel(salt, n, inverse)
+  local L, R = math.floor(n / 65536), n % 65536
+  if not inverse then
+    for i = 0, 3 do
+      local h = redis.sha1hex(salt .. string.char(i, math.floor(R / 256), R % 256))
+      L, R = R, bit.bxor(L, tonumber(string.sub(h, 1, 4), 16))
+    end
+  else
+    for i = 3, 0, -1 do
+      local h = redis.sha1hex(salt .. string.char(i, math.floor(L / 256), L % 256))
+      L, R = bit.bxor(R, tonumber(string.sub(h, 1, 4), 16)), L
+    end
+  end
+  return L * 65536 + R
+end
+-- The counter value of an epoch of the session whose record is ``record`` (0: not one).
+local function weir_epoch_number(record, epoch)
+  local value = tonumber(epoch, 16)
+  if not value then return 0 end
+  return weir_feistel(redis.call('HGET', record, 'salt') or '', value, true)
+end
+"""
+
+# KEYS[1] = the stream, KEYS[2] = the session record.  ARGV: epoch (hex), epoch.
+_INFO = (
+    _FEISTEL
+    + """
 local allocated = tonumber(redis.call('HGET', KEYS[2], 'epochs') or '0')
-if tonumber(ARGV[1]) > allocated then return false end
+local n = weir_epoch_number(KEYS[2], ARGV[1])
+if n < 1 or n > allocated then return false end
 local binding = redis.call('HGET', KEYS[2], 'b:' .. ARGV[2]) or '0'
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 if #last == 0 then return {binding, -1, '0'} end
@@ -119,6 +151,7 @@ local flat = last[1][2]
 for i = 1, #flat, 2 do f[flat[i]] = flat[i + 1] end
 return {binding, tonumber(string.match(last[1][1], '^(%d+)-')) - 1, f['f'] or '0'}
 """
+)
 
 # Mailboxes (cross-replica answers and cancellations): KEYS[1] = the box.
 _POST = """
@@ -140,6 +173,7 @@ _SCHEMES: dict[str, tuple[bool, bool]] = {  # scheme -> (tls, cluster)
 }
 _CLUSTER_QUERY = frozenset({"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs"})
 _MAX_SEQ = 2**52  # stream ids are parsed as Lua numbers (doubles): stay exact
+_EPOCH = re.compile(r"[0-9a-f]{8}")
 
 # Error replies that mean "the server cannot serve this now", not "your script is wrong".
 _UNAVAILABLE_REPLIES = (
@@ -174,7 +208,9 @@ _UNAVAILABLE_TYPES: tuple[type[BaseException], ...] = (
 #   KEYS[1] = s (record)  KEYS[2] = k (stream index)  KEYS[3] = c (calls)  KEYS[4] = x (expiry)
 # and ARGV[1] = the TTL in milliseconds.  Statuses come back as plain strings.
 
-_PRELUDE = """
+_PRELUDE = (
+    _FEISTEL
+    + """
 local S, IDX, CALLS, CEXP = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local TTL = tonumber(ARGV[1])
 local function touch()
@@ -190,13 +226,14 @@ end
 local function new_epoch()
   local n = redis.call('HINCRBY', S, 'epochs', 1)
   if n > 4294967295 then error('weir: the epoch space of this session is exhausted') end
-  return string.format('%08x', n)
+  return string.format('%08x', weir_feistel(redis.call('HGET', S, 'salt') or '', n, false))
 end
 local function wipe_streams()
   local names = redis.call('SMEMBERS', IDX)
   for _, name in ipairs(names) do redis.call('DEL', name) end
 end
 """
+)
 
 # ARGV: ttl, field, value, field, value, ...
 _CREATE = """
@@ -225,6 +262,12 @@ return redis.call('HGETALL', S)
 """
 
 # ARGV: ttl
+_MARK_BOUND = """
+if redis.call('EXISTS', S) == 0 then return false end
+redis.call('HSET', S, 'bound', '1')
+return 1
+"""
+
 # ARGV: ttl, binding (the channel generation the stream is opened under; '0' = none)
 _ALLOCATE = """
 if redis.call('EXISTS', S) == 0 then return false end
@@ -320,15 +363,18 @@ touch()
 return 'ok'
 """
 
-# A read: KEYS[1] = the stream only.  ARGV: after_seq + 1
-_READ = """
+# A read: KEYS[1] = the stream, KEYS[2] = the record.  ARGV: after_seq + 1, epoch (hex)
+_READ = (
+    _FEISTEL
+    + """
 local E = KEYS[1]
 local first = redis.call('XRANGE', E, '-', '+', 'COUNT', 1)
 if #first == 0 then
   -- No event stored yet.  A cursor at the priming event (seq 0, never stored) of
   -- an epoch this session did allocate is valid: the stream is just empty so far.
   local allocated = tonumber(redis.call('HGET', KEYS[2], 'epochs') or '0')
-  if tonumber(ARGV[1]) == 1 and tonumber(ARGV[2]) <= allocated then return {} end
+  local n = weir_epoch_number(KEYS[2], ARGV[2])
+  if tonumber(ARGV[1]) == 1 and n >= 1 and n <= allocated then return {} end
   return false
 end
 local last = redis.call('XREVRANGE', E, '+', '-', 'COUNT', 1)
@@ -339,6 +385,7 @@ if want < oldest or want > newest + 1 then return false end
 if want == newest + 1 then return {} end
 return redis.call('XRANGE', E, string.format('%d-0', want + 1), '+')
 """
+)
 
 
 # ------------------------------------------------------------------------ helpers
@@ -416,6 +463,8 @@ def _record(principal: str, session_id: str, fields: dict[str, bytes]) -> Sessio
             created_at=float(fields["created_at"]),
             generation=int(fields["generation"]),
             secret=fields["secret"].decode(),
+            salt=fields.get("salt", b"").decode(),
+            bound=fields.get("bound", b"0") == b"1",
         )
     except (KeyError, ValueError, UnicodeDecodeError) as exc:
         # Never written by this module: fail closed rather than guess.
@@ -550,6 +599,7 @@ class RedisStore:
         self._delete: Script[bytes] = register(_PRELUDE + _DELETE)
         self._rebind: Script[bytes] = register(_PRELUDE + _REBIND)
         self._allocate: Script[bytes] = register(_PRELUDE + _ALLOCATE)
+        self._mark_bound: Script[bytes] = register(_PRELUDE + _MARK_BOUND)
         self._begin: Script[bytes] = register(_PRELUDE + _BEGIN)
         self._finish: Script[bytes] = register(_PRELUDE + _FINISH)
         self._append: Script[bytes] = register(_PRELUDE + _APPEND)
@@ -705,6 +755,8 @@ class RedisStore:
             "created_at", repr(record.created_at),
             "generation", record.generation,
             "secret", record.secret,
+            "salt", record.salt,
+            "bound", "1" if record.bound else "0",
             "epochs", 0,
         ]  # fmt: skip
         created = await self._script(
@@ -746,6 +798,12 @@ class RedisStore:
         if reply is None:
             raise SessionGone(session_id)
         return _text(reply)
+
+    async def mark_bound(self, principal: str, session_id: str) -> None:
+        """Set the record's ``bound`` flag.  Raises SessionGone."""
+        reply = await self._script("mark_bound", self._mark_bound, principal, session_id, [])
+        if reply is None:
+            raise SessionGone(session_id)
 
     async def begin_call(
         self,
@@ -845,9 +903,7 @@ class RedisStore:
     async def stream_info(self, principal: str, session_id: str, epoch: str) -> StreamInfo | None:
         """The stream's binding and newest event, or ``None`` if the epoch was never
         allocated in this session."""
-        try:
-            epoch_number = int(epoch, 16)
-        except ValueError:
+        if _EPOCH.fullmatch(epoch) is None:
             return None
         keys: list[str | bytes] = [
             self._stream_key(principal, session_id, epoch),
@@ -855,7 +911,7 @@ class RedisStore:
         ]
 
         async def op() -> ResponseType:
-            return await self._info(keys, [epoch_number, epoch])
+            return await self._info(keys, [epoch, epoch])
 
         reply = await self._run("stream_info", op)
         if reply is None:
@@ -895,13 +951,11 @@ class RedisStore:
             return None
         stream = self._stream_key(principal, session_id, epoch)
         record = self._keys(principal, session_id)[0]
-        try:
-            epoch_number = int(epoch, 16)
-        except ValueError:
+        if _EPOCH.fullmatch(epoch) is None:
             return None
 
         async def op() -> ResponseType:
-            return await self._read([stream, record], [after_seq + 1, epoch_number])
+            return await self._read([stream, record], [after_seq + 1, epoch])
 
         reply = await self._run("read_events", op)
         if reply is None:

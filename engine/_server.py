@@ -66,7 +66,7 @@ import logging
 import math
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 from urllib.parse import parse_qs
@@ -128,7 +128,7 @@ from ._context import Context
 from ._listen import AcceptGate, Slot
 from ._mcp import call_tool_now, capabilities, dispatch, inline_tool
 from ._memory import trim
-from ._metrics import Metrics
+from ._metrics import Metrics, redact
 from ._session import JsonCharge, Session, SessionClosed, StreamHandle, StreamLost
 from ._store import (
     CallOutcome,
@@ -143,7 +143,7 @@ from ._store import (
 )
 from ._writer import KEEPALIVE_COMMENT, RECV_BYTES, SSE_HEADERS, PeerGone, write_stream
 
-log = logging.getLogger("weir")
+log = logging.getLogger(__name__)
 
 #: A session that held at least this much (history, results, credit) is followed by a
 #: ``malloc_trim`` when it ends.
@@ -321,13 +321,13 @@ class Server:
                 elif session.provisional and now - seen >= cfg.initialize_timeout:
                     log.info(
                         "session %s: nothing followed its initialize for %.0f s: forgotten",
-                        _redact(sid),
+                        redact(sid),
                         cfg.initialize_timeout,
                     )
                     self.metrics.sessions_expired += 1
                     await self._end_session(session)
                 elif idle is not None and now - seen >= idle:
-                    log.info("session %s idle for %.0f s: forgotten", _redact(sid), idle)
+                    log.info("session %s idle for %.0f s: forgotten", redact(sid), idle)
                     self.metrics.sessions_expired += 1
                     await self._end_session(session)
 
@@ -419,6 +419,7 @@ class Server:
             protocol_version=version,
             created_at=now,
             secret=secrets.token_urlsafe(16),
+            salt=secrets.token_hex(8),
         )
         await self.store.create_session(record)
         session = Session(
@@ -453,7 +454,7 @@ class Server:
                 if state is CreditState.DEAD and not session.closed:
                     log.warning(
                         "session %s: no progress for %.1f s with %d frames pending: torn down",
-                        _redact(session.session_id),
+                        redact(session.session_id),
                         credit.limits.liveness_timeout,
                         credit.frames_in_use,
                     )
@@ -757,6 +758,61 @@ class Server:
         self._register(session, now)
         return session
 
+    def _check_rebind(self, session: Session, raw_token: str | None, rid: RequestId | None) -> None:
+        """Who may rebind: whoever proves the channel (its current token), or -- with
+        authorization on -- the session's principal, token or not.
+
+        Without authorization, a client that knows only the session id must not be
+        able to fence the owner (its next request would be ``cursor_stale``) or read
+        the results the rebind hands back.  A token of an older generation is always
+        ``cursor_stale``: that client has been fenced.
+
+        Raises:
+            RemoteProtocolError: 409 ``cursor_stale`` or ``channel_unbound``.
+        """
+        try:
+            verdict = check_channel(session.record, parse_token(raw_token))
+        except RemoteProtocolError:
+            verdict = ChannelVerdict.UNBOUND
+        if verdict is ChannelVerdict.STALE:
+            raise channel_refusal(ChannelVerdict.STALE, rid)
+        if self.config.auth is not None:
+            return
+        if raw_token is None or verdict is not ChannelVerdict.OK:
+            raise channel_refusal(
+                ChannelVerdict.UNBOUND,
+                rid,
+                "weir/rebind needs the session's current Mcp-Channel-Token",
+            )
+
+    async def _prove_channel(
+        self, session: Session, token: tuple[int, str] | None, what: str
+    ) -> None:
+        """A session whose client has presented its token needs it from then on.
+
+        For ``DELETE`` and GET streams (fresh or resumed): without authorization, a
+        session id alone must not end or read a session whose client uses a channel
+        token.  Sessions of token-less clients (standard SDK clients) are served as
+        before; with authorization on, the principal is the proof.
+
+        Raises:
+            RemoteProtocolError: 409 ``channel_unbound``.
+        """
+        if token is not None:
+            if not session.record.bound:
+                await self._mark_bound(session)
+            return
+        if session.record.bound and self.config.auth is None:
+            raise channel_refusal(
+                ChannelVerdict.UNBOUND,
+                None,
+                f"this session's client uses a channel token: {what} needs it",
+            )
+
+    async def _mark_bound(self, session: Session) -> None:
+        await self.store.mark_bound(session.record.principal, session.session_id)
+        session.record = replace(session.record, bound=True)
+
     def _channel(self, session: Session, ctx: RequestContext) -> tuple[int, str] | None:
         """Parse and check ``Mcp-Channel-Token`` against the session (seed 003).
 
@@ -833,19 +889,18 @@ class Server:
         )
         raw_token = post.ctx.headers.get("mcp-channel-token")
         if rebind:
-            # The rebind is how a client whose channel is unbound gets a new one, so
-            # only a token of an older generation (a fenced client) is refused.
-            try:
-                verdict = check_channel(session.record, parse_token(raw_token))
-            except RemoteProtocolError:
-                verdict = ChannelVerdict.UNBOUND  # malformed: unbound, and rebind fixes that
-            if verdict is ChannelVerdict.STALE:
-                raise channel_refusal(ChannelVerdict.STALE, rid)
+            self._check_rebind(session, raw_token, rid)
             token = None
         else:
             token = parse_token(raw_token, rid)
         if not lone_call and not rebind:
             raise_channel(check_channel(session.record, token), rid)
+        if (
+            token is not None
+            and not session.record.bound
+            and check_channel(session.record, token) is ChannelVerdict.OK
+        ):
+            await self._mark_bound(session)  # only a token that proves the channel counts
         requests = await self._absorb(session, post.messages)
         if not requests:
             await conn.send(conn.http.send_response(202, ()))
@@ -1578,6 +1633,7 @@ class Server:
     async def _get(self, conn: Connection, get: OpenStream) -> None:
         session = await self._session(conn.principal, get.ctx.session_id)
         token = self._channel(session, get.ctx)
+        await self._prove_channel(session, token, "a GET stream")
         cursor = get.last_event_id
         headers = (*SSE_HEADERS, ("mcp-session-id", session.session_id))
         if cursor is not None and self.config.resume == "off":
@@ -1714,7 +1770,7 @@ class Server:
 
     async def _delete(self, conn: Connection, delete: DeleteSession) -> None:
         session = await self._session(conn.principal, delete.ctx.session_id)
-        self._channel(session, delete.ctx)
+        await self._prove_channel(session, self._channel(session, delete.ctx), "DELETE")
         session.handle(SessionInput.DELETE)
         await self._end_session(session)
         await conn.send(conn.http.send_response(200, ()))
@@ -1881,11 +1937,6 @@ def _reid(payload: bytes, request_id: RequestId) -> bytes:
     msg = msgspec.json.decode(payload)
     msg["id"] = request_id
     return msgspec.json.encode(msg)
-
-
-def _redact(secret: str) -> str:
-    """A short, stable stand-in for a bearer secret (a session id) in logs and labels."""
-    return hashlib.sha256(secret.encode()).hexdigest()[:12]
 
 
 def _only_disconnects(exc: BaseException) -> bool:

@@ -38,7 +38,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from protocol import RetentionBudget, format_epoch
+from protocol import RetentionBudget, scramble_epoch
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +53,11 @@ class SessionRecord:
         created_at: engine clock time of creation.
         generation: starts at 1 and only grows (channel rebinds).
         secret: the secret half of the current channel token.
+        salt: keys the session's epoch permutation (:func:`protocol.scramble_epoch`),
+            so stream epochs cannot be guessed; never sent to the client.
+        bound: the client has presented its channel token at least once: from then
+            on a ``DELETE``, a rebind or a stream of the session needs the token
+            (unless authorization is on, where the principal is the proof).
     """
 
     session_id: str
@@ -61,6 +66,8 @@ class SessionRecord:
     created_at: float
     generation: int = 1
     secret: str = ""
+    salt: str = ""
+    bound: bool = False
 
     @property
     def channel_token(self) -> str:
@@ -193,6 +200,10 @@ class SessionStore(Protocol):
     async def allocate_epoch(self, principal: str, session_id: str, binding: int = 0) -> str:
         """A fresh epoch never used before in this session, for a stream bound to
         channel generation ``binding`` (0: no token).  Raises :class:`SessionGone`."""
+
+    async def mark_bound(self, principal: str, session_id: str) -> None:
+        """Record that the session's client has presented its channel token (once is
+        enough; see :attr:`SessionRecord.bound`).  Raises :class:`SessionGone`."""
 
     async def begin_call(
         self,
@@ -349,7 +360,11 @@ class MemoryStore:
     async def allocate_epoch(self, principal: str, session_id: str, binding: int = 0) -> str:
         s = self._get(principal, session_id)
         s.epochs += 1
-        return format_epoch(s.epochs)
+        return scramble_epoch(s.epochs, s.record.salt)
+
+    async def mark_bound(self, principal: str, session_id: str) -> None:
+        s = self._get(principal, session_id)
+        s.record = replace(s.record, bound=True)
 
     async def begin_call(
         self,
@@ -364,7 +379,7 @@ class MemoryStore:
         if verdict is not ChannelVerdict.OK:
             raise ChannelRejected(verdict)
         s.epochs += 1
-        epoch = format_epoch(s.epochs)
+        epoch = scramble_epoch(s.epochs, s.record.salt)
         found = s.calls.get(key)
         if found is None:
             s.calls[key] = (fingerprint, None)

@@ -95,6 +95,7 @@ import trio
 from protocol import SseComment, SseDecodeError, SseDecoder
 
 from ._client_http import ConnectionDropped, Pool, Response, ResponseTooLarge
+from ._metrics import redact
 
 __all__ = [
     "BadResponse",
@@ -119,7 +120,7 @@ __all__ = [
     "open_session",
 ]
 
-log = logging.getLogger("weir.client")
+log = logging.getLogger(__name__)
 
 JsonObject: TypeAlias = dict[str, Any]
 #: ``on_progress(progress, total, message)`` for one call.
@@ -631,8 +632,9 @@ class ClientSession:
         """Perform the explicit rebind handshake (``weir/rebind``, seed 003).
 
         The session moves to a new generation and this client to its new channel
-        token; the server ends the streams of the old generation.  The handshake is
-        sent without a channel token: it is what binds one.
+        token; the server ends the streams of the old generation.  The handshake
+        carries the current channel token: it is the proof that this client holds the
+        channel (a server without authorization refuses a rebind without it).
 
         Raises:
             WeirError: the server refused it (:class:`RpcError` -32601 when it does
@@ -655,7 +657,7 @@ class ClientSession:
                     resp = await self._pool.request("DELETE", self._headers(accept=None))
                     await _read_body(resp)
         except (WeirError, ConnectionDropped) as exc:
-            log.debug("DELETE of session %s failed: %s", self.session_id, exc)
+            log.debug("DELETE of session %s failed: %s", redact(self.session_id or ""), exc)
         finally:
             await self._pool.aclose()
 
@@ -909,7 +911,7 @@ class ClientSession:
 
     # ------------------------------------------------------------------ channel
     async def _rebind(self) -> RebindResult:
-        ex = _Exchange(REBIND_METHOD, None, None, None, CallTrace(), with_token=False)
+        ex = _Exchange(REBIND_METHOD, None, None, None, CallTrace(), with_token=True)
         ex.may_rebind = False
         result = await self._run(ex)
         token = ex.head.get("mcp-channel-token") or result.get("channelToken")

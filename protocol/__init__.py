@@ -44,7 +44,7 @@ from ._errors import (
     Reason,
     RemoteProtocolError,
 )
-from ._event_ids import EventId, format_epoch, parse_event_id
+from ._event_ids import EventId, epoch_number, format_epoch, parse_event_id, scramble_epoch
 from ._http import (
     NEED_DATA,
     ConnectionClosed,
@@ -172,6 +172,7 @@ __all__ = [
     "encode_request",
     "encode_result",
     "encode_retry",
+    "epoch_number",
     "error_body",
     "format_epoch",
     "host_of",
@@ -179,6 +180,7 @@ __all__ = [
     "parse_event_id",
     "refusal",
     "route",
+    "scramble_epoch",
     "session_refusal",
     "session_transition",
     "stream_transition",

@@ -253,11 +253,14 @@ async def test_bad_token_is_channel_unbound_and_nothing_runs(
         assert text_of(resp) == f"count {before['count'] + 1}"
         _, resp = await call_ok(client, 3, "count", None, None)
         assert text_of(resp) == f"count {before['count'] + 2}"
-        # The rebind is the way out of an unbound channel: an unbound token may rebind
-        # (only a token of an older generation -- a fenced client -- may not).
-        again = await rebind(client, 7, bad)
+        # Rebinding needs the current token: a bad one, or none, proves nothing and
+        # must not fence the owner ...
+        refused(await rebind(client, 7, bad), 409, "channel_unbound")
+        refused(await rebind(client, 6, None), 409, "channel_unbound")
+        # ... the owner's own token may (and afterwards generation 1 is fenced).
+        again = await rebind(client, 8, good)
         assert again.status == 200 and again.json()["result"]["generation"] == 2
-        refused(await rebind(client, 8, good), 409, "cursor_stale")  # gen 1 is fenced now
+        refused(await rebind(client, 9, good), 409, "cursor_stale")
 
 
 @pytest.mark.parametrize("bad", ["x", "1.", ".s", "abc.def"])
@@ -499,14 +502,20 @@ async def test_tokenless_cursor_presented_with_a_token_is_unbound(
         events, resp = await call_ok(client, 1, "count", None, None)
         cursor = events[0].id
         assert cursor is not None
+        # A standard (token-less) client resumes its own cursor as usual.
+        replay = await client.send("GET", headers={"last-event-id": cursor})
+        assert response_to(await sse_messages(replay), 1) == resp
+        # The token-less cursor presented with a token is another channel's ...
         refused(
             await client.send("GET", headers=hdrs(gen1, last_event_id=cursor)),
             409,
             "channel_unbound",
         )
-        replay = await client.send("GET", headers={"last-event-id": cursor})
-        assert response_to(await sse_messages(replay), 1) == resp
-        # a rebind elsewhere changes nothing for the standard client
+        # ... and once the session's token has been presented, a session id alone no
+        # longer opens its streams: whoever holds the token is the client now.
+        refused(await client.send("GET", headers={"last-event-id": cursor}), 409, "channel_unbound")
+        refused(await client.send("GET"), 409, "channel_unbound")
+        refused(await client.send("DELETE"), 409, "channel_unbound")
         rb = await rebind(client, 2, gen1)
         gen2 = rb.json()["result"]["channelToken"]
         refused(
@@ -514,8 +523,8 @@ async def test_tokenless_cursor_presented_with_a_token_is_unbound(
             409,
             "channel_unbound",
         )
-        again = await client.send("GET", headers={"last-event-id": cursor})
-        assert response_to(await sse_messages(again), 1) == resp
+        deleted = await client.send("DELETE", headers=hdrs(gen2))
+        assert isinstance(deleted, Reply) and deleted.status == 200
 
 
 # ---------------------------------------------------------------- resumption policies
@@ -538,7 +547,7 @@ async def test_resume_off_emits_no_ids_and_no_priming(
         assert all(e.id is None for e in events)
         assert all(e.data for e in events), "no priming event without resumption"
         assert text_of(response_to([json.loads(e.data) for e in events], 1)) == "said 2"
-        get = await peer(client, server, nursery).send("GET")
+        get = await peer(client, server, nursery).send("GET", headers=hdrs(token))
         assert isinstance(get, SseReply) and get.status == 200
         with trio.move_on_after(5):
             await get.next_batch()

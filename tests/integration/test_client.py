@@ -267,7 +267,11 @@ async def test_duplicate_of_a_running_call_waits_and_gets_the_replay() -> None:
     assert len(duplicate.request_ids) == len(duplicate.refusals) + 1
 
 
-async def test_channel_unbound_rebinds_and_reissues_with_a_fresh_key() -> None:
+async def test_a_token_that_proves_nothing_cannot_rebind_and_nothing_runs() -> None:
+    # A client whose token is not the session's (here: the right generation, the
+    # wrong secret) is refused channel_unbound; its rebind is refused too, because a
+    # rebind needs the current token -- else anyone with the session id could fence
+    # the owner.  Nothing runs.
     keys = itertools.count()
     with trio.fail_after(TEST_TIMEOUT):
         async with (
@@ -275,16 +279,15 @@ async def test_channel_unbound_rebinds_and_reissues_with_a_fresh_key() -> None:
             open_session(server.url, key_factory=lambda: f"key-{next(keys)}") as s,
         ):
             before = int(text_of(await s.call_tool("increment", {"by": 0})))  # key-0
-            assert s.channel_token is not None
-            s.channel_token = s.channel_token.split(".")[0] + ".not-the-secret"
-            trace = CallTrace()
-            after = int(text_of(await s.call_tool("increment", {"by": 1}, trace=trace)))
-            assert after == before + 1  # executed exactly once
-            assert trace.idempotency_keys == ["key-1", "key-2"]
-            assert trace.rebinds == 1 and isinstance(trace.refusals[0], ChannelUnbound)
-            assert s.channel_token.startswith("2.")
-            # The new token works for everything that follows.
-            assert text_of(await s.call_tool("echo", {"text": "ok"})) == "ok"
+            good = s.channel_token
+            assert good is not None
+            s.channel_token = good.split(".")[0] + ".not-the-secret"
+            with pytest.raises(ChannelUnbound):
+                await s.call_tool("increment", {"by": 1})
+            s.channel_token = good  # the owner's token still works, at generation 1
+            after = int(text_of(await s.call_tool("increment", {"by": 0})))
+            assert after == before  # the refused call never ran
+            assert s.channel_token.startswith("1.")
 
 
 async def test_a_rebind_during_an_accepted_call_never_runs_it_twice() -> None:
@@ -316,7 +319,10 @@ async def test_cursor_stale_is_raised_and_nothing_runs() -> None:
         async with weir(demo.app) as server, open_session(server.url) as a:
             before = int(text_of(await a.call_tool("increment", {"by": 0})))
             assert a.session_id is not None
-            async with open_session(server.url, session_id=a.session_id) as b:
+            # b holds the channel too (it has the token): its rebind fences a.
+            async with open_session(
+                server.url, session_id=a.session_id, channel_token=a.channel_token
+            ) as b:
                 rebound = await b.rebind()
                 assert rebound.generation == 2 and b.channel_token == rebound.channel_token
                 trace = CallTrace()

@@ -33,6 +33,7 @@ from engine._store import (
     StoreUnavailable,
     StreamInfo,
 )
+from protocol import epoch_number, scramble_epoch
 from tests.integration.conftest import ValkeyProcess
 
 EPOCH = re.compile(r"[0-9a-f]{8}")
@@ -49,7 +50,12 @@ def new_prefix() -> str:
 
 
 def record(
-    session_id: str, principal: str = P, *, secret: str = "secret-1", generation: int = 1
+    session_id: str,
+    principal: str = P,
+    *,
+    secret: str = "secret-1",
+    generation: int = 1,
+    salt: str = "salt-1",
 ) -> SessionRecord:
     return SessionRecord(
         session_id=session_id,
@@ -58,6 +64,7 @@ def record(
         created_at=12.5,
         generation=generation,
         secret=secret,
+        salt=salt,
     )
 
 
@@ -169,11 +176,18 @@ async def test_epochs_unique_hex_increasing(store: SessionStore) -> None:
             start = await store.begin_call(P, rec.session_id, f"k{i}", FP, None)
             epochs.append(start.epoch)
     assert all(EPOCH.fullmatch(e) for e in epochs), epochs
-    numbers = [int(e, 16) for e in epochs]
-    assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)
-    # Epochs are per session: another session starts its own sequence.
+    # Each epoch is the session's counter under its keyed permutation (the Redis
+    # store computes it in Lua, the memory store in Python: they must agree).
+    assert [epoch_number(e, rec.salt) for e in epochs] == list(range(1, 21))
+    assert epochs != sorted(epochs)  # ... so their order tells nothing
+    # Epochs are per session: another session starts its own sequence, and one
+    # with another salt cannot be guessed from this one's.
     other = await new_session(store)
-    assert await store.allocate_epoch(P, other.session_id) == "00000001"
+    assert await store.allocate_epoch(P, other.session_id) == scramble_epoch(1, "salt-1")
+    third = record(new_id(), salt="salt-2")
+    await store.create_session(third)
+    assert await store.allocate_epoch(P, third.session_id) == scramble_epoch(1, "salt-2")
+    assert scramble_epoch(1, "salt-2") != scramble_epoch(1, "salt-1")
 
 
 async def test_begin_call_outcomes(store: SessionStore) -> None:
@@ -466,7 +480,8 @@ async def test_data_survives_a_new_connection(redis_url: str) -> None:
         assert (await second.begin_call(P, sid, "running", FP, None)).outcome is (
             CallOutcome.RUNNING
         )
-        assert int(done.epoch, 16) > int(epoch, 16)  # the epoch counter is shared too
+        # the epoch counter is shared too
+        assert epoch_number(done.epoch, rec.salt) > epoch_number(epoch, rec.salt)
 
 
 async def test_keys_share_one_slot_and_cannot_be_injected(
@@ -502,7 +517,8 @@ async def test_keys_share_one_slot_and_cannot_be_injected(
     cluster = redis_url.startswith("redis+cluster://")
     async with coredis.Redis.from_url(plain, decode_responses=False) as raw:
         for tag, group in by_tag.items():
-            assert {k[len(tag) :] for k in group} == {b":s", b":c", b":x", b":k", b":e:00000001"}
+            first = b":e:" + scramble_epoch(1, "salt-1").encode()
+            assert {k[len(tag) :] for k in group} == {b":s", b":c", b":x", b":k", first}
             assert len({key_slot(k) for k in group}) == 1, group
             if cluster:  # the server agrees with our CRC16
                 for key in group:
@@ -677,3 +693,13 @@ async def test_a_closed_store_is_unavailable(redis_url: str) -> None:
     await s.aclose()  # idempotent
     with pytest.raises(StoreUnavailable, match="closed"):
         await s.get_session(P, new_id())
+
+
+async def test_mark_bound_is_recorded(store: SessionStore) -> None:
+    rec = await new_session(store)
+    assert (await store.get_session(P, rec.session_id)) == rec and not rec.bound
+    await store.mark_bound(P, rec.session_id)
+    got = await store.get_session(P, rec.session_id)
+    assert got is not None and got.bound and got.salt == rec.salt
+    with pytest.raises(SessionGone):
+        await store.mark_bound(P, "no-such-session")
