@@ -24,7 +24,7 @@ from ._app import App, McpError, Tool, ToolError, text, tool_result
 from ._context import Context
 from ._session import LOG_LEVELS, Session
 
-log = logging.getLogger("weir.app")
+log = logging.getLogger(__name__)
 
 
 async def _call(
@@ -93,11 +93,14 @@ class _InvalidArguments(Exception):
 
 
 def _tool_failed(name: str, exc: Exception) -> dict[str, Any]:
+    """A tool's failure as its result: a :class:`ToolError`'s own message, else a
+    generic one -- an exception's text can hold anything (paths, keys, other users'
+    data), so it goes to the log, with its traceback, once, and never to the client."""
     if isinstance(exc, ToolError):
         return {"content": [text(str(exc))], "isError": True}
     log.exception("tool %s failed", name)
     return {
-        "content": [text(f"tool {name} failed: {type(exc).__name__}: {exc}")],
+        "content": [text(f"tool {name} failed; the server logged the details")],
         "isError": True,
     }
 

@@ -176,5 +176,11 @@ class Metrics:
         return "\n".join(out) + "\n"
 
 
+def redact(secret: str) -> str:
+    """A short, stable stand-in for a bearer secret (a session id, a token) in logs
+    and labels: the first 12 hex digits of its SHA-256."""
+    return hashlib.sha256(secret.encode()).hexdigest()[:12]
+
+
 def _label(session: Session) -> str:
-    return hashlib.sha256(session.session_id.encode()).hexdigest()[:12]
+    return redact(session.session_id)

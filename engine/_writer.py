@@ -25,7 +25,7 @@ from protocol import RemoteProtocolError, StreamInput, StreamState, encode_retry
 from ._connection import Connection
 from ._session import Session, StreamHandle
 
-log = logging.getLogger("weir")
+log = logging.getLogger(__name__)
 
 RECV_BYTES = 65536
 #: An SSE comment line: ignored by every client, enough to keep a proxy's idle timer off.
