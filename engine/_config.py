@@ -63,6 +63,9 @@ class ServerConfig:
             frame credit, so no unacknowledged frame is ever dropped).
         max_closed_streams: finished streams each session keeps for replay.
         in_progress_wait: seconds a duplicate of a running call waits before 409.
+        claim_lease: with a shared store, seconds a running call's claim lives unless
+            its replica renews it (every third of that); once it runs out (the
+            replica died), retries and resumes get ``interrupted``.
         retry_ms: the ``retry:`` hint sent when the server ends a stream early.
         shutdown_grace: seconds running handlers get to finish at shutdown.
         principal: the principal of every request when ``auth`` is not set.
@@ -105,6 +108,7 @@ class ServerConfig:
     max_stream_events: int = 4096
     max_closed_streams: int = 64
     in_progress_wait: float = 5.0
+    claim_lease: float = 15.0
     retry_ms: int = 1000
     shutdown_grace: float = 10.0
     principal: str = "anonymous"
@@ -127,7 +131,13 @@ class ServerConfig:
                 f"({self.credit.frames}): a stream must retain every unacknowledged frame"
             )
 
-        for name in ("keepalive_timeout", "head_timeout", "body_timeout", "initialize_timeout"):
+        for name in (
+            "keepalive_timeout",
+            "head_timeout",
+            "body_timeout",
+            "initialize_timeout",
+            "claim_lease",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         for name in (

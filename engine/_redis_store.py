@@ -91,6 +91,7 @@ from coredis.retry import ConstantRetryPolicy, NoRetryPolicy
 from coredis.typing import ResponseType
 
 from ._store import (
+    INTERRUPTED_MESSAGE,
     CallOutcome,
     CallStart,
     ChannelRejected,
@@ -232,6 +233,36 @@ local function wipe_streams()
   local names = redis.call('SMEMBERS', IDX)
   for _, name in ipairs(names) do redis.call('DEL', name) end
 end
+-- Forget everything the gate holds for a claim (its fields and its epoch's back-link).
+local function forget_call(key)
+  local epoch = redis.call('HGET', CALLS, 'e:' .. key)
+  if epoch then redis.call('HDEL', CALLS, 'k:' .. epoch) end
+  redis.call('HDEL', CALLS, 'f:' .. key, 'p:' .. key, 'r:' .. key, 'e:' .. key, 'l:' .. key,
+    'o:' .. key)
+  redis.call('ZREM', CEXP, key)
+end
+-- A running claim whose lease ran out: the replica running it is gone.  Its outcome
+-- becomes the ``interrupted`` error (it may have had effects: never run it again),
+-- stored in the gate and appended as the final event of its response stream.
+local function interrupt(key, message)
+  local rid = redis.call('HGET', CALLS, 'r:' .. key) or 'null'
+  local payload = '{"jsonrpc":"2.0","id":' .. rid .. ',"error":{"code":-32000,"message":'
+    .. cjson.encode(message) .. ',"data":{"reason":"interrupted"}}}'
+  redis.call('HSET', CALLS, 'p:' .. key, payload)
+  redis.call('HDEL', CALLS, 'l:' .. key)
+  local epoch = redis.call('HGET', CALLS, 'e:' .. key)
+  if epoch then
+    local E = string.sub(S, 1, -3) .. ':e:' .. epoch
+    local top = redis.call('XREVRANGE', E, '+', '-', 'COUNT', 1)
+    local id = 2  -- seq 1: after the (never stored) priming event
+    if #top > 0 then id = tonumber(string.match(top[1][1], '^(%d+)-')) + 1 end
+    redis.call('XADD', E, id .. '-0', 'd', payload, 'f', '1',
+      'b', redis.call('HGET', S, 'b:' .. epoch) or '0', 'r', '')
+    redis.call('SADD', IDX, E)
+    redis.call('PEXPIRE', E, TTL)
+  end
+  return payload
+end
 """
 )
 
@@ -277,7 +308,8 @@ touch()
 return epoch
 """
 
-# ARGV: ttl, call key, fingerprint, token generation ('' = no token), token secret
+# ARGV: ttl, call key, fingerprint, token generation ('' = no token), token secret,
+# request id (JSON), owner replica, lease (ms; '0' = none), the interrupted message
 _BEGIN = """
 if redis.call('EXISTS', S) == 0 then return {'gone'} end
 if ARGV[4] ~= '' then
@@ -290,24 +322,34 @@ if ARGV[4] ~= '' then
 end
 local now = now_ms()
 local dead = redis.call('ZRANGEBYSCORE', CEXP, '-inf', now, 'LIMIT', 0, 64)
-for _, key in ipairs(dead) do
-  redis.call('HDEL', CALLS, 'f:' .. key, 'p:' .. key)
-  redis.call('ZREM', CEXP, key)
-end
+for _, key in ipairs(dead) do forget_call(key) end
 local epoch = new_epoch()
 -- The stream this call's response travels on is bound to the presented token.
 if ARGV[4] ~= '' and ARGV[4] ~= '0' then redis.call('HSET', S, 'b:' .. epoch, ARGV[4]) end
 local fp = redis.call('HGET', CALLS, 'f:' .. ARGV[2])
 local reply
 if not fp then
-  redis.call('HSET', CALLS, 'f:' .. ARGV[2], ARGV[3])
+  redis.call('HSET', CALLS, 'f:' .. ARGV[2], ARGV[3], 'r:' .. ARGV[2], ARGV[6],
+    'e:' .. ARGV[2], epoch, 'o:' .. ARGV[2], ARGV[7], 'k:' .. epoch, ARGV[2])
+  if tonumber(ARGV[8]) > 0 then
+    redis.call('HSET', CALLS, 'l:' .. ARGV[2], now + tonumber(ARGV[8]))
+  end
   redis.call('ZADD', CEXP, now + TTL, ARGV[2])
   reply = {'execute', epoch}
 elseif fp ~= ARGV[3] then
   reply = {'mismatch', epoch}
 else
   local payload = redis.call('HGET', CALLS, 'p:' .. ARGV[2])
-  if payload then reply = {'done', epoch, payload} else reply = {'running', epoch} end
+  if payload then
+    reply = {'done', epoch, payload}
+  else
+    local lease = tonumber(redis.call('HGET', CALLS, 'l:' .. ARGV[2]) or '0')
+    if lease > 0 and lease < now then
+      reply = {'done', epoch, interrupt(ARGV[2], ARGV[9])}
+    else
+      reply = {'running', epoch}
+    end
+  end
 end
 touch()
 return reply
@@ -317,10 +359,10 @@ return reply
 _FINISH = """
 if redis.call('EXISTS', S) == 0 then return 0 end
 if ARGV[4] == '0' then
-  redis.call('HDEL', CALLS, 'f:' .. ARGV[2], 'p:' .. ARGV[2])
-  redis.call('ZREM', CEXP, ARGV[2])
+  forget_call(ARGV[2])
 elseif redis.call('HEXISTS', CALLS, 'f:' .. ARGV[2]) == 1 then
   redis.call('HSET', CALLS, 'p:' .. ARGV[2], ARGV[3])
+  redis.call('HDEL', CALLS, 'l:' .. ARGV[2])
   redis.call('ZADD', CEXP, now_ms() + tonumber(ARGV[5]), ARGV[2])
 end
 touch()
@@ -355,12 +397,42 @@ redis.call('XADD', E, 'MAXLEN', '~', ARGV[7], id, 'd', ARGV[4], 'f', ARGV[5], 'b
   'r', ARGV[10])
 if ARGV[8] ~= '' and redis.call('HEXISTS', CALLS, 'f:' .. ARGV[8]) == 1 then
   redis.call('HSET', CALLS, 'p:' .. ARGV[8], ARGV[4])
+  redis.call('HDEL', CALLS, 'l:' .. ARGV[8])
   redis.call('ZADD', CEXP, now_ms() + tonumber(ARGV[9]), ARGV[8])
 end
 redis.call('SADD', IDX, E)
 redis.call('PEXPIRE', E, TTL)
 touch()
 return 'ok'
+"""
+
+# ARGV: ttl, owner replica, lease (ms), call key, call key, ...: extend the leases of the
+# owner's running claims.
+_RENEW = """
+if redis.call('EXISTS', S) == 0 then return 0 end
+local until_ms = now_ms() + tonumber(ARGV[3])
+local renewed = 0
+for i = 4, #ARGV do
+  local key = ARGV[i]
+  if redis.call('HGET', CALLS, 'o:' .. key) == ARGV[2]
+      and redis.call('HEXISTS', CALLS, 'l:' .. key) == 1 then
+    redis.call('HSET', CALLS, 'l:' .. key, until_ms)
+    renewed = renewed + 1
+  end
+end
+return renewed
+"""
+
+# ARGV: ttl, epoch, the interrupted message: if the call whose response stream is
+# ``epoch`` runs under an expired lease, interrupt it (1), else nothing (0).
+_EXPIRE = """
+if redis.call('EXISTS', S) == 0 then return 0 end
+local key = redis.call('HGET', CALLS, 'k:' .. ARGV[2])
+if not key or redis.call('HEXISTS', CALLS, 'p:' .. key) == 1 then return 0 end
+local lease = tonumber(redis.call('HGET', CALLS, 'l:' .. key) or '0')
+if lease == 0 or lease >= now_ms() then return 0 end
+interrupt(key, ARGV[3])
+return 1
 """
 
 # A read: KEYS[1] = the stream, KEYS[2] = the record.  ARGV: after_seq + 1, epoch (hex)
@@ -601,6 +673,8 @@ class RedisStore:
         self._allocate: Script[bytes] = register(_PRELUDE + _ALLOCATE)
         self._mark_bound: Script[bytes] = register(_PRELUDE + _MARK_BOUND)
         self._begin: Script[bytes] = register(_PRELUDE + _BEGIN)
+        self._renew: Script[bytes] = register(_PRELUDE + _RENEW)
+        self._expire: Script[bytes] = register(_PRELUDE + _EXPIRE)
         self._finish: Script[bytes] = register(_PRELUDE + _FINISH)
         self._append: Script[bytes] = register(_PRELUDE + _APPEND)
         self._read: Script[bytes] = register(_READ)
@@ -812,18 +886,16 @@ class RedisStore:
         key: str,
         fingerprint: bytes,
         token: tuple[int, str] | None,
+        *,
+        request_id: bytes = b"null",
+        owner: str = "",
+        lease: float | None = None,
     ) -> CallStart:
         """Channel check, claim and epoch allocation in one script (see the Protocol)."""
         generation, secret = ("", "") if token is None else (str(int(token[0])), token[1])
-        reply = _items(
-            await self._script(
-                "begin_call",
-                self._begin,
-                principal,
-                session_id,
-                [key, fingerprint, generation, secret],
-            )
-        )
+        args: list[str | bytes | int] = [key, fingerprint, generation, secret, request_id, owner]
+        args += [_ms(lease) if lease else 0, INTERRUPTED_MESSAGE]
+        reply = _items(await self._script("begin_call", self._begin, principal, session_id, args))
         status = _text(reply[0])
         if status == "gone":
             raise SessionGone(session_id)
@@ -835,6 +907,24 @@ class RedisStore:
         if status == "done":
             return CallStart(CallOutcome.DONE, epoch, _blob(reply[2]))
         return CallStart(CallOutcome(status), epoch)
+
+    async def renew_claims(
+        self, principal: str, session_id: str, keys: Sequence[str], owner: str, lease: float
+    ) -> int:
+        """Extend the leases of ``owner``'s running claims ``keys``; how many it extended."""
+        if not keys:
+            return 0
+        reply = await self._script(
+            "renew_claims", self._renew, principal, session_id, [owner, _ms(lease), *keys]
+        )
+        return int(cast(int, reply or 0))
+
+    async def expire_claim(self, principal: str, session_id: str, epoch: str) -> bool:
+        """Interrupt the call answered on stream ``epoch`` if its lease ran out (True)."""
+        reply = await self._script(
+            "expire_claim", self._expire, principal, session_id, [epoch, INTERRUPTED_MESSAGE]
+        )
+        return bool(reply)
 
     async def finish_call(
         self, principal: str, session_id: str, key: str, payload: bytes | None

@@ -131,6 +131,7 @@ from ._memory import trim
 from ._metrics import Metrics, redact
 from ._session import JsonCharge, Session, SessionClosed, StreamHandle, StreamLost
 from ._store import (
+    INTERRUPTED_MESSAGE,
     CallOutcome,
     ChannelRejected,
     ChannelVerdict,
@@ -246,6 +247,7 @@ class Server:
                 conns.start_soon(self._sweep_sessions)
                 if self.store.shared:
                     conns.start_soon(self._relay_mail)
+                    conns.start_soon(self._renew_leases)
                 task_status.started(self)
                 await self._shutdown.wait()
                 await self._drain()
@@ -1077,6 +1079,28 @@ class Server:
                     await self.store.post_message(principal, sid, f"answers:{replica}", encode(msg))
         return requests
 
+    async def _renew_leases(self) -> None:
+        """Shared stores only: keep the leases of the calls this replica runs alive.
+
+        Every third of ``claim_lease``, one store round trip per session with running
+        calls.  If this process dies (SIGKILL, OOM, power), the renewals stop and,
+        within one lease, any replica answers retries and resumes of its calls with
+        ``interrupted`` -- never an endless ``in_progress``, never a second run.
+        """
+        lease = self.config.claim_lease
+        while True:
+            await trio.sleep(lease / 3)
+            for session in list(self.sessions.values()):
+                keys = [k for k in session.calls if not session.closed]
+                if not keys:
+                    continue
+                try:
+                    await self.store.renew_claims(
+                        session.record.principal, session.session_id, keys, self.replica_id, lease
+                    )
+                except (StoreUnavailable, SessionGone):
+                    continue
+
     async def _relay_mail(self) -> None:
         """Shared stores only: deliver answers and cancellations other replicas received.
 
@@ -1162,7 +1186,16 @@ class Server:
         delay = 0.01
         while True:
             try:
-                start = await self.store.begin_call(principal, sid, key, fp, token)
+                start = await self.store.begin_call(
+                    principal,
+                    sid,
+                    key,
+                    fp,
+                    token,
+                    request_id=msgspec.json.encode(req.id),
+                    owner=self.replica_id,
+                    lease=self.config.claim_lease if self.store.shared else None,
+                )
             except SessionGone:
                 await self._end_session(session)
                 raise session_refusal(sid, req.id) from None
@@ -1562,8 +1595,7 @@ class Server:
         payload = encode_error(
             req.id,
             SERVER_ERROR,
-            "the server shut down while this call ran; it was not completed and will not "
-            "be re-executed",
+            INTERRUPTED_MESSAGE,
             {"reason": str(Reason.INTERRUPTED)},
         )
         with trio.CancelScope(shield=True), trio.move_on_after(2):
@@ -1727,7 +1759,8 @@ class Server:
         after, delay = cursor.seq, 0.01
         done = info.finished and cursor.seq >= info.last_seq  # nothing more will come
         keepalive = self.config.sse_keepalive
-        quiet_since = trio.current_time()
+        quiet_since = last_event = trio.current_time()
+        lease, last_check = self.config.claim_lease, -math.inf
         with trio.move_on_after(self.config.credit.liveness_timeout * 10):
             while not done and not self._closing and not session.closed:
                 if not events and keepalive is not None:
@@ -1745,9 +1778,18 @@ class Server:
                     await conn.send(http.send_stream_data(data))
                     after = events[-1].seq
                     delay = 0.01
+                    last_event = trio.current_time()
                     if events[-1].final:
                         break
                 else:
+                    # Silence for a whole lease: is the replica producing this stream
+                    # still alive?  If its claim's lease ran out, the call's outcome
+                    # becomes ``interrupted`` and its final event arrives next read.
+                    now = trio.current_time()
+                    if now - last_event >= lease and now - last_check >= lease / 2:
+                        last_check = now
+                        with contextlib.suppress(StoreUnavailable):
+                            await store.expire_claim(principal, sid, cursor.epoch)
                     await trio.sleep(delay)
                     delay = min(delay * 2, 0.25)
                 got = await store.read_events(principal, sid, cursor.epoch, after)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -109,6 +110,14 @@ def check_channel(record: SessionRecord, token: tuple[int, str] | None) -> Chann
     if generation > record.generation or secret != record.secret:
         return ChannelVerdict.UNBOUND
     return ChannelVerdict.OK
+
+
+#: The message of the ``interrupted`` error a call gets when the process running it went
+#: away (shut down, or -- with a shared store -- stopped renewing its claim's lease).
+INTERRUPTED_MESSAGE = (
+    "the server running this call went away before it finished; the call may have had "
+    "effects, and it will not be run again"
+)
 
 
 class CallOutcome(enum.Enum):
@@ -212,13 +221,33 @@ class SessionStore(Protocol):
         key: str,
         fingerprint: bytes,
         token: tuple[int, str] | None,
+        *,
+        request_id: bytes = b"null",
+        owner: str = "",
+        lease: float | None = None,
     ) -> CallStart:
         """Check the channel token, claim ``key`` and allocate the response stream's epoch.
+
+        A shared store records who runs the claim (``owner``, a replica id) under a
+        lease of ``lease`` seconds, which the owner renews (:meth:`renew_claims`)
+        while the call runs.  A delivery that finds the claim RUNNING with its lease
+        run out finds the owner gone: the claim's outcome becomes the ``interrupted``
+        error (for ``request_id``), stored and appended as its stream's final event,
+        and the answer is DONE with it.  Nothing runs a second time.
 
         Raises:
             SessionGone: unknown session.
             ChannelRejected: the token is stale or unbound (nothing claimed).
         """
+
+    async def renew_claims(
+        self, principal: str, session_id: str, keys: Sequence[str], owner: str, lease: float
+    ) -> int:
+        """Extend by ``lease`` seconds the leases of ``owner``'s running claims ``keys``."""
+
+    async def expire_claim(self, principal: str, session_id: str, epoch: str) -> bool:
+        """If the call answered on stream ``epoch`` runs under an expired lease, make
+        its outcome ``interrupted`` (as :meth:`begin_call` would); True if it did."""
 
     async def finish_call(
         self, principal: str, session_id: str, key: str, payload: bytes | None
@@ -373,7 +402,13 @@ class MemoryStore:
         key: str,
         fingerprint: bytes,
         token: tuple[int, str] | None,
+        *,
+        request_id: bytes = b"null",
+        owner: str = "",
+        lease: float | None = None,
     ) -> CallStart:
+        # One process: a claim lives exactly as long as the process running it, so
+        # leases have nothing to guard.
         s = self._get(principal, session_id)
         verdict = check_channel(s.record, token)
         if verdict is not ChannelVerdict.OK:
@@ -392,6 +427,14 @@ class MemoryStore:
         if payload is EVICTED:
             return CallStart(CallOutcome.EVICTED, epoch)
         return CallStart(CallOutcome.DONE, epoch, payload)
+
+    async def renew_claims(
+        self, principal: str, session_id: str, keys: Sequence[str], owner: str, lease: float
+    ) -> int:
+        return 0
+
+    async def expire_claim(self, principal: str, session_id: str, epoch: str) -> bool:
+        return False
 
     def recent_results(self, principal: str, session_id: str, n: int) -> list[bytes]:
         """The stored responses of the session's ``n`` most recently finished calls."""

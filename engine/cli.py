@@ -305,6 +305,13 @@ def _limit_options(s: argparse.ArgumentParser) -> None:
             "replay history and results all sessions keep",
         ),
         (
+            "--claim-lease",
+            float,
+            d.claim_lease,
+            "SECONDS",
+            "with a shared store: a running call's claim lives this long unless renewed",
+        ),
+        (
             "--sse-keepalive",
             float,
             d.sse_keepalive,
@@ -367,6 +374,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             session_retain_bytes=args.session_retain_bytes,
             memory_budget=args.memory_budget,
             max_inbound_bytes=args.max_inbound_bytes,
+            claim_lease=args.claim_lease,
             sse_keepalive=args.sse_keepalive or None,
             host=args.host,
             port=args.port,

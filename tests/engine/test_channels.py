@@ -20,7 +20,7 @@ import trio.testing
 
 from engine import App, Context, MemoryStore, Server, ServerConfig, StoreUnavailable
 from engine._store import CallStart, StoredEvent, StreamInfo
-from protocol import CreditLimits, HttpLimits, SseComment, SseDecoder, SseEvent
+from protocol import CreditLimits, HttpLimits, SseComment, SseDecoder, SseEvent, epoch_number
 
 from .helpers import H11Client, Reply, SseReply, connect, running_server
 
@@ -874,6 +874,10 @@ class SharedMemoryStore(MemoryStore):
         key: str,
         fingerprint: bytes,
         token: tuple[int, str] | None,
+        *,
+        request_id: bytes = b"null",
+        owner: str = "",
+        lease: float | None = None,
     ) -> CallStart:
         start = await super().begin_call(principal, session_id, key, fingerprint, token)
         self.bindings[(principal, session_id, start.epoch)] = token[0] if token else 0
@@ -927,7 +931,7 @@ class SharedMemoryStore(MemoryStore):
             return None
         log = self.events.get((principal, session_id, epoch), [])
         if not log:
-            return [] if after_seq == 0 and int(epoch, 16) <= s.epochs else None
+            return [] if after_seq == 0 and epoch_number(epoch, s.record.salt) <= s.epochs else None
         want = after_seq + 1
         if want < log[0].seq or want > log[-1].seq + 1:
             return None

@@ -40,6 +40,10 @@ What is checked, and where
 4. ``test_sampling_answer_posted_to_another_replica_completes_the_call`` -- a tool on
    replica A asks the client (``sampling/createMessage``); the answer is POSTed
    through the balancer and lands on replica B, which relays it through the store.
+5. ``test_sigkill_mid_call_is_answered_interrupted_on_every_replica`` -- a kill with
+   no grace at all: three ``weir serve`` *processes*; the one running two calls gets
+   SIGKILL.  Within the claim lease, a retry and a resume on each survivor get
+   ``interrupted``; neither call runs again.
 """
 
 from __future__ import annotations
@@ -1267,3 +1271,130 @@ async def test_sampling_answer_posted_to_another_replica_completes_the_call(
             )
             await peer.close()
             await answers.close()
+
+
+# ------------------------------------------------------------------------ test 5
+async def test_sigkill_mid_call_is_answered_interrupted_on_every_replica(
+    valkey_url: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kill without grace: SIGKILL the ``weir serve`` process running two calls.
+
+    Nothing in the killed process runs, so nobody records an outcome: only the
+    claim's lease (``--claim-lease 2``) tells the others it is gone.  Within the
+    lease, on each surviving replica, a retry (same request, same key) and a resume
+    (``Last-Event-ID`` from the call's priming event) both get the ``interrupted``
+    error -- not 409 ``in_progress``, not a silent stream -- and neither call ever
+    runs again.
+    """
+    from .rawhttp import Client, raw_request, sse_messages
+    from .serverproc import WeirProcess
+
+    ledger = tmp_path / "ledger"
+    monkeypatch.setenv("WEIR_TEST_LEDGER", str(ledger))
+    args = ["--store", valkey_url, "--claim-lease", "2", "--shutdown-grace", "0"]
+    files = [(tmp_path / f"{n}.out").open("w+b") for n in range(6)]
+    procs: list[WeirProcess] = []
+    try:
+        for n in range(3):
+            extra = [*args, "--replica-id", f"k{n}"]
+            procs.append(
+                WeirProcess(
+                    "tests.integration.lease_app:app", files[2 * n], files[2 * n + 1], extra
+                )
+            )
+        victim, others = procs[0], procs[1:]
+        params = {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "kill", "version": "0"},
+        }
+        with trio.fail_after(40):
+            c = await Client.connect(victim.port)
+            init = await c.request(
+                "POST",
+                "/mcp",
+                {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params},
+            )
+            sid = init.headers["mcp-session-id"]
+            hdr = {"mcp-protocol-version": "2025-11-25"}
+            note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+            assert (await c.request("POST", "/mcp", note, session=sid, headers=hdr)).status == 202
+            await c.aclose()
+            cursors: dict[str, str] = {}
+            streams = []
+            for rid, key in ((1, "resumed"), (2, "retried")):
+                s = await Client.connect(victim.port)
+                body = {
+                    "jsonrpc": "2.0",
+                    "id": rid,
+                    "method": "tools/call",
+                    "params": {"name": "charge", "arguments": {"key": key}},
+                }
+                await s.send_raw(
+                    raw_request(
+                        "POST",
+                        "/mcp",
+                        body=json.dumps(body).encode(),
+                        headers={"mcp-session-id": sid, "idempotency-key": key, **hdr},
+                    )
+                )
+                seen = b""
+                while b"\nid: " not in seen.partition(b"\r\n\r\n")[2]:
+                    seen += await s.stream.receive_some(RECV)
+                body_part = seen.partition(b"\r\n\r\n")[2]
+                cursors[key] = body_part.split(b"\nid: ", 1)[1].split(b"\n", 1)[0].decode()
+                streams.append(s)
+            while ledger.read_text().count("start") < 2:
+                await trio.sleep(0.05)
+            victim.proc.kill()  # SIGKILL: no cleanup, no outcome recorded
+            victim.proc.wait()
+            killed_at = trio.current_time()
+            for s in streams:
+                await s.aclose()
+
+            for other in others:
+                # The resume: replay from the store; the interrupted final event
+                # arrives once the lease has run out.
+                r = await Client.connect(other.port)
+                resumed = await r.request(
+                    "GET",
+                    "/mcp",
+                    session=sid,
+                    headers={
+                        **hdr,
+                        "accept": "text/event-stream",
+                        "last-event-id": cursors["resumed"],
+                    },
+                    timeout=15,
+                )
+                await r.aclose()
+                [final] = [m for m in sse_messages(resumed.body) if m.get("id") == 1]
+                assert final["error"]["data"]["reason"] == "interrupted", resumed.body
+                # The retry: the same request under the same key.
+                r = await Client.connect(other.port)
+                retry = {
+                    "jsonrpc": "2.0",
+                    "id": 2,
+                    "method": "tools/call",
+                    "params": {"name": "charge", "arguments": {"key": "retried"}},
+                }
+                answer = await r.request(
+                    "POST",
+                    "/mcp",
+                    retry,
+                    session=sid,
+                    headers={**hdr, "idempotency-key": "retried"},
+                    timeout=15,
+                )
+                await r.aclose()
+                assert answer.status == 200, answer
+                assert answer.json()["error"]["data"]["reason"] == "interrupted"
+            assert trio.current_time() - killed_at < 2 + 8  # within the lease, plus polling
+        lines = ledger.read_text().splitlines()
+        assert sorted(line.split()[1] for line in lines) == ["resumed", "retried"], lines
+        assert all(line.startswith("start") for line in lines)  # never finished, never re-run
+    finally:
+        for p in procs:
+            p.stop()
+        for f in files:
+            f.close()
