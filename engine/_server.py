@@ -65,7 +65,7 @@ import hashlib
 import logging
 import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -959,35 +959,13 @@ class Server:
         The response starts at once; entries wait for admission while it is open,
         so a batch never holds more in flight than a session may.
         """
-        assert self._handlers is not None
         if self.config.json_response:
-            results: list[bytes | None] = [None] * len(requests)
-            finished = trio.Event()
 
-            async def run_json(i: int, plan: _Plan) -> None:
-                try:
-                    results[i] = await self._execute(session, plan, None)
-                finally:
-                    session.done()
+            async def feed(run: Callable[[int, _Plan], Awaitable[None]]) -> None:
+                await self._admit_each(session, requests, token, run)
 
-            async def all_json() -> None:
-                try:
-                    await self._admit_each(session, requests, token, run_json)
-                finally:
-                    finished.set()
-
-            self._handlers.start_soon(all_json)
-            await finished.wait()
-            bodies = [r for r in results if r is not None]
-            if not bodies:
-                await conn.send(conn.http.send_response(202, ()))
-                return
-            headers = [
-                ("content-type", "application/json"),
-                ("mcp-session-id", session.session_id),
-            ]
-            body = b"[" + b",".join(bodies) + b"]"
-            await self._send_json(conn, session, headers, body)
+            bodies = await self._collect_json(session, len(requests), feed)
+            await self._answer_json(conn, session, bodies, True)
             return
         epoch = await self.store.allocate_epoch(
             session.record.principal, session.session_id, token[0] if token else 0
@@ -1288,34 +1266,58 @@ class Server:
                 session.done()
             await self._send_json(conn, session, headers, body)
             return
-        results: list[bytes | None] = [None] * len(plans)
-        done = trio.Event()
 
-        async def one(i: int, plan: _Plan) -> None:
+        async def feed(run: Callable[[int, _Plan], Awaitable[None]]) -> None:
+            async with trio.open_nursery() as n:
+                for i, plan in enumerate(plans):
+                    n.start_soon(run, i, plan)
+
+        bodies = await self._collect_json(session, len(plans), feed)
+        plans.clear()  # the requests (and their arguments) are done with
+        await self._answer_json(conn, session, bodies, is_batch)
+
+    async def _collect_json(
+        self,
+        session: Session,
+        n: int,
+        feed: Callable[[Callable[[int, _Plan], Awaitable[None]]], Awaitable[None]],
+    ) -> list[bytes]:
+        """Run ``n`` requests in the handler nursery, and their responses, in order.
+
+        ``feed(run)`` calls ``run(i, plan)`` for each request (at once, or as each is
+        admitted).  Handlers run in the server's nursery, not the connection's: a
+        dropped connection is not a cancellation.  Cancelled calls have no response.
+        """
+        results: list[bytes | None] = [None] * n
+        finished = trio.Event()
+
+        async def run(i: int, plan: _Plan) -> None:
             try:
                 results[i] = await self._execute(session, plan, None)
             finally:
                 session.done()
 
-        async def run_all() -> None:
+        async def all_of_them() -> None:
             try:
-                async with trio.open_nursery() as n:
-                    for i, plan in enumerate(plans):
-                        n.start_soon(one, i, plan)
+                await feed(run)
             finally:
-                done.set()
+                finished.set()
 
-        # Handlers run in the server's nursery: a dropped connection is not a cancel.
         assert self._handlers is not None
-        self._handlers.start_soon(run_all)
-        await done.wait()
-        bodies = [r for r in results if r is not None]
-        plans.clear()  # the requests (and their arguments) are done with
-        results.clear()
+        self._handlers.start_soon(all_of_them)
+        await finished.wait()
+        return [r for r in results if r is not None]
+
+    async def _answer_json(
+        self, conn: Connection, session: Session, bodies: list[bytes], is_batch: bool
+    ) -> None:
+        """202 when nothing answers; else one body, or a batch's array of them."""
         if not bodies:
             await conn.send(conn.http.send_response(202, ()))
             return
+        headers = [("content-type", "application/json"), ("mcp-session-id", session.session_id)]
         body = b"[" + b",".join(bodies) + b"]" if is_batch else bodies.pop()
+        bodies.clear()
         await self._send_json(conn, session, headers, body)
 
     async def _send_json(

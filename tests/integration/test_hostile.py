@@ -24,6 +24,7 @@ import trio
 from engine import ServerConfig
 
 from .rawhttp import (
+    INIT_PARAMS,
     Client,
     call,
     initialize,
@@ -37,6 +38,7 @@ from .rawhttp import (
 from .serverproc import WeirProcess
 
 MiB = 1024 * 1024
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT_PARAMS}
 
 
 @contextmanager
@@ -131,16 +133,7 @@ async def test_initialize_flood_is_capped_and_existing_sessions_keep_working(
             base = await settle_rss(server.proc.pid, 0.2)
             refused = 0
             async with connected(server.port) as flood:
-                msg = {
-                    "jsonrpc": "2.0",
-                    "id": 1,
-                    "method": "initialize",
-                    "params": {
-                        "protocolVersion": "2025-06-18",
-                        "capabilities": {},
-                        "clientInfo": {"name": "f", "version": "0"},
-                    },
-                }
+                msg = INITIALIZE
                 for _ in range(cap + 500):
                     reply = await flood.request("POST", "/mcp", msg)
                     if reply.status == 503:
@@ -172,18 +165,7 @@ async def test_initialize_whose_answer_cannot_be_sent_leaves_no_session(tmp_path
     with weir(tmp_path) as server, trio.fail_after(30):
         for _ in range(50):
             c = await Client.connect(server.port)
-            body = json.dumps(
-                {
-                    "jsonrpc": "2.0",
-                    "id": 1,
-                    "method": "initialize",
-                    "params": {
-                        "protocolVersion": "2025-06-18",
-                        "capabilities": {},
-                        "clientInfo": {"name": "r", "version": "0"},
-                    },
-                }
-            ).encode()
+            body = json.dumps(INITIALIZE).encode()
             await c.send_raw(raw_request("POST", "/mcp", body=body))
             # Reset at once (SO_LINGER 0), before the answer can be read.
             c.stream.socket.setsockopt(
