@@ -17,9 +17,10 @@ the count of connections being served.  A connection takes a slot before
   doubling to 1 s) and tries again.  It logs one line when that starts and then at
   most one every 10 s with the count, never a traceback per attempt.
 
-A connection marks itself *idle* (:meth:`Slot.park`) only while it waits for the
-first byte of its next request, in a cancel scope of its own; shedding cancels
-that scope, which the connection treats like its keep-alive timeout.  A cancel
+A connection marks itself *idle* (:attr:`Slot.idle_since`) only while it waits
+for the first byte of its next request, in the cancel scope that carries its read
+deadlines (:attr:`Slot.scope`); shedding cancels that scope, which the connection
+treats like its keep-alive timeout.  A cancel
 that arrives after the read completed is a no-op (the scope has already exited),
 so a request that has arrived is never lost to shedding.
 """
@@ -29,7 +30,6 @@ from __future__ import annotations
 import errno
 import logging
 import math
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -44,23 +44,21 @@ _LOG_EVERY = 10.0
 
 
 class Slot:
-    """One connection's place under the limit."""
+    """One connection's place under the limit (parking costs two attribute stores)."""
 
-    __slots__ = ("_gate", "_key", "shed")
+    __slots__ = ("idle_since", "scope", "shed")
 
-    def __init__(self, gate: AcceptGate, key: int) -> None:
-        self._gate = gate
-        self._key = key
+    def __init__(self) -> None:
+        #: When the connection began waiting for its next request (None: busy).
+        self.idle_since: float | None = None
+        #: The scope of the connection's reads; cancelling it sheds the connection.
+        self.scope: trio.CancelScope | None = None
         #: True once the gate closed this connection to make room.
         self.shed = False
 
-    def park(self, scope: trio.CancelScope) -> None:
-        """The connection waits for its next request in ``scope``: it may be shed."""
-        self._gate._idle[self._key] = (self, scope)
-
     def unpark(self) -> None:
         """The connection is busy again (or gone)."""
-        self._gate._idle.pop(self._key, None)
+        self.idle_since = None
 
 
 class AcceptGate:
@@ -82,19 +80,20 @@ class AcceptGate:
         self.accept_errors = 0
         #: Times the gate stopped accepting because every slot was busy.
         self.full_total = 0
-        self._idle: OrderedDict[int, tuple[Slot, trio.CancelScope]] = OrderedDict()
+        self._slots: set[Slot] = set()
         self._room: trio.Event | None = None
-        self._next_key = 0
         self._last_log = -math.inf
         self._unlogged = 0
 
     def _take(self) -> Slot:
         self.open += 1
-        self._next_key += 1
-        return Slot(self, self._next_key)
+        slot = Slot()
+        self._slots.add(slot)
+        return slot
 
     def _give_back(self, slot: Slot) -> None:
         slot.unpark()
+        self._slots.discard(slot)
         self.open -= 1
         room = self._room
         if room is not None:
@@ -102,14 +101,21 @@ class AcceptGate:
             room.set()
 
     def _shed_one(self) -> bool:
-        while self._idle:
-            _, (slot, scope) = self._idle.popitem(last=False)
-            if not scope.cancel_called:
-                slot.shed = True
-                scope.cancel()
-                self.shed_total += 1
-                return True
-        return False
+        # Only at the limit, with a client waiting: a scan of the open connections.
+        idle = [
+            s
+            for s in self._slots
+            if s.idle_since is not None and s.scope is not None and not s.scope.cancel_called
+        ]
+        if not idle:
+            return False
+        slot = min(idle, key=lambda s: s.idle_since or 0.0)
+        assert slot.scope is not None
+        slot.shed = True
+        slot.scope.cancel()
+        slot.unpark()
+        self.shed_total += 1
+        return True
 
     async def _wait_for_room(self, listener: trio.SocketListener) -> None:
         if self.open < self.limit:

@@ -468,6 +468,7 @@ class Server:
     # ---------------------------------------------------------------- connections
     async def _connection(self, stream: trio.abc.Stream, slot: Slot | None = None) -> None:
         conn = Connection(stream, self.config.limits, notsent_lowat=self.config.notsent_lowat)
+        conn.principal = self.config.principal  # (with authorization: set per request)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(conn.poll_acks)
@@ -506,10 +507,13 @@ class Server:
     async def _serve_requests(self, conn: Connection, slot: Slot | None) -> None:
         http = conn.http
         cfg = self.config
+        keepalive, receive = cfg.keepalive_timeout, conn.stream.receive_some
         phase, since = Inbound.IDLE, 0.0
         # One scope carries every read's deadline (cheaper than a scope per read); it
         # is armed, and the connection parked for shedding, only while we wait.
         with trio.CancelScope() as reads:
+            if slot is not None:
+                slot.scope = reads
             while True:
                 event = http.next_event()
                 if event is NEED_DATA:
@@ -517,30 +521,31 @@ class Server:
                         await conn.send(http.data_to_send())  # e.g. 100 Continue
                     now = trio.current_time()
                     inbound = http.inbound
-                    if inbound is not phase:
-                        phase, since = inbound, now
-                    if phase is Inbound.IDLE:
-                        reads.deadline = now + cfg.keepalive_timeout
+                    if inbound is Inbound.IDLE:
+                        phase = inbound
+                        reads.deadline = now + keepalive
                         if slot is not None:
-                            slot.park(reads)
-                    elif phase is Inbound.HEAD:
-                        reads.deadline = since + cfg.head_timeout
+                            slot.idle_since = now  # parked: it may be shed
                     else:
-                        reads.deadline = since + cfg.body_timeout
-                    data = await conn.stream.receive_some(RECV_BYTES)
+                        if inbound is not phase:
+                            phase, since = inbound, now
+                        limit = cfg.head_timeout if phase is Inbound.HEAD else cfg.body_timeout
+                        reads.deadline = since + limit
+                    data = await receive(RECV_BYTES)
                     reads.deadline = math.inf
                     if slot is not None:
-                        slot.unpark()
+                        slot.idle_since = None
                     if reads.cancel_called:
                         # Shed (or timed out) just as bytes arrived: the cancellation
                         # is pending in this scope.  Answer what came, shielded, then close.
                         with trio.CancelScope(shield=True) as last:
-                            last.deadline = now + cfg.keepalive_timeout
+                            last.deadline = now + keepalive
                             await self._last_requests(conn, data)
                         return
                     # Bytes of requests not yet complete count against one process-wide cap.
-                    conn.inbound += len(data)
-                    self.inbound += len(data)
+                    n = len(data)
+                    conn.inbound += n
+                    self.inbound += n
                     if self.inbound > cfg.max_inbound_bytes:
                         await self._overloaded(conn)
                         return
@@ -620,16 +625,22 @@ class Server:
                 )
             path = request.path
             cfg = self.config
-            if cfg.auth is not None and path.startswith(METADATA_PATH):
-                await self._resource_metadata(conn, request, cfg.auth)
-                return
-            if path != cfg.path and path == cfg.metrics_path:
-                await self._auxiliary(conn, request)
-                return
-            conn.principal = await self._authenticate(request)
-            if path != cfg.path and path in (cfg.legacy_sse_path, cfg.legacy_messages_path):
-                await self._auxiliary(conn, request)
-                return
+            if path != cfg.path:
+                # Not the endpoint: metadata and metrics need no token, the legacy
+                # endpoints do; anything else is routed (and refused) like the endpoint.
+                if cfg.auth is not None and path.startswith(METADATA_PATH):
+                    await self._resource_metadata(conn, request, cfg.auth)
+                    return
+                if path == cfg.metrics_path:
+                    await self._auxiliary(conn, request)
+                    return
+                if cfg.auth is not None:
+                    conn.principal = await self._authenticate(request)
+                if path in (cfg.legacy_sse_path, cfg.legacy_messages_path):
+                    await self._auxiliary(conn, request)
+                    return
+            elif cfg.auth is not None:
+                conn.principal = await self._authenticate(request)
             mcp = route(request, self._endpoint)
             del request  # the body is decoded: from here on only the messages count
             if isinstance(mcp, PostMessages):
@@ -1164,16 +1175,19 @@ class Server:
         delay = 0.01
         while True:
             try:
-                start = await self.store.begin_call(
-                    principal,
-                    sid,
-                    key,
-                    fp,
-                    token,
-                    request_id=msgspec.json.encode(req.id),
-                    owner=self.replica_id,
-                    lease=self.config.claim_lease if self.store.shared else None,
-                )
+                if self.store.shared:  # a claim another replica may have to interrupt
+                    start = await self.store.begin_call(
+                        principal,
+                        sid,
+                        key,
+                        fp,
+                        token,
+                        request_id=msgspec.json.encode(req.id),
+                        owner=self.replica_id,
+                        lease=self.config.claim_lease,
+                    )
+                else:
+                    start = await self.store.begin_call(principal, sid, key, fp, token)
             except SessionGone:
                 await self._end_session(session)
                 raise session_refusal(sid, req.id) from None

@@ -44,7 +44,14 @@ from ._errors import (
     Reason,
     RemoteProtocolError,
 )
-from ._event_ids import EventId, epoch_number, format_epoch, parse_event_id, scramble_epoch
+from ._event_ids import (
+    EpochPermutation,
+    EventId,
+    epoch_number,
+    format_epoch,
+    parse_event_id,
+    scramble_epoch,
+)
 from ._http import (
     NEED_DATA,
     ConnectionClosed,
@@ -122,6 +129,7 @@ __all__ = [
     "DeleteSession",
     "DrainTracker",
     "EndpointConfig",
+    "EpochPermutation",
     "ErrorObject",
     "ErrorResponse",
     "EventId",

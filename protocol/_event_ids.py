@@ -71,38 +71,57 @@ def format_epoch(n: int) -> str:
     return f"{n:08x}"
 
 
-def _round(salt: bytes, i: int, half: int) -> int:
-    return int(hashlib.sha1(salt + bytes((i, half >> 8, half & 0xFF))).hexdigest()[:4], 16)
+class EpochPermutation:
+    """A session's epochs: its stream counter under a keyed permutation.
+
+    A four-round Feistel network on the 32-bit counter, keyed by the session's
+    secret ``salt`` (round ``i`` of half ``h``: the first two bytes of
+    ``SHA-1(salt || i || h)``).  A bijection, so epochs are still unique within the
+    session, but without the salt the next epoch (or any other stream's) cannot be
+    guessed from one seen.  The Redis store computes the same function in Lua.
+    Build one per session and keep it: the keyed hash state is prepared once.
+    """
+
+    __slots__ = ("_keyed",)
+
+    def __init__(self, salt: str) -> None:
+        self._keyed = hashlib.sha1(salt.encode("latin-1"))
+
+    def _round(self, i: int, half: int) -> int:
+        h = self._keyed.copy()
+        h.update(bytes((i, half >> 8, half & 0xFF)))
+        return int.from_bytes(h.digest()[:2], "big")
+
+    def epoch(self, n: int) -> str:
+        """The epoch of the ``n``-th stream (``n`` in 0 .. 2**32-1).
+
+        Raises:
+            ValueError: ``n`` out of range.
+        """
+        if not 0 <= n <= MAX_EPOCH:
+            raise ValueError(f"epoch number out of range: {n}")
+        left, right = n >> 16, n & 0xFFFF
+        for i in (0, 1, 2, 3):
+            left, right = right, left ^ self._round(i, right)
+        return "%08x" % ((left << 16) | right)
+
+    def number(self, epoch: str) -> int:
+        """The counter value that :meth:`epoch` turned into ``epoch`` (its inverse)."""
+        value = int(epoch, 16)
+        left, right = value >> 16, value & 0xFFFF
+        for i in (3, 2, 1, 0):
+            left, right = right ^ self._round(i, left), left
+        return (left << 16) | right
 
 
 def scramble_epoch(n: int, salt: str) -> str:
-    """The epoch for a session's ``n``-th stream: ``n`` under a keyed permutation.
-
-    A four-round Feistel network on the 32-bit counter, keyed by the session's
-    secret ``salt``: a bijection, so epochs are still unique within the session,
-    but without the salt the next epoch (or any other stream's) cannot be guessed
-    from one seen.  The Redis store computes the same function in Lua.
-
-    Raises:
-        ValueError: ``n`` outside 0 .. 2**32-1.
-    """
-    if not 0 <= n <= MAX_EPOCH:
-        raise ValueError(f"epoch number out of range: {n}")
-    key = salt.encode("latin-1")
-    left, right = n >> 16, n & 0xFFFF
-    for i in range(4):
-        left, right = right, left ^ _round(key, i, right)
-    return f"{(left << 16) | right:08x}"
+    """``EpochPermutation(salt).epoch(n)`` (see :class:`EpochPermutation`)."""
+    return EpochPermutation(salt).epoch(n)
 
 
 def epoch_number(epoch: str, salt: str) -> int:
-    """The counter value :func:`scramble_epoch` turned into ``epoch`` (its inverse)."""
-    value = int(epoch, 16)
-    key = salt.encode("latin-1")
-    left, right = value >> 16, value & 0xFFFF
-    for i in (3, 2, 1, 0):
-        left, right = right ^ _round(key, i, left), left
-    return (left << 16) | right
+    """``EpochPermutation(salt).number(epoch)``: the inverse of :func:`scramble_epoch`."""
+    return EpochPermutation(salt).number(epoch)
 
 
 def parse_event_id(raw: str) -> EventId:
