@@ -39,6 +39,7 @@ signature check.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import logging
 import math
@@ -47,6 +48,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import jwt
 import trio
@@ -175,6 +177,10 @@ class JwtVerifier:
     ) -> None:
         if (jwks is None) == (jwks_url is None):
             raise ValueError("give exactly one of jwks and jwks_url")
+        if jwks_url is not None and not _trusted_url(jwks_url):
+            raise ValueError(
+                f"the JWKS URL must be https:// (http:// only on loopback), got {jwks_url!r}"
+            )
         bad = [a for a in algorithms if a not in _ASYMMETRIC]
         if bad:
             raise ValueError(f"only asymmetric algorithms may verify tokens, not {bad}")
@@ -278,6 +284,20 @@ async def _fetch_url(url: str) -> bytes:
             return body
 
     return await trio.to_thread.run_sync(get)
+
+
+def _trusted_url(url: str) -> bool:
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        return bool(parts.hostname)
+    if parts.scheme != "http" or not parts.hostname:
+        return False
+    if parts.hostname == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(parts.hostname).is_loopback
+    except ValueError:
+        return False
 
 
 def bearer_token(header: str | None) -> str | None:

@@ -256,3 +256,14 @@ async def test_two_principals_cannot_touch_each_others_sessions() -> None:
             # Alice's session is untouched: nothing ran, nothing was deleted.
             got = await post(port, call(8, "increment", {"by": 1}), alice, sid)
             assert got.status == 200 and "error" not in got.json()
+
+
+def test_jwt_verifier_refuses_unsafe_configurations() -> None:
+    for url in ("http://keys.example.com/jwks", "ftp://127.0.0.1/jwks", "https:///nohost"):
+        with pytest.raises(ValueError, match="JWKS URL"):
+            JwtVerifier(issuer=ISSUER, audience=RESOURCE, jwks_url=url)
+    JwtVerifier(issuer=ISSUER, audience=RESOURCE, jwks_url="http://127.0.0.1:1/jwks")
+    with pytest.raises(ValueError, match="asymmetric"):
+        JwtVerifier(issuer=ISSUER, audience=RESOURCE, jwks=jwks(), algorithms=("HS256",))
+    with pytest.raises(ValueError, match="exactly one"):
+        JwtVerifier(issuer=ISSUER, audience=RESOURCE)
