@@ -357,7 +357,12 @@ class Session:
         self.max_finished = 100
 
     def keep_result(self, key: str, payload: bytes) -> None:
-        """Keep a finished call's response for a rebind, charged to the budget."""
+        """Keep a finished call's response for a rebind, charged to the budget.
+
+        Nothing is kept for a closed session (its budget record is gone with it).
+        """
+        if self.closed:
+            return
         finished = self.finished
         delta = len(payload) - len(finished.get(key, b""))
         finished[key] = payload

@@ -218,3 +218,17 @@ async def test_an_initialize_whose_answer_cannot_be_written_is_undone(
         await server.serve_connection(server_side)
         assert server.sessions == {}
         assert len(server.store) == 0  # type: ignore[arg-type]
+
+
+def test_a_closed_session_keeps_nothing_and_leaves_no_budget_record() -> None:
+    from engine._session import Session
+
+    budget = RetentionBudget(total=10_000, per_owner=1_000)
+    record = SessionRecord(session_id="s", principal="p", protocol_version="v", created_at=0.0)
+    session = Session(record, budget=budget)
+    session.keep_result("k1", b"x" * 100)
+    assert budget.owner_held("s") == 100
+    session.close()
+    assert budget.owner_held("s") == 0 and len(budget) == 0
+    session.keep_result("k2", b"y" * 100)  # a call that finished after the session ended
+    assert len(budget) == 0 and not session.finished
