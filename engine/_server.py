@@ -150,6 +150,9 @@ log = logging.getLogger(__name__)
 #: ``malloc_trim`` when it ends.
 _TRIM_AFTER = 256 * 1024
 
+#: The longest ``Idempotency-Key`` accepted (the gate keeps every key for a while).
+MAX_IDEMPOTENCY_KEY = 256
+
 #: The explicit rebind handshake (seed 003), advertised in ``capabilities.experimental``.
 REBIND_METHOD = "weir/rebind"
 
@@ -1168,6 +1171,13 @@ class Server:
         """
         if req.method != "tools/call":
             return _Plan(req)
+        if header_key is not None and not 0 < len(header_key) <= MAX_IDEMPOTENCY_KEY:
+            raise RemoteProtocolError(
+                f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
+                reason=Reason.INVALID_REQUEST,
+                request_id=req.id,
+                data={"limit": MAX_IDEMPOTENCY_KEY},
+            )
         key = f"h:{header_key}" if header_key else "i:" + msgspec.json.encode(req.id).decode()
         fp = _fingerprint(req)
         principal, sid = session.record.principal, session.session_id

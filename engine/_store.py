@@ -339,12 +339,21 @@ class _KeyedMixer:
 EVICTED: bytes = b""
 
 
+#: What a gate entry costs besides its key and response (the tuple, the fingerprint,
+#: the ordered-dict node), counted so that many small calls are bounded too.
+ENTRY_OVERHEAD = 128
+
+
+def _entry_size(key: str) -> int:
+    return len(key) + ENTRY_OVERHEAD
+
+
 @dataclass
 class _MemSession:
     record: SessionRecord
     epochs: int = 0
     calls: OrderedDict[str, tuple[bytes, bytes | None]] = field(default_factory=OrderedDict)
-    held: int = 0  # bytes of the finished responses in ``calls``
+    held: int = 0  # bytes of ``calls``: every key (plus overhead) and every stored response
     boxes: dict[str, list[bytes]] = field(default_factory=dict)
     permutation: _KeyedMixer | None = None
 
@@ -367,10 +376,24 @@ class _MemSession:
             self.held -= len(found[1])  # finished twice: the newer outcome replaces it
         if payload is None:
             del self.calls[key]
+            self.held -= _entry_size(key)
         else:
             self.calls[key] = (found[0], payload)
             self.held += len(payload)
         return True
+
+    def claim(self, key: str, fingerprint: bytes) -> None:
+        """Record a new claim (running: no outcome yet)."""
+        self.calls[key] = (fingerprint, None)
+        self.held += _entry_size(key)
+
+    def forget_oldest_finished(self) -> bool:
+        """Forget the oldest finished call entirely (a retry of it could run again)."""
+        for key, (_, stored) in self.calls.items():
+            if stored is not None:
+                self.set_outcome(key, None)
+                return True
+        return False
 
     def tombstone(self, key: str) -> int:
         """Drop ``key``'s stored response but remember that it ran; return 0 (bytes left)."""
@@ -454,7 +477,10 @@ class MemoryStore:
         epoch = s.next_epoch()
         found = s.calls.get(key)
         if found is None:
-            s.calls[key] = (fingerprint, None)
+            before = s.held
+            s.claim(key, fingerprint)
+            if self.budget is not None:
+                self.budget.charge(session_id, s.held - before)
             return CallStart(CallOutcome.EXECUTE, epoch)
         fp, payload = found
         if fp != fingerprint:
@@ -508,6 +534,8 @@ class MemoryStore:
                     break
                 if stored:
                     s.tombstone(oldest)
+            while s.held > cap and len(s.calls) > 1 and s.forget_oldest_finished():
+                pass
         if self.budget is not None:
             self.budget.charge(session_id, s.held - before)
 
@@ -523,6 +551,10 @@ class MemoryStore:
                 break
             if stored:
                 s.tombstone(key)
+        # Responses gone and still over: forget the oldest finished calls whole (only
+        # then could a retry of one of them run again; running claims always stay).
+        while before - s.held < nbytes and s.forget_oldest_finished():
+            pass
         if self.budget is not None:
             self.budget.charge(session_id, s.held - before)
 

@@ -146,7 +146,7 @@ async def test_a_batch_larger_than_the_limit_runs_nothing(
 
 
 async def test_memory_store_tombstones_evicted_results_and_never_reexecutes() -> None:
-    budget = RetentionBudget(total=1000, per_owner=150)
+    budget = RetentionBudget(total=1000, per_owner=500)  # 3 entries of 129 B + results
     store = MemoryStore(Retention(calls_per_session=3), budget=budget)
     record = SessionRecord(session_id="s", principal="p", protocol_version="v", created_at=0.0)
     await store.create_session(record)
@@ -155,15 +155,16 @@ async def test_memory_store_tombstones_evicted_results_and_never_reexecutes() ->
         start = await store.begin_call("p", "s", key, b"fp", None)
         assert start.outcome is CallOutcome.EXECUTE
         await store.finish_call("p", "s", key, b"x" * 60)
-    # 4 x 60 bytes > 150: the oldest results were dropped but remembered ...
+    # Over 500 bytes: the oldest results were dropped but remembered ...
     evicted = await store.begin_call("p", "s", "b", b"fp", None)
     assert evicted.outcome is CallOutcome.EVICTED
-    assert budget.owner_held("s") <= 150
+    assert budget.owner_held("s") <= 500
+    done = await store.begin_call("p", "s", "d", b"fp", None)
+    assert done.outcome is CallOutcome.DONE and done.payload == b"x" * 60
     # ... and past the count (3 finished calls), the oldest key is forgotten.
     forgotten = await store.begin_call("p", "s", "a", b"fp", None)
     assert forgotten.outcome is CallOutcome.EXECUTE
-    done = await store.begin_call("p", "s", "d", b"fp", None)
-    assert done.outcome is CallOutcome.DONE and done.payload == b"x" * 60
+    assert budget.owner_held("s") <= 500  # claims count too: many small calls are bounded
     await store.delete_session("p", "s")
     assert budget.held == 0
 
@@ -232,3 +233,21 @@ def test_a_closed_session_keeps_nothing_and_leaves_no_budget_record() -> None:
     assert budget.owner_held("s") == 0 and len(budget) == 0
     session.keep_result("k2", b"y" * 100)  # a call that finished after the session ended
     assert len(budget) == 0 and not session.finished
+
+
+async def test_an_overlong_idempotency_key_is_refused(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running_server(app, ServerConfig()) as (server, nursery):
+        client, _ = await open_session(server, nursery)
+        call = {
+            "jsonrpc": "2.0",
+            "id": 7,
+            "method": "tools/call",
+            "params": {"name": "echo", "arguments": {"text": "x"}},
+        }
+        reply = await client.post(call, {"idempotency-key": "k" * 257})
+        assert isinstance(reply, Reply) and reply.status == 400
+        assert reply.json()["error"]["data"] == {"reason": "invalid_request", "limit": 256}
+        ok = await client.post(call, {"idempotency-key": "k" * 256})
+        assert isinstance(ok, SseReply) and ok.status == 200
