@@ -1,4 +1,4 @@
-"""Channel tokens (seed 003): parsing ``Mcp-Channel-Token`` and the 409 refusals."""
+"""Channel tokens (fencing): parsing ``Mcp-Channel-Token`` and the 409 refusals."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ cause chained: the engine fails closed (503), it never hangs on the store.
 coredis' automatic retries are **off**: a script whose reply was lost may have run,
 and running ``begin_call`` twice would report our own claim as RUNNING.  A timed-out
 ``begin_call`` may therefore leave a claim that nobody executes; it reads as RUNNING
-until it expires -- at-most-once wins over liveness, as seed 003 asks.
+until it expires -- at-most-once wins over liveness.
 
 **Connections.**  coredis 6 clients hold an anyio task group and must be used as an
 async context manager that is entered and exited by the same task.  So that

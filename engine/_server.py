@@ -153,7 +153,7 @@ _TRIM_AFTER = 256 * 1024
 #: The longest ``Idempotency-Key`` accepted (the gate keeps every key for a while).
 MAX_IDEMPOTENCY_KEY = 256
 
-#: The explicit rebind handshake (seed 003), advertised in ``capabilities.experimental``.
+#: The explicit rebind handshake (fencing), advertised in ``capabilities.experimental``.
 REBIND_METHOD = "weir/rebind"
 
 
@@ -830,7 +830,7 @@ class Server:
         session.record = replace(session.record, bound=True)
 
     def _channel(self, session: Session, ctx: RequestContext) -> tuple[int, str] | None:
-        """Parse and check ``Mcp-Channel-Token`` against the session (seed 003).
+        """Parse and check ``Mcp-Channel-Token`` against the session (fencing).
 
         Raises:
             RemoteProtocolError: 409 ``cursor_stale`` (older generation) or
@@ -1132,7 +1132,7 @@ class Server:
         key: str | None,
         token: tuple[int, str] | None,
     ) -> list[_Plan]:
-        """Admission (seed 000), then the idempotency gate (seed 003), before any dispatch.
+        """Admission (half-open), then the idempotency gate (fencing), before any dispatch.
 
         Every request admitted here is accounted for exactly once later
         (:meth:`Session.done`), whether it executes, replays or is cancelled.
@@ -1247,7 +1247,7 @@ class Server:
             delay = min(delay * 2, 0.25)
 
     async def _rebind(self, conn: Connection, session: Session, req: Request) -> None:
-        """The explicit rebind handshake (seed 003): new generation, new token, past results."""
+        """The explicit rebind handshake (fencing): new generation, new token, past results."""
         secret = secrets.token_urlsafe(16)
         try:
             record = await self.store.rebind(session.record.principal, session.session_id, secret)
@@ -1752,7 +1752,7 @@ class Server:
         token: tuple[int, str] | None,
         headers: tuple[tuple[str, str], ...],
     ) -> None:
-        """Serve a cursor of a stream another replica produced: replay, then tail (seed 004).
+        """Serve a cursor of a stream another replica produced: replay, then tail (event ids).
 
         Exactly the events after the cursor, in order; then live events as the
         producing replica appends them, until the final one.  Unknown or trimmed

@@ -98,7 +98,7 @@ class StreamHandle:
     def __init__(self, log: StreamLog, session: Session) -> None:
         self.log = log
         self.session = session
-        #: The session generation the stream belongs to (fencing, seed 003).
+        #: The session generation the stream belongs to (fencing).
         self.generation = session.record.generation
         #: Where frames go before the wire (the shared store), or None.
         self.sink: Callable[[int, str, bool, str | None], Awaitable[None]] | None = None

@@ -393,7 +393,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 def check_deployment(store: str, resume: str, workers: int) -> None:
-    """Refuse, with the reason, a combination that would be silently wrong (seed 004).
+    """Refuse, with the reason, a combination that would be silently wrong (event ids).
 
     Raises:
         SystemExit: the message says what is wrong and what to use instead.

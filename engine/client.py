@@ -35,7 +35,7 @@ while idle) is replaced by a fresh one once; nothing else is re-sent implicitly.
   *same* idempotency key -- the server's gate replays or waits, never re-executes --
   and any other request raises :class:`TransportError`.  In general a request without
   a key is never POSTed again once the server has accepted it (answered 200).
-* **Contiguity (seed 004).**  Every weir event is preceded by ``: replica=<id>`` and
+* **Contiguity (event ids).**  Every weir event is preceded by ``: replica=<id>`` and
   carries the id ``<epoch>:<seq>``.  Across all reconnects of one stream the client
   requires the first event to be ``seq`` 0 and each following one to be exactly the
   previous ``seq + 1`` on the same epoch.  The replica may change (any replica serves
@@ -226,7 +226,7 @@ class BadResponse(WeirError):
 
 
 class StreamResumeViolation(WeirError):
-    """The events of a stream were not contiguous across reconnects (seed 004).
+    """The events of a stream were not contiguous across reconnects (event ids).
 
     Attributes:
         observed: every ``(replica, epoch, seq)`` received on the stream, the
@@ -629,7 +629,7 @@ class ClientSession:
         await self._post_simple(msgspec.json.encode(msg))
 
     async def rebind(self) -> RebindResult:
-        """Perform the explicit rebind handshake (``weir/rebind``, seed 003).
+        """Perform the explicit rebind handshake (``weir/rebind``).
 
         The session moves to a new generation and this client to its new channel
         token; the server ends the streams of the old generation.  The handshake

@@ -83,7 +83,7 @@ class StreamLog:
         self.kind = kind
         self.max_events = max_events
         self.emit_ids = emit_ids
-        #: Written as ``: replica=<id>`` before every event (seed 004), or nothing.
+        #: Written as ``: replica=<id>`` before every event (event ids), or nothing.
         self.prefix = encode_comment(f"replica={replica}", blank_line=False) if replica else b""
         #: The channel generation the stream was opened under (0: no channel token).
         self.binding = binding

@@ -1,5 +1,5 @@
-"""Channel binding, generations and the rebind handshake (seed 003), resumption
-policies and replica comments (seed 004), and every refusal reason the engine emits.
+"""Channel binding, generations and the rebind handshake (fencing), resumption
+policies and replica comments (event ids), and every refusal reason the engine emits.
 
 The real engine over in-memory streams, an h11 client as the peer, Trio's MockClock
 (``autojump_clock``): nothing here sleeps for real.
@@ -572,7 +572,7 @@ async def test_resume_off_refuses_any_cursor(
 async def test_resume_off_still_calls_a_malformed_cursor_malformed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    # DESIGN: a malformed cursor is 400 cursor_invalid under every policy.
+    # A malformed cursor is 400 cursor_invalid under every policy.
     async with running_server(app, ServerConfig(resume="off")) as (server, nursery):
         client, _ = await open_session(server, nursery)
         refused(await client.send("GET", headers={"last-event-id": "42"}), 400, "cursor_invalid")
@@ -982,7 +982,7 @@ async def test_cross_replica_continuation_with_its_own_token(
         epoch, _, seq = cursor.partition(":")
         assert [e.id for e in rest] == [f"{epoch}:{n}" for n in range(int(seq) + 1, 5)]
         assert text_of(json.loads(rest[-1].data)) == "slept 3"
-        # Seed 004: each replayed event names the replica that PRODUCED it (A), not
+        # The event-id namespace: each replayed event names the replica that PRODUCED it (A), not
         # the one replaying it (B).
         assert_each_event_announced(bytes(resumed.raw), "r-a")
 

@@ -1,4 +1,4 @@
-"""Driver tests for seed 000 (drain credit, half-open streams) and the idempotency gate.
+"""Driver tests for half-open streams (drain credit) and the idempotency gate.
 
 The real :class:`engine.Server` runs over in-memory Trio streams.  A peer that
 stops reading is a server->client one-way memory stream whose ``send_all_hook``
@@ -264,7 +264,7 @@ async def settle() -> None:
     await trio.testing.wait_all_tasks_blocked()
 
 
-# ----------------------------------------------------------------- legacy: the seed's topology
+# ----------------------------------------------------------------- legacy: one stream for all
 
 
 @dataclass

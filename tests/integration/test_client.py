@@ -4,14 +4,14 @@ Every server listens on 127.0.0.1 and every exchange crosses a real loopback soc
 
 * **weir in-process** (``Server(...).run`` started in the test's nursery): the demo app,
   the conformance app's ``test_reconnection``, and a small app of this module's own
-  for progress, slow and hanging calls and server-to-client requests.  The seed 003
+  for progress, slow and hanging calls and server-to-client requests.  The fencing
   scenarios use the real server: a corrupted channel token (409 ``channel_unbound``:
   auto-rebind and a fresh key), a rebind by a second client of the same session (409
   ``cursor_stale``: raised, nothing runs), a duplicate delivery of a running call
   (409 ``in_progress``: same key re-sent, one execution).
 * **a scripted fake** (:class:`FakeServer`, h11 on Trio) for what a healthy weir
   never does on demand: 429/503 refusals with ``Retry-After``, streams cut twice,
-  resumed streams that skip, repeat or go back (seed 004), a connection that dies
+  resumed streams that skip, repeat or go back (event ids), a connection that dies
   before its first event.
 * **the official MCP Python SDK server** (``mcp`` 2.3.0, uvicorn) in a subprocess,
   answering SSE or JSON: plain calls without channel tokens or replica comments.
@@ -226,7 +226,7 @@ async def test_reconnection_resumes_after_early_close() -> None:
     assert len(trace.request_ids) == 1  # resumed, never re-sent
 
 
-# ---------------------------------------------------------------- weir: idempotency (seed 003)
+# ---------------------------------------------------------------- weir: idempotency (fencing)
 async def test_same_idempotency_key_executes_once() -> None:
     with trio.fail_after(TEST_TIMEOUT):
         async with weir(demo.app) as server, open_session(server.url) as s:
@@ -380,10 +380,10 @@ async def test_cancelling_a_call_cancels_it_on_the_server() -> None:
             assert text_of(after) == "after-cancel done"
 
 
-# ---------------------------------------------------------------- weir: two replicas (seed 004)
+# ---------------------------------------------------------------- weir: two replicas (event ids)
 class DrainingBalancer:
     """Round robin per TCP connection; :meth:`drain` severs a replica's connections
-    and takes it out of rotation (a rolling restart, as in seed 004)."""
+    and takes it out of rotation (a rolling restart)."""
 
     def __init__(self, ports: list[int]) -> None:
         self.ports = ports
@@ -686,7 +686,7 @@ async def test_refusal_without_retry_is_typed() -> None:
     assert len(server.calls()) == 1
 
 
-# ---------------------------------------------------------------- fake: resumption (seed 004)
+# ---------------------------------------------------------------- fake: resumption (event ids)
 async def test_stream_cut_twice_resumes_from_the_newest_cursor() -> None:
     progress = {"jsonrpc": "2.0", "method": "notifications/progress"}
 

@@ -1,4 +1,4 @@
-"""Seed 000 on real loopback sockets: half-open streams, drain credit, retrying gateways.
+"""Half-open streams on real loopback sockets: drain credit, retrying gateways.
 
 Every test runs the real :class:`engine.Server` in-process, listening on 127.0.0.1,
 and talks to it over real TCP sockets (no in-memory streams), because the things
@@ -20,16 +20,16 @@ timestamps can be compared exactly with the configured limits; a whole test cost
 well under a second of real time.  Every wait is still bounded, in virtual time by
 ``trio.fail_after`` and in count by ``range``.
 
-What the seed asks, and where it is checked
+What the guarantee asks, and where it is checked
 -------------------------------------------
-1. ``test_half_open_legacy_stream_is_refused_bounded_and_reaped`` -- the seed's own
+1. ``test_half_open_legacy_stream_is_refused_bounded_and_reaped`` -- the original incident's own
    scenario on the 2024-11-05 HTTP+SSE transport: a peer with a shrunken receive
    buffer stops reading ``GET /sse`` and keeps POSTing ``tools/call``.  429
    ``stream_half_open`` + ``Retry-After`` only after the drain window; queue depth
    and bytes within the credit throughout; another session and ``initialize``
    untouched; teardown after the liveness timeout, then 404; frames never reordered.
    ``test_burst_into_a_stalled_session_keeps_memory_within_its_credit`` checks the
-   memory half of DESIGN's "Bounded" rule for calls admitted inside the drain window.
+   memory half of the "bounded" rule for calls admitted inside the drain window.
 2. ``test_healthy_exchange_releases_all_credit_exactly`` and
    ``test_credit_is_held_until_the_peer_acknowledges_not_until_send_returns`` --
    byte-exact drain tracking (``SIOCOUTQ``) on real sockets.
@@ -294,7 +294,7 @@ class CreditSamples:
                 await changed.wait()
 
 
-# ---------------------------------------------------------------- 1. the seed's scenario
+# ---------------------------------------------------------------- 1. the original scenario
 @dataclass
 class Outcome:
     """What the stalled peer and the healthy client saw (test 1)."""
@@ -418,14 +418,14 @@ async def test_half_open_legacy_stream_is_refused_bounded_and_reaped(
     assert received == out.admitted[: len(received)], (received, out.admitted)
     assert len(received) >= 1
 
-    # Memory did not balloon (the seed saw +1.2 GB); generous, as RSS is coarse.
+    # Memory did not balloon (the original incident saw +1.2 GB); generous, as RSS is coarse.
     assert rss_after - rss_before < 64 * 1024 * 1024
 
 
 async def test_burst_into_a_stalled_session_keeps_memory_within_its_credit(
     loopback_clock: trio.testing.MockClock,
 ) -> None:
-    """DESIGN, Seed 000, "Bounded": memory per stalled session <= byte credit + a constant.
+    """Bounded: memory per stalled session <= byte credit + a constant.
 
     The peer stalls, then fires a burst of calls: the session is EXHAUSTED, so each
     call waits for admission (before anything runs) until the drain window makes
@@ -621,7 +621,7 @@ class RetryingGateway:
     gateway abandons that upstream connection and re-sends the same request on a new
     one, up to ``retries`` times; then it answers 504 itself.  An upstream that
     breaks the connection gets a 502 (recorded in ``upstream_errors``).  This is the
-    gateway of seed 000, whose retries duplicated non-idempotent tool calls.
+    gateway of the original incident, whose retries duplicated non-idempotent tool calls.
     """
 
     def __init__(

@@ -1,4 +1,4 @@
-"""Seeds 003 and 004 across replicas: several weir servers, one Valkey, a round-robin balancer.
+"""Fencing and event ids across replicas: several weir servers, one Valkey, a round-robin balancer.
 
 Every test runs real :class:`engine.Server` replicas in-process, each listening on its
 own loopback port with its own :class:`~engine._redis_store.RedisStore` connection to
@@ -7,9 +7,9 @@ outage test).  Clients never talk to a replica directly: they go through
 :class:`Balancer`, written here, which opens a connection to the *next* replica in
 rotation for every HTTP request (request-level round robin, no affinity at all), so
 a client's POST, its answers and each of its resumptions land on different replicas
--- exactly the routing of seeds 003 and 004.  It names the replica that served each
-response in an ``X-Upstream`` header, which is how the clients prove that a
-resumption crossed replicas whatever the ``: replica=`` comment says (it names the
+-- exactly the routing the fencing and event-id guarantees are about.  It names the
+replica that served each response in an ``X-Upstream`` header, which is how the clients
+prove that a resumption crossed replicas whatever the ``: replica=`` comment says (it names the
 replica that *produced* an event, which a replay on another replica preserves).
 
 Clock: real time (the store is a real process with real timeouts).  Every wait is
@@ -17,7 +17,7 @@ bounded, in time by ``trio.fail_after``/``move_on_after`` and in count by ``rang
 
 What is checked, and where
 --------------------------
-1. ``test_replicas_survive_kills_without_duplicates_or_gaps`` -- the seeds' incident:
+1. ``test_replicas_survive_kills_without_duplicates_or_gaps`` -- the incident weir exists for:
    5 sessions x 20 calls of a slow, non-idempotent tool (and of one that hangs up
    its stream early with ``ctx.close_stream``), retried by the clients with the same
    ``Idempotency-Key`` on every failure, while a chaos task kills replicas (cancelled
@@ -1065,7 +1065,7 @@ async def test_bad_cursors_fail_closed_on_every_replica(valkey_url: str) -> None
                 return {ports[r.port] for r in balancer.log[mark:] if r.port in ports}
 
             cases = [
-                ("42", 400, "cursor_invalid"),  # a per-process counter (seed 004)
+                ("42", 400, "cursor_invalid"),  # a per-process counter (event ids)
                 ("ffffff00:1", 409, "cursor_unknown"),  # an epoch this session never had
                 (f"{epoch}:5", 409, "cursor_unknown"),  # trimmed from every log
                 (f"{short_epoch}:99", 409, "cursor_unknown"),  # beyond the stream's head

@@ -398,7 +398,7 @@ async def test_read_events_replays_exactly_after_the_cursor(rstore: RedisStore) 
 
 
 async def test_stream_info_binding_head_and_replica(rstore: RedisStore) -> None:
-    """What a replica needs before replaying someone else's stream (seeds 003, 004)."""
+    """What a replica needs before replaying someone else's stream (fencing, event ids)."""
     sid = (await new_session(rstore)).session_id
     assert await rstore.stream_info(P, sid, "00000001") is None  # never allocated
     plain = await rstore.allocate_epoch(P, sid)
