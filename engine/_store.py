@@ -387,6 +387,19 @@ class _MemSession:
         self.calls[key] = (fingerprint, None)
         self.held += _entry_size(key)
 
+    def forget_for(self, wanted: int) -> None:
+        """Free ``wanted`` bytes by forgetting the oldest finished calls whole -- but only
+        if their keys can cover it (when something else holds the bytes, forgetting
+        keys would weaken the gate and free nothing that matters)."""
+        if wanted <= 0:
+            return
+        finished = sum(_entry_size(k) for k, (_, p) in self.calls.items() if p is not None)
+        if finished < wanted:
+            return
+        target = self.held - wanted
+        while self.held > target and self.forget_oldest_finished():
+            pass
+
     def forget_oldest_finished(self) -> bool:
         """Forget the oldest finished call entirely (a retry of it could run again)."""
         for key, (_, stored) in self.calls.items():
@@ -534,8 +547,7 @@ class MemoryStore:
                     break
                 if stored:
                     s.tombstone(oldest)
-            while s.held > cap and len(s.calls) > 1 and s.forget_oldest_finished():
-                pass
+            s.forget_for(s.held - cap)
         if self.budget is not None:
             self.budget.charge(session_id, s.held - before)
 
@@ -551,10 +563,11 @@ class MemoryStore:
                 break
             if stored:
                 s.tombstone(key)
-        # Responses gone and still over: forget the oldest finished calls whole (only
-        # then could a retry of one of them run again; running claims always stay).
-        while before - s.held < nbytes and s.forget_oldest_finished():
-            pass
+        # Responses gone and still over: forget the oldest finished calls whole -- but
+        # only if that can cover what is still wanted (the keys themselves are what
+        # holds the memory).  Only then could a retry of one of them run again;
+        # running claims always stay.
+        s.forget_for(nbytes - (before - s.held))
         if self.budget is not None:
             self.budget.charge(session_id, s.held - before)
 

@@ -251,3 +251,17 @@ async def test_an_overlong_idempotency_key_is_refused(
         assert reply.json()["error"]["data"] == {"reason": "invalid_request", "limit": 256}
         ok = await client.post(call, {"idempotency-key": "k" * 256})
         assert isinstance(ok, SseReply) and ok.status == 200
+
+
+async def test_many_small_calls_are_bounded_by_their_keys_too() -> None:
+    store = MemoryStore(Retention(calls_per_session=10_000, call_bytes_per_session=4_000))
+    record = SessionRecord(session_id="s", principal="p", protocol_version="v", created_at=0.0)
+    await store.create_session(record)
+    for i in range(200):
+        key = f"key-{i:04d}"
+        assert (await store.begin_call("p", "s", key, b"fp", None)).outcome is CallOutcome.EXECUTE
+        await store.finish_call("p", "s", key, b"ok")
+    s = store._sessions[("p", "s")]
+    assert s.held <= 4_000 and len(s.calls) < 200  # the oldest keys went, whole
+    newest = await store.begin_call("p", "s", "key-0199", b"fp", None)
+    assert newest.outcome is CallOutcome.DONE  # ... and the newest are still answered
