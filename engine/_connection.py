@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from protocol import DrainTracker, HttpConnection, HttpLimits
+from protocol import DrainTracker, HeadCache, HttpConnection, HttpLimits
 
 from ._drain import DrainMeter
 from ._session import JsonCharge
@@ -47,10 +47,15 @@ class Connection:
     __slots__ = ("_outstanding", "http", "inbound", "meter", "principal", "stream", "tracker")
 
     def __init__(
-        self, stream: trio.abc.Stream, limits: HttpLimits, *, notsent_lowat: int | None
+        self,
+        stream: trio.abc.Stream,
+        limits: HttpLimits,
+        *,
+        notsent_lowat: int | None,
+        heads: HeadCache | None = None,
     ) -> None:
         self.stream = stream
-        self.http = HttpConnection(limits)
+        self.http = HttpConnection(limits, heads=heads)
         self.meter = DrainMeter(stream, notsent_lowat=notsent_lowat)
         self.tracker: DrainTracker[tuple[Holder, int]] = DrainTracker()
         self._outstanding = trio.Event()

@@ -85,6 +85,7 @@ from protocol import (
     DeleteSession,
     ErrorResponse,
     EventId,
+    HeadCache,
     HttpError,
     HttpRequest,
     Inbound,
@@ -195,6 +196,8 @@ class Server:
         self.metrics = Metrics()
         self._last_seen: dict[str, float] = {}
         self._per_principal: dict[str, int] = {}
+        #: Validated response heads, shared by every connection of this server.
+        self._heads = HeadCache()
         #: Bytes of incomplete requests buffered by all connections (see
         #: ``ServerConfig.max_inbound_bytes``).
         self.inbound = 0
@@ -470,7 +473,9 @@ class Server:
 
     # ---------------------------------------------------------------- connections
     async def _connection(self, stream: trio.abc.Stream, slot: Slot | None = None) -> None:
-        conn = Connection(stream, self.config.limits, notsent_lowat=self.config.notsent_lowat)
+        conn = Connection(
+            stream, self.config.limits, notsent_lowat=self.config.notsent_lowat, heads=self._heads
+        )
         conn.principal = self.config.principal  # (with authorization: set per request)
         try:
             async with trio.open_nursery() as nursery:

@@ -55,6 +55,7 @@ from ._event_ids import (
 from ._http import (
     NEED_DATA,
     ConnectionClosed,
+    HeadCache,
     Headers,
     HttpConnection,
     HttpError,
@@ -133,6 +134,7 @@ __all__ = [
     "ErrorObject",
     "ErrorResponse",
     "EventId",
+    "HeadCache",
     "Headers",
     "HttpConnection",
     "HttpError",

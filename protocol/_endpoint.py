@@ -30,6 +30,7 @@ import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Final
 
 from ._errors import INVALID_REQUEST, Reason, RemoteProtocolError
@@ -307,7 +308,7 @@ def closing_refusal(exc: RemoteProtocolError) -> bytes:
     return head.encode("latin-1") + body
 
 
-_PHRASES: Final = {408: "Request Timeout", 503: "Service Unavailable"}
+_PHRASES: Final = MappingProxyType({408: "Request Timeout", 503: "Service Unavailable"})
 
 
 def session_refusal(session_id: str, request_id: int | str | None = None) -> RemoteProtocolError:

@@ -244,10 +244,19 @@ class HttpConnection:
             (see "Two paths" in the module docstring).  ``False`` hands every byte
             to h11 from the start; the two produce the same events and the same
             bytes, which the tests check byte for byte.
+        heads: the cache of validated response heads to use (share one among a
+            server's connections); default: a small one of this connection's own.
     """
 
-    def __init__(self, limits: HttpLimits | None = None, *, fast_path: bool = True) -> None:
+    def __init__(
+        self,
+        limits: HttpLimits | None = None,
+        *,
+        fast_path: bool = True,
+        heads: HeadCache | None = None,
+    ) -> None:
         self.limits = limits or HttpLimits()
+        self._heads = heads if heads is not None else HeadCache(64)
         self._h11: h11.Connection | None = None
         # Fast path state (unused once h11 has taken over).
         self._buf = bytearray()
@@ -623,7 +632,7 @@ class HttpConnection:
         _check_status(status, streamed=False, body=body)
         if self._h11 is None:
             self._fast_check(_Phase.ANSWER, "Response")
-            head = _encode_head(status, headers)
+            head = self._heads.head(status, headers)
             close = b"" if self._keep_alive else b"Connection: close\r\n"
             out = b"%scontent-length: %d\r\n%s\r\n%s" % (head, len(body), close, body)
             self._fast_done()
@@ -656,21 +665,13 @@ class HttpConnection:
         _check_status(status, streamed=True, body=b"")
         if self._h11 is None:
             self._fast_check(_Phase.ANSWER, "Response")
-            head = _encode_head(status, headers)
+            head = self._heads.head(status, headers)
             self._phase = _Phase.STREAM
             if self._keep_alive:
                 return head + b"Transfer-Encoding: chunked\r\n\r\n"
             return head + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
         self._h11_check_response()
-        key = (status, headers)
-        event = _STREAM_HEADS.get(key)
-        if event is None:
-            _check_headers(headers)
-            event = h11.Response(
-                status_code=status, headers=_headers(headers), reason=_phrase(status)
-            )
-            _remember(_STREAM_HEADS, key, event)
-        out = self._send(event)
+        out = self._send(self._heads.event(status, headers))
         if self._out:  # a 100 Continue the driver has not taken yet goes first
             out = self.data_to_send() + out
         return out
@@ -865,26 +866,6 @@ def _check_status(status: int, *, streamed: bool, body: bytes) -> None:
         raise LocalProtocolError(f"status {status} has no body; it cannot carry one")
 
 
-def _encode_head(status: int, headers: tuple[tuple[str, str], ...]) -> bytes:
-    """Status line, ``server`` and ``headers`` (validated), without framing or blank line."""
-    key = (status, headers)
-    head = _HEADS.get(key)
-    if head is None:
-        _check_headers(headers)
-        try:
-            lines = "".join(f"{n}: {v}\r\n" for n, v in headers).encode("latin-1")
-        except UnicodeEncodeError:
-            raise LocalProtocolError("header values must be latin-1") from None
-        head = b"HTTP/1.1 %d %s\r\nserver: %s\r\n%s" % (
-            status,
-            _phrase(status),
-            _SERVER_HEADER,
-            lines,
-        )
-        _remember(_HEADS, key, head)
-    return head
-
-
 def _check_headers(headers: tuple[tuple[str, str], ...]) -> None:
     for name, value in headers:
         if name.lower() in _FRAMING:
@@ -893,21 +874,74 @@ def _check_headers(headers: tuple[tuple[str, str], ...]) -> None:
             raise LocalProtocolError(f"cannot send Response: malformed header {name!r}")
 
 
-def _remember(cache: dict[_K, _V], key: _K, value: _V) -> None:
-    if len(cache) >= _CACHE_MAX:
-        cache.pop(next(iter(cache)))
-    cache[key] = value
+_HeadKey = tuple[int, tuple[tuple[str, str], ...]]
 
 
-_K = TypeVar("_K")
+class HeadCache:
+    """Validated response heads by ``(status, headers)``, bounded, oldest dropped first.
+
+    An MCP server sends the same few heads again and again (an SSE head per session
+    id, a 202, a handful of refusals), and validating and encoding them is a real
+    share of a small response's cost.  Share one cache among a server's connections
+    (:class:`HttpConnection` takes it as ``heads``); each connection gets a small one
+    of its own otherwise.  Nothing here is module state: the cache is an object its
+    owner passes in.
+
+    Args:
+        limit: most heads kept (of each kind: fast-path bytes and h11 events).
+    """
+
+    __slots__ = ("_events", "_heads", "limit")
+
+    def __init__(self, limit: int = 4096) -> None:
+        if limit < 1:
+            raise ValueError("a head cache must hold at least one head")
+        self.limit = limit
+        self._heads: dict[_HeadKey, bytes] = {}
+        self._events: dict[_HeadKey, h11.Response] = {}
+
+    def head(self, status: int, headers: tuple[tuple[str, str], ...]) -> bytes:
+        """Status line, ``server`` and ``headers`` (validated), no framing or blank line.
+
+        Raises:
+            LocalProtocolError: a header the connection sets itself, or a malformed one.
+        """
+        key = (status, headers)
+        head = self._heads.get(key)
+        if head is None:
+            _check_headers(headers)
+            try:
+                lines = "".join(f"{n}: {v}\r\n" for n, v in headers).encode("latin-1")
+            except UnicodeEncodeError:
+                raise LocalProtocolError("header values must be latin-1") from None
+            head = b"HTTP/1.1 %d %s\r\nserver: %s\r\n%s" % (
+                status,
+                _phrase(status),
+                _SERVER_HEADER,
+                lines,
+            )
+            self._keep(self._heads, key, head)
+        return head
+
+    def event(self, status: int, headers: tuple[tuple[str, str], ...]) -> h11.Response:
+        """The validated h11 response event for a streamed response's head."""
+        key = (status, headers)
+        event = self._events.get(key)
+        if event is None:
+            _check_headers(headers)
+            event = h11.Response(
+                status_code=status, headers=_headers(headers), reason=_phrase(status)
+            )
+            self._keep(self._events, key, event)
+        return event
+
+    def _keep(self, cache: dict[_HeadKey, _V], key: _HeadKey, value: _V) -> None:
+        if len(cache) >= self.limit:
+            cache.pop(next(iter(cache)))
+        cache[key] = value
+
+
 _V = TypeVar("_V")
-_CACHE_MAX = 4096
-# Encoded response heads (fast path), oldest first, bounded.
-_HEADS: dict[tuple[int, tuple[tuple[str, str], ...]], bytes] = {}
-
-
-# Streamed-response heads already validated by h11, oldest first (bounded).
-_STREAM_HEADS: dict[tuple[int, tuple[tuple[str, str], ...]], h11.Response] = {}
 
 
 def _headers(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Final
+from types import MappingProxyType
+from typing import Final, TypeVar
 
 from ._errors import LocalProtocolError
 
@@ -73,52 +74,65 @@ class SessionInput(enum.Enum):
     TEARDOWN = "TEARDOWN"  # server ended it (liveness timeout, shutdown)
 
 
+_K = TypeVar("_K")
+_I = TypeVar("_I")
+
+
+def _frozen(table: dict[_K, dict[_I, _K]]) -> Mapping[_K, Mapping[_I, _K]]:
+    """A transition table nobody can change after import (read-only views all the way)."""
+    return MappingProxyType({state: MappingProxyType(row) for state, row in table.items()})
+
+
 S, In = StreamState, StreamInput
-STREAM_TRANSITIONS: Final[Mapping[StreamState, Mapping[StreamInput, StreamState]]] = {
-    S.LIVE_DETACHED: {
-        In.ATTACH: S.LIVE_ATTACHED,
-        In.FINISH: S.FINAL_DETACHED,
-        In.ABORT: S.CLOSED,
-    },
-    S.LIVE_ATTACHED: {
-        In.DETACH: S.LIVE_DETACHED,
-        In.FINISH: S.FINAL_ATTACHED,
-        In.ABORT: S.CLOSED,
-    },
-    S.FINAL_DETACHED: {
-        In.ATTACH: S.FINAL_ATTACHED,
-        In.ABORT: S.CLOSED,
-    },
-    S.FINAL_ATTACHED: {
-        In.DETACH: S.FINAL_DETACHED,
-        In.DELIVERED: S.CLOSED,
-        In.ABORT: S.CLOSED,
-    },
-    S.CLOSED: {
-        In.ATTACH: S.CLOSED,  # replay only
-        In.DETACH: S.CLOSED,
-        In.DELIVERED: S.CLOSED,
-        In.ABORT: S.CLOSED,
-    },
-}
+STREAM_TRANSITIONS: Final[Mapping[StreamState, Mapping[StreamInput, StreamState]]] = _frozen(
+    {
+        S.LIVE_DETACHED: {
+            In.ATTACH: S.LIVE_ATTACHED,
+            In.FINISH: S.FINAL_DETACHED,
+            In.ABORT: S.CLOSED,
+        },
+        S.LIVE_ATTACHED: {
+            In.DETACH: S.LIVE_DETACHED,
+            In.FINISH: S.FINAL_ATTACHED,
+            In.ABORT: S.CLOSED,
+        },
+        S.FINAL_DETACHED: {
+            In.ATTACH: S.FINAL_ATTACHED,
+            In.ABORT: S.CLOSED,
+        },
+        S.FINAL_ATTACHED: {
+            In.DETACH: S.FINAL_DETACHED,
+            In.DELIVERED: S.CLOSED,
+            In.ABORT: S.CLOSED,
+        },
+        S.CLOSED: {
+            In.ATTACH: S.CLOSED,  # replay only
+            In.DETACH: S.CLOSED,
+            In.DELIVERED: S.CLOSED,
+            In.ABORT: S.CLOSED,
+        },
+    }
+)
 del S, In
 
 SS, SI = SessionState, SessionInput
-SESSION_TRANSITIONS: Final[Mapping[SessionState, Mapping[SessionInput, SessionState]]] = {
-    SS.NEW: {
-        SI.INITIALIZED: SS.ACTIVE,
-        SI.REQUEST: SS.NEW,
-        SI.DELETE: SS.CLOSED,
-        SI.TEARDOWN: SS.CLOSED,
-    },
-    SS.ACTIVE: {
-        SI.INITIALIZED: SS.ACTIVE,
-        SI.REQUEST: SS.ACTIVE,
-        SI.DELETE: SS.CLOSED,
-        SI.TEARDOWN: SS.CLOSED,
-    },
-    SS.CLOSED: {},
-}
+SESSION_TRANSITIONS: Final[Mapping[SessionState, Mapping[SessionInput, SessionState]]] = _frozen(
+    {
+        SS.NEW: {
+            SI.INITIALIZED: SS.ACTIVE,
+            SI.REQUEST: SS.NEW,
+            SI.DELETE: SS.CLOSED,
+            SI.TEARDOWN: SS.CLOSED,
+        },
+        SS.ACTIVE: {
+            SI.INITIALIZED: SS.ACTIVE,
+            SI.REQUEST: SS.ACTIVE,
+            SI.DELETE: SS.CLOSED,
+            SI.TEARDOWN: SS.CLOSED,
+        },
+        SS.CLOSED: {},
+    }
+)
 del SS, SI
 
 
@@ -142,28 +156,30 @@ class CreditInput(enum.Enum):
 
 
 CS, CI = CreditState, CreditInput
-CREDIT_TRANSITIONS: Final[Mapping[CreditState, Mapping[CreditInput, CreditState]]] = {
-    CS.OPEN: {
-        CI.EXHAUST: CS.EXHAUSTED,
-        CI.REPLENISH: CS.OPEN,
-        CI.PROGRESS: CS.OPEN,
-        CI.EXPIRE: CS.DEAD,
-    },
-    CS.EXHAUSTED: {
-        CI.EXHAUST: CS.EXHAUSTED,
-        CI.REPLENISH: CS.OPEN,
-        CI.PROGRESS: CS.EXHAUSTED,
-        CI.STALL: CS.HALF_OPEN,
-        CI.EXPIRE: CS.DEAD,
-    },
-    CS.HALF_OPEN: {
-        CI.EXHAUST: CS.HALF_OPEN,
-        CI.REPLENISH: CS.OPEN,
-        CI.PROGRESS: CS.EXHAUSTED,
-        CI.EXPIRE: CS.DEAD,
-    },
-    CS.DEAD: {},
-}
+CREDIT_TRANSITIONS: Final[Mapping[CreditState, Mapping[CreditInput, CreditState]]] = _frozen(
+    {
+        CS.OPEN: {
+            CI.EXHAUST: CS.EXHAUSTED,
+            CI.REPLENISH: CS.OPEN,
+            CI.PROGRESS: CS.OPEN,
+            CI.EXPIRE: CS.DEAD,
+        },
+        CS.EXHAUSTED: {
+            CI.EXHAUST: CS.EXHAUSTED,
+            CI.REPLENISH: CS.OPEN,
+            CI.PROGRESS: CS.EXHAUSTED,
+            CI.STALL: CS.HALF_OPEN,
+            CI.EXPIRE: CS.DEAD,
+        },
+        CS.HALF_OPEN: {
+            CI.EXHAUST: CS.HALF_OPEN,
+            CI.REPLENISH: CS.OPEN,
+            CI.PROGRESS: CS.EXHAUSTED,
+            CI.EXPIRE: CS.DEAD,
+        },
+        CS.DEAD: {},
+    }
+)
 del CS, CI
 
 

@@ -6,6 +6,9 @@
 * Importing ``protocol`` does not import trio or engine.
 * ``engine/`` imports from ``protocol`` only through the package's ``__all__``.
 * ``tests/protocol`` never imports trio.
+* ``protocol/`` keeps no module-level mutable state: no module-level dict, list,
+  set, bytearray, deque or other container is bound at import time (caches are
+  objects their owners pass in, such as :class:`protocol.HeadCache`).
 """
 
 from __future__ import annotations
@@ -97,6 +100,45 @@ def test_protocol_has_no_async_code(path: Path) -> None:
         if isinstance(node, ast.AsyncFunctionDef | ast.Await | ast.AsyncFor | ast.AsyncWith)
     ]
     assert not bad, "\n".join(bad)
+
+
+_MUTABLE_CALLS = frozenset(
+    {"dict", "list", "set", "bytearray", "deque", "OrderedDict", "defaultdict", "Counter"}
+)
+
+
+def _module_level_mutables(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """``(line, name)`` of module-level names bound to a mutable container."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        mutable = isinstance(
+            value, ast.Dict | ast.List | ast.Set | ast.DictComp | ast.ListComp | ast.SetComp
+        ) or (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Name | ast.Attribute)
+            and (value.func.id if isinstance(value.func, ast.Name) else value.func.attr)
+            in _MUTABLE_CALLS
+        )
+        if mutable:
+            for t in targets:
+                if ast.unparse(t) != "__all__":  # the export list, by convention a list
+                    yield node.lineno, ast.unparse(t)
+
+
+@pytest.mark.parametrize("path", PROTOCOL_FILES, ids=_rel)
+def test_protocol_keeps_no_module_level_mutable_state(path: Path) -> None:
+    bad = [f"{_rel(path)}:{line}: {name}" for line, name in _module_level_mutables(_parse(path))]
+    assert not bad, "\n".join(bad)
+
+
+def test_mutable_state_scanner_catches_what_it_should() -> None:
+    tree = ast.parse("A = {}\nB: list[int] = []\nC = OrderedDict()\nD = frozenset()\nE = (1,)\n")
+    assert [name for _, name in _module_level_mutables(tree)] == ["A", "B", "C"]
 
 
 def test_scanner_catches_what_it_should() -> None:
