@@ -27,6 +27,7 @@ import inspect
 import re
 import types
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
 
@@ -299,6 +300,10 @@ def _schema_for(
     return top, struct
 
 
+#: ``lifespan(app)``: an async context manager entered around serving.
+Lifespan = Callable[["App"], AbstractAsyncContextManager[Any]]
+
+
 class App:
     """An MCP application: a named registry of tools, resources, prompts and completions.
 
@@ -306,19 +311,41 @@ class App:
         name: ``serverInfo.name``.
         version: ``serverInfo.version``.
         instructions: optional ``instructions`` returned by ``initialize``.
+        lifespan: optional ``lifespan(app)`` returning an async context manager that
+            the server enters before it serves and exits after its last request
+            (see :meth:`lifespan`).
     """
 
     def __init__(
-        self, name: str, version: str = "0.1.0", *, instructions: str | None = None
+        self,
+        name: str,
+        version: str = "0.1.0",
+        *,
+        instructions: str | None = None,
+        lifespan: Lifespan | None = None,
     ) -> None:
         self.name = name
         self.version = version
         self.instructions = instructions
+        #: Entered around serving; what it yields is ``Context.state`` in every handler.
+        self.lifespan_fn: Lifespan | None = lifespan
         self.tools: dict[str, Tool] = {}
         self.resources: dict[str, Resource] = {}
         self.templates: list[ResourceTemplate] = []
         self.prompts: dict[str, Prompt] = {}
         self.completion_fn: CompletionFn | None = None
+
+    def lifespan(self, fn: Lifespan) -> Lifespan:
+        """Register the app's lifespan: ``@app.lifespan`` on an ``@asynccontextmanager``.
+
+        The server enters it before it accepts a connection and exits it after the
+        last request has finished (graceful shutdown included), once per process.
+        What it yields is ``ctx.state`` in every handler: a database pool, a client,
+        a cache, opened once instead of per call.  If entering it raises, the server
+        does not start.
+        """
+        self.lifespan_fn = fn
+        return fn
 
     # ---------------------------------------------------------------- tools
     def tool(

@@ -37,6 +37,7 @@ class Context:
         request_id: the JSON-RPC id of the request being served.
         progress_token: ``params._meta.progressToken`` if the client sent one.
         meta: the request's ``params._meta`` (empty if none).
+        state: what the app's lifespan yielded (``None`` without one).
     """
 
     def __init__(
@@ -45,8 +46,11 @@ class Context:
         request_id: RequestId,
         stream: StreamHandle | None,
         meta: dict[str, Any] | None = None,
+        *,
+        state: Any = None,
     ) -> None:
         self._session = session
+        self.state = state
         self._stream = stream
         self.session_id = session.session_id
         self.request_id = request_id

@@ -65,7 +65,7 @@ import hashlib
 import logging
 import math
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -210,6 +210,8 @@ class Server:
         self.listeners: list[trio.SocketListener] = []
         self._accept_scope = trio.CancelScope()
         self._accepting_done = trio.Event()
+        #: What the app's lifespan yielded (``Context.state``); None without one.
+        self.state: Any = None
         #: Accept loops under the connection limit (see :mod:`engine._listen`).
         self.gate = AcceptGate(self.config.connection_limit)
 
@@ -238,10 +240,13 @@ class Server:
         With ``listen=False`` no socket is opened: connections are handed in with
         :meth:`serve_connection` (in-memory tests, or another accept loop).
         """
-        if listen:
-            self.listeners = await _open_listeners(self.config)
         try:
-            await self._run(task_status)
+            lifespan = self.app.lifespan_fn
+            async with lifespan(self.app) if lifespan is not None else _no_lifespan() as state:
+                self.state = state
+                if listen:
+                    self.listeners = await _open_listeners(self.config)
+                await self._run(task_status)
         finally:
             self.stopped.set()
 
@@ -1489,7 +1494,9 @@ class Server:
         if plan.key is not None:
             self.metrics.executions += 1
         meta = (req.params or {}).get("_meta")
-        return Context(session, req.id, handle, meta if isinstance(meta, dict) else None)
+        return Context(
+            session, req.id, handle, meta if isinstance(meta, dict) else None, state=self.state
+        )
 
     async def _answer_now(
         self, session: Session, plan: _Plan, handle: StreamHandle | None
@@ -1966,6 +1973,11 @@ def _failure(req: Request, exc: Exception) -> bytes:
         return encode_error(req.id, exc.code, exc.message, exc.data)
     log.exception("handler for %s failed", req.method)
     return encode_error(req.id, INTERNAL_ERROR, f"internal error in {req.method}")
+
+
+@contextlib.asynccontextmanager
+async def _no_lifespan() -> AsyncIterator[None]:
+    yield None
 
 
 def _auth_refusal(
