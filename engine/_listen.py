@@ -46,15 +46,13 @@ _LOG_EVERY = 10.0
 class Slot:
     """One connection's place under the limit (parking costs two attribute stores)."""
 
-    __slots__ = ("idle_since", "scope", "shed")
+    __slots__ = ("idle_since", "scope")
 
     def __init__(self) -> None:
         #: When the connection began waiting for its next request (None: busy).
         self.idle_since: float | None = None
         #: The scope of the connection's reads; cancelling it sheds the connection.
         self.scope: trio.CancelScope | None = None
-        #: True once the gate closed this connection to make room.
-        self.shed = False
 
     def unpark(self) -> None:
         """The connection is busy again (or gone)."""
@@ -78,8 +76,6 @@ class AcceptGate:
         self.shed_total = 0
         #: ``accept()`` calls that failed for lack of descriptors or memory.
         self.accept_errors = 0
-        #: Times the gate stopped accepting because every slot was busy.
-        self.full_total = 0
         self._slots: set[Slot] = set()
         self._room: trio.Event | None = None
         self._last_log = -math.inf
@@ -111,7 +107,6 @@ class AcceptGate:
             return False
         slot = min(idle, key=lambda s: s.idle_since or 0.0)
         assert slot.scope is not None
-        slot.shed = True
         slot.scope.cancel()
         slot.unpark()
         self.shed_total += 1
@@ -120,7 +115,6 @@ class AcceptGate:
     async def _wait_for_room(self, listener: trio.SocketListener) -> None:
         if self.open < self.limit:
             return
-        self.full_total += 1
         while self.open >= self.limit:
             # Shed only for a client that is really waiting to be accepted.
             await trio.lowlevel.wait_readable(listener.socket)

@@ -382,28 +382,28 @@ class Server:
                 ``Retry-After``; existing sessions are unaffected.
         """
         cfg = self.config
-        retry_ms = int(min(cfg.initialize_timeout, 30.0) * 1000)
         if len(self.sessions) >= cfg.max_sessions:
-            raise RemoteProtocolError(
-                f"this server holds its limit of {cfg.max_sessions} sessions; retry later",
-                http_status=503,
-                reason=Reason.SESSION_LIMIT,
-                code=SERVER_ERROR,
-                request_id=request_id,
-                retry_after_ms=retry_ms,
-                data={"limit": cfg.max_sessions, "scope": "server"},
+            full = (503, "server", cfg.max_sessions, "this server holds its limit", "retry later")
+        elif self._per_principal.get(principal, 0) >= cfg.principal_session_limit:
+            full = (
+                429,
+                "principal",
+                cfg.principal_session_limit,
+                "this principal holds its limit",
+                "end one or retry later",
             )
-        limit = cfg.principal_session_limit
-        if self._per_principal.get(principal, 0) >= limit:
-            raise RemoteProtocolError(
-                f"this principal holds its limit of {limit} sessions; end one or retry later",
-                http_status=429,
-                reason=Reason.SESSION_LIMIT,
-                code=SERVER_ERROR,
-                request_id=request_id,
-                retry_after_ms=retry_ms,
-                data={"limit": limit, "scope": "principal"},
-            )
+        else:
+            return
+        status, scope, limit, who, then = full
+        raise RemoteProtocolError(
+            f"{who} of {limit} sessions; {then}",
+            http_status=status,
+            reason=Reason.SESSION_LIMIT,
+            code=SERVER_ERROR,
+            request_id=request_id,
+            retry_after_ms=int(min(cfg.initialize_timeout, 30.0) * 1000),
+            data={"limit": limit, "scope": scope},
+        )
 
     def _register(self, session: Session, now: float) -> None:
         sid = session.session_id
@@ -638,22 +638,20 @@ class Server:
                 )
             path = request.path
             cfg = self.config
-            if path != cfg.path:
-                # Not the endpoint: metadata and metrics need no token, the legacy
-                # endpoints do; anything else is routed (and refused) like the endpoint.
-                if cfg.auth is not None and path.startswith(METADATA_PATH):
-                    await self._resource_metadata(conn, request, cfg.auth)
-                    return
-                if path == cfg.metrics_path:
-                    await self._auxiliary(conn, request)
-                    return
-                if cfg.auth is not None:
-                    conn.principal = await self._authenticate(request)
-                if path in (cfg.legacy_sse_path, cfg.legacy_messages_path):
-                    await self._auxiliary(conn, request)
-                    return
-            elif cfg.auth is not None:
+            endpoint = path == cfg.path
+            # Metadata and metrics need no token; the legacy endpoints and the MCP
+            # endpoint do, and anything else is routed (and refused) like the endpoint.
+            if not endpoint and cfg.auth is not None and path.startswith(METADATA_PATH):
+                await self._resource_metadata(conn, request, cfg.auth)
+                return
+            if not endpoint and path == cfg.metrics_path:
+                await self._auxiliary(conn, request)
+                return
+            if cfg.auth is not None:
                 conn.principal = await self._authenticate(request)
+            if not endpoint and path in (cfg.legacy_sse_path, cfg.legacy_messages_path):
+                await self._auxiliary(conn, request)
+                return
             mcp = route(request, self._endpoint)
             del request  # the body is decoded: from here on only the messages count
             if isinstance(mcp, PostMessages):
@@ -748,10 +746,10 @@ class Server:
         """
         sid = session_id or ""
         session = self.sessions.get(sid)
-        if session is not None and (session.closed or session.record.principal != principal):
-            if not session.closed:
-                raise session_refusal(sid, request_id)
+        if session is not None and session.closed:
             session = None
+        if session is not None and session.record.principal != principal:
+            raise session_refusal(sid, request_id)  # as if it did not exist; left alone
         if self.store.shared and (session is None or verify):
             record = await self.store.get_session(principal, sid)
             if record is None:
@@ -1093,12 +1091,15 @@ class Server:
         while True:
             await trio.sleep(lease / 3)
             for session in list(self.sessions.values()):
-                keys = [k for k in session.calls if not session.closed]
-                if not keys:
+                if session.closed or not session.calls:
                     continue
                 try:
                     await self.store.renew_claims(
-                        session.record.principal, session.session_id, keys, self.replica_id, lease
+                        session.record.principal,
+                        session.session_id,
+                        list(session.calls),
+                        self.replica_id,
+                        lease,
                     )
                 except (StoreUnavailable, SessionGone):
                     continue

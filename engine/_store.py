@@ -176,10 +176,12 @@ class Retention:
         calls_per_session: finished calls the memory store remembers per session
             (it has no clock for ``idempotency_ttl``; beyond it the oldest finished
             ones are forgotten, running claims never).
-        call_bytes_per_session: bytes of those calls' responses it keeps per
-            session; beyond it the oldest responses are dropped and leave a
-            tombstone (a retry is told the outcome is gone, and nothing re-runs).
-            Across sessions the server's retention budget applies as well.
+        call_bytes_per_session: bytes the gate keeps per session: every key (its
+            length plus ``ENTRY_OVERHEAD``) and every stored response.  Beyond it the
+            oldest responses are dropped and leave a tombstone (a retry is told the
+            outcome is gone, and nothing re-runs); only if the keys themselves hold
+            the bytes are the oldest finished keys forgotten whole.  Across sessions
+            the server's retention budget applies as well.
     """
 
     events_per_stream: int = 4096

@@ -30,12 +30,11 @@ import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Final
 
 from ._errors import INVALID_REQUEST, Reason, RemoteProtocolError
 from ._event_ids import EventId, parse_event_id
-from ._http import Headers, HttpRequest
+from ._http import Headers, HttpRequest, raw_error_response
 from ._jsonrpc import Message, Request, decode_body, error_body
 
 #: Revisions served on the Streamable HTTP endpoint, newest first.
@@ -302,13 +301,7 @@ def closing_refusal(exc: RemoteProtocolError) -> bytes:
     mid-request, so nothing but this response may follow on it.
     """
     status, headers, body = refusal(exc)
-    head = f"HTTP/1.1 {status} {_PHRASES.get(status, '')}\r\nserver: weir\r\n"
-    head += "".join(f"{n}: {v}\r\n" for n, v in headers)
-    head += f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
-    return head.encode("latin-1") + body
-
-
-_PHRASES: Final = MappingProxyType({408: "Request Timeout", 503: "Service Unavailable"})
+    return raw_error_response(status, body, [h for h in headers if h[0] != "content-type"])
 
 
 def session_refusal(session_id: str, request_id: int | str | None = None) -> RemoteProtocolError:

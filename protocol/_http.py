@@ -574,7 +574,7 @@ class HttpConnection:
             exc = RemoteProtocolError(message, http_status=status, reason=reason)
             body = error_body(exc)
             # Build the answer by hand: h11 may be in its ERROR state already.
-            self._out += _raw_response(status, body)
+            self._out += raw_error_response(status, body)
         self._closed = True
         return HttpError(status=status, reason=reason, message=message)
 
@@ -965,9 +965,16 @@ def _phrase(status: int) -> bytes:
         return b""
 
 
-def _raw_response(status: int, body: bytes) -> bytes:
+def raw_error_response(status: int, body: bytes, headers: Iterable[tuple[str, str]] = ()) -> bytes:
+    """A whole JSON error response that closes the connection, framed by hand.
+
+    For answers outside the request/response cycle (h11 may be in its error
+    state, or no request was delivered): the core's automatic 4xx and the
+    driver's 408/503 for a request that never completed.
+    """
     phrase = _phrase(status)
     head = b"HTTP/1.1 %d %s\r\n" % (status, phrase)
     head += b"server: weir\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    head += "".join(f"{n}: {v}\r\n" for n, v in headers).encode("latin-1")
     head += b"content-length: %d\r\n\r\n" % len(body)
     return head + body

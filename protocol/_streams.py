@@ -26,7 +26,7 @@ import enum
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 
-from ._errors import LocalProtocolError, Reason, RemoteProtocolError
+from ._errors import Reason, RemoteProtocolError
 from ._event_ids import EventId, _trusted
 from ._sse import encode_comment, encode_event
 from ._states import StreamInput, StreamState, stream_transition
@@ -194,19 +194,6 @@ class StreamLog:
         while frames and frames[0][0] < self._drained:
             self.retained_bytes -= len(frames.popleft()[1])
         return self.retained_bytes
-
-    def forget(self) -> None:
-        """Drop every frame (the stream's whole history); it must not be pending.
-
-        Raises:
-            LocalProtocolError: a frame is still unacknowledged.
-        """
-        if self._drained < self._next_seq:
-            raise LocalProtocolError(
-                f"stream {self.epoch} still has unacknowledged frames; drain or abort it first"
-            )
-        self._frames.clear()
-        self.retained_bytes = 0
 
     # ---------------------------------------------------------------- reading
     @property
