@@ -134,6 +134,7 @@ from ._session import JsonCharge, Session, SessionClosed, StreamHandle, StreamLo
 from ._store import (
     INTERRUPTED_MESSAGE,
     CallOutcome,
+    CallStart,
     ChannelRejected,
     ChannelVerdict,
     MemoryStore,
@@ -948,9 +949,13 @@ class Server:
             return
         epoch = plans[0].epoch
         if epoch is None:
-            epoch = await self.store.allocate_epoch(
-                session.record.principal, session.session_id, token[0] if token else 0
-            )
+            try:
+                epoch = await self.store.allocate_epoch(
+                    session.record.principal, session.session_id, token[0] if token else 0
+                )
+            except BaseException:
+                await self._release_unstarted(session, plans)
+                raise
         handle = self._open_stream(session, epoch, StreamKind.REQUEST, token)
         handle.outstanding = 1
         assert self._handlers is not None
@@ -1197,16 +1202,7 @@ class Server:
         while True:
             try:
                 if self.store.shared:  # a claim another replica may have to interrupt
-                    start = await self.store.begin_call(
-                        principal,
-                        sid,
-                        key,
-                        fp,
-                        token,
-                        request_id=msgspec.json.encode(req.id),
-                        owner=self.replica_id,
-                        lease=self.config.claim_lease,
-                    )
+                    start = await self._claim(session, req, key, fp, token)
                 else:
                     start = await self.store.begin_call(principal, sid, key, fp, token)
             except SessionGone:
@@ -1256,6 +1252,42 @@ class Server:
                 else:
                     await trio.sleep_forever()  # another replica runs it: poll the store
             delay = min(delay * 2, 0.25)
+
+    async def _claim(
+        self, session: Session, req: Request, key: str, fp: bytes, token: tuple[int, str] | None
+    ) -> CallStart:
+        """``begin_call`` on a shared store, shielded from this process's cancellation.
+
+        A cancellation landing while the claim is in flight would leave us not
+        knowing whether the store granted it: a granted claim nobody releases holds
+        every retry at 409 ``in_progress`` until its lease runs out.  So the round
+        trip completes (bounded by the store's own timeout, and by 5 s here); a claim
+        granted to a request that then never starts is given back by the caller.
+        """
+        with trio.CancelScope(shield=True) as shield:
+            shield.deadline = trio.current_time() + 5.0
+            return await self.store.begin_call(
+                session.record.principal,
+                session.session_id,
+                key,
+                fp,
+                token,
+                request_id=msgspec.json.encode(req.id),
+                owner=self.replica_id,
+                lease=self.config.claim_lease,
+            )
+        raise StoreUnavailable("the store did not answer a claim within 5 s")
+
+    async def _release_unstarted(self, session: Session, plans: list[_Plan]) -> None:
+        """Give back the keys of claimed calls that will never start here.
+
+        Nothing ran, so a retry (on this replica or another) may run them: releasing
+        is safe where it would not be for a call that had begun (see
+        :meth:`_interrupted`).
+        """
+        for plan in plans:
+            if plan.key is not None and plan.replay is None:
+                await self._finish_call(session, plan.key, None)
 
     async def _rebind(self, conn: Connection, session: Session, req: Request) -> None:
         """The explicit rebind handshake (fencing): new generation, new token, past results."""
@@ -1670,9 +1702,13 @@ class Server:
     ) -> None:
         try:
             await handle.send("")  # the priming event: an id and empty data
-        except StreamLost:
+        except BaseException as exc:
+            # Neither call has started: their keys go back, so a retry runs them.
+            await self._release_unstarted(session, plans)
             session.done(len(plans))
-            return
+            if isinstance(exc, StreamLost):
+                return
+            raise
         assert self._handlers is not None
         for plan in plans:
             self._handlers.start_soon(self._run_request, session, plan, handle)

@@ -30,6 +30,9 @@ What is checked, and where
    one-line summary (run with ``-s`` to see it).
    ``test_a_call_interrupted_by_a_replica_kill_is_answered_once`` isolates the
    interrupted-call case: kill the replica running a call, retry on another one.
+   ``test_a_kill_before_the_tool_starts_never_strands_the_key`` sweeps the kill
+   across the instants between a call's arrival and its tool's start: the claimed
+   key goes back, and the retry runs the call once.
 2. ``test_bad_cursors_fail_closed_on_every_replica`` -- ``42`` is 400
    ``cursor_invalid``; an unknown epoch, a trimmed seq or one beyond the head is 409
    ``cursor_unknown``, on every replica; a good cursor resumes exactly after itself.
@@ -48,6 +51,7 @@ What is checked, and where
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import secrets
@@ -1002,6 +1006,67 @@ async def test_a_call_interrupted_by_a_replica_kill_is_answered_once(
         f"the interrupted call was never answered: {tally.undelivered} "
         f"(statuses {dict(tally.statuses)})"
     )
+
+
+KILL_INSTANTS = [i * 0.003 for i in range(12)]  # 0 .. 33 ms after the POST is sent
+
+
+async def _post_ignoring_drops(peer: Peer, msg: dict[str, Any], key: str) -> None:
+    with contextlib.suppress(Dropped):
+        await peer.post(msg, {"idempotency-key": key})
+
+
+async def test_a_kill_before_the_tool_starts_never_strands_the_key(valkey_url: str) -> None:
+    """A replica cancelled at any instant between a call's arrival and its tool's start.
+
+    Claiming the key is a store round trip, then the priming event goes out, then
+    the tool runs: a kill in between must give the key back (nothing ran), so the
+    retry on the restarted replica runs it -- once.  A stranded claim would hold
+    every retry at 409 ``in_progress`` for the whole claim lease (15 s), far past
+    this test's 4 s per call; a claim answered ``interrupted`` although the tool
+    never ran would leave the call never executed.  The kill instants sweep that
+    window in 3 ms steps; whichever instant lands where, the invariant is the same.
+    """
+    ledger = Ledger()
+    async with replica_set(make_app(ledger), valkey_url, 1) as (replicas, balancer, nursery):
+        (victim,) = replicas
+        peer = Peer(balancer.port)
+        with trio.fail_after(10):
+            await peer.initialize()
+        for n, instant in enumerate(KILL_INSTANTS):
+            key = f"early-kill-{n}-{secrets.token_hex(3)}"
+            msg = {
+                "jsonrpc": "2.0",
+                "id": n + 1,
+                "method": "tools/call",
+                # The body call_until_answered re-sends (same fingerprint).
+                "params": {
+                    "name": "charge",
+                    "arguments": {"key": key},
+                    "_meta": {"progressToken": key},
+                },
+            }
+            with trio.fail_after(10):
+                async with trio.open_nursery() as race:
+                    race.start_soon(_post_ignoring_drops, peer, msg, key)
+                    await trio.sleep(instant)
+                    ledger.killing = "early kill"
+                    await victim.kill(hard=True)
+                    race.cancel_scope.cancel()
+                await peer.close()
+                for _ in range(20):  # the port may linger for a moment
+                    try:
+                        await victim.start(nursery)
+                        break
+                    except OSError:
+                        await trio.sleep(0.05)
+                assert victim.up
+            tally = Tally()
+            result = await call_until_answered(peer, tally, n + 1, "charge", key, deadline=4.0)
+            assert result is not None, (instant, tally.undelivered, dict(tally.statuses))
+            assert ledger.executions[key] == 1, (instant, ledger.executions[key], result)
+            if key not in ledger.interrupted:
+                assert "result" in result, (instant, result)
 
 
 # ------------------------------------------------------------------------ test 2
