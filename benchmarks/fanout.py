@@ -7,7 +7,7 @@ Streamable HTTP endpoint with an ``echo`` tool; ``--pid`` lets CPU and RSS be re
 or started here as a subprocess on 127.0.0.1 (``--server weir|ceiling|sdk``;
 ``all`` runs the three one after another and compares them):
 
-* ``weir`` -- ``python -m engine serve benchmarks.weir_app:app`` (the demo's
+* ``weir`` -- ``python -m weir serve benchmarks.weir_app:app`` (the demo's
   ``echo`` plus a ``mark`` tally used to count duplicate executions exactly);
 * ``ceiling`` -- :mod:`benchmarks.ceiling`, a minimal Trio + h11 server answering
   the same requests in the same wire format without any MCP machinery;
@@ -1420,7 +1420,7 @@ def server_argv(name: str, opts: Options, weir_flags: set[str]) -> tuple[str, li
     """(process label, argv) of a server started here."""
     py = sys.executable
     if name == "weir":
-        argv = [py, "-m", "engine", "serve", opts.weir_app, "--port", "0", "--shutdown-grace", "1"]
+        argv = [py, "-m", "weir", "serve", opts.weir_app, "--port", "0", "--shutdown-grace", "1"]
         if opts.json_response:
             argv.append("--json-response")
         if opts.store:
@@ -1569,7 +1569,7 @@ def weir_flags() -> set[str]:
     """The credit flags this checkout's ``weir serve`` understands."""
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "engine", "serve", "--help"],
+            [sys.executable, "-m", "weir", "serve", "--help"],
             cwd=REPO,
             capture_output=True,
             timeout=30,
@@ -1955,7 +1955,7 @@ def options(args: argparse.Namespace) -> Options:
         raise SystemExit("fanout: --ab needs --half-open N and one server started here")
     if args.peers_only and (args.url is None or args.phase_start is None or not args.half_open):
         raise SystemExit("fanout: --peers-only is internal (--peer-process starts it)")
-    from protocol import CreditLimits
+    from weir.protocol import CreditLimits
 
     given = {
         "frames": args.credit_frames,

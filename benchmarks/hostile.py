@@ -592,7 +592,7 @@ async def run_row(kind: str, attack: Attack, args: argparse.Namespace, tmp: Path
     server_args = list(attack.weir_args if kind == "weir" else attack.sdk_args)
     describe = ["git", "describe", "--always", "--dirty"]
     git = subprocess.run(describe, cwd=REPO, capture_output=True, timeout=10, check=False)
-    weir = ["engine", "serve", "demo", "--host", "127.0.0.1"]
+    weir = ["weir", "serve", "demo", "--host", "127.0.0.1"]
     argv = [sys.executable, "-m", *(weir if kind == "weir" else ["benchmarks.sdk_server"])]
     server = spawn([*argv, "--port", "0", *server_args], tmp / f"{kind}.log", subprocess.DEVNULL)
     line = b""

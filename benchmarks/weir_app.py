@@ -11,7 +11,7 @@ calls (a few per second), so it does not disturb the RSS measurement.
 
 from __future__ import annotations
 
-from engine import App
+from weir.engine import App
 
 app = App("weir-bench", "0.1.0", instructions="weir's fan-out benchmark app.")
 

@@ -1,6 +1,6 @@
 """weir's Trio engine: the server, the application API and the stores.
 
-Everything here is built on the sans-io core in :mod:`protocol`; this is the only
+Everything here is built on the sans-io core in :mod:`weir.protocol`; this is the only
 layer that reads the clock or touches a socket.
 """
 

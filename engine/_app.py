@@ -5,14 +5,14 @@ Theory of operation
 An :class:`App` is a registry, nothing more: decorators record functions together
 with the metadata MCP lists (names, descriptions, JSON Schemas, annotations).  It
 has no I/O and no knowledge of sessions; the server (``engine._server``) looks
-handlers up here and calls them with a :class:`~engine.Context`.
+handlers up here and calls them with a :class:`~weir.engine.Context`.
 
 * A tool's ``inputSchema`` is derived from its type hints with msgspec (a Struct is
   built from the parameters), and incoming ``arguments`` are validated and
   converted with the same Struct before the function runs.  Bad arguments become a
   tool result with ``isError: true`` (MCP 2025-11-25: input validation errors are
   tool execution errors), never a crash.
-* A parameter annotated as :class:`~engine.Context` receives the per-call context
+* A parameter annotated as :class:`~weir.engine.Context` receives the per-call context
   and is not part of the schema.
 * Return values are normalised into MCP result objects by :func:`tool_result`
   (``str`` -> one text block, a content block or a list of them, or a full result

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocol import SERVER_ERROR, Reason, RemoteProtocolError, RequestId
+from weir.protocol import SERVER_ERROR, Reason, RemoteProtocolError, RequestId
 
 from ._store import ChannelVerdict
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from protocol import LOOPBACK_HOSTS, CreditLimits, EndpointConfig, HttpLimits
+from weir.protocol import LOOPBACK_HOSTS, CreditLimits, EndpointConfig, HttpLimits
 
 from ._auth import Authorization
 
@@ -69,7 +69,7 @@ class ServerConfig:
         retry_ms: the ``retry:`` hint sent when the server ends a stream early.
         shutdown_grace: seconds running handlers get to finish at shutdown.
         principal: the principal of every request when ``auth`` is not set.
-        auth: OAuth resource-server settings (:class:`~engine.Authorization`);
+        auth: OAuth resource-server settings (:class:`~weir.engine.Authorization`);
             ``None``: no authentication, every request is ``principal``.
         resume: the resumption policy: ``shared`` (events go to the store before
             the wire; any replica replays), ``pinned`` (this process's buffer; a

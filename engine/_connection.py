@@ -2,13 +2,13 @@
 
 Theory of operation
 -------------------
-:class:`Connection` owns a stream and its :class:`protocol.HttpConnection`.  Every
+:class:`Connection` owns a stream and its :class:`weir.protocol.HttpConnection`.  Every
 byte goes out through :meth:`Connection.send`, which counts bytes as the kernel
 accepts them (on a TCP socket it calls ``send()`` itself, so the count is exact even
 while a write is blocked part-way) and records, for each SSE frame in the data, the
-offset of the frame's last byte (:class:`protocol.DrainTracker`).
+offset of the frame's last byte (:class:`weir.protocol.DrainTracker`).
 
-:meth:`Connection.check_acks` asks the :class:`~engine._drain.DrainMeter` how many
+:meth:`Connection.check_acks` asks the :class:`~weir.engine._drain.DrainMeter` how many
 of those bytes the peer has acknowledged and hands the result to the core: frames
 whose last byte is acknowledged give their session's credit back, and any
 acknowledged byte of a pending frame counts as progress for that frame's session
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from protocol import DrainTracker, HeadCache, HttpConnection, HttpLimits
+from weir.protocol import DrainTracker, HeadCache, HttpConnection, HttpLimits
 
 from ._drain import DrainMeter
 from ._session import JsonCharge

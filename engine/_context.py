@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from protocol import ErrorResponse, RequestId, Response, encode_notification, encode_request
+from weir.protocol import ErrorResponse, RequestId, Response, encode_notification, encode_request
 
 from ._app import McpError
 from ._session import PendingRequest

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 :func:`dispatch` is the only place that knows MCP method names.  It returns the
-``result`` object or raises :class:`~engine.McpError` (a JSON-RPC error).  Tool
+``result`` object or raises :class:`~weir.engine.McpError` (a JSON-RPC error).  Tool
 failures are *results* with ``isError: true`` (MCP), not JSON-RPC errors.
 Transport concerns (streams, sessions, HTTP) stay in ``engine._server``.
 """
@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import msgspec
 
-from protocol import INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND, Request
+from weir.protocol import INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND, Request
 
 from ._app import App, McpError, Tool, ToolError, text, tool_result
 from ._context import Context
@@ -133,7 +133,7 @@ def call_tool_now(app: App, params: dict[str, Any], ctx: Context) -> dict[str, A
 
     Same results and errors as :func:`call_tool`; the caller has checked
     :func:`inline_tool`.  The coroutine is stepped once and must finish on that
-    step (:func:`engine._app.never_suspends` guarantees it); it runs in a copy of
+    step (:func:`weir.engine._app.never_suspends` guarantees it); it runs in a copy of
     the current context, as a task would, so context variables it sets do not leak.
     """
     try:

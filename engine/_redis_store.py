@@ -1,9 +1,9 @@
-"""A :class:`~engine._store.SessionStore` on any Redis-protocol server (Redis, Valkey, Cluster).
+"""A :class:`~._store.SessionStore` on any Redis-protocol server (Redis, Valkey, Cluster).
 
 Theory of operation
 -------------------
 Every process serving a session talks to the same server, so everything the
-:class:`~engine._store.SessionStore` docstrings promise has to hold across
+:class:`~weir.engine._store.SessionStore` docstrings promise has to hold across
 processes: each multi-step update is **one Lua script** (one round trip, atomic
 on the server), and the Python side only encodes arguments and decodes replies.
 
@@ -635,7 +635,7 @@ def _client_for(url: str, *, timeout: float) -> Client[bytes]:
 
 
 class RedisStore:
-    """The shared :class:`~engine._store.SessionStore` (see the module docstring).
+    """The shared :class:`~weir.engine._store.SessionStore` (see the module docstring).
 
     Create it with :meth:`connect`; close it with :meth:`aclose` (or use it as an
     async context manager).

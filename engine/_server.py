@@ -4,10 +4,10 @@ Theory of operation
 -------------------
 Each TCP connection gets one task running :meth:`Server._connection`: the small
 ``receive_some -> receive_data -> next_event -> respond -> send`` loop around an
-:class:`~engine._connection.Connection` (the :class:`protocol.HttpConnection` plus
+:class:`~weir.engine._connection.Connection` (the :class:`weir.protocol.HttpConnection` plus
 byte-exact send accounting).  All MCP endpoint rules come from
-:func:`protocol.route`; this module adds what needs state or I/O: sessions (the
-:class:`~engine.SessionStore` plus the live :class:`~engine._session.Session`),
+:func:`weir.protocol.route`; this module adds what needs state or I/O: sessions (the
+:class:`~weir.engine.SessionStore` plus the live :class:`~weir.engine._session.Session`),
 admission, handler tasks and SSE writers.
 
 **Admission** happens here, before any handler is dispatched: a POST carrying
@@ -19,7 +19,7 @@ requests for a session whose credit is half-open is refused with 429
 connection's task, so a dropped connection does not cancel them (MCP:
 disconnection is not cancellation) and their output stays replayable.  The
 exception is a ``tools/call`` of a tool whose ``async def`` has no suspension
-point at all (:func:`engine._app.never_suspends`), with the process-local store:
+point at all (:func:`weir.engine._app.never_suspends`), with the process-local store:
 it finishes on its first step, so it runs right in the connection's task
 (:meth:`Server._run_now`) -- it can neither be cancelled half-way nor outlive
 anything -- and its response goes out in the same write as the head.  Before a
@@ -74,7 +74,7 @@ from urllib.parse import parse_qs
 import msgspec
 import trio
 
-from protocol import (
+from weir.protocol import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -164,12 +164,12 @@ def _fingerprint(req: Request) -> bytes:
 
 
 class Server:
-    """An MCP server for one :class:`~engine.App` (see the module docstring).
+    """An MCP server for one :class:`~weir.engine.App` (see the module docstring).
 
     Args:
         app: the application.
         config: server configuration.
-        store: the session store (default: a new :class:`~engine.MemoryStore`).
+        store: the session store (default: a new :class:`~weir.engine.MemoryStore`).
         session_id_factory: makes session ids (default: 32 random bytes, base64url).
     """
 
@@ -1498,7 +1498,7 @@ class Server:
         """Can ``plan`` be answered in the connection's task, with no handler task?
 
         Yes for a replay (nothing executes) and for a ``tools/call`` of a tool that
-        never suspends (:func:`engine._app.never_suspends`), when the store is
+        never suspends (:func:`weir.engine._app.never_suspends`), when the store is
         process-local (its calls never block either).  Such a call cannot be
         cancelled half-way, observe its task, or outlive a dropped connection, so
         running it here changes nothing a client can see -- except the latency.

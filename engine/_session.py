@@ -4,17 +4,17 @@ and the server-to-client requests awaiting answers.
 Theory of operation
 -------------------
 A :class:`Session` is the in-process half of a session whose record lives in the
-store.  Its state changes go through the tables in :mod:`protocol` (here only
+store.  Its state changes go through the tables in :mod:`weir.protocol` (here only
 :meth:`Session.handle`).  It owns:
 
-* one :class:`StreamHandle` per SSE stream: the pure :class:`protocol.StreamLog`
+* one :class:`StreamHandle` per SSE stream: the pure :class:`weir.protocol.StreamLog`
   plus a Trio wake-up so the attached writer (a connection task) notices appends;
   messages are only ever *appended* to a log, writers only ever *read* it;
 * the cancel scope of every running request handler, by JSON-RPC id, so
   ``notifications/cancelled`` and teardown can cancel them;
 * the pending server-to-client requests (sampling, elicitation, roots), by the id
   the server gave them, whose answers arrive later in a POST;
-* its drain credit (:class:`protocol.SessionCredit`) and the FIFO of frames waiting
+* its drain credit (:class:`weir.protocol.SessionCredit`) and the FIFO of frames waiting
   for credit.  Every frame enters a log through :meth:`StreamHandle.send`, which
   first takes credit for its exact encoded size, waiting in FIFO order when there
   is none -- so frames are never reordered and a session never holds more than
@@ -33,7 +33,7 @@ from typing import Any
 
 import trio
 
-from protocol import (
+from weir.protocol import (
     CreditLimits,
     CreditState,
     Message,

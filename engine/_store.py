@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from protocol import RetentionBudget
+from weir.protocol import RetentionBudget
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,7 +55,7 @@ class SessionRecord:
         created_at: engine clock time of creation.
         generation: starts at 1 and only grows (channel rebinds).
         secret: the secret half of the current channel token.
-        salt: keys the session's epoch permutation (:func:`protocol.scramble_epoch`),
+        salt: keys the session's epoch permutation (:func:`weir.protocol.scramble_epoch`),
             so stream epochs cannot be guessed; never sent to the client.
         bound: the client has presented its channel token at least once: from then
             on a ``DELETE``, a rebind or a stream of the session needs the token
@@ -314,7 +314,7 @@ class _KeyedMixer:
     another key); every step is invertible, so epochs stay unique in the session,
     and without the keys (drawn from the session's secret salt) one epoch tells
     nothing useful about the next.  About a microsecond, against ~10 for the SHA-1
-    Feistel network that shared stores use (:class:`protocol.EpochPermutation`):
+    Feistel network that shared stores use (:class:`weir.protocol.EpochPermutation`):
     only this process ever allocates a memory store's epochs, so the two need not
     agree.
     """

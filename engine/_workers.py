@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 The parent reserves the port (binding a ``SO_REUSEPORT`` socket it never listens
 on, so ``--port 0`` gets one definite port), then starts N children, each
-``python -m engine serve ... --port P --workers 1 --reuse-port --replica-id
+``python -m weir serve ... --port P --workers 1 --reuse-port --replica-id
 <id>-<i>``.  Each child listens on the same port with ``SO_REUSEPORT``; the kernel
 spreads new connections across them.  Sessions must be in a shared store (the
 CLI refuses ``--workers`` > 1 with ``--store memory``), so any worker serves any
@@ -37,7 +37,7 @@ def _child_argv(args: argparse.Namespace, port: int, replica: str) -> list[str]:
     argv = [
         sys.executable,
         "-m",
-        "engine",
+        "weir",
         "serve",
         args.app,
         "--host",

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A writer is nothing but a cursor into a :class:`protocol.StreamLog` and the
+A writer is nothing but a cursor into a :class:`weir.protocol.StreamLog` and the
 connection holding the HTTP response: it copies frames in log order, marks where
 each frame's last byte lies (so the frame's credit comes back when the peer
 acknowledges it), and ends the response when the stream is finished, closed, or
@@ -20,7 +20,7 @@ import logging
 
 import trio
 
-from protocol import RemoteProtocolError, StreamInput, StreamState, encode_retry
+from weir.protocol import RemoteProtocolError, StreamInput, StreamState, encode_retry
 
 from ._connection import Connection
 from ._session import Session, StreamHandle

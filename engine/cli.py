@@ -2,7 +2,7 @@
 
 ``weir serve [APP] [--host H] [--port P] [--path /mcp] [--json-response] [--log-level L]``
 
-APP is ``module:attribute`` naming an :class:`engine.App` (or a zero-argument
+APP is ``module:attribute`` naming an :class:`weir.engine.App` (or a zero-argument
 callable returning one), or a built-in name: ``demo`` (default) or
 ``conformance``.  With ``--port 0`` a free port is chosen; the first line on stdout
 is always ``weir: serving http://HOST:PORT/PATH``.  SIGINT/SIGTERM shut down
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import trio
 
-from protocol import CreditLimits, HttpLimits
+from weir.protocol import CreditLimits, HttpLimits
 
 from ._app import App
 from ._auth import Authorization, JwtVerifier
@@ -31,7 +31,10 @@ from ._memory import tune_allocator
 from ._server import Server, ServerConfig
 from ._store import MemoryStore, SessionStore, StoreUnavailable
 
-BUILTIN_APPS = {"demo": "engine.apps.demo:app", "conformance": "engine.apps.conformance:app"}
+BUILTIN_APPS = {
+    "demo": "weir.engine.apps.demo:app",
+    "conformance": "weir.engine.apps.conformance:app",
+}
 
 
 def load_app(spec: str) -> App:

@@ -2,25 +2,25 @@
 
 Theory of operation
 -------------------
-:mod:`protocol` does no I/O and reads no clock, so any event loop can drive it.  This
+:mod:`weir.protocol` does no I/O and reads no clock, so any event loop can drive it.  This
 module shows it: a small asyncio server around the same core ``engine._server`` drives
 with Trio.  Each connection runs ``reader.read -> HttpConnection.receive_data ->
 next_event -> respond -> writer.write``.  All HTTP framing (keep-alive, chunking,
-automatic 400/413/431) comes from :class:`protocol.HttpConnection`; every endpoint rule
+automatic 400/413/431) comes from :class:`weir.protocol.HttpConnection`; every endpoint rule
 (path, Host/Origin, method, Accept, Content-Type, JSON-RPC decoding, session header)
-from :func:`protocol.route`; every refusal body from :func:`protocol.refusal`; every
-SSE frame from a :class:`protocol.StreamLog` (ids ``<epoch>:<seq>``, a priming event
-for 2025-11-25 clients); session states from :func:`protocol.session_transition`.  The
+from :func:`weir.protocol.route`; every refusal body from :func:`weir.protocol.refusal`; every
+SSE frame from a :class:`weir.protocol.StreamLog` (ids ``<epoch>:<seq>``, a priming event
+for 2025-11-25 clients); session states from :func:`weir.protocol.session_transition`.  The
 driver adds only what needs state or I/O: a dict of sessions and the sockets.
 
-It serves an :class:`engine.App` (the demo app by default): ``initialize``,
+It serves an :class:`weir.engine.App` (the demo app by default): ``initialize``,
 ``notifications/initialized``, ``ping``, ``tools/list`` and ``tools/call``, answered
 as an SSE stream, or as one JSON body when ``Accept`` lists only ``application/json``
 (routing uses ``json_response=True`` so such clients pass; SSE is chosen per request).
 ``engine`` imports trio, but no trio code runs: tools are awaited on the asyncio loop.
 
 Deliberately left out (the Trio engine has them all): tools taking an
-:class:`engine.Context` (they get a JSON-RPC error: no progress, logging, sampling or
+:class:`weir.engine.Context` (they get a JSON-RPC error: no progress, logging, sampling or
 cancellation here, and they are not listed); resources, prompts and completion; GET
 streams and ``Last-Event-ID`` resumption (GET answers 405, which MCP allows); handlers
 that outlive their connection (a request runs inline, one at a time per connection);
@@ -40,10 +40,9 @@ from typing import Any
 
 import msgspec
 
-from engine import App, McpError, ToolError
-from engine._app import text, tool_result
-from engine.apps.demo import app as demo_app
-from protocol import (
+from weir.engine import App, McpError, ToolError, text, tool_result
+from weir.engine.apps.demo import app as demo_app
+from weir.protocol import (
     INVALID_PARAMS,
     LOOPBACK_HOSTS,
     METHOD_NOT_FOUND,
@@ -89,7 +88,7 @@ class _Session:
 
 
 class AsyncioDriver:
-    """Serves one :class:`engine.App`; :meth:`connection` is the ``start_server`` callback."""
+    """Serves one :class:`weir.engine.App`; :meth:`connection` is the ``start_server`` callback."""
 
     def __init__(self, app: App, endpoint: EndpointConfig) -> None:
         self.app, self.endpoint = app, endpoint
@@ -147,7 +146,7 @@ class AsyncioDriver:
 
 
 class _Connection:
-    """One TCP connection: the read/respond loop around one :class:`protocol.HttpConnection`."""
+    """One TCP connection: the read/respond loop around one :class:`HttpConnection`."""
 
     def __init__(self, driver: AsyncioDriver, writer: asyncio.StreamWriter) -> None:
         self.driver, self.writer, self.conn = driver, writer, HttpConnection()

@@ -2,9 +2,9 @@
 
 Theory of operation
 -------------------
-:func:`route` maps one complete :class:`~protocol.HttpRequest` to one MCP-level
+:func:`route` maps one complete :class:`~weir.protocol.HttpRequest` to one MCP-level
 request -- :class:`PostMessages`, :class:`OpenStream` or :class:`DeleteSession` --
-or raises :class:`~protocol.RemoteProtocolError` carrying the exact refusal.  It
+or raises :class:`~weir.protocol.RemoteProtocolError` carrying the exact refusal.  It
 checks everything that needs no state, in this order (the first failure wins):
 
 1. path (404), then ``Host`` and ``Origin`` against the allow-list (403; DNS

@@ -15,7 +15,7 @@ Clients branch on ``reason``, never on the status alone.
   API wrongly, e.g. wrote a body after ending a response.  It is a bug, not a peer
   problem.
 
-After a ``LocalProtocolError`` from :class:`protocol.HttpConnection` the connection
+After a ``LocalProtocolError`` from :class:`weir.protocol.HttpConnection` the connection
 is in an error state and must be closed.
 """
 

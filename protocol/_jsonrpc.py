@@ -10,7 +10,7 @@ typed messages into bytes, and nothing else: it knows no sessions and no transpo
   (reason ``parse_error``), and so is JSON nested too deeply to decode; a
   well-formed body that is not a JSON-RPC message is
   ``-32600`` (reason ``invalid_request``).  Both surface as
-  :class:`~protocol.RemoteProtocolError` with ``http_status=400``.
+  :class:`~weir.protocol.RemoteProtocolError` with ``http_status=400``.
 * A body may be a batch (JSON array) only where the caller allows it (MCP
   2025-03-26); otherwise a batch is refused with reason ``batch_not_supported``.
 * Encoding goes through one shared :class:`msgspec.json.Encoder`; outbound

@@ -1,14 +1,18 @@
 """The dependency rule, enforced.
 
-* ``protocol/`` is sans-io: it imports only the standard library (minus I/O,
-  concurrency, clock and randomness modules), ``h11`` and ``msgspec``; it never
-  imports ``engine``; it has no ``async def`` and no ``await``.
-* Importing ``protocol`` does not import trio or engine.
-* ``engine/`` imports from ``protocol`` only through the package's ``__all__``.
+* ``protocol/`` (installed as ``weir.protocol``) is sans-io: it imports only the
+  standard library (minus I/O, concurrency, clock, randomness, identifier and
+  logging modules), ``h11`` and ``msgspec``; it never imports the engine; it has no
+  ``async def`` and no ``await``.
+* Importing ``weir.protocol`` does not import trio or the engine.
+* ``engine/`` imports from the core only through ``weir.protocol.__all__``.
+* Nothing in the repository imports the source folders by their bare names
+  (``protocol``, ``engine``): one module, one name, never two copies of a class.
+* ``examples/`` use only public names (no ``weir.engine._*`` or ``weir.protocol._*``).
 * ``tests/protocol`` never imports trio.
 * ``protocol/`` keeps no module-level mutable state: no module-level dict, list,
   set, bytearray, deque or other container is bound at import time (caches are
-  objects their owners pass in, such as :class:`protocol.HeadCache`).
+  objects their owners pass in, such as :class:`weir.protocol.HeadCache`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-import protocol
+import weir.protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL = ROOT / "protocol"
@@ -42,6 +46,12 @@ FORBIDDEN_IN_PROTOCOL = frozenset(
         "secrets",
         "os",
         "subprocess",
+        "datetime",  # a clock: time comes in as an argument
+        "uuid",  # randomness: ids come in as arguments
+        "logging",  # what to report is the driver's to decide
+        "urllib.request",
+        "http.client",
+        "weir.engine",
         "engine",
     }
 )
@@ -70,6 +80,12 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT))
 
 
+def _forbidden(module: str) -> bool:
+    """Is ``module`` (or a package it is in) on the core's forbidden list?"""
+    parts = module.split(".")
+    return any(".".join(parts[:i]) in FORBIDDEN_IN_PROTOCOL for i in range(1, len(parts) + 1))
+
+
 PROTOCOL_FILES = _py_files(PROTOCOL)
 ENGINE_FILES = _py_files(ENGINE)
 
@@ -85,7 +101,7 @@ def test_protocol_imports_only_stdlib_h11_and_msgspec(path: Path) -> None:
     bad: list[str] = []
     for line, module, _ in _absolute_imports(_parse(path)):
         root = module.split(".", 1)[0]
-        if root in FORBIDDEN_IN_PROTOCOL:
+        if _forbidden(module):
             bad.append(f"{_rel(path)}:{line}: forbidden import {module}")
         elif root not in THIRD_PARTY_IN_PROTOCOL and root not in sys.stdlib_module_names:
             bad.append(f"{_rel(path)}:{line}: third-party import {module}")
@@ -144,20 +160,23 @@ def test_mutable_state_scanner_catches_what_it_should() -> None:
 def test_scanner_catches_what_it_should() -> None:
     # The scan itself must be able to fail.
     tree = ast.parse(
-        "import time\nfrom trio import lowlevel\nimport engine._x\nasync def f():\n    await g()\n"
+        "import time\nfrom trio import lowlevel\nimport weir.engine._x\n"
+        "async def f():\n    await g()\n"
     )
-    roots = {m.split(".", 1)[0] for _, m, _ in _absolute_imports(tree)}
-    assert roots <= FORBIDDEN_IN_PROTOCOL
-    assert roots == {"time", "trio", "engine"}
+    modules = [m for _, m, _ in _absolute_imports(tree)]
+    assert modules == ["time", "trio", "weir.engine._x"]
+    assert all(_forbidden(m) for m in modules)
+    assert _forbidden("urllib.request") and not _forbidden("urllib.parse")
+    assert not _forbidden("weir.protocol") and not _forbidden("enginex")
     assert any(isinstance(n, ast.AsyncFunctionDef) for n in ast.walk(tree))
     assert any(isinstance(n, ast.Await) for n in ast.walk(tree))
 
 
 def test_importing_protocol_imports_neither_trio_nor_engine() -> None:
     code = (
-        "import protocol, sys\n"
+        "import weir.protocol, sys\n"
         "assert 'trio' not in sys.modules, 'trio imported'\n"
-        "assert 'engine' not in sys.modules, 'engine imported'\n"
+        "assert 'weir.engine' not in sys.modules, 'weir.engine imported'\n"
         "bad = sorted(m for m in ('anyio', 'asyncio', 'threading') if m in sys.modules)\n"
         "assert not bad, bad\n"
     )
@@ -169,28 +188,30 @@ def test_importing_protocol_imports_neither_trio_nor_engine() -> None:
 
 @pytest.mark.parametrize("path", ENGINE_FILES, ids=_rel)
 def test_engine_uses_protocol_only_through_its_public_surface(path: Path) -> None:
-    public = set(protocol.__all__)
+    public = set(weir.protocol.__all__)
     bad: list[str] = []
     for line, module, names in _absolute_imports(_parse(path)):
-        if module != "protocol" and not module.startswith("protocol."):
+        if module != "weir.protocol" and not module.startswith("weir.protocol."):
             continue
-        if module != "protocol":
+        if module != "weir.protocol":
             bad.append(f"{_rel(path)}:{line}: imports private module {module}")
             continue
         for name in names:
             if name == "*" or name not in public:
-                bad.append(f"{_rel(path)}:{line}: 'from protocol import {name}' is not in __all__")
+                bad.append(
+                    f"{_rel(path)}:{line}: 'from weir.protocol import {name}' is not in __all__"
+                )
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("name", protocol.__all__)
+@pytest.mark.parametrize("name", weir.protocol.__all__)
 def test_every_public_name_exists(name: str) -> None:
-    assert hasattr(protocol, name), name
+    assert hasattr(weir.protocol, name), name
 
 
 def test_all_has_no_duplicates_and_no_private_names() -> None:
-    assert len(protocol.__all__) == len(set(protocol.__all__))
-    assert not [n for n in protocol.__all__ if n.startswith("_")]
+    assert len(weir.protocol.__all__) == len(set(weir.protocol.__all__))
+    assert not [n for n in weir.protocol.__all__ if n.startswith("_")]
 
 
 @pytest.mark.parametrize("path", _py_files(ROOT / "tests" / "protocol"), ids=_rel)
@@ -199,5 +220,38 @@ def test_pure_core_tests_never_import_trio(path: Path) -> None:
         f"{_rel(path)}:{line}: {module}"
         for line, module, _ in _absolute_imports(_parse(path))
         if module.split(".", 1)[0] in {"trio", "anyio", "asyncio", "engine"}
+        or module.startswith("weir.engine")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+# weir/protocol and weir/engine are symlinks to the source folders: scan those once.
+REPO_FILES = [
+    *(
+        p
+        for f in ("protocol", "engine", "tests", "benchmarks", "examples")
+        for p in _py_files(ROOT / f)
+    ),
+    *sorted((ROOT / "weir").glob("*.py")),
+]
+
+
+@pytest.mark.parametrize("path", REPO_FILES, ids=_rel)
+def test_nothing_imports_the_source_folders_by_their_bare_names(path: Path) -> None:
+    bad = [
+        f"{_rel(path)}:{line}: import {module} (use weir.{module})"
+        for line, module, _ in _absolute_imports(_parse(path))
+        if module.split(".", 1)[0] in {"protocol", "engine"}
+    ]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("path", _py_files(ROOT / "examples"), ids=_rel)
+def test_examples_use_only_public_names(path: Path) -> None:
+    bad = [
+        f"{_rel(path)}:{line}: {module}"
+        for line, module, _ in _absolute_imports(_parse(path))
+        if module.startswith(("weir.engine", "weir.protocol"))
+        and any(part.startswith("_") for part in module.split("."))
     ]
     assert not bad, "\n".join(bad)

@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from engine import App, Context, ToolError, audio, embedded_resource, image, text
+from weir.engine import App, Context, ToolError, audio, embedded_resource, image, text
 
 app = App("weir-conformance", "0.1.0")
 

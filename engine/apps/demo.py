@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import trio
 
-from engine import App, Context
+from weir.engine import App, Context
 
 app = App(
     "weir-demo",

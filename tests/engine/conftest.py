@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from protocol import SessionCredit
+from weir.protocol import SessionCredit
 
 
 @dataclass

@@ -13,8 +13,8 @@ import h11
 import trio
 import trio.testing
 
-from engine import App, Server, ServerConfig
-from protocol import SseDecoder, SseEvent
+from weir.engine import App, Server, ServerConfig
+from weir.protocol import SseDecoder, SseEvent
 
 ACCEPT_BOTH = "application/json, text/event-stream"
 

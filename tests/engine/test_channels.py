@@ -18,9 +18,9 @@ import pytest
 import trio
 import trio.testing
 
-from engine import App, Context, MemoryStore, Server, ServerConfig, StoreUnavailable
-from engine._store import CallStart, StoredEvent, StreamInfo
-from protocol import CreditLimits, HttpLimits, SseComment, SseDecoder, SseEvent, epoch_number
+from weir.engine import App, Context, MemoryStore, Server, ServerConfig, StoreUnavailable
+from weir.engine._store import CallStart, StoredEvent, StreamInfo
+from weir.protocol import CreditLimits, HttpLimits, SseComment, SseDecoder, SseEvent, epoch_number
 
 from .helpers import H11Client, Reply, SseReply, connect, running_server
 

@@ -1,6 +1,6 @@
 """Driver tests for half-open streams (drain credit) and the idempotency gate.
 
-The real :class:`engine.Server` runs over in-memory Trio streams.  A peer that
+The real :class:`weir.engine.Server` runs over in-memory Trio streams.  A peer that
 stops reading is a server->client one-way memory stream whose ``send_all_hook``
 blocks on a :class:`trio.Event` until the test opens it (STYLE.md section 3.2,
 way 2): memory streams have no kernel queue, so the engine's DrainMeter falls back
@@ -25,9 +25,9 @@ import pytest
 import trio
 import trio.testing
 
-from engine import App, Context, Server, ServerConfig
-from engine._session import StreamHandle
-from protocol import CreditLimits, CreditState, SessionCredit, StreamKind
+from weir.engine import App, Context, Server, ServerConfig
+from weir.engine._session import StreamHandle
+from weir.protocol import CreditLimits, CreditState, SessionCredit, StreamKind
 
 from .conftest import Peak
 from .helpers import H11Client, Reply, SseReply, connect, open_session, running_server

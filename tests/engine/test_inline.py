@@ -3,7 +3,7 @@ connection's task, and nothing a client can observe changes.
 
 What this module guarantees:
 
-* :func:`engine._app.never_suspends` says True only for a plain ``async def`` whose
+* :func:`weir.engine._app.never_suspends` says True only for a plain ``async def`` whose
   own bytecode has no suspension point, and ``App.tool`` records that in
   ``Tool.inline``.  Every ``await`` (even in a branch never taken), ``async with``,
   ``async for``, async comprehension, plain ``def``, ``partial``, callable object,
@@ -44,13 +44,13 @@ import pytest
 import trio
 import trio.testing
 
-import engine._server as server_module
-from engine import App, Context, McpError, MemoryStore, Server, ServerConfig, ToolError
-from engine._app import never_suspends
-from engine._mcp import call_tool_now
-from engine._session import Session, StreamHandle
-from engine._store import SessionRecord
-from protocol import (
+import weir.engine._server as server_module
+from weir.engine import App, Context, McpError, MemoryStore, Server, ServerConfig, ToolError
+from weir.engine._app import never_suspends
+from weir.engine._mcp import call_tool_now
+from weir.engine._session import Session, StreamHandle
+from weir.engine._store import SessionRecord
+from weir.protocol import (
     CreditLimits,
     CreditState,
     SessionCredit,

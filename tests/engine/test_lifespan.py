@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from engine import App, Context, Server, ServerConfig
+from weir.engine import App, Context, Server, ServerConfig
 
 from .helpers import SseReply, open_session
 

@@ -7,9 +7,9 @@ from functools import partial
 import trio
 import trio.testing
 
-from engine import App, MemoryStore, Server, ServerConfig
-from engine._store import CallOutcome, Retention, SessionRecord
-from protocol import CreditLimits, RetentionBudget
+from weir.engine import App, MemoryStore, Server, ServerConfig
+from weir.engine._store import CallOutcome, Retention, SessionRecord
+from weir.protocol import CreditLimits, RetentionBudget
 
 from .helpers import Reply, SseReply, connect, open_session, running_server
 
@@ -222,7 +222,7 @@ async def test_an_initialize_whose_answer_cannot_be_written_is_undone(
 
 
 def test_a_closed_session_keeps_nothing_and_leaves_no_budget_record() -> None:
-    from engine._session import Session
+    from weir.engine._session import Session
 
     budget = RetentionBudget(total=10_000, per_owner=1_000)
     record = SessionRecord(session_id="s", principal="p", protocol_version="v", created_at=0.0)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 
-from engine import App, Context, ServerConfig, ToolError
+from weir.engine import App, Context, ServerConfig, ToolError
 
 from .helpers import H11Client, Reply, SseReply, connect, running_server
 

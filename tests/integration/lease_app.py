@@ -11,7 +11,7 @@ import os
 
 import trio
 
-from engine import App
+from weir.engine import App
 
 app = App("lease-test", "0.0.0")
 

@@ -1,4 +1,4 @@
-"""``python -m engine serve APP`` as a subprocess on an ephemeral loopback port.
+"""``python -m weir serve APP`` as a subprocess on an ephemeral loopback port.
 
 Shared by the integration tests that need a real server process (the official
 conformance suite, the official SDK client).
@@ -25,7 +25,7 @@ _SERVING = re.compile(r"^weir: serving (?P<url>https?://\S+)")
 
 
 class WeirProcess:
-    """``python -m engine serve APP`` on an ephemeral loopback port."""
+    """``python -m weir serve APP`` on an ephemeral loopback port."""
 
     def __init__(
         self,
@@ -42,7 +42,7 @@ class WeirProcess:
             [
                 sys.executable,
                 "-m",
-                "engine",
+                "weir",
                 "serve",
                 app,
                 "--host",

@@ -26,9 +26,9 @@ import h11
 import pytest
 import sniffio
 
-from engine import App
 from examples.asyncio_server import serve
-from protocol import SseDecoder, SseEvent
+from weir.engine import App
+from weir.protocol import SseDecoder, SseEvent
 
 TIMEOUT = 10.0
 REPO_ROOT = Path(__file__).resolve().parents[2]

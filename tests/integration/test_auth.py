@@ -1,6 +1,6 @@
 """Authorization with real JWTs: keys served as a JWKS on loopback, tokens signed with PyJWT.
 
-weir runs in-process on a loopback port with a :class:`engine.JwtVerifier` that
+weir runs in-process on a loopback port with a :class:`weir.engine.JwtVerifier` that
 fetches its keys from a JWKS endpoint on another loopback port.  Every refusal is
 checked for its status, ``error.data.reason`` and ``WWW-Authenticate``; two
 principals are checked to be invisible to each other.
@@ -20,8 +20,8 @@ import pytest
 import trio
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from engine import Authorization, JwtVerifier, Server, ServerConfig
-from engine.apps.demo import app
+from weir.engine import Authorization, JwtVerifier, Server, ServerConfig
+from weir.engine.apps.demo import app
 
 from .rawhttp import INIT_PARAMS, Client, Reply, call
 

@@ -38,9 +38,9 @@ import h11
 import pytest
 import trio
 
-from engine import App, Context, McpError, Server, ServerConfig
-from engine.apps import conformance, demo
-from engine.client import (
+from weir.engine import App, Context, McpError, Server, ServerConfig
+from weir.engine.apps import conformance, demo
+from weir.engine.client import (
     CallTrace,
     ChannelUnbound,
     CursorStale,
@@ -425,7 +425,7 @@ class DrainingBalancer:
 
 
 async def test_a_stream_resumes_contiguously_on_another_replica(valkey_url: str) -> None:
-    from engine._redis_store import RedisStore
+    from weir.engine._redis_store import RedisStore
 
     prefix = f"client-test-{uuid.uuid4().hex[:8]}"
     with trio.fail_after(TEST_TIMEOUT):

@@ -1,4 +1,4 @@
-"""The official MCP conformance suite against ``python -m engine serve conformance``.
+"""The official MCP conformance suite against ``python -m weir serve conformance``.
 
 The suite is installed from npm on first use (see tests/conformance_runner.py).
 When it cannot be installed or run, these tests skip, unless

@@ -1,6 +1,6 @@
 """Half-open streams on real loopback sockets: drain credit, retrying gateways.
 
-Every test runs the real :class:`engine.Server` in-process, listening on 127.0.0.1,
+Every test runs the real :class:`weir.engine.Server` in-process, listening on 127.0.0.1,
 and talks to it over real TCP sockets (no in-memory streams), because the things
 under test only exist in the kernel: a peer's shrunken receive window, the server's
 ``SIOCOUTQ`` send-queue reading, ``TCP_NOTSENT_LOWAT``, abandoned connections.
@@ -55,12 +55,12 @@ import pytest
 import trio
 import trio.testing
 
-import engine._server as server_module
-from engine import App, Server, ServerConfig
-from engine._connection import Connection
-from engine._session import Session
-from protocol import CreditLimits, CreditState, SseDecoder, SseEvent
+import weir.engine._server as server_module
 from tests.engine.helpers import H11Client, Reply, SseReply
+from weir.engine import App, Server, ServerConfig
+from weir.engine._connection import Connection
+from weir.engine._session import Session
+from weir.protocol import CreditLimits, CreditState, SseDecoder, SseEvent
 
 HOST = "127.0.0.1"
 LINUX = sys.platform == "linux"

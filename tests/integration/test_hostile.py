@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from engine import ServerConfig
+from weir.engine import ServerConfig
 
 from .rawhttp import (
     INIT_PARAMS,

@@ -1,7 +1,7 @@
 """Fencing and event ids across replicas: several weir servers, one Valkey, a round-robin balancer.
 
-Every test runs real :class:`engine.Server` replicas in-process, each listening on its
-own loopback port with its own :class:`~engine._redis_store.RedisStore` connection to
+Every test runs real :class:`weir.engine.Server` replicas in-process, each listening on its
+own loopback port with its own :class:`~weir.engine._redis_store.RedisStore` connection to
 the same ``valkey-server`` (the ``valkey_url`` fixture; ``private_valkey`` for the
 outage test).  Clients never talk to a replica directly: they go through
 :class:`Balancer`, written here, which opens a connection to the *next* replica in
@@ -66,11 +66,11 @@ import h11
 import pytest
 import trio
 
-from engine import App, Context, Server, ServerConfig
-from engine._redis_store import RedisStore
-from engine._store import Retention
-from protocol import CreditLimits, SseComment, SseDecoder, SseEvent
 from tests.integration.conftest import ValkeyProcess
+from weir.engine import App, Context, Server, ServerConfig
+from weir.engine._redis_store import RedisStore
+from weir.engine._store import Retention
+from weir.protocol import CreditLimits, SseComment, SseDecoder, SseEvent
 
 HOST = "127.0.0.1"
 VERSION = "2025-11-25"

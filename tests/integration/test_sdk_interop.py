@@ -1,6 +1,6 @@
 """The official MCP Python SDK (``mcp==2.3.0``) as a client of ``weir serve``.
 
-Each app (``demo``, ``conformance``) runs once per module as ``python -m engine serve
+Each app (``demo``, ``conformance``) runs once per module as ``python -m weir serve
 APP --host 127.0.0.1 --port 0`` in a subprocess, stopped with SIGINT (then killed).
 
 Event loop: the tests are written as ``async def`` bodies, but :func:`on_asyncio`

@@ -18,8 +18,9 @@ import coredis
 import pytest
 import trio
 
-from engine._redis_store import RedisStore
-from engine._store import (
+from tests.integration.conftest import ValkeyProcess
+from weir.engine._redis_store import RedisStore
+from weir.engine._store import (
     CallOutcome,
     CallStart,
     ChannelRejected,
@@ -33,8 +34,7 @@ from engine._store import (
     StoreUnavailable,
     StreamInfo,
 )
-from protocol import epoch_number, scramble_epoch
-from tests.integration.conftest import ValkeyProcess
+from weir.protocol import epoch_number, scramble_epoch
 
 EPOCH = re.compile(r"[0-9a-f]{8}")
 P = "alice"

@@ -1,8 +1,8 @@
 """Shared helpers for the pure-core tests (no trio here, ever).
 
 * Request builders: canonical HTTP/1.1 request bytes, and ready-made
-  :class:`protocol.HttpRequest` objects for :func:`protocol.route`.
-* Feeding: drive an :class:`protocol.HttpConnection` with the input whole, byte by
+  :class:`weir.protocol.HttpRequest` objects for :func:`weir.protocol.route`.
+* Feeding: drive an :class:`weir.protocol.HttpConnection` with the input whole, byte by
   byte or in arbitrary chunks, answering every request as it arrives, and collect
   the events and every byte the connection wrote (h11's ``t_body_reader`` pattern).
 * Reading back: :func:`parse_responses` parses what the server wrote with a real
@@ -19,7 +19,7 @@ from typing import Any
 import h11
 import msgspec
 
-from protocol import (
+from weir.protocol import (
     NEED_DATA,
     ConnectionClosed,
     Headers,
@@ -149,7 +149,7 @@ def feed_both(data: bytes, **kw: Any) -> Transcript:
     """Feed ``data`` whole and byte by byte (fresh connections built from ``kw``).
 
     Asserts that both give the same events and the same output; returns one.
-    ``kw`` may hold ``limits`` (an :class:`protocol.HttpLimits`), ``eof`` and
+    ``kw`` may hold ``limits`` (an :class:`weir.protocol.HttpLimits`), ``eof`` and
     ``answer``.
     """
     limits = kw.pop("limits", None)
@@ -271,7 +271,7 @@ def post(
     headers: Mapping[str, str | None] | None = None,
     target: str = "/mcp",
 ) -> HttpRequest:
-    """A POST that :func:`protocol.route` accepts unless overridden."""
+    """A POST that :func:`weir.protocol.route` accepts unless overridden."""
     defaults = {"host": HOST, "accept": ACCEPT_BOTH, "content-type": "application/json"}
     if session is not None:
         defaults["mcp-session-id"] = session

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import RetentionBudget, StreamKind, StreamLog
+from weir.protocol import RetentionBudget, StreamKind, StreamLog
 
 
 class Owner:

@@ -1,4 +1,4 @@
-"""Tests for protocol._credit: per-session drain credit, half-open detection, drain tracking.
+"""Tests for weir.protocol._credit: per-session drain credit, half-open detection, drain tracking.
 
 Pure: no trio.  Time is a float handed in by hand, so every deadline is checked
 exactly (``math.nextafter(t, -inf)`` is "just before").  The legal credit
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from protocol import (
+from weir.protocol import (
     CREDIT_TRANSITIONS,
     SERVER_ERROR,
     CreditInput,

@@ -1,4 +1,4 @@
-"""Tests for protocol._endpoint: every rule of route() with its exact status and reason."""
+"""Tests for weir.protocol._endpoint: every rule of route() with its exact status and reason."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from protocol import (
+from weir.protocol import (
     DEFAULT_VERSION,
     INVALID_REQUEST,
     LATEST_VERSION,

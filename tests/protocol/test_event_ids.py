@@ -1,10 +1,10 @@
-"""Tests for protocol._event_ids: the ``<epoch>:<seq>`` grammar, ordering, epochs."""
+"""Tests for weir.protocol._event_ids: the ``<epoch>:<seq>`` grammar, ordering, epochs."""
 
 from __future__ import annotations
 
 import pytest
 
-from protocol import EventId, Reason, RemoteProtocolError, format_epoch, parse_event_id
+from weir.protocol import EventId, Reason, RemoteProtocolError, format_epoch, parse_event_id
 
 
 @pytest.mark.parametrize(

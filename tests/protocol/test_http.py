@@ -1,4 +1,4 @@
-"""Tests for protocol._http: HttpConnection parsing, limits, keep-alive and framing.
+"""Tests for weir.protocol._http: HttpConnection parsing, limits, keep-alive and framing.
 
 Inputs are fed whole and byte by byte (same events, same output bytes), and
 everything the server writes is parsed back with an ``h11.Connection(h11.CLIENT)``.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import h11
 import pytest
 
-from protocol import (
+from weir.protocol import (
     NEED_DATA,
     ConnectionClosed,
     Headers,

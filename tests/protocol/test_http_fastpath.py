@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import (
+from weir.protocol import (
     NEED_DATA,
     ConnectionClosed,
     HttpConnection,

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol import (
+from weir.protocol import (
     NEED_DATA,
     ConnectionClosed,
     HttpConnection,
@@ -25,7 +25,7 @@ from protocol import (
     HttpRequest,
     Reason,
 )
-from protocol._http import Inbound
+from weir.protocol._http import Inbound
 
 from .helpers import (
     Answer,

@@ -1,4 +1,4 @@
-"""Tests for protocol._jsonrpc: strict envelope decoding and exact encoder bytes."""
+"""Tests for weir.protocol._jsonrpc: strict envelope decoding and exact encoder bytes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from protocol import (
+from weir.protocol import (
     INVALID_REQUEST,
     PARSE_ERROR,
     ErrorObject,

@@ -16,7 +16,7 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import (
+from weir.protocol import (
     NEED_DATA,
     ConnectionClosed,
     EndpointConfig,

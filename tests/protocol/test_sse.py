@@ -1,4 +1,4 @@
-"""Tests for protocol._sse: exact encoder bytes, WHATWG decoder rules, properties.
+"""Tests for weir.protocol._sse: exact encoder bytes, WHATWG decoder rules, properties.
 
 Every decoder case runs twice, once with the input fed whole and once byte by
 byte, and both must give the same items (h11's ``t_body_reader`` pattern).
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol._sse import (
+from weir.protocol._sse import (
     SseComment,
     SseDecodeError,
     SseDecoder,

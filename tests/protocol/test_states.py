@@ -1,4 +1,4 @@
-"""Tests for protocol._states: every (state, input) cell of both tables.
+"""Tests for weir.protocol._states: every (state, input) cell of both tables.
 
 Allowed cells are listed here independently of the module, so a change to a table
 has to be made twice, on purpose.
@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 
-from protocol import (
+from weir.protocol import (
     SESSION_TRANSITIONS,
     STREAM_TRANSITIONS,
     LocalProtocolError,

@@ -1,10 +1,10 @@
-"""Tests for protocol._streams: StreamLog frames, replay, retention; StreamTable."""
+"""Tests for weir.protocol._streams: StreamLog frames, replay, retention; StreamTable."""
 
 from __future__ import annotations
 
 import pytest
 
-from protocol import (
+from weir.protocol import (
     EventId,
     LocalProtocolError,
     Reason,
