@@ -90,12 +90,15 @@ from coredis.connection import TCPLocation
 from coredis.retry import ConstantRetryPolicy, NoRetryPolicy
 from coredis.typing import ResponseType
 
-from ._store import (
-    INTERRUPTED_MESSAGE,
+from weir.protocol import (
     CallOutcome,
     CallStart,
-    ChannelRejected,
     ChannelVerdict,
+)
+
+from ._store import (
+    INTERRUPTED_MESSAGE,
+    ChannelRejected,
     Retention,
     SessionGone,
     SessionRecord,

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import logging
 import math
 import secrets
@@ -76,15 +75,17 @@ import trio
 
 from weir.protocol import (
     INTERNAL_ERROR,
-    INVALID_PARAMS,
     INVALID_REQUEST,
     NEED_DATA,
     SERVER_ERROR,
+    CallStart,
+    ChannelVerdict,
     ConnectionClosed,
     CreditState,
     DeleteSession,
     ErrorResponse,
     EventId,
+    Execute,
     HeadCache,
     HttpError,
     HttpRequest,
@@ -93,7 +94,9 @@ from weir.protocol import (
     OpenStream,
     PostMessages,
     Reason,
+    Refuse,
     RemoteProtocolError,
+    Replay,
     Request,
     RequestContext,
     RequestId,
@@ -105,6 +108,7 @@ from weir.protocol import (
     StreamLog,
     StreamState,
     accepts,
+    call_key,
     check_host_and_origin,
     closing_refusal,
     decode_body,
@@ -113,11 +117,15 @@ from weir.protocol import (
     encode_comment,
     encode_error,
     encode_result,
-    negotiate_version,
+    fingerprint,
+    gate_decision,
+    initialize_result,
+    parse_initialize,
+    primes_streams,
     refusal,
+    replay_as,
     route,
     session_refusal,
-    version_at_least,
 )
 
 from ._app import App, McpError
@@ -133,10 +141,7 @@ from ._metrics import Metrics, redact
 from ._session import JsonCharge, Session, SessionClosed, StreamHandle, StreamLost
 from ._store import (
     INTERRUPTED_MESSAGE,
-    CallOutcome,
-    CallStart,
     ChannelRejected,
-    ChannelVerdict,
     MemoryStore,
     SessionGone,
     SessionRecord,
@@ -152,15 +157,8 @@ log = logging.getLogger(__name__)
 #: ``malloc_trim`` when it ends.
 _TRIM_AFTER = 256 * 1024
 
-#: The longest ``Idempotency-Key`` accepted (the gate keeps every key for a while).
-MAX_IDEMPOTENCY_KEY = 256
-
 #: The explicit rebind handshake (fencing), advertised in ``capabilities.experimental``.
 REBIND_METHOD = "weir/rebind"
-
-
-def _fingerprint(req: Request) -> bytes:
-    return hashlib.sha256(msgspec.json.encode([req.method, req.params])).digest()
 
 
 class Server:
@@ -1187,15 +1185,8 @@ class Server:
         """
         if req.method != "tools/call":
             return _Plan(req)
-        if header_key is not None and not 0 < len(header_key) <= MAX_IDEMPOTENCY_KEY:
-            raise RemoteProtocolError(
-                f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
-                reason=Reason.INVALID_REQUEST,
-                request_id=req.id,
-                data={"limit": MAX_IDEMPOTENCY_KEY},
-            )
-        key = f"h:{header_key}" if header_key else "i:" + msgspec.json.encode(req.id).decode()
-        fp = _fingerprint(req)
+        key = call_key(header_key, req.id)
+        fp = fingerprint(req)
         principal, sid = session.record.principal, session.session_id
         deadline = trio.current_time() + self.config.in_progress_wait
         delay = 0.01
@@ -1211,37 +1202,25 @@ class Server:
             except ChannelRejected as exc:
                 raise_channel(exc.verdict, req.id)
                 raise  # unreachable: _raise_channel raises
-            if start.outcome is CallOutcome.EXECUTE:
+            decision = gate_decision(
+                start,
+                key,
+                req.id,
+                now=trio.current_time(),
+                give_up_at=deadline,
+                retry_ms=self.config.retry_ms,
+            )
+            if isinstance(decision, Execute):
                 session.calls[key] = None  # an Event only once a duplicate waits
-                return _Plan(req, key=key, epoch=start.epoch)
-            if start.outcome is CallOutcome.MISMATCH:
-                raise RemoteProtocolError(
-                    f"idempotency key {key[2:]!r} was used for a different request",
-                    http_status=422,
-                    reason=Reason.IDEMPOTENCY_KEY_REUSED,
-                    request_id=req.id,
-                )
-            if start.outcome is CallOutcome.EVICTED:
-                raise RemoteProtocolError(
-                    f"request {key[2:]!r} already ran; its result is no longer held, and "
-                    "it is not run again",
-                    http_status=409,
-                    reason=Reason.OUTCOME_EVICTED,
-                    request_id=req.id,
-                )
-            if start.outcome is CallOutcome.DONE and start.payload is not None:
+                return _Plan(req, key=key, epoch=decision.epoch)
+            if isinstance(decision, Replay):
                 self.metrics.duplicates_replayed += 1
-                return _Plan(req, replay=_reid(start.payload, req.id), epoch=start.epoch)
+                return _Plan(req, replay=replay_as(decision.payload, req.id), epoch=decision.epoch)
+            if isinstance(decision, Refuse):
+                if decision.error.reason is Reason.IN_PROGRESS:
+                    self.metrics.duplicates_in_progress += 1
+                raise decision.error
             now = trio.current_time()
-            if now >= deadline:
-                self.metrics.duplicates_in_progress += 1
-                raise RemoteProtocolError(
-                    f"request {key[2:]!r} is still running",
-                    http_status=409,
-                    reason=Reason.IN_PROGRESS,
-                    request_id=req.id,
-                    retry_after_ms=self.config.retry_ms,
-                )
             ours = key in session.calls
             with trio.move_on_at(min(deadline, now + (3600.0 if ours else delay))):
                 if ours:
@@ -1441,48 +1420,27 @@ class Server:
     async def _initialize_session(
         self, req: Request, session: Session | None, principal: str
     ) -> Session:
-        params = req.params or {}
-        caps = params.get("capabilities", {})
-        info = params.get("clientInfo", {})
-        if (
-            not isinstance(params.get("protocolVersion"), str)
-            or not isinstance(caps, dict)
-            or not isinstance(info, dict)
-        ):
-            raise RemoteProtocolError(
-                "initialize needs params.protocolVersion (a string), "
-                "and capabilities and clientInfo (objects)",
-                reason=Reason.INVALID_REQUEST,
-                code=INVALID_PARAMS,
-                request_id=req.id,
-            )
-        version = negotiate_version(params["protocolVersion"])
+        asked = parse_initialize(req)
         if session is None:
-            session = await self._new_session(version, principal, req.id)
-        session.client_capabilities = caps
-        session.client_info = info
+            session = await self._new_session(asked.version, principal, req.id)
+        session.client_capabilities = asked.capabilities
+        session.client_info = asked.client_info
         return session
 
     def _initialize_result(self, session: Session) -> dict[str, Any]:
         caps = capabilities(self.app)
         caps["experimental"] = {REBIND_METHOD: {"header": "Mcp-Channel-Token"}}
-        result: dict[str, Any] = {
-            "protocolVersion": session.record.protocol_version,
-            "capabilities": caps,
-            "serverInfo": {"name": self.app.name, "version": self.app.version},
-        }
-        if self.app.instructions:
-            result["instructions"] = self.app.instructions
-        return result
+        return initialize_result(
+            session.record.protocol_version,
+            caps,
+            name=self.app.name,
+            server_version=self.app.version,
+            instructions=self.app.instructions,
+        )
 
     @staticmethod
     def _primes(session: Session, header_version: str) -> bool:
-        # Priming events (empty data) are a 2025-11-25 feature; older clients may
-        # choke on them.  The negotiated revision says what the client understands,
-        # whatever revision a single request's header names.
-        return version_at_least(session.record.protocol_version, "2025-11-25") or version_at_least(
-            header_version, "2025-11-25"
-        )
+        return primes_streams(session.record.protocol_version, header_version)
 
     def _notification(self, session: Session, msg: Notification) -> None:
         if msg.method == "notifications/initialized":
@@ -2052,13 +2010,6 @@ def _id_in_use(request_id: RequestId) -> bytes:
         f"request id {request_id!r} is already in use",
         {"reason": str(Reason.INVALID_REQUEST)},
     )
-
-
-def _reid(payload: bytes, request_id: RequestId) -> bytes:
-    # A replay under an Idempotency-Key answers the *new* JSON-RPC id.
-    msg = msgspec.json.decode(payload)
-    msg["id"] = request_id
-    return msgspec.json.encode(msg)
 
 
 def _only_disconnects(exc: BaseException) -> bool:

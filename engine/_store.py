@@ -33,14 +33,19 @@ restart, ``shared`` is False.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from weir.protocol import RetentionBudget
+from weir.protocol import (
+    CallOutcome,
+    CallStart,
+    ChannelVerdict,
+    RetentionBudget,
+    channel_verdict,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,14 +90,6 @@ class SessionGone(Exception):
     """The session is unknown or was deleted (404)."""
 
 
-class ChannelVerdict(enum.Enum):
-    """How a presented channel token compares with the session's."""
-
-    OK = "ok"
-    STALE = "cursor_stale"  # an older generation
-    UNBOUND = "channel_unbound"  # the current generation with the wrong secret (or a future one)
-
-
 class ChannelRejected(Exception):
     """A channel token was refused; ``verdict`` is STALE or UNBOUND."""
 
@@ -103,14 +100,7 @@ class ChannelRejected(Exception):
 
 def check_channel(record: SessionRecord, token: tuple[int, str] | None) -> ChannelVerdict:
     """Compare a presented ``(generation, secret)`` with the record (None: no token, OK)."""
-    if token is None:
-        return ChannelVerdict.OK
-    generation, secret = token
-    if generation < record.generation:
-        return ChannelVerdict.STALE
-    if generation > record.generation or secret != record.secret:
-        return ChannelVerdict.UNBOUND
-    return ChannelVerdict.OK
+    return channel_verdict(record.generation, record.secret, token)
 
 
 #: The message of the ``interrupted`` error a call gets when the process running it went
@@ -119,25 +109,6 @@ INTERRUPTED_MESSAGE = (
     "the server running this call went away before it finished; the call may have had "
     "effects, and it will not be run again"
 )
-
-
-class CallOutcome(enum.Enum):
-    """What the idempotency gate decided in :meth:`SessionStore.begin_call`."""
-
-    EXECUTE = "execute"  # the key is ours now: run the call
-    RUNNING = "running"  # another delivery is running it
-    DONE = "done"  # it ran; ``payload`` is the stored response
-    MISMATCH = "mismatch"  # same key, different request fingerprint
-    EVICTED = "evicted"  # it ran, but its response is no longer held (never re-run)
-
-
-@dataclass(frozen=True, slots=True)
-class CallStart:
-    """The answer of :meth:`SessionStore.begin_call`."""
-
-    outcome: CallOutcome
-    epoch: str
-    payload: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,7 +67,8 @@ from weir.protocol import (
     encode_error,
     encode_result,
     format_epoch,
-    negotiate_version,
+    initialize_result,
+    parse_initialize,
     refusal,
     route,
     session_refusal,
@@ -255,22 +256,16 @@ class _Connection:
     async def _initialize(self, post: PostMessages) -> None:
         req, app = post.messages[0], self.driver.app
         assert isinstance(req, Request)
-        requested = (req.params or {}).get("protocolVersion")
-        if not isinstance(requested, str):
-            raise RemoteProtocolError(
-                "initialize needs params.protocolVersion (a string)",
-                code=INVALID_PARAMS,
-                request_id=req.id,
-            )
-        version, sid = negotiate_version(requested), secrets.token_urlsafe(32)
-        self.driver.sessions[sid] = _Session(version)
-        result: dict[str, Any] = {
-            "protocolVersion": version,
-            "capabilities": {"tools": {"listChanged": False}},
-            "serverInfo": {"name": app.name, "version": app.version},
-        }
-        if app.instructions:
-            result["instructions"] = app.instructions
+        asked = parse_initialize(req)  # the same checks and negotiation as weir's server
+        sid = secrets.token_urlsafe(32)
+        self.driver.sessions[sid] = _Session(asked.version)
+        result = initialize_result(
+            asked.version,
+            {"tools": {"listChanged": False}},
+            name=app.name,
+            server_version=app.version,
+            instructions=app.instructions,
+        )
         headers = [("content-type", "application/json"), ("mcp-session-id", sid)]
         await self.send(self.conn.send_response(200, headers, encode_result(req.id, result)))
 

@@ -7,6 +7,7 @@ and deadlines come out.  This module's ``__all__`` is the whole public surface;
 
 from __future__ import annotations
 
+from ._binding import ChannelVerdict, channel_refusal, channel_verdict, parse_channel_token
 from ._budget import RetentionBudget
 from ._credit import CreditLimits, DrainTracker, SessionCredit
 from ._endpoint import (
@@ -52,6 +53,20 @@ from ._event_ids import (
     parse_event_id,
     scramble_epoch,
 )
+from ._gate import (
+    MAX_IDEMPOTENCY_KEY,
+    CallOutcome,
+    CallStart,
+    Execute,
+    GateDecision,
+    Refuse,
+    Replay,
+    Wait,
+    call_key,
+    fingerprint,
+    gate_decision,
+    replay_as,
+)
 from ._http import (
     NEED_DATA,
     ConnectionClosed,
@@ -81,6 +96,7 @@ from ._jsonrpc import (
     encode_result,
     error_body,
 )
+from ._lifecycle import InitializeParams, initialize_result, parse_initialize, primes_streams
 from ._sse import (
     SseComment,
     SseDecodeError,
@@ -114,6 +130,7 @@ __all__ = [
     "INVALID_REQUEST",
     "LATEST_VERSION",
     "LOOPBACK_HOSTS",
+    "MAX_IDEMPOTENCY_KEY",
     "METHOD_NOT_FOUND",
     "NEED_DATA",
     "NEGOTIABLE_VERSIONS",
@@ -123,6 +140,9 @@ __all__ = [
     "SESSION_TRANSITIONS",
     "STREAM_TRANSITIONS",
     "SUPPORTED_VERSIONS",
+    "CallOutcome",
+    "CallStart",
+    "ChannelVerdict",
     "ConnectionClosed",
     "CreditInput",
     "CreditLimits",
@@ -134,6 +154,8 @@ __all__ = [
     "ErrorObject",
     "ErrorResponse",
     "EventId",
+    "Execute",
+    "GateDecision",
     "HeadCache",
     "Headers",
     "HttpConnection",
@@ -142,6 +164,7 @@ __all__ = [
     "HttpLimits",
     "HttpRequest",
     "Inbound",
+    "InitializeParams",
     "LocalProtocolError",
     "McpRequest",
     "Message",
@@ -150,7 +173,9 @@ __all__ = [
     "PostMessages",
     "ProtocolError",
     "Reason",
+    "Refuse",
     "RemoteProtocolError",
+    "Replay",
     "Request",
     "RequestContext",
     "RequestId",
@@ -168,7 +193,11 @@ __all__ = [
     "StreamLog",
     "StreamState",
     "StreamTable",
+    "Wait",
     "accepts",
+    "call_key",
+    "channel_refusal",
+    "channel_verdict",
     "check_host_and_origin",
     "closing_refusal",
     "credit_transition",
@@ -184,11 +213,18 @@ __all__ = [
     "encode_retry",
     "epoch_number",
     "error_body",
+    "fingerprint",
     "format_epoch",
+    "gate_decision",
     "host_of",
+    "initialize_result",
     "negotiate_version",
+    "parse_channel_token",
     "parse_event_id",
+    "parse_initialize",
+    "primes_streams",
     "refusal",
+    "replay_as",
     "route",
     "scramble_epoch",
     "session_refusal",

@@ -19,8 +19,19 @@ import trio
 import trio.testing
 
 from weir.engine import App, Context, MemoryStore, Server, ServerConfig, StoreUnavailable
-from weir.engine._store import CallStart, StoredEvent, StreamInfo
-from weir.protocol import CreditLimits, HttpLimits, SseComment, SseDecoder, SseEvent, epoch_number
+from weir.engine._store import (
+    StoredEvent,
+    StreamInfo,
+)
+from weir.protocol import (
+    CallStart,
+    CreditLimits,
+    HttpLimits,
+    SseComment,
+    SseDecoder,
+    SseEvent,
+    epoch_number,
+)
 
 from .helpers import H11Client, Reply, SseReply, connect, running_server
 

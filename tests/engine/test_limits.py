@@ -8,8 +8,15 @@ import trio
 import trio.testing
 
 from weir.engine import App, MemoryStore, Server, ServerConfig
-from weir.engine._store import CallOutcome, Retention, SessionRecord
-from weir.protocol import CreditLimits, RetentionBudget
+from weir.engine._store import (
+    Retention,
+    SessionRecord,
+)
+from weir.protocol import (
+    CallOutcome,
+    CreditLimits,
+    RetentionBudget,
+)
 
 from .helpers import Reply, SseReply, connect, open_session, running_server
 

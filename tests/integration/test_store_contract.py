@@ -21,10 +21,7 @@ import trio
 from tests.integration.conftest import ValkeyProcess
 from weir.engine._redis_store import RedisStore
 from weir.engine._store import (
-    CallOutcome,
-    CallStart,
     ChannelRejected,
-    ChannelVerdict,
     MemoryStore,
     Retention,
     SessionGone,
@@ -34,7 +31,13 @@ from weir.engine._store import (
     StoreUnavailable,
     StreamInfo,
 )
-from weir.protocol import epoch_number, scramble_epoch
+from weir.protocol import (
+    CallOutcome,
+    CallStart,
+    ChannelVerdict,
+    epoch_number,
+    scramble_epoch,
+)
 
 EPOCH = re.compile(r"[0-9a-f]{8}")
 P = "alice"

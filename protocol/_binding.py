@@ -1,0 +1,85 @@
+"""Session binding (fencing): channel tokens, and how a presented one compares.
+
+Theory of operation
+-------------------
+A session id names a session; it proves nothing (it travels in logs, proxies and
+URLs).  What binds a client to a session is the *channel token*
+``<generation>.<secret>`` the server hands out at ``initialize`` and at every
+rebind, sent back as ``Mcp-Channel-Token``.  A rebind starts a new generation
+with a new secret, which fences every holder of the old one:
+
+* :func:`parse_channel_token` reads the header; anything but digits, a dot and a
+  non-empty secret is refused as ``channel_unbound`` (409).
+* :func:`channel_verdict` compares a presented ``(generation, secret)`` with the
+  session's current one: an older generation is :attr:`ChannelVerdict.STALE`
+  (409 ``cursor_stale``: the client was fenced by a rebind), the current
+  generation with another secret, or a generation from the future, is
+  :attr:`ChannelVerdict.UNBOUND` (409 ``channel_unbound``).  No token at all is
+  OK here: whether a session demands one is the driver's policy.
+* :func:`channel_refusal` renders a verdict as the refusal every driver sends.
+
+The comparison must also be made *inside* a shared store's atomic operations
+(a rebind on another replica may land between a check and a write); stores do
+that with the same rule, and report the verdict back.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from ._errors import SERVER_ERROR, Reason, RemoteProtocolError
+from ._jsonrpc import RequestId
+
+#: The most digits a generation may have (it fits a 64-bit signed integer).
+MAX_GENERATION_DIGITS = 18
+
+
+class ChannelVerdict(enum.Enum):
+    """How a presented channel token compares with the session's."""
+
+    OK = "ok"
+    STALE = "cursor_stale"  # an older generation
+    UNBOUND = "channel_unbound"  # the current generation with the wrong secret (or a future one)
+
+
+def parse_channel_token(
+    raw: str | None, request_id: RequestId | None = None
+) -> tuple[int, str] | None:
+    """``Mcp-Channel-Token: <generation>.<secret>`` as ``(generation, secret)``.
+
+    Raises:
+        RemoteProtocolError: 409 ``channel_unbound`` for a malformed token.
+    """
+    if raw is None:
+        return None
+    gen, sep, secret = raw.strip().partition(".")
+    if not sep or not gen.isdigit() or len(gen) > MAX_GENERATION_DIGITS or not secret:
+        raise channel_refusal(ChannelVerdict.UNBOUND, request_id, "malformed Mcp-Channel-Token")
+    return int(gen), secret
+
+
+def channel_verdict(generation: int, secret: str, token: tuple[int, str] | None) -> ChannelVerdict:
+    """Compare a presented token with the session's ``(generation, secret)``."""
+    if token is None:
+        return ChannelVerdict.OK
+    presented, presented_secret = token
+    if presented < generation:
+        return ChannelVerdict.STALE
+    if presented > generation or presented_secret != secret:
+        return ChannelVerdict.UNBOUND
+    return ChannelVerdict.OK
+
+
+def channel_refusal(
+    verdict: ChannelVerdict, request_id: RequestId | None, message: str | None = None
+) -> RemoteProtocolError:
+    """The 409 refusal for a STALE or UNBOUND verdict."""
+    reason = Reason.CURSOR_STALE if verdict is ChannelVerdict.STALE else Reason.CHANNEL_UNBOUND
+    text = message or (
+        "this channel token belongs to an older generation of the session"
+        if verdict is ChannelVerdict.STALE
+        else "this channel token is not bound to the session; rebind first"
+    )
+    return RemoteProtocolError(
+        text, http_status=409, reason=reason, code=SERVER_ERROR, request_id=request_id
+    )

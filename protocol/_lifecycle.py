@@ -1,0 +1,90 @@
+"""The session-era lifecycle rules: what ``initialize`` must carry and what it answers.
+
+Theory of operation
+-------------------
+``initialize`` is the one request that needs no session; the driver creates the
+session (it owns the store and the id generator) between the two halves here:
+
+* :func:`parse_initialize` checks the request's shape -- ``protocolVersion`` a
+  string, ``capabilities`` and ``clientInfo`` objects when present -- and
+  negotiates the revision (the client's, if served; else the newest).  A bad
+  shape is 400 with JSON-RPC ``-32602`` and ``data.reason`` ``invalid_request``.
+* :func:`initialize_result` builds the result object from what the application
+  declares; the driver adds nothing the core does not know about except the
+  capabilities it computes from the app.
+* :func:`primes_streams` says whether a session's SSE streams begin with a
+  priming event (an id and empty data): a 2025-11-25 feature, which older
+  clients may not expect.  The negotiated revision decides, or the request's own
+  ``MCP-Protocol-Version`` header if that is newer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._endpoint import negotiate_version, version_at_least
+from ._errors import INVALID_PARAMS, Reason, RemoteProtocolError
+from ._jsonrpc import Request
+
+#: The first revision whose SSE streams open with a priming event.
+PRIMING_SINCE = "2025-11-25"
+
+
+@dataclass(frozen=True, slots=True)
+class InitializeParams:
+    """A well-formed ``initialize``: the negotiated revision and what the client said."""
+
+    version: str
+    capabilities: dict[str, Any]
+    client_info: dict[str, Any]
+
+
+def parse_initialize(req: Request) -> InitializeParams:
+    """Check an ``initialize`` request and negotiate its revision.
+
+    Raises:
+        RemoteProtocolError: 400, ``-32602``, ``invalid_request`` if
+            ``protocolVersion`` is not a string or ``capabilities``/``clientInfo``
+            are not objects.
+    """
+    params = req.params or {}
+    caps = params.get("capabilities", {})
+    info = params.get("clientInfo", {})
+    requested = params.get("protocolVersion")
+    if not isinstance(requested, str) or not isinstance(caps, dict) or not isinstance(info, dict):
+        raise RemoteProtocolError(
+            "initialize needs params.protocolVersion (a string), "
+            "and capabilities and clientInfo (objects)",
+            reason=Reason.INVALID_REQUEST,
+            code=INVALID_PARAMS,
+            request_id=req.id,
+        )
+    return InitializeParams(negotiate_version(requested), caps, info)
+
+
+def initialize_result(
+    version: str,
+    capabilities: Mapping[str, Any],
+    *,
+    name: str,
+    server_version: str,
+    instructions: str | None = None,
+) -> dict[str, Any]:
+    """The ``initialize`` result: revision, capabilities, ``serverInfo``, instructions."""
+    result: dict[str, Any] = {
+        "protocolVersion": version,
+        "capabilities": dict(capabilities),
+        "serverInfo": {"name": name, "version": server_version},
+    }
+    if instructions:
+        result["instructions"] = instructions
+    return result
+
+
+def primes_streams(negotiated: str, header_version: str) -> bool:
+    """Do this request's SSE streams start with a priming event?"""
+    return version_at_least(negotiated, PRIMING_SINCE) or version_at_least(
+        header_version, PRIMING_SINCE
+    )
