@@ -7,7 +7,8 @@ and, with a half-open peer, refusals, a bounded queue and no duplicates; with
 ``--half-open-control``, the same peer reading its stream and never refused; with
 ``--ab``, a run without the peer and one with it (in its own, lowered process, the
 server pinned to its own CPU), compared.
-Each run is a subprocess bounded by a timeout, on 127.0.0.1.
+Each run is a subprocess bounded by a timeout, on 127.0.0.1.  Marked ``bench``
+(about half a minute in all): ``python3 -m pytest -m bench`` runs them, as CI does.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytestmark = pytest.mark.bench
 
 ROOT = Path(__file__).resolve().parents[2]
 FRAMES, BYTES = 16, 65536
