@@ -1035,7 +1035,7 @@ class Server:
                     return  # the session ended: its streams are gone with it
                 except RemoteProtocolError as exc:
                     self.metrics.refused(str(exc.reason))
-                    session.inflight += 1  # accounted like an admitted entry
+                    session.flow.count_in()  # accounted like an admitted entry
                     nursery.start_soon(run, i, _Plan(req, replay=_error_of(req, exc)))
                     continue
                 self.metrics.admissions += 1
@@ -1378,7 +1378,7 @@ class Server:
         data = conn.http.send_response(200, headers, body)
         del body  # (the caller's reference may remain; this frame keeps only ``data``)
         n = len(data)
-        session.typical_frame += (n - session.typical_frame) / 8
+        session.flow.observe_frame(n)
         try:
             if not session.try_acquire_now(n):
                 await session.acquire(n)

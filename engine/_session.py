@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,12 +34,13 @@ from typing import Any
 import trio
 
 from weir.protocol import (
+    Admit,
     CreditLimits,
     CreditState,
     Message,
     RequestId,
     RetentionBudget,
-    SessionCredit,
+    SessionFlow,
     SessionInput,
     SessionState,
     StreamInput,
@@ -229,7 +230,7 @@ class StreamHandle:
         actual = log.last_frame_size()
         session = self.session
         session.credit.correct(size, actual)
-        session.typical_frame += (actual - session.typical_frame) / 8
+        session.flow.observe_frame(actual)
         budget = session.budget
         if budget is not None:
             budget.charge(session.record.session_id, log.retained_bytes - before)
@@ -314,12 +315,11 @@ class Session:
         self.shed_results: Callable[[int], object] | None = self.shed_finished
         if budget is not None:
             budget.register(record.session_id, self.shed)
-        self.credit = SessionCredit(credit or CreditLimits(), now)
-        self._waiters: deque[tuple[int, trio.Event]] = deque()
-        #: Admitted requests whose response is not enqueued yet (bounded by the frame credit).
-        self.inflight = 0
-        #: A moving average of this session's frame sizes (admission's byte estimate).
-        self.typical_frame = 256.0
+        #: Admission and in-order credit grants (the pure part; see weir.protocol).
+        self.flow = SessionFlow(credit or CreditLimits(), now)
+        self.credit = self.flow.credit
+        #: The waiting frames' wake-ups, by the flow's ticket.
+        self._grants: dict[int, trio.Event] = {}
         #: The instant the timer task sleeps until (it is woken only for an earlier one).
         self.timer_at = math.inf
         #: Starts the timer task (set by the server); called when the credit gets a
@@ -513,45 +513,38 @@ class Session:
         self.timer_at = math.inf
         self._timer_event = None
 
+    @property
+    def inflight(self) -> int:
+        """Admitted requests whose response is not enqueued yet."""
+        return self.flow.inflight
+
     async def admit(self, n: int, request_id: RequestId | None) -> None:
         """Admission for ``n`` session-scoped requests, before anything is dispatched.
 
-        Admits while the session has credit and fewer than ``credit.frames``
-        requests in flight (so results parked waiting for credit are bounded too);
-        otherwise waits -- in order, before any handler runs -- until there is room.
+        The rule is :meth:`weir.protocol.SessionFlow.try_admit`; here, the waiting:
+        in order, before any handler runs, until a change or the credit's deadline.
 
         Raises:
             RemoteProtocolError: 429 ``stream_half_open`` as soon as the session is
                 half-open (also while waiting).
             SessionClosed: the session ended while waiting.
         """
-        credit = self.credit
         while True:
             if self.closed:
                 raise SessionClosed(self.session_id)
-            now = trio.current_time()
-            credit.admit(now, request_id)
-            lim = credit.limits
-            room = lim.bytes - credit.bytes_in_use
-            has_room = credit.frames_in_use < lim.frames and room > 0
-            # In flight at most what the remaining byte credit can take at the session's
-            # typical frame size: results parked waiting for credit stay near the credit.
-            cap = min(lim.frames, max(1, int(room // self.typical_frame)))
-            if (has_room and self.inflight + n <= cap) or self.inflight == 0:
-                self.inflight += n
+            verdict = self.flow.try_admit(n, trio.current_time(), request_id)
+            if verdict is Admit.ADMITTED:
                 return
-            # No credit: that starts the drain window, exactly as a waiting frame does.
-            # (Pulse only on a real change, or two waiters would wake each other forever.)
-            if credit.state is CreditState.OPEN:
-                credit.mark_blocked(now)
+            if verdict is Admit.BLOCKED:
+                # Pulse only on a real change, or two waiters would wake each other forever.
                 self._pulse(timer=True)
             changed = self.credit_changed
-            with trio.move_on_at(credit.deadline()):
+            with trio.move_on_at(self.flow.deadline()):
                 await changed.wait()
 
     def done(self, n: int = 1) -> None:
         """``n`` admitted requests have their response enqueued (or will never have one)."""
-        self.inflight -= n
+        self.flow.done(n)
         self._pulse()
 
     async def acquire(self, nbytes: int) -> None:
@@ -565,17 +558,14 @@ class Session:
             return
         if self.closed:
             raise SessionClosed(self.session_id)
-        now = trio.current_time()
-        entry = (nbytes, trio.Event())
-        self._waiters.append(entry)
-        self.credit.mark_blocked(now)
+        ticket = self.flow.wait_for(nbytes, trio.current_time())
+        granted = self._grants[ticket] = trio.Event()
         self._pulse(timer=True)
         try:
-            await entry[1].wait()
+            await granted.wait()
         except BaseException:
-            if entry in self._waiters:
-                self._waiters.remove(entry)
-            elif not self.closed:
+            self._grants.pop(ticket, None)
+            if not self.flow.cancel(ticket, trio.current_time()) and not self.closed:
                 self.release(1, nbytes)  # granted, but we are cancelled: give it back
             raise
         if self.closed:
@@ -583,9 +573,7 @@ class Session:
 
     def try_acquire_now(self, nbytes: int) -> bool:
         """Take credit for one frame if that needs no wait (open session, nobody queued)."""
-        if self.closed or self._waiters:
-            return False
-        if not self.credit.try_acquire(nbytes, trio.current_time()):
+        if not self.flow.try_acquire(nbytes, trio.current_time()):
             return False
         # A first pending frame starts the liveness clock: a new deadline.
         self._pulse(timer=self.credit.frames_in_use == 1)
@@ -595,12 +583,8 @@ class Session:
         """Return credit (frames drained or discarded) and grant waiting frames in order."""
         if not frames and not nbytes:
             return
-        now = trio.current_time()
-        self.credit.release(frames, nbytes, now)
-        while self._waiters and self.credit.try_acquire(self._waiters[0][0], now):
-            self._waiters.popleft()[1].set()
-        if not self._waiters:
-            self.credit.mark_unblocked(now)
+        for ticket in self.flow.release(frames, nbytes, trio.current_time()):
+            self._grants.pop(ticket).set()
         self._pulse()
 
     def drained(self, handle: StreamHandle, upto_seq: int) -> None:
@@ -634,9 +618,10 @@ class Session:
             frames, nbytes = h.log.drain_all()
             if frames or nbytes:
                 self.credit.release(frames, nbytes, trio.current_time())
-        for _, ev in self._waiters:
+        self.flow.close()
+        for ev in self._grants.values():
             ev.set()
-        self._waiters.clear()
+        self._grants.clear()
         for p in self.pending.values():
             p.done.set()
         if self.budget is not None:

@@ -53,6 +53,7 @@ from ._event_ids import (
     parse_event_id,
     scramble_epoch,
 )
+from ._flow import INITIAL_FRAME_ESTIMATE, Admit, SessionFlow
 from ._gate import (
     MAX_IDEMPOTENCY_KEY,
     CallOutcome,
@@ -125,6 +126,7 @@ from ._streams import StreamKind, StreamLog, StreamTable
 __all__ = [
     "CREDIT_TRANSITIONS",
     "DEFAULT_VERSION",
+    "INITIAL_FRAME_ESTIMATE",
     "INTERNAL_ERROR",
     "INVALID_PARAMS",
     "INVALID_REQUEST",
@@ -140,6 +142,7 @@ __all__ = [
     "SESSION_TRANSITIONS",
     "STREAM_TRANSITIONS",
     "SUPPORTED_VERSIONS",
+    "Admit",
     "CallOutcome",
     "CallStart",
     "ChannelVerdict",
@@ -182,6 +185,7 @@ __all__ = [
     "Response",
     "RetentionBudget",
     "SessionCredit",
+    "SessionFlow",
     "SessionInput",
     "SessionState",
     "SseComment",

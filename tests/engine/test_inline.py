@@ -1068,7 +1068,7 @@ def snapshot(handle: StreamHandle) -> tuple[Any, ...]:
         c.bytes_in_use,
         c.state,
         c.last_progress,
-        len(s._waiters),
+        s.flow.waiting,
         s.timer_at,
     )
 
@@ -1128,7 +1128,7 @@ async def test_try_now_refuses_and_changes_nothing(
             assert other.try_send_now("a")
             nursery.start_soon(other.send, "x" * 165)
             await settle()
-            assert len(session._waiters) == 1
+            assert session.flow.waiting == 1
             assert session.credit.fits(handle.log.size_of("small"))
         elif why == "no-credit":
             assert other.try_send_now("a") and other.try_send_now("b")
@@ -1156,7 +1156,7 @@ async def test_try_now_refuses_and_changes_nothing(
         handle.sink = None
         await settle()
         if why == "waiters":
-            assert len(session._waiters) == 0 and other.log.next_seq == 2
+            assert session.flow.waiting == 0 and other.log.next_seq == 2
             session.drained(other, 2)
         assert handle.try_respond_now("small")
         assert handle.log.next_seq == 1 and log_state(handle) is StreamState.FINAL_DETACHED

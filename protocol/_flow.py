@@ -1,0 +1,167 @@
+"""A session's flow control: request admission and in-order credit grants.
+
+Theory of operation
+-------------------
+:class:`~weir.protocol.SessionCredit` is the arithmetic of one session's drain
+credit.  :class:`SessionFlow` is what a driver builds on it, in one place so that
+every driver admits and grants identically:
+
+* **Admission** (:meth:`SessionFlow.try_admit`).  A session-scoped request is
+  admitted only while the session has credit *and* fewer requests in flight than
+  the remaining byte credit can take at the session's typical frame size
+  (:attr:`SessionFlow.typical_frame`, a moving average of its frame sizes) --
+  so responses parked waiting for credit stay near the credit too.  A session
+  with nothing in flight always admits one (else it could never make progress).
+  A half-open session refuses at once: 429 ``stream_half_open``.  Otherwise the
+  answer is :attr:`Admit.WAIT` (or :attr:`Admit.BLOCKED`, when this refusal is
+  what exhausted the credit, so the credit's deadline moved): the driver waits
+  for a change -- a grant, a release, the session ending -- or the deadline, and
+  asks again.  :meth:`SessionFlow.done` ends an admitted request's flight.
+* **Grants** (:meth:`try_acquire`, :meth:`wait_for`, :meth:`release`).  Every
+  frame takes credit for its encoded size before it enters a stream log.  When
+  it does not fit, or someone is already waiting, it gets a *ticket* and waits;
+  :meth:`release` returns credit and hands back the tickets it could now grant,
+  strictly in the order they were issued -- frames are never reordered and a
+  waiting large frame is never starved by small ones behind it.  A waiter that
+  gives up calls :meth:`cancel`: ``True`` if it was still queued, ``False`` if it
+  had been granted (it then owns credit it must :meth:`release`).
+* **Ending** (:meth:`close`): every queued ticket is returned so that the driver
+  wakes its waiter, which then finds the flow closed.
+
+No clock is read: every method that can start or stop a timer takes ``now``,
+and :meth:`deadline` is the credit's next instant of interest.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections import deque
+
+from ._credit import CreditLimits, SessionCredit
+from ._jsonrpc import RequestId
+from ._states import CreditState
+
+#: The starting guess of a session's frame size, before any frame was sent.
+INITIAL_FRAME_ESTIMATE = 256.0
+
+
+class Admit(enum.Enum):
+    """The answer of :meth:`SessionFlow.try_admit`."""
+
+    ADMITTED = "admitted"
+    WAIT = "wait"  # no room: wait for a change or the deadline, then ask again
+    BLOCKED = "blocked"  # as WAIT, and the credit just became exhausted (deadline moved)
+
+
+class SessionFlow:
+    """Admission and credit grants for one session (see the module docstring)."""
+
+    __slots__ = ("_queue", "_tickets", "closed", "credit", "inflight", "typical_frame")
+
+    def __init__(self, limits: CreditLimits, now: float) -> None:
+        self.credit = SessionCredit(limits, now)
+        #: Admitted requests whose response is not enqueued yet.
+        self.inflight = 0
+        #: A moving average of this session's frame sizes (admission's byte estimate).
+        self.typical_frame = INITIAL_FRAME_ESTIMATE
+        self.closed = False
+        self._queue: deque[tuple[int, int]] = deque()  # (ticket, nbytes), oldest first
+        self._tickets = itertools.count(1)
+
+    # ------------------------------------------------------------------ admission
+    def try_admit(self, n: int, now: float, request_id: RequestId | None = None) -> Admit:
+        """Admit ``n`` requests now, or say to wait.
+
+        The driver checks :attr:`closed` first (a closed session admits nothing).
+
+        Raises:
+            RemoteProtocolError: 429 ``stream_half_open`` if the session is half-open.
+        """
+        credit = self.credit
+        credit.admit(now, request_id)
+        lim = credit.limits
+        room = lim.bytes - credit.bytes_in_use
+        has_room = credit.frames_in_use < lim.frames and room > 0
+        cap = min(lim.frames, max(1, int(room // self.typical_frame)))
+        if (has_room and self.inflight + n <= cap) or self.inflight == 0:
+            self.inflight += n
+            return Admit.ADMITTED
+        if credit.state is CreditState.OPEN:
+            # No credit: that starts the drain window, exactly as a waiting frame does.
+            credit.mark_blocked(now)
+            return Admit.BLOCKED
+        return Admit.WAIT
+
+    def count_in(self, n: int = 1) -> None:
+        """Account ``n`` requests as in flight without asking (refused batch entries)."""
+        self.inflight += n
+
+    def done(self, n: int = 1) -> None:
+        """``n`` admitted requests have their response enqueued (or never will)."""
+        self.inflight -= n
+
+    def observe_frame(self, nbytes: int) -> None:
+        """Fold one frame's actual size into :attr:`typical_frame`."""
+        self.typical_frame += (nbytes - self.typical_frame) / 8
+
+    # --------------------------------------------------------------------- grants
+    @property
+    def waiting(self) -> int:
+        """Tickets queued, not granted yet."""
+        return len(self._queue)
+
+    def try_acquire(self, nbytes: int, now: float) -> bool:
+        """Take credit for one frame if that needs no wait (open, nobody queued)."""
+        if self.closed or self._queue:
+            return False
+        return self.credit.try_acquire(nbytes, now)
+
+    def wait_for(self, nbytes: int, now: float) -> int:
+        """Queue a frame of ``nbytes`` behind earlier waiters; its ticket.
+
+        The credit becomes exhausted (the drain window starts) if it was not.
+        """
+        ticket = next(self._tickets)
+        self._queue.append((ticket, nbytes))
+        self.credit.mark_blocked(now)
+        return ticket
+
+    def cancel(self, ticket: int, now: float) -> bool:
+        """Withdraw a waiting ticket: True if it was still queued (no credit taken)."""
+        for i, (queued, _) in enumerate(self._queue):
+            if queued == ticket:
+                del self._queue[i]
+                if not self._queue:
+                    self.credit.mark_unblocked(now)  # nothing waits for credit any more
+                return True
+        return False
+
+    def release(self, frames: int, nbytes: int, now: float) -> list[int]:
+        """Return credit; the tickets now granted, oldest first.
+
+        Grants stop at the first waiter that does not fit, so order is kept.
+        """
+        if not frames and not nbytes:
+            return []
+        credit = self.credit
+        credit.release(frames, nbytes, now)
+        granted: list[int] = []
+        if not self.closed:
+            while self._queue and credit.try_acquire(self._queue[0][1], now):
+                granted.append(self._queue.popleft()[0])
+        if not self._queue:
+            credit.mark_unblocked(now)
+        return granted
+
+    # --------------------------------------------------------------------- ending
+    def close(self) -> list[int]:
+        """End the flow: no more grants; the tickets still queued, to wake."""
+        self.closed = True
+        queued = [ticket for ticket, _ in self._queue]
+        self._queue.clear()
+        return queued
+
+    def deadline(self) -> float:
+        """The credit's next instant of interest (``inf``: none)."""
+        return self.credit.deadline()

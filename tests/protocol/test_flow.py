@@ -1,0 +1,161 @@
+"""Tests for weir.protocol._flow: admission and in-order credit grants.
+
+A Hypothesis state machine drives one :class:`SessionFlow` with frames that fit
+or wait, releases, cancellations, admissions and the end, against a model of
+what it must do: credit never over-committed, grants strictly in ticket order,
+no ticket granted twice, nothing granted after the end.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from weir.protocol import (
+    Admit,
+    CreditLimits,
+    CreditState,
+    Reason,
+    RemoteProtocolError,
+    SessionFlow,
+)
+
+LIMITS = CreditLimits(frames=4, bytes=1000, drain_window=5.0, liveness_timeout=60.0)
+
+
+class FlowMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.flow = SessionFlow(LIMITS, 0.0)
+        self.now = 0.0
+        self.held: list[int] = []  # sizes of frames holding credit
+        self.queued: list[tuple[int, int]] = []  # (ticket, size), in issue order
+        self.granted: set[int] = set()
+
+    def _grant(self, tickets: list[int]) -> None:
+        # Grants are always the oldest queued tickets, in order.
+        assert tickets == [t for t, _ in self.queued[: len(tickets)]]
+        for ticket, size in self.queued[: len(tickets)]:
+            assert ticket not in self.granted
+            self.granted.add(ticket)
+            self.held.append(size)
+        del self.queued[: len(tickets)]
+
+    @rule(size=st.integers(1, 1500))
+    def send_a_frame(self, size: int) -> None:
+        if self.flow.try_acquire(size, self.now):
+            assert not self.queued and not self.flow.closed
+            self.held.append(size)
+        elif not self.flow.closed:
+            self.queued.append((self.flow.wait_for(size, self.now), size))
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def drain_some(self, data: st.DataObject) -> None:
+        k = data.draw(st.integers(1, len(self.held)))
+        frames, nbytes = k, sum(self.held[:k])
+        del self.held[:k]
+        self.now += 0.1
+        self._grant(self.flow.release(frames, nbytes, self.now))
+
+    @precondition(lambda self: self.queued)
+    @rule(data=st.data())
+    def give_up_waiting(self, data: st.DataObject) -> None:
+        i = data.draw(st.integers(0, len(self.queued) - 1))
+        ticket, _ = self.queued.pop(i)
+        assert self.flow.cancel(ticket, self.now)
+        assert not self.flow.cancel(ticket, self.now)  # a ticket is withdrawn once
+
+    @rule(n=st.integers(1, 3))
+    def admit(self, n: int) -> None:
+        before = self.flow.inflight
+        try:
+            verdict = self.flow.try_admit(n, self.now)
+        except RemoteProtocolError as exc:
+            assert exc.reason is Reason.STREAM_HALF_OPEN and exc.http_status == 429
+            return
+        if verdict is Admit.ADMITTED:
+            assert self.flow.inflight == before + n
+        else:
+            assert before > 0 and self.flow.inflight == before  # one is always admitted
+
+    @precondition(lambda self: self.flow.inflight > 0)
+    @rule()
+    def answer_one(self) -> None:
+        self.flow.done()
+
+    @rule(dt=st.floats(0.0, 10.0))
+    def time_passes(self, dt: float) -> None:
+        self.now += dt
+        if self.flow.credit.handle_timer(self.now) is CreditState.DEAD and not self.flow.closed:
+            self.end()  # what a driver does with a dead session: tear it down
+
+    @precondition(lambda self: not self.flow.closed)
+    @rule()
+    def end(self) -> None:
+        assert self.flow.close() == [t for t, _ in self.queued]
+        self.queued.clear()
+
+    @invariant()
+    def credit_is_never_overcommitted(self) -> None:
+        credit = self.flow.credit
+        assert credit.frames_in_use == len(self.held) <= LIMITS.frames
+        assert credit.bytes_in_use == sum(self.held)
+        if len(self.held) > 1:  # only a lone frame may exceed the byte credit
+            assert credit.bytes_in_use <= LIMITS.bytes
+
+    @invariant()
+    def waiting_frames_mean_exhausted_credit(self) -> None:
+        assert self.flow.waiting == len(self.queued)
+        if self.queued:
+            assert self.flow.credit.state is not CreditState.OPEN
+            assert not self.flow.closed
+
+
+FlowMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestFlowMachine = FlowMachine.TestCase
+
+
+def test_admission_caps_flight_by_the_bytes_left_at_the_typical_frame_size() -> None:
+    flow = SessionFlow(CreditLimits(frames=8, bytes=1000), 0.0)
+    for _ in range(20):
+        flow.observe_frame(400)  # the average converges on 400-byte frames
+    assert 390 < flow.typical_frame <= 400
+    assert flow.try_admit(1, 0.0) is Admit.ADMITTED
+    assert flow.try_admit(1, 0.0) is Admit.ADMITTED  # 1000 // ~400 = 2 in flight
+    assert flow.try_admit(1, 0.0) is Admit.BLOCKED  # this refusal exhausts the credit
+    assert flow.try_admit(1, 0.0) is Admit.WAIT  # ... once
+    flow.done()
+    assert flow.try_admit(1, 0.0) is Admit.ADMITTED
+
+
+def test_a_session_that_stops_draining_is_refused_429_after_the_window() -> None:
+    flow = SessionFlow(CreditLimits(frames=1, bytes=1000, drain_window=5.0), 0.0)
+    assert flow.try_acquire(10, 0.0)
+    flow.wait_for(10, 1.0)
+    with pytest.raises(RemoteProtocolError) as info:
+        flow.try_admit(1, 6.0)
+    assert info.value.reason is Reason.STREAM_HALF_OPEN
+    assert flow.release(1, 10, 6.5) == [1]  # progress: the waiter is granted
+
+
+def test_a_large_waiting_frame_is_not_overtaken_by_small_ones() -> None:
+    flow = SessionFlow(CreditLimits(frames=8, bytes=1000), 0.0)
+    assert flow.try_acquire(900, 0.0)
+    big = flow.wait_for(600, 0.0)
+    assert not flow.try_acquire(10, 0.0)  # someone waits: no jumping the queue
+    small = flow.wait_for(10, 0.0)
+    assert flow.release(1, 900, 1.0) == [big, small]
+
+
+def test_a_withdrawn_last_waiter_leaves_the_credit_open() -> None:
+    # Nothing waits any more, so the drain window must not run out into a 429.
+    flow = SessionFlow(CreditLimits(frames=1, bytes=1000, drain_window=5.0), 0.0)
+    assert flow.try_acquire(10, 0.0)
+    ticket = flow.wait_for(10, 0.0)
+    assert flow.credit.state is CreditState.EXHAUSTED
+    assert flow.cancel(ticket, 1.0)
+    assert flow.credit.state is CreditState.OPEN
+    assert flow.try_admit(1, 6.0) is Admit.ADMITTED
