@@ -3,39 +3,57 @@
 Theory of operation
 -------------------
 :mod:`weir.protocol` does no I/O and reads no clock, so any event loop can drive it.  This
-module shows it: a small asyncio server around the same core ``engine._server`` drives
-with Trio.  Each connection runs ``reader.read -> HttpConnection.receive_data ->
-next_event -> respond -> writer.write``.  All HTTP framing (keep-alive, chunking,
-automatic 400/413/431) comes from :class:`weir.protocol.HttpConnection`; every endpoint rule
-(path, Host/Origin, method, Accept, Content-Type, JSON-RPC decoding, session header)
-from :func:`weir.protocol.route`; every refusal body from :func:`weir.protocol.refusal`; every
-SSE frame from a :class:`weir.protocol.StreamLog` (ids ``<epoch>:<seq>``, a priming event
-for 2025-11-25 clients); session states from :func:`weir.protocol.session_transition`.  The
-driver adds only what needs state or I/O: a dict of sessions and the sockets.
+module is such a driver: an asyncio server around the same core the Trio engine drives,
+with the same guarantees about a client that stops reading.
+
+* **HTTP and the endpoint.**  Each connection runs ``reader.read ->
+  HttpConnection.receive_data -> next_event -> respond``.  Framing, keep-alive and the
+  automatic 400/413/431 come from :class:`HttpConnection`; every endpoint rule from
+  :func:`route`; every refusal body from :func:`refusal`; ``initialize`` checks and
+  result from :func:`parse_initialize` and :func:`initialize_result`.
+* **Streams.**  Every SSE message is appended to its stream's :class:`StreamLog`
+  first and written from the log, by whichever connection is attached: a POST's
+  response stream, or the session's GET stream.  ``Last-Event-ID: <epoch>:<seq>``
+  re-attaches to the stream the epoch names and sends exactly what follows the
+  cursor (a second live GET is 409 ``stream_conflict``).
+* **Credit.**  Each session has one :class:`SessionFlow`: a request is admitted, and
+  a frame enters a log, only within the session's credit; frames that must wait are
+  granted strictly in order.  Credit comes back when the *peer's kernel has
+  acknowledged* the frame's last byte: the connection's :class:`DrainTracker`
+  learns that from ``ioctl(SIOCOUTQ)`` (Linux), polled while marks are pending.
+* **Timers.**  One ``loop.call_at`` per session, at :meth:`SessionFlow.deadline`:
+  past the drain window a session that does not drain is half-open, and new
+  requests get 429 ``stream_half_open``; past the liveness timeout it is torn
+  down (its handlers cancelled, its streams aborted, later requests 404).
+* **Handlers** are tasks owned by the session, not the connection: a dropped
+  connection does not cancel a call, whose response waits in the log for a
+  resumption.
 
 It serves an :class:`weir.engine.App` (the demo app by default): ``initialize``,
-``notifications/initialized``, ``ping``, ``tools/list`` and ``tools/call``, answered
-as an SSE stream, or as one JSON body when ``Accept`` lists only ``application/json``
-(routing uses ``json_response=True`` so such clients pass; SSE is chosen per request).
-``engine`` imports trio, but no trio code runs: tools are awaited on the asyncio loop.
+``notifications/initialized``, ``ping``, ``tools/list`` and ``tools/call``.
+``weir.engine`` imports trio, but no trio code runs: tools are awaited on the asyncio loop.
 
-Deliberately left out (the Trio engine has them all): tools taking an
-:class:`weir.engine.Context` (they get a JSON-RPC error: no progress, logging, sampling or
-cancellation here, and they are not listed); resources, prompts and completion; GET
-streams and ``Last-Event-ID`` resumption (GET answers 405, which MCP allows); handlers
-that outlive their connection (a request runs inline, one at a time per connection);
-a session store, idle-session expiry and graceful shutdown.
+Not here (the Trio engine has them): tools taking an :class:`weir.engine.Context`
+(they get a JSON-RPC error and are not listed); resources, prompts and completion;
+the idempotency gate and session stores; JSON-mode credit (a JSON-only client's
+response is written at once); idle-session expiry, limits on sessions and
+connections, authorization, and graceful shutdown.
 """
 
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
 import contextlib
+import fcntl
 import inspect
 import logging
+import math
 import secrets
-from dataclasses import dataclass
+import socket
+import sys
+from collections.abc import Coroutine
 from typing import Any
 
 import msgspec
@@ -48,54 +66,227 @@ from weir.protocol import (
     METHOD_NOT_FOUND,
     NEED_DATA,
     SERVER_ERROR,
-    DeleteSession,
+    Admit,
+    CreditLimits,
+    CreditState,
+    DrainTracker,
     EndpointConfig,
     HttpConnection,
     HttpError,
     HttpRequest,
     Notification,
+    OpenStream,
     PostMessages,
     Reason,
     RemoteProtocolError,
     Request,
+    RequestId,
+    SessionFlow,
     SessionInput,
     SessionState,
     StreamInput,
     StreamKind,
     StreamLog,
+    StreamState,
+    StreamTable,
     accepts,
+    encode_comment,
     encode_error,
     encode_result,
     format_epoch,
     initialize_result,
     parse_initialize,
+    primes_streams,
     refusal,
     route,
     session_refusal,
     session_transition,
-    version_at_least,
 )
 
 log = logging.getLogger("weir.asyncio")
 _KEEPALIVE_S = 75.0
 _SSE_HEADERS = (("content-type", "text/event-stream"), ("cache-control", "no-cache"))
+#: ``ioctl(SIOCOUTQ)``: bytes in a TCP socket's send queue not yet acknowledged (Linux).
+_SIOCOUTQ = 0x5411
+#: How often a connection with unacknowledged frames asks the kernel (seconds).
+_ACK_POLL_S = 0.002
+_ACK_POLL_MAX_S = 0.05
+#: A comment on an idle stream this often, so proxies do not cut it.
+_SSE_KEEPALIVE_S = 15.0
+_TCP = (socket.AF_INET, socket.AF_INET6)
 
 
-@dataclass(slots=True)
+class _Gone(Exception):
+    """The session ended while something waited on it."""
+
+
 class _Session:
-    version: str  # the negotiated protocol revision
-    state: SessionState = SessionState.NEW
-    epochs: int = 0  # streams opened so far; the next one's epoch
+    """One session: its flow control, its streams, its handler tasks, its timer."""
+
+    def __init__(self, sid: str, version: str, credit: CreditLimits, driver: AsyncioDriver):
+        self.sid, self.version, self.driver = sid, version, driver
+        self.loop = asyncio.get_running_loop()
+        self.state = SessionState.NEW
+        self.flow = SessionFlow(credit, self.loop.time())
+        self.streams = StreamTable()
+        self.epochs = 0  # streams opened so far; the next one's epoch
+        self.tasks: set[asyncio.Task[None]] = set()
+        #: The connection tasks writing this session's streams (teardown cancels them).
+        self.writers: set[asyncio.Task[Any]] = set()
+        self._grants: dict[int, asyncio.Future[None]] = {}
+        self._changed = asyncio.Event()  # replaced on every pulse
+        self._wakeups: dict[str, asyncio.Event] = {}  # per stream epoch, for its writer
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self.state is SessionState.CLOSED
+
+    # ------------------------------------------------------------------ timers
+    def arm_timer(self) -> None:
+        """(Re)schedule the one timer at the credit's next deadline."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        when = self.flow.deadline()
+        if not self.closed and when != math.inf:
+            self._timer = self.loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self.flow.credit.handle_timer(self.loop.time()) is CreditState.DEAD:
+            self.driver.end(self)  # no progress for the liveness timeout
+            return
+        self._pulse()
+        self.arm_timer()
+
+    def _pulse(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # --------------------------------------------------------------- admission
+    async def admit(self, n: int, request_id: RequestId | None) -> None:
+        """Wait for room for ``n`` requests (429 once half-open; :class:`_Gone`)."""
+        while True:
+            if self.closed:
+                raise _Gone
+            verdict = self.flow.try_admit(n, self.loop.time(), request_id)
+            if verdict is Admit.ADMITTED:
+                return
+            if verdict is Admit.BLOCKED:
+                self.arm_timer()
+            changed = self._changed
+            wait = max(0.0, self.flow.deadline() - self.loop.time())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), None if wait == math.inf else wait)
+
+    def done(self) -> None:
+        self.flow.done()
+        self._pulse()
+
+    # ------------------------------------------------------------------ frames
+    async def append(self, stream: StreamLog, payload: str, *, final: bool = False) -> None:
+        """Take credit for the frame (waiting in order), then append it to ``stream``."""
+        size = stream.size_of(payload)
+        now = self.loop.time()
+        if self.flow.try_acquire(size, now):
+            if self.flow.credit.frames_in_use == 1:
+                self.arm_timer()  # the first pending frame starts the liveness clock
+        else:
+            if self.closed:
+                raise _Gone
+            ticket = self.flow.wait_for(size, now)
+            granted = self._grants[ticket] = self.loop.create_future()
+            self.arm_timer()
+            try:
+                await granted
+            except asyncio.CancelledError:
+                self._grants.pop(ticket, None)
+                if not self.flow.cancel(ticket, self.loop.time()) and not self.closed:
+                    self.release(1, size)  # granted while we were cancelled
+                raise
+            if self.closed:
+                raise _Gone
+        if stream.state is StreamState.CLOSED:
+            self.release(1, size)  # aborted while we waited: nothing to send
+            raise _Gone
+        stream.append(payload, final=final)
+        self.wake(stream)
+
+    def release(self, frames: int, nbytes: int) -> None:
+        """Credit back (frames acknowledged or discarded); grant waiters in order."""
+        for ticket in self.flow.release(frames, nbytes, self.loop.time()):
+            future = self._grants.pop(ticket)
+            if not future.done():
+                future.set_result(None)
+        self._pulse()
+        self.arm_timer()
+
+    def drained(self, stream: StreamLog, upto_seq: int) -> None:
+        """The peer acknowledged every frame of ``stream`` below ``upto_seq``."""
+        self.release(*stream.mark_drained(upto_seq))
+
+    # ----------------------------------------------------------------- streams
+    def open_stream(self, kind: StreamKind) -> StreamLog:
+        stream = self.streams.add(StreamLog(format_epoch(self.epochs), kind))
+        self.epochs += 1
+        return stream
+
+    def wake(self, stream: StreamLog) -> None:
+        event = self._wakeups.pop(stream.epoch, None)
+        if event is not None:
+            event.set()
+
+    async def wait_for_frames(self, stream: StreamLog, timeout: float) -> None:
+        event = self._wakeups.setdefault(stream.epoch, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as a task of the session (teardown cancels it, a hang-up does not)."""
+        task = self.loop.create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    # -------------------------------------------------------------------- end
+    def close(self) -> None:
+        """Cancel handlers, abort streams, wake every waiter (which then finds it gone)."""
+        if self.closed:
+            return
+        self.state = session_transition(self.state, SessionInput.TEARDOWN)
+        if self._timer is not None:
+            self._timer.cancel()
+        self.flow.close()
+        for future in self._grants.values():
+            if not future.done():
+                future.set_result(None)
+        self._grants.clear()
+        for stream in self.streams:
+            if stream.state is not StreamState.CLOSED:
+                stream.handle(StreamInput.ABORT)
+            self.wake(stream)
+        for task in (*self.tasks, *self.writers):
+            task.cancel()
+        self._pulse()
 
 
 class AsyncioDriver:
     """Serves one :class:`weir.engine.App`; :meth:`connection` is the ``start_server`` callback."""
 
-    def __init__(self, app: App, endpoint: EndpointConfig) -> None:
+    def __init__(
+        self, app: App, endpoint: EndpointConfig, credit: CreditLimits | None = None
+    ) -> None:
         self.app, self.endpoint = app, endpoint
+        self.credit = credit or CreditLimits()
         self.sessions: dict[str, _Session] = {}
 
+    def end(self, session: _Session) -> None:
+        """Tear a session down; it is 404 from now on."""
+        session.close()
+        self.sessions.pop(session.sid, None)
+
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The ``start_server`` callback: serve one connection until it closes."""
         await _Connection(self, writer).run(reader)
 
     async def execute(self, req: Request) -> bytes:
@@ -147,25 +338,76 @@ class AsyncioDriver:
 
 
 class _Connection:
-    """One TCP connection: the read/respond loop around one :class:`HttpConnection`."""
+    """One TCP connection: its read/respond loop around one :class:`HttpConnection`,
+    and the acknowledgement tracking of every frame it writes."""
 
     def __init__(self, driver: AsyncioDriver, writer: asyncio.StreamWriter) -> None:
         self.driver, self.writer, self.conn = driver, writer, HttpConnection()
+        self.acks: DrainTracker[tuple[_Session, StreamLog, int]] = DrainTracker()
+        self._fd = -1
+        self._outq = array.array("i", [0])
+        sock = writer.get_extra_info("socket")
+        if sys.platform == "linux" and sock is not None and sock.family in _TCP:
+            self._fd = sock.fileno()
+        self._watcher: asyncio.Task[None] | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._early = b""  # bytes the peer sent while a stream was being written
+        self._peer_gone = False
 
+    # ----------------------------------------------------------- bytes out, acks in
     async def send(self, data: bytes) -> None:
         try:
             self.writer.write(data)
+            self.acks.wrote(len(data))
             await self.writer.drain()
         except BaseException:
             self.conn.send_failed()
             raise
 
+    def _unacknowledged(self) -> int:
+        """Bytes written and not acknowledged: asyncio's buffer plus the kernel's queue."""
+        buffered = self.writer.transport.get_write_buffer_size()
+        if self._fd < 0:
+            return buffered  # no SIOCOUTQ: "accepted by the kernel" stands in for acked
+        try:
+            fcntl.ioctl(self._fd, _SIOCOUTQ, self._outq, True)
+        except OSError:
+            return buffered
+        return buffered + int(self._outq[0])
+
+    def check_acks(self) -> bool:
+        """Release the credit of every frame the peer has acknowledged; any progress?"""
+        acked = self.acks.acked
+        pending = self.acks.oldest()
+        drained = self.acks.acknowledged_total(self._unacknowledged())
+        for session, stream, upto in drained:
+            session.drained(stream, upto)
+        if self.acks.acked > acked and pending is not None and not drained:
+            session = pending[0]
+            session.flow.credit.progress(session.loop.time())  # part of a frame
+        return self.acks.acked > acked
+
+    def _watch_acks(self) -> None:
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.get_running_loop().create_task(self._poll_acks())
+
+    async def _poll_acks(self) -> None:
+        # The kernel tells nobody when the peer acknowledges: ask while marks are pending.
+        delay = _ACK_POLL_S
+        while self.acks.pending:
+            delay = _ACK_POLL_S if self.check_acks() else min(delay * 2, _ACK_POLL_MAX_S)
+            await asyncio.sleep(delay)
+
+    # ---------------------------------------------------------------- requests
     async def run(self, reader: asyncio.StreamReader) -> None:
-        conn = self.conn
+        conn, self._reader = self.conn, reader
         try:
             while True:
                 event = conn.next_event()
-                if event is NEED_DATA:
+                if event is NEED_DATA and self._early:
+                    conn.receive_data(self._early)
+                    self._early = b""
+                elif event is NEED_DATA:
                     conn.receive_data(await asyncio.wait_for(reader.read(65536), _KEEPALIVE_S))
                 elif isinstance(event, HttpRequest):
                     await self.respond(event)
@@ -181,45 +423,45 @@ class _Connection:
         except Exception:
             log.exception("connection handler failed")
         finally:
+            # Frames written here and not acknowledged keep their credit: a
+            # resumption on another connection sends them again.
+            self.acks.take_pending()
+            if self._watcher is not None:
+                self._watcher.cancel()
+            if self.writer.transport.get_write_buffer_size():
+                self.writer.transport.abort()  # a peer that stopped reading: do not flush
             self.writer.close()
             with contextlib.suppress(ConnectionError, TimeoutError):
                 await asyncio.wait_for(self.writer.wait_closed(), 1.0)
 
     async def respond(self, request: HttpRequest) -> None:
-        sessions = self.driver.sessions
         try:
             mcp = route(request, self.driver.endpoint)
-            if isinstance(mcp, PostMessages):
-                await self._post(mcp)
+            if isinstance(mcp, PostMessages) and mcp.is_initialize:
+                await self._initialize(mcp)
                 return
             sid = mcp.ctx.session_id or ""
-            session = sessions.get(sid)
+            session = self.driver.sessions.get(sid)
             if session is None:
-                raise session_refusal(sid)
-            if not isinstance(mcp, DeleteSession):
-                raise RemoteProtocolError(
-                    "this server offers no GET stream",
-                    http_status=405,
-                    reason=Reason.METHOD_NOT_ALLOWED,
-                    headers=(("allow", "POST, DELETE"),),
-                )
-            session.state = session_transition(session.state, SessionInput.DELETE)
-            del sessions[sid]
-            await self.send(self.conn.send_response(200, ()))
+                first = mcp.messages[0] if isinstance(mcp, PostMessages) else None
+                raise session_refusal(sid, first.id if isinstance(first, Request) else None)
+            try:
+                if isinstance(mcp, PostMessages):
+                    await self._post(session, mcp)
+                elif isinstance(mcp, OpenStream):
+                    await self._get(session, mcp)
+                else:
+                    self.driver.end(session)
+                    await self.send(self.conn.send_response(200, ()))
+            except _Gone:
+                raise session_refusal(sid) from None
         except RemoteProtocolError as exc:
             if self.conn.response_in_progress:
                 raise
             status, headers, body = refusal(exc)
             await self.send(self.conn.send_response(status, headers, body))
 
-    async def _post(self, post: PostMessages) -> None:
-        if post.is_initialize:
-            await self._initialize(post)
-            return
-        first, sid = post.messages[0], post.ctx.session_id or ""
-        session = self.driver.sessions.get(sid)
-        if session is None:
-            raise session_refusal(sid, first.id if isinstance(first, Request) else None)
+    async def _post(self, session: _Session, post: PostMessages) -> None:
         for msg in post.messages:
             if isinstance(msg, Notification) and msg.method == "notifications/initialized":
                 session.state = session_transition(session.state, SessionInput.INITIALIZED)
@@ -228,55 +470,169 @@ class _Connection:
             await self.send(self.conn.send_response(202, ()))
             return
         session.state = session_transition(session.state, SessionInput.REQUEST)
-        execute = self.driver.execute
+        execute, sid = self.driver.execute, session.sid
+        await session.admit(len(requests), requests[0].id)  # 429 once half-open
         if not accepts(post.ctx.headers.get("accept"), "text/event-stream"):
-            bodies = [await execute(req) for req in requests]
+            try:
+                bodies = [await execute(req) for req in requests]
+            finally:
+                for _ in requests:
+                    session.done()
             body = b"[" + b",".join(bodies) + b"]" if post.is_batch else bodies[0]
             headers = [("content-type", "application/json"), ("mcp-session-id", sid)]
             await self.send(self.conn.send_response(200, headers, body))
             return
-        stream = StreamLog(format_epoch(session.epochs), StreamKind.REQUEST)
-        session.epochs += 1
-        stream.handle(StreamInput.ATTACH)
-        if any(
-            version_at_least(v, "2025-11-25") for v in (session.version, post.ctx.protocol_version)
-        ):
-            stream.prime()
-        await self.send(self.conn.start_stream(200, (*_SSE_HEADERS, ("mcp-session-id", sid))))
-        written = 0
-        for i, req in enumerate(requests):
-            frames = stream.frames_from(written)  # the priming event, or earlier responses
-            written += len(frames)
-            await self.send(self.conn.send_stream_data(b"".join(frames)))
-            stream.append((await execute(req)).decode(), final=i == len(requests) - 1)
-        await self.send(self.conn.send_stream_data(b"".join(stream.frames_from(written))))
-        stream.handle(StreamInput.DELIVERED)
+        stream = session.open_stream(StreamKind.REQUEST)
+        primes = primes_streams(session.version, post.ctx.protocol_version)
+        remaining = [len(requests)]
+
+        async def run(req: Request) -> None:
+            try:
+                payload = (await execute(req)).decode()
+                remaining[0] -= 1
+                await session.append(stream, payload, final=remaining[0] == 0)
+            except _Gone:
+                pass
+            finally:
+                session.done()
+
+        async def prime_then_run() -> None:
+            # In a task, as the calls are: waiting for credit must not hold the head back.
+            try:
+                if primes:
+                    await session.append(stream, "")  # the priming event: an id, empty data
+            except _Gone:
+                for _ in requests:
+                    session.done()
+                return
+            for req in requests:
+                session.spawn(run(req))
+
+        session.spawn(prime_then_run())  # the session owns them: a hang-up is no cancel
+        await self._write_stream(session, stream, 0)
+
+    async def _get(self, session: _Session, get: OpenStream) -> None:
+        cursor = get.last_event_id
+        if cursor is not None:
+            stream = session.streams.get(cursor)  # 409 cursor_unknown
+            start = stream.cursor_after(cursor)
+        else:
+            standalone = session.streams.standalone
+            if standalone is None or standalone.state is StreamState.CLOSED:
+                standalone = session.open_stream(StreamKind.STANDALONE)
+            stream, start = standalone, standalone.next_seq
+        await self._write_stream(session, stream, start)
+
+    async def _write_stream(self, session: _Session, stream: StreamLog, start: int) -> None:
+        """Write ``stream`` from seq ``start``: what the log holds, then live, to its end."""
+        if stream.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
+            raise RemoteProtocolError(
+                "this stream is already being written to another connection",
+                http_status=409,
+                reason=Reason.STREAM_CONFLICT,
+            )
+        headers = (*_SSE_HEADERS, ("mcp-session-id", session.sid))
+        await self.send(self.conn.start_stream(200, headers))
+        if stream.state is not StreamState.CLOSED:  # a closed one is replayed, no more
+            stream.handle(StreamInput.ATTACH)
+        watch = self._watch_for_hang_up()
+        me = asyncio.current_task()
+        if me is not None:
+            session.writers.add(me)
+        try:
+            await self._stream_frames(session, stream, start)
+        except asyncio.CancelledError:
+            if not self._peer_gone:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            raise ConnectionResetError("the peer hung up mid-stream") from None
+        finally:
+            watch.cancel()
+            session.writers.discard(me)
+            if stream.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
+                stream.handle(StreamInput.DETACH)
+
+    def _watch_for_hang_up(self) -> asyncio.Task[bytes]:
+        """Read while a stream is written: EOF means the peer is gone, so stop writing.
+
+        Without it a writer waiting for the next frame would hold the stream
+        attached, and the client's own reconnection would get 409 until the next
+        write failed.
+        """
+        assert self._reader is not None
+        writer = asyncio.current_task()
+        watch = asyncio.get_running_loop().create_task(self._reader.read(65536))
+
+        def done(task: asyncio.Task[bytes]) -> None:
+            if task.cancelled():
+                return
+            data = b"" if task.exception() is not None else task.result()
+            if data:
+                self._early += data  # a pipelined request: served after this stream
+            elif writer is not None:
+                self._peer_gone = True
+                writer.cancel()
+
+        watch.add_done_callback(done)
+        return watch
+
+    async def _stream_frames(self, session: _Session, stream: StreamLog, start: int) -> None:
+        cursor = start
+        while True:
+            frames = stream.frames_from(cursor)
+            if frames:
+                await self.send(self.conn.send_stream_data(b"".join(frames)))
+                cursor += len(frames)
+                self.acks.mark(self.acks.written, (session, stream, cursor))
+                self._watch_acks()
+                continue
+            if stream.state is StreamState.CLOSED:
+                break  # aborted, or a replay of a delivered stream
+            if stream.finished:
+                stream.handle(StreamInput.DELIVERED)
+                break
+            before = stream.next_seq
+            await session.wait_for_frames(stream, _SSE_KEEPALIVE_S)
+            if stream.next_seq == before and not stream.finished:
+                await self.send(self.conn.send_stream_data(encode_comment()))
         await self.send(self.conn.end_stream())
 
     async def _initialize(self, post: PostMessages) -> None:
-        req, app = post.messages[0], self.driver.app
+        req, driver = post.messages[0], self.driver
         assert isinstance(req, Request)
         asked = parse_initialize(req)  # the same checks and negotiation as weir's server
         sid = secrets.token_urlsafe(32)
-        self.driver.sessions[sid] = _Session(asked.version)
+        driver.sessions[sid] = _Session(sid, asked.version, driver.credit, driver)
         result = initialize_result(
             asked.version,
             {"tools": {"listChanged": False}},
-            name=app.name,
-            server_version=app.version,
-            instructions=app.instructions,
+            name=driver.app.name,
+            server_version=driver.app.version,
+            instructions=driver.app.instructions,
         )
         headers = [("content-type", "application/json"), ("mcp-session-id", sid)]
         await self.send(self.conn.send_response(200, headers, encode_result(req.id, result)))
 
 
 async def serve(
-    host: str = "127.0.0.1", port: int = 0, *, app: App = demo_app, path: str = "/mcp"
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    app: App = demo_app,
+    path: str = "/mcp",
+    credit: CreditLimits | None = None,
 ) -> asyncio.Server:
-    """Start serving ``app`` at ``http://host:port/path`` (port 0: a free one)."""
+    """Start serving ``app`` at ``http://host:port/path`` (port 0: a free one).
+
+    ``credit`` sets each session's drain credit and timers (the core's defaults
+    otherwise).
+    """
     hosts = LOOPBACK_HOSTS | {host.lower()}
     endpoint = EndpointConfig(path=path, allowed_hosts=hosts, json_response=True)
-    return await asyncio.start_server(AsyncioDriver(app, endpoint).connection, host, port)
+    driver = AsyncioDriver(app, endpoint, credit)
+    return await asyncio.start_server(driver.connection, host, port)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +26,10 @@ import h11
 import pytest
 import sniffio
 
-from examples.asyncio_server import serve
+from examples.asyncio_server import AsyncioDriver
 from weir.engine import App
-from weir.protocol import SseDecoder, SseEvent
+from weir.engine.apps.demo import app as demo_app
+from weir.protocol import LOOPBACK_HOSTS, CreditLimits, EndpointConfig, SseDecoder, SseEvent
 
 TIMEOUT = 10.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -36,23 +37,46 @@ BOTH = "application/json, text/event-stream"
 _EVENT_ID = re.compile(r"([0-9a-f]{8}):(\d+)")
 
 
+@dataclass
+class Running:
+    """A driver serving on 127.0.0.1 in a background event loop."""
+
+    port: int
+    driver: AsyncioDriver
+    loop: asyncio.AbstractEventLoop
+
+    def probe(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the server's loop (its state is the loop's alone)."""
+
+        async def call() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(TIMEOUT)
+
+
 @contextmanager
-def running_server(app: App | None = None) -> Iterator[int]:
-    """Run ``serve()`` in a background event loop on 127.0.0.1; yield its port."""
+def running_driver(app: App | None = None, credit: CreditLimits | None = None) -> Iterator[Running]:
+    """Run an :class:`AsyncioDriver` in a background event loop on 127.0.0.1."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="asyncio-weir", daemon=True)
     thread.start()
+    endpoint = EndpointConfig(allowed_hosts=LOOPBACK_HOSTS, json_response=True)
+    driver = AsyncioDriver(app or demo_app, endpoint, credit)
     try:
-        kwargs: dict[str, Any] = {} if app is None else {"app": app}
-        started = asyncio.run_coroutine_threadsafe(serve("127.0.0.1", 0, **kwargs), loop)
-        server = started.result(TIMEOUT)
+        start = asyncio.start_server(driver.connection, "127.0.0.1", 0)
+        server = asyncio.run_coroutine_threadsafe(start, loop).result(TIMEOUT)
         try:
-            yield int(server.sockets[0].getsockname()[1])
+            yield Running(int(server.sockets[0].getsockname()[1]), driver, loop)
         finally:
 
             async def stop() -> None:
                 server.close()
                 await asyncio.wait_for(server.wait_closed(), TIMEOUT)
+                # Connections still open (a stream nobody reads) end with the test.
+                others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for task in others:
+                    task.cancel()
+                await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), TIMEOUT)
 
             asyncio.run_coroutine_threadsafe(stop(), loop).result(TIMEOUT)
     finally:
@@ -60,6 +84,13 @@ def running_server(app: App | None = None) -> Iterator[int]:
         thread.join(TIMEOUT)
         assert not thread.is_alive(), "the server's event loop did not stop"
         loop.close()
+
+
+@contextmanager
+def running_server(app: App | None = None) -> Iterator[int]:
+    """Run the driver (as ``serve()`` sets it up) in a background loop; yield its port."""
+    with running_driver(app) as running:
+        yield running.port
 
 
 @pytest.fixture(scope="module")
@@ -253,8 +284,10 @@ def test_refusals_come_from_the_core(port: int) -> None:
         c.initialize()
         assert c.session_id is not None
         sid = {"mcp-session-id": c.session_id}
-        get = c.request("GET", headers={"accept": "text/event-stream", **sid})
-        assert get.status == 405 and get.headers["allow"] == "POST, DELETE"
+        bad_cursor = {"accept": "text/event-stream", "last-event-id": "ffffffff:0", **sid}
+        unknown = c.request("GET", headers=bad_cursor)
+        assert unknown.status == 409
+        assert unknown.json()["error"]["data"]["reason"] == "cursor_unknown"
         not_acceptable = c.call("tools/list", accept="text/plain")
         assert not_acceptable.status == 406
         assert not_acceptable.json()["error"]["data"]["reason"] == "not_acceptable"

@@ -1,0 +1,220 @@
+"""The asyncio driver keeps weir's guarantees on real loopback sockets.
+
+The same core (:class:`~weir.protocol.SessionFlow`, :class:`~weir.protocol.DrainTracker`,
+:class:`~weir.protocol.StreamLog`) driven by asyncio instead of Trio, checked where
+the guarantees live -- in the kernel's send queue:
+
+1. ``test_a_response_lost_with_its_connection_is_replayed_after_the_cursor`` -- a
+   client drops its POST stream after the priming event; the call finishes anyway
+   (handlers belong to the session); ``GET`` with ``Last-Event-ID`` gets exactly the
+   answer, on the same event id, then the stream ends.
+2. ``test_a_client_that_stops_reading_is_refused_429_then_torn_down`` -- a peer
+   with a tiny receive buffer stops reading a large response: its credit stays
+   held (the bytes are not acknowledged), a second request waits for credit, a
+   third is refused 429 ``stream_half_open`` once the drain window has passed and
+   not before, and past the liveness timeout the session is gone (404).
+3. ``test_a_healthy_session_gives_back_every_byte_of_credit`` -- after calls whose
+   responses were read, the session holds no frame and no byte.
+
+Clock: real time (the server runs its own event loop in a thread).  The limits
+are small (a fraction of a second); every wait is bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from typing import Any
+
+import h11
+
+from tests.integration.test_asyncio_driver import TIMEOUT, Client, Running, running_driver
+from weir.engine import App
+from weir.protocol import CreditLimits, SseDecoder, SseEvent
+
+BOTH = "application/json, text/event-stream"
+
+
+class RawStream:
+    """One request on its own socket, read event by event (or not read at all)."""
+
+    def __init__(self, port: int, *, rcvbuf: int | None = None) -> None:
+        self.port = port
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf is not None:  # before connect: it sets the advertised window
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(TIMEOUT)
+        self.sock.connect(("127.0.0.1", port))
+        self.h11 = h11.Connection(h11.CLIENT)
+        self.decoder = SseDecoder()
+        self.events: list[SseEvent] = []
+        self.ended = False
+
+    def send(self, method: str, headers: dict[str, str], body: bytes = b"") -> int:
+        hdrs = {"host": f"127.0.0.1:{self.port}", "content-length": str(len(body)), **headers}
+        out = self.h11.send(h11.Request(method=method, target="/mcp", headers=list(hdrs.items())))
+        out = (out or b"") + (self.h11.send(h11.Data(data=body)) or b"" if body else b"")
+        self.sock.sendall(out + (self.h11.send(h11.EndOfMessage()) or b""))
+        for _ in range(10_000):
+            event = self._next()
+            if isinstance(event, h11.Response):
+                return event.status_code
+        raise AssertionError("no response head")
+
+    def _next(self) -> Any:
+        for _ in range(10_000):
+            event = self.h11.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            self.h11.receive_data(self.sock.recv(65536))
+        raise AssertionError("no event")
+
+    def next_event(self) -> SseEvent | None:
+        """The next SSE event, or None once the response has ended."""
+        for _ in range(10_000):
+            if self.events:
+                return self.events.pop(0)
+            if self.ended:
+                return None
+            event = self._next()
+            if isinstance(event, h11.Data):
+                self.events += [
+                    i for i in self.decoder.feed(bytes(event.data)) if isinstance(i, SseEvent)
+                ]
+            elif isinstance(event, h11.EndOfMessage):
+                self.ended = True
+        raise AssertionError("stream never ended")
+
+    def body(self) -> bytes:
+        """The rest of a plain (non-SSE) response body."""
+        chunks: list[bytes] = []
+        for _ in range(10_000):
+            event = self._next()
+            if isinstance(event, h11.Data):
+                chunks.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                return b"".join(chunks)
+        raise AssertionError("body never ended")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _headers(c: Client, accept: str = BOTH) -> dict[str, str]:
+    assert c.session_id is not None
+    return {
+        "content-type": "application/json",
+        "accept": accept,
+        "mcp-session-id": c.session_id,
+        "mcp-protocol-version": c.version,
+    }
+
+
+def _call(rid: int, name: str, arguments: dict[str, Any]) -> bytes:
+    params = {"name": name, "arguments": arguments}
+    return json.dumps(
+        {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+    ).encode()
+
+
+def test_a_response_lost_with_its_connection_is_replayed_after_the_cursor() -> None:
+    gate = threading.Event()
+    app = App("resume")
+
+    @app.tool()
+    async def slow() -> str:
+        """Finish once the test says so."""
+        await asyncio.to_thread(gate.wait, TIMEOUT)
+        return "finished"
+
+    with running_driver(app) as running, Client(running.port) as c:
+        c.initialize()
+        post = RawStream(running.port)
+        assert post.send("POST", _headers(c), _call(7, "slow", {})) == 200
+        prime = post.next_event()
+        assert prime is not None and prime.data == "" and prime.id is not None
+        post.close()  # the answer is not here yet: it is lost with the connection
+        gate.set()
+        get = RawStream(running.port)
+        status = get.send(
+            "GET", {**_headers(c), "accept": "text/event-stream", "last-event-id": prime.id}
+        )
+        assert status == 200
+        answer = get.next_event()
+        assert answer is not None and answer.id is not None
+        epoch, seq = prime.id.split(":")
+        assert answer.id == f"{epoch}:{int(seq) + 1}"  # exactly after the cursor
+        rpc = json.loads(answer.data)
+        assert rpc["id"] == 7 and rpc["result"]["content"][0]["text"] == "finished"
+        assert get.next_event() is None  # the final message ends the resumed stream
+        get.close()
+
+
+def _credit_of(running: Running, sid: str) -> tuple[int, int, int]:
+    def read() -> tuple[int, int, int]:
+        flow = running.driver.sessions[sid].flow
+        return flow.credit.frames_in_use, flow.credit.bytes_in_use, flow.waiting
+
+    result: tuple[int, int, int] = running.probe(read)
+    return result
+
+
+def test_a_client_that_stops_reading_is_refused_429_then_torn_down() -> None:
+    credit = CreditLimits(frames=8, bytes=32768, drain_window=0.5, liveness_timeout=2.0)
+    with running_driver(credit=credit) as running, Client(running.port) as c:
+        c.initialize()
+        assert c.session_id is not None
+        # A: one 400 KB answer into a 4 KB receive window, never read.
+        stalled = RawStream(running.port, rcvbuf=4096)
+        assert stalled.send("POST", _headers(c), _call(1, "echo", {"text": "x" * 400_000})) == 200
+        # B: a small answer, which must wait behind A's unacknowledged bytes.
+        waiting = RawStream(running.port)
+        assert waiting.send("POST", _headers(c), _call(2, "echo", {"text": "b"})) == 200
+        frames, nbytes, queued = _credit_of(running, c.session_id)
+        # What the session holds is bounded: its credit, or one frame that alone exceeds it.
+        assert frames <= credit.frames and queued <= 2 and nbytes < 400_000 + 4096
+        # C: refused 429 once the drain window has passed without progress, not before.
+        started = time.monotonic()
+        ping = json.dumps({"jsonrpc": "2.0", "id": 3, "method": "ping"}).encode()
+        refused = RawStream(running.port)
+        assert refused.send("POST", _headers(c, "application/json"), ping) == 429
+        assert time.monotonic() - started >= credit.drain_window * 0.9
+        error = json.loads(refused.body())["error"]
+        assert error["data"]["reason"] == "stream_half_open" and error["data"]["retryAfterMs"] > 0
+        refused.close()
+        # Past the liveness timeout the session is torn down: 404, and B's stream ends.
+        deadline = time.monotonic() + credit.liveness_timeout + 3.0
+        status = 429
+        for _ in range(100):
+            probe = RawStream(running.port)
+            status = probe.send("POST", _headers(c, "application/json"), ping)
+            probe.close()
+            if status == 404 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert status == 404, status
+        assert running.probe(lambda: c.session_id in running.driver.sessions) is False
+        # B's stream ends with the session; nothing of it (not even its priming event,
+        # which waited for credit) was ever sent.
+        assert waiting.next_event() is None
+        stalled.close()
+        waiting.close()
+
+
+def test_a_healthy_session_gives_back_every_byte_of_credit() -> None:
+    with running_driver() as running, Client(running.port) as c:
+        c.initialize()
+        assert c.session_id is not None
+        for i in range(20):
+            reply = c.call("tools/call", {"name": "echo", "arguments": {"text": "y" * (i * 500)}})
+            assert reply.status == 200
+        held = _credit_of(running, c.session_id)
+        for _ in range(200):  # the driver learns of acknowledgements by polling the kernel
+            if held == (0, 0, 0):
+                break
+            time.sleep(0.01)
+            held = _credit_of(running, c.session_id)
+        assert held == (0, 0, 0)
