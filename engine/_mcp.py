@@ -5,7 +5,8 @@ Theory of operation
 :func:`dispatch` is the only place that knows MCP method names.  It returns the
 ``result`` object or raises :class:`~weir.engine.McpError` (a JSON-RPC error).  Tool
 failures are *results* with ``isError: true`` (MCP), not JSON-RPC errors.
-Transport concerns (streams, sessions, HTTP) stay in ``engine._server``.
+Transport concerns (streams, sessions, HTTP) stay in the server's modules
+(``_server``, ``_calls``, ``_streams``, …).
 """
 
 from __future__ import annotations

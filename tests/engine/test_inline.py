@@ -44,7 +44,7 @@ import pytest
 import trio
 import trio.testing
 
-import weir.engine._server as server_module
+import weir.engine._execution as execution_module
 from weir.engine import App, Context, McpError, MemoryStore, Server, ServerConfig, ToolError
 from weir.engine._app import never_suspends
 from weir.engine._mcp import call_tool_now
@@ -237,7 +237,7 @@ def inline_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         runs.append(str(params.get("name")))
         return original(app_, params, ctx)
 
-    monkeypatch.setattr(server_module, "call_tool_now", watched)
+    monkeypatch.setattr(execution_module, "call_tool_now", watched)
     return runs
 
 

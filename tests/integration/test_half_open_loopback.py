@@ -55,7 +55,7 @@ import pytest
 import trio
 import trio.testing
 
-import weir.engine._server as server_module
+import weir.engine._connections as connections_module
 from tests.engine.helpers import H11Client, Reply, SseReply
 from weir.engine import App, Server, ServerConfig
 from weir.engine._connection import Connection
@@ -104,7 +104,7 @@ def connections(monkeypatch: pytest.MonkeyPatch) -> list[Connection]:
             super().__init__(stream, *args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(server_module, "Connection", Recording)
+    monkeypatch.setattr(connections_module, "Connection", Recording)
     return made
 
 

@@ -1,0 +1,587 @@
+"""POST: admission and the idempotency gate, before anything runs.
+
+Theory of operation
+-------------------
+**Admission** happens here, before any handler is dispatched: a POST carrying
+requests for a session whose credit is half-open is refused with 429
+``stream_half_open`` and ``Retry-After``; nothing is enqueued, nothing runs.
+``initialize`` and other sessions are never refused on its account.  Every request
+admitted is accounted for exactly once later (:meth:`Session.done`), whether it
+executes, replays or is cancelled.  A batch's entries are admitted one by one,
+each like a lone request, and dispatched as they are admitted.
+
+**The idempotency gate.**  Before a ``tools/call`` runs, the session's gate records
+its key (``Idempotency-Key`` or the JSON-RPC id) in the store: a second delivery
+while it runs waits a bounded time and then gets 409 ``in_progress``; after it
+finished, the stored response is replayed and nothing executes again.  The gate's
+decision for each request is a :class:`~weir.engine._server_base._Plan`, which
+``engine._execution`` carries out.
+
+A POST's requests are answered on a REQUEST stream (``engine._streams``) or, in JSON
+mode, as one JSON body written under the session's drain credit.  Notifications and
+client responses are handled at once (with a shared store, those meant for another
+replica are forwarded through the session's mailboxes).  Also here: ``initialize``
+and the explicit rebind handshake (``weir/rebind``, fencing).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+import trio
+
+from weir.protocol import (
+    CallStart,
+    ChannelVerdict,
+    ErrorResponse,
+    Execute,
+    Notification,
+    PostMessages,
+    Reason,
+    Refuse,
+    RemoteProtocolError,
+    Replay,
+    Request,
+    Response,
+    SessionInput,
+    StreamInput,
+    StreamKind,
+    StreamState,
+    call_key,
+    encode,
+    encode_error,
+    encode_result,
+    fingerprint,
+    gate_decision,
+    initialize_result,
+    parse_initialize,
+    primes_streams,
+    replay_as,
+    session_refusal,
+)
+
+from ._channel import parse_token, raise_channel
+from ._connection import Connection
+from ._mcp import capabilities
+from ._server_base import _Plan, _ServerBase, _store_unavailable
+from ._session import JsonCharge, Session, SessionClosed
+from ._store import ChannelRejected, MemoryStore, SessionGone, StoreUnavailable, check_channel
+from ._writer import SSE_HEADERS, PeerGone, write_stream
+
+#: The explicit rebind handshake (fencing), advertised in ``capabilities.experimental``.
+REBIND_METHOD = "weir/rebind"
+
+
+class _Calls(_ServerBase):
+    """POST: admission, the idempotency gate, JSON mode, initialize and rebind."""
+
+    async def _post(self, conn: Connection, post: PostMessages) -> None:
+        if post.is_initialize:
+            await self._initialize(conn, post)
+            return
+        first = post.messages[0]
+        rid = first.id if isinstance(first, Request) else None
+        # A lone tools/call is checked by the store in begin_call (one round trip).
+        lone_call = (
+            len(post.messages) == 1 and isinstance(first, Request) and first.method == "tools/call"
+        )
+        session = await self._session(
+            conn.principal, post.ctx.session_id, rid, verify=not lone_call
+        )
+        rebind = (
+            len(post.messages) == 1 and isinstance(first, Request) and first.method == REBIND_METHOD
+        )
+        raw_token = post.ctx.headers.get("mcp-channel-token")
+        if rebind:
+            self._check_rebind(session, raw_token, rid)
+            token = None
+        else:
+            token = parse_token(raw_token, rid)
+        if not lone_call and not rebind:
+            raise_channel(check_channel(session.record, token), rid)
+        if (
+            token is not None
+            and not session.record.bound
+            and check_channel(session.record, token) is ChannelVerdict.OK
+        ):
+            await self._mark_bound(session)  # only a token that proves the channel counts
+        requests = await self._absorb(session, post.messages)
+        if not requests:
+            await conn.send(conn.http.send_response(202, ()))
+            return
+        if len(requests) == 1 and requests[0].method == REBIND_METHOD:
+            session.credit.admit(trio.current_time(), requests[0].id)
+            await self._rebind(conn, session, requests[0])
+            return
+        session.handle(SessionInput.REQUEST)
+        primes = self._primes(session, post.ctx.protocol_version) and self.config.resume != "off"
+        if len(requests) > 1:
+            await self._post_batch(conn, session, requests, token, primes=primes)
+            return
+        key = post.ctx.headers.get("idempotency-key")
+        plans = await self._admit_and_plan(session, requests, key, token)
+        if self.config.json_response:
+            is_batch = post.is_batch
+            post.messages.clear()
+            del first, requests
+            await self._post_json(conn, session, plans, is_batch)
+            return
+        epoch = plans[0].epoch
+        if epoch is None:
+            try:
+                epoch = await self.store.allocate_epoch(
+                    session.record.principal, session.session_id, token[0] if token else 0
+                )
+            except BaseException:
+                await self._release_unstarted(session, plans)
+                raise
+        handle = self._open_stream(session, epoch, StreamKind.REQUEST, token)
+        handle.outstanding = 1
+        assert self._handlers is not None
+        if await self._run_now(session, plans[0], handle, primes=primes):
+            pass
+        elif primes:
+            self._handlers.start_soon(self._prime_then_run, session, handle, plans)
+        else:
+            self._handlers.start_soon(self._run_request, session, plans[0], handle)
+        # The handlers own the requests now; the stream may outlive them by far.
+        post.messages.clear()
+        del first, requests, plans
+        headers = (*SSE_HEADERS, ("mcp-session-id", session.session_id))
+        await write_stream(conn, session, handle, 0, headers, keepalive=self.config.sse_keepalive)
+
+    async def _post_batch(
+        self,
+        conn: Connection,
+        session: Session,
+        requests: list[Request],
+        token: tuple[int, str] | None,
+        *,
+        primes: bool,
+    ) -> None:
+        """A batch (2025-03-26): its entries are admitted one by one, each like a lone
+        request, and dispatched as they are admitted (:meth:`_admit_each`).
+
+        The response starts at once; entries wait for admission while it is open,
+        so a batch never holds more in flight than a session may.
+        """
+        if self.config.json_response:
+
+            async def feed(run: Callable[[int, _Plan], Awaitable[None]]) -> None:
+                await self._admit_each(session, requests, token, run)
+
+            bodies = await self._collect_json(session, len(requests), feed)
+            await self._answer_json(conn, session, bodies, True)
+            return
+        epoch = await self.store.allocate_epoch(
+            session.record.principal, session.session_id, token[0] if token else 0
+        )
+        handle = self._open_stream(session, epoch, StreamKind.REQUEST, token)
+        handle.outstanding = len(requests)
+
+        async def run_sse(i: int, plan: _Plan) -> None:
+            await self._run_request(session, plan, handle)
+
+        async def all_sse() -> None:
+            if primes:
+                await handle.send("")  # the priming event: an id and empty data
+            await self._admit_each(session, requests, token, run_sse)
+
+        self._handlers_start(all_sse)
+        sse_headers = (*SSE_HEADERS, ("mcp-session-id", session.session_id))
+        await write_stream(
+            conn, session, handle, 0, sse_headers, keepalive=self.config.sse_keepalive
+        )
+
+    async def _admit_each(
+        self,
+        session: Session,
+        requests: list[Request],
+        token: tuple[int, str] | None,
+        run: Callable[[int, _Plan], Any],
+    ) -> None:
+        """Admit, gate and dispatch a batch's requests one at a time, in order.
+
+        Each entry waits for admission as a lone request would (so the in-flight
+        and credit limits hold for every entry), then passes the idempotency gate,
+        then runs.  An entry refused on the way (half-open, a gate refusal) gets
+        that refusal as its JSON-RPC error in the batch's response and executes
+        nothing; ``run`` accounts for it like any other (:meth:`Session.done`).
+        """
+        async with trio.open_nursery() as nursery:
+            for i, req in enumerate(requests):
+                try:
+                    await session.admit(1, req.id)
+                except SessionClosed:
+                    return  # the session ended: its streams are gone with it
+                except RemoteProtocolError as exc:
+                    self.metrics.refused(str(exc.reason))
+                    session.flow.count_in()  # accounted like an admitted entry
+                    nursery.start_soon(run, i, _Plan(req, replay=_error_of(req, exc)))
+                    continue
+                self.metrics.admissions += 1
+                try:
+                    plan = await self._plan(session, req, None, token)
+                except RemoteProtocolError as exc:
+                    self.metrics.refused(str(exc.reason))
+                    plan = _Plan(req, replay=_error_of(req, exc))
+                except StoreUnavailable:
+                    plan = _Plan(req, replay=_error_of(req, _store_unavailable(self.config)))
+                nursery.start_soon(run, i, plan)
+
+    async def _absorb(self, session: Session, messages: list[Any]) -> list[Request]:
+        """Handle notifications and responses at once; return the requests.
+
+        With a shared store, an answer to another replica's request and a
+        cancellation of a request running elsewhere are forwarded through the
+        session's mailboxes (see :meth:`_relay_mail`).
+        """
+        requests: list[Request] = []
+        principal, sid = session.record.principal, session.session_id
+        for msg in messages:
+            if isinstance(msg, Request):
+                requests.append(msg)
+            elif isinstance(msg, Notification):
+                rid = (msg.params or {}).get("requestId")
+                if (
+                    msg.method == "notifications/cancelled"
+                    and self.store.shared
+                    and isinstance(rid, int | str)
+                    and rid not in session.running
+                ):
+                    await self.store.post_message(
+                        principal, sid, "cancel", msgspec.json.encode(rid)
+                    )
+                self._notification(session, msg)
+            elif isinstance(msg, Response | ErrorResponse) and msg.id is not None:
+                pending = session.pending.get(msg.id)
+                if pending is not None:
+                    pending.answer = msg
+                    pending.done.set()
+                elif self.store.shared and isinstance(msg.id, str) and msg.id.startswith("weir:"):
+                    replica = msg.id[5:].rpartition(":")[0]
+                    await self.store.post_message(principal, sid, f"answers:{replica}", encode(msg))
+        return requests
+
+    def _notification(self, session: Session, msg: Notification) -> None:
+        if msg.method == "notifications/initialized":
+            session.handle(SessionInput.INITIALIZED)
+        elif msg.method == "notifications/cancelled":
+            rid = (msg.params or {}).get("requestId")
+            scope = session.running.get(rid) if isinstance(rid, int | str) else None
+            if scope is not None:
+                scope.cancel()
+
+    # ---------------------------------------------------------------- the gate
+    async def _admit_and_plan(
+        self,
+        session: Session,
+        requests: list[Request],
+        key: str | None,
+        token: tuple[int, str] | None,
+    ) -> list[_Plan]:
+        """Admission (half-open), then the idempotency gate (fencing), before any dispatch.
+
+        Every request admitted here is accounted for exactly once later
+        (:meth:`Session.done`), whether it executes, replays or is cancelled.
+        """
+        try:
+            await session.admit(len(requests), requests[0].id)
+        except SessionClosed:
+            raise session_refusal(session.session_id, requests[0].id) from None
+        self.metrics.admissions += len(requests)
+        plans: list[_Plan] = []
+        try:
+            for req in requests:
+                one_key = key if len(requests) == 1 else None
+                plans.append(await self._plan(session, req, one_key, token))
+        except BaseException:
+            session.done(len(requests))
+            for plan in plans:  # give back keys this refused POST had claimed
+                if plan.key is not None:
+                    await self._finish_call(session, plan.key, None)
+            raise
+        return plans
+
+    async def _plan(
+        self,
+        session: Session,
+        req: Request,
+        header_key: str | None,
+        token: tuple[int, str] | None,
+    ) -> _Plan:
+        """Pass the idempotency gate (in the store): does ``req`` execute, or replay?
+
+        Raises:
+            RemoteProtocolError: 409 ``in_progress`` (still running after the bounded
+                wait), 422 ``idempotency_key_reused`` (same key, different request), or
+                a channel refusal.
+        """
+        if req.method != "tools/call":
+            return _Plan(req)
+        key = call_key(header_key, req.id)
+        fp = fingerprint(req)
+        principal, sid = session.record.principal, session.session_id
+        deadline = trio.current_time() + self.config.in_progress_wait
+        delay = 0.01
+        while True:
+            try:
+                if self.store.shared:  # a claim another replica may have to interrupt
+                    start = await self._claim(session, req, key, fp, token)
+                else:
+                    start = await self.store.begin_call(principal, sid, key, fp, token)
+            except SessionGone:
+                await self._end_session(session)
+                raise session_refusal(sid, req.id) from None
+            except ChannelRejected as exc:
+                raise_channel(exc.verdict, req.id)
+                raise  # unreachable: _raise_channel raises
+            decision = gate_decision(
+                start,
+                key,
+                req.id,
+                now=trio.current_time(),
+                give_up_at=deadline,
+                retry_ms=self.config.retry_ms,
+            )
+            if isinstance(decision, Execute):
+                session.calls[key] = None  # an Event only once a duplicate waits
+                return _Plan(req, key=key, epoch=decision.epoch)
+            if isinstance(decision, Replay):
+                self.metrics.duplicates_replayed += 1
+                return _Plan(req, replay=replay_as(decision.payload, req.id), epoch=decision.epoch)
+            if isinstance(decision, Refuse):
+                if decision.error.reason is Reason.IN_PROGRESS:
+                    self.metrics.duplicates_in_progress += 1
+                raise decision.error
+            now = trio.current_time()
+            ours = key in session.calls
+            with trio.move_on_at(min(deadline, now + (3600.0 if ours else delay))):
+                if ours:
+                    local = session.calls[key]
+                    if local is None:
+                        local = session.calls[key] = trio.Event()
+                    await local.wait()  # the running delivery is ours: wake exactly when done
+                else:
+                    await trio.sleep_forever()  # another replica runs it: poll the store
+            delay = min(delay * 2, 0.25)
+
+    async def _claim(
+        self, session: Session, req: Request, key: str, fp: bytes, token: tuple[int, str] | None
+    ) -> CallStart:
+        """``begin_call`` on a shared store, shielded from this process's cancellation.
+
+        A cancellation landing while the claim is in flight would leave us not
+        knowing whether the store granted it: a granted claim nobody releases holds
+        every retry at 409 ``in_progress`` until its lease runs out.  So the round
+        trip completes (bounded by the store's own timeout, and by 5 s here); a claim
+        granted to a request that then never starts is given back by the caller.
+        """
+        with trio.CancelScope(shield=True) as shield:
+            shield.deadline = trio.current_time() + 5.0
+            return await self.store.begin_call(
+                session.record.principal,
+                session.session_id,
+                key,
+                fp,
+                token,
+                request_id=msgspec.json.encode(req.id),
+                owner=self.replica_id,
+                lease=self.config.claim_lease,
+            )
+        raise StoreUnavailable("the store did not answer a claim within 5 s")
+
+    async def _release_unstarted(self, session: Session, plans: list[_Plan]) -> None:
+        """Give back the keys of claimed calls that will never start here.
+
+        Nothing ran, so a retry (on this replica or another) may run them: releasing
+        is safe where it would not be for a call that had begun (see
+        :meth:`_interrupted`).
+        """
+        for plan in plans:
+            if plan.key is not None and plan.replay is None:
+                await self._finish_call(session, plan.key, None)
+
+    # ---------------------------------------------------------------- JSON mode
+    async def _post_json(
+        self, conn: Connection, session: Session, plans: list[_Plan], is_batch: bool
+    ) -> None:
+        headers = [("content-type", "application/json"), ("mcp-session-id", session.session_id)]
+        if len(plans) == 1 and not is_batch and self._runs_now(plans[0]):
+            try:
+                body = await self._answer_now(session, plans[0], None)
+            finally:
+                session.done()
+            await self._send_json(conn, session, headers, body)
+            return
+
+        async def feed(run: Callable[[int, _Plan], Awaitable[None]]) -> None:
+            async with trio.open_nursery() as n:
+                for i, plan in enumerate(plans):
+                    n.start_soon(run, i, plan)
+
+        bodies = await self._collect_json(session, len(plans), feed)
+        plans.clear()  # the requests (and their arguments) are done with
+        await self._answer_json(conn, session, bodies, is_batch)
+
+    async def _collect_json(
+        self,
+        session: Session,
+        n: int,
+        feed: Callable[[Callable[[int, _Plan], Awaitable[None]]], Awaitable[None]],
+    ) -> list[bytes]:
+        """Run ``n`` requests in the handler nursery, and their responses, in order.
+
+        ``feed(run)`` calls ``run(i, plan)`` for each request (at once, or as each is
+        admitted).  Handlers run in the server's nursery, not the connection's: a
+        dropped connection is not a cancellation.  Cancelled calls have no response.
+        """
+        results: list[bytes | None] = [None] * n
+        finished = trio.Event()
+
+        async def run(i: int, plan: _Plan) -> None:
+            try:
+                results[i] = await self._execute(session, plan, None)
+            finally:
+                session.done()
+
+        async def all_of_them() -> None:
+            try:
+                await feed(run)
+            finally:
+                finished.set()
+
+        assert self._handlers is not None
+        self._handlers.start_soon(all_of_them)
+        await finished.wait()
+        return [r for r in results if r is not None]
+
+    async def _answer_json(
+        self, conn: Connection, session: Session, bodies: list[bytes], is_batch: bool
+    ) -> None:
+        """202 when nothing answers; else one body, or a batch's array of them."""
+        if not bodies:
+            await conn.send(conn.http.send_response(202, ()))
+            return
+        headers = [("content-type", "application/json"), ("mcp-session-id", session.session_id)]
+        body = b"[" + b",".join(bodies) + b"]" if is_batch else bodies.pop()
+        bodies.clear()
+        await self._send_json(conn, session, headers, body)
+
+    async def _send_json(
+        self, conn: Connection, session: Session, headers: list[tuple[str, str]], body: bytes
+    ) -> None:
+        """Write a JSON response under the session's drain credit (see :class:`JsonCharge`).
+
+        The response takes credit for its exact size before it is written (waiting
+        in FIFO order when there is none) and holds it until the peer acknowledges
+        its last byte; a teardown cancels a write that is stuck on a stalled peer.
+        """
+        data = conn.http.send_response(200, headers, body)
+        del body  # (the caller's reference may remain; this frame keeps only ``data``)
+        n = len(data)
+        session.flow.observe_frame(n)
+        try:
+            if not session.try_acquire_now(n):
+                await session.acquire(n)
+        except SessionClosed:
+            conn.http.send_failed()
+            raise PeerGone from None
+        charge = JsonCharge(session, n)
+        with trio.CancelScope() as scope:
+            session.json_writers.add(scope)
+            try:
+                await conn.send(data, [(n, (charge, 0))])
+            except BaseException:
+                charge.drained(0)  # never written whole: nothing to wait for
+                raise
+            finally:
+                session.json_writers.discard(scope)
+        if scope.cancelled_caught:
+            conn.http.send_failed()
+            raise PeerGone
+
+    # ---------------------------------------------------------------- initialize and rebind
+    async def _initialize(self, conn: Connection, post: PostMessages) -> None:
+        req = post.messages[0]
+        assert isinstance(req, Request)
+        session = await self._initialize_session(req, None, conn.principal)
+        result = self._initialize_result(session)
+        headers = [
+            ("content-type", "application/json"),
+            ("mcp-session-id", session.session_id),
+            ("mcp-channel-token", session.record.channel_token),
+        ]
+        try:
+            await conn.send(conn.http.send_response(200, headers, encode_result(req.id, result)))
+        except BaseException:
+            # The client never learnt the session id: nobody can use the session.
+            with trio.CancelScope(shield=True):
+                await self._end_session(session)
+            raise
+
+    async def _initialize_session(
+        self, req: Request, session: Session | None, principal: str
+    ) -> Session:
+        asked = parse_initialize(req)
+        if session is None:
+            session = await self._new_session(asked.version, principal, req.id)
+        session.client_capabilities = asked.capabilities
+        session.client_info = asked.client_info
+        return session
+
+    def _initialize_result(self, session: Session) -> dict[str, Any]:
+        caps = capabilities(self.app)
+        caps["experimental"] = {REBIND_METHOD: {"header": "Mcp-Channel-Token"}}
+        return initialize_result(
+            session.record.protocol_version,
+            caps,
+            name=self.app.name,
+            server_version=self.app.version,
+            instructions=self.app.instructions,
+        )
+
+    @staticmethod
+    def _primes(session: Session, header_version: str) -> bool:
+        return primes_streams(session.record.protocol_version, header_version)
+
+    async def _rebind(self, conn: Connection, session: Session, req: Request) -> None:
+        """The explicit rebind handshake (fencing): new generation, new token, past results."""
+        secret = secrets.token_urlsafe(16)
+        try:
+            record = await self.store.rebind(session.record.principal, session.session_id, secret)
+        except SessionGone:
+            await self._end_session(session)
+            raise session_refusal(session.session_id, req.id) from None
+        session.record = record
+        # Streams of older generations are never inherited: end them now.
+        for h in list(session.handles.values()):
+            if h.generation < record.generation and h.log.state is not StreamState.CLOSED:
+                h.handle(StreamInput.ABORT)
+        if isinstance(self.store, MemoryStore):
+            kept = self.store.recent_results(session.record.principal, session.session_id, 100)
+        else:
+            kept = list(session.finished.values())
+        results = [msgspec.json.decode(p) for p in kept]
+        body = encode_result(
+            req.id,
+            {
+                "generation": record.generation,
+                "channelToken": record.channel_token,
+                "results": results,
+            },
+        )
+        headers = [
+            ("content-type", "application/json"),
+            ("mcp-session-id", session.session_id),
+            ("mcp-channel-token", record.channel_token),
+        ]
+        await conn.send(conn.http.send_response(200, headers, body))
+
+
+def _error_of(req: Request, exc: RemoteProtocolError) -> bytes:
+    """A refusal as the JSON-RPC error answering ``req`` (inside a batch's response)."""
+    return encode_error(req.id, exc.code, exc.message, exc.error_data())

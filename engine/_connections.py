@@ -1,0 +1,352 @@
+"""Connections and HTTP requests: one task per connection, its deadlines, routing, refusals.
+
+Theory of operation
+-------------------
+Each TCP connection gets one task running :meth:`Server._connection`: the small
+``receive_some -> receive_data -> next_event -> respond -> send`` loop around an
+:class:`~weir.engine._connection.Connection` (the :class:`weir.protocol.HttpConnection` plus
+byte-exact send accounting).  One broken connection never takes the server down.
+
+Every read waits under the deadline of its phase: between requests the keep-alive
+timeout (and the connection may be shed, see :mod:`engine._listen`); then the whole
+head within ``head_timeout`` of its first byte and the body within ``body_timeout``
+of the head.  A head or body that misses its deadline gets 408 and the connection
+is closed.  Bytes of requests not yet complete count against one process-wide cap
+(``max_inbound_bytes``); past it the connection gets 503 ``overloaded`` and closes.
+
+:meth:`Server._respond` routes each request: resource metadata and ``/metrics``
+need no token; everything else is authenticated (with authorization on) and goes
+to POST (``engine._calls``), GET and DELETE (``engine._streams``) or the legacy
+endpoints (``engine._legacy``).  A refusal raised before the response has begun
+becomes that response (404 for a session that is gone, 503 while shutting down or
+when the store is unavailable); once a response has begun, it ends the connection.
+"""
+
+from __future__ import annotations
+
+import math
+
+import trio
+
+from weir.protocol import (
+    NEED_DATA,
+    SERVER_ERROR,
+    ConnectionClosed,
+    DeleteSession,
+    HttpError,
+    HttpRequest,
+    Inbound,
+    OpenStream,
+    PostMessages,
+    Reason,
+    RemoteProtocolError,
+    check_host_and_origin,
+    closing_refusal,
+    refusal,
+    route,
+    session_refusal,
+)
+
+from ._auth import METADATA_PATH, Authorization, InvalidToken, bearer_token
+from ._connection import Connection
+from ._listen import Slot
+from ._server_base import _ServerBase, _store_unavailable, log
+from ._store import SessionGone, StoreUnavailable
+from ._writer import RECV_BYTES, PeerGone
+
+
+class _Connections(_ServerBase):
+    """Connections and HTTP requests (see the module docstring)."""
+
+    async def _connection(self, stream: trio.abc.Stream, slot: Slot | None = None) -> None:
+        conn = Connection(
+            stream, self.config.limits, notsent_lowat=self.config.notsent_lowat, heads=self._heads
+        )
+        conn.principal = self.config.principal  # (with authorization: set per request)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(conn.poll_acks)
+                await self._connection_loop(conn, slot)
+                nursery.cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, PeerGone):
+            pass
+        except Exception as exc:
+            # One broken connection must never take the server down.
+            if not _only_disconnects(exc):
+                log.exception("connection handler failed")
+        finally:
+            if slot is not None:
+                slot.unpark()
+            # Last look before the socket goes: what the peer acknowledged counts.
+            conn.check_acks()
+            conn.abandon()
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await stream.aclose()
+
+    async def _connection_loop(self, conn: Connection, slot: Slot | None) -> None:
+        """Read requests and answer them, each read under the deadline of its phase.
+
+        Waiting for the first byte of a request: the keep-alive timeout, and the
+        connection may be shed (see :mod:`engine._listen`); then the whole head
+        must arrive within ``head_timeout`` of its first byte and the body within
+        ``body_timeout`` of the head -- however the bytes trickle in.  A head or
+        body that misses its deadline gets 408 and the connection is closed.
+        """
+        try:
+            await self._serve_requests(conn, slot)
+        finally:
+            self.inbound -= conn.inbound
+            conn.inbound = 0
+
+    async def _serve_requests(self, conn: Connection, slot: Slot | None) -> None:
+        http = conn.http
+        cfg = self.config
+        keepalive, receive = cfg.keepalive_timeout, conn.stream.receive_some
+        phase, since = Inbound.IDLE, 0.0
+        # One scope carries every read's deadline (cheaper than a scope per read); it
+        # is armed, and the connection parked for shedding, only while we wait.
+        with trio.CancelScope() as reads:
+            if slot is not None:
+                slot.scope = reads
+            while True:
+                event = http.next_event()
+                if event is NEED_DATA:
+                    if http.has_data_to_send:
+                        await conn.send(http.data_to_send())  # e.g. 100 Continue
+                    now = trio.current_time()
+                    inbound = http.inbound
+                    if inbound is Inbound.IDLE:
+                        phase = inbound
+                        reads.deadline = now + keepalive
+                        if slot is not None:
+                            slot.idle_since = now  # parked: it may be shed
+                    else:
+                        if inbound is not phase:
+                            phase, since = inbound, now
+                        limit = cfg.head_timeout if phase is Inbound.HEAD else cfg.body_timeout
+                        reads.deadline = since + limit
+                    data = await receive(RECV_BYTES)
+                    reads.deadline = math.inf
+                    if slot is not None:
+                        slot.idle_since = None
+                    if reads.cancel_called:
+                        # Shed (or timed out) just as bytes arrived: the cancellation
+                        # is pending in this scope.  Answer what came, shielded, then close.
+                        with trio.CancelScope(shield=True) as last:
+                            last.deadline = now + keepalive
+                            await self._last_requests(conn, data)
+                        return
+                    # Bytes of requests not yet complete count against one process-wide cap.
+                    n = len(data)
+                    conn.inbound += n
+                    self.inbound += n
+                    if self.inbound > cfg.max_inbound_bytes:
+                        await self._overloaded(conn)
+                        return
+                    http.receive_data(data)
+                elif isinstance(event, HttpRequest):
+                    phase = Inbound.IDLE
+                    # Handed over, not kept: a long response (an SSE stream) must not
+                    # keep the request's body alive for as long as it lasts.
+                    handoff, event = [event], NEED_DATA
+                    self.inbound -= conn.inbound
+                    conn.inbound = 0
+                    await self._respond(conn, handoff)
+                    if http.should_close:
+                        return
+                elif isinstance(event, HttpError):
+                    self.metrics.refused(str(event.reason))
+                    await conn.send(http.data_to_send())
+                    return
+                elif isinstance(event, ConnectionClosed):
+                    return
+        if reads.cancelled_caught and phase is not Inbound.IDLE:
+            await self._time_out(conn, phase)
+
+    async def _last_requests(self, conn: Connection, data: bytes | bytearray) -> None:
+        """Serve the complete requests in ``data`` and stop (the connection then closes)."""
+        http = conn.http
+        http.receive_data(data)
+        while True:
+            event = http.next_event()
+            if not isinstance(event, HttpRequest):
+                return
+            await self._respond(conn, [event])
+            if http.should_close:
+                return
+
+    async def _overloaded(self, conn: Connection) -> None:
+        self.metrics.refused(str(Reason.OVERLOADED))
+        exc = RemoteProtocolError(
+            "too many request bytes are in flight on this server; retry later",
+            http_status=503,
+            reason=Reason.OVERLOADED,
+            code=SERVER_ERROR,
+            retry_after_ms=self.config.retry_ms,
+        )
+        conn.http.send_failed()
+        with trio.move_on_after(1):
+            await conn.send(closing_refusal(exc))
+
+    async def _time_out(self, conn: Connection, phase: Inbound) -> None:
+        what = "request head" if phase is Inbound.HEAD else "request body"
+        limit = self.config.head_timeout if phase is Inbound.HEAD else self.config.body_timeout
+        self.metrics.refused(str(Reason.REQUEST_TIMEOUT))
+        exc = RemoteProtocolError(
+            f"the {what} did not arrive within {limit:g} s",
+            http_status=408,
+            reason=Reason.REQUEST_TIMEOUT,
+        )
+        conn.http.send_failed()  # nothing else may follow on this connection
+        with trio.move_on_after(1):
+            await conn.send(closing_refusal(exc))
+
+    async def _refuse(self, conn: Connection, exc: RemoteProtocolError) -> None:
+        self.metrics.refused(str(exc.reason))
+        status, headers, body = refusal(exc)
+        await conn.send(conn.http.send_response(status, headers, body))
+
+    async def _respond(self, conn: Connection, handoff: list[HttpRequest]) -> None:
+        request = handoff.pop()
+        sid_header = request.headers.get("mcp-session-id") or ""
+        try:
+            if self._closing:
+                raise RemoteProtocolError(
+                    "server is shutting down",
+                    http_status=503,
+                    reason=Reason.SHUTTING_DOWN,
+                    retry_after_ms=self.config.retry_ms,
+                )
+            path = request.path
+            cfg = self.config
+            endpoint = path == cfg.path
+            # Metadata and metrics need no token; the legacy endpoints and the MCP
+            # endpoint do, and anything else is routed (and refused) like the endpoint.
+            if not endpoint and cfg.auth is not None and path.startswith(METADATA_PATH):
+                await self._resource_metadata(conn, request, cfg.auth)
+                return
+            if not endpoint and path == cfg.metrics_path:
+                await self._auxiliary(conn, request)
+                return
+            if cfg.auth is not None:
+                conn.principal = await self._authenticate(request)
+            if not endpoint and path in (cfg.legacy_sse_path, cfg.legacy_messages_path):
+                await self._auxiliary(conn, request)
+                return
+            mcp = route(request, self._endpoint)
+            del request  # the body is decoded: from here on only the messages count
+            if isinstance(mcp, PostMessages):
+                await self._post(conn, mcp)
+            elif isinstance(mcp, OpenStream):
+                await self._get(conn, mcp)
+            elif isinstance(mcp, DeleteSession):
+                await self._delete(conn, mcp)
+        except SessionGone:
+            if conn.http.response_in_progress:
+                raise
+            await self._refuse(conn, session_refusal(sid_header))
+        except StoreUnavailable as exc:
+            if conn.http.response_in_progress:
+                raise
+            log.warning("store unavailable: %s", exc)
+            await self._refuse(conn, _store_unavailable(self.config))
+        except RemoteProtocolError as exc:
+            if conn.http.response_in_progress:
+                raise
+            await self._refuse(conn, exc)
+
+    async def _authenticate(self, request: HttpRequest) -> str:
+        """The principal of ``request``: its verified token's, or the anonymous one.
+
+        Raises:
+            RemoteProtocolError: 401 (no token, or a refused one), 403 (a scope is
+                missing) or 400 (a malformed ``Authorization`` header), each with
+                ``WWW-Authenticate`` pointing at the resource metadata.
+        """
+        auth = self.config.auth
+        if auth is None:
+            return self.config.principal
+        try:
+            token = bearer_token(request.headers.get("authorization"))
+        except ValueError as exc:
+            raise _auth_refusal(
+                auth, 400, Reason.INVALID_REQUEST, str(exc), "invalid_request"
+            ) from None
+        if token is None:
+            raise _auth_refusal(auth, 401, Reason.UNAUTHORIZED, "a bearer token is required")
+        try:
+            access = await auth.verifier.verify(token)
+        except InvalidToken as exc:
+            raise _auth_refusal(
+                auth, 401, Reason.UNAUTHORIZED, f"invalid token: {exc}", "invalid_token"
+            ) from None
+        missing = auth.required_scopes - access.scopes
+        if missing:
+            raise _auth_refusal(
+                auth,
+                403,
+                Reason.INSUFFICIENT_SCOPE,
+                f"the token lacks scope {' '.join(sorted(missing))}",
+                "insufficient_scope",
+            )
+        return access.principal
+
+    async def _resource_metadata(
+        self, conn: Connection, request: HttpRequest, auth: Authorization
+    ) -> None:
+        """RFC 9728 protected resource metadata (no token needed)."""
+        path = request.path
+        if path not in (METADATA_PATH, METADATA_PATH + self.config.path):
+            raise RemoteProtocolError(
+                f"no resource at {path}", http_status=404, reason=Reason.NOT_FOUND
+            )
+        if request.method != "GET":
+            raise RemoteProtocolError(
+                f"method {request.method} not allowed",
+                http_status=405,
+                reason=Reason.METHOD_NOT_ALLOWED,
+                headers=(("allow", "GET"),),
+            )
+        headers = [("content-type", "application/json"), ("cache-control", "max-age=300")]
+        await conn.send(conn.http.send_response(200, headers, auth.metadata()))
+
+    async def _auxiliary(self, conn: Connection, request: HttpRequest) -> None:
+        """``/metrics`` and the 2024-11-05 HTTP+SSE endpoints (same Host/Origin rules)."""
+        check_host_and_origin(request.headers, self._endpoint)
+        cfg = self.config
+        path, method = request.path, request.method
+        allowed = "GET" if path in (cfg.metrics_path, cfg.legacy_sse_path) else "POST"
+        if method != allowed:
+            raise RemoteProtocolError(
+                f"method {method} not allowed",
+                http_status=405,
+                reason=Reason.METHOD_NOT_ALLOWED,
+                headers=(("allow", allowed),),
+            )
+        if path == cfg.metrics_path:
+            body = self.metrics.render(self.sessions, gate=self.gate, budget=self.budget).encode()
+            headers = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
+            await conn.send(conn.http.send_response(200, headers, body))
+        elif path == cfg.legacy_sse_path:
+            await self._legacy_stream(conn, request)
+        else:
+            await self._legacy_post(conn, request)
+
+
+def _auth_refusal(
+    auth: Authorization, status: int, reason: Reason, message: str, error: str | None = None
+) -> RemoteProtocolError:
+    challenge = auth.challenge(error, message if error else None)
+    return RemoteProtocolError(
+        message,
+        http_status=status,
+        reason=reason,
+        code=SERVER_ERROR,
+        headers=(("www-authenticate", challenge),),
+    )
+
+
+def _only_disconnects(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_disconnects(e) for e in exc.exceptions)
+    return isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError | PeerGone)

@@ -1,0 +1,308 @@
+"""Execution: running handlers, and recording their outcomes in the gate.
+
+Theory of operation
+-------------------
+Handlers run in the server's handler nursery, not in the connection's task, so a
+dropped connection does not cancel them (MCP: disconnection is not cancellation)
+and their output stays replayable.  The exception is a ``tools/call`` of a tool
+whose ``async def`` has no suspension point at all
+(:func:`weir.engine._app.never_suspends`), with the process-local store: it finishes
+on its first step, so it runs right in the connection's task
+(:meth:`Server._run_now`) -- it can neither be cancelled half-way nor outlive
+anything -- and its response goes out in the same write as the head.
+
+A call's outcome goes to the idempotency gate (:meth:`Server._finish_call`); a
+cancelled call releases its key.  A call this process abandons at shutdown is
+never released (it may have had effects): its outcome becomes an ``interrupted``
+error, stored in the gate and, where the stream is shared, appended as its final
+event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import trio
+
+from weir.protocol import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    SERVER_ERROR,
+    Reason,
+    Request,
+    RequestId,
+    StreamInput,
+    StreamState,
+    encode_error,
+    encode_result,
+)
+
+from ._app import McpError
+from ._context import Context
+from ._mcp import call_tool_now, dispatch, inline_tool
+from ._server_base import _Plan, _ServerBase, log
+from ._session import Session, StreamHandle, StreamLost
+from ._store import INTERRUPTED_MESSAGE, SessionGone, StoreUnavailable
+
+
+class _Execution(_ServerBase):
+    """Running handlers and recording their outcomes (see the module docstring)."""
+
+    def _runs_now(self, plan: _Plan) -> bool:
+        """Can ``plan`` be answered in the connection's task, with no handler task?
+
+        Yes for a replay (nothing executes) and for a ``tools/call`` of a tool that
+        never suspends (:func:`weir.engine._app.never_suspends`), when the store is
+        process-local (its calls never block either).  Such a call cannot be
+        cancelled half-way, observe its task, or outlive a dropped connection, so
+        running it here changes nothing a client can see -- except the latency.
+        """
+        if self.store.shared:
+            return False
+        return plan.replay is not None or inline_tool(self.app, plan.request) is not None
+
+    async def _answer_or_context(
+        self, session: Session, plan: _Plan, handle: StreamHandle | None
+    ) -> bytes | Context:
+        """What both execution paths do first: the answer that needs no handler, or
+        the :class:`Context` to run it with (counted as an execution if it is a call).
+
+        Needing no handler: a replay from the gate, or the refusal of a request id
+        already running -- which releases the key this delivery claimed, so a retry
+        under that key may run.
+        """
+        req = plan.request
+        if plan.replay is not None:
+            return plan.replay
+        if req.id in session.running:
+            if plan.key is not None:
+                await self._finish_call(session, plan.key, None)
+            return _id_in_use(req.id)
+        if plan.key is not None:
+            self.metrics.executions += 1
+        meta = (req.params or {}).get("_meta")
+        return Context(
+            session, req.id, handle, meta if isinstance(meta, dict) else None, state=self.state
+        )
+
+    async def _answer_now(
+        self, session: Session, plan: _Plan, handle: StreamHandle | None
+    ) -> bytes:
+        """Execute (or replay) a plan :meth:`_runs_now` accepted; record it in the gate."""
+        ready = await self._answer_or_context(session, plan, handle)
+        if isinstance(ready, bytes):
+            return ready
+        req = plan.request
+        try:
+            payload = encode_result(req.id, call_tool_now(self.app, req.params or {}, ready))
+            payload = self._fit(req, payload, handle)
+        except Exception as exc:
+            payload = _failure(req, exc)
+        if plan.key is not None:
+            await self._finish_call(session, plan.key, payload)
+        return payload
+
+    async def _run_now(
+        self, session: Session, plan: _Plan, handle: StreamHandle, *, primes: bool
+    ) -> bool:
+        """Answer a lone request on an SSE stream without a handler task, if it can be.
+
+        Returns False (having done nothing) unless :meth:`_runs_now` accepts the
+        plan.  Otherwise the answer is computed here and its frames (the priming
+        event first, if ``primes``) go into the log at once when credit allows --
+        so the writer finds the final frame on its first look and sends head,
+        frames and terminator in one write.  When a frame would have to wait for
+        credit, a task enqueues them instead, in order, and the writer waits.
+        """
+        if not self._runs_now(plan):
+            return False
+        try:
+            text = (await self._answer_now(session, plan, handle)).decode()
+        except BaseException:
+            session.done()
+            raise
+        if primes and not handle.try_send_now(""):
+            assert self._handlers is not None
+            self._handlers.start_soon(self._deliver, session, handle, True, text)
+        elif handle.try_respond_now(text):
+            session.done()
+        else:
+            assert self._handlers is not None
+            self._handlers.start_soon(self._deliver, session, handle, False, text)
+        return True
+
+    async def _deliver(
+        self, session: Session, handle: StreamHandle, prime: bool, payload: str
+    ) -> None:
+        """Enqueue an answer computed by :meth:`_run_now` when it has to wait for credit."""
+        try:
+            if prime:
+                await handle.send("")
+            await handle.respond(payload)
+        except StreamLost:
+            pass
+        finally:
+            session.done()
+
+    def _fit(self, req: Request, payload: bytes, handle: StreamHandle | None) -> bytes:
+        """``payload``, or the ``result_too_large`` error if it would not fit the credit.
+
+        One response larger than the session's whole byte credit could never be
+        sent within it: it is refused (and that refusal is the call's recorded
+        outcome, so a retry does not run it again) rather than queued past the bound.
+        """
+        limit = self.config.credit.bytes
+        if len(payload) + 512 <= limit:
+            return payload
+        size = handle.log.size_of(payload.decode()) if handle is not None else len(payload)
+        if size + (0 if handle is not None else 256) <= limit:
+            return payload
+        self.metrics.refused(str(Reason.RESULT_TOO_LARGE))
+        return encode_error(
+            req.id,
+            INTERNAL_ERROR,
+            f"the result ({size} bytes) is larger than this server's per-session credit "
+            f"({limit} bytes); the server's operator can raise --credit-bytes",
+            {"reason": str(Reason.RESULT_TOO_LARGE), "size": size, "limit": limit},
+        )
+
+    async def _execute(
+        self, session: Session, plan: _Plan, handle: StreamHandle | None
+    ) -> bytes | None:
+        """Run one request's handler; the encoded response, or ``None`` if cancelled."""
+        ready = await self._answer_or_context(session, plan, handle)
+        if isinstance(ready, bytes):
+            return ready
+        req = plan.request
+        payload: bytes | None = None
+        with trio.CancelScope() as scope:
+            session.running[req.id] = scope
+            session.started[req.id] = trio.current_time()
+            try:
+                payload = encode_result(req.id, await dispatch(self.app, session, req, ready))
+                payload = self._fit(req, payload, handle)
+            except StreamLost:
+                payload = None
+            except Exception as exc:
+                payload = _failure(req, exc)
+            except BaseException:
+                if not scope.cancel_called:
+                    # Not the client's cancellation: this process is going away under
+                    # the call (shutdown).  Say so, durably, before letting go.
+                    await self._interrupted(session, plan, handle)
+                raise
+            finally:
+                session.running.pop(req.id, None)
+                session.started.pop(req.id, None)
+        result = None if scope.cancelled_caught else payload
+        if plan.key is not None:
+            single = handle is not None and handle.sink is not None and handle.outstanding == 1
+            if result is not None and single:
+                plan.deferred = True  # the final append records it: one round trip less
+            else:
+                await self._finish_call(session, plan.key, result)
+        return result
+
+    async def _interrupted(
+        self, session: Session, plan: _Plan, handle: StreamHandle | None
+    ) -> None:
+        """Answer a call this process abandons at shutdown, without ever re-running it.
+
+        The call may have had effects, so releasing its key (and letting a retry run
+        it again) would risk a duplicate; leaving the claim RUNNING would leave every
+        retry hanging.  Instead its outcome becomes an error with reason
+        ``interrupted``: stored in the gate (a retry on any replica gets it) and,
+        where the stream is shared, appended as the stream's final event (a resume
+        on another replica gets it).  Best effort, bounded, shielded from the
+        cancellation that brought us here.
+        """
+        req = plan.request
+        payload = encode_error(
+            req.id,
+            SERVER_ERROR,
+            INTERRUPTED_MESSAGE,
+            {"reason": str(Reason.INTERRUPTED)},
+        )
+        with trio.CancelScope(shield=True), trio.move_on_after(2):
+            if handle is not None and handle.sink is not None and handle.outstanding == 1:
+                with contextlib.suppress(Exception):
+                    await handle.respond(payload.decode(), call_key=plan.key)
+            if plan.key is not None:
+                await self._finish_call(session, plan.key, payload)
+
+    async def _finish_call(
+        self, session: Session, key: str, payload: bytes | None, *, stored: bool = False
+    ) -> None:
+        """Store the call's outcome in the gate (a cancelled call releases its key)."""
+        if not stored and not self.store.shared:
+            # The process-local store never blocks: no shield or timeout to set up.
+            await self.store.finish_call(session.record.principal, session.session_id, key, payload)
+        elif not stored:
+            try:
+                with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    await self.store.finish_call(
+                        session.record.principal, session.session_id, key, payload
+                    )
+            except (StoreUnavailable, SessionGone):
+                log.warning("could not record the outcome of call %s in the store", key)
+        if payload is not None and self.store.shared:
+            session.keep_result(key, payload)
+        done = session.calls.pop(key, None)
+        if done is not None:
+            done.set()
+
+    async def _prime_then_run(
+        self, session: Session, handle: StreamHandle, plans: list[_Plan]
+    ) -> None:
+        try:
+            await handle.send("")  # the priming event: an id and empty data
+        except BaseException as exc:
+            # Neither call has started: their keys go back, so a retry runs them.
+            await self._release_unstarted(session, plans)
+            session.done(len(plans))
+            if isinstance(exc, StreamLost):
+                return
+            raise
+        assert self._handlers is not None
+        for plan in plans:
+            self._handlers.start_soon(self._run_request, session, plan, handle)
+
+    async def _run_request(self, session: Session, plan: _Plan, handle: StreamHandle) -> None:
+        try:
+            payload = await self._execute(session, plan, handle)
+            if plan.deferred and plan.key is not None and payload is not None:
+                try:
+                    await handle.respond(payload.decode(), call_key=plan.key)
+                    await self._finish_call(session, plan.key, payload, stored=True)
+                except BaseException:
+                    # The final append failed: record the outcome on its own.
+                    await self._finish_call(session, plan.key, payload)
+                    raise
+            else:
+                await handle.respond(payload.decode() if payload is not None else None)
+        except StreamLost:
+            pass
+        except Exception:
+            # Never let one request take the handler nursery (the server) down.
+            log.exception("delivering the response to %r failed", plan.request.id)
+            if handle.log.state is not StreamState.CLOSED:
+                handle.handle(StreamInput.ABORT)
+        finally:
+            session.done()
+
+
+def _failure(req: Request, exc: Exception) -> bytes:
+    """The JSON-RPC error for a handler that raised (logged unless it is an McpError)."""
+    if isinstance(exc, McpError):
+        return encode_error(req.id, exc.code, exc.message, exc.data)
+    log.exception("handler for %s failed", req.method)
+    return encode_error(req.id, INTERNAL_ERROR, f"internal error in {req.method}")
+
+
+def _id_in_use(request_id: RequestId) -> bytes:
+    return encode_error(
+        request_id,
+        INVALID_REQUEST,
+        f"request id {request_id!r} is already in use",
+        {"reason": str(Reason.INVALID_REQUEST)},
+    )

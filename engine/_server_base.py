@@ -1,0 +1,180 @@
+"""What the server's mixins share: the attributes and the methods each may use.
+
+Theory of operation
+-------------------
+:class:`~weir.engine._server.Server` is composed of one mixin per concern
+(``engine._connections``, ``engine._calls``, ``engine._execution``,
+``engine._streams``, ``engine._legacy``, ``engine._replicas``).  At run time they
+are plain classes whose methods all end up on the one ``Server`` object, and one
+concern calls another with an ordinary ``self._method(...)``.
+
+:class:`_ServerBase` makes that checkable.  Every mixin derives from it, and it
+declares -- as annotations, with no values and no code at run time -- the server's
+attributes the mixins use (``Server.__init__`` sets them) and, under
+``TYPE_CHECKING``, a stub of every method one concern calls on another.  mypy checks
+each real definition against its stub like any override, so a stub cannot drift
+from the method it stands for.  The mixin modules import this module, never
+``engine._server`` nor each other, so there are no import cycles.
+
+Also here: :class:`_Plan`, the idempotency gate's decision for one request (made in
+``engine._calls``, carried out in ``engine._execution`` and by the legacy
+transport); the refusal for an unavailable store; and the server's one logger,
+still named ``weir.engine._server``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from weir.protocol import (
+    SERVER_ERROR,
+    DeleteSession,
+    EndpointConfig,
+    HeadCache,
+    HttpRequest,
+    OpenStream,
+    PostMessages,
+    Reason,
+    RemoteProtocolError,
+    Request,
+    RequestId,
+    RetentionBudget,
+    StreamKind,
+)
+
+from ._app import App
+from ._config import ServerConfig
+from ._connection import Connection
+from ._listen import AcceptGate
+from ._metrics import Metrics
+from ._session import Session, StreamHandle
+from ._store import SessionStore
+
+#: The server's logger, for every one of its modules (the name it had before the split).
+log = logging.getLogger(f"{__package__}._server")
+
+
+class _ServerBase:
+    """Declarations of what :class:`~weir.engine._server.Server` offers its mixins.
+
+    Attributes are set in ``Server.__init__``; methods are defined in the module
+    named above each group of stubs.
+    """
+
+    app: App
+    config: ServerConfig
+    store: SessionStore
+    budget: RetentionBudget
+    replica_id: str
+    sessions: dict[str, Session]
+    metrics: Metrics
+    gate: AcceptGate
+    state: Any
+    inbound: int
+    _endpoint: EndpointConfig
+    _heads: HeadCache
+    _closing: bool
+    _handlers: trio.Nursery | None
+
+    if TYPE_CHECKING:
+        # lifecycle and sessions (engine._server)
+        def _handlers_start(self, fn: Callable[..., Any], *args: Any) -> None: ...
+        async def _end_session(self, session: Session) -> None: ...
+        async def _new_session(
+            self, version: str, principal: str, request_id: RequestId | None = None
+        ) -> Session: ...
+        async def _session(
+            self,
+            principal: str,
+            session_id: str | None,
+            request_id: RequestId | None = None,
+            *,
+            verify: bool = True,
+        ) -> Session: ...
+
+        # POST, admission and the gate (engine._calls)
+        async def _post(self, conn: Connection, post: PostMessages) -> None: ...
+        async def _absorb(self, session: Session, messages: list[Any]) -> list[Request]: ...
+        async def _admit_each(
+            self,
+            session: Session,
+            requests: list[Request],
+            token: tuple[int, str] | None,
+            run: Callable[[int, _Plan], Any],
+        ) -> None: ...
+        async def _admit_and_plan(
+            self,
+            session: Session,
+            requests: list[Request],
+            key: str | None,
+            token: tuple[int, str] | None,
+        ) -> list[_Plan]: ...
+        async def _release_unstarted(self, session: Session, plans: list[_Plan]) -> None: ...
+        async def _initialize_session(
+            self, req: Request, session: Session | None, principal: str
+        ) -> Session: ...
+        def _initialize_result(self, session: Session) -> dict[str, Any]: ...
+        @staticmethod
+        def _primes(session: Session, header_version: str) -> bool: ...
+
+        # execution (engine._execution)
+        def _runs_now(self, plan: _Plan) -> bool: ...
+        async def _answer_now(
+            self, session: Session, plan: _Plan, handle: StreamHandle | None
+        ) -> bytes: ...
+        async def _run_now(
+            self, session: Session, plan: _Plan, handle: StreamHandle, *, primes: bool
+        ) -> bool: ...
+        async def _execute(
+            self, session: Session, plan: _Plan, handle: StreamHandle | None
+        ) -> bytes | None: ...
+        async def _finish_call(
+            self, session: Session, key: str, payload: bytes | None, *, stored: bool = False
+        ) -> None: ...
+        async def _prime_then_run(
+            self, session: Session, handle: StreamHandle, plans: list[_Plan]
+        ) -> None: ...
+        async def _run_request(
+            self, session: Session, plan: _Plan, handle: StreamHandle
+        ) -> None: ...
+
+        # streams (engine._streams)
+        def _open_stream(
+            self, session: Session, epoch: str, kind: StreamKind, token: tuple[int, str] | None
+        ) -> StreamHandle: ...
+        async def _get(self, conn: Connection, get: OpenStream) -> None: ...
+        async def _delete(self, conn: Connection, delete: DeleteSession) -> None: ...
+        def _check_rebind(
+            self, session: Session, raw_token: str | None, rid: RequestId | None
+        ) -> None: ...
+        async def _mark_bound(self, session: Session) -> None: ...
+
+        # the legacy transport (engine._legacy)
+        async def _legacy_stream(self, conn: Connection, request: HttpRequest) -> None: ...
+        async def _legacy_post(self, conn: Connection, request: HttpRequest) -> None: ...
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What the idempotency gate decided for one request."""
+
+    request: Request
+    key: str | None = None  # set: this delivery executes; its outcome goes to the gate
+    replay: bytes | None = None  # set: answer with this stored response, execute nothing
+    epoch: str | None = None  # the epoch the store allocated with the claim
+    deferred: bool = False  # the response's store append also records it in the gate
+
+
+def _store_unavailable(config: ServerConfig) -> RemoteProtocolError:
+    return RemoteProtocolError(
+        "the session store is unavailable; nothing was executed",
+        http_status=503,
+        reason=Reason.STORE_UNAVAILABLE,
+        code=SERVER_ERROR,
+        retry_after_ms=config.retry_ms,
+    )

@@ -1,0 +1,322 @@
+"""SSE streams: opening them, GET, resumption and replay, DELETE, channel tokens.
+
+Theory of operation
+-------------------
+A handler's only channel to the client is its stream's log; the connection task
+holding the HTTP response is a *writer* copying frames from the log to the socket
+from a cursor (``engine._writer``):
+
+* POST with requests -> a REQUEST stream (epoch from the store), primed for
+  2025-11-25 sessions, written until its final response is delivered;
+* GET -> the session's STANDALONE stream (a second concurrent one is 409
+  ``stream_conflict``); GET with ``Last-Event-ID`` -> whichever stream the cursor's
+  epoch names, from the event after the cursor, then live;
+* the legacy 2024-11-05 transport (``engine._legacy``): ``GET /sse`` opens a session
+  whose one LEGACY stream carries every response.
+
+A writer also watches the socket for EOF, so a vanished peer detaches it at once.
+
+With a shared store and ``resume="shared"`` every event is appended to the store
+before it is sent (not stored means not sent), so a cursor of a stream another
+replica produced is served from the store: exactly the events after the cursor, in
+order, then live ones until the final event.  Unknown or trimmed cursors are
+refused (409 ``cursor_unknown``) -- never a resume from the head.
+
+**Channel tokens** (fencing): a request's ``Mcp-Channel-Token`` is checked against
+the session's record; once a session's client has presented its token, DELETE and
+GET streams need it too (without authorization, a session id alone is not enough).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import trio
+
+from weir.protocol import (
+    ChannelVerdict,
+    DeleteSession,
+    EventId,
+    OpenStream,
+    Reason,
+    RemoteProtocolError,
+    RequestContext,
+    RequestId,
+    SessionInput,
+    StreamInput,
+    StreamKind,
+    StreamLog,
+    StreamState,
+    encode_comment,
+)
+
+from ._channel import channel_refusal, parse_token, raise_channel
+from ._connection import Connection
+from ._server_base import _ServerBase
+from ._session import Session, StreamHandle, StreamLost
+from ._store import ChannelRejected, SessionGone, StoreUnavailable, check_channel
+from ._writer import KEEPALIVE_COMMENT, SSE_HEADERS, write_stream
+
+
+class _Streams(_ServerBase):
+    """SSE streams, resumption, DELETE and channel tokens (see the module docstring)."""
+
+    def _open_stream(
+        self, session: Session, epoch: str, kind: StreamKind, token: tuple[int, str] | None
+    ) -> StreamHandle:
+        cfg = self.config
+        handle = session.open_stream(
+            epoch,
+            kind,
+            max_events=cfg.max_stream_events,
+            emit_ids=cfg.resume != "off",
+            replica=self.replica_id,
+            binding=token[0] if token else 0,
+        )
+        if self.store.shared and cfg.resume == "shared" and kind is not StreamKind.LEGACY:
+            handle.sink = self._store_sink(session, handle)
+        return handle
+
+    def _store_sink(
+        self, session: Session, handle: StreamHandle
+    ) -> Callable[[int, str, bool, str | None], Any]:
+        store, principal, sid = self.store, session.record.principal, session.session_id
+        generation, epoch, binding = session.record.generation, handle.log.epoch, handle.log.binding
+        replica = self.replica_id
+
+        async def sink(seq: int, payload: str, final: bool, call_key: str | None) -> None:
+            if seq == 0 and payload == "":
+                return  # the priming event carries nothing to replay
+            try:
+                await store.append_event(
+                    principal,
+                    sid,
+                    epoch,
+                    seq,
+                    payload.encode(),
+                    final=final,
+                    generation=generation,
+                    binding=binding,
+                    call_key=call_key,
+                    replica=replica,
+                )
+            except (SessionGone, ChannelRejected, StoreUnavailable) as exc:
+                # Not stored means not sent: the stream ends here (a rebind fenced
+                # it, the session is gone, or the store failed -- fail closed).
+                raise StreamLost(f"{epoch}:{seq} not appended: {exc!r}") from exc
+
+        return sink
+
+    async def _get(self, conn: Connection, get: OpenStream) -> None:
+        session = await self._session(conn.principal, get.ctx.session_id)
+        token = self._channel(session, get.ctx)
+        await self._prove_channel(session, token, "a GET stream")
+        cursor = get.last_event_id
+        headers = (*SSE_HEADERS, ("mcp-session-id", session.session_id))
+        if cursor is not None and self.config.resume == "off":
+            raise RemoteProtocolError(
+                "this server does not resume streams (resumption policy 'off')",
+                http_status=409,
+                reason=Reason.CURSOR_UNKNOWN,
+            )
+        if cursor is None:
+            handle = session.standalone
+            if handle is None or handle.log.state is StreamState.CLOSED:
+                # None yet, or the old one ended (e.g. fenced by a rebind): a new one.
+                epoch = await self.store.allocate_epoch(
+                    session.record.principal, session.session_id, token[0] if token else 0
+                )
+                handle = self._open_stream(session, epoch, StreamKind.STANDALONE, token)
+            elif handle.log.state is StreamState.LIVE_ATTACHED:
+                raise RemoteProtocolError(
+                    "this session already has an open GET stream",
+                    http_status=409,
+                    reason=Reason.STREAM_CONFLICT,
+                )
+            next_seq = handle.log.next_seq
+            if self._primes(session, get.ctx.protocol_version) and self.config.resume != "off":
+                self._handlers_start(handle.send, "")
+        else:
+            try:
+                log_ = session.streams.get(cursor)
+            except RemoteProtocolError:
+                if not (self.store.shared and self.config.resume == "shared"):
+                    raise
+                await self._replay_from_store(conn, session, cursor, token, headers)
+                return
+            if log_.binding != (token[0] if token else 0):
+                raise channel_refusal(
+                    ChannelVerdict.UNBOUND,
+                    None,
+                    "this cursor was issued on another channel; rebind to resume it",
+                )
+            handle = session.handle_for(log_)
+            next_seq = log_.cursor_after(cursor)
+            handle.close_retry_ms = None  # a close asked of an earlier connection is done with
+            if handle.writer_scope is not None:
+                # The old connection is presumed dead: the newest reader wins.
+                handle.writer_scope.cancel()
+                handle.writer_scope = None
+                if handle.log.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
+                    handle.handle(StreamInput.DETACH)
+        await write_stream(
+            conn, session, handle, next_seq, headers, keepalive=self.config.sse_keepalive
+        )
+
+    async def _replay_from_store(
+        self,
+        conn: Connection,
+        session: Session,
+        cursor: EventId,
+        token: tuple[int, str] | None,
+        headers: tuple[tuple[str, str], ...],
+    ) -> None:
+        """Serve a cursor of a stream another replica produced: replay, then tail (event ids).
+
+        Exactly the events after the cursor, in order; then live events as the
+        producing replica appends them, until the final one.  Unknown or trimmed
+        cursors are refused (409 ``cursor_unknown``) -- never a resume from head.
+        """
+        store, principal, sid = self.store, session.record.principal, session.session_id
+        info = await store.stream_info(principal, sid, cursor.epoch)
+        if info is None:
+            raise RemoteProtocolError(
+                f"no stream with epoch {cursor.epoch} in this session",
+                http_status=409,
+                reason=Reason.CURSOR_UNKNOWN,
+            )
+        if info.binding != (token[0] if token else 0):
+            raise channel_refusal(
+                ChannelVerdict.UNBOUND,
+                None,
+                "this cursor was issued on another channel; rebind to resume it",
+            )
+        events = await store.read_events(principal, sid, cursor.epoch, cursor.seq)
+        if events is None:
+            raise RemoteProtocolError(
+                f"event {cursor} is not held for this session",
+                http_status=409,
+                reason=Reason.CURSOR_UNKNOWN,
+            )
+        shape = StreamLog(cursor.epoch, StreamKind.REQUEST)
+        http = conn.http
+        await conn.send(http.start_stream(200, headers))
+        after, delay = cursor.seq, 0.01
+        done = info.finished and cursor.seq >= info.last_seq  # nothing more will come
+        keepalive = self.config.sse_keepalive
+        quiet_since = last_event = trio.current_time()
+        lease, last_check = self.config.claim_lease, -math.inf
+        with trio.move_on_after(self.config.credit.liveness_timeout * 10):
+            while not done and not self._closing and not session.closed:
+                if not events and keepalive is not None:
+                    if trio.current_time() - quiet_since >= keepalive:
+                        await conn.send(http.send_stream_data(KEEPALIVE_COMMENT))
+                        quiet_since = trio.current_time()
+                else:
+                    quiet_since = trio.current_time()
+                if events:
+                    data = b"".join(
+                        encode_comment(f"replica={e.replica or self.replica_id}", blank_line=False)
+                        + shape.frame(e.seq, e.data.decode())
+                        for e in events
+                    )
+                    await conn.send(http.send_stream_data(data))
+                    after = events[-1].seq
+                    delay = 0.01
+                    last_event = trio.current_time()
+                    if events[-1].final:
+                        break
+                else:
+                    # Silence for a whole lease: is the replica producing this stream
+                    # still alive?  If its claim's lease ran out, the call's outcome
+                    # becomes ``interrupted`` and its final event arrives next read.
+                    now = trio.current_time()
+                    if now - last_event >= lease and now - last_check >= lease / 2:
+                        last_check = now
+                        with contextlib.suppress(StoreUnavailable):
+                            await store.expire_claim(principal, sid, cursor.epoch)
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, 0.25)
+                got = await store.read_events(principal, sid, cursor.epoch, after)
+                if got is None:
+                    break
+                events = got
+        await conn.send(http.end_stream())
+
+    async def _delete(self, conn: Connection, delete: DeleteSession) -> None:
+        session = await self._session(conn.principal, delete.ctx.session_id)
+        await self._prove_channel(session, self._channel(session, delete.ctx), "DELETE")
+        session.handle(SessionInput.DELETE)
+        await self._end_session(session)
+        await conn.send(conn.http.send_response(200, ()))
+
+    # ---------------------------------------------------------------- channel tokens
+    def _check_rebind(self, session: Session, raw_token: str | None, rid: RequestId | None) -> None:
+        """Who may rebind: whoever proves the channel (its current token), or -- with
+        authorization on -- the session's principal, token or not.
+
+        Without authorization, a client that knows only the session id must not be
+        able to fence the owner (its next request would be ``cursor_stale``) or read
+        the results the rebind hands back.  A token of an older generation is always
+        ``cursor_stale``: that client has been fenced.
+
+        Raises:
+            RemoteProtocolError: 409 ``cursor_stale`` or ``channel_unbound``.
+        """
+        try:
+            verdict = check_channel(session.record, parse_token(raw_token))
+        except RemoteProtocolError:
+            verdict = ChannelVerdict.UNBOUND
+        if verdict is ChannelVerdict.STALE:
+            raise channel_refusal(ChannelVerdict.STALE, rid)
+        if self.config.auth is not None:
+            return
+        if raw_token is None or verdict is not ChannelVerdict.OK:
+            raise channel_refusal(
+                ChannelVerdict.UNBOUND,
+                rid,
+                "weir/rebind needs the session's current Mcp-Channel-Token",
+            )
+
+    async def _prove_channel(
+        self, session: Session, token: tuple[int, str] | None, what: str
+    ) -> None:
+        """A session whose client has presented its token needs it from then on.
+
+        For ``DELETE`` and GET streams (fresh or resumed): without authorization, a
+        session id alone must not end or read a session whose client uses a channel
+        token.  Sessions of token-less clients (standard SDK clients) are served as
+        before; with authorization on, the principal is the proof.
+
+        Raises:
+            RemoteProtocolError: 409 ``channel_unbound``.
+        """
+        if token is not None:
+            if not session.record.bound:
+                await self._mark_bound(session)
+            return
+        if session.record.bound and self.config.auth is None:
+            raise channel_refusal(
+                ChannelVerdict.UNBOUND,
+                None,
+                f"this session's client uses a channel token: {what} needs it",
+            )
+
+    async def _mark_bound(self, session: Session) -> None:
+        await self.store.mark_bound(session.record.principal, session.session_id)
+        session.record = replace(session.record, bound=True)
+
+    def _channel(self, session: Session, ctx: RequestContext) -> tuple[int, str] | None:
+        """Parse and check ``Mcp-Channel-Token`` against the session (fencing).
+
+        Raises:
+            RemoteProtocolError: 409 ``cursor_stale`` (older generation) or
+                ``channel_unbound`` (wrong secret, future generation, malformed).
+        """
+        token = parse_token(ctx.headers.get("mcp-channel-token"))
+        raise_channel(check_channel(session.record, token))
+        return token
