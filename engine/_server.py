@@ -31,8 +31,8 @@ each with its own theory of operation:
   cross-mixin methods they may use, declared for the type checker, and the gate's
   :class:`~weir.engine._server_base._Plan`.
 
-**Teardown.**  Each session has a timer task driven by its credit's deadline; when
-the credit reports DEAD (frames pending, no progress for the liveness timeout) the
+**Teardown.**  Every session's credit deadline sits in one heap served by one task
+(``engine._timers``); when a session's credit reports DEAD (frames pending, no progress for the liveness timeout) the
 session's streams are closed, its handlers cancelled, its credit released and the
 session forgotten -- later requests get 404.
 
@@ -85,6 +85,7 @@ from ._server_base import log
 from ._session import Session, StreamLost
 from ._store import MemoryStore, SessionRecord, SessionStore
 from ._streams import _Streams
+from ._timers import Deadlines, Timed
 
 #: A session that held at least this much (history, results, credit) is followed by a
 #: ``malloc_trim`` when it ends.
@@ -123,6 +124,8 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas):
         self.replica_id = self.config.replica_id or secrets.token_hex(4)
         self.sessions: dict[str, Session] = {}
         self.metrics = Metrics()
+        #: Every session's credit deadline, in one heap served by one task.
+        self.deadlines = Deadlines(self._deadline_due)
         self._last_seen: dict[str, float] = {}
         self._per_principal: dict[str, int] = {}
         #: Validated response heads, shared by every connection of this server.
@@ -182,6 +185,7 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas):
     async def _run(self, task_status: trio.TaskStatus[Server]) -> None:
         async with trio.open_nursery() as handlers:
             self._handlers = handlers
+            handlers.start_soon(self.deadlines.run)  # every session's credit timers
             async with trio.open_nursery() as conns:
                 conns.start_soon(self._serve_listeners, conns)
                 conns.start_soon(self._sweep_sessions)
@@ -354,14 +358,10 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas):
         self._per_principal[principal] = self._per_principal.get(principal, 0) + 1
         self._last_seen[sid] = now
         session.replica = self.replica_id
-        session.start_timer = self._start_timer
+        session.schedule = self.deadlines.schedule
         store = self.store
         if isinstance(store, MemoryStore):
             session.shed_results = partial(store.shed_results, session.record.principal, sid)
-
-    def _start_timer(self, session: Session) -> None:
-        assert self._handlers is not None
-        self._handlers.start_soon(self._session_timer, session)
 
     async def _new_session(
         self, version: str, principal: str, request_id: RequestId | None = None
@@ -388,35 +388,26 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas):
         self._register(session, now)
         return session
 
-    async def _session_timer(self, session: Session) -> None:
-        """Drive the session's credit timers; tear the session down when it is DEAD.
+    def _deadline_due(self, timed: Timed, now: float) -> None:
+        """The heap's handler: apply a session's credit timers at ``now``.
 
-        Runs only while the credit has a deadline (frames pending, or a frame
-        waiting for credit); :meth:`Session._pulse` starts it again when one
-        appears, so an idle session costs no task.
+        Never blocks (one heap serves every session): a dead session's teardown
+        runs in a handler task; a live one is scheduled again at its next deadline.
         """
+        session = timed
+        assert isinstance(session, Session)
         credit = session.credit
-        try:
-            while not session.closed:
-                deadline = credit.deadline()
-                if deadline == math.inf:
-                    return
-                changed = session.timer_changed
-                session.timer_at = deadline
-                with trio.move_on_at(deadline):
-                    await changed.wait()
-                state = credit.handle_timer(trio.current_time())
-                if state is CreditState.DEAD and not session.closed:
-                    log.warning(
-                        "session %s: no progress for %.1f s with %d frames pending: torn down",
-                        redact(session.session_id),
-                        credit.limits.liveness_timeout,
-                        credit.frames_in_use,
-                    )
-                    self.metrics.teardowns += 1
-                    await self._end_session(session)
-        finally:
-            session.timer_stopped()
+        if credit.handle_timer(now) is CreditState.DEAD:
+            log.warning(
+                "session %s: no progress for %.1f s with %d frames pending: torn down",
+                redact(session.session_id),
+                credit.limits.liveness_timeout,
+                credit.frames_in_use,
+            )
+            self.metrics.teardowns += 1
+            self._handlers_start(self._end_session, session)
+            return
+        self.deadlines.schedule(session, credit.deadline())
 
     async def _session(
         self,

@@ -320,17 +320,16 @@ class Session:
         self.credit = self.flow.credit
         #: The waiting frames' wake-ups, by the flow's ticket.
         self._grants: dict[int, trio.Event] = {}
-        #: The instant the timer task sleeps until (it is woken only for an earlier one).
+        #: The instant this session is scheduled at in the server's deadline heap
+        #: (inf: not scheduled), and the key of that entry (see engine._timers).
         self.timer_at = math.inf
-        #: Starts the timer task (set by the server); called when the credit gets a
-        #: deadline and no timer task runs, so an idle session costs no task.
-        self.start_timer: Callable[[Session], None] | None = None
-        self._timer_running = False
+        self.timer_key = 0
+        #: Asks for a wake-up at an earlier deadline (set by the server: the heap).
+        self.schedule: Callable[[Session, float], None] | None = None
         #: True from ``initialize`` until the session's first other request or
         #: notification: an abandoned ``initialize`` is forgotten sooner.
         self.provisional = False
         # Created on demand by whoever waits, set and dropped by the next pulse.
-        self._timer_event: trio.Event | None = None
         self._credit_event: trio.Event | None = None
         self.state = SessionState.NEW
         self.streams = StreamTable(max_closed=max_closed_streams)
@@ -407,14 +406,6 @@ class Session:
         left = budget.owner_held(sid) - target
         if left > 0 and self.shed_results is not None:
             self.shed_results(left)
-
-    @property
-    def timer_changed(self) -> trio.Event:
-        """Set when the credit's deadline moves earlier than :attr:`timer_at`, or on close."""
-        ev = self._timer_event
-        if ev is None:
-            ev = self._timer_event = trio.Event()
-        return ev
 
     @property
     def credit_changed(self) -> trio.Event:
@@ -495,23 +486,13 @@ class Session:
         if ev is not None:
             self._credit_event = None
             ev.set()
-        # The credit's deadline may have moved: wake the timer task only if it now
-        # lies before the instant the timer sleeps until (a later one is found when
-        # that wake-up comes), so a busy session does not wake it on every frame.
-        if timer and (self.closed or self.credit.deadline() < self.timer_at):
-            ev = self._timer_event
-            if ev is not None:
-                self._timer_event = None
-                ev.set()
-            elif not self._timer_running and not self.closed and self.start_timer is not None:
-                self._timer_running = True
-                self.start_timer(self)
-
-    def timer_stopped(self) -> None:
-        """The timer task ended (no deadline left, or the session closed)."""
-        self._timer_running = False
-        self.timer_at = math.inf
-        self._timer_event = None
+        # The credit's deadline may have moved: ask the heap for a wake-up only if it
+        # now lies before the one already scheduled (a later one is found when that
+        # wake-up comes), so a busy session costs nothing per frame.
+        if timer and not self.closed and self.schedule is not None:
+            deadline = self.credit.deadline()
+            if deadline < self.timer_at:
+                self.schedule(self, deadline)
 
     @property
     def inflight(self) -> int:

@@ -22,10 +22,10 @@ What this module guarantees:
   more frames than the credit.  ``StreamHandle.try_send_now`` / ``try_respond_now``
   and ``Session.try_acquire_now`` refuse (changing nothing) exactly when
   ``send``/``respond`` would wait.
-* The session timer is woken only when the credit deadline moves earlier than
-  ``Session.timer_at``: a busy session does not wake it per frame, and a drain
-  window opening still turns the session half-open, and liveness tears it down,
-  at the exact instants.
+* The server's deadline heap is asked for a wake-up only when a session's credit
+  deadline moves earlier than the one it is scheduled at: a busy session costs
+  no scheduling per frame, and a drain window opening still turns the session
+  half-open, and liveness tears it down, at the exact instants.
 
 Time is Trio's MockClock (``autojump_clock``); all I/O is in-memory streams.
 """
@@ -254,28 +254,6 @@ def deliveries(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
         await original(self, session, handle, prime, payload)
 
     monkeypatch.setattr(Server, "_deliver", watched)
-    return seen
-
-
-@pytest.fixture
-def timer_wakeups(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[float]]:
-    """Per session id: the instants its timer task began (another) wait.
-
-    ``Session.timer_changed`` is read exactly once per iteration of the timer task's
-    loop, so the list holds its start plus one entry per wake-up.
-    """
-    seen: dict[str, list[float]] = {}
-    prop = Session.__dict__["timer_changed"]
-    assert isinstance(prop, property) and prop.fget is not None
-    fget = prop.fget
-
-    def counted(self: Session) -> trio.Event:
-        seen.setdefault(self.session_id, []).append(trio.current_time())
-        event = fget(self)
-        assert isinstance(event, trio.Event)
-        return event
-
-    monkeypatch.setattr(Session, "timer_changed", property(counted))
     return seen
 
 
@@ -1182,93 +1160,88 @@ async def test_try_acquire_now_and_the_timer(autojump_clock: trio.testing.MockCl
     limits = CreditLimits(frames=1, bytes=200, drain_window=DRAIN, liveness_timeout=LIVENESS)
     session = new_session(limits)
     handle = new_handle(session)
+    asked: list[float] = []
 
-    # The timer sleeps until 100; the first pending frame's liveness deadline (20) is earlier.
-    session.timer_at = 100.0
-    event = session.timer_changed
+    def schedule(s: Session, when: float) -> None:  # what the server's heap records
+        asked.append(when)
+        s.timer_at = when
+
+    session.schedule = schedule
+    # The first pending frame's liveness deadline is a new, earlier deadline: asked for.
     assert session.try_acquire_now(10)
-    assert event.is_set()
+    assert asked == [0.0 + LIVENESS]
     session.release(1, 10)
 
-    # The timer now sleeps until 20: a deadline of 25 is found when that wake-up comes.
+    # A later first frame's deadline lies after the one scheduled: nothing asked.
     await trio.sleep_until(5.0)
-    session.timer_at = 20.0
-    event = session.timer_changed
     assert session.try_acquire_now(10)
-    assert session.credit.deadline() == 5.0 + LIVENESS
-    assert not event.is_set()
-    # No credit left: refused, and nothing changes (no waiter, still OPEN, no wake-up).
+    assert session.credit.deadline() == 5.0 + LIVENESS and asked == [LIVENESS]
+    # No credit left: refused, and nothing changes (no waiter, still OPEN, nothing asked).
     assert session.try_acquire_now(10) is False
-    assert state_of(session.credit) is CreditState.OPEN and not event.is_set()
+    assert state_of(session.credit) is CreditState.OPEN and asked == [LIVENESS]
 
-    # A frame that waits opens the drain window (5 + 5 = 10 < 20): the timer is woken.
+    # A frame that waits opens the drain window (5 + 5 = 10 < 20): asked for at once.
     async with trio.open_nursery() as nursery:
         nursery.start_soon(handle.send, "waits")
         await settle()
         assert state_of(session.credit) is CreditState.EXHAUSTED
-        assert session.credit.deadline() == 5.0 + DRAIN
-        assert event.is_set()
+        assert asked == [LIVENESS, 5.0 + DRAIN] == [LIVENESS, session.credit.deadline()]
         # A waiter is queued: even a frame that would fit is refused (FIFO).
-        session.timer_at = session.credit.deadline()
         assert session.try_acquire_now(1) is False
         session.release(1, 10)
     assert handle.log.next_seq == 1 and state_of(session.credit) is CreditState.OPEN
 
-    # A closed session refuses, and closing always wakes the timer.
-    session.timer_at = 0.0
-    event = session.timer_changed
+    # A closed session refuses, and asks for nothing.
+    session.timer_at = float("inf")
     session.close()
-    assert event.is_set()
     assert session.try_acquire_now(1) is False
+    assert asked == [LIVENESS, 5.0 + DRAIN]
 
 
 # ----------------------------------------------------------------- 5. the session timer
 
 
 async def test_busy_session_does_not_wake_its_timer_per_frame(
-    autojump_clock: trio.testing.MockClock,
-    timer_wakeups: dict[str, list[float]],
-    inline_runs: list[str],
+    autojump_clock: trio.testing.MockClock, inline_runs: list[str]
 ) -> None:
     async with serving() as (server, nursery):
         client, sid = await open_session(server, nursery)
-        session = server.sessions[sid]
+        session, heap = server.sessions[sid], server.deadlines
         await settle()
-        # An idle session runs no timer task at all.
-        assert sid not in timer_wakeups and session.timer_at == float("inf")
+        # An idle session is not in the heap at all.
+        assert (heap.scheduled, len(heap), session.timer_at) == (0, 0, float("inf"))
 
-        # t=1: the first pending frame starts the timer with a liveness deadline (1 + 20).
+        # t=1: the first pending frame schedules its liveness deadline.
         await trio.sleep_until(1.0)
         got = await answer(client, call_msg(1, "echo", {"text": "a"}), json_mode=False)
         assert got["result"]["content"][0]["text"] == "a"
         await settle()
-        assert timer_wakeups[sid] == [1.0] and session.timer_at == 1.0 + LIVENESS
+        assert heap.scheduled == 1
 
-        # Later first frames have later deadlines: the timer sleeps on, untouched.
+        # Later first frames have later deadlines: nothing is scheduled for them.
         for rid in range(2, 12):
             await trio.sleep_until(float(rid))
             got = await answer(client, call_msg(rid, "echo", {"text": "b"}), json_mode=False)
             assert got["result"]["content"][0]["text"] == "b"
         await settle()
-        assert timer_wakeups[sid] == [1.0] and session.timer_at == 1.0 + LIVENESS
+        assert heap.scheduled == 1 and heap.fired == 0
         assert session.credit.frames_in_use == 0
 
-        # Its own wake-up at 21 finds nothing pending: the task ends; the next frame
-        # starts another.
+        # Its wake-up finds nothing pending: nothing is scheduled again, and the
+        # session stays (idle is not dead).
         await trio.sleep_until(1.0 + LIVENESS)
         await settle()
-        assert timer_wakeups[sid] == [1.0] and session.timer_at == float("inf")
+        assert (heap.scheduled, heap.fired, len(heap)) == (1, 1, 0)
         assert sid in server.sessions and server.metrics.teardowns == 0
         await trio.sleep_until(30.0)
         await answer(client, call_msg(99, "echo", {"text": "c"}), json_mode=False)
         await settle()
-        assert timer_wakeups[sid] == [1.0, 30.0]
-        assert session.timer_at == 30.0 + LIVENESS
+        assert heap.scheduled == 2  # the next pending frame asks again
         assert len(inline_runs) == 12
 
 
 async def test_an_earlier_deadline_still_wakes_the_timer_on_time(
-    autojump_clock: trio.testing.MockClock, timer_wakeups: dict[str, list[float]]
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with serving() as (server, nursery):
         client, sid = await open_session(server, nursery)
@@ -1277,7 +1250,8 @@ async def test_an_earlier_deadline_still_wakes_the_timer_on_time(
         await trio.sleep_until(1.0)
         await answer(client, call_msg(1, "echo", {"text": "a"}), json_mode=False)
         await settle()
-        assert session.timer_at == 21.0 and timer_wakeups[sid] == [1.0]
+        heap = server.deadlines
+        assert heap.scheduled == 1
 
         # t=2: a stream starts; at t=3 it stalls with more frames than credit.
         stalled, valve = connect_stalling(server, nursery)
@@ -1287,12 +1261,12 @@ async def test_an_earlier_deadline_still_wakes_the_timer_on_time(
         await slow.next_batch()
         valve.shut()
         await settle()
-        assert timer_wakeups[sid] == [1.0]  # its priming frame's deadline (22) is later
+        assert heap.scheduled == 1  # its priming frame's deadline (22) is later
         await trio.sleep_until(3.0)
         await settle()
         # Exhausted at 3: the drain window ends at 3 + 5 = 8, before 21: woken at once.
         assert state_of(credit) is CreditState.EXHAUSTED and credit.last_progress == 3.0
-        assert timer_wakeups[sid] == [1.0, 3.0] and session.timer_at == 3.0 + DRAIN
+        assert heap.scheduled == 2 and heap.fired == 0
 
         await trio.sleep_until(3.0 + DRAIN - 0.01)
         await settle()
@@ -1300,8 +1274,7 @@ async def test_an_earlier_deadline_still_wakes_the_timer_on_time(
         await trio.sleep_until(3.0 + DRAIN)
         await settle()
         assert state_of(credit) is CreditState.HALF_OPEN  # turned by the timer, on time
-        assert timer_wakeups[sid] == [1.0, 3.0, 8.0]
-        assert session.timer_at == 3.0 + LIVENESS  # the liveness deadline is next
+        assert heap.fired == 1 and heap.scheduled == 3  # the liveness deadline is next
         refused = await as_session(server, nursery, client).post(call_msg(3, "echo", {"text": "x"}))
         assert isinstance(refused, Reply) and refused.status == 429
 
@@ -1312,6 +1285,6 @@ async def test_an_earlier_deadline_still_wakes_the_timer_on_time(
         await settle()
         assert sid not in server.sessions and session.closed
         assert server.metrics.teardowns == 1
-        assert timer_wakeups[sid] == [1.0, 3.0, 8.0]  # woke at 23, then ended
+        assert heap.fired == 2 and len(heap) == 0  # woke at 23, then ended
         assert valve.stalled == 0
         valve.open()
