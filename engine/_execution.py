@@ -194,6 +194,8 @@ class _Execution(_ServerBase):
             finally:
                 session.running.pop(req.id, None)
                 session.started.pop(req.id, None)
+                if session.on_activity is not None:
+                    session.on_activity()
         result = None if scope.cancelled_caught else payload
         if plan.key is not None:
             single = handle is not None and handle.sink is not None and handle.outstanding == 1

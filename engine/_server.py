@@ -32,9 +32,9 @@ each with its own theory of operation:
   :class:`~weir.engine._server_base._Plan`.
 
 **Teardown.**  Every session's credit deadline sits in one heap served by one task
-(``engine._timers``); when a session's credit reports DEAD (frames pending, no progress for the liveness timeout) the
-session's streams are closed, its handlers cancelled, its credit released and the
-session forgotten -- later requests get 404.
+(``engine._timers``); when a session's credit reports DEAD (frames pending, no
+progress for the liveness timeout) the session's streams are closed, its handlers
+cancelled, its credit released and the session forgotten -- later requests get 404.
 
 Pieces that live in their own modules: the writer (``engine._writer``), channel
 tokens (``engine._channel``), configuration and listeners (``engine._config``),
@@ -126,6 +126,7 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas):
         self.metrics = Metrics()
         #: Every session's credit deadline, in one heap served by one task.
         self.deadlines = Deadlines(self._deadline_due)
+        self._activity_event: trio.Event | None = None
         self._last_seen: dict[str, float] = {}
         self._per_principal: dict[str, int] = {}
         #: Validated response heads, shared by every connection of this server.
@@ -231,9 +232,11 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas):
         await self._accepting_done.wait()
         for listener in self.listeners:
             await listener.aclose()
+        # Each wait below re-checks only when a handler ends, a response is enqueued
+        # or a writer detaches.  Calls finish when their response is in the log.
         with trio.move_on_after(self.config.shutdown_grace):
-            while any(s.running for s in self.sessions.values()):
-                await trio.sleep(0.05)
+            while any(s.running or s.inflight for s in self.sessions.values()):
+                await self._activity()
         for session in self.sessions.values():
             for h in session.handles.values():
                 h.request_close(self.config.retry_ms)
@@ -243,7 +246,18 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas):
                 for s in self.sessions.values()
                 for h in s.handles.values()
             ):
-                await trio.sleep(0.01)
+                await self._activity()
+
+    async def _activity(self) -> None:
+        """Wait until some session's handler ends or a writer detaches."""
+        event = self._activity_event = trio.Event()
+        await event.wait()
+
+    def _note_activity(self) -> None:
+        event = self._activity_event
+        if event is not None:
+            self._activity_event = None
+            event.set()
 
     def _handlers_start(self, fn: Callable[..., Any], *args: Any) -> None:
         async def guarded() -> None:
@@ -359,6 +373,7 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas):
         self._last_seen[sid] = now
         session.replica = self.replica_id
         session.schedule = self.deadlines.schedule
+        session.on_activity = self._note_activity
         store = self.store
         if isinstance(store, MemoryStore):
             session.shed_results = partial(store.shed_results, session.record.principal, sid)

@@ -326,6 +326,9 @@ class Session:
         self.timer_key = 0
         #: Asks for a wake-up at an earlier deadline (set by the server: the heap).
         self.schedule: Callable[[Session, float], None] | None = None
+        #: Told when a handler ends, a response is enqueued or a writer detaches (the
+        #: server's shutdown waits on it instead of polling).
+        self.on_activity: Callable[[], None] | None = None
         #: True from ``initialize`` until the session's first other request or
         #: notification: an abandoned ``initialize`` is forgotten sooner.
         self.provisional = False
@@ -527,6 +530,8 @@ class Session:
         """``n`` admitted requests have their response enqueued (or will never have one)."""
         self.flow.done(n)
         self._pulse()
+        if self.on_activity is not None:
+            self.on_activity()
 
     async def acquire(self, nbytes: int) -> None:
         """Take credit for one frame of ``nbytes``, in FIFO order behind earlier waiters.

@@ -94,6 +94,8 @@ async def write_stream(
         handle.writer_scope = None
         if log_.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
             handle.handle(StreamInput.DETACH)
+        if session.on_activity is not None:
+            session.on_activity()
     if peer_gone or scope.cancelled_caught or http.should_close:
         http.send_failed()
         raise PeerGone
