@@ -1,10 +1,15 @@
 """weir's Trio engine: the server, the application API and the stores.
 
 Everything here is built on the sans-io core in :mod:`weir.protocol`; this is the only
-layer that reads the clock or touches a socket.
+layer that reads the clock or touches a socket.  Store implementers find here the
+interface (:class:`SessionStore`) and every type it speaks (records, events, stream
+info, retention, its exceptions); the gate's :class:`~weir.protocol.CallStart` and
+:class:`~weir.protocol.CallOutcome` are the core's.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from ._app import (
     App,
@@ -24,25 +29,54 @@ from ._auth import AccessToken, Authorization, InvalidToken, JwtVerifier, TokenV
 from ._context import Context
 from ._memory import tune_allocator
 from ._server import Server, ServerConfig, serve
-from ._store import MemoryStore, SessionRecord, SessionStore, StoreUnavailable
+from ._store import (
+    ChannelRejected,
+    MemoryStore,
+    Retention,
+    SessionGone,
+    SessionRecord,
+    SessionStore,
+    StoredEvent,
+    StoreUnavailable,
+    StreamInfo,
+)
+
+if TYPE_CHECKING:
+    from ._redis_store import RedisStore
+
+
+def __getattr__(name: str) -> Any:
+    # RedisStore pulls in the Redis client library: imported on first use only.
+    if name == "RedisStore":
+        from ._redis_store import RedisStore
+
+        return RedisStore
+    raise AttributeError(f"module 'weir.engine' has no attribute {name!r}")
+
 
 __all__ = [
     "AccessToken",
     "App",
     "Authorization",
+    "ChannelRejected",
     "Context",
     "InvalidToken",
     "JwtVerifier",
     "McpError",
     "MemoryStore",
     "Prompt",
+    "RedisStore",
     "Resource",
     "ResourceTemplate",
+    "Retention",
     "Server",
     "ServerConfig",
+    "SessionGone",
     "SessionRecord",
     "SessionStore",
     "StoreUnavailable",
+    "StoredEvent",
+    "StreamInfo",
     "TokenVerifier",
     "Tool",
     "ToolError",

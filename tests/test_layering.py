@@ -255,3 +255,34 @@ def test_examples_use_only_public_names(path: Path) -> None:
         and any(part.startswith("_") for part in module.split("."))
     ]
     assert not bad, "\n".join(bad)
+
+
+STORE_IMPLEMENTER_NAMES = (
+    "SessionStore",
+    "SessionRecord",
+    "StoredEvent",
+    "StreamInfo",
+    "Retention",
+    "SessionGone",
+    "StoreUnavailable",
+    "ChannelRejected",
+    "MemoryStore",
+    "RedisStore",
+)
+
+
+@pytest.mark.parametrize("name", STORE_IMPLEMENTER_NAMES)
+def test_a_store_implementer_needs_no_private_module(name: str) -> None:
+    import weir.engine
+
+    assert name in weir.engine.__all__ and getattr(weir.engine, name).__name__ == name
+    for core_name in ("CallStart", "CallOutcome", "ChannelVerdict"):
+        assert core_name in weir.protocol.__all__
+
+
+def test_importing_the_engine_does_not_import_the_redis_client() -> None:
+    code = "import weir.engine, sys\nassert 'coredis' not in sys.modules, 'coredis imported'\n"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
