@@ -7,18 +7,32 @@ under test only exist in the kernel: a peer's shrunken receive window, the serve
 
 Clock
 -----
-Time is Trio's ``MockClock`` with ``autojump_threshold=0.005`` (the
-``loopback_clock`` fixture; pytest-trio uses any ``Clock`` fixture a test asks
-for).  This works with real loopback I/O: a loopback round trip, including the
-server's kernel acknowledging our bytes, completes well within 5 ms of real time,
-so the clock only jumps when every task is genuinely waiting on a *timer* -- the
-drain window, the liveness timeout, a slow tool, a gateway's header timeout.  The
-threshold is non-zero (STYLE.md section 3) so that the clock does not leap ahead
-while a kernel round trip is still in flight.  Drain windows, liveness timeouts and
-tool durations below are therefore virtual seconds, and ``trio.current_time()``
-timestamps can be compared exactly with the configured limits; a whole test costs
-well under a second of real time.  Every wait is still bounded, in virtual time by
-``trio.fail_after`` and in count by ``range``.
+Real time.  ``MockClock`` is not used: virtual time that jumps while kernel I/O is
+in flight makes loopback tests flaky, or lets them pass for the wrong reason.  No
+test asks for a clock fixture, so pytest-trio runs each one on Trio's ordinary
+clock, and ``trio.current_time()`` in a test reads the same monotonic clock as the
+server's timers.  The limits are scaled down so that no test takes more than a few
+seconds:
+
+* test 1 and the burst: drain window 0.5 s, liveness timeout 2 s; the stalled peer
+  POSTs every 25 ms and the healthy client calls every 60 ms (pacing only);
+* test 3: the slow tool runs 1.15 s behind a gateway that gives up on an upstream
+  after 0.5 s; a duplicate waits at the idempotency gate 2.5 s (longer than the
+  tool) or 0.25 s (shorter than the gateway's patience); a 409 asks for a 0.5 s
+  pause (``retry_ms``).  These keep the unscaled ratios 2.3 : 1 : 5 : 0.5 : 1.
+
+No timing assertion compares an instant with a configured one exactly.  A refusal
+or a teardown must not come *before* its timer: that is checked from a lower bound
+on the instant the timer started (:meth:`CreditSamples.stall_floor`, or the
+server's own last-progress timestamp) to the moment the reply *arrived*, so a slow
+machine can only add margin.  It must also come within a generous ``SLACK`` after
+the timer.  Where possible the order of events is asserted instead of a duration:
+admitted, then refused, then gone, and never admitted once the session has been
+seen half-open.  Nothing sleeps to synchronise: the tests wait for replies and
+events, and where only the server's own timers or its ACK poller can make a
+condition true, they poll it (:func:`eventually`, a short sleep between polls).
+Every wait is bounded, in time by ``trio.fail_after`` or ``move_on_after`` and in
+count by ``range``.
 
 What the guarantee asks, and where it is checked
 -------------------------------------------
@@ -39,12 +53,15 @@ What the guarantee asks, and where it is checked
 
 from __future__ import annotations
 
+import array
+import fcntl
 import json
+import math
 import re
 import socket
 import sys
 import tracemalloc
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -53,7 +70,6 @@ from typing import Any
 import h11
 import pytest
 import trio
-import trio.testing
 
 import weir.engine._connections as connections_module
 from tests.engine.helpers import H11Client, Reply, SseReply
@@ -65,9 +81,21 @@ from weir.protocol import CreditLimits, CreditState, SseDecoder, SseEvent
 HOST = "127.0.0.1"
 LINUX = sys.platform == "linux"
 
+#: Generous upper bound (seconds) on how late a timer's effect may be seen after
+#: its instant, on a slow or busy machine; lower bounds need no slack.
+SLACK = 3.0
+#: Test 1 and the burst: a half-open session is refused after DRAIN_WINDOW and
+#: torn down after LIVENESS_TIMEOUT (real seconds).
+DRAIN_WINDOW = 0.5
+LIVENESS_TIMEOUT = 2.0
+#: Test 3: the tool outlasts the gateway's patience (2.3 : 1, as unscaled), so the
+#: buffering gateway always abandons the first delivery of every call.
+SLOW_TOOL_SECONDS = 1.15
+GATEWAY_HEADER_TIMEOUT = 0.5
+GATEWAY_RETRY_MS = 500  # the 409 ``in_progress`` pause the server asks for
+
 app = App("half-open-loopback")
 executions: dict[str, int] = {}
-SLOW_TOOL_SECONDS = 2.3
 FRAME_SIZE = 3000  # test 1: a few KB of text per result, so the stream fills quickly
 
 
@@ -87,12 +115,6 @@ async def count(label: str) -> str:
 
 # ---------------------------------------------------------------- fixtures & helpers
 @pytest.fixture
-def loopback_clock() -> trio.testing.MockClock:
-    """A MockClock that autojumps after 5 ms of real idleness (see the module docstring)."""
-    return trio.testing.MockClock(autojump_threshold=0.005)
-
-
-@pytest.fixture
 def connections(monkeypatch: pytest.MonkeyPatch) -> list[Connection]:
     """Every server-side :class:`Connection` the server creates (instrumentation only)."""
     made: list[Connection] = []
@@ -108,6 +130,26 @@ def connections(monkeypatch: pytest.MonkeyPatch) -> list[Connection]:
     return made
 
 
+async def eventually(
+    condition: Callable[[], bool], *, timeout: float, every: float = 0.005
+) -> bool:
+    """Poll ``condition`` every ``every`` seconds until it holds; False after ``timeout``.
+
+    Only for conditions that nothing in the test can await: ones made true by the
+    server's own timers or by its ACK poller (which are what is under test).
+    Bounded in time (``fail_after``) and in count (``range``).
+    """
+    try:
+        with trio.fail_after(timeout):
+            for _ in range(math.ceil(timeout / every) + 1):
+                if condition():
+                    return True
+                await trio.sleep(every)
+    except trio.TooSlowError:
+        pass
+    return condition()
+
+
 @asynccontextmanager
 async def serving(app_: App, config: ServerConfig) -> AsyncIterator[Server]:
     """The real server listening on 127.0.0.1 (``config.port`` should be 0)."""
@@ -117,7 +159,7 @@ async def serving(app_: App, config: ServerConfig) -> AsyncIterator[Server]:
             yield server
         finally:
             server.shutdown()
-            with trio.fail_after(60):
+            with trio.fail_after(30):
                 await server.stopped.wait()
 
 
@@ -183,19 +225,19 @@ async def legacy_peer(
     peer.protocol_version = None
     sid: str | None = None
     try:
-        sse = await peer.send("GET", target="/sse", headers={"accept": "text/event-stream"})
-        assert isinstance(sse, SseReply) and sse.status == 200, sse
-        [endpoint] = await sse.next_batch()
+        with trio.fail_after(10):
+            sse = await peer.send("GET", target="/sse", headers={"accept": "text/event-stream"})
+            assert isinstance(sse, SseReply) and sse.status == 200, sse
+            [endpoint] = await sse.next_batch()
         assert endpoint.event == "endpoint", endpoint
         assert "session_id=" in endpoint.data, endpoint
         sid = session_id_of(endpoint.data)
         yield peer, sse, endpoint.data
     finally:
         await peer.stream.aclose()
-        with trio.move_on_after(5):
-            while sid in server.sessions:
-                await trio.sleep(0.01)
-    assert sid not in server.sessions, "the legacy session outlived its stream"
+        # The server notices the hang-up on its own; poll for that.
+        forgotten = await eventually(lambda: sid not in server.sessions, timeout=5)
+    assert forgotten, "the legacy session outlived its stream"
 
 
 def session_id_of(endpoint: str) -> str:
@@ -234,7 +276,8 @@ async def get_metrics(port: int) -> str:
     client = await open_client(port)
     client.protocol_version = None
     async with client.stream:
-        reply = await client.send("GET", target="/metrics")
+        with trio.fail_after(10):
+            reply = await client.send("GET", target="/metrics")
     assert isinstance(reply, Reply) and reply.status == 200, reply
     return reply.body.decode()
 
@@ -254,6 +297,21 @@ def rss_bytes() -> int:
         return 0
 
 
+#: ``SIOCOUTQNSD`` on Linux: bytes in a TCP socket's send queue not yet *sent*
+#: (``SIOCOUTQ`` counts those plus the sent ones not yet acknowledged).
+SIOCOUTQNSD = 0x894B
+SIOCOUTQ = 0x5411
+
+
+def sent_but_unacknowledged(sock: trio.socket.SocketType) -> int:
+    """Bytes the kernel transmitted on ``sock`` that the peer has not acknowledged yet."""
+    buf = array.array("i", [0])
+    fcntl.ioctl(sock.fileno(), SIOCOUTQ, buf, True)
+    queued = buf[0]
+    fcntl.ioctl(sock.fileno(), SIOCOUTQNSD, buf, True)
+    return queued - buf[0]
+
+
 @dataclass
 class CreditSamples:
     """What a sampler saw of one session's credit, at every change it was woken for."""
@@ -263,6 +321,7 @@ class CreditSamples:
     max_undrained: int = 0
     exhausted_at: float | None = None
     half_open_at: float | None = None
+    last_open_at: float = -math.inf
     last_progress: float = 0.0
     closed_at: float | None = None
     samples: int = 0
@@ -276,12 +335,26 @@ class CreditSamples:
         self.max_undrained = max(self.max_undrained, undrained_bytes(session))
         if credit.state is not CreditState.DEAD:
             self.last_progress = credit.last_progress
+        if credit.state is CreditState.OPEN:
+            self.last_open_at = now
         if credit.state is CreditState.EXHAUSTED and self.exhausted_at is None:
             self.exhausted_at = now
         if credit.state is CreditState.HALF_OPEN and self.half_open_at is None:
             self.half_open_at = now
         if session.closed and self.closed_at is None:
             self.closed_at = now
+
+    def stall_floor(self, session: Session) -> float:
+        """Take a sample; return an instant no later than the one the drain window started at.
+
+        The server starts the window at ``max(exhausted since, last progress)``.  Its
+        last-progress timestamp only grows, and it can only have become exhausted
+        after the last time a sample saw it OPEN: so a refusal decided after this
+        call comes at least ``drain_window`` after the value returned -- a lower
+        bound that no scheduling delay can break.
+        """
+        self.take(session)
+        return max(self.last_open_at, session.credit.last_progress)
 
     async def run(self, session: Session) -> None:
         """Sample on every credit change (``credit_changed`` pulses) until the session ends."""
@@ -295,35 +368,53 @@ class CreditSamples:
 
 
 # ---------------------------------------------------------------- 1. the original scenario
+STALLED_POST_INTERVAL = 0.025  # the stalled peer's pace (pacing, not synchronisation)
+HEALTHY_CALL_INTERVAL = 0.06  # the healthy client's pace
+
+
+@dataclass
+class Post:
+    """One POST of the stalled peer, as it saw it."""
+
+    request_id: int
+    sent_at: float
+    floor: float  # CreditSamples.stall_floor just before sending
+    received_at: float
+    reply: Reply
+
+    @property
+    def status(self) -> int:
+        return self.reply.status
+
+
 @dataclass
 class Outcome:
     """What the stalled peer and the healthy client saw (test 1)."""
 
-    admitted: list[int] = field(default_factory=list)
-    refused: list[tuple[float, int, Reply]] = field(default_factory=list)
-    gone: list[Reply] = field(default_factory=list)
+    posts: list[Post] = field(default_factory=list)
     healthy_calls: int = 0
     healthy_during_half_open: int = 0
     initializes_during_half_open: int = 0
+
+    def with_status(self, status: int) -> list[Post]:
+        return [p for p in self.posts if p.status == status]
 
 
 async def stalled_peer_keeps_posting(
     port: int, endpoint: str, stalled: Session, samples: CreditSamples, out: Outcome
 ) -> None:
-    """POST ``tools/call`` every 100 ms on fresh connections until the session is gone."""
-    for i in range(1, 400):
+    """POST ``tools/call`` every 25 ms on fresh connections until the session is gone."""
+    for i in range(1, 4000):
+        floor = samples.stall_floor(stalled)
+        sent_at = trio.current_time()
         reply = await post_once(port, bulk_call(i, FRAME_SIZE, f"s{i}"), target=endpoint)
         assert isinstance(reply, Reply), reply
+        out.posts.append(Post(i, sent_at, floor, trio.current_time(), reply))
         samples.take(stalled)
-        if reply.status == 202:
-            out.admitted.append(i)
-        elif reply.status == 429:
-            out.refused.append((trio.current_time(), i, reply))
-        else:
-            assert reply.status == 404, (reply.status, reply.body)
-            out.gone.append(reply)
+        assert reply.status in (202, 429, 404), (reply.status, reply.body)
+        if reply.status == 404:
             return
-        await trio.sleep(0.1)
+        await trio.sleep(STALLED_POST_INTERVAL)
     raise AssertionError("the stalled session was never torn down")
 
 
@@ -332,7 +423,7 @@ async def healthy_client(port: int, stalled: Session, out: Outcome) -> None:
     client = await open_client(port)
     async with client.stream:
         await client.initialize()
-        for n in range(1, 400):
+        for n in range(1, 4000):
             if stalled.closed:
                 return
             half_open = stalled.half_open
@@ -348,15 +439,15 @@ async def healthy_client(port: int, stalled: Session, out: Outcome) -> None:
                 assert isinstance(init, Reply) and init.status == 200, init
                 assert init.json()["result"]["protocolVersion"] == "2025-11-25"
                 out.initializes_during_half_open += stalled.half_open
-            await trio.sleep(0.25)
+            await trio.sleep(HEALTHY_CALL_INTERVAL)
     raise AssertionError("the stalled session was never torn down")
 
 
-async def test_half_open_legacy_stream_is_refused_bounded_and_reaped(
-    loopback_clock: trio.testing.MockClock,
-) -> None:
+async def test_half_open_legacy_stream_is_refused_bounded_and_reaped() -> None:
     """A peer stops reading its legacy SSE stream but keeps POSTing ``tools/call``."""
-    limits = CreditLimits(frames=4, bytes=16384, drain_window=2.0, liveness_timeout=6.0)
+    limits = CreditLimits(
+        frames=4, bytes=16384, drain_window=DRAIN_WINDOW, liveness_timeout=LIVENESS_TIMEOUT
+    )
     out = Outcome()
     async with serving(app, ServerConfig(port=0, credit=limits)) as server:
         port = server.port
@@ -365,35 +456,53 @@ async def test_half_open_legacy_stream_is_refused_bounded_and_reaped(
             sid = session_id_of(endpoint)
             stalled = server.sessions[sid]
             samples = CreditSamples()
-            with trio.fail_after(60):
+            with trio.fail_after(LIVENESS_TIMEOUT + 20):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(samples.run, stalled)
                     nursery.start_soon(healthy_client, port, stalled, out)
                     await stalled_peer_keeps_posting(port, endpoint, stalled, samples, out)
-            rss_after = rss_bytes()
-            late = await post_once(port, bulk_call(999, 10, "late"), target=endpoint)
-            # What the server managed to send before it closed the connection.
-            received = [json.loads(e.data)["id"] for e in await read_until_closed(peer, sse)]
+                rss_after = rss_bytes()
+                late = await post_once(port, bulk_call(999, 10, "late"), target=endpoint)
+                # What the server managed to send before it closed the connection.
+                received = [json.loads(e.data)["id"] for e in await read_until_closed(peer, sse)]
         metrics = await get_metrics(port)
 
-    # Refusal: only once half-open, i.e. after the drain window without progress.
-    assert out.admitted and out.refused, out
+    admitted = [p.request_id for p in out.with_status(202)]
+    refused = out.with_status(429)
+    gone = out.with_status(404)
+
+    # Order: admitted, then refused (never admitted again: no progress was made),
+    # then gone -- the last POST, which ended the loop.
+    statuses = [p.status for p in out.posts]
+    assert admitted and refused and len(gone) == 1, statuses
+    n_ok, n_refused = len(admitted), len(refused)
+    assert statuses == [202] * n_ok + [429] * n_refused + [404], statuses
+
+    # Refusal: only once half-open, i.e. after the drain window without progress ...
     assert samples.exhausted_at is not None and samples.half_open_at is not None
-    first_refusal = out.refused[0][0]
-    assert first_refusal >= samples.exhausted_at + limits.drain_window
-    assert first_refusal <= samples.half_open_at + 0.2  # the next POST after it
-    for _, request_id, reply in out.refused:
-        assert reply.status == 429
+    for p in refused:
+        assert p.received_at - p.floor >= limits.drain_window, (p, limits)
+    # ... and from then on: no POST sent after the session was seen half-open was
+    # admitted, and the first of them was refused (there were several: the session
+    # stays half-open until the liveness timeout).
+    after_half_open = [p for p in out.posts if p.sent_at >= samples.half_open_at]
+    assert len(after_half_open) >= 2, statuses
+    assert after_half_open[0].status == 429
+    assert all(p.status != 202 for p in after_half_open)
+    first_refusal = refused[0]
+    assert first_refusal.received_at - first_refusal.floor <= limits.drain_window + SLACK
+    for p in refused:
+        reply = p.reply
         assert int(reply.headers["retry-after"]) >= 1
         body = reply.json()
-        assert body["id"] == request_id
+        assert body["id"] == p.request_id
         assert body["error"]["data"]["reason"] == "stream_half_open"
         assert body["error"]["data"]["retryAfterMs"] >= 1000
-    assert server.metrics.refusals["stream_half_open"] == len(out.refused)
-    assert _metric(metrics, 'weir_refusals_total{reason="stream_half_open"}') == len(out.refused)
+    assert server.metrics.refusals["stream_half_open"] == n_refused
+    assert _metric(metrics, 'weir_refusals_total{reason="stream_half_open"}') == n_refused
 
     # Bounded: queue depth within the frame credit, bytes within the byte credit.
-    assert samples.samples > len(out.admitted)
+    assert samples.samples > n_ok
     assert samples.max_frames == limits.frames  # it did fill up...
     assert samples.max_bytes <= limits.bytes + FRAME_SIZE + 200  # ...and no further
     assert samples.max_undrained <= limits.bytes + FRAME_SIZE + 200
@@ -403,28 +512,28 @@ async def test_half_open_legacy_stream_is_refused_bounded_and_reaped(
     assert out.healthy_during_half_open >= 3
     assert out.initializes_during_half_open >= 1
 
-    # Teardown after the liveness timeout; later POSTs get 404.
+    # Teardown after the liveness timeout (the sampler sees it no earlier than it
+    # happened, and the server's last progress is exact); later POSTs get 404.
     assert samples.closed_at is not None
     assert samples.closed_at >= samples.last_progress + limits.liveness_timeout
-    assert samples.closed_at <= samples.last_progress + limits.liveness_timeout + 0.5
+    assert samples.closed_at <= samples.last_progress + limits.liveness_timeout + SLACK
+    assert gone[0].received_at >= samples.last_progress + limits.liveness_timeout
     assert server.metrics.teardowns == 1
     assert _metric(metrics, "weir_teardowns_total") == 1
     assert stalled.credit.frames_in_use == 0 and stalled.credit.bytes_in_use == 0
-    assert out.gone[0].json()["error"]["data"]["reason"] == "session_not_found"
+    assert gone[0].reply.json()["error"]["data"]["reason"] == "session_not_found"
     assert isinstance(late, Reply) and late.status == 404
 
     # Never reordered: the peer got a prefix of the admitted calls, in order, and
     # nothing it was refused.
-    assert received == out.admitted[: len(received)], (received, out.admitted)
+    assert received == admitted[: len(received)], (received, admitted)
     assert len(received) >= 1
 
     # Memory did not balloon (the original incident saw +1.2 GB); generous, as RSS is coarse.
     assert rss_after - rss_before < 64 * 1024 * 1024
 
 
-async def test_burst_into_a_stalled_session_keeps_memory_within_its_credit(
-    loopback_clock: trio.testing.MockClock,
-) -> None:
+async def test_burst_into_a_stalled_session_keeps_memory_within_its_credit() -> None:
     """Bounded: memory per stalled session <= byte credit + a constant.
 
     The peer stalls, then fires a burst of calls: the session is EXHAUSTED, so each
@@ -433,16 +542,19 @@ async def test_burst_into_a_stalled_session_keeps_memory_within_its_credit(
     within the session's byte credit (plus a small constant), however many calls
     it holds.
     """
-    limits = CreditLimits(frames=4, bytes=65536, drain_window=5.0, liveness_timeout=10.0)
+    limits = CreditLimits(
+        frames=4, bytes=65536, drain_window=DRAIN_WINDOW, liveness_timeout=LIVENESS_TIMEOUT
+    )
     size = 60_000
     burst = 40
     slack = 1024 * 1024
     config = ServerConfig(port=0, credit=limits)
-    async with (
-        serving(app, config) as server,
-        legacy_peer(server, rcvbuf=4096) as (_, _, endpoint),
-    ):
-        held = await burst_into_stalled_session(server, endpoint, limits, size, burst)
+    with trio.fail_after(30):
+        async with (
+            serving(app, config) as server,
+            legacy_peer(server, rcvbuf=4096) as (_, _, endpoint),
+        ):
+            held = await burst_into_stalled_session(server, endpoint, limits, size, burst)
     assert held <= limits.bytes + slack, (
         f"{held} bytes held by a stalled session after {burst} admitted calls of "
         f"{size} bytes each; its byte credit is {limits.bytes}"
@@ -455,29 +567,53 @@ async def burst_into_stalled_session(
     """Stall the session, then admit ``burst`` calls; return the memory they left behind."""
     port = server.port
     stalled = server.sessions[session_id_of(endpoint)]
+    samples = CreditSamples()  # sampled by hand here: no sampler task under tracemalloc
+
+    def settled() -> bool:
+        # The last call's handler has enqueued its response, or waits for credit.
+        samples.take(stalled)
+        return stalled.inflight == 0 or stalled.credit.state is CreditState.EXHAUSTED
+
     with trio.fail_after(5):
         for i in range(1, 100):  # fill the credit until a frame has to wait for it
+            samples.take(stalled)
             reply = await post_once(port, bulk_call(i, size, f"fill{i}"), target=endpoint)
             assert isinstance(reply, Reply) and reply.status == 202, reply
-            await trio.sleep(0.05)
+            # The handler runs after the 202, in the server's nursery: poll for it.
+            assert await eventually(settled, timeout=5), "the fill call never settled"
             if stalled.credit.state is CreditState.EXHAUSTED:
                 break
     assert stalled.credit.state is CreditState.EXHAUSTED
+    posts: list[tuple[float, float, float, int]] = []  # (sent, received, floor, status)
     tracemalloc.start()
     try:
         start = trio.current_time()
         before, _ = tracemalloc.get_traced_memory()
         for i in range(100, 100 + burst):
+            floor = samples.stall_floor(stalled)
+            sent_at = trio.current_time()
             reply = await post_once(port, bulk_call(i, size, f"b{i}"), target=endpoint)
             # Admitted (202) or refused (429): either way it must not cost memory
             # beyond the credit.
             assert isinstance(reply, Reply) and reply.status in (202, 429), reply
-        await trio.sleep(0.5)  # every admitted handler has run and parked its result
+            posts.append((sent_at, trio.current_time(), floor, reply.status))
+        burst_took = trio.current_time() - start
+        # Every admitted handler has run and parked its result (its response waits
+        # for credit): the frames waiting are exactly the requests in flight.  The
+        # handlers run in the server's nursery: poll for that.
+        parked = await eventually(lambda: stalled.flow.waiting == stalled.inflight, timeout=5)
         after, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+    assert parked, (stalled.flow.waiting, stalled.inflight)
     # Admission waits at most until the session is half-open, then refuses at once.
-    assert trio.current_time() - start < limits.drain_window + 1
+    assert burst_took < limits.drain_window + SLACK
+    for _, received_at, floor, status in posts:
+        if status == 429:  # never before the drain window
+            assert received_at - floor >= limits.drain_window
+    half_open_at = samples.half_open_at
+    assert half_open_at is not None
+    assert all(status == 429 for sent_at, _, _, status in posts if sent_at >= half_open_at)
     assert stalled.credit.frames_in_use <= limits.frames  # the credit itself holds...
     assert stalled.credit.bytes_in_use <= limits.bytes
     return after - before  # ...but does the memory?
@@ -486,45 +622,51 @@ async def burst_into_stalled_session(
 # ---------------------------------------------------------------- 2. byte-exact tracking
 @pytest.mark.skipif(not LINUX, reason="SIOCOUTQ byte-exact tracking is Linux-only")
 async def test_healthy_exchange_releases_all_credit_exactly(
-    loopback_clock: trio.testing.MockClock, connections: list[Connection]
+    connections: list[Connection],
 ) -> None:
-    async with serving(app, ServerConfig(port=0)) as server:
-        client = await open_client(server.port)
-        async with client.stream:
-            await client.initialize()
-            assert client.session_id is not None
-            session = server.sessions[client.session_id]
-            samples = CreditSamples()
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(samples.run, session)
-                for n in range(1, 4):
-                    reply = await client.call(n, "bulk", {"size": 200_000, "tag": f"t{n}"})
-                    [message] = await reply.messages()
-                    assert text_of(message) == f"t{n}:" + "x" * 200_000
-                with trio.fail_after(5):
-                    while session.credit.frames_in_use or session.credit.bytes_in_use:
-                        await trio.sleep(0.01)
-                nursery.cancel_scope.cancel()
-            carrier = max(connections, key=lambda c: c.tracker.written)  # the streams' one
-            with trio.fail_after(5):  # the chunked body's last bytes follow the last frame
-                while carrier.tracker.acked < carrier.tracker.written:
-                    await trio.sleep(0.01)
-            assert samples.max_frames >= 1  # credit was really held in flight...
-            assert session.credit.frames_in_use == 0  # ...and all of it came back
-            assert session.credit.bytes_in_use == 0
-            assert session.credit.state is CreditState.OPEN
-            assert connections, "the server made no Connection"
-            for conn in connections:
-                assert conn.meter.exact, "DrainMeter fell back to 'accepted by send()'"
-            assert carrier.tracker.written > 600_000
-            assert carrier.tracker.acked == carrier.tracker.written
-            assert carrier.meter.unacknowledged() == 0
-            assert not carrier.tracker.pending
+    with trio.fail_after(30):
+        async with serving(app, ServerConfig(port=0)) as server:
+            client = await open_client(server.port)
+            async with client.stream:
+                await client.initialize()
+                assert client.session_id is not None
+                session = server.sessions[client.session_id]
+                samples = CreditSamples()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(samples.run, session)
+                    for n in range(1, 4):
+                        reply = await client.call(n, "bulk", {"size": 200_000, "tag": f"t{n}"})
+                        [message] = await reply.messages()
+                        assert text_of(message) == f"t{n}:" + "x" * 200_000
+                    # Only the server's ACK poller gives the credit back: poll for it.
+                    released = await eventually(
+                        lambda: not (session.credit.frames_in_use or session.credit.bytes_in_use),
+                        timeout=5,
+                    )
+                    nursery.cancel_scope.cancel()
+                assert released, (session.credit.frames_in_use, session.credit.bytes_in_use)
+                carrier = max(connections, key=lambda c: c.tracker.written)  # the streams' one
+                # The chunked body's last bytes follow the last frame; the ACK poller
+                # counts them: poll for it.
+                assert await eventually(
+                    lambda: carrier.tracker.acked == carrier.tracker.written, timeout=5
+                ), (carrier.tracker.acked, carrier.tracker.written)
+                assert samples.max_frames >= 1  # credit was really held in flight...
+                assert session.credit.frames_in_use == 0  # ...and all of it came back
+                assert session.credit.bytes_in_use == 0
+                assert session.credit.state is CreditState.OPEN
+                assert connections, "the server made no Connection"
+                for conn in connections:
+                    assert conn.meter.exact, "DrainMeter fell back to 'accepted by send()'"
+                assert carrier.tracker.written > 600_000
+                assert carrier.tracker.acked == carrier.tracker.written
+                assert carrier.meter.unacknowledged() == 0
+                assert not carrier.tracker.pending
 
 
 @pytest.mark.skipif(not LINUX, reason="SIOCOUTQ byte-exact tracking is Linux-only")
 async def test_credit_is_held_until_the_peer_acknowledges_not_until_send_returns(
-    loopback_clock: trio.testing.MockClock, connections: list[Connection]
+    connections: list[Connection],
 ) -> None:
     """A frame ``send()`` accepted in full still holds credit until the peer's TCP ACKs it.
 
@@ -533,44 +675,72 @@ async def test_credit_is_held_until_the_peer_acknowledges_not_until_send_returns
     12 KB frame, so part of it sits unacknowledged in the server's send queue and
     the frame keeps its credit until the peer reads.
     """
-    async with serving(app, ServerConfig(port=0)) as server:
-        port = server.port
-        async with legacy_peer(server, rcvbuf=4096) as (_, sse, endpoint):
-            session = server.sessions[session_id_of(endpoint)]
-            carrier = max(connections, key=lambda c: c.tracker.written)  # the SSE stream's
-            assert carrier.meter.exact
-            reply = await post_once(port, bulk_call(7, 12_000, "held"), target=endpoint)
-            assert isinstance(reply, Reply) and reply.status == 202
-            # The frame's mark is registered only once the writer's send() returned
-            # for all of it: from then on, only the peer's ACKs can release it.
-            with trio.fail_after(5):
-                while not carrier.tracker.pending:
-                    await trio.sleep(0.01)
-            await trio.sleep(1.0)  # (virtual) time for every ACK the peer will give
-            tracked = carrier.tracker.written - carrier.tracker.acked
-            in_kernel = carrier.meter.unacknowledged()
-            assert 0 < in_kernel <= tracked  # never counts a byte acknowledged too early
-            assert carrier.tracker.pending  # the frame's last byte is not acknowledged
-            assert session.credit.frames_in_use == 1
-            assert session.credit.bytes_in_use > 12_000
+    with trio.fail_after(30):
+        async with (
+            serving(app, ServerConfig(port=0)) as server,
+            legacy_peer(server, rcvbuf=4096) as (_, sse, endpoint),
+        ):
+            await credit_held_until_acknowledged(server, connections, sse, endpoint)
 
-            # The peer reads; its ACKs release the frame.
-            found: list[dict[str, Any]] = []
-            with trio.fail_after(5):
-                for _ in range(50):
-                    batch = await sse.next_batch()
-                    found += [json.loads(e.data) for e in batch if e.data]
-                    if found:
-                        break
-            assert [m["id"] for m in found] == [7]
-            assert text_of(found[0]) == "held:" + "x" * 12_000
-            with trio.fail_after(5):
-                while (
-                    session.credit.frames_in_use or carrier.tracker.acked < carrier.tracker.written
-                ):
-                    await trio.sleep(0.01)
-            assert session.credit.bytes_in_use == 0
-            assert carrier.meter.unacknowledged() == 0
+
+async def credit_held_until_acknowledged(
+    server: Server, connections: list[Connection], sse: SseReply, endpoint: str
+) -> None:
+    session = server.sessions[session_id_of(endpoint)]
+    carrier = max(connections, key=lambda c: c.tracker.written)  # the SSE stream's
+    assert carrier.meter.exact
+    assert isinstance(carrier.stream, trio.SocketStream)
+    sock = carrier.stream.socket
+    acked_before = carrier.tracker.acked
+    reply = await post_once(server.port, bulk_call(7, 12_000, "held"), target=endpoint)
+    assert isinstance(reply, Reply) and reply.status == 202
+
+    # The frame's mark is registered only once the writer's send() returned for
+    # all of it: from then on, only the peer's ACKs can release it.  Then wait
+    # until the peer has acknowledged everything it will while it does not read
+    # (nothing the kernel transmitted is unacknowledged: the rest waits for the
+    # peer's window) and the server's ACK poller has counted all of it.  Both are
+    # the kernel's and the server's doing: poll for them.
+    def every_ack_counted() -> bool:
+        return (
+            carrier.tracker.pending
+            and sent_but_unacknowledged(sock) == 0
+            and carrier.tracker.written - carrier.tracker.acked == carrier.meter.unacknowledged()
+        )
+
+    assert await eventually(every_ack_counted, timeout=5), (
+        carrier.tracker.pending,
+        sent_but_unacknowledged(sock),
+        carrier.tracker.written - carrier.tracker.acked,
+        carrier.meter.unacknowledged(),
+    )
+    assert carrier.tracker.acked > acked_before  # the peer did acknowledge part of it...
+    tracked = carrier.tracker.written - carrier.tracker.acked
+    in_kernel = carrier.meter.unacknowledged()
+    assert 0 < in_kernel <= tracked  # never counts a byte acknowledged too early
+    assert carrier.tracker.pending  # ...but not the frame's last byte
+    assert session.credit.frames_in_use == 1
+    assert session.credit.bytes_in_use > 12_000
+
+    # The peer reads; its ACKs release the frame.
+    found: list[dict[str, Any]] = []
+    with trio.fail_after(5):
+        for _ in range(50):
+            batch = await sse.next_batch()
+            found += [json.loads(e.data) for e in batch if e.data]
+            if found:
+                break
+    assert [m["id"] for m in found] == [7]
+    assert text_of(found[0]) == "held:" + "x" * 12_000
+    # Released by the server's ACK poller: poll for it.
+    assert await eventually(
+        lambda: (
+            not session.credit.frames_in_use and carrier.tracker.acked == carrier.tracker.written
+        ),
+        timeout=5,
+    ), (session.credit.frames_in_use, carrier.tracker.acked, carrier.tracker.written)
+    assert session.credit.bytes_in_use == 0
+    assert carrier.meter.unacknowledged() == 0
 
 
 # ---------------------------------------------------------------- 3. a retrying gateway
@@ -718,101 +888,123 @@ class RetryingGateway:
 @pytest.mark.parametrize(
     ("json_response", "buffer_body", "in_progress_wait"),
     [
-        pytest.param(True, False, 5.0, id="json-replay-after-wait"),
-        pytest.param(True, False, 0.5, id="json-409-then-client-retry"),
-        pytest.param(False, True, 5.0, id="sse-buffering-gateway"),
-        pytest.param(False, True, 0.5, id="sse-buffering-gateway-409"),
-        pytest.param(False, False, 5.0, id="sse-headers-first-no-retry"),
+        pytest.param(True, False, 2.5, id="json-replay-after-wait"),
+        pytest.param(True, False, 0.25, id="json-409-then-client-retry"),
+        pytest.param(False, True, 2.5, id="sse-buffering-gateway"),
+        pytest.param(False, True, 0.25, id="sse-buffering-gateway-409"),
+        pytest.param(False, False, 2.5, id="sse-headers-first-no-retry"),
     ],
 )
 async def test_retrying_gateway_causes_no_duplicate_execution(
-    loopback_clock: trio.testing.MockClock,
     json_response: bool,
     buffer_body: bool,
     in_progress_wait: float,
 ) -> None:
-    """Five clients call a 2.3 s non-idempotent tool through a gateway that gives up after 1 s.
+    """Five clients call a 1.15 s non-idempotent tool through a gateway that gives up after 0.5 s.
 
     With ``json_response`` (or a buffering gateway) nothing reaches the gateway in
     time, so it abandons the first delivery and re-sends it, up to 3 times.  The
     idempotency gate (key: session + JSON-RPC id) must stop every re-delivery: it
     waits for the running call and replays its result, or (``in_progress_wait``
     shorter than the gateway's patience) answers 409 ``in_progress``, on which the
-    client retries with the same id.  With SSE and a headers-only gateway the
+    client retries with the same id.  With SSE and a headers-first gateway the
     stream's headers arrive at once and nothing is retried.
     """
     executions.clear()
     clients = 5
-    header_timeout = 1.0  # < SLOW_TOOL_SECONDS: the gateway gives up on the first delivery
-    config = ServerConfig(port=0, json_response=json_response, in_progress_wait=in_progress_wait)
-    async with serving(app, config) as server, trio.open_nursery() as nursery:
-        gateway = RetryingGateway(
-            server.port, header_timeout=header_timeout, retries=3, buffer_body=buffer_body
-        )
-        listeners = await nursery.start(partial(trio.serve_tcp, gateway.handle, 0, host=HOST))
-        gw_port = int(listeners[0].socket.getsockname()[1])
-
-        first = await open_client(gw_port)
-        async with first.stream:
-            await first.initialize()
-        sid, version = first.session_id, first.protocol_version
-        assert sid is not None
-
-        results: dict[int, str] = {}
-        conflicts: dict[int, int] = {}
-
-        async def call(request_id: int) -> None:
-            label = f"r{request_id}"
-            message = rpc(
-                request_id, "tools/call", {"name": "count", "arguments": {"label": label}}
+    header_timeout = GATEWAY_HEADER_TIMEOUT  # < SLOW_TOOL_SECONDS: it gives up on delivery 1
+    assert header_timeout < SLOW_TOOL_SECONDS < (3 + 1) * header_timeout
+    config = ServerConfig(
+        port=0,
+        json_response=json_response,
+        in_progress_wait=in_progress_wait,
+        retry_ms=GATEWAY_RETRY_MS,
+    )
+    with trio.fail_after(60):
+        async with serving(app, config) as server, trio.open_nursery() as nursery:
+            gateway = RetryingGateway(
+                server.port, header_timeout=header_timeout, retries=3, buffer_body=buffer_body
             )
-            for _ in range(10):
-                reply = await post_once(gw_port, message, session_id=sid, version=version)
-                if isinstance(reply, list):
-                    [answer] = [m for m in reply if m.get("id") == request_id]
-                    results[request_id] = text_of(answer)
-                    return
-                if reply.status == 409:
-                    data = reply.json()["error"]["data"]
-                    assert data["reason"] == "in_progress", data
-                    conflicts[request_id] = conflicts.get(request_id, 0) + 1
-                    await trio.sleep(int(reply.headers["retry-after"]))
-                    continue
-                assert reply.status == 200, (reply.status, reply.body, gateway.upstream_errors)
-                answer = reply.json()
-                assert answer["id"] == request_id
+            listeners = await nursery.start(partial(trio.serve_tcp, gateway.handle, 0, host=HOST))
+            gw_port = int(listeners[0].socket.getsockname()[1])
+            await calls_through_gateway(server, gateway, gw_port, clients, config)
+            nursery.cancel_scope.cancel()
+
+
+async def calls_through_gateway(
+    server: Server, gateway: RetryingGateway, gw_port: int, clients: int, config: ServerConfig
+) -> None:
+    """Each of ``clients`` calls ``count`` once, through the gateway; check the books."""
+    first = await open_client(gw_port)
+    async with first.stream:
+        await first.initialize()
+    sid, version = first.session_id, first.protocol_version
+    assert sid is not None
+
+    results: dict[int, str] = {}
+    conflicts: dict[int, int] = {}
+
+    async def call(request_id: int) -> None:
+        label = f"r{request_id}"
+        message = rpc(request_id, "tools/call", {"name": "count", "arguments": {"label": label}})
+        for _ in range(10):
+            reply = await post_once(gw_port, message, session_id=sid, version=version)
+            if isinstance(reply, list):
+                [answer] = [m for m in reply if m.get("id") == request_id]
                 results[request_id] = text_of(answer)
                 return
-            raise AssertionError(f"request {request_id} never got its result")
+            if reply.status == 409:
+                data = reply.json()["error"]["data"]
+                assert data["reason"] == "in_progress", data
+                assert int(reply.headers["retry-after"]) >= 1
+                assert data["retryAfterMs"] == config.retry_ms, data
+                conflicts[request_id] = conflicts.get(request_id, 0) + 1
+                # Honour the server's precise hint (Retry-After is whole seconds).
+                await trio.sleep(data["retryAfterMs"] / 1000)
+                continue
+            assert reply.status == 200, (reply.status, reply.body, gateway.upstream_errors)
+            answer = reply.json()
+            assert answer["id"] == request_id
+            results[request_id] = text_of(answer)
+            return
+        raise AssertionError(f"request {request_id} never got its result")
 
-        with trio.fail_after(60):
-            async with trio.open_nursery() as calls:
-                for request_id in range(1, clients + 1):
-                    calls.start_soon(call, request_id)
-            await trio.sleep(1.0)  # let abandoned deliveries finish waiting at the gate
+    async with trio.open_nursery() as calls:
+        for request_id in range(1, clients + 1):
+            calls.start_soon(call, request_id)
 
-        ids = range(1, clients + 1)
-        assert results == {i: f"r{i} executed" for i in ids}
-        assert executions == {f"r{i}": 1 for i in ids}  # zero duplicate side effects
-        assert server.metrics.executions == clients
-        assert gateway.gave_up == 0
-        assert gateway.upstream_errors == []
-        tool_deliveries = sum(b'"tools/call"' in b for b in gateway.deliveries)
-        duplicates = tool_deliveries - clients
-        if buffer_body or json_response:
-            assert gateway.abandoned >= clients  # the gateway really did retry
-            assert duplicates >= clients
-        else:
-            assert gateway.abandoned == 0  # SSE sends headers first: nothing to retry
-            assert duplicates == 0
-        if in_progress_wait < header_timeout and (buffer_body or json_response):
-            assert conflicts, "expected 409 in_progress answers to reach the clients"
+    ids = range(1, clients + 1)
+    assert results == {i: f"r{i} executed" for i in ids}
+    tool_deliveries = sum(b'"tools/call"' in b for b in gateway.deliveries)
+    duplicates = tool_deliveries - clients
+    # Abandoned deliveries may still be waiting at the gate on the server (their
+    # connections are gone, nothing answers them to us): poll until the server has
+    # decided every one of them, replayed or refused -- none may execute.
+    metrics = server.metrics
+    decided = await eventually(
+        lambda: metrics.duplicates_replayed + metrics.duplicates_in_progress >= duplicates,
+        timeout=SLOW_TOOL_SECONDS + config.in_progress_wait + SLACK,
+    )
+    assert decided, (metrics.duplicates_replayed, metrics.duplicates_in_progress, duplicates)
+    assert executions == {f"r{i}": 1 for i in ids}  # zero duplicate side effects
+    assert metrics.executions == clients
+    assert gateway.gave_up == 0
+    assert gateway.upstream_errors == []
+    if gateway.buffer_body or config.json_response:
+        assert gateway.abandoned >= clients  # the gateway really did retry
+        assert duplicates >= clients
+    else:
+        assert gateway.abandoned == 0  # SSE sends headers first: nothing to retry
+        assert duplicates == 0
+    if config.in_progress_wait < gateway.header_timeout and (
+        gateway.buffer_body or config.json_response
+    ):
+        assert conflicts, "expected 409 in_progress answers to reach the clients"
 
-        metrics = await get_metrics(server.port)
-        assert _metric(metrics, "weir_tool_executions_total") == clients
-        replayed = _metric(metrics, 'weir_duplicate_requests_total{outcome="replayed"}')
-        in_progress = _metric(metrics, 'weir_duplicate_requests_total{outcome="in_progress"}')
-        assert replayed == server.metrics.duplicates_replayed
-        assert in_progress == server.metrics.duplicates_in_progress
-        assert replayed + in_progress == duplicates
-        nursery.cancel_scope.cancel()
+    text = await get_metrics(server.port)
+    assert _metric(text, "weir_tool_executions_total") == clients
+    replayed = _metric(text, 'weir_duplicate_requests_total{outcome="replayed"}')
+    in_progress = _metric(text, 'weir_duplicate_requests_total{outcome="in_progress"}')
+    assert replayed == metrics.duplicates_replayed
+    assert in_progress == metrics.duplicates_in_progress
+    assert replayed + in_progress == duplicates
