@@ -7,11 +7,9 @@ from dataclasses import dataclass, field
 
 import trio
 
-from weir.protocol import LOOPBACK_HOSTS, CreditLimits, EndpointConfig, HttpLimits
+from weir.protocol import LOOPBACK_HOSTS, RESUME_POLICIES, CreditLimits, EndpointConfig, HttpLimits
 
 from ._auth import Authorization
-
-RESUME_POLICIES = ("shared", "pinned", "off")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

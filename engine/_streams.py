@@ -50,8 +50,11 @@ from weir.protocol import (
     StreamInput,
     StreamKind,
     StreamLog,
-    StreamState,
+    check_cursor_channel,
+    check_resume_policy,
+    displaces_writer,
     encode_comment,
+    standalone_plan,
 )
 
 from ._channel import channel_refusal, parse_token, raise_channel
@@ -117,26 +120,16 @@ class _Streams(_ServerBase):
         await self._prove_channel(session, token, "a GET stream")
         cursor = get.last_event_id
         headers = (*SSE_HEADERS, ("mcp-session-id", session.session_id))
-        if cursor is not None and self.config.resume == "off":
-            raise RemoteProtocolError(
-                "this server does not resume streams (resumption policy 'off')",
-                http_status=409,
-                reason=Reason.CURSOR_UNKNOWN,
-            )
+        check_resume_policy(cursor, self.config.resume)
         if cursor is None:
             handle = session.standalone
-            if handle is None or handle.log.state is StreamState.CLOSED:
+            if standalone_plan(handle.log if handle is not None else None):
                 # None yet, or the old one ended (e.g. fenced by a rebind): a new one.
                 epoch = await self.store.allocate_epoch(
                     session.record.principal, session.session_id, token[0] if token else 0
                 )
                 handle = self._open_stream(session, epoch, StreamKind.STANDALONE, token)
-            elif handle.log.state is StreamState.LIVE_ATTACHED:
-                raise RemoteProtocolError(
-                    "this session already has an open GET stream",
-                    http_status=409,
-                    reason=Reason.STREAM_CONFLICT,
-                )
+            assert handle is not None
             next_seq = handle.log.next_seq
             if self._primes(session, get.ctx.protocol_version) and self.config.resume != "off":
                 self._handlers_start(handle.send, "")
@@ -148,12 +141,7 @@ class _Streams(_ServerBase):
                     raise
                 await self._replay_from_store(conn, session, cursor, token, headers)
                 return
-            if log_.binding != (token[0] if token else 0):
-                raise channel_refusal(
-                    ChannelVerdict.UNBOUND,
-                    None,
-                    "this cursor was issued on another channel; rebind to resume it",
-                )
+            check_cursor_channel(log_.binding, token)
             handle = session.handle_for(log_)
             next_seq = log_.cursor_after(cursor)
             handle.close_retry_ms = None  # a close asked of an earlier connection is done with
@@ -161,7 +149,7 @@ class _Streams(_ServerBase):
                 # The old connection is presumed dead: the newest reader wins.
                 handle.writer_scope.cancel()
                 handle.writer_scope = None
-                if handle.log.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
+                if displaces_writer(handle.log):
                     handle.handle(StreamInput.DETACH)
         await write_stream(
             conn, session, handle, next_seq, headers, keepalive=self.config.sse_keepalive
@@ -189,12 +177,7 @@ class _Streams(_ServerBase):
                 http_status=409,
                 reason=Reason.CURSOR_UNKNOWN,
             )
-        if info.binding != (token[0] if token else 0):
-            raise channel_refusal(
-                ChannelVerdict.UNBOUND,
-                None,
-                "this cursor was issued on another channel; rebind to resume it",
-            )
+        check_cursor_channel(info.binding, token)
         events = await store.read_events(principal, sid, cursor.epoch, cursor.seq)
         if events is None:
             raise RemoteProtocolError(

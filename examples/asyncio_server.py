@@ -90,6 +90,8 @@ from weir.protocol import (
     StreamState,
     StreamTable,
     accepts,
+    check_resume_policy,
+    displaces_writer,
     encode_comment,
     encode_error,
     encode_result,
@@ -101,6 +103,7 @@ from weir.protocol import (
     route,
     session_refusal,
     session_transition,
+    standalone_plan,
 )
 
 log = logging.getLogger("weir.asyncio")
@@ -131,8 +134,10 @@ class _Session:
         self.streams = StreamTable()
         self.epochs = 0  # streams opened so far; the next one's epoch
         self.tasks: set[asyncio.Task[None]] = set()
-        #: The connection tasks writing this session's streams (teardown cancels them).
+        #: The connection tasks writing this session's streams (teardown cancels them),
+        #: and which one writes each stream (a resumption displaces it).
         self.writers: set[asyncio.Task[Any]] = set()
+        self.stream_writers: dict[str, asyncio.Task[Any]] = {}
         self._grants: dict[int, asyncio.Future[None]] = {}
         self._changed = asyncio.Event()  # replaced on every pulse
         self._wakeups: dict[str, asyncio.Event] = {}  # per stream epoch, for its writer
@@ -513,19 +518,25 @@ class _Connection:
 
     async def _get(self, session: _Session, get: OpenStream) -> None:
         cursor = get.last_event_id
+        check_resume_policy(cursor, "pinned")  # this process's own logs only
         if cursor is not None:
             stream = session.streams.get(cursor)  # 409 cursor_unknown
             start = stream.cursor_after(cursor)
+            old = session.stream_writers.get(stream.epoch)
+            if displaces_writer(stream) and old is not None:
+                old.cancel()  # the newest reader wins: the old connection is given up
+                await asyncio.wait({old}, timeout=1.0)  # it detaches as it unwinds
         else:
             standalone = session.streams.standalone
-            if standalone is None or standalone.state is StreamState.CLOSED:
+            if standalone_plan(standalone):  # 409 stream_conflict if one is live
                 standalone = session.open_stream(StreamKind.STANDALONE)
+            assert standalone is not None
             stream, start = standalone, standalone.next_seq
         await self._write_stream(session, stream, start)
 
     async def _write_stream(self, session: _Session, stream: StreamLog, start: int) -> None:
         """Write ``stream`` from seq ``start``: what the log holds, then live, to its end."""
-        if stream.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
+        if displaces_writer(stream):  # the displaced writer did not let go in time
             raise RemoteProtocolError(
                 "this stream is already being written to another connection",
                 http_status=409,
@@ -539,6 +550,7 @@ class _Connection:
         me = asyncio.current_task()
         if me is not None:
             session.writers.add(me)
+            session.stream_writers[stream.epoch] = me
         try:
             await self._stream_frames(session, stream, start)
         except asyncio.CancelledError:
@@ -551,6 +563,8 @@ class _Connection:
         finally:
             watch.cancel()
             session.writers.discard(me)
+            if session.stream_writers.get(stream.epoch) is me:
+                del session.stream_writers[stream.epoch]
             if stream.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
                 stream.handle(StreamInput.DETACH)
 

@@ -98,6 +98,13 @@ from ._jsonrpc import (
     error_body,
 )
 from ._lifecycle import InitializeParams, initialize_result, parse_initialize, primes_streams
+from ._resume import (
+    RESUME_POLICIES,
+    check_cursor_channel,
+    check_resume_policy,
+    displaces_writer,
+    standalone_plan,
+)
 from ._sse import (
     SseComment,
     SseDecodeError,
@@ -138,6 +145,7 @@ __all__ = [
     "NEGOTIABLE_VERSIONS",
     "PARSE_ERROR",
     "RESOURCE_NOT_FOUND",
+    "RESUME_POLICIES",
     "SERVER_ERROR",
     "SESSION_TRANSITIONS",
     "STREAM_TRANSITIONS",
@@ -202,11 +210,14 @@ __all__ = [
     "call_key",
     "channel_refusal",
     "channel_verdict",
+    "check_cursor_channel",
     "check_host_and_origin",
+    "check_resume_policy",
     "closing_refusal",
     "credit_transition",
     "decode_body",
     "decode_message",
+    "displaces_writer",
     "encode",
     "encode_comment",
     "encode_error",
@@ -233,6 +244,7 @@ __all__ = [
     "scramble_epoch",
     "session_refusal",
     "session_transition",
+    "standalone_plan",
     "stream_transition",
     "version_at_least",
 ]

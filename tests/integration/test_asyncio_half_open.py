@@ -13,7 +13,10 @@ the guarantees live -- in the kernel's send queue:
    held (the bytes are not acknowledged), a second request waits for credit, a
    third is refused 429 ``stream_half_open`` once the drain window has passed and
    not before, and past the liveness timeout the session is gone (404).
-3. ``test_a_healthy_session_gives_back_every_byte_of_credit`` -- after calls whose
+3. ``test_a_resumption_displaces_a_writer_still_attached_to_an_old_connection`` --
+   the newest reader wins: a resumption is not refused because the client's old
+   connection has not been seen to die.
+4. ``test_a_healthy_session_gives_back_every_byte_of_credit`` -- after calls whose
    responses were read, the session holds no frame and no byte.
 
 Clock: real time (the server runs its own event loop in a thread).  The limits
@@ -30,6 +33,7 @@ import time
 from typing import Any
 
 import h11
+import pytest
 
 from tests.integration.test_asyncio_driver import TIMEOUT, Client, Running, running_driver
 from weir.engine import App
@@ -151,6 +155,37 @@ def test_a_response_lost_with_its_connection_is_replayed_after_the_cursor() -> N
         assert rpc["id"] == 7 and rpc["result"]["content"][0]["text"] == "finished"
         assert get.next_event() is None  # the final message ends the resumed stream
         get.close()
+
+
+def test_a_resumption_displaces_a_writer_still_attached_to_an_old_connection() -> None:
+    gate = threading.Event()
+    app = App("displace")
+
+    @app.tool()
+    async def slow() -> str:
+        """Finish once the test says so."""
+        await asyncio.to_thread(gate.wait, TIMEOUT)
+        return "finished"
+
+    with running_driver(app) as running, Client(running.port) as c:
+        c.initialize()
+        old = RawStream(running.port)
+        assert old.send("POST", _headers(c), _call(8, "slow", {})) == 200
+        prime = old.next_event()
+        assert prime is not None and prime.id is not None
+        # The old connection stays open (half-open, say): the client resumes anyway.
+        new = RawStream(running.port)
+        headers = {**_headers(c), "accept": "text/event-stream", "last-event-id": prime.id}
+        assert new.send("GET", headers) == 200  # not 409: the newest reader wins
+        gate.set()
+        answer = new.next_event()
+        assert answer is not None and json.loads(answer.data)["result"]["content"][0]["text"]
+        assert new.next_event() is None
+        # The displaced writer's connection is cut, mid-stream, without the answer.
+        with pytest.raises(h11.RemoteProtocolError, match="incomplete chunked read"):
+            old.next_event()
+        old.close()
+        new.close()
 
 
 def _credit_of(running: Running, sid: str) -> tuple[int, int, int]:
