@@ -107,6 +107,20 @@ class RawStream:
         self.sock.close()
 
 
+def gated_app() -> tuple[App, threading.Event]:
+    """An app whose ``slow`` tool finishes once the returned event is set."""
+    gate = threading.Event()
+    app = App("gated")
+
+    @app.tool()
+    async def slow() -> str:
+        """Finish once the test says so."""
+        await asyncio.to_thread(gate.wait, TIMEOUT)
+        return "finished"
+
+    return app, gate
+
+
 def _headers(c: Client, accept: str = BOTH) -> dict[str, str]:
     assert c.session_id is not None
     return {
@@ -125,15 +139,7 @@ def _call(rid: int, name: str, arguments: dict[str, Any]) -> bytes:
 
 
 def test_a_response_lost_with_its_connection_is_replayed_after_the_cursor() -> None:
-    gate = threading.Event()
-    app = App("resume")
-
-    @app.tool()
-    async def slow() -> str:
-        """Finish once the test says so."""
-        await asyncio.to_thread(gate.wait, TIMEOUT)
-        return "finished"
-
+    app, gate = gated_app()
     with running_driver(app) as running, Client(running.port) as c:
         c.initialize()
         post = RawStream(running.port)
@@ -158,15 +164,7 @@ def test_a_response_lost_with_its_connection_is_replayed_after_the_cursor() -> N
 
 
 def test_a_resumption_displaces_a_writer_still_attached_to_an_old_connection() -> None:
-    gate = threading.Event()
-    app = App("displace")
-
-    @app.tool()
-    async def slow() -> str:
-        """Finish once the test says so."""
-        await asyncio.to_thread(gate.wait, TIMEOUT)
-        return "finished"
-
+    app, gate = gated_app()
     with running_driver(app) as running, Client(running.port) as c:
         c.initialize()
         old = RawStream(running.port)

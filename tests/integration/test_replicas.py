@@ -218,6 +218,16 @@ class Replica:
     def up(self) -> bool:
         return self.done is not None and not self.done.is_set()
 
+    async def restart(self, nursery: trio.Nursery) -> None:
+        """Start again on the same port (which may linger for a moment after a kill)."""
+        for _ in range(20):
+            try:
+                await self.start(nursery)
+                break
+            except OSError:
+                await trio.sleep(0.05)
+        assert self.up, f"{self.replica_id} did not come back on {self.port}"
+
     async def kill(self, *, hard: bool) -> None:
         """``hard``: cancel the server's run (a crash); else ``shutdown()`` with 0 s grace."""
         assert self.server is not None and self.scope is not None and self.done is not None
@@ -890,13 +900,7 @@ async def test_replicas_survive_kills_without_duplicates_or_gaps(valkey_url: str
                 ledger.killing = "-"
                 kills["hard" if hard else "graceful"] += 1
                 await trio.sleep(rng.uniform(0.15, 0.4))
-                for _ in range(20):  # the port may linger for a moment
-                    try:
-                        await victim.start(nursery)
-                        break
-                    except OSError:
-                        await trio.sleep(0.05)
-                assert victim.up, f"{victim.replica_id} did not come back on {victim.port}"
+                await victim.restart(nursery)
 
         async def session(n: int) -> None:
             peer = Peer(balancer.port)
@@ -1054,13 +1058,7 @@ async def test_a_kill_before_the_tool_starts_never_strands_the_key(valkey_url: s
                     await victim.kill(hard=True)
                     race.cancel_scope.cancel()
                 await peer.close()
-                for _ in range(20):  # the port may linger for a moment
-                    try:
-                        await victim.start(nursery)
-                        break
-                    except OSError:
-                        await trio.sleep(0.05)
-                assert victim.up
+                await victim.restart(nursery)
             tally = Tally()
             result = await call_until_answered(peer, tally, n + 1, "charge", key, deadline=4.0)
             assert result is not None, (instant, tally.undelivered, dict(tally.statuses))
