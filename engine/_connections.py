@@ -36,14 +36,17 @@ from weir.protocol import (
     HttpError,
     HttpRequest,
     Inbound,
+    LegacyOpen,
     OpenStream,
     PostMessages,
     Reason,
     RemoteProtocolError,
     check_host_and_origin,
+    check_method,
     closing_refusal,
     refusal,
     route,
+    route_legacy,
     session_refusal,
 )
 
@@ -312,25 +315,24 @@ class _Connections(_ServerBase):
 
     async def _auxiliary(self, conn: Connection, request: HttpRequest) -> None:
         """``/metrics`` and the 2024-11-05 HTTP+SSE endpoints (same Host/Origin rules)."""
-        check_host_and_origin(request.headers, self._endpoint)
         cfg = self.config
-        path, method = request.path, request.method
-        allowed = "GET" if path in (cfg.metrics_path, cfg.legacy_sse_path) else "POST"
-        if method != allowed:
-            raise RemoteProtocolError(
-                f"method {method} not allowed",
-                http_status=405,
-                reason=Reason.METHOD_NOT_ALLOWED,
-                headers=(("allow", allowed),),
-            )
-        if path == cfg.metrics_path:
+        if request.path == cfg.metrics_path:
+            check_host_and_origin(request.headers, self._endpoint)
+            check_method(request.method, "GET")
             body = self.metrics.render(self.sessions, gate=self.gate, budget=self.budget).encode()
             headers = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
             await conn.send(conn.http.send_response(200, headers, body))
-        elif path == cfg.legacy_sse_path:
-            await self._legacy_stream(conn, request)
+            return
+        legacy = route_legacy(
+            request,
+            self._endpoint,
+            sse_path=cfg.legacy_sse_path,
+            messages_path=cfg.legacy_messages_path,
+        )
+        if isinstance(legacy, LegacyOpen):
+            await self._legacy_stream(conn)
         else:
-            await self._legacy_post(conn, request)
+            await self._legacy_post(conn, legacy)
 
 
 def _auth_refusal(

@@ -6,7 +6,9 @@ Theory of operation
 no resumption) carries every response; its first event, ``endpoint``, names the
 URL to POST to.  The session lives exactly as long as that stream.
 
-``POST /messages?session_id=`` answers 202; its requests are admitted and gated
+Which requests are served, and every refusal that needs no state, is
+:func:`weir.protocol.route_legacy`'s.  ``POST /messages?session_id=`` answers
+202; its requests are admitted and gated
 like those of the current transport (``engine._calls``) -- a lone request before
 the 202, a batch's entries one by one after it -- and their responses go out on
 the LEGACY stream.  ``initialize`` arrives as one of those messages, on
@@ -16,18 +18,14 @@ the session the stream already opened.
 from __future__ import annotations
 
 import contextlib
-from urllib.parse import parse_qs
 
 import trio
 
 from weir.protocol import (
-    HttpRequest,
-    Reason,
+    LegacyMessages,
     RemoteProtocolError,
     Request,
     StreamKind,
-    accepts,
-    decode_body,
     encode_error,
     encode_result,
     session_refusal,
@@ -42,11 +40,7 @@ from ._writer import SSE_HEADERS, write_stream
 class _Legacy(_ServerBase):
     """The 2024-11-05 HTTP+SSE transport (see the module docstring)."""
 
-    async def _legacy_stream(self, conn: Connection, request: HttpRequest) -> None:
-        if not accepts(request.headers.get("accept"), "text/event-stream"):
-            raise RemoteProtocolError(
-                "GET must accept text/event-stream", http_status=406, reason=Reason.NOT_ACCEPTABLE
-            )
+    async def _legacy_stream(self, conn: Connection) -> None:
         session = await self._new_session("2024-11-05", conn.principal)
         epoch = await self.store.allocate_epoch(session.record.principal, session.session_id)
         handle = self._open_stream(session, epoch, StreamKind.LEGACY, None)
@@ -63,21 +57,9 @@ class _Legacy(_ServerBase):
                 with trio.CancelScope(shield=True):
                     await self._end_session(session)
 
-    async def _legacy_post(self, conn: Connection, request: HttpRequest) -> None:
-        headers = request.headers
-        ctype = (headers.get("content-type") or "").split(";", 1)[0].strip().lower()
-        if ctype != "application/json":
-            raise RemoteProtocolError(
-                "Content-Type must be application/json",
-                http_status=415,
-                reason=Reason.UNSUPPORTED_MEDIA_TYPE,
-            )
-        sid = parse_qs(request.query).get("session_id", [None])[0]
-        if sid is None:
-            raise RemoteProtocolError(
-                "session_id query parameter is required", reason=Reason.SESSION_REQUIRED
-            )
-        messages, _ = decode_body(request.body, allow_batch=True, max_batch=self.config.max_batch)
+    async def _legacy_post(self, conn: Connection, post: LegacyMessages) -> None:
+        """Messages for a legacy session (already checked by ``route_legacy``)."""
+        headers, sid, messages = post.headers, post.session_id, post.messages
         session = await self._session(conn.principal, sid)
         legacy = next(
             (h for h in session.handles.values() if h.log.kind is StreamKind.LEGACY), None

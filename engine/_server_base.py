@@ -36,7 +36,7 @@ from weir.protocol import (
     DeleteSession,
     EndpointConfig,
     HeadCache,
-    HttpRequest,
+    LegacyMessages,
     OpenStream,
     PostMessages,
     Reason,
@@ -155,8 +155,8 @@ class _ServerBase:
         async def _mark_bound(self, session: Session) -> None: ...
 
         # the legacy transport (engine._legacy)
-        async def _legacy_stream(self, conn: Connection, request: HttpRequest) -> None: ...
-        async def _legacy_post(self, conn: Connection, request: HttpRequest) -> None: ...
+        async def _legacy_stream(self, conn: Connection) -> None: ...
+        async def _legacy_post(self, conn: Connection, post: LegacyMessages) -> None: ...
 
 
 @dataclass(slots=True)

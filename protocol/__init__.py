@@ -24,6 +24,8 @@ from ._endpoint import (
     RequestContext,
     accepts,
     check_host_and_origin,
+    check_json_body,
+    check_method,
     closing_refusal,
     host_of,
     negotiate_version,
@@ -97,6 +99,7 @@ from ._jsonrpc import (
     encode_result,
     error_body,
 )
+from ._legacy import LegacyMessages, LegacyOpen, route_legacy
 from ._lifecycle import InitializeParams, initialize_result, parse_initialize, primes_streams
 from ._resume import (
     RESUME_POLICIES,
@@ -176,6 +179,8 @@ __all__ = [
     "HttpRequest",
     "Inbound",
     "InitializeParams",
+    "LegacyMessages",
+    "LegacyOpen",
     "LocalProtocolError",
     "McpRequest",
     "Message",
@@ -212,6 +217,8 @@ __all__ = [
     "channel_verdict",
     "check_cursor_channel",
     "check_host_and_origin",
+    "check_json_body",
+    "check_method",
     "check_resume_policy",
     "closing_refusal",
     "credit_transition",
@@ -241,6 +248,7 @@ __all__ = [
     "refusal",
     "replay_as",
     "route",
+    "route_legacy",
     "scramble_epoch",
     "session_refusal",
     "session_transition",

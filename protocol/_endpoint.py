@@ -227,13 +227,7 @@ def route(request: HttpRequest, config: EndpointConfig) -> McpRequest:
     headers = request.headers
     check_host_and_origin(headers, config)
     method = request.method
-    if method not in ("POST", "GET", "DELETE"):
-        raise _refuse(
-            405,
-            Reason.METHOD_NOT_ALLOWED,
-            f"method {method} not allowed",
-            headers=(("allow", ALLOWED_METHODS),),
-        )
+    check_method(method, ALLOWED_METHODS)
     version = _protocol_version(headers)
     ctx = RequestContext(session_id=_session_id(headers), protocol_version=version, headers=headers)
     if method == "POST":
@@ -249,11 +243,35 @@ def route(request: HttpRequest, config: EndpointConfig) -> McpRequest:
     return OpenStream(ctx=ctx, last_event_id=cursor)
 
 
-def _route_post(request: HttpRequest, ctx: RequestContext, config: EndpointConfig) -> PostMessages:
-    headers = ctx.headers
+def check_json_body(headers: Headers) -> None:
+    """A POST's body must be declared ``application/json`` (parameters allowed).
+
+    Raises:
+        RemoteProtocolError: 415 ``unsupported_media_type``.
+    """
     ctype = (headers.get("content-type") or "").split(";", 1)[0].strip().lower()
     if ctype != "application/json":
         raise _refuse(415, Reason.UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json")
+
+
+def check_method(method: str, allowed: str) -> None:
+    """Refuse any method but ``allowed`` (a comma-separated list) with 405 and ``Allow``.
+
+    Raises:
+        RemoteProtocolError: 405 ``method_not_allowed``.
+    """
+    if method not in (m.strip() for m in allowed.split(",")):
+        raise _refuse(
+            405,
+            Reason.METHOD_NOT_ALLOWED,
+            f"method {method} not allowed",
+            headers=(("allow", allowed),),
+        )
+
+
+def _route_post(request: HttpRequest, ctx: RequestContext, config: EndpointConfig) -> PostMessages:
+    headers = ctx.headers
+    check_json_body(headers)
     accept = headers.get("accept")
     wants_sse = not config.json_response
     if not accepts(accept, "application/json") or (
