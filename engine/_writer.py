@@ -20,7 +20,15 @@ import logging
 
 import trio
 
-from weir.protocol import RemoteProtocolError, StreamInput, StreamState, encode_retry
+from weir.protocol import (
+    RemoteProtocolError,
+    StreamInput,
+    StreamState,
+    WriterStep,
+    completes,
+    encode_retry,
+    writer_step,
+)
 
 from ._connection import Connection
 from ._session import Session, StreamHandle
@@ -135,7 +143,13 @@ class _Pump:
             except RemoteProtocolError:
                 log.warning("writer fell behind stream %s's retention; ending it", log_.epoch)
                 return True
-            if frames:
+            step = writer_step(
+                log_,
+                self.next_seq,
+                session_closed=self.session.closed,
+                close_retry_ms=handle.close_retry_ms,
+            )
+            if step is WriterStep.SEND:
                 if budget and log_.state is not StreamState.FINAL_ATTACHED:
                     budget -= 1  # the answer may be a step away: let its task run first
                     await trio.lowlevel.checkpoint()
@@ -144,13 +158,13 @@ class _Pump:
                 if self.ended:
                     return True
                 continue
-            state = log_.state
-            if state is StreamState.FINAL_ATTACHED:
+            if step is WriterStep.FINISH:
                 handle.handle(StreamInput.DELIVERED)
                 return True
-            if state is StreamState.CLOSED or self.session.closed:
+            if step is WriterStep.END:
                 return True
-            if handle.close_retry_ms is not None:
+            if step is WriterStep.RETRY:
+                assert handle.close_retry_ms is not None
                 self.pending += http.send_stream_data(encode_retry(handle.close_retry_ms))
                 handle.close_retry_ms = None
                 return True
@@ -191,7 +205,7 @@ class _Pump:
             if first + i >= drained:
                 marks.append((offset, (handle, first + i)))
         self.next_seq = first + len(frames)
-        if log_.state is StreamState.FINAL_ATTACHED and self.next_seq == log_.next_seq:
+        if completes(log_, self.next_seq):
             handle.handle(StreamInput.DELIVERED)
             out += http.end_stream()
             self.ended = True

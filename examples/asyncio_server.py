@@ -89,6 +89,7 @@ from weir.protocol import (
     StreamLog,
     StreamState,
     StreamTable,
+    WriterStep,
     accepts,
     check_resume_policy,
     displaces_writer,
@@ -104,6 +105,7 @@ from weir.protocol import (
     session_refusal,
     session_transition,
     standalone_plan,
+    writer_step,
 )
 
 log = logging.getLogger("weir.asyncio")
@@ -595,18 +597,19 @@ class _Connection:
     async def _stream_frames(self, session: _Session, stream: StreamLog, start: int) -> None:
         cursor = start
         while True:
-            frames = stream.frames_from(cursor)
-            if frames:
+            step = writer_step(stream, cursor, session_closed=session.closed, close_retry_ms=None)
+            if step is WriterStep.SEND:
+                frames = stream.frames_from(cursor)
                 await self.send(self.conn.send_stream_data(b"".join(frames)))
                 cursor += len(frames)
                 self.acks.mark(self.acks.written, (session, stream, cursor))
                 self._watch_acks()
                 continue
-            if stream.state is StreamState.CLOSED:
-                break  # aborted, or a replay of a delivered stream
-            if stream.finished:
+            if step is WriterStep.FINISH:
                 stream.handle(StreamInput.DELIVERED)
                 break
+            if step is not WriterStep.WAIT:
+                break  # aborted, a replay of a delivered stream, or the session ended
             before = stream.next_seq
             await session.wait_for_frames(stream, _SSE_KEEPALIVE_S)
             if stream.next_seq == before and not stream.finished:

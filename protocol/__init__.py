@@ -131,7 +131,7 @@ from ._states import (
     session_transition,
     stream_transition,
 )
-from ._streams import StreamKind, StreamLog, StreamTable
+from ._streams import StreamKind, StreamLog, StreamTable, WriterStep, completes, writer_step
 
 __all__ = [
     "CREDIT_TRANSITIONS",
@@ -211,6 +211,7 @@ __all__ = [
     "StreamState",
     "StreamTable",
     "Wait",
+    "WriterStep",
     "accepts",
     "call_key",
     "channel_refusal",
@@ -221,6 +222,7 @@ __all__ = [
     "check_method",
     "check_resume_policy",
     "closing_refusal",
+    "completes",
     "credit_transition",
     "decode_body",
     "decode_message",
@@ -255,4 +257,5 @@ __all__ = [
     "standalone_plan",
     "stream_transition",
     "version_at_least",
+    "writer_step",
 ]

@@ -261,6 +261,43 @@ class StreamLog:
         )
 
 
+class WriterStep(enum.Enum):
+    """What a stream's writer does next (:func:`writer_step`)."""
+
+    SEND = "send"  # frames follow the cursor: write them
+    FINISH = "finish"  # the final frame is written: mark DELIVERED, end the response
+    END = "end"  # the stream or its session ended: end the response
+    RETRY = "retry"  # the server asked this stream to close: send ``retry:``, then end
+    WAIT = "wait"  # nothing to write yet: wait for an append (keep-alives aside)
+
+
+def writer_step(
+    log: StreamLog, next_seq: int, *, session_closed: bool, close_retry_ms: int | None
+) -> WriterStep:
+    """The writer's next move for a cursor at ``next_seq`` into ``log``.
+
+    Frames first, always: a stream is never ended, or told to retry, while it
+    holds frames the reader has not been sent.  Then, in order: the final
+    message delivered ends the response (the only way to DELIVERED); a closed
+    stream or session ends it; a close the server asked for (shutdown, a stream
+    the tool closed) sends ``retry:`` so the client reconnects, then ends it.
+    """
+    if next_seq < log.next_seq:
+        return WriterStep.SEND
+    if log.state is StreamState.FINAL_ATTACHED:
+        return WriterStep.FINISH
+    if log.state is StreamState.CLOSED or session_closed:
+        return WriterStep.END
+    if close_retry_ms is not None:
+        return WriterStep.RETRY
+    return WriterStep.WAIT
+
+
+def completes(log: StreamLog, next_seq: int) -> bool:
+    """Does writing up to ``next_seq`` deliver the stream's final message?"""
+    return log.state is StreamState.FINAL_ATTACHED and next_seq == log.next_seq
+
+
 def _islice(frames: deque[tuple[int, bytes]], start: int) -> Iterator[tuple[int, bytes]]:
     for i in range(start, len(frames)):
         yield frames[i]

@@ -16,6 +16,9 @@ from weir.protocol import (
     StreamLog,
     StreamState,
     StreamTable,
+    WriterStep,
+    completes,
+    writer_step,
 )
 
 EPOCH = "0000abcd"
@@ -287,3 +290,32 @@ def test_table_never_evicts_live_or_final_streams() -> None:
     logs[0].handle(StreamInput.ABORT)
     table.add(StreamLog("0000000b", StreamKind.REQUEST))
     assert [log.epoch for log in table] == ["00000001", "00000002", "0000000a", "0000000b"]
+
+
+# ------------------------------------------------------------------ the writer's next move
+def _writer_log(*inputs: StreamInput, frames: int = 0, final: bool = False) -> StreamLog:
+    log = StreamLog("0000abcd", StreamKind.REQUEST)
+    for event in inputs:
+        log.handle(event)
+    for i in range(frames):
+        log.append("{}", final=final and i == frames - 1)
+    return log
+
+
+def test_frames_are_always_sent_before_the_stream_ends_or_retries() -> None:
+    log = _writer_log(StreamInput.ATTACH, frames=2, final=True)
+    for closed, retry in ((False, None), (True, None), (False, 500)):
+        step = writer_step(log, 0, session_closed=closed, close_retry_ms=retry)
+        assert step is WriterStep.SEND
+    assert not completes(log, 1) and completes(log, 2)
+    assert writer_step(log, 2, session_closed=False, close_retry_ms=500) is WriterStep.FINISH
+
+
+def test_after_the_frames_end_retry_and_wait_in_that_order() -> None:
+    live = _writer_log(StreamInput.ATTACH, frames=1)
+    assert writer_step(live, 1, session_closed=False, close_retry_ms=None) is WriterStep.WAIT
+    assert writer_step(live, 1, session_closed=False, close_retry_ms=250) is WriterStep.RETRY
+    assert writer_step(live, 1, session_closed=True, close_retry_ms=250) is WriterStep.END
+    aborted = _writer_log(StreamInput.ATTACH, StreamInput.ABORT)
+    assert writer_step(aborted, 0, session_closed=False, close_retry_ms=None) is WriterStep.END
+    assert not completes(live, 1)
