@@ -33,11 +33,15 @@ It serves an :class:`weir.engine.App` (the demo app by default): ``initialize``,
 ``notifications/initialized``, ``ping``, ``tools/list`` and ``tools/call``.
 ``weir.engine`` imports trio, but no trio code runs: tools are awaited on the asyncio loop.
 
+* **Limits.**  Sessions (503 ``session_limit``), connections (503 ``overloaded``),
+  idle sessions (forgotten after ``idle_timeout`` unless busy), and each session's
+  credit; request sizes and header counts are :class:`HttpConnection`'s.
+
 Not here (the Trio engine has them): tools taking an :class:`weir.engine.Context`
 (they get a JSON-RPC error and are not listed); resources, prompts and completion;
 the idempotency gate and session stores; JSON-mode credit (a JSON-only client's
-response is written at once); idle-session expiry, limits on sessions and
-connections, authorization, and graceful shutdown.
+response is written at once); per-phase read deadlines beyond the keep-alive
+timeout, authorization, and graceful shutdown.
 """
 
 from __future__ import annotations
@@ -100,6 +104,7 @@ from weir.protocol import (
     initialize_result,
     parse_initialize,
     primes_streams,
+    raw_error_response,
     refusal,
     route,
     session_refusal,
@@ -144,6 +149,8 @@ class _Session:
         self._changed = asyncio.Event()  # replaced on every pulse
         self._wakeups: dict[str, asyncio.Event] = {}  # per stream epoch, for its writer
         self._timer: asyncio.TimerHandle | None = None
+        #: When a request last named this session (idle expiry counts from here).
+        self.last_seen = self.loop.time()
 
     @property
     def closed(self) -> bool:
@@ -281,20 +288,84 @@ class AsyncioDriver:
     """Serves one :class:`weir.engine.App`; :meth:`connection` is the ``start_server`` callback."""
 
     def __init__(
-        self, app: App, endpoint: EndpointConfig, credit: CreditLimits | None = None
+        self,
+        app: App,
+        endpoint: EndpointConfig,
+        credit: CreditLimits | None = None,
+        *,
+        max_sessions: int = 1000,
+        max_connections: int = 1000,
+        idle_timeout: float = 600.0,
     ) -> None:
+        """Serve ``app``.  Everything a client can make the driver hold is bounded:
+        ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
+        ``overloaded``, then close), a session unused for ``idle_timeout`` seconds
+        (and running nothing) is forgotten, and each session holds at most its
+        ``credit`` in unacknowledged frames.
+        """
         self.app, self.endpoint = app, endpoint
         self.credit = credit or CreditLimits()
+        self.max_sessions, self.max_connections = max_sessions, max_connections
+        self.idle_timeout = idle_timeout
         self.sessions: dict[str, _Session] = {}
+        self.connections = 0
+        self._sweeper: asyncio.TimerHandle | None = None
 
     def end(self, session: _Session) -> None:
         """Tear a session down; it is 404 from now on."""
         session.close()
         self.sessions.pop(session.sid, None)
 
+    def add_session(self, session: _Session) -> None:
+        """Register a new session (the caller checked :meth:`check_room`)."""
+        self.sessions[session.sid] = session
+        if self._sweeper is None:
+            self._sweeper = session.loop.call_later(self.idle_timeout / 4, self._sweep)
+
+    def check_room(self, request_id: RequestId | None) -> None:
+        """Refuse a new session past ``max_sessions``: 503 ``session_limit``."""
+        if len(self.sessions) >= self.max_sessions:
+            raise RemoteProtocolError(
+                f"this server holds its limit of {self.max_sessions} sessions; retry later",
+                http_status=503,
+                reason=Reason.SESSION_LIMIT,
+                code=SERVER_ERROR,
+                request_id=request_id,
+                retry_after_ms=1000,
+                data={"limit": self.max_sessions, "scope": "server"},
+            )
+
+    def _sweep(self) -> None:
+        """Forget sessions idle for ``idle_timeout`` that run and write nothing."""
+        self._sweeper = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for session in list(self.sessions.values()):
+            busy = session.tasks or session.writers
+            if not busy and now - session.last_seen >= self.idle_timeout:
+                self.end(session)
+        if self.sessions:
+            self._sweeper = loop.call_later(self.idle_timeout / 4, self._sweep)
+
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """The ``start_server`` callback: serve one connection until it closes."""
-        await _Connection(self, writer).run(reader)
+        if self.connections >= self.max_connections:
+            body = encode_error(
+                None,
+                SERVER_ERROR,
+                "this server holds its limit of connections; retry later",
+                {"reason": str(Reason.OVERLOADED), "limit": self.max_connections},
+            )
+            writer.write(raw_error_response(503, body, (("retry-after", "1"),)))
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            writer.transport.abort()
+            return
+        self.connections += 1
+        try:
+            await _Connection(self, writer).run(reader)
+        finally:
+            self.connections -= 1
 
     async def execute(self, req: Request) -> bytes:
         """One request's encoded JSON-RPC response."""
@@ -452,6 +523,7 @@ class _Connection:
             if session is None:
                 first = mcp.messages[0] if isinstance(mcp, PostMessages) else None
                 raise session_refusal(sid, first.id if isinstance(first, Request) else None)
+            session.last_seen = session.loop.time()
             try:
                 if isinstance(mcp, PostMessages):
                     await self._post(session, mcp)
@@ -620,8 +692,9 @@ class _Connection:
         req, driver = post.messages[0], self.driver
         assert isinstance(req, Request)
         asked = parse_initialize(req)  # the same checks and negotiation as weir's server
+        driver.check_room(req.id)
         sid = secrets.token_urlsafe(32)
-        driver.sessions[sid] = _Session(sid, asked.version, driver.credit, driver)
+        driver.add_session(_Session(sid, asked.version, driver.credit, driver))
         result = initialize_result(
             asked.version,
             {"tools": {"listChanged": False}},

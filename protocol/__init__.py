@@ -81,6 +81,7 @@ from ._http import (
     HttpLimits,
     HttpRequest,
     Inbound,
+    raw_error_response,
 )
 from ._jsonrpc import (
     ErrorObject,
@@ -247,6 +248,7 @@ __all__ = [
     "parse_event_id",
     "parse_initialize",
     "primes_streams",
+    "raw_error_response",
     "refusal",
     "replay_as",
     "route",

@@ -18,6 +18,9 @@ the guarantees live -- in the kernel's send queue:
    connection has not been seen to die.
 4. ``test_a_healthy_session_gives_back_every_byte_of_credit`` -- after calls whose
    responses were read, the session holds no frame and no byte.
+5. ``test_sessions_connections_and_idle_sessions_are_bounded`` -- 503
+   ``session_limit`` past the session limit, 503 ``overloaded`` (and a close) past
+   the connection limit, and idle sessions forgotten.
 
 Clock: real time (the server runs its own event loop in a thread).  The limits
 are small (a fraction of a second); every wait is bounded in count and time.
@@ -251,3 +254,38 @@ def test_a_healthy_session_gives_back_every_byte_of_credit() -> None:
             time.sleep(0.01)
             held = _credit_of(running, c.session_id)
         assert held == (0, 0, 0)
+
+
+def test_sessions_connections_and_idle_sessions_are_bounded() -> None:
+    app = App("limits")
+    with running_driver(app) as running:
+        running.driver.max_sessions, running.driver.max_connections = 2, 3
+        running.driver.idle_timeout = 0.4
+        first, second = Client(running.port), Client(running.port)
+        first.initialize()
+        second.initialize()
+        third = Client(running.port)  # a third connection is within its limit ...
+        refused = third.call("initialize", {"protocolVersion": "2025-11-25"})  # a session is not
+        assert refused.status == 503
+        assert refused.json()["error"]["data"]["reason"] == "session_limit"
+        # A fourth connection is refused outright, and closed.
+        with socket.create_connection(("127.0.0.1", running.port), timeout=TIMEOUT) as sock:
+            received = b""
+            for _ in range(100):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                received += chunk
+        assert received.startswith(b"HTTP/1.1 503 ") and b'"reason":"overloaded"' in received
+        for c in (first, second, third):
+            c.sock.close()
+        # Idle sessions are forgotten: the sweep runs every idle_timeout / 4.
+        for _ in range(100):  # the driver's own timer is what is under test: poll it
+            if running.probe(lambda: len(running.driver.sessions)) == 0:
+                break
+            time.sleep(0.05)
+        assert running.probe(lambda: len(running.driver.sessions)) == 0
+        gone = Client(running.port)
+        gone.session_id = first.session_id
+        assert gone.call("tools/list").status == 404  # forgotten, not merely hidden
+        gone.sock.close()
