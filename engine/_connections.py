@@ -39,6 +39,7 @@ from weir.protocol import (
     LegacyOpen,
     OpenStream,
     PostMessages,
+    ReadClock,
     Reason,
     RemoteProtocolError,
     check_host_and_origin,
@@ -105,7 +106,7 @@ class _Connections(_ServerBase):
         http = conn.http
         cfg = self.config
         keepalive, receive = cfg.keepalive_timeout, conn.stream.receive_some
-        phase, since = Inbound.IDLE, 0.0
+        clock = ReadClock(self._read_timeouts)
         # One scope carries every read's deadline (cheaper than a scope per read); it
         # is armed, and the connection parked for shedding, only while we wait.
         with trio.CancelScope() as reads:
@@ -118,16 +119,9 @@ class _Connections(_ServerBase):
                         await conn.send(http.data_to_send())  # e.g. 100 Continue
                     now = trio.current_time()
                     inbound = http.inbound
-                    if inbound is Inbound.IDLE:
-                        phase = inbound
-                        reads.deadline = now + keepalive
-                        if slot is not None:
-                            slot.idle_since = now  # parked: it may be shed
-                    else:
-                        if inbound is not phase:
-                            phase, since = inbound, now
-                        limit = cfg.head_timeout if phase is Inbound.HEAD else cfg.body_timeout
-                        reads.deadline = since + limit
+                    reads.deadline = clock.deadline(inbound, now)
+                    if inbound is Inbound.IDLE and slot is not None:
+                        slot.idle_since = now  # parked: it may be shed
                     data = await receive(RECV_BYTES)
                     reads.deadline = math.inf
                     if slot is not None:
@@ -148,7 +142,7 @@ class _Connections(_ServerBase):
                         return
                     http.receive_data(data)
                 elif isinstance(event, HttpRequest):
-                    phase = Inbound.IDLE
+                    clock.request_done()
                     # Handed over, not kept: a long response (an SSE stream) must not
                     # keep the request's body alive for as long as it lasts.
                     handoff, event = [event], NEED_DATA
@@ -163,8 +157,8 @@ class _Connections(_ServerBase):
                     return
                 elif isinstance(event, ConnectionClosed):
                     return
-        if reads.cancelled_caught and phase is not Inbound.IDLE:
-            await self._time_out(conn, phase)
+        if reads.cancelled_caught and clock.owed:
+            await self._time_out(conn, clock)
 
     async def _last_requests(self, conn: Connection, data: bytes | bytearray) -> None:
         """Serve the complete requests in ``data`` and stop (the connection then closes)."""
@@ -191,15 +185,9 @@ class _Connections(_ServerBase):
         with trio.move_on_after(1):
             await conn.send(closing_refusal(exc))
 
-    async def _time_out(self, conn: Connection, phase: Inbound) -> None:
-        what = "request head" if phase is Inbound.HEAD else "request body"
-        limit = self.config.head_timeout if phase is Inbound.HEAD else self.config.body_timeout
+    async def _time_out(self, conn: Connection, clock: ReadClock) -> None:
         self.metrics.refused(str(Reason.REQUEST_TIMEOUT))
-        exc = RemoteProtocolError(
-            f"the {what} did not arrive within {limit:g} s",
-            http_status=408,
-            reason=Reason.REQUEST_TIMEOUT,
-        )
+        exc = clock.refusal()
         conn.http.send_failed()  # nothing else may follow on this connection
         with trio.move_on_after(1):
             await conn.send(closing_refusal(exc))

@@ -62,6 +62,7 @@ from weir.protocol import (
     SERVER_ERROR,
     CreditState,
     HeadCache,
+    ReadTimeouts,
     Reason,
     RemoteProtocolError,
     RequestId,
@@ -124,6 +125,12 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas):
         self.replica_id = self.config.replica_id or secrets.token_hex(4)
         self.sessions: dict[str, Session] = {}
         self.metrics = Metrics()
+        #: Read deadlines by what a connection's peer owes (idle, head, body).
+        self._read_timeouts = ReadTimeouts(
+            keepalive=self.config.keepalive_timeout,
+            head=self.config.head_timeout,
+            body=self.config.body_timeout,
+        )
         #: Every session's credit deadline, in one heap served by one task.
         self.deadlines = Deadlines(self._deadline_due)
         self._activity_event: trio.Event | None = None

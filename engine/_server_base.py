@@ -39,6 +39,7 @@ from weir.protocol import (
     LegacyMessages,
     OpenStream,
     PostMessages,
+    ReadTimeouts,
     Reason,
     RemoteProtocolError,
     Request,
@@ -73,6 +74,7 @@ class _ServerBase:
     replica_id: str
     sessions: dict[str, Session]
     metrics: Metrics
+    _read_timeouts: ReadTimeouts
     gate: AcceptGate
     state: Any
     inbound: int

@@ -35,13 +35,13 @@ It serves an :class:`weir.engine.App` (the demo app by default): ``initialize``,
 
 * **Limits.**  Sessions (503 ``session_limit``), connections (503 ``overloaded``),
   idle sessions (forgotten after ``idle_timeout`` unless busy), and each session's
-  credit; request sizes and header counts are :class:`HttpConnection`'s.
+  credit; request sizes and header counts are :class:`HttpConnection`'s, and read
+  deadlines (idle, whole head, body) :class:`ReadClock`'s.
 
 Not here (the Trio engine has them): tools taking an :class:`weir.engine.Context`
 (they get a JSON-RPC error and are not listed); resources, prompts and completion;
 the idempotency gate and session stores; JSON-mode credit (a JSON-only client's
-response is written at once); per-phase read deadlines beyond the keep-alive
-timeout, authorization, and graceful shutdown.
+response is written at once); authorization, and graceful shutdown.
 """
 
 from __future__ import annotations
@@ -81,6 +81,8 @@ from weir.protocol import (
     Notification,
     OpenStream,
     PostMessages,
+    ReadClock,
+    ReadTimeouts,
     Reason,
     RemoteProtocolError,
     Request,
@@ -96,6 +98,7 @@ from weir.protocol import (
     WriterStep,
     accepts,
     check_resume_policy,
+    closing_refusal,
     displaces_writer,
     encode_comment,
     encode_error,
@@ -114,7 +117,6 @@ from weir.protocol import (
 )
 
 log = logging.getLogger("weir.asyncio")
-_KEEPALIVE_S = 75.0
 _SSE_HEADERS = (("content-type", "text/event-stream"), ("cache-control", "no-cache"))
 #: ``ioctl(SIOCOUTQ)``: bytes in a TCP socket's send queue not yet acknowledged (Linux).
 _SIOCOUTQ = 0x5411
@@ -296,17 +298,20 @@ class AsyncioDriver:
         max_sessions: int = 1000,
         max_connections: int = 1000,
         idle_timeout: float = 600.0,
+        read_timeouts: ReadTimeouts | None = None,
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
         ``overloaded``, then close), a session unused for ``idle_timeout`` seconds
         (and running nothing) is forgotten, and each session holds at most its
-        ``credit`` in unacknowledged frames.
+        ``credit`` in unacknowledged frames.  Reads have the core's deadlines
+        (``read_timeouts``: idle keep-alive, a whole head, a body; 408 past the last two).
         """
         self.app, self.endpoint = app, endpoint
         self.credit = credit or CreditLimits()
         self.max_sessions, self.max_connections = max_sessions, max_connections
         self.idle_timeout = idle_timeout
+        self.read_timeouts = read_timeouts or ReadTimeouts()
         self.sessions: dict[str, _Session] = {}
         self.connections = 0
         self._sweeper: asyncio.TimerHandle | None = None
@@ -479,6 +484,7 @@ class _Connection:
     # ---------------------------------------------------------------- requests
     async def run(self, reader: asyncio.StreamReader) -> None:
         conn, self._reader = self.conn, reader
+        clock, loop = ReadClock(self.driver.read_timeouts), asyncio.get_running_loop()
         try:
             while True:
                 event = conn.next_event()
@@ -486,8 +492,19 @@ class _Connection:
                     conn.receive_data(self._early)
                     self._early = b""
                 elif event is NEED_DATA:
-                    conn.receive_data(await asyncio.wait_for(reader.read(65536), _KEEPALIVE_S))
+                    if conn.has_data_to_send:
+                        await self.send(conn.data_to_send())  # e.g. 100 Continue
+                    wait = clock.deadline(conn.inbound, loop.time()) - loop.time()
+                    try:
+                        data = await asyncio.wait_for(reader.read(65536), max(0.0, wait))
+                    except TimeoutError:
+                        if clock.owed:  # a head or body trickled past its deadline: 408
+                            conn.send_failed()
+                            await self.send(closing_refusal(clock.refusal()))
+                        break
+                    conn.receive_data(data)
                 elif isinstance(event, HttpRequest):
+                    clock.request_done()
                     await self.respond(event)
                     if conn.should_close:
                         break

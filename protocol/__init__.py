@@ -10,6 +10,7 @@ from __future__ import annotations
 from ._binding import ChannelVerdict, channel_refusal, channel_verdict, parse_channel_token
 from ._budget import RetentionBudget
 from ._credit import CreditLimits, DrainTracker, SessionCredit
+from ._deadlines import ReadClock, ReadTimeouts
 from ._endpoint import (
     DEFAULT_VERSION,
     LATEST_VERSION,
@@ -189,6 +190,8 @@ __all__ = [
     "OpenStream",
     "PostMessages",
     "ProtocolError",
+    "ReadClock",
+    "ReadTimeouts",
     "Reason",
     "Refuse",
     "RemoteProtocolError",

@@ -20,7 +20,9 @@ the guarantees live -- in the kernel's send queue:
    responses were read, the session holds no frame and no byte.
 5. ``test_sessions_connections_and_idle_sessions_are_bounded`` -- 503
    ``session_limit`` past the session limit, 503 ``overloaded`` (and a close) past
-   the connection limit, and idle sessions forgotten.
+   the connection limit, and idle sessions forgotten;
+   ``test_a_trickled_head_is_cut_with_408_an_idle_connection_just_closed`` -- the
+   core's read deadlines.
 
 Clock: real time (the server runs its own event loop in a thread).  The limits
 are small (a fraction of a second); every wait is bounded in count and time.
@@ -40,7 +42,7 @@ import pytest
 
 from tests.integration.test_asyncio_driver import TIMEOUT, Client, Running, running_driver
 from weir.engine import App
-from weir.protocol import CreditLimits, SseDecoder, SseEvent
+from weir.protocol import CreditLimits, ReadTimeouts, SseDecoder, SseEvent
 
 BOTH = "application/json, text/event-stream"
 
@@ -289,3 +291,21 @@ def test_sessions_connections_and_idle_sessions_are_bounded() -> None:
         gone.session_id = first.session_id
         assert gone.call("tools/list").status == 404  # forgotten, not merely hidden
         gone.sock.close()
+
+
+def test_a_trickled_head_is_cut_with_408_an_idle_connection_just_closed() -> None:
+    with running_driver() as running:
+        running.driver.read_timeouts = ReadTimeouts(keepalive=0.6, head=0.3, body=0.3)
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", running.port), timeout=TIMEOUT) as sock:
+            sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and no more
+            received = b""
+            for _ in range(100):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                received += chunk
+        assert received.startswith(b"HTTP/1.1 408 ") and b'"request_timeout"' in received
+        assert time.monotonic() - started >= 0.3  # not before the head's deadline
+        with socket.create_connection(("127.0.0.1", running.port), timeout=TIMEOUT) as idle:
+            assert idle.recv(65536) == b""  # idle past keep-alive: closed, nothing said
