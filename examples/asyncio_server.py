@@ -21,6 +21,8 @@ with the same guarantees about a client that stops reading.
   granted strictly in order.  Credit comes back when the *peer's kernel has
   acknowledged* the frame's last byte: the connection's :class:`DrainTracker`
   learns that from ``ioctl(SIOCOUTQ)`` (Linux), polled while marks are pending.
+  A JSON body (a client that accepts only ``application/json``) holds credit the
+  same way; on a lost connection it gives it back (it cannot be replayed).
 * **Timers.**  One ``loop.call_at`` per session, at :meth:`SessionFlow.deadline`:
   past the drain window a session that does not drain is half-open, and new
   requests get 429 ``stream_half_open``; past the liveness timeout it is torn
@@ -40,8 +42,7 @@ It serves an :class:`weir.engine.App` (the demo app by default): ``initialize``,
 
 Not here (the Trio engine has them): tools taking an :class:`weir.engine.Context`
 (they get a JSON-RPC error and are not listed); resources, prompts and completion;
-the idempotency gate and session stores; JSON-mode credit (a JSON-only client's
-response is written at once); authorization, and graceful shutdown.
+the idempotency gate and session stores; authorization, and graceful shutdown.
 """
 
 from __future__ import annotations
@@ -204,6 +205,15 @@ class _Session:
     async def append(self, stream: StreamLog, payload: str, *, final: bool = False) -> None:
         """Take credit for the frame (waiting in order), then append it to ``stream``."""
         size = stream.size_of(payload)
+        await self.take_credit(size)
+        if stream.state is StreamState.CLOSED:
+            self.release(1, size)  # aborted while we waited: nothing to send
+            raise _Gone
+        stream.append(payload, final=final)
+        self.wake(stream)
+
+    async def take_credit(self, size: int) -> None:
+        """Credit for one frame (or JSON body) of ``size`` bytes, in FIFO order."""
         now = self.loop.time()
         if self.flow.try_acquire(size, now):
             if self.flow.credit.frames_in_use == 1:
@@ -223,11 +233,6 @@ class _Session:
                 raise
             if self.closed:
                 raise _Gone
-        if stream.state is StreamState.CLOSED:
-            self.release(1, size)  # aborted while we waited: nothing to send
-            raise _Gone
-        stream.append(payload, final=final)
-        self.wake(stream)
 
     def release(self, frames: int, nbytes: int) -> None:
         """Credit back (frames acknowledged or discarded); grant waiters in order."""
@@ -426,7 +431,9 @@ class _Connection:
 
     def __init__(self, driver: AsyncioDriver, writer: asyncio.StreamWriter) -> None:
         self.driver, self.writer, self.conn = driver, writer, HttpConnection()
-        self.acks: DrainTracker[tuple[_Session, StreamLog, int]] = DrainTracker()
+        # A mark's token: (session, stream, seq after the frame), or (session, None,
+        # bytes) for a JSON body, whose credit comes back whole when it is acknowledged.
+        self.acks: DrainTracker[tuple[_Session, StreamLog | None, int]] = DrainTracker()
         self._fd = -1
         self._outq = array.array("i", [0])
         sock = writer.get_extra_info("socket")
@@ -438,10 +445,17 @@ class _Connection:
         self._peer_gone = False
 
     # ----------------------------------------------------------- bytes out, acks in
-    async def send(self, data: bytes) -> None:
+    async def send(
+        self, data: bytes, token: tuple[_Session, StreamLog | None, int] | None = None
+    ) -> None:
+        """Write ``data``; with ``token``, mark its last byte for acknowledgement first
+        (so the mark exists even if the peer stalls and the drain never returns)."""
         try:
             self.writer.write(data)
             self.acks.wrote(len(data))
+            if token is not None:
+                self.acks.mark(self.acks.written, token)
+                self._watch_acks()
             await self.writer.drain()
         except BaseException:
             self.conn.send_failed()
@@ -464,7 +478,10 @@ class _Connection:
         pending = self.acks.oldest()
         drained = self.acks.acknowledged_total(self._unacknowledged())
         for session, stream, upto in drained:
-            session.drained(stream, upto)
+            if stream is None:
+                session.release(1, upto)
+            else:
+                session.drained(stream, upto)
         if self.acks.acked > acked and pending is not None and not drained:
             session = pending[0]
             session.flow.credit.progress(session.loop.time())  # part of a frame
@@ -520,7 +537,9 @@ class _Connection:
         finally:
             # Frames written here and not acknowledged keep their credit: a
             # resumption on another connection sends them again.
-            self.acks.take_pending()
+            for session, stream, nbytes in self.acks.take_pending():
+                if stream is None:
+                    session.release(1, nbytes)  # a JSON body cannot be replayed: owed nothing
             if self._watcher is not None:
                 self._watcher.cancel()
             if self.writer.transport.get_write_buffer_size():
@@ -571,12 +590,13 @@ class _Connection:
         if not accepts(post.ctx.headers.get("accept"), "text/event-stream"):
             try:
                 bodies = [await execute(req) for req in requests]
+                body = b"[" + b",".join(bodies) + b"]" if post.is_batch else bodies[0]
+                await session.take_credit(len(body))  # JSON bodies hold credit like frames
             finally:
                 for _ in requests:
                     session.done()
-            body = b"[" + b",".join(bodies) + b"]" if post.is_batch else bodies[0]
             headers = [("content-type", "application/json"), ("mcp-session-id", sid)]
-            await self.send(self.conn.send_response(200, headers, body))
+            await self.send(self.conn.send_response(200, headers, body), (session, None, len(body)))
             return
         stream = session.open_stream(StreamKind.REQUEST)
         primes = primes_streams(session.version, post.ctx.protocol_version)
@@ -689,10 +709,10 @@ class _Connection:
             step = writer_step(stream, cursor, session_closed=session.closed, close_retry_ms=None)
             if step is WriterStep.SEND:
                 frames = stream.frames_from(cursor)
-                await self.send(self.conn.send_stream_data(b"".join(frames)))
                 cursor += len(frames)
-                self.acks.mark(self.acks.written, (session, stream, cursor))
-                self._watch_acks()
+                await self.send(
+                    self.conn.send_stream_data(b"".join(frames)), (session, stream, cursor)
+                )
                 continue
             if step is WriterStep.FINISH:
                 stream.handle(StreamInput.DELIVERED)

@@ -23,6 +23,8 @@ the guarantees live -- in the kernel's send queue:
    the connection limit, and idle sessions forgotten;
    ``test_a_trickled_head_is_cut_with_408_an_idle_connection_just_closed`` -- the
    core's read deadlines.
+6. ``test_a_json_only_client_that_stops_reading_holds_no_more_than_its_credit`` --
+   JSON bodies hold credit like frames: the same 429 and teardown.
 
 Clock: real time (the server runs its own event loop in a thread).  The limits
 are small (a fraction of a second); every wait is bounded in count and time.
@@ -309,3 +311,38 @@ def test_a_trickled_head_is_cut_with_408_an_idle_connection_just_closed() -> Non
         assert time.monotonic() - started >= 0.3  # not before the head's deadline
         with socket.create_connection(("127.0.0.1", running.port), timeout=TIMEOUT) as idle:
             assert idle.recv(65536) == b""  # idle past keep-alive: closed, nothing said
+
+
+def test_a_json_only_client_that_stops_reading_holds_no_more_than_its_credit() -> None:
+    credit = CreditLimits(frames=8, bytes=32768, drain_window=0.5, liveness_timeout=2.0)
+    with running_driver(credit=credit) as running, Client(running.port) as c:
+        c.initialize()
+        assert c.session_id is not None
+        only_json = "application/json"
+        stalled = RawStream(running.port, rcvbuf=4096)
+        big = _call(1, "echo", {"text": "x" * 400_000})
+        assert stalled.send("POST", _headers(c, only_json), big) == 200
+        # The next JSON answer must wait for credit: its request hangs ...
+        waiting = RawStream(running.port)
+        body = _call(2, "echo", {"text": "b"})
+        started = time.monotonic()
+        heads: list[int] = []
+
+        def send_waiting() -> None:
+            heads.append(waiting.send("POST", _headers(c, only_json), body))
+
+        sender = threading.Thread(target=send_waiting)
+        sender.start()
+        # ... and a third request is refused 429 once the drain window has passed.
+        ping = json.dumps({"jsonrpc": "2.0", "id": 3, "method": "ping"}).encode()
+        refused = RawStream(running.port)
+        assert refused.send("POST", _headers(c, only_json), ping) == 429
+        assert time.monotonic() - started >= credit.drain_window * 0.9
+        refused.close()
+        frames, nbytes, _ = _credit_of(running, c.session_id)
+        assert frames == 1 and nbytes < 400_000 + 4096  # the one stalled body, no more
+        sender.join(credit.liveness_timeout + 5)
+        assert not sender.is_alive()
+        assert heads == [404]  # torn down while it waited: its session is gone
+        stalled.close()
+        waiting.close()
