@@ -145,24 +145,33 @@ def _call(rid: int, name: str, arguments: dict[str, Any]) -> bytes:
     ).encode()
 
 
+def _slow_call_primed(port: int, c: Client, rid: int) -> tuple[RawStream, str]:
+    """POST the gated ``slow`` call over SSE; its stream and its priming event's id."""
+    post = RawStream(port)
+    assert post.send("POST", _headers(c), _call(rid, "slow", {})) == 200
+    prime = post.next_event()
+    assert prime is not None and prime.data == "" and prime.id is not None
+    return post, prime.id
+
+
+def _resume(port: int, c: Client, cursor: str) -> RawStream:
+    get = RawStream(port)
+    headers = {**_headers(c), "accept": "text/event-stream", "last-event-id": cursor}
+    assert get.send("GET", headers) == 200  # never 409: the newest reader wins
+    return get
+
+
 def test_a_response_lost_with_its_connection_is_replayed_after_the_cursor() -> None:
     app, gate = gated_app()
     with running_driver(app) as running, Client(running.port) as c:
         c.initialize()
-        post = RawStream(running.port)
-        assert post.send("POST", _headers(c), _call(7, "slow", {})) == 200
-        prime = post.next_event()
-        assert prime is not None and prime.data == "" and prime.id is not None
+        post, prime_id = _slow_call_primed(running.port, c, 7)
         post.close()  # the answer is not here yet: it is lost with the connection
         gate.set()
-        get = RawStream(running.port)
-        status = get.send(
-            "GET", {**_headers(c), "accept": "text/event-stream", "last-event-id": prime.id}
-        )
-        assert status == 200
+        get = _resume(running.port, c, prime_id)
         answer = get.next_event()
         assert answer is not None and answer.id is not None
-        epoch, seq = prime.id.split(":")
+        epoch, seq = prime_id.split(":")
         assert answer.id == f"{epoch}:{int(seq) + 1}"  # exactly after the cursor
         rpc = json.loads(answer.data)
         assert rpc["id"] == 7 and rpc["result"]["content"][0]["text"] == "finished"
@@ -174,14 +183,9 @@ def test_a_resumption_displaces_a_writer_still_attached_to_an_old_connection() -
     app, gate = gated_app()
     with running_driver(app) as running, Client(running.port) as c:
         c.initialize()
-        old = RawStream(running.port)
-        assert old.send("POST", _headers(c), _call(8, "slow", {})) == 200
-        prime = old.next_event()
-        assert prime is not None and prime.id is not None
+        old, prime_id = _slow_call_primed(running.port, c, 8)
         # The old connection stays open (half-open, say): the client resumes anyway.
-        new = RawStream(running.port)
-        headers = {**_headers(c), "accept": "text/event-stream", "last-event-id": prime.id}
-        assert new.send("GET", headers) == 200  # not 409: the newest reader wins
+        new = _resume(running.port, c, prime_id)
         gate.set()
         answer = new.next_event()
         assert answer is not None and json.loads(answer.data)["result"]["content"][0]["text"]
