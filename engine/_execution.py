@@ -93,6 +93,7 @@ class _Execution(_ServerBase):
         if isinstance(ready, bytes):
             return ready
         req = plan.request
+        self.metrics.inline_calls[str((req.params or {}).get("name"))] += 1
         try:
             payload = encode_result(req.id, call_tool_now(self.app, req.params or {}, ready))
             payload = self._fit(req, payload, handle)
@@ -123,11 +124,13 @@ class _Execution(_ServerBase):
             raise
         if primes and not handle.try_send_now(""):
             assert self._handlers is not None
+            self.metrics.inline_deferred["primed"] += 1
             self._handlers.start_soon(self._deliver, session, handle, True, text)
         elif handle.try_respond_now(text):
             session.done()
         else:
             assert self._handlers is not None
+            self.metrics.inline_deferred["plain"] += 1
             self._handlers.start_soon(self._deliver, session, handle, False, text)
         return True
 

@@ -36,6 +36,12 @@ class Metrics:
         self.duplicates_in_progress = 0
         self.sessions_expired = 0
         self.refusals: Counter[str] = Counter()
+        #: Tool calls answered in the connection's task (no handler task), by tool: the
+        #: keys are the app's own tool names, so the labels are bounded.
+        self.inline_calls: Counter[str] = Counter()
+        #: Of those, answers that had to wait for credit in a task ("primed": the
+        #: priming event waited too).
+        self.inline_deferred: Counter[str] = Counter()
 
     def refused(self, reason: str) -> None:
         """Count one refusal by its ``reason``."""
@@ -75,6 +81,19 @@ class Metrics:
             "counter",
             "Requests refused, by reason.",
             [(f'{{reason="{r}"}}', n) for r, n in sorted(self.refusals.items())] or [("", 0)],
+        )
+        metric(
+            "weir_inline_calls_total",
+            "counter",
+            "Tool calls answered without a handler task, by tool.",
+            [(f'{{tool="{_label_value(t)}"}}', n) for t, n in sorted(self.inline_calls.items())]
+            or [("", 0)],
+        )
+        metric(
+            "weir_inline_deferred_total",
+            "counter",
+            "Inline answers that waited for credit in a task.",
+            [(f'{{wait="{w}"}}', n) for w, n in sorted(self.inline_deferred.items())] or [("", 0)],
         )
         metric(
             "weir_teardowns_total",
@@ -184,3 +203,8 @@ def redact(secret: str) -> str:
 
 def _label(session: Session) -> str:
     return redact(session.session_id)
+
+
+def _label_value(value: str) -> str:
+    """A Prometheus label value: backslash, quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

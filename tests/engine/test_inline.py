@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import json
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -44,10 +45,8 @@ import pytest
 import trio
 import trio.testing
 
-import weir.engine._execution as execution_module
 from weir.engine import App, Context, McpError, MemoryStore, Server, ServerConfig, ToolError
 from weir.engine._app import never_suspends
-from weir.engine._mcp import call_tool_now
 from weir.engine._session import Session, StreamHandle
 from weir.engine._store import SessionRecord
 from weir.protocol import (
@@ -227,34 +226,14 @@ INLINE = {
 # ----------------------------------------------------------------- fixtures and helpers
 
 
-@pytest.fixture
-def inline_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Names of the tools the server ran inline (through ``call_tool_now``), in order."""
-    runs: list[str] = []
-    original = call_tool_now
-
-    def watched(app_: App, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        runs.append(str(params.get("name")))
-        return original(app_, params, ctx)
-
-    monkeypatch.setattr(execution_module, "call_tool_now", watched)
-    return runs
+def inline_runs(server: Server) -> Counter[str]:
+    """Tool calls the server answered inline (no handler task), by tool: its metrics."""
+    return server.metrics.inline_calls
 
 
-@pytest.fixture
-def deliveries(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Every ``Server._deliver`` (an inline answer waiting for credit): its ``prime`` flag."""
-    seen: list[bool] = []
-    original = Server._deliver
-
-    async def watched(
-        self: Server, session: Session, handle: StreamHandle, prime: bool, payload: str
-    ) -> None:
-        seen.append(prime)
-        await original(self, session, handle, prime, payload)
-
-    monkeypatch.setattr(Server, "_deliver", watched)
-    return seen
+def deliveries(server: Server) -> Counter[str]:
+    """Inline answers that had to wait for credit, by whether the priming event waited."""
+    return server.metrics.inline_deferred
 
 
 @asynccontextmanager
@@ -535,8 +514,6 @@ def test_app_tool_marks_inline_tools() -> None:
 async def test_inline_call_answers_like_a_handler_task(
     json_mode: bool,
     autojump_clock: trio.testing.MockClock,
-    inline_runs: list[str],
-    deliveries: list[bool],
 ) -> None:
     async with serving(config_for(json_mode)) as (server, nursery):
         client, session = await started(server, nursery)
@@ -558,8 +535,8 @@ async def test_inline_call_answers_like_a_handler_task(
             structured = {"label": "a", "request": rid, "progress": "p-7"}
             assert got["result"]["structuredContent"] == structured
             assert json.loads(got["result"]["content"][0]["text"]) == structured
-        assert inline_runs == ["echo", "whoami"]  # the twins ran in handler tasks
-        assert deliveries == []  # credit was there: nothing had to wait
+        assert inline_runs(server) == Counter(["echo", "whoami"])  # the twins ran in handler tasks
+        assert deliveries(server) == Counter()  # credit was there: nothing had to wait
         assert trio.current_time() == 0.0
         await settle()
         assert session.inflight == 0 and session.running == {}
@@ -594,7 +571,6 @@ async def test_tool_failures_are_is_error_results(
     text: str,
     json_mode: bool,
     autojump_clock: trio.testing.MockClock,
-    inline_runs: list[str],
 ) -> None:
     async with serving(config_for(json_mode)) as (server, nursery):
         client, session = await started(server, nursery)
@@ -606,11 +582,11 @@ async def test_tool_failures_are_is_error_results(
         assert "boom" not in content["text"]  # an exception's text never reaches the client
         twin = await answer(client, call_msg(101, f"{name}_task", arguments), json_mode=json_mode)
         assert untwin(twin, 1) == got  # exactly what the handler-task path answers
-        assert inline_runs == [name]
+        assert inline_runs(server) == Counter([name])
         # The connection is still usable, and still runs inline calls.
         after = await answer(client, call_msg(2, "echo", {"text": "ok"}), json_mode=json_mode)
         assert after["result"]["content"][0]["text"] == "ok"
-        assert inline_runs == [name, "echo"]
+        assert inline_runs(server) == Counter([name, "echo"])
         await settle()
         assert session.inflight == 0 and session.credit.frames_in_use == 0
 
@@ -660,7 +636,7 @@ async def test_json_rpc_errors_match_the_task_path(
 
 @pytest.mark.parametrize("json_mode", MODES)
 async def test_unknown_tool_is_invalid_params(
-    json_mode: bool, autojump_clock: trio.testing.MockClock, inline_runs: list[str]
+    json_mode: bool, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with serving(config_for(json_mode)) as (server, nursery):
         client, session = await started(server, nursery)
@@ -670,17 +646,17 @@ async def test_unknown_tool_is_invalid_params(
             "id": 1,
             "error": {"code": -32602, "message": "unknown tool 'no_such_tool'"},
         }
-        assert inline_runs == []
+        assert not inline_runs(server)
         after = await answer(client, call_msg(2, "echo", {"text": "ok"}), json_mode=json_mode)
         assert after["result"]["content"][0]["text"] == "ok"
-        assert inline_runs == ["echo"]
+        assert inline_runs(server) == Counter(["echo"])
         await settle()
         assert session.inflight == 0
 
 
 @pytest.mark.parametrize("json_mode", MODES)
 async def test_context_variables_do_not_leak_between_calls(
-    json_mode: bool, autojump_clock: trio.testing.MockClock, inline_runs: list[str]
+    json_mode: bool, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with serving(config_for(json_mode)) as (server, nursery):
         client, _session = await started(server, nursery)
@@ -699,7 +675,7 @@ async def test_context_variables_do_not_leak_between_calls(
             texts.append(got["result"]["content"][0]["text"])
         # Every call sees the default, whatever the previous call on this connection set.
         assert texts == ["unset", "first", "unset", "second", "unset"]
-        assert inline_runs == ["read_tag", "tag", "read_tag", "tag", "read_tag"]
+        assert inline_runs(server) == Counter(["read_tag", "tag", "read_tag", "tag", "read_tag"])
         assert TAG.get() == "unset"
 
 
@@ -711,7 +687,7 @@ class SharedMemoryStore(MemoryStore):
 
 @pytest.mark.parametrize("json_mode", MODES)
 async def test_a_shared_store_never_runs_tools_inline(
-    json_mode: bool, autojump_clock: trio.testing.MockClock, inline_runs: list[str]
+    json_mode: bool, autojump_clock: trio.testing.MockClock
 ) -> None:
     with trio.fail_after(TEST_DEADLINE):
         async with trio.open_nursery() as nursery:
@@ -722,7 +698,9 @@ async def test_a_shared_store_never_runs_tools_inline(
             assert got["result"]["content"] == [{"type": "text", "text": "hi"}]
             again = await answer(client, call_msg(1, "echo", {"text": "hi"}), json_mode=json_mode)
             assert again == got and server.metrics.duplicates_replayed == 1
-            assert inline_runs == []  # the store's calls may block: handler tasks only
+            assert inline_runs(server) == Counter(
+                []
+            )  # the store's calls may block: handler tasks only
             await settle()
             assert session.inflight == 0
             server.shutdown()
@@ -734,7 +712,7 @@ async def test_a_shared_store_never_runs_tools_inline(
 
 @pytest.mark.parametrize("json_mode", MODES)
 async def test_idempotent_replays_execute_once(
-    json_mode: bool, autojump_clock: trio.testing.MockClock, inline_runs: list[str]
+    json_mode: bool, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with serving(config_for(json_mode)) as (server, nursery):
         client, _session = await started(server, nursery)
@@ -747,7 +725,7 @@ async def test_idempotent_replays_execute_once(
         }
         again = await answer(client, call_msg(11, "counted"), json_mode=json_mode, headers=key)
         assert again == {**first, "id": 11}  # the stored result, under the new id
-        assert COUNTS["counted"] == 1 and inline_runs == ["counted"]
+        assert COUNTS["counted"] == 1 and inline_runs(server) == Counter(["counted"])
         assert server.metrics.executions == 1 and server.metrics.duplicates_replayed == 1
 
         # Without the header the JSON-RPC id is the key: the same id replays too.
@@ -755,18 +733,18 @@ async def test_idempotent_replays_execute_once(
         dup = await answer(client, call_msg(12, "counted"), json_mode=json_mode)
         assert fresh["result"]["content"][0]["text"] == "2"
         assert dup == fresh
-        assert COUNTS["counted"] == 2 and inline_runs == ["counted", "counted"]
+        assert COUNTS["counted"] == 2 and inline_runs(server) == Counter(["counted", "counted"])
         assert server.metrics.executions == 2 and server.metrics.duplicates_replayed == 2
 
         # Same key, different request: refused before anything runs.
         reused = await client.post(call_msg(13, "echo", {"text": "x"}), key)
         assert isinstance(reused, Reply) and reused.status == 422
         assert reused.json()["error"]["data"]["reason"] == "idempotency_key_reused"
-        assert inline_runs == ["counted", "counted"]
+        assert inline_runs(server) == Counter(["counted", "counted"])
 
 
 async def test_a_tool_that_can_suspend_runs_in_a_task_and_can_be_cancelled(
-    autojump_clock: trio.testing.MockClock, inline_runs: list[str]
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     assert app.tools["sleepy"].inline is False
     async with serving() as (server, nursery):
@@ -790,7 +768,7 @@ async def test_a_tool_that_can_suspend_runs_in_a_task_and_can_be_cancelled(
         assert trio.current_time() == 5.0
         assert not any("id" in m for m in msgs)  # no response after cancellation
         assert COUNTS == {"sleepy started": 2, "sleepy finished": 1}
-        assert inline_runs == []
+        assert not inline_runs(server)
         await settle()
         assert session.running == {} and session.inflight == 0
 
@@ -811,7 +789,7 @@ class Background:
 
 @pytest.mark.parametrize("json_mode", MODES)
 async def test_request_id_in_use_is_refused_like_the_task_path(
-    json_mode: bool, autojump_clock: trio.testing.MockClock, inline_runs: list[str]
+    json_mode: bool, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with serving(config_for(json_mode)) as (server, nursery):
         client, session = await started(server, nursery)
@@ -851,7 +829,7 @@ async def test_request_id_in_use_is_refused_like_the_task_path(
                 },
             }
         )
-        assert inline_runs == []  # refused before the tool ran
+        assert not inline_runs(server)  # refused before the tool ran
         await trio.sleep_until(10.0)
         await settle()
         assert running.at == 10.0 and running.response is not None
@@ -864,7 +842,7 @@ async def test_request_id_in_use_is_refused_like_the_task_path(
             headers={"idempotency-key": "d"},
         )
         assert free["result"]["content"][0]["text"] == "y"
-        assert inline_runs == ["echo"]
+        assert inline_runs(server) == Counter(["echo"])
         # The refused deliveries released their keys: a retry under them runs now,
         # rather than waiting for a claim nobody will finish or replaying the refusal.
         retried = await answer(
@@ -881,7 +859,7 @@ async def test_request_id_in_use_is_refused_like_the_task_path(
         )
         assert retried["result"]["content"][0]["text"] == "x"
         assert retried_twin["result"]["content"][0]["text"] == "x"
-        assert inline_runs == ["echo", "echo"]
+        assert inline_runs(server) == Counter(["echo", "echo"])
         assert session.inflight == 0
 
 
@@ -918,8 +896,6 @@ async def test_inline_answer_waits_for_credit_then_arrives_in_order(
     held: int,
     prime: bool,
     autojump_clock: trio.testing.MockClock,
-    inline_runs: list[str],
-    deliveries: list[bool],
     peak: Peak,
 ) -> None:
     async with serving() as (server, nursery):
@@ -948,7 +924,9 @@ async def test_inline_answer_waits_for_credit_then_arrives_in_order(
         got = Streamed()
         nursery.start_soon(got.run, as_session(server, nursery, client), call_msg(2, "stamp"))
         await settle()
-        assert inline_runs == ["stamp"] and deliveries == [prime]
+        assert inline_runs(server) == Counter(["stamp"]) and deliveries(server) == Counter(
+            ["primed" if prime else "plain"]
+        )
         assert got.head_at == 2.0 and got.events is None  # head sent, no frame yet
         assert state_of(credit) is CreditState.EXHAUSTED and credit.frames_in_use == FRAMES
         assert session.inflight == 1  # answered, not yet enqueued
@@ -976,15 +954,15 @@ async def test_inline_answer_waits_for_credit_then_arrives_in_order(
         assert session.inflight == 0
         assert credit.frames_in_use == 0 and state_of(credit) is CreditState.OPEN
         assert credit.bytes_in_use == 0
-        assert inline_runs == ["stamp"] and deliveries == [prime]
+        assert inline_runs(server) == Counter(["stamp"]) and deliveries(server) == Counter(
+            ["primed" if prime else "plain"]
+        )
         assert sid in server.sessions and server.metrics.teardowns == 0
     assert peak.frames == FRAMES
 
 
 async def test_inline_response_waits_for_its_own_priming_event_to_drain(
     autojump_clock: trio.testing.MockClock,
-    inline_runs: list[str],
-    deliveries: list[bool],
     peak: Peak,
 ) -> None:
     """One frame of credit left: the priming event takes it, the response waits for it."""
@@ -1005,7 +983,9 @@ async def test_inline_response_waits_for_its_own_priming_event_to_drain(
         got = Streamed()
         nursery.start_soon(got.run, as_session(server, nursery, client), call_msg(2, "stamp"))
         await settle()
-        assert inline_runs == ["stamp"] and deliveries == [False]
+        assert inline_runs(server) == Counter(["stamp"]) and deliveries(server) == Counter(
+            ["plain"]
+        )
         assert got.at == 2.0 and got.events is not None  # the priming drained at once
         assert [e.data == "" for e in got.events] == [True, False]
         assert seqs(got.events) == [0, 1]
@@ -1202,7 +1182,7 @@ async def test_try_acquire_now_and_the_timer(autojump_clock: trio.testing.MockCl
 
 
 async def test_busy_session_does_not_wake_its_timer_per_frame(
-    autojump_clock: trio.testing.MockClock, inline_runs: list[str]
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with serving() as (server, nursery):
         client, sid = await open_session(server, nursery)
@@ -1237,7 +1217,11 @@ async def test_busy_session_does_not_wake_its_timer_per_frame(
         await answer(client, call_msg(99, "echo", {"text": "c"}), json_mode=False)
         await settle()
         assert heap.scheduled == 2  # the next pending frame asks again
-        assert len(inline_runs) == 12
+        assert sum(inline_runs(server).values()) == 12
+        # The same counts are what an operator scrapes.
+        text = server.metrics.render(server.sessions)
+        assert 'weir_inline_calls_total{tool="echo"} 12' in text
+        assert "weir_inline_deferred_total 0" in text
 
 
 async def test_an_earlier_deadline_still_wakes_the_timer_on_time(
