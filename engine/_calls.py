@@ -57,13 +57,14 @@ from weir.protocol import (
     fingerprint,
     gate_decision,
     initialize_result,
+    parse_channel_token,
     parse_initialize,
     primes_streams,
     replay_as,
     session_refusal,
 )
 
-from ._channel import parse_token, raise_channel
+from ._channel import raise_channel
 from ._connection import Connection
 from ._mcp import capabilities
 from ._server_base import _Plan, _ServerBase, _store_unavailable
@@ -99,7 +100,7 @@ class _Calls(_ServerBase):
             self._check_rebind(session, raw_token, rid)
             token = None
         else:
-            token = parse_token(raw_token, rid)
+            token = parse_channel_token(raw_token, rid)
         if not lone_call and not rebind:
             raise_channel(check_channel(session.record, token), rid)
         if (
@@ -339,11 +340,12 @@ class _Calls(_ServerBase):
             except ChannelRejected as exc:
                 raise_channel(exc.verdict, req.id)
                 raise  # unreachable: _raise_channel raises
+            now = trio.current_time()
             decision = gate_decision(
                 start,
                 key,
                 req.id,
-                now=trio.current_time(),
+                now=now,
                 give_up_at=deadline,
                 retry_ms=self.config.retry_ms,
             )
@@ -357,7 +359,6 @@ class _Calls(_ServerBase):
                 if decision.error.reason is Reason.IN_PROGRESS:
                     self.metrics.duplicates_in_progress += 1
                 raise decision.error
-            now = trio.current_time()
             ours = key in session.calls
             with trio.move_on_at(min(deadline, now + (3600.0 if ours else delay))):
                 if ours:

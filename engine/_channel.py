@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from weir.protocol import ChannelVerdict, RequestId, channel_refusal, parse_channel_token
-
-parse_token = parse_channel_token
-
-__all__ = ["channel_refusal", "parse_token", "raise_channel"]
+from weir.protocol import ChannelVerdict, RequestId, channel_refusal
 
 
 def raise_channel(verdict: ChannelVerdict, request_id: RequestId | None = None) -> None:

@@ -50,14 +50,16 @@ from weir.protocol import (
     StreamInput,
     StreamKind,
     StreamLog,
+    channel_refusal,
     check_cursor_channel,
     check_resume_policy,
     displaces_writer,
     encode_comment,
+    parse_channel_token,
     standalone_plan,
 )
 
-from ._channel import channel_refusal, parse_token, raise_channel
+from ._channel import raise_channel
 from ._connection import Connection
 from ._server_base import _ServerBase
 from ._session import Session, StreamHandle, StreamLost
@@ -251,7 +253,7 @@ class _Streams(_ServerBase):
             RemoteProtocolError: 409 ``cursor_stale`` or ``channel_unbound``.
         """
         try:
-            verdict = check_channel(session.record, parse_token(raw_token))
+            verdict = check_channel(session.record, parse_channel_token(raw_token))
         except RemoteProtocolError:
             verdict = ChannelVerdict.UNBOUND
         if verdict is ChannelVerdict.STALE:
@@ -300,6 +302,6 @@ class _Streams(_ServerBase):
             RemoteProtocolError: 409 ``cursor_stale`` (older generation) or
                 ``channel_unbound`` (wrong secret, future generation, malformed).
         """
-        token = parse_token(ctx.headers.get("mcp-channel-token"))
+        token = parse_channel_token(ctx.headers.get("mcp-channel-token"))
         raise_channel(check_channel(session.record, token))
         return token

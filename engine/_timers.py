@@ -16,9 +16,10 @@ task per session, the server keeps one :class:`Deadlines` heap and one task
   nothing per frame.
 * A session has exactly one *valid* entry: the one whose key equals its
   ``timer_key``.  Entries superseded by an earlier one, or of closed sessions,
-  are skipped when they reach the top; the heap is rebuilt from the valid ones
-  when stale entries outnumber them, so it stays within twice the scheduled
-  sessions.
+  are skipped when they reach the top.  Superseded entries are counted as they
+  appear (no scan), and the heap is rebuilt from the valid ones when they make
+  up more than half of it, so it stays within about twice the scheduled
+  sessions at O(1) amortised cost per schedule.
 * The task wakes when a new entry becomes the earliest, and calls the handler
   for every due entry, in deadline order.  The handler must not block (it only
   applies the timers and, for a dead session, starts its teardown elsewhere), so
@@ -55,6 +56,7 @@ class Deadlines:
         self._keys = itertools.count(1)
         self._sleeping_until = math.inf
         self._wake: trio.Event | None = None
+        self._superseded = 0  # entries in the heap whose session has a newer one
         #: Entries pushed so far (how often sessions asked for an earlier wake-up).
         self.scheduled = 0
         #: Handler calls for due entries.
@@ -65,6 +67,8 @@ class Deadlines:
 
     def schedule(self, session: Timed, when: float) -> None:
         """Make ``when`` the session's deadline (its previous entry becomes stale)."""
+        if session.timer_key:
+            self._superseded += 1  # its current entry stays in the heap, now stale
         if when == math.inf:
             session.timer_at, session.timer_key = math.inf, 0
             return
@@ -72,7 +76,7 @@ class Deadlines:
         session.timer_at, session.timer_key = when, key
         heapq.heappush(self._heap, (when, key, session))
         self.scheduled += 1
-        if len(self._heap) > 64 and len(self._heap) > 2 * self._valid_count():
+        if len(self._heap) > 64 and 2 * self._superseded > len(self._heap):
             self._compact()
         if when < self._sleeping_until and self._wake is not None:
             self._wake.set()
@@ -80,18 +84,22 @@ class Deadlines:
     def _valid(self, key: int, session: Timed) -> bool:
         return key == session.timer_key and not session.closed
 
-    def _valid_count(self) -> int:
-        return sum(1 for _, key, s in self._heap if self._valid(key, s))
-
     def _compact(self) -> None:
         self._heap = [entry for entry in self._heap if self._valid(entry[1], entry[2])]
         heapq.heapify(self._heap)
+        self._superseded = 0
+
+    def _pop(self) -> tuple[float, int, Timed]:
+        entry = heapq.heappop(self._heap)
+        if entry[1] != entry[2].timer_key:
+            self._superseded -= 1
+        return entry
 
     def fire_due(self, now: float) -> None:
         """Call the handler for every valid entry due at ``now``, earliest first."""
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            _, key, session = heapq.heappop(heap)
+        # self._heap, not a local: a handler that schedules may compact (replace) it.
+        while self._heap and self._heap[0][0] <= now:
+            _, key, session = self._pop()
             if not self._valid(key, session):
                 continue
             session.timer_at, session.timer_key = math.inf, 0
@@ -100,12 +108,10 @@ class Deadlines:
 
     async def run(self) -> None:
         """Serve the heap until cancelled."""
-        heap = self._heap
         while True:
             while self._heap and not self._valid(self._heap[0][1], self._heap[0][2]):
-                heapq.heappop(self._heap)
-            heap = self._heap
-            self._sleeping_until = heap[0][0] if heap else math.inf
+                self._pop()
+            self._sleeping_until = self._heap[0][0] if self._heap else math.inf
             wake = self._wake = trio.Event()
             with trio.move_on_at(self._sleeping_until):
                 await wake.wait()

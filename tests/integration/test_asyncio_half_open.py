@@ -114,6 +114,17 @@ class RawStream:
         self.sock.close()
 
 
+def _read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends before it closes the connection (bounded reads)."""
+    received = b""
+    for _ in range(100):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        received += chunk
+    return received
+
+
 def gated_app() -> tuple[App, threading.Event]:
     """An app whose ``slow`` tool finishes once the returned event is set."""
     gate = threading.Event()
@@ -278,12 +289,7 @@ def test_sessions_connections_and_idle_sessions_are_bounded() -> None:
         assert refused.json()["error"]["data"]["reason"] == "session_limit"
         # A fourth connection is refused outright, and closed.
         with socket.create_connection(("127.0.0.1", running.port), timeout=TIMEOUT) as sock:
-            received = b""
-            for _ in range(100):
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                received += chunk
+            received = _read_until_closed(sock)
         assert received.startswith(b"HTTP/1.1 503 ") and b'"reason":"overloaded"' in received
         for c in (first, second, third):
             c.sock.close()
@@ -305,12 +311,7 @@ def test_a_trickled_head_is_cut_with_408_an_idle_connection_just_closed() -> Non
         started = time.monotonic()
         with socket.create_connection(("127.0.0.1", running.port), timeout=TIMEOUT) as sock:
             sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and no more
-            received = b""
-            for _ in range(100):
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                received += chunk
+            received = _read_until_closed(sock)
         assert received.startswith(b"HTTP/1.1 408 ") and b'"request_timeout"' in received
         assert time.monotonic() - started >= 0.3  # not before the head's deadline
         with socket.create_connection(("127.0.0.1", running.port), timeout=TIMEOUT) as idle:
