@@ -36,9 +36,11 @@ It serves an :class:`weir.engine.App` (the demo app by default): ``initialize``,
 ``weir.engine`` imports trio, but no trio code runs: tools are awaited on the asyncio loop.
 
 * **Limits.**  Sessions (503 ``session_limit``), connections (503 ``overloaded``),
-  idle sessions (forgotten after ``idle_timeout`` unless busy), and each session's
-  credit; request sizes and header counts are :class:`HttpConnection`'s, and read
-  deadlines (idle, whole head, body) :class:`ReadClock`'s.
+  idle sessions (forgotten after ``idle_timeout`` unless busy), each session's
+  credit, and its replay history (a live stream's last 256 frames; a closed stream
+  keeps only its unacknowledged ones, and at most 16 closed streams are known);
+  request sizes and header counts are :class:`HttpConnection`'s, and read deadlines
+  (idle, whole head, body) :class:`ReadClock`'s.
 
 Not here (the Trio engine has them): tools taking an :class:`weir.engine.Context`
 (they get a JSON-RPC error and are not listed); resources, prompts and completion;
@@ -124,6 +126,9 @@ _SIOCOUTQ = 0x5411
 #: How often a connection with unacknowledged frames asks the kernel (seconds).
 _ACK_POLL_S = 0.002
 _ACK_POLL_MAX_S = 0.05
+#: Replay history: frames a live stream keeps, and closed streams a session remembers.
+_MAX_EVENTS = 256
+_MAX_CLOSED_STREAMS = 16
 #: A comment on an idle stream this often, so proxies do not cut it.
 _SSE_KEEPALIVE_S = 15.0
 _TCP = (socket.AF_INET, socket.AF_INET6)
@@ -141,7 +146,7 @@ class _Session:
         self.loop = asyncio.get_running_loop()
         self.state = SessionState.NEW
         self.flow = SessionFlow(credit, self.loop.time())
-        self.streams = StreamTable()
+        self.streams = StreamTable(max_closed=_MAX_CLOSED_STREAMS)
         self.epochs = 0  # streams opened so far; the next one's epoch
         self.tasks: set[asyncio.Task[None]] = set()
         #: The connection tasks writing this session's streams (teardown cancels them),
@@ -244,12 +249,20 @@ class _Session:
         self.arm_timer()
 
     def drained(self, stream: StreamLog, upto_seq: int) -> None:
-        """The peer acknowledged every frame of ``stream`` below ``upto_seq``."""
+        """The peer acknowledged every frame of ``stream`` below ``upto_seq``.
+
+        A closed stream's acknowledged frames are dropped at once: what stays is
+        only what a resumption may still need, so the history a session keeps is
+        its live streams' last ``_MAX_EVENTS`` frames, not everything it was sent.
+        """
         self.release(*stream.mark_drained(upto_seq))
+        if stream.state is StreamState.CLOSED:
+            stream.trim_drained()
 
     # ----------------------------------------------------------------- streams
     def open_stream(self, kind: StreamKind) -> StreamLog:
-        stream = self.streams.add(StreamLog(format_epoch(self.epochs), kind))
+        log = StreamLog(format_epoch(self.epochs), kind, max_events=_MAX_EVENTS)
+        stream = self.streams.add(log)
         self.epochs += 1
         return stream
 
@@ -716,6 +729,7 @@ class _Connection:
                 continue
             if step is WriterStep.FINISH:
                 stream.handle(StreamInput.DELIVERED)
+                stream.trim_drained()  # what was acknowledged before it closed
                 break
             if step is not WriterStep.WAIT:
                 break  # aborted, a replay of a delivered stream, or the session ended

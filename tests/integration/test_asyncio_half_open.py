@@ -273,6 +273,11 @@ def test_a_healthy_session_gives_back_every_byte_of_credit() -> None:
             time.sleep(0.01)
             held = _credit_of(running, c.session_id)
         assert held == (0, 0, 0)
+        sid = c.session_id
+        # Delivered and acknowledged streams keep no history, and about 16 are remembered
+        # (the table forgets the oldest when a stream is added: 16, plus the newest).
+        streams = running.probe(lambda: list(running.driver.sessions[sid].streams))
+        assert len(streams) <= 16 + 1 and sum(log.retained_bytes for log in streams) == 0
 
 
 def test_sessions_connections_and_idle_sessions_are_bounded() -> None:
