@@ -1,18 +1,20 @@
-"""weir's Trio engine: the server, the application API and the stores.
+"""weir's Trio engine: the server and the stores, driving the core and serving an app.
 
 Everything here is built on the sans-io core in :mod:`weir.protocol`; this is the only
-layer that reads the clock or touches a socket.  Store implementers find here the
-interface (:class:`SessionStore`) and every type it speaks (records, events, stream
-info, retention, its exceptions); the gate's :class:`~weir.protocol.CallStart` and
-:class:`~weir.protocol.CallOutcome` are the core's.
+layer that reads the clock or touches a socket.  The application API (:class:`App`,
+:class:`Context`, …) is :mod:`weir.app`'s, re-exported here for convenience.  Store
+implementers find here the interface (:class:`SessionStore`) and every type it
+speaks (records, events, stream info, retention, its exceptions); the gate's
+:class:`~weir.protocol.CallStart` and :class:`~weir.protocol.CallOutcome` are the core's.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._app import (
+from weir.app import (
     App,
+    Context,
     McpError,
     Prompt,
     Resource,
@@ -25,8 +27,8 @@ from ._app import (
     text,
     tool_result,
 )
+
 from ._auth import AccessToken, Authorization, InvalidToken, JwtVerifier, TokenVerifier
-from ._context import Context
 from ._memory import tune_allocator
 from ._server import Server, ServerConfig, serve
 from ._store import (

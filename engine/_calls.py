@@ -33,6 +33,7 @@ from typing import Any
 import msgspec
 import trio
 
+from weir.app import Caller, capabilities
 from weir.protocol import (
     CallStart,
     ChannelVerdict,
@@ -66,7 +67,6 @@ from weir.protocol import (
 
 from ._channel import raise_channel
 from ._connection import Connection
-from ._mcp import capabilities
 from ._server_base import _Plan, _ServerBase, _store_unavailable
 from ._session import JsonCharge, Session, SessionClosed
 from ._store import ChannelRejected, MemoryStore, SessionGone, StoreUnavailable, check_channel
@@ -530,8 +530,7 @@ class _Calls(_ServerBase):
         asked = parse_initialize(req)
         if session is None:
             session = await self._new_session(asked.version, principal, req.id)
-        session.client_capabilities = asked.capabilities
-        session.client_info = asked.client_info
+        session.caller = Caller(asked.capabilities, asked.client_info)
         return session
 
     def _initialize_result(self, session: Session) -> dict[str, Any]:

@@ -6,7 +6,7 @@ Handlers run in the server's handler nursery, not in the connection's task, so a
 dropped connection does not cancel them (MCP: disconnection is not cancellation)
 and their output stays replayable.  The exception is a ``tools/call`` of a tool
 whose ``async def`` has no suspension point at all
-(:func:`weir.engine._app.never_suspends`), with the process-local store: it finishes
+(:func:`weir.app.never_suspends`), with the process-local store: it finishes
 on its first step, so it runs right in the connection's task
 (:meth:`Server._run_now`) -- it can neither be cancelled half-way nor outlive
 anything -- and its response goes out in the same write as the head.
@@ -24,22 +24,19 @@ import contextlib
 
 import trio
 
+from weir.app import Context, call_tool_now, dispatch, failure, id_in_use, inline_tool
 from weir.protocol import (
     INTERNAL_ERROR,
-    INVALID_REQUEST,
     SERVER_ERROR,
     Reason,
     Request,
-    RequestId,
     StreamInput,
     StreamState,
     encode_error,
     encode_result,
 )
 
-from ._app import McpError
-from ._context import Context
-from ._mcp import call_tool_now, dispatch, inline_tool
+from ._context import CallBackend
 from ._server_base import _Plan, _ServerBase, log
 from ._session import Session, StreamHandle, StreamLost
 from ._store import INTERRUPTED_MESSAGE, SessionGone, StoreUnavailable
@@ -52,7 +49,7 @@ class _Execution(_ServerBase):
         """Can ``plan`` be answered in the connection's task, with no handler task?
 
         Yes for a replay (nothing executes) and for a ``tools/call`` of a tool that
-        never suspends (:func:`weir.engine._app.never_suspends`), when the store is
+        never suspends (:func:`weir.app.never_suspends`), when the store is
         process-local (its calls never block either).  Such a call cannot be
         cancelled half-way, observe its task, or outlive a dropped connection, so
         running it here changes nothing a client can see -- except the latency.
@@ -77,12 +74,15 @@ class _Execution(_ServerBase):
         if req.id in session.running:
             if plan.key is not None:
                 await self._finish_call(session, plan.key, None)
-            return _id_in_use(req.id)
+            return id_in_use(req.id)
         if plan.key is not None:
             self.metrics.executions += 1
         meta = (req.params or {}).get("_meta")
         return Context(
-            session, req.id, handle, meta if isinstance(meta, dict) else None, state=self.state
+            CallBackend(session, handle),
+            req.id,
+            meta if isinstance(meta, dict) else None,
+            state=self.state,
         )
 
     async def _answer_now(
@@ -98,7 +98,7 @@ class _Execution(_ServerBase):
             payload = encode_result(req.id, call_tool_now(self.app, req.params or {}, ready))
             payload = self._fit(req, payload, handle)
         except Exception as exc:
-            payload = _failure(req, exc)
+            payload = failure(req, exc)
         if plan.key is not None:
             await self._finish_call(session, plan.key, payload)
         return payload
@@ -182,12 +182,12 @@ class _Execution(_ServerBase):
             session.running[req.id] = scope
             session.started[req.id] = trio.current_time()
             try:
-                payload = encode_result(req.id, await dispatch(self.app, session, req, ready))
+                payload = encode_result(req.id, await dispatch(self.app, req, ready))
                 payload = self._fit(req, payload, handle)
             except StreamLost:
                 payload = None
             except Exception as exc:
-                payload = _failure(req, exc)
+                payload = failure(req, exc)
             except BaseException:
                 if not scope.cancel_called:
                     # Not the client's cancellation: this process is going away under
@@ -294,20 +294,3 @@ class _Execution(_ServerBase):
                 handle.handle(StreamInput.ABORT)
         finally:
             session.done()
-
-
-def _failure(req: Request, exc: Exception) -> bytes:
-    """The JSON-RPC error for a handler that raised (logged unless it is an McpError)."""
-    if isinstance(exc, McpError):
-        return encode_error(req.id, exc.code, exc.message, exc.data)
-    log.exception("handler for %s failed", req.method)
-    return encode_error(req.id, INTERNAL_ERROR, f"internal error in {req.method}")
-
-
-def _id_in_use(request_id: RequestId) -> bytes:
-    return encode_error(
-        request_id,
-        INVALID_REQUEST,
-        f"request id {request_id!r} is already in use",
-        {"reason": str(Reason.INVALID_REQUEST)},
-    )

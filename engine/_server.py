@@ -58,6 +58,7 @@ from typing import Any
 
 import trio
 
+from weir.app import App
 from weir.protocol import (
     SERVER_ERROR,
     CreditState,
@@ -71,7 +72,6 @@ from weir.protocol import (
     session_refusal,
 )
 
-from ._app import App
 from ._calls import REBIND_METHOD as REBIND_METHOD
 from ._calls import _Calls
 from ._config import ServerConfig, _open_listeners

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from weir.app import App
 from weir.protocol import (
     SERVER_ERROR,
     DeleteSession,
@@ -48,7 +49,6 @@ from weir.protocol import (
     StreamKind,
 )
 
-from ._app import App
 from ._config import ServerConfig
 from ._connection import Connection
 from ._listen import AcceptGate

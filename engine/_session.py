@@ -29,10 +29,10 @@ import math
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import trio
 
+from weir.app import Caller
 from weir.protocol import (
     Admit,
     CreditLimits,
@@ -52,17 +52,6 @@ from weir.protocol import (
 )
 
 from ._store import SessionRecord
-
-LOG_LEVELS: dict[str, int] = {
-    "debug": 0,
-    "info": 1,
-    "notice": 2,
-    "warning": 3,
-    "error": 4,
-    "critical": 5,
-    "alert": 6,
-    "emergency": 7,
-}
 
 
 def _closed(log: StreamLog) -> bool:
@@ -341,10 +330,8 @@ class Session:
         self.pending: dict[RequestId, PendingRequest] = {}
         #: Cancel scopes of JSON responses being written (teardown cancels them).
         self.json_writers: set[trio.CancelScope] = set()
-        self.log_level: str | None = None
-        self.subscriptions: set[str] = set()
-        self.client_info: dict[str, Any] = {}
-        self.client_capabilities: dict[str, Any] = {}
+        #: What the app layer keeps about the client (capabilities, log level, …).
+        self.caller = Caller()
         self._ids = itertools.count(1)
         #: This process's replica id (in server-to-client request ids).
         self.replica = "local"
@@ -471,12 +458,6 @@ class Session:
         client's answer reaches can forward it there through the store.
         """
         return f"weir:{self.replica}:{next(self._ids)}"
-
-    def log_enabled(self, level: str) -> bool:
-        """Whether a ``notifications/message`` at ``level`` passes ``logging/setLevel``."""
-        if self.log_level is None:
-            return True
-        return LOG_LEVELS.get(level, 0) >= LOG_LEVELS.get(self.log_level, 0)
 
     # ------------------------------------------------------------ credit
     @property

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import ipaddress
 import json
 import logging
@@ -23,44 +22,13 @@ from collections.abc import Sequence
 
 import trio
 
+from weir.app import App, load_app
 from weir.protocol import CreditLimits, HttpLimits
 
-from ._app import App
 from ._auth import Authorization, JwtVerifier
 from ._memory import tune_allocator
 from ._server import Server, ServerConfig
 from ._store import MemoryStore, SessionStore, StoreUnavailable
-
-BUILTIN_APPS = {
-    "demo": "weir.engine.apps.demo:app",
-    "conformance": "weir.engine.apps.conformance:app",
-}
-
-
-def load_app(spec: str) -> App:
-    """Resolve ``demo``, ``conformance`` or ``module:attribute`` to an :class:`App`.
-
-    Raises:
-        SystemExit: with a clear message when the spec cannot be resolved.
-    """
-    target = BUILTIN_APPS.get(spec, spec)
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise SystemExit(
-            f"weir: APP must be 'demo', 'conformance' or 'module:attribute', got {spec!r}"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise SystemExit(f"weir: cannot import {module_name!r}: {exc}") from None
-    obj = getattr(module, attr, None)
-    if obj is None:
-        raise SystemExit(f"weir: module {module_name!r} has no attribute {attr!r}")
-    if not isinstance(obj, App) and callable(obj):
-        obj = obj()
-    if not isinstance(obj, App):
-        raise SystemExit(f"weir: {spec!r} is a {type(obj).__name__}, not an engine.App")
-    return obj
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -480,7 +448,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``weir`` console script."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    app = load_app(args.app)
+    try:
+        app = load_app(args.app)
+    except LookupError as exc:
+        raise SystemExit(f"weir: {exc}") from None
     config = config_from_args(args)
     if config.auth is None and not _is_loopback(config.host):
         print(

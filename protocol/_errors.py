@@ -63,6 +63,7 @@ class Reason(enum.StrEnum):
     REQUEST_TIMEOUT = "request_timeout"
     BATCH_TOO_LARGE = "batch_too_large"
     SESSION_LIMIT = "session_limit"
+    SUBSCRIPTION_LIMIT = "subscription_limit"
     RESULT_TOO_LARGE = "result_too_large"
     OUTCOME_EVICTED = "outcome_evicted"
     OVERLOADED = "overloaded"

@@ -8,7 +8,11 @@
 * ``engine/`` imports from the core only through ``weir.protocol.__all__``.
 * Nothing in the repository imports the source folders by their bare names
   (``protocol``, ``engine``): one module, one name, never two copies of a class.
-* ``examples/`` use only public names (no ``weir.engine._*`` or ``weir.protocol._*``).
+* ``app/`` (``weir.app``, the application API) runs on any event loop: it imports the
+  standard library (no event loop, socket, thread or clock modules), ``msgspec``, and
+  the core through ``weir.protocol.__all__``; never trio, asyncio or the engine.
+* ``examples/`` use only public names (no ``weir.engine._*`` or ``weir.protocol._*``),
+  and the asyncio driver imports neither trio nor the engine at all.
 * ``tests/protocol`` never imports trio.
 * ``protocol/`` keeps no module-level mutable state: no module-level dict, list,
   set, bytearray, deque or other container is bound at import time (caches are
@@ -30,6 +34,7 @@ import weir.protocol
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL = ROOT / "protocol"
 ENGINE = ROOT / "engine"
+APP = ROOT / "app"
 
 FORBIDDEN_IN_PROTOCOL = frozenset(
     {
@@ -88,6 +93,11 @@ def _forbidden(module: str) -> bool:
 
 PROTOCOL_FILES = _py_files(PROTOCOL)
 ENGINE_FILES = _py_files(ENGINE)
+APP_FILES = _py_files(APP)
+
+#: What the application layer may not import: the core's list, minus ``logging``
+#: (a tool's failure is logged, not sent) and with the core added back.
+FORBIDDEN_IN_APP = (FORBIDDEN_IN_PROTOCOL - {"logging"}) | {"weir.engine", "asyncio"}
 
 
 def test_there_is_something_to_scan() -> None:
@@ -105,6 +115,49 @@ def test_protocol_imports_only_stdlib_h11_and_msgspec(path: Path) -> None:
             bad.append(f"{_rel(path)}:{line}: forbidden import {module}")
         elif root not in THIRD_PARTY_IN_PROTOCOL and root not in sys.stdlib_module_names:
             bad.append(f"{_rel(path)}:{line}: third-party import {module}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("path", APP_FILES, ids=_rel)
+def test_app_layer_imports_no_runtime(path: Path) -> None:
+    public = set(weir.protocol.__all__)
+    bad: list[str] = []
+    for line, module, names in _absolute_imports(_parse(path)):
+        parts = module.split(".")
+        prefixes = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+        if prefixes & FORBIDDEN_IN_APP:
+            bad.append(f"{_rel(path)}:{line}: forbidden import {module}")
+        elif module == "weir.protocol":
+            bad += [f"{_rel(path)}:{line}: private {n}" for n in names if n not in public]
+        elif module.startswith("weir.protocol."):
+            bad.append(f"{_rel(path)}:{line}: imports private module {module}")
+        elif parts[0] not in {"msgspec", "weir"} and parts[0] not in sys.stdlib_module_names:
+            bad.append(f"{_rel(path)}:{line}: third-party import {module}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    "module", ["weir.app", "weir.app.samples.demo", "weir.app.samples.conformance"]
+)
+def test_importing_the_app_layer_imports_no_runtime(module: str) -> None:
+    code = (
+        f"import {module}, sys\n"
+        "bad = sorted(m for m in ('trio', 'asyncio', 'anyio', 'weir.engine') if m in sys.modules)\n"
+        "assert not bad, bad\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("path", _py_files(ROOT / "examples" / "asyncio_server"), ids=_rel)
+def test_the_asyncio_driver_imports_neither_trio_nor_the_engine(path: Path) -> None:
+    bad = [
+        f"{_rel(path)}:{line}: {module}"
+        for line, module, _ in _absolute_imports(_parse(path))
+        if module.split(".", 1)[0] in {"trio", "anyio"} or module.startswith("weir.engine")
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -225,11 +278,11 @@ def test_pure_core_tests_never_import_trio(path: Path) -> None:
     assert not bad, "\n".join(bad)
 
 
-# weir/protocol and weir/engine are symlinks to the source folders: scan those once.
+# weir/protocol, weir/app and weir/engine are symlinks to the source folders: scan once.
 REPO_FILES = [
     *(
         p
-        for f in ("protocol", "engine", "tests", "benchmarks", "examples")
+        for f in ("protocol", "app", "engine", "tests", "benchmarks", "examples")
         for p in _py_files(ROOT / f)
     ),
     *sorted((ROOT / "weir").glob("*.py")),
@@ -241,7 +294,7 @@ def test_nothing_imports_the_source_folders_by_their_bare_names(path: Path) -> N
     bad = [
         f"{_rel(path)}:{line}: import {module} (use weir.{module})"
         for line, module, _ in _absolute_imports(_parse(path))
-        if module.split(".", 1)[0] in {"protocol", "engine"}
+        if module.split(".", 1)[0] in {"protocol", "app", "engine"}
     ]
     assert not bad, "\n".join(bad)
 

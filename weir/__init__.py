@@ -1,10 +1,12 @@
 """weir: an MCP-over-HTTP transport, a sans-io core and the Trio server built on it.
 
-Two layers, installed as two subpackages:
+Three layers, installed as three subpackages:
 
 * :mod:`weir.protocol` -- the sans-io core: bytes in, events and bytes out; no
   sockets, clocks or runtime.  Importing it imports neither Trio nor the server.
-* :mod:`weir.engine` -- the Trio server, the application API and the stores.
+* :mod:`weir.app` -- the application API (``App``, ``Context``) and the MCP methods,
+  on any event loop.  Importing it imports no Trio either.
+* :mod:`weir.engine` -- the Trio server and the stores.
 
 The names below are the server's public surface, re-exported from
 :mod:`weir.engine` on first use, so that ``import weir.protocol`` stays free of

@@ -61,8 +61,8 @@ app = App("half-open-test")
 @app.tool(idempotent=False, destructive=True)
 async def count(ctx: Context) -> str:
     """Not idempotent: count one more execution in this session, return the new count."""
-    n = STATE.counts.get(ctx.session_id, 0) + 1
-    STATE.counts[ctx.session_id] = n
+    n = STATE.counts.get(str(ctx.session_id), 0) + 1
+    STATE.counts[str(ctx.session_id)] = n
     await trio.lowlevel.checkpoint()
     return str(n)
 
@@ -70,8 +70,8 @@ async def count(ctx: Context) -> str:
 @app.tool(idempotent=False)
 async def slow_count(ctx: Context, seconds: float = 0) -> str:
     """Count one execution at once, then sleep ``seconds``, then return the count."""
-    n = STATE.counts.get(ctx.session_id, 0) + 1
-    STATE.counts[ctx.session_id] = n
+    n = STATE.counts.get(str(ctx.session_id), 0) + 1
+    STATE.counts[str(ctx.session_id)] = n
     await trio.sleep(seconds)
     return str(n)
 

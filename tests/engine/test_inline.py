@@ -3,7 +3,7 @@ connection's task, and nothing a client can observe changes.
 
 What this module guarantees:
 
-* :func:`weir.engine._app.never_suspends` says True only for a plain ``async def`` whose
+* :func:`weir.app.never_suspends` says True only for a plain ``async def`` whose
   own bytecode has no suspension point, and ``App.tool`` records that in
   ``Tool.inline``.  Every ``await`` (even in a branch never taken), ``async with``,
   ``async for``, async comprehension, plain ``def``, ``partial``, callable object,
@@ -45,8 +45,8 @@ import pytest
 import trio
 import trio.testing
 
+from weir.app import never_suspends
 from weir.engine import App, Context, McpError, MemoryStore, Server, ServerConfig, ToolError
-from weir.engine._app import never_suspends
 from weir.engine._session import Session, StreamHandle
 from weir.engine._store import SessionRecord
 from weir.protocol import (

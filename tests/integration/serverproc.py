@@ -1,7 +1,8 @@
 """``python -m weir serve APP`` as a subprocess on an ephemeral loopback port.
 
 Shared by the integration tests that need a real server process (the official
-conformance suite, the official SDK client).
+conformance suite, the official SDK client).  ``driver="asyncio"`` runs the same app
+on the asyncio driver instead (``python -m examples.asyncio_server``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVER_START_TIMEOUT = 20.0
 SERVER_STOP_TIMEOUT = 10.0
-_SERVING = re.compile(r"^weir: serving (?P<url>https?://\S+)")
+_SERVING = re.compile(r"^(?:asyncio-)?weir: serving (?P<url>https?://\S+)")
+#: The command line each driver is started with (then APP, host, port, extra args).
+DRIVERS = {
+    "trio": ("-m", "weir", "serve"),
+    "asyncio": ("-m", "examples.asyncio_server"),
+}
 
 
 class WeirProcess:
@@ -35,15 +41,15 @@ class WeirProcess:
         args: Sequence[str] = (),
         *,
         preexec_fn: Callable[[], None] | None = None,
+        driver: str = "trio",
     ) -> None:
         self._stdout = stdout
         self._stderr = stderr
+        self.driver = driver
         self.proc = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "weir",
-                "serve",
+                *DRIVERS[driver],
                 app,
                 "--host",
                 "127.0.0.1",

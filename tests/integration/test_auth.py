@@ -20,8 +20,8 @@ import pytest
 import trio
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from weir.app.samples.demo import app
 from weir.engine import Authorization, JwtVerifier, Server, ServerConfig
-from weir.engine.apps.demo import app
 
 from .rawhttp import INIT_PARAMS, Client, Reply, call
 

@@ -38,8 +38,8 @@ import h11
 import pytest
 import trio
 
+from weir.app.samples import conformance, demo
 from weir.engine import App, Context, McpError, Server, ServerConfig
-from weir.engine.apps import conformance, demo
 from weir.engine.client import (
     CallTrace,
     ChannelUnbound,

@@ -1,17 +1,23 @@
-"""The official MCP conformance suite against ``python -m weir serve conformance``.
+"""The official MCP conformance suite against the ``conformance`` app, on both drivers.
+
+Each suite runs against ``python -m weir serve conformance`` (the Trio engine) and
+against ``python -m examples.asyncio_server conformance --sse-only`` (the asyncio
+driver): one app, one core, two event loops, the same score required of both.
 
 The suite is installed from npm on first use (see tests/conformance_runner.py).
 When it cannot be installed or run, these tests skip, unless
 ``WEIR_REQUIRE_CONFORMANCE=1`` (CI sets it), when they fail.
 With ``WEIR_CONFORMANCE_REPORT_DIR`` set, each run's summary lines are also written
-to ``$WEIR_CONFORMANCE_REPORT_DIR/<suite version>.txt`` so CI can check the leg ran.
+to ``$WEIR_CONFORMANCE_REPORT_DIR/<driver>-<suite version>.txt`` so CI can check
+that every leg ran.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -38,14 +44,28 @@ ALLOWED_WARNINGS_0_1_16: frozenset[tuple[str, str]] = frozenset()
 ALLOWED_WARNINGS_0_2_0_ALPHA_12: frozenset[tuple[str, str]] = frozenset()
 
 
+DRIVERS = ("trio", "asyncio")
+
+
 @pytest.fixture(scope="module")
-def weir_server() -> Iterator[WeirProcess]:
-    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
-        server = WeirProcess("conformance", stdout, stderr)
-        try:
-            yield server
-        finally:
-            server.stop()
+def weir_servers() -> Iterator[Callable[[str], WeirProcess]]:
+    """``start(driver)``: that driver's server, started on first use, for the module."""
+    with contextlib.ExitStack() as stack:
+        started: dict[str, WeirProcess] = {}
+
+        def start(driver: str) -> WeirProcess:
+            if driver not in started:
+                stdout = stack.enter_context(tempfile.TemporaryFile())
+                stderr = stack.enter_context(tempfile.TemporaryFile())
+                # The asyncio driver answers a JSON-only Accept with JSON unless told
+                # not to; the suite expects weir serve's behaviour (406): --sse-only.
+                args = ("--sse-only",) if driver == "asyncio" else ()
+                server = WeirProcess("conformance", stdout, stderr, args, driver=driver)
+                stack.callback(server.stop)
+                started[driver] = server
+            return started[driver]
+
+        yield start
 
 
 def _unavailable(reason: str) -> NoReturn:
@@ -58,6 +78,7 @@ def _unavailable(reason: str) -> NoReturn:
 def _run_suite(
     request: pytest.FixtureRequest,
     version: str,
+    driver: str,
     *,
     suite: str,
     spec_version: str | None = None,
@@ -66,7 +87,7 @@ def _run_suite(
     try:
         # Installing first means a machine without npm skips before starting a server.
         ensure_suite(version)
-        server = request.getfixturevalue("weir_server")
+        server = request.getfixturevalue("weir_servers")(driver)
         assert isinstance(server, WeirProcess)
         report = run_conformance(
             server.url, version=version, suite=suite, spec_version=spec_version
@@ -79,12 +100,12 @@ def _run_suite(
 
     assert server is not None
     lines = report.summary_lines()
-    print(f"\n[conformance {version}]\n" + "\n".join(lines))
+    print(f"\n[conformance {version}, {server.driver} driver]\n" + "\n".join(lines))
     report_dir = os.environ.get("WEIR_CONFORMANCE_REPORT_DIR")
     if report_dir:
         path = Path(report_dir)
         path.mkdir(parents=True, exist_ok=True)
-        (path / f"{version}.txt").write_text("\n".join(lines) + "\n")
+        (path / f"{server.driver}-{version}.txt").write_text("\n".join(lines) + "\n")
     return report, server
 
 
@@ -116,13 +137,19 @@ def _check(
     assert not unexpected, explain("unexpected WARNING checks:\n" + "\n".join(unexpected))
 
 
-def test_conformance_0_1_16_all(request: pytest.FixtureRequest) -> None:
-    report, server = _run_suite(request, "0.1.16", suite="all")
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_conformance_0_1_16_all(request: pytest.FixtureRequest, driver: str) -> None:
+    report, server = _run_suite(request, "0.1.16", driver, suite="all")
     _check(report, server, expected_scenarios=32, allowed_warnings=ALLOWED_WARNINGS_0_1_16)
 
 
-def test_conformance_0_2_0_alpha_12_all_2025_11_25(request: pytest.FixtureRequest) -> None:
-    report, server = _run_suite(request, "0.2.0-alpha.12", suite="all", spec_version="2025-11-25")
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_conformance_0_2_0_alpha_12_all_2025_11_25(
+    request: pytest.FixtureRequest, driver: str
+) -> None:
+    report, server = _run_suite(
+        request, "0.2.0-alpha.12", driver, suite="all", spec_version="2025-11-25"
+    )
     _check(
         report,
         server,

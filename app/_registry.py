@@ -4,15 +4,16 @@ Theory of operation
 -------------------
 An :class:`App` is a registry, nothing more: decorators record functions together
 with the metadata MCP lists (names, descriptions, JSON Schemas, annotations).  It
-has no I/O and no knowledge of sessions; the server (``engine._server``) looks
-handlers up here and calls them with a :class:`~weir.engine.Context`.
+has no I/O and no knowledge of sessions or of an event loop; a driver (the Trio
+engine, the asyncio driver) looks handlers up here, through :func:`weir.app.dispatch`,
+and calls them with a :class:`~weir.app.Context`.
 
 * A tool's ``inputSchema`` is derived from its type hints with msgspec (a Struct is
   built from the parameters), and incoming ``arguments`` are validated and
   converted with the same Struct before the function runs.  Bad arguments become a
   tool result with ``isError: true`` (MCP 2025-11-25: input validation errors are
   tool execution errors), never a crash.
-* A parameter annotated as :class:`~weir.engine.Context` receives the per-call context
+* A parameter annotated as :class:`~weir.app.Context` receives the per-call context
   and is not part of the schema.
 * Return values are normalised into MCP result objects by :func:`tool_result`
   (``str`` -> one text block, a content block or a list of them, or a full result
@@ -23,18 +24,16 @@ from __future__ import annotations
 
 import base64
 import dis
+import importlib
 import inspect
 import re
 import types
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
+from typing import Any, TypeVar, get_type_hints
 
 import msgspec
-
-if TYPE_CHECKING:
-    pass
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -517,3 +516,37 @@ class App:
             if found is not None:
                 return t, found
         return None
+
+
+#: The applications that ship with weir, by the short name ``weir serve`` accepts.
+BUILTIN_APPS = {
+    "demo": "weir.app.samples.demo:app",
+    "conformance": "weir.app.samples.conformance:app",
+}
+
+
+def load_app(spec: str) -> App:
+    """Resolve ``demo``, ``conformance`` or ``module:attribute`` to an :class:`App`.
+
+    The attribute may also be a function taking no arguments that returns one.
+
+    Raises:
+        LookupError: the spec is malformed, the module cannot be imported, or the
+            attribute is missing or is not an :class:`App` (the message says which).
+    """
+    target = BUILTIN_APPS.get(spec, spec)
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise LookupError(f"APP must be 'demo', 'conformance' or 'module:attribute', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise LookupError(f"cannot import {module_name!r}: {exc}") from None
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise LookupError(f"module {module_name!r} has no attribute {attr!r}")
+    if not isinstance(obj, App) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, App):
+        raise LookupError(f"{spec!r} is a {type(obj).__name__}, not a weir.app.App")
+    return obj

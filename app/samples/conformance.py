@@ -11,9 +11,7 @@ import base64
 import struct
 from typing import Any
 
-import trio
-
-from weir.engine import App, Context, ToolError, audio, embedded_resource, image, text
+from weir.app import App, Context, ToolError, audio, embedded_resource, image, text
 
 app = App("weir-conformance", "0.1.0")
 
@@ -84,9 +82,9 @@ async def test_multiple_content_types() -> list[dict[str, Any]]:
 async def test_tool_with_logging(ctx: Context) -> str:
     """Sends three log notifications during the call."""
     await ctx.info("Tool execution started")
-    await trio.sleep(0.05)
+    await ctx.sleep(0.05)
     await ctx.info("Tool processing data")
-    await trio.sleep(0.05)
+    await ctx.sleep(0.05)
     await ctx.info("Tool execution completed")
     return "Tool with logging executed successfully"
 
@@ -101,9 +99,9 @@ async def test_error_handling() -> str:
 async def test_tool_with_progress(ctx: Context) -> str:
     """Reports progress 0, 50 and 100 of 100 before answering."""
     await ctx.report_progress(0, 100, "Completed step 0 of 100")
-    await trio.sleep(0.05)
+    await ctx.sleep(0.05)
     await ctx.report_progress(50, 100, "Completed step 50 of 100")
-    await trio.sleep(0.05)
+    await ctx.sleep(0.05)
     await ctx.report_progress(100, 100, "Completed step 100 of 100")
     return "Progress test completed"
 
@@ -245,9 +243,9 @@ async def json_schema_2020_12_tool(name: str | None = None, address: Any = None)
 @app.tool()
 async def test_reconnection(ctx: Context) -> str:
     """Closes its SSE stream mid-call; the result arrives after the client reconnects."""
-    await trio.sleep(0.05)
+    await ctx.sleep(0.05)
     ctx.close_stream(retry_ms=500)
-    await trio.sleep(0.3)
+    await ctx.sleep(0.3)
     return "Reconnection test completed successfully"
 
 

@@ -9,9 +9,7 @@
 
 from __future__ import annotations
 
-import trio
-
-from weir.engine import App, Context
+from weir.app import App, Context
 
 app = App(
     "weir-demo",
@@ -43,7 +41,7 @@ async def countdown(ctx: Context, seconds: int = 5) -> str:
     for done in range(seconds):
         await ctx.report_progress(done, seconds, f"{seconds - done} s left")
         await ctx.info(f"{seconds - done} s left")
-        await trio.sleep(1)
+        await ctx.sleep(1)
     await ctx.report_progress(seconds, seconds, "lift-off")
     return "lift-off"
 

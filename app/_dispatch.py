@@ -3,10 +3,12 @@
 Theory of operation
 -------------------
 :func:`dispatch` is the only place that knows MCP method names.  It returns the
-``result`` object or raises :class:`~weir.engine.McpError` (a JSON-RPC error).  Tool
+``result`` object or raises :class:`~weir.app.McpError` (a JSON-RPC error).  Tool
 failures are *results* with ``isError: true`` (MCP), not JSON-RPC errors.
-Transport concerns (streams, sessions, HTTP) stay in the server's modules
-(``_server``, ``_calls``, ``_streams``, …).
+It does no I/O of its own and needs no particular event loop: the handlers it awaits
+reach the client only through the call's :class:`~weir.app.Context`, whose backend
+the driver supplies.  Transport concerns (streams, sessions, HTTP, which requests the
+transport answers itself) stay in the drivers.
 """
 
 from __future__ import annotations
@@ -19,11 +21,20 @@ from typing import Any, cast
 
 import msgspec
 
-from weir.protocol import INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND, Request
+from weir.protocol import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    RESOURCE_NOT_FOUND,
+    Reason,
+    Request,
+    RequestId,
+    encode_error,
+)
 
-from ._app import App, McpError, Tool, ToolError, text, tool_result
-from ._context import Context
-from ._session import LOG_LEVELS, Session
+from ._context import LOG_LEVELS, Context
+from ._registry import App, McpError, Tool, ToolError, text, tool_result
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +145,7 @@ def call_tool_now(app: App, params: dict[str, Any], ctx: Context) -> dict[str, A
 
     Same results and errors as :func:`call_tool`; the caller has checked
     :func:`inline_tool`.  The coroutine is stepped once and must finish on that
-    step (:func:`weir.engine._app.never_suspends` guarantees it); it runs in a copy of
+    step (:func:`weir.app.never_suspends` guarantees it); it runs in a copy of
     the current context, as a task would, so context variables it sets do not leak.
     """
     try:
@@ -239,60 +250,78 @@ async def complete(app: App, params: dict[str, Any], ctx: Context) -> dict[str, 
     }
 
 
-Handler = Callable[[App, Session, dict[str, Any], Context], Awaitable[dict[str, Any]]]
+Handler = Callable[[App, dict[str, Any], Context], Awaitable[dict[str, Any]]]
 
 
-async def _ping(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+async def _ping(app: App, p: dict[str, Any], c: Context) -> dict[str, Any]:
     return {}
 
 
-async def _tools_list(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+async def _tools_list(app: App, p: dict[str, Any], c: Context) -> dict[str, Any]:
     return {"tools": [t.listing() for t in app.tools.values()]}
 
 
-async def _tools_call(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+async def _tools_call(app: App, p: dict[str, Any], c: Context) -> dict[str, Any]:
     return await call_tool(app, p, c)
 
 
-async def _resources_list(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+async def _resources_list(app: App, p: dict[str, Any], c: Context) -> dict[str, Any]:
     return {"resources": [r.listing() for r in app.resources.values()]}
 
 
-async def _templates_list(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+async def _templates_list(app: App, p: dict[str, Any], c: Context) -> dict[str, Any]:
     return {"resourceTemplates": [t.listing() for t in app.templates]}
 
 
-async def _resources_read(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+async def _resources_read(app: App, p: dict[str, Any], c: Context) -> dict[str, Any]:
     return await read_resource(app, p, c)
 
 
-async def _subscribe(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
-    s.subscriptions.add(_require_str(p, "uri"))
+#: What one caller may make the server remember through ``resources/subscribe``.
+MAX_SUBSCRIPTIONS = 256
+MAX_SUBSCRIPTION_URI = 2048
+
+
+async def _subscribe(app: App, p: dict[str, Any], c: Context) -> dict[str, Any]:
+    uri, held = _require_str(p, "uri"), c.backend.caller.subscriptions
+    if len(uri) > MAX_SUBSCRIPTION_URI:
+        raise McpError(
+            INVALID_PARAMS,
+            f"params.uri is longer than {MAX_SUBSCRIPTION_URI} characters",
+            {"reason": str(Reason.SUBSCRIPTION_LIMIT), "limit": MAX_SUBSCRIPTION_URI},
+        )
+    if uri not in held and len(held) >= MAX_SUBSCRIPTIONS:
+        raise McpError(
+            INVALID_PARAMS,
+            f"at most {MAX_SUBSCRIPTIONS} subscriptions at a time; unsubscribe first",
+            {"reason": str(Reason.SUBSCRIPTION_LIMIT), "limit": MAX_SUBSCRIPTIONS},
+        )
+    held.add(uri)
     return {}
 
 
-async def _unsubscribe(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
-    s.subscriptions.discard(_require_str(p, "uri"))
+async def _unsubscribe(app: App, p: dict[str, Any], c: Context) -> dict[str, Any]:
+    c.backend.caller.subscriptions.discard(_require_str(p, "uri"))
     return {}
 
 
-async def _prompts_list(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+async def _prompts_list(app: App, p: dict[str, Any], c: Context) -> dict[str, Any]:
     return {"prompts": [pr.listing() for pr in app.prompts.values()]}
 
 
-async def _prompts_get(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+async def _prompts_get(app: App, p: dict[str, Any], c: Context) -> dict[str, Any]:
     return await get_prompt(app, p, c)
 
 
-async def _complete(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+async def _complete(app: App, p: dict[str, Any], c: Context) -> dict[str, Any]:
     return await complete(app, p, c)
 
 
-async def _set_level(app: App, s: Session, p: dict[str, Any], c: Context) -> dict[str, Any]:
+async def _set_level(app: App, p: dict[str, Any], c: Context) -> dict[str, Any]:
     level = _require_str(p, "level")
     if level not in LOG_LEVELS:
         raise McpError(INVALID_PARAMS, f"unknown log level {level!r}")
-    s.log_level = level
+    c.backend.caller.log_level = level
     return {}
 
 
@@ -312,7 +341,7 @@ METHODS: dict[str, Handler] = {
 }
 
 
-async def dispatch(app: App, session: Session, req: Request, ctx: Context) -> dict[str, Any]:
+async def dispatch(app: App, req: Request, ctx: Context) -> dict[str, Any]:
     """Serve one request.
 
     Raises:
@@ -321,4 +350,31 @@ async def dispatch(app: App, session: Session, req: Request, ctx: Context) -> di
     handler = METHODS.get(req.method)
     if handler is None:
         raise McpError(METHOD_NOT_FOUND, f"method {req.method!r} not found")
-    return await handler(app, session, _params(req), ctx)
+    return await handler(app, _params(req), ctx)
+
+
+def failure(req: Request, exc: Exception) -> bytes:
+    """The JSON-RPC error answering ``req`` whose handler raised ``exc``.
+
+    An :class:`McpError` is the handler's own answer.  Anything else is logged with
+    its traceback and answered with a generic -32603: an exception's text can hold
+    anything (paths, keys, other users' data), so it never goes to the client.
+    """
+    if isinstance(exc, McpError):
+        return encode_error(req.id, exc.code, exc.message, exc.data)
+    log.exception("handler for %s failed", req.method)
+    return encode_error(req.id, INTERNAL_ERROR, f"internal error in {req.method}")
+
+
+def id_in_use(request_id: RequestId) -> bytes:
+    """The refusal of a request whose id is still running in its session.
+
+    Ids name the request a cancellation or a progress notification is about, so
+    two live requests under one id would be ambiguous.
+    """
+    return encode_error(
+        request_id,
+        INVALID_REQUEST,
+        f"request id {request_id!r} is already in use",
+        {"reason": str(Reason.INVALID_REQUEST)},
+    )

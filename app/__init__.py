@@ -1,0 +1,61 @@
+"""weir's application API: tools, resources, prompts and completions, on any driver.
+
+An :class:`App` records decorated functions; :func:`dispatch` turns one MCP request
+into its result by calling them with a :class:`Context`.  Nothing here does I/O or
+depends on an event loop: a handler reaches the client only through its context,
+whose :class:`ContextBackend` the driver provides.  The Trio engine
+(:mod:`weir.engine`) and the asyncio driver (``examples/asyncio_server.py``) both
+serve the same :class:`App` this way, so an app written once runs on either --
+provided its handlers await only their context (``ctx.sleep``, not ``trio.sleep``).
+"""
+
+from __future__ import annotations
+
+from ._context import LOG_LEVELS, Caller, Context, ContextBackend, log_passes
+from ._dispatch import call_tool_now, capabilities, dispatch, failure, id_in_use, inline_tool
+from ._registry import (
+    BUILTIN_APPS,
+    App,
+    McpError,
+    Prompt,
+    Resource,
+    ResourceTemplate,
+    Tool,
+    ToolError,
+    audio,
+    embedded_resource,
+    image,
+    load_app,
+    never_suspends,
+    text,
+    tool_result,
+)
+
+__all__ = [
+    "BUILTIN_APPS",
+    "LOG_LEVELS",
+    "App",
+    "Caller",
+    "Context",
+    "ContextBackend",
+    "McpError",
+    "Prompt",
+    "Resource",
+    "ResourceTemplate",
+    "Tool",
+    "ToolError",
+    "audio",
+    "call_tool_now",
+    "capabilities",
+    "dispatch",
+    "embedded_resource",
+    "failure",
+    "id_in_use",
+    "image",
+    "inline_tool",
+    "load_app",
+    "log_passes",
+    "never_suspends",
+    "text",
+    "tool_result",
+]

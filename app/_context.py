@@ -1,0 +1,251 @@
+"""The per-call context handed to tools, resources, prompts and completions.
+
+Theory of operation
+-------------------
+A :class:`Context` is what a handler may do while serving one request: report
+progress, log, ask the client (sampling, elicitation, roots), end its stream early,
+sleep.  It holds the MCP rules for those messages -- their shapes, the progress token,
+the ``logging/setLevel`` threshold, what a client's error answer becomes -- and
+nothing about I/O.  How a message reaches the client is the driver's business,
+behind a :class:`ContextBackend`: the Trio engine and the asyncio driver each give
+one, so a handler written against :class:`Context` runs unchanged on either.
+
+A driver's backend guarantees that everything a handler says during a call goes onto
+the stream its response will travel on, *before* the response (MCP relates such
+messages to the originating request), and that :meth:`ContextBackend.send` waits for
+the session's drain credit: a handler whose client does not read is held there,
+never allowed to queue without bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from weir.protocol import ErrorResponse, RequestId, Response, encode_notification
+
+from ._registry import McpError
+
+#: ``logging/setLevel`` levels, least to most severe (RFC 5424 names, as MCP uses).
+LOG_LEVELS: dict[str, int] = {
+    "debug": 0,
+    "info": 1,
+    "notice": 2,
+    "warning": 3,
+    "error": 4,
+    "critical": 5,
+    "alert": 6,
+    "emergency": 7,
+}
+
+
+def log_passes(level: str, threshold: str | None) -> bool:
+    """Whether a message at ``level`` passes a ``logging/setLevel`` threshold (None: all)."""
+    if threshold is None:
+        return True
+    return LOG_LEVELS.get(level, 0) >= LOG_LEVELS.get(threshold, 0)
+
+
+@dataclass
+class Caller:
+    """What the app layer remembers about whoever sent a request.
+
+    On the session era one lives as long as the session (``initialize`` fills in
+    the client's capabilities and info; ``logging/setLevel`` and
+    ``resources/subscribe`` change it).  A driver keeps it; the app layer reads and
+    edits it through :attr:`ContextBackend.caller`.
+    """
+
+    client_capabilities: dict[str, Any] = field(default_factory=dict)
+    client_info: dict[str, Any] = field(default_factory=dict)
+    #: The ``logging/setLevel`` threshold (None: every level passes).
+    log_level: str | None = None
+    #: Resource URIs subscribed to (at most ``MAX_SUBSCRIPTIONS``; see ``dispatch``).
+    subscriptions: set[str] = field(default_factory=set)
+
+
+class ContextBackend(Protocol):
+    """The driver's half of one call: where its messages go and what state it reads.
+
+    The session-era drivers back these with a session; a sessionless request backs
+    them with what the request itself carries.
+    """
+
+    @property
+    def session_id(self) -> str | None:
+        """The caller's session, or None when the request has none."""
+        ...
+
+    @property
+    def caller(self) -> Caller:
+        """What is known about the caller (its session's, on the session era)."""
+        ...
+
+    async def send(self, payload: bytes) -> None:
+        """Put one encoded notification on this call's stream, within drain credit.
+
+        A call without a stream (a JSON response) drops it.
+        """
+        ...
+
+    async def request(
+        self, method: str, params: dict[str, Any] | None, timeout: float
+    ) -> Response | ErrorResponse | None:
+        """Send a server-to-client request; the client's answer, or None if none came
+        within ``timeout`` seconds.
+
+        Raises:
+            McpError: no stream to the client can carry the request, or the session
+                ended before the client answered.
+        """
+        ...
+
+    def close_stream(self, retry_ms: int) -> None:
+        """End this call's SSE response now with ``retry: <retry_ms>``; the stream
+        lives on for a resumption to collect the rest."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep on the driver's clock (cancelled with the call)."""
+        ...
+
+
+class Context:
+    """What a handler may do while serving one request.
+
+    Attributes:
+        session_id: the caller's session (None on a sessionless request).
+        request_id: the JSON-RPC id of the request being served.
+        progress_token: ``params._meta.progressToken`` if the client sent one.
+        meta: the request's ``params._meta`` (empty if none).
+        state: what the app's lifespan yielded (``None`` without one).
+    """
+
+    def __init__(
+        self,
+        backend: ContextBackend,
+        request_id: RequestId,
+        meta: dict[str, Any] | None = None,
+        *,
+        state: Any = None,
+    ) -> None:
+        self._backend = backend
+        self.state = state
+        self.session_id = backend.session_id
+        self.request_id = request_id
+        self.meta = meta or {}
+        self.progress_token: str | int | None = self.meta.get("progressToken")
+        self._last_progress: float | None = None
+
+    @property
+    def backend(self) -> ContextBackend:
+        """The driver's side of this call (for MCP methods that change its state)."""
+        return self._backend
+
+    @property
+    def client_capabilities(self) -> dict[str, Any]:
+        """The capabilities the client declared at ``initialize``."""
+        return self._backend.caller.client_capabilities
+
+    @property
+    def client_info(self) -> dict[str, Any]:
+        """The ``clientInfo`` the client sent at ``initialize`` (name, version, …)."""
+        return self._backend.caller.client_info
+
+    async def report_progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        """Send ``notifications/progress`` if the client asked for progress.
+
+        Progress must increase (MCP); a non-increasing value raises ``ValueError``.
+        """
+        if self.progress_token is None:
+            return
+        if self._last_progress is not None and progress <= self._last_progress:
+            raise ValueError(f"progress must increase ({progress} after {self._last_progress})")
+        self._last_progress = progress
+        params: dict[str, Any] = {"progressToken": self.progress_token, "progress": progress}
+        if total is not None:
+            params["total"] = total
+        if message is not None:
+            params["message"] = message
+        await self._backend.send(encode_notification("notifications/progress", params))
+
+    async def log(self, level: str, data: Any, logger: str | None = None) -> None:
+        """Send ``notifications/message`` if ``level`` passes the ``logging/setLevel``."""
+        if not log_passes(level, self._backend.caller.log_level):
+            return
+        params: dict[str, Any] = {"level": level, "data": data}
+        if logger is not None:
+            params["logger"] = logger
+        await self._backend.send(encode_notification("notifications/message", params))
+
+    async def debug(self, data: Any) -> None:
+        """``log("debug", data)``."""
+        await self.log("debug", data)
+
+    async def info(self, data: Any) -> None:
+        """``log("info", data)``."""
+        await self.log("info", data)
+
+    async def warning(self, data: Any) -> None:
+        """``log("warning", data)``."""
+        await self.log("warning", data)
+
+    async def error(self, data: Any) -> None:
+        """``log("error", data)``."""
+        await self.log("error", data)
+
+    async def request(
+        self, method: str, params: dict[str, Any] | None = None, *, timeout: float = 300.0
+    ) -> dict[str, Any]:
+        """Send a server-to-client request and wait for the client's answer.
+
+        Returns:
+            the ``result`` object of the client's response.
+
+        Raises:
+            McpError: the client answered with an error, no stream can carry the
+                request, the session ended, or no answer came within ``timeout``.
+        """
+        answer = await self._backend.request(method, params, timeout)
+        if isinstance(answer, Response):
+            return answer.result
+        if isinstance(answer, ErrorResponse):
+            raise McpError(answer.error.code, answer.error.message, answer.error.data)
+        raise McpError(-32603, f"no answer to {method} within {timeout} s")
+
+    async def sample(
+        self, messages: list[dict[str, Any]], *, max_tokens: int, **extra: Any
+    ) -> dict[str, Any]:
+        """Ask the client's model (``sampling/createMessage``)."""
+        return await self.request(
+            "sampling/createMessage", {"messages": messages, "maxTokens": max_tokens, **extra}
+        )
+
+    async def elicit(self, message: str, requested_schema: dict[str, Any]) -> dict[str, Any]:
+        """Ask the user for input (``elicitation/create``, form mode)."""
+        return await self.request(
+            "elicitation/create", {"message": message, "requestedSchema": requested_schema}
+        )
+
+    async def list_roots(self) -> list[dict[str, Any]]:
+        """The client's roots (``roots/list``)."""
+        result = await self.request("roots/list")
+        roots = result.get("roots", [])
+        return roots if isinstance(roots, list) else []
+
+    def close_stream(self, retry_ms: int = 1000) -> None:
+        """End this request's SSE connection now (MCP 2025-11-25 polling).
+
+        The writer sends ``retry: <retry_ms>`` and finishes the HTTP response; the
+        stream itself lives on, and the client resumes it with ``GET`` and
+        ``Last-Event-ID`` to receive the rest, including the response.  Without a
+        stream (a JSON response) it does nothing.
+        """
+        self._backend.close_stream(retry_ms)
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds`` on the driver's clock, so a handler that waits runs on any
+        driver; the call's cancellation interrupts it."""
+        await self._backend.sleep(seconds)

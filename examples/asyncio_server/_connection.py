@@ -1,0 +1,452 @@
+"""One TCP connection of the asyncio driver: HTTP in, responses and SSE streams out.
+
+Theory of operation
+-------------------
+:class:`Connection` runs ``reader.read -> HttpConnection.receive_data -> next_event ->
+respond``.  Framing, keep-alive and the automatic 400/413/431 come from
+:class:`~weir.protocol.HttpConnection`; every endpoint rule from
+:func:`~weir.protocol.route`; every refusal body from :func:`~weir.protocol.refusal`;
+read deadlines (idle, whole head, body; 408) from :class:`~weir.protocol.ReadClock`.
+
+Every SSE message is appended to its stream's log first and written from the log by
+whichever connection is attached (:func:`~weir.protocol.writer_step` decides each
+move), so a resumption (``GET`` + ``Last-Event-ID``) sends exactly what follows its
+cursor, and the newest reader of a stream displaces an older one.  Each frame's last
+byte is marked in a :class:`~weir.protocol.DrainTracker`; the kernel's send queue
+(``ioctl(SIOCOUTQ)``, Linux) says when the peer acknowledged it, and only then does
+its credit come back.  A reader watches the socket while a stream is written, so a
+peer that hangs up is noticed at once rather than at the next failed write.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import fcntl
+import logging
+import secrets
+import socket
+import sys
+from typing import TYPE_CHECKING
+
+from weir.app import Caller, capabilities
+from weir.protocol import (
+    NEED_DATA,
+    DrainTracker,
+    ErrorResponse,
+    HttpConnection,
+    HttpError,
+    HttpRequest,
+    Notification,
+    OpenStream,
+    PostMessages,
+    ReadClock,
+    Reason,
+    RemoteProtocolError,
+    Request,
+    Response,
+    SessionInput,
+    StreamInput,
+    StreamKind,
+    StreamLog,
+    StreamState,
+    WriterStep,
+    accepts,
+    check_resume_policy,
+    closing_refusal,
+    displaces_writer,
+    encode_comment,
+    encode_result,
+    encode_retry,
+    initialize_result,
+    parse_initialize,
+    primes_streams,
+    refusal,
+    route,
+    session_refusal,
+    session_transition,
+    standalone_plan,
+    writer_step,
+)
+
+from ._calls import execute
+from ._session import Gone, Session
+
+if TYPE_CHECKING:
+    from ._driver import AsyncioDriver
+
+log = logging.getLogger("weir.asyncio")
+_SSE_HEADERS = (("content-type", "text/event-stream"), ("cache-control", "no-cache"))
+#: ``ioctl(SIOCOUTQ)``: bytes in a TCP socket's send queue not yet acknowledged (Linux).
+_SIOCOUTQ = 0x5411
+#: How often a connection with unacknowledged frames asks the kernel (seconds).
+_ACK_POLL_S = 0.002
+_ACK_POLL_MAX_S = 0.05
+#: A comment on an idle stream this often, so proxies do not cut it.
+_SSE_KEEPALIVE_S = 15.0
+_TCP = (socket.AF_INET, socket.AF_INET6)
+
+
+class Connection:
+    """One TCP connection: its read/respond loop around one :class:`HttpConnection`,
+    and the acknowledgement tracking of every frame it writes."""
+
+    def __init__(self, driver: AsyncioDriver, writer: asyncio.StreamWriter) -> None:
+        self.driver, self.writer, self.conn = driver, writer, HttpConnection()
+        # A mark's token: (session, stream, seq after the frame), or (session, None,
+        # bytes) for a JSON body, whose credit comes back whole when it is acknowledged.
+        self.acks: DrainTracker[tuple[Session, StreamLog | None, int]] = DrainTracker()
+        self._fd = -1
+        self._outq = array.array("i", [0])
+        sock = writer.get_extra_info("socket")
+        if sys.platform == "linux" and sock is not None and sock.family in _TCP:
+            self._fd = sock.fileno()
+        self._watcher: asyncio.Task[None] | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._early = b""  # bytes the peer sent while a stream was being written
+        self._peer_gone = False
+
+    # ----------------------------------------------------------- bytes out, acks in
+    async def send(
+        self, data: bytes, token: tuple[Session, StreamLog | None, int] | None = None
+    ) -> None:
+        """Write ``data``; with ``token``, mark its last byte for acknowledgement first
+        (so the mark exists even if the peer stalls and the drain never returns)."""
+        try:
+            self.writer.write(data)
+            self.acks.wrote(len(data))
+            if token is not None:
+                self.acks.mark(self.acks.written, token)
+                self._watch_acks()
+            await self.writer.drain()
+        except BaseException:
+            self.conn.send_failed()
+            raise
+
+    def _unacknowledged(self) -> int:
+        """Bytes written and not acknowledged: asyncio's buffer plus the kernel's queue."""
+        buffered = self.writer.transport.get_write_buffer_size()
+        if self._fd < 0:
+            return buffered  # no SIOCOUTQ: "accepted by the kernel" stands in for acked
+        try:
+            fcntl.ioctl(self._fd, _SIOCOUTQ, self._outq, True)
+        except OSError:
+            return buffered
+        return buffered + int(self._outq[0])
+
+    def check_acks(self) -> bool:
+        """Release the credit of every frame the peer has acknowledged; any progress?"""
+        acked = self.acks.acked
+        pending = self.acks.oldest()
+        drained = self.acks.acknowledged_total(self._unacknowledged())
+        for session, stream, upto in drained:
+            if stream is None:
+                session.release(1, upto)
+            else:
+                session.drained(stream, upto)
+        if self.acks.acked > acked and pending is not None and not drained:
+            session = pending[0]
+            session.flow.credit.progress(session.loop.time())  # part of a frame
+        return self.acks.acked > acked
+
+    def _watch_acks(self) -> None:
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.get_running_loop().create_task(self._poll_acks())
+
+    async def _poll_acks(self) -> None:
+        # The kernel tells nobody when the peer acknowledges: ask while marks are pending.
+        delay = _ACK_POLL_S
+        while self.acks.pending:
+            delay = _ACK_POLL_S if self.check_acks() else min(delay * 2, _ACK_POLL_MAX_S)
+            await asyncio.sleep(delay)
+
+    # ---------------------------------------------------------------- requests
+    async def run(self, reader: asyncio.StreamReader) -> None:
+        conn, self._reader = self.conn, reader
+        clock, loop = ReadClock(self.driver.read_timeouts), asyncio.get_running_loop()
+        try:
+            while True:
+                event = conn.next_event()
+                if event is NEED_DATA and self._early:
+                    conn.receive_data(self._early)
+                    self._early = b""
+                elif event is NEED_DATA:
+                    if conn.has_data_to_send:
+                        await self.send(conn.data_to_send())  # e.g. 100 Continue
+                    wait = clock.deadline(conn.inbound, loop.time()) - loop.time()
+                    try:
+                        data = await asyncio.wait_for(reader.read(65536), max(0.0, wait))
+                    except TimeoutError:
+                        if clock.owed:  # a head or body trickled past its deadline: 408
+                            conn.send_failed()
+                            await self.send(closing_refusal(clock.refusal()))
+                        break
+                    conn.receive_data(data)
+                elif isinstance(event, HttpRequest):
+                    clock.request_done()
+                    await self.respond(event)
+                    if conn.should_close:
+                        break
+                elif isinstance(event, HttpError):
+                    await self.send(conn.data_to_send())
+                    break
+                else:  # ConnectionClosed
+                    break
+        except (ConnectionError, TimeoutError):
+            pass
+        except Exception:
+            log.exception("connection handler failed")
+        finally:
+            # Frames written here and not acknowledged keep their credit: a
+            # resumption on another connection sends them again.
+            for session, stream, nbytes in self.acks.take_pending():
+                if stream is None:
+                    session.release(1, nbytes)  # a JSON body cannot be replayed: owed nothing
+            if self._watcher is not None:
+                self._watcher.cancel()
+            if self.writer.transport.get_write_buffer_size():
+                self.writer.transport.abort()  # a peer that stopped reading: do not flush
+            self.writer.close()
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                await asyncio.wait_for(self.writer.wait_closed(), 1.0)
+
+    async def respond(self, request: HttpRequest) -> None:
+        try:
+            mcp = route(request, self.driver.endpoint)
+            if isinstance(mcp, PostMessages) and mcp.is_initialize:
+                await self._initialize(mcp)
+                return
+            sid = mcp.ctx.session_id or ""
+            session = self.driver.sessions.get(sid)
+            if session is None:
+                first = mcp.messages[0] if isinstance(mcp, PostMessages) else None
+                raise session_refusal(sid, first.id if isinstance(first, Request) else None)
+            session.last_seen = session.loop.time()
+            try:
+                if isinstance(mcp, PostMessages):
+                    await self._post(session, mcp)
+                elif isinstance(mcp, OpenStream):
+                    await self._get(session, mcp)
+                else:
+                    self.driver.end(session)
+                    await self.send(self.conn.send_response(200, ()))
+            except Gone:
+                raise session_refusal(sid) from None
+        except RemoteProtocolError as exc:
+            if self.conn.response_in_progress:
+                raise
+            status, headers, body = refusal(exc)
+            await self.send(self.conn.send_response(status, headers, body))
+
+    async def _post(self, session: Session, post: PostMessages) -> None:
+        for msg in post.messages:
+            if isinstance(msg, Response | ErrorResponse):
+                session.answer(msg)  # to a server-to-client request
+            elif isinstance(msg, Notification):
+                if msg.method == "notifications/initialized":
+                    session.state = session_transition(session.state, SessionInput.INITIALIZED)
+                elif msg.method == "notifications/cancelled":
+                    session.cancel((msg.params or {}).get("requestId"))
+        requests = post.requests
+        if not requests:
+            await self.send(self.conn.send_response(202, ()))
+            return
+        session.state = session_transition(session.state, SessionInput.REQUEST)
+        await session.admit(len(requests), requests[0].id)  # 429 once half-open
+        if accepts(post.ctx.headers.get("accept"), "text/event-stream"):
+            await self._post_sse(session, post, requests)
+        else:
+            await self._post_json(session, post, requests)
+
+    async def _post_json(
+        self, session: Session, post: PostMessages, requests: list[Request]
+    ) -> None:
+        """Run the requests as session tasks; one body (a batch's array) when all end."""
+        app, state = self.driver.app, self.driver.state
+        # Session tasks, not this connection's: a hang-up does not cancel a call.
+        # (asyncio.wait, unlike gather, does not cancel them if this task is cancelled.)
+        tasks = [session.spawn(execute(app, session, req, None, state)) for req in requests]
+        try:
+            await asyncio.wait(tasks)
+            if session.closed:
+                raise Gone
+            answered = [b for t in tasks if not t.cancelled() and (b := t.result()) is not None]
+            if not answered:
+                await self.send(self.conn.send_response(202, ()))
+                return
+            body = b"[" + b",".join(answered) + b"]" if post.is_batch else answered[0]
+            await session.take_credit(len(body))  # JSON bodies hold credit like frames
+        finally:
+            # A request is in flight until its handler ended and its answer holds
+            # credit (or the connection that would carry it is gone).
+            for task in tasks:
+                if task.done():
+                    session.done()
+                else:
+                    task.add_done_callback(lambda _: session.done())
+        headers = [("content-type", "application/json"), ("mcp-session-id", session.sid)]
+        await self.send(self.conn.send_response(200, headers, body), (session, None, len(body)))
+
+    async def _post_sse(
+        self, session: Session, post: PostMessages, requests: list[Request]
+    ) -> None:
+        """One response stream for the requests: each handler appends to its log."""
+        app, state = self.driver.app, self.driver.state
+        stream = session.open_stream(StreamKind.REQUEST)
+        primes = primes_streams(session.version, post.ctx.protocol_version)
+        remaining = [len(requests)]
+
+        async def run(req: Request) -> None:
+            try:
+                payload = await execute(app, session, req, stream, state)
+                remaining[0] -= 1
+                last = remaining[0] == 0
+                if payload is not None:
+                    await session.append(stream, payload.decode(), final=last)
+                elif last and stream.state is not StreamState.CLOSED:
+                    stream.handle(StreamInput.ABORT)  # cancelled: no response to send
+                    session.wake(stream)
+            except Gone:
+                pass
+            finally:
+                session.done()
+
+        async def prime_then_run() -> None:
+            # In a task, as the calls are: waiting for credit must not hold the head back.
+            try:
+                if primes:
+                    await session.append(stream, "")  # the priming event: an id, empty data
+            except Gone:
+                for _ in requests:
+                    session.done()
+                return
+            for req in requests:
+                session.spawn(run(req))
+
+        session.spawn(prime_then_run())  # the session owns them: a hang-up is no cancel
+        await self._write_stream(session, stream, 0)
+
+    async def _get(self, session: Session, get: OpenStream) -> None:
+        cursor = get.last_event_id
+        check_resume_policy(cursor, "pinned")  # this process's own logs only
+        if cursor is not None:
+            stream = session.streams.get(cursor)  # 409 cursor_unknown
+            start = stream.cursor_after(cursor)
+            old = session.stream_writers.get(stream.epoch)
+            if displaces_writer(stream) and old is not None:
+                old.cancel()  # the newest reader wins: the old connection is given up
+                await asyncio.wait({old}, timeout=1.0)  # it detaches as it unwinds
+        else:
+            standalone = session.streams.standalone
+            if standalone_plan(standalone):  # 409 stream_conflict if one is live
+                standalone = session.open_stream(StreamKind.STANDALONE)
+            assert standalone is not None
+            stream, start = standalone, standalone.next_seq
+        await self._write_stream(session, stream, start)
+
+    async def _write_stream(self, session: Session, stream: StreamLog, start: int) -> None:
+        """Write ``stream`` from seq ``start``: what the log holds, then live, to its end."""
+        if displaces_writer(stream):  # the displaced writer did not let go in time
+            raise RemoteProtocolError(
+                "this stream is already being written to another connection",
+                http_status=409,
+                reason=Reason.STREAM_CONFLICT,
+            )
+        headers = (*_SSE_HEADERS, ("mcp-session-id", session.sid))
+        await self.send(self.conn.start_stream(200, headers))
+        if stream.state is not StreamState.CLOSED:  # a closed one is replayed, no more
+            stream.handle(StreamInput.ATTACH)
+        watch = self._watch_for_hang_up()
+        me = asyncio.current_task()
+        if me is not None:
+            session.writers.add(me)
+            session.stream_writers[stream.epoch] = me
+        try:
+            await self._stream_frames(session, stream, start)
+        except asyncio.CancelledError:
+            if not self._peer_gone:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            raise ConnectionResetError("the peer hung up mid-stream") from None
+        finally:
+            watch.cancel()
+            session.writers.discard(me)
+            if session.stream_writers.get(stream.epoch) is me:
+                del session.stream_writers[stream.epoch]
+            if stream.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
+                stream.handle(StreamInput.DETACH)
+
+    def _watch_for_hang_up(self) -> asyncio.Task[bytes]:
+        """Read while a stream is written: EOF means the peer is gone, so stop writing.
+
+        Without it a writer waiting for the next frame would hold the stream
+        attached, and the client's own reconnection would get 409 until the next
+        write failed.
+        """
+        assert self._reader is not None
+        writer = asyncio.current_task()
+        watch = asyncio.get_running_loop().create_task(self._reader.read(65536))
+
+        def done(task: asyncio.Task[bytes]) -> None:
+            if task.cancelled():
+                return
+            data = b"" if task.exception() is not None else task.result()
+            if data:
+                self._early += data  # a pipelined request: served after this stream
+            elif writer is not None:
+                self._peer_gone = True
+                writer.cancel()
+
+        watch.add_done_callback(done)
+        return watch
+
+    async def _stream_frames(self, session: Session, stream: StreamLog, start: int) -> None:
+        cursor = start
+        while True:
+            retry = session.close_requests.get(stream.epoch)
+            step = writer_step(stream, cursor, session_closed=session.closed, close_retry_ms=retry)
+            if step is WriterStep.SEND:
+                frames = stream.frames_from(cursor)
+                cursor += len(frames)
+                await self.send(
+                    self.conn.send_stream_data(b"".join(frames)), (session, stream, cursor)
+                )
+                continue
+            if step is WriterStep.FINISH:
+                stream.handle(StreamInput.DELIVERED)
+                stream.trim_drained()  # what was acknowledged before it closed
+                break
+            if step is WriterStep.RETRY and retry is not None:
+                # The handler ended this response early: the client reconnects after
+                # ``retry`` ms and resumes the stream from its last event id.
+                del session.close_requests[stream.epoch]
+                await self.send(self.conn.send_stream_data(encode_retry(retry)))
+                break
+            if step is not WriterStep.WAIT:
+                break  # aborted, a replay of a delivered stream, or the session ended
+            before = stream.next_seq
+            await session.wait_for_frames(stream, _SSE_KEEPALIVE_S)
+            if stream.next_seq == before and not stream.finished:
+                await self.send(self.conn.send_stream_data(encode_comment()))
+        await self.send(self.conn.end_stream())
+
+    async def _initialize(self, post: PostMessages) -> None:
+        req, driver = post.messages[0], self.driver
+        assert isinstance(req, Request)
+        asked = parse_initialize(req)  # the same checks and negotiation as weir's server
+        driver.check_room(req.id)
+        sid = secrets.token_urlsafe(32)
+        caller = Caller(asked.capabilities, asked.client_info)
+        driver.add_session(Session(sid, asked.version, driver.credit, driver, caller))
+        result = initialize_result(
+            asked.version,
+            capabilities(driver.app),
+            name=driver.app.name,
+            server_version=driver.app.version,
+            instructions=driver.app.instructions,
+        )
+        headers = [("content-type", "application/json"), ("mcp-session-id", sid)]
+        await self.send(self.conn.send_response(200, headers, encode_result(req.id, result)))

@@ -1,0 +1,195 @@
+"""The asyncio driver's server object, its limits, and its command line.
+
+Theory of operation
+-------------------
+:class:`AsyncioDriver` holds the sessions and counts the connections; everything a
+client can make it hold has a limit (sessions, connections, idle time, each session's
+credit and history).  :func:`serve` starts an ``asyncio`` server around it; :func:`main`
+is ``python -m examples.asyncio_server``, which also runs the app's lifespan around
+serving, as ``weir serve`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from weir.app import App, load_app
+from weir.protocol import (
+    LOOPBACK_HOSTS,
+    SERVER_ERROR,
+    CreditLimits,
+    EndpointConfig,
+    ReadTimeouts,
+    Reason,
+    RemoteProtocolError,
+    RequestId,
+    encode_error,
+    raw_error_response,
+)
+
+from ._connection import Connection
+from ._session import Session
+
+
+class AsyncioDriver:
+    """Serves one :class:`weir.app.App`; :meth:`connection` is the ``start_server`` callback."""
+
+    def __init__(
+        self,
+        app: App,
+        endpoint: EndpointConfig,
+        credit: CreditLimits | None = None,
+        *,
+        max_sessions: int = 1000,
+        max_connections: int = 1000,
+        idle_timeout: float = 600.0,
+        read_timeouts: ReadTimeouts | None = None,
+        state: Any = None,
+    ) -> None:
+        """Serve ``app``.  Everything a client can make the driver hold is bounded:
+        ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
+        ``overloaded``, then close), a session unused for ``idle_timeout`` seconds
+        (and running nothing) is forgotten, and each session holds at most its
+        ``credit`` in unacknowledged frames.  Reads have the core's deadlines
+        (``read_timeouts``: idle keep-alive, a whole head, a body; 408 past the last two).
+        ``state`` is what handlers see as ``Context.state`` (what the app's lifespan
+        yielded, when :func:`main` runs one).
+        """
+        self.app, self.endpoint, self.state = app, endpoint, state
+        self.credit = credit or CreditLimits()
+        self.max_sessions, self.max_connections = max_sessions, max_connections
+        self.idle_timeout = idle_timeout
+        self.read_timeouts = read_timeouts or ReadTimeouts()
+        self.sessions: dict[str, Session] = {}
+        self.connections = 0
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    def end(self, session: Session) -> None:
+        """Tear a session down; it is 404 from now on."""
+        session.close()
+        self.sessions.pop(session.sid, None)
+
+    def add_session(self, session: Session) -> None:
+        """Register a new session (the caller checked :meth:`check_room`)."""
+        self.sessions[session.sid] = session
+        if self._sweeper is None:
+            self._sweeper = session.loop.call_later(self.idle_timeout / 4, self._sweep)
+
+    def check_room(self, request_id: RequestId | None) -> None:
+        """Refuse a new session past ``max_sessions``: 503 ``session_limit``."""
+        if len(self.sessions) >= self.max_sessions:
+            raise RemoteProtocolError(
+                f"this server holds its limit of {self.max_sessions} sessions; retry later",
+                http_status=503,
+                reason=Reason.SESSION_LIMIT,
+                code=SERVER_ERROR,
+                request_id=request_id,
+                retry_after_ms=1000,
+                data={"limit": self.max_sessions, "scope": "server"},
+            )
+
+    def _sweep(self) -> None:
+        """Forget sessions idle for ``idle_timeout`` that run and write nothing."""
+        self._sweeper = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for session in list(self.sessions.values()):
+            busy = session.tasks or session.writers
+            if not busy and now - session.last_seen >= self.idle_timeout:
+                self.end(session)
+        if self.sessions:
+            self._sweeper = loop.call_later(self.idle_timeout / 4, self._sweep)
+
+    async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The ``start_server`` callback: serve one connection until it closes."""
+        if self.connections >= self.max_connections:
+            body = encode_error(
+                None,
+                SERVER_ERROR,
+                "this server holds its limit of connections; retry later",
+                {"reason": str(Reason.OVERLOADED), "limit": self.max_connections},
+            )
+            writer.write(raw_error_response(503, body, (("retry-after", "1"),)))
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            writer.transport.abort()
+            return
+        self.connections += 1
+        try:
+            await Connection(self, writer).run(reader)
+        finally:
+            self.connections -= 1
+
+
+async def serve(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    app: App | None = None,
+    path: str = "/mcp",
+    credit: CreditLimits | None = None,
+    json_only_clients: bool = True,
+    state: Any = None,
+) -> asyncio.Server:
+    """Start serving ``app`` (the demo app by default) at ``http://host:port/path``
+    (port 0: a free one).
+
+    ``credit`` sets each session's drain credit and timers (the core's defaults
+    otherwise).  With ``json_only_clients`` a client whose ``Accept`` lists only
+    ``application/json`` is answered with JSON bodies; without it such a POST is 406,
+    as the Streamable HTTP transport allows (``weir serve``'s default).
+    """
+    hosts = LOOPBACK_HOSTS | {host.lower()}
+    endpoint = EndpointConfig(path=path, allowed_hosts=hosts, json_response=json_only_clients)
+    driver = AsyncioDriver(app or load_app("demo"), endpoint, credit, state=state)
+    return await asyncio.start_server(driver.connection, host, port)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: App) -> AsyncIterator[Any]:
+    if app.lifespan_fn is None:
+        yield None
+        return
+    async with app.lifespan_fn(app) as state:
+        yield state
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m examples.asyncio_server [APP] [--host H] [--port N] [--sse-only]``.
+
+    ``APP`` is ``demo`` (the default), ``conformance`` or ``module:attribute``, as for
+    ``weir serve``.  Ctrl-C stops it.
+    """
+    parser = argparse.ArgumentParser(prog="python -m examples.asyncio_server")
+    parser.add_argument("app", nargs="?", default="demo", help="demo, conformance or module:attr")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--sse-only",
+        action="store_true",
+        help="406 for a POST whose Accept lacks text/event-stream (weir serve's default)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        app = load_app(args.app)
+    except LookupError as exc:
+        parser.error(str(exc))
+
+    async def run() -> None:
+        async with _lifespan(app) as state:
+            server = await serve(
+                args.host, args.port, app=app, json_only_clients=not args.sse_only, state=state
+            )
+            host, port = server.sockets[0].getsockname()[:2]
+            shown = f"[{host}]" if ":" in host else host
+            print(f"asyncio-weir: serving http://{shown}:{port}/mcp", flush=True)
+            async with server:
+                await server.serve_forever()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run())
+    return 0

@@ -1,0 +1,269 @@
+"""One session of the asyncio driver: its credit, streams, handler tasks and timer.
+
+Theory of operation
+-------------------
+A :class:`Session` owns everything a client's session makes the driver hold, and
+each piece is bounded: one :class:`~weir.protocol.SessionFlow` (requests are admitted,
+and frames enter a log, only within the session's drain credit; waiters are granted
+strictly in order), a :class:`~weir.protocol.StreamTable` of logs (a live stream keeps
+its last ``MAX_EVENTS`` frames, at most ``MAX_CLOSED_STREAMS`` closed ones are known),
+the handler tasks it admitted (teardown cancels them; a dropped connection does not),
+and the server-to-client requests those handlers wait on.
+
+One ``loop.call_at`` per session sits at :meth:`SessionFlow.deadline`: past the drain
+window a session that does not drain is half-open (new requests get 429), past the
+liveness timeout it is torn down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from weir.app import Caller
+from weir.protocol import (
+    Admit,
+    CreditLimits,
+    CreditState,
+    ErrorResponse,
+    RequestId,
+    Response,
+    SessionFlow,
+    SessionInput,
+    SessionState,
+    StreamInput,
+    StreamKind,
+    StreamLog,
+    StreamState,
+    StreamTable,
+    format_epoch,
+    session_transition,
+)
+
+if TYPE_CHECKING:
+    from ._driver import AsyncioDriver
+
+T = TypeVar("T")
+
+#: Replay history: frames a live stream keeps, and closed streams a session remembers.
+MAX_EVENTS = 256
+MAX_CLOSED_STREAMS = 16
+
+
+class Gone(Exception):
+    """The session ended while something waited on it."""
+
+
+class Session:
+    """One session: its flow control, its streams, its handler tasks, its timer."""
+
+    def __init__(
+        self,
+        sid: str,
+        version: str,
+        credit: CreditLimits,
+        driver: AsyncioDriver,
+        caller: Caller,
+    ):
+        self.sid, self.version, self.driver = sid, version, driver
+        #: What the app layer keeps about the client (capabilities, log level, …).
+        self.caller = caller
+        self.loop = asyncio.get_running_loop()
+        self.state = SessionState.NEW
+        self.flow = SessionFlow(credit, self.loop.time())
+        self.streams = StreamTable(max_closed=MAX_CLOSED_STREAMS)
+        self.epochs = 0  # streams opened so far; the next one's epoch
+        self.tasks: set[asyncio.Task[Any]] = set()
+        #: The connection tasks writing this session's streams (teardown cancels them),
+        #: and which one writes each stream (a resumption displaces it).
+        self.writers: set[asyncio.Task[Any]] = set()
+        self.stream_writers: dict[str, asyncio.Task[Any]] = {}
+        self._grants: dict[int, asyncio.Future[None]] = {}
+        self._changed = asyncio.Event()  # replaced on every pulse
+        self._wakeups: dict[str, asyncio.Event] = {}  # per stream epoch, for its writer
+        self._timer: asyncio.TimerHandle | None = None
+        #: When a request last named this session (idle expiry counts from here).
+        self.last_seen = self.loop.time()
+        #: Handlers by request id (``notifications/cancelled`` names them), the ids a
+        #: client cancelled, and server-to-client requests waiting for an answer --
+        #: each bounded by the admitted handlers that created them.
+        self.running: dict[RequestId, asyncio.Task[None]] = {}
+        self.cancelled: set[RequestId] = set()
+        self.pending: dict[str, asyncio.Future[Response | ErrorResponse]] = {}
+        self._ids = itertools.count(1)
+        #: Streams a handler asked to end early (``Context.close_stream``): epoch -> retry ms.
+        self.close_requests: dict[str, int] = {}
+
+    @property
+    def closed(self) -> bool:
+        return self.state is SessionState.CLOSED
+
+    # ------------------------------------------------------------------ timers
+    def arm_timer(self) -> None:
+        """(Re)schedule the one timer at the credit's next deadline."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        when = self.flow.deadline()
+        if not self.closed and when != math.inf:
+            self._timer = self.loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self.flow.credit.handle_timer(self.loop.time()) is CreditState.DEAD:
+            self.driver.end(self)  # no progress for the liveness timeout
+            return
+        self._pulse()
+        self.arm_timer()
+
+    def _pulse(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # --------------------------------------------------------------- admission
+    async def admit(self, n: int, request_id: RequestId | None) -> None:
+        """Wait for room for ``n`` requests (429 once half-open; :class:`_Gone`)."""
+        while True:
+            if self.closed:
+                raise Gone
+            verdict = self.flow.try_admit(n, self.loop.time(), request_id)
+            if verdict is Admit.ADMITTED:
+                return
+            if verdict is Admit.BLOCKED:
+                self.arm_timer()
+            changed = self._changed
+            wait = max(0.0, self.flow.deadline() - self.loop.time())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), None if wait == math.inf else wait)
+
+    def done(self) -> None:
+        self.flow.done()
+        self._pulse()
+
+    # ------------------------------------------------------------------ frames
+    async def append(self, stream: StreamLog, payload: str, *, final: bool = False) -> None:
+        """Take credit for the frame (waiting in order), then append it to ``stream``."""
+        size = stream.size_of(payload)
+        await self.take_credit(size)
+        if stream.state is StreamState.CLOSED:
+            self.release(1, size)  # aborted while we waited: nothing to send
+            raise Gone
+        stream.append(payload, final=final)
+        self.wake(stream)
+
+    async def take_credit(self, size: int) -> None:
+        """Credit for one frame (or JSON body) of ``size`` bytes, in FIFO order."""
+        now = self.loop.time()
+        if self.flow.try_acquire(size, now):
+            if self.flow.credit.frames_in_use == 1:
+                self.arm_timer()  # the first pending frame starts the liveness clock
+        else:
+            if self.closed:
+                raise Gone
+            ticket = self.flow.wait_for(size, now)
+            granted = self._grants[ticket] = self.loop.create_future()
+            self.arm_timer()
+            try:
+                await granted
+            except asyncio.CancelledError:
+                self._grants.pop(ticket, None)
+                if not self.flow.cancel(ticket, self.loop.time()) and not self.closed:
+                    self.release(1, size)  # granted while we were cancelled
+                raise
+            if self.closed:
+                raise Gone
+
+    def release(self, frames: int, nbytes: int) -> None:
+        """Credit back (frames acknowledged or discarded); grant waiters in order."""
+        for ticket in self.flow.release(frames, nbytes, self.loop.time()):
+            future = self._grants.pop(ticket)
+            if not future.done():
+                future.set_result(None)
+        self._pulse()
+        self.arm_timer()
+
+    def drained(self, stream: StreamLog, upto_seq: int) -> None:
+        """The peer acknowledged every frame of ``stream`` below ``upto_seq``.
+
+        A closed stream's acknowledged frames are dropped at once: what stays is
+        only what a resumption may still need, so the history a session keeps is
+        its live streams' last ``MAX_EVENTS`` frames, not everything it was sent.
+        """
+        self.release(*stream.mark_drained(upto_seq))
+        if stream.state is StreamState.CLOSED:
+            stream.trim_drained()
+
+    # ----------------------------------------------------------------- streams
+    def open_stream(self, kind: StreamKind) -> StreamLog:
+        log = StreamLog(format_epoch(self.epochs), kind, max_events=MAX_EVENTS)
+        stream = self.streams.add(log)
+        self.epochs += 1
+        return stream
+
+    def wake(self, stream: StreamLog) -> None:
+        event = self._wakeups.pop(stream.epoch, None)
+        if event is not None:
+            event.set()
+
+    async def wait_for_frames(self, stream: StreamLog, timeout: float) -> None:
+        event = self._wakeups.setdefault(stream.epoch, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
+
+    def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Run ``work`` as a task of the session (teardown cancels it, a hang-up does not)."""
+        task = self.loop.create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    def next_request_id(self) -> str:
+        """A fresh id for a server-to-client request."""
+        return f"weir:{next(self._ids)}"
+
+    def answer(self, msg: Response | ErrorResponse) -> None:
+        """The client answered a server-to-client request (unknown ids are dropped)."""
+        future = self.pending.get(msg.id) if isinstance(msg.id, str) else None
+        if future is not None and not future.done():
+            future.set_result(msg)
+
+    def cancel(self, request_id: Any) -> None:
+        """``notifications/cancelled``: stop that request's handler; it sends no response."""
+        task = self.running.get(request_id) if isinstance(request_id, str | int) else None
+        if task is not None:
+            self.cancelled.add(request_id)
+            task.cancel()
+
+    def request_close(self, stream: StreamLog, retry_ms: int) -> None:
+        """Ask ``stream``'s writer to send ``retry:`` and end its HTTP response."""
+        if stream.state is not StreamState.CLOSED:
+            self.close_requests[stream.epoch] = retry_ms
+            self.wake(stream)
+
+    # -------------------------------------------------------------------- end
+    def close(self) -> None:
+        """Cancel handlers, abort streams, wake every waiter (which then finds it gone)."""
+        if self.closed:
+            return
+        self.state = session_transition(self.state, SessionInput.TEARDOWN)
+        if self._timer is not None:
+            self._timer.cancel()
+        self.flow.close()
+        for future in self._grants.values():
+            if not future.done():
+                future.set_result(None)
+        self._grants.clear()
+        for stream in self.streams:
+            if stream.state is not StreamState.CLOSED:
+                stream.handle(StreamInput.ABORT)
+            self.wake(stream)
+        for answer in self.pending.values():
+            if not answer.done():
+                answer.set_exception(Gone())
+        for task in (*self.tasks, *self.writers):
+            task.cancel()
+        self._pulse()
