@@ -34,13 +34,12 @@ restart, ``shared`` is False.
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from weir.protocol import (
-    CallOutcome,
+    CallLedger,
     CallStart,
     ChannelVerdict,
     RetentionBudget,
@@ -308,25 +307,11 @@ class _KeyedMixer:
         return "%08x" % (h ^ self._k2)
 
 
-#: The payload of a finished call whose response was dropped to stay in budget.
-EVICTED: bytes = b""
-
-
-#: What a gate entry costs besides its key and response (the tuple, the fingerprint,
-#: the ordered-dict node), counted so that many small calls are bounded too.
-ENTRY_OVERHEAD = 128
-
-
-def _entry_size(key: str) -> int:
-    return len(key) + ENTRY_OVERHEAD
-
-
 @dataclass
 class _MemSession:
     record: SessionRecord
+    calls: CallLedger
     epochs: int = 0
-    calls: OrderedDict[str, tuple[bytes, bytes | None]] = field(default_factory=OrderedDict)
-    held: int = 0  # bytes of ``calls``: every key (plus overhead) and every stored response
     boxes: dict[str, list[bytes]] = field(default_factory=dict)
     permutation: _KeyedMixer | None = None
 
@@ -336,58 +321,6 @@ class _MemSession:
         if self.permutation is None:
             self.permutation = _KeyedMixer(self.record.salt)
         return self.permutation.epoch(self.epochs)
-
-    def set_outcome(self, key: str, payload: bytes | None) -> bool:
-        """Record ``payload`` as claim ``key``'s outcome (``None``: forget the claim).
-
-        Keeps :attr:`held` exact; False (nothing changed) if ``key`` is not claimed.
-        """
-        found = self.calls.get(key)
-        if found is None:
-            return False
-        if found[1] is not None:
-            self.held -= len(found[1])  # finished twice: the newer outcome replaces it
-        if payload is None:
-            del self.calls[key]
-            self.held -= _entry_size(key)
-        else:
-            self.calls[key] = (found[0], payload)
-            self.held += len(payload)
-        return True
-
-    def claim(self, key: str, fingerprint: bytes) -> None:
-        """Record a new claim (running: no outcome yet)."""
-        self.calls[key] = (fingerprint, None)
-        self.held += _entry_size(key)
-
-    def forget_for(self, wanted: int) -> None:
-        """Free ``wanted`` bytes by forgetting the oldest finished calls whole -- but only
-        if their keys can cover it (when something else holds the bytes, forgetting
-        keys would weaken the gate and free nothing that matters)."""
-        if wanted <= 0:
-            return
-        finished = sum(_entry_size(k) for k, (_, p) in self.calls.items() if p is not None)
-        if finished < wanted:
-            return
-        target = self.held - wanted
-        while self.held > target and self.forget_oldest_finished():
-            pass
-
-    def forget_oldest_finished(self) -> bool:
-        """Forget the oldest finished call entirely (a retry of it could run again)."""
-        for key, (_, stored) in self.calls.items():
-            if stored is not None:
-                self.set_outcome(key, None)
-                return True
-        return False
-
-    def tombstone(self, key: str) -> int:
-        """Drop ``key``'s stored response but remember that it ran; return 0 (bytes left)."""
-        found = self.calls.get(key)
-        if found is not None and found[1]:
-            self.held -= len(found[1])
-            self.calls[key] = (found[0], EVICTED)
-        return 0
 
 
 class MemoryStore:
@@ -418,7 +351,11 @@ class MemoryStore:
         key = (record.principal, record.session_id)
         if key in self._sessions:
             raise ValueError(f"session {record.session_id!r} already exists")
-        self._sessions[key] = _MemSession(record)
+        retention = self.retention
+        ledger = CallLedger(
+            max_calls=retention.calls_per_session, max_bytes=retention.call_bytes_per_session
+        )
+        self._sessions[key] = _MemSession(record, ledger)
 
     async def get_session(self, principal: str, session_id: str) -> SessionRecord | None:
         s = self._sessions.get((principal, session_id))
@@ -461,21 +398,11 @@ class MemoryStore:
         if verdict is not ChannelVerdict.OK:
             raise ChannelRejected(verdict)
         epoch = s.next_epoch()
-        found = s.calls.get(key)
-        if found is None:
-            before = s.held
-            s.claim(key, fingerprint)
-            if self.budget is not None:
-                self.budget.charge(session_id, s.held - before)
-            return CallStart(CallOutcome.EXECUTE, epoch)
-        fp, payload = found
-        if fp != fingerprint:
-            return CallStart(CallOutcome.MISMATCH, epoch)
-        if payload is None:
-            return CallStart(CallOutcome.RUNNING, epoch)
-        if payload is EVICTED:
-            return CallStart(CallOutcome.EVICTED, epoch)
-        return CallStart(CallOutcome.DONE, epoch, payload)
+        before = s.calls.held
+        outcome, payload = s.calls.begin(key, fingerprint)
+        if self.budget is not None and s.calls.held != before:
+            self.budget.charge(session_id, s.calls.held - before)
+        return CallStart(outcome, epoch, payload)
 
     async def renew_claims(
         self, principal: str, session_id: str, keys: Sequence[str], owner: str, lease: float
@@ -490,8 +417,7 @@ class MemoryStore:
         s = self._sessions.get((principal, session_id))
         if s is None:
             return []
-        out = [p for _, p in reversed(s.calls.values()) if p]
-        return out[:n][::-1]
+        return s.calls.recent(n)
 
     async def finish_call(
         self, principal: str, session_id: str, key: str, payload: bytes | None
@@ -502,47 +428,22 @@ class MemoryStore:
         self._record(s, session_id, key, payload)
 
     def _record(self, s: _MemSession, session_id: str, key: str, payload: bytes | None) -> None:
-        before = s.held
-        if payload is None:
-            s.set_outcome(key, None)
-        elif s.set_outcome(key, payload):
-            s.calls.move_to_end(key)
-        limit = max(1, self.retention.calls_per_session)
-        while len(s.calls) > limit:
-            oldest, (_, stored) = next(iter(s.calls.items()))
-            if stored is None:
-                break  # never forget a running claim
-            s.set_outcome(oldest, None)
-        cap = self.retention.call_bytes_per_session
-        if s.held > cap:
-            for oldest, (_, stored) in list(s.calls.items()):
-                if s.held <= cap or oldest == key:
-                    break
-                if stored:
-                    s.tombstone(oldest)
-            s.forget_for(s.held - cap)
+        before = s.calls.held
+        s.calls.finish(key, payload)
         if self.budget is not None:
-            self.budget.charge(session_id, s.held - before)
+            self.budget.charge(session_id, s.calls.held - before)
 
     def shed_results(self, principal: str, session_id: str, nbytes: int) -> None:
         """Drop stored responses, oldest first, until ``nbytes`` are freed (the budget
-        asks).  Each leaves a tombstone: a retry is told the outcome is gone."""
+        asks).  Each leaves a tombstone: a retry is told the outcome is gone; only
+        then, if still over, the oldest finished calls are forgotten whole (see
+        :class:`~weir.protocol.CallLedger`).  Running claims always stay."""
         s = self._sessions.get((principal, session_id))
         if s is None:
             return
-        before = s.held
-        for key, (_, stored) in list(s.calls.items()):
-            if before - s.held >= nbytes:
-                break
-            if stored:
-                s.tombstone(key)
-        # Responses gone and still over: forget the oldest finished calls whole -- but
-        # only if that can cover what is still wanted (the keys themselves are what
-        # holds the memory).  Only then could a retry of one of them run again;
-        # running claims always stay.
-        s.forget_for(nbytes - (before - s.held))
-        if self.budget is not None:
-            self.budget.charge(session_id, s.held - before)
+        freed = s.calls.shed(nbytes)
+        if self.budget is not None and freed:
+            self.budget.charge(session_id, -freed)
 
     async def append_event(
         self,

@@ -101,6 +101,7 @@ from ._jsonrpc import (
     encode_result,
     error_body,
 )
+from ._ledger import ENTRY_OVERHEAD, CallLedger
 from ._legacy import LegacyMessages, LegacyOpen, route_legacy
 from ._lifecycle import InitializeParams, initialize_result, parse_initialize, primes_streams
 from ._resume import (
@@ -138,6 +139,7 @@ from ._streams import StreamKind, StreamLog, StreamTable, WriterStep, completes,
 __all__ = [
     "CREDIT_TRANSITIONS",
     "DEFAULT_VERSION",
+    "ENTRY_OVERHEAD",
     "INITIAL_FRAME_ESTIMATE",
     "INTERNAL_ERROR",
     "INVALID_PARAMS",
@@ -156,6 +158,7 @@ __all__ = [
     "STREAM_TRANSITIONS",
     "SUPPORTED_VERSIONS",
     "Admit",
+    "CallLedger",
     "CallOutcome",
     "CallStart",
     "ChannelVerdict",

@@ -21,15 +21,16 @@ reading.  It imports neither trio nor :mod:`weir.engine`.
   handlers get a :class:`weir.app.Context` (progress, logging, sampling, elicitation,
   roots, ``close_stream``) backed by this driver, run as tasks owned by the session
   (a dropped connection does not cancel a call) and stop on
-  ``notifications/cancelled``.
+  ``notifications/cancelled``.  A ``tools/call`` passes the idempotency gate first --
+  the core's rules over a :class:`~weir.protocol.CallLedger`, as in the Trio engine's
+  memory store -- so a retry replays its response and never runs it twice.
 * **Limits** (:mod:`._driver`).  Sessions (503 ``session_limit``), connections (503
   ``overloaded``), idle sessions (forgotten after ``idle_timeout`` unless busy), each
   session's credit and replay history (a live stream's last 256 frames; a closed
   stream keeps only its unacknowledged ones; at most 16 closed streams).
 
-Not here (the Trio engine has them): the idempotency gate and session stores
-(replicas), channel binding, authorization, inline execution, metrics and graceful
-shutdown.
+Not here (the Trio engine has them): session stores (replicas, shared replay),
+channel binding, authorization, inline execution, metrics and graceful shutdown.
 """
 
 from __future__ import annotations

@@ -12,24 +12,39 @@ handler's :class:`~weir.app.Context` its asyncio half, :class:`Backend`:
   notifications are dropped and its server-to-client requests use the GET stream;
 * a server-to-client request waits on a future the client's answer (a POSTed
   JSON-RPC response) resolves; teardown fails it;
-* ``notifications/cancelled`` cancels the handler's task: it sends no response.
+* ``notifications/cancelled`` cancels the handler's task: it sends no response;
+* a ``tools/call`` runs only after passing the idempotency gate (:func:`plan`): the
+  core's key, fingerprint and decision over the session's
+  :class:`~weir.protocol.CallLedger`, the same rules and records the Trio engine's
+  memory store uses.  A retry of a call (same ``Idempotency-Key``, or same id)
+  replays its response instead of running it again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 from weir.app import App, Caller, Context, McpError, dispatch, failure, id_in_use
 from weir.protocol import (
     INTERNAL_ERROR,
+    CallStart,
     ErrorResponse,
+    Execute,
+    Refuse,
+    Replay,
     Request,
     Response,
     StreamLog,
     StreamState,
+    call_key,
     encode_request,
     encode_result,
+    fingerprint,
+    gate_decision,
+    replay_as,
 )
 
 from ._session import Gone, Session
@@ -90,16 +105,83 @@ class Backend:
         await asyncio.sleep(seconds)
 
 
+@dataclass(slots=True)
+class Plan:
+    """What a delivery of one request does: run (under gate ``key``), or replay."""
+
+    request: Request
+    key: str | None = None
+    replay: bytes | None = None
+
+
+async def plan(
+    session: Session, req: Request, header_key: str | None, *, wait: float, retry_ms: int
+) -> Plan:
+    """Pass the idempotency gate: does this delivery of ``req`` run, or replay?
+
+    Only ``tools/call`` is gated, keyed by ``Idempotency-Key`` (``header_key``) or the
+    JSON-RPC id.  A delivery of a call that is running waits (for at most ``wait``
+    seconds) for it to finish, then replays its response.
+
+    Raises:
+        RemoteProtocolError: 409 ``in_progress`` past the wait, 422
+            ``idempotency_key_reused``, 409 ``outcome_evicted``, or 400 for a bad key.
+        Gone: the session ended while it waited.
+    """
+    if req.method != "tools/call":
+        return Plan(req)
+    key, fp, loop = call_key(header_key, req.id), fingerprint(req), session.loop
+    give_up_at = loop.time() + wait
+    while True:
+        outcome, payload = session.ledger.begin(key, fp)
+        decision = gate_decision(
+            CallStart(outcome, "", payload),
+            key,
+            req.id,
+            now=loop.time(),
+            give_up_at=give_up_at,
+            retry_ms=retry_ms,
+        )
+        if isinstance(decision, Execute):
+            return Plan(req, key=key)
+        if isinstance(decision, Replay):
+            return Plan(req, replay=replay_as(decision.payload, req.id))
+        if isinstance(decision, Refuse):
+            raise decision.error
+        finished = session.call_done.setdefault(key, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(finished.wait(), max(0.0, give_up_at - loop.time()))
+        if session.closed:
+            raise Gone
+
+
 async def execute(
-    app: App, session: Session, req: Request, stream: StreamLog | None, state: Any = None
+    app: App, session: Session, plan: Plan, stream: StreamLog | None, state: Any = None
 ) -> bytes | None:
-    """``req``'s encoded JSON-RPC response, or None if the client cancelled it.
+    """The encoded JSON-RPC response of ``plan``'s request, or None if the client
+    cancelled it; a gated call's outcome is recorded (a cancelled or torn-down call
+    gives its key back, so a retry runs it).
 
     A request whose id is still running in the session is refused (ids name the
     request a cancellation or an answer is for, so two at once would be ambiguous).
     """
-    if req.id in session.running:
-        return id_in_use(req.id)
+    req = plan.request
+    if plan.replay is not None:
+        return plan.replay
+    payload: bytes | None = None
+    try:
+        if req.id in session.running:
+            return id_in_use(req.id)
+        payload = await _run(app, session, req, stream, state)
+        return payload
+    finally:
+        if plan.key is not None:
+            session.finish_call(plan.key, payload)
+
+
+async def _run(
+    app: App, session: Session, req: Request, stream: StreamLog | None, state: Any
+) -> bytes | None:
     meta = (req.params or {}).get("_meta")
     ctx = Context(
         Backend(session, stream), req.id, meta if isinstance(meta, dict) else None, state=state

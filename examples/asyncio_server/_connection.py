@@ -70,7 +70,7 @@ from weir.protocol import (
     writer_step,
 )
 
-from ._calls import execute
+from ._calls import Plan, execute, plan
 from ._session import Gone, Session
 
 if TYPE_CHECKING:
@@ -254,19 +254,40 @@ class Connection:
             return
         session.state = session_transition(session.state, SessionInput.REQUEST)
         await session.admit(len(requests), requests[0].id)  # 429 once half-open
+        plans = await self._plan(session, post, requests)  # the gate, before anything runs
         if accepts(post.ctx.headers.get("accept"), "text/event-stream"):
-            await self._post_sse(session, post, requests)
+            await self._post_sse(session, post, plans)
         else:
-            await self._post_json(session, post, requests)
+            await self._post_json(session, post, plans)
 
-    async def _post_json(
+    async def _plan(
         self, session: Session, post: PostMessages, requests: list[Request]
-    ) -> None:
+    ) -> list[Plan]:
+        """Each admitted request through the idempotency gate; a refusal refuses the
+        whole POST (nothing in it ran: the keys it claimed are given back)."""
+        header = post.ctx.headers.get("idempotency-key") if len(requests) == 1 else None
+        driver = self.driver
+        plans: list[Plan] = []
+        try:
+            for req in requests:
+                plans.append(
+                    await plan(session, req, header, wait=driver.in_progress_wait, retry_ms=1000)
+                )
+        except BaseException:
+            for _ in requests:
+                session.done()
+            for p in plans:
+                if p.key is not None:
+                    session.finish_call(p.key, None)
+            raise
+        return plans
+
+    async def _post_json(self, session: Session, post: PostMessages, plans: list[Plan]) -> None:
         """Run the requests as session tasks; one body (a batch's array) when all end."""
         app, state = self.driver.app, self.driver.state
         # Session tasks, not this connection's: a hang-up does not cancel a call.
         # (asyncio.wait, unlike gather, does not cancel them if this task is cancelled.)
-        tasks = [session.spawn(execute(app, session, req, None, state)) for req in requests]
+        tasks = [session.spawn(execute(app, session, p, None, state)) for p in plans]
         try:
             await asyncio.wait(tasks)
             if session.closed:
@@ -288,18 +309,16 @@ class Connection:
         headers = [("content-type", "application/json"), ("mcp-session-id", session.sid)]
         await self.send(self.conn.send_response(200, headers, body), (session, None, len(body)))
 
-    async def _post_sse(
-        self, session: Session, post: PostMessages, requests: list[Request]
-    ) -> None:
+    async def _post_sse(self, session: Session, post: PostMessages, plans: list[Plan]) -> None:
         """One response stream for the requests: each handler appends to its log."""
         app, state = self.driver.app, self.driver.state
         stream = session.open_stream(StreamKind.REQUEST)
         primes = primes_streams(session.version, post.ctx.protocol_version)
-        remaining = [len(requests)]
+        remaining = [len(plans)]
 
-        async def run(req: Request) -> None:
+        async def run(p: Plan) -> None:
             try:
-                payload = await execute(app, session, req, stream, state)
+                payload = await execute(app, session, p, stream, state)
                 remaining[0] -= 1
                 last = remaining[0] == 0
                 if payload is not None:
@@ -318,11 +337,13 @@ class Connection:
                 if primes:
                     await session.append(stream, "")  # the priming event: an id, empty data
             except Gone:
-                for _ in requests:
+                for p in plans:
                     session.done()
+                    if p.key is not None:
+                        session.finish_call(p.key, None)
                 return
-            for req in requests:
-                session.spawn(run(req))
+            for p in plans:
+                session.spawn(run(p))
 
         session.spawn(prime_then_run())  # the session owns them: a hang-up is no cancel
         await self._write_stream(session, stream, 0)

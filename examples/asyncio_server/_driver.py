@@ -49,6 +49,7 @@ class AsyncioDriver:
         idle_timeout: float = 600.0,
         read_timeouts: ReadTimeouts | None = None,
         state: Any = None,
+        in_progress_wait: float = 5.0,
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
@@ -56,14 +57,17 @@ class AsyncioDriver:
         (and running nothing) is forgotten, and each session holds at most its
         ``credit`` in unacknowledged frames.  Reads have the core's deadlines
         (``read_timeouts``: idle keep-alive, a whole head, a body; 408 past the last two).
-        ``state`` is what handlers see as ``Context.state`` (what the app's lifespan
-        yielded, when :func:`main` runs one).
+        A retried ``tools/call`` that finds its first delivery still running waits up
+        to ``in_progress_wait`` seconds to replay its response, then gets 409
+        ``in_progress``.  ``state`` is what handlers see as ``Context.state`` (what the
+        app's lifespan yielded, when :func:`main` runs one).
         """
         self.app, self.endpoint, self.state = app, endpoint, state
         self.credit = credit or CreditLimits()
         self.max_sessions, self.max_connections = max_sessions, max_connections
         self.idle_timeout = idle_timeout
         self.read_timeouts = read_timeouts or ReadTimeouts()
+        self.in_progress_wait = in_progress_wait
         self.sessions: dict[str, Session] = {}
         self.connections = 0
         self._sweeper: asyncio.TimerHandle | None = None

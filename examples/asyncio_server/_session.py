@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from weir.app import Caller
 from weir.protocol import (
     Admit,
+    CallLedger,
     CreditLimits,
     CreditState,
     ErrorResponse,
@@ -52,6 +53,9 @@ T = TypeVar("T")
 #: Replay history: frames a live stream keeps, and closed streams a session remembers.
 MAX_EVENTS = 256
 MAX_CLOSED_STREAMS = 16
+#: What the gate remembers per session: finished calls, and bytes of keys and results.
+MAX_CALLS = 256
+MAX_CALL_BYTES = 256 * 1024
 
 
 class Gone(Exception):
@@ -95,6 +99,10 @@ class Session:
         self.cancelled: set[RequestId] = set()
         self.pending: dict[str, asyncio.Future[Response | ErrorResponse]] = {}
         self._ids = itertools.count(1)
+        #: The idempotency gate's records (bounded: see CallLedger), and the wake-ups
+        #: of deliveries waiting for a running call to finish (one per running key).
+        self.ledger = CallLedger(max_calls=MAX_CALLS, max_bytes=MAX_CALL_BYTES)
+        self.call_done: dict[str, asyncio.Event] = {}
         #: Streams a handler asked to end early (``Context.close_stream``): epoch -> retry ms.
         self.close_requests: dict[str, int] = {}
 
@@ -238,6 +246,13 @@ class Session:
             self.cancelled.add(request_id)
             task.cancel()
 
+    def finish_call(self, key: str, payload: bytes | None) -> None:
+        """Record a gated call's response (None: give the key back) and wake waiters."""
+        self.ledger.finish(key, payload)
+        finished = self.call_done.pop(key, None)
+        if finished is not None:
+            finished.set()
+
     def request_close(self, stream: StreamLog, retry_ms: int) -> None:
         """Ask ``stream``'s writer to send ``retry:`` and end its HTTP response."""
         if stream.state is not StreamState.CLOSED:
@@ -264,6 +279,8 @@ class Session:
         for answer in self.pending.values():
             if not answer.done():
                 answer.set_exception(Gone())
+        for finished in self.call_done.values():
+            finished.set()  # the waiters find the session closed
         for task in (*self.tasks, *self.writers):
             task.cancel()
         self._pulse()

@@ -269,6 +269,6 @@ async def test_many_small_calls_are_bounded_by_their_keys_too() -> None:
         assert (await store.begin_call("p", "s", key, b"fp", None)).outcome is CallOutcome.EXECUTE
         await store.finish_call("p", "s", key, b"ok")
     s = store._sessions[("p", "s")]
-    assert s.held <= 4_000 and len(s.calls) < 200  # the oldest keys went, whole
+    assert s.calls.held <= 4_000 and len(s.calls) < 200  # the oldest keys went, whole
     newest = await store.begin_call("p", "s", "key-0199", b"fp", None)
     assert newest.outcome is CallOutcome.DONE  # ... and the newest are still answered

@@ -1,5 +1,6 @@
 """Calls on the asyncio driver that the conformance suite does not reach: client
-cancellation, a request id reused while it runs, and the subscription bound.
+cancellation, a request id reused while it runs, the subscription bound, and the
+idempotency gate (retries replay, never run twice).
 
 Real loopback sockets; the handler under test signals through a ``threading.Event``
 (the server's loop runs in another thread), so nothing waits on a timer.
@@ -7,13 +8,17 @@ Real loopback sockets; the handler under test signals through a ``threading.Even
 
 from __future__ import annotations
 
+import json
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from weir.app import App, Context
 from weir.app.samples.demo import app as demo_app
 
-from .test_asyncio_driver import TIMEOUT, Client, Reply, running_driver
+from .test_asyncio_driver import BOTH, TIMEOUT, Client, Reply, running_driver
+
+T = TypeVar("T")
 
 
 def _waiting_app() -> tuple[App, threading.Event, list[str]]:
@@ -35,8 +40,8 @@ def _waiting_app() -> tuple[App, threading.Event, list[str]]:
     return app, started, ended
 
 
-def _in_thread(fn: Any) -> tuple[threading.Thread, list[Reply]]:
-    out: list[Reply] = []
+def _in_thread(fn: Callable[[], T]) -> tuple[threading.Thread, list[T]]:
+    out: list[T] = []
     thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
     thread.start()
     return thread, out
@@ -44,16 +49,29 @@ def _in_thread(fn: Any) -> tuple[threading.Thread, list[Reply]]:
 
 def test_a_cancelled_call_unwinds_its_handler_and_sends_no_response() -> None:
     app, started, ended = _waiting_app()
-    with running_driver(app) as running, Client(running.port) as c, Client(running.port) as other:
+    with (
+        running_driver(app, in_progress_wait=0.05) as running,
+        Client(running.port) as c,
+        Client(running.port) as other,
+    ):
         c.initialize()
         other.session_id, other.version = c.session_id, c.version
         thread, replies = _in_thread(lambda: c.call("tools/call", {"name": "wait"}))
         assert started.wait(TIMEOUT)
         call_id = c.next_id
 
-        # The same id again while the first runs: refused, the first untouched.
-        dup = other.post({"id": call_id, "method": "tools/call", "params": {"name": "wait"}})
-        error = dup.message()["error"]
+        # The same call again while it runs: it is the same call (the gate's key is the
+        # id), so it waits for the first -- here past the driver's patience: 409.
+        again = {"id": call_id, "method": "tools/call", "params": {"name": "wait"}}
+        waited = other.post(again)
+        assert waited.status == 409
+        assert waited.json()["error"]["data"]["reason"] == "in_progress"
+        # The same id under another Idempotency-Key is another call, and two requests
+        # under one id would be ambiguous: refused, the first untouched.
+        headers = {"content-type": "application/json", "accept": BOTH}
+        headers |= {"mcp-session-id": str(c.session_id), "idempotency-key": "another"}
+        body = json.dumps({"jsonrpc": "2.0", **again}).encode()
+        error = other.request("POST", body, headers).message()["error"]
         assert (error["code"], error["data"]["reason"]) == (-32600, "invalid_request")
         assert not ended
 
@@ -103,3 +121,95 @@ def test_subscriptions_are_bounded_per_session() -> None:
         sid = str(c.session_id)
         held = running.probe(lambda: len(running.driver.sessions[sid].caller.subscriptions))
         assert held == 256
+
+
+# ---------------------------------------------------------------- the idempotency gate
+def _counting_app() -> tuple[App, threading.Event, list[int]]:
+    """``bump`` is not idempotent: each execution appends to ``runs``; it takes a moment
+    (``ctx.sleep``) so that a duplicate can arrive while it runs."""
+    app = App("counts")
+    started = threading.Event()
+    runs: list[int] = []
+
+    @app.tool(idempotent=False)
+    async def bump(ctx: Context, by: int = 1, seconds: float = 0.0) -> str:
+        """Add ``by`` to the tally, after ``seconds``."""
+        runs.append(by)
+        started.set()
+        await ctx.sleep(seconds)
+        return f"ran {len(runs)}"
+
+    return app, started, runs
+
+
+def _bump(c: Client, key: str | None, *, accept: str = BOTH, **arguments: Any) -> Reply:
+    c.next_id += 1
+    headers = {"content-type": "application/json", "accept": accept}
+    headers |= {"mcp-session-id": str(c.session_id), "mcp-protocol-version": c.version}
+    if key is not None:
+        headers["idempotency-key"] = key
+    msg = {"jsonrpc": "2.0", "id": c.next_id, "method": "tools/call"}
+    body = json.dumps({**msg, "params": {"name": "bump", "arguments": arguments}}).encode()
+    return c.request("POST", body, headers)
+
+
+def test_a_retry_with_the_same_key_replays_and_never_runs_twice() -> None:
+    app, _, runs = _counting_app()
+    with running_driver(app) as running, Client(running.port) as c:
+        c.initialize()
+        first = _bump(c, "order-1").message()
+        again = _bump(c, "order-1", accept="application/json").message()  # another format
+        assert runs == [1]
+        assert again["result"] == first["result"] == {"content": [text_block("ran 1")]}
+        assert again["id"] == c.next_id != first["id"]  # re-addressed to the retry's id
+        other = _bump(c, "order-2").message()
+        assert other["result"]["content"] == [text_block("ran 2")] and runs == [1, 1]
+
+
+def test_the_same_key_for_another_call_is_422() -> None:
+    app, _, runs = _counting_app()
+    with running_driver(app) as running, Client(running.port) as c:
+        c.initialize()
+        _bump(c, "k", by=1)
+        reused = _bump(c, "k", by=2)
+        assert reused.status == 422
+        assert reused.json()["error"]["data"]["reason"] == "idempotency_key_reused"
+        assert runs == [1]
+
+
+def test_a_duplicate_that_arrives_while_the_call_runs_waits_and_replays() -> None:
+    app, started, runs = _counting_app()
+    with running_driver(app) as running, Client(running.port) as c, Client(running.port) as d:
+        c.initialize()
+        d.session_id, d.version = c.session_id, c.version
+        thread, replies = _in_thread(lambda: _bump(c, "slow", seconds=0.3).message())
+        assert started.wait(TIMEOUT)
+        duplicate = _bump(d, "slow", seconds=0.3).message()
+        thread.join(TIMEOUT)
+        (first,) = replies
+        assert runs == [1]
+        assert duplicate["result"] == first["result"]
+
+
+def test_a_duplicate_past_the_wait_is_409_in_progress_with_retry_after() -> None:
+    app, started, runs = _counting_app()
+    with running_driver(app, in_progress_wait=0.05) as running, Client(running.port) as c:
+        c.initialize()
+        with Client(running.port) as d, Client(running.port) as e:
+            d.session_id = e.session_id = c.session_id
+            thread, _ = _in_thread(lambda: _bump(d, "stuck", seconds=3600))
+            assert started.wait(TIMEOUT)
+            refused = _bump(c, "stuck", seconds=3600)
+            assert refused.status == 409 and "retry-after" in refused.headers
+            assert refused.json()["error"]["data"]["reason"] == "in_progress"
+            # Cancel the stuck call: its key is given back, so a retry runs it.
+            cancel = {"requestId": d.next_id}
+            e.post({"method": "notifications/cancelled", "params": cancel})
+            thread.join(TIMEOUT)
+            assert not thread.is_alive()
+        rerun = _bump(c, "stuck").message()
+        assert rerun["result"]["content"] == [text_block("ran 2")] and runs == [1, 1]
+
+
+def text_block(value: str) -> dict[str, str]:
+    return {"type": "text", "text": value}

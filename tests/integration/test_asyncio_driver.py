@@ -55,13 +55,15 @@ class Running:
 
 
 @contextmanager
-def running_driver(app: App | None = None, credit: CreditLimits | None = None) -> Iterator[Running]:
-    """Run an :class:`AsyncioDriver` in a background event loop on 127.0.0.1."""
+def running_driver(
+    app: App | None = None, credit: CreditLimits | None = None, **options: Any
+) -> Iterator[Running]:
+    """Run an :class:`AsyncioDriver` (``options`` passed on) in a background event loop."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="asyncio-weir", daemon=True)
     thread.start()
     endpoint = EndpointConfig(allowed_hosts=LOOPBACK_HOSTS, json_response=True)
-    driver = AsyncioDriver(app or demo_app, endpoint, credit)
+    driver = AsyncioDriver(app or demo_app, endpoint, credit, **options)
     try:
         start = asyncio.start_server(driver.connection, "127.0.0.1", 0)
         server = asyncio.run_coroutine_threadsafe(start, loop).result(TIMEOUT)
