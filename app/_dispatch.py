@@ -21,16 +21,13 @@ from typing import Any, cast
 
 import msgspec
 
-from weir.protocol import (
+from weir.protocol import Reason, Request, RequestId, encode_error
+from weir.protocol.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     RESOURCE_NOT_FOUND,
-    Reason,
-    Request,
-    RequestId,
-    encode_error,
 )
 
 from ._context import LOG_LEVELS, Context

@@ -5,7 +5,7 @@ layer that reads the clock or touches a socket.  The application API (:class:`Ap
 :class:`Context`, …) is :mod:`weir.app`'s, re-exported here for convenience.  Store
 implementers find here the interface (:class:`SessionStore`) and every type it
 speaks (records, events, stream info, retention, its exceptions); the gate's
-:class:`~weir.protocol.CallStart` and :class:`~weir.protocol.CallOutcome` are the core's.
+:class:`~weir.protocol.gate.CallStart` and :class:`~weir.protocol.gate.CallOutcome` are the core's.
 """
 
 from __future__ import annotations

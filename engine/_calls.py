@@ -35,35 +35,30 @@ import trio
 
 from weir.app import Caller, capabilities
 from weir.protocol import (
-    CallStart,
-    ChannelVerdict,
     ErrorResponse,
-    Execute,
     Notification,
     PostMessages,
     Reason,
-    Refuse,
     RemoteProtocolError,
-    Replay,
     Request,
     Response,
-    SessionInput,
-    StreamInput,
     StreamKind,
-    StreamState,
-    call_key,
-    encode,
     encode_error,
     encode_result,
-    fingerprint,
-    gate_decision,
-    initialize_result,
-    parse_channel_token,
-    parse_initialize,
-    primes_streams,
-    replay_as,
     session_refusal,
 )
+from weir.protocol.binding import ChannelVerdict, parse_channel_token
+from weir.protocol.gate import (
+    CallStart,
+    Execute,
+    GatePass,
+    Refuse,
+    Replay,
+    replay_as,
+)
+from weir.protocol.jsonrpc import encode
+from weir.protocol.lifecycle import initialize_result, parse_initialize, primes_streams
+from weir.protocol.states import SessionInput, StreamInput, StreamState
 
 from ._channel import raise_channel
 from ._connection import Connection
@@ -323,11 +318,15 @@ class _Calls(_ServerBase):
         """
         if req.method != "tools/call":
             return _Plan(req)
-        key = call_key(header_key, req.id)
-        fp = fingerprint(req)
+        gate = GatePass(
+            req,
+            header_key,
+            now=trio.current_time(),
+            wait=self.config.in_progress_wait,
+            retry_ms=self.config.retry_ms,
+        )
+        key, fp = gate.key, gate.fingerprint
         principal, sid = session.record.principal, session.session_id
-        deadline = trio.current_time() + self.config.in_progress_wait
-        delay = 0.01
         while True:
             try:
                 if self.store.shared:  # a claim another replica may have to interrupt
@@ -340,15 +339,8 @@ class _Calls(_ServerBase):
             except ChannelRejected as exc:
                 raise_channel(exc.verdict, req.id)
                 raise  # unreachable: _raise_channel raises
-            now = trio.current_time()
-            decision = gate_decision(
-                start,
-                key,
-                req.id,
-                now=now,
-                give_up_at=deadline,
-                retry_ms=self.config.retry_ms,
-            )
+            ours = key in session.calls  # the running delivery is ours: await its end
+            decision = gate.decide(start, trio.current_time(), local=ours)
             if isinstance(decision, Execute):
                 session.calls[key] = None  # an Event only once a duplicate waits
                 return _Plan(req, key=key, epoch=decision.epoch)
@@ -359,16 +351,14 @@ class _Calls(_ServerBase):
                 if decision.error.reason is Reason.IN_PROGRESS:
                     self.metrics.duplicates_in_progress += 1
                 raise decision.error
-            ours = key in session.calls
-            with trio.move_on_at(min(deadline, now + (3600.0 if ours else delay))):
+            with trio.move_on_at(decision.until):
                 if ours:
                     local = session.calls[key]
                     if local is None:
                         local = session.calls[key] = trio.Event()
-                    await local.wait()  # the running delivery is ours: wake exactly when done
+                    await local.wait()  # wake exactly when it is done
                 else:
-                    await trio.sleep_forever()  # another replica runs it: poll the store
-            delay = min(delay * 2, 0.25)
+                    await trio.sleep_forever()  # another replica runs it: ask the store again
 
     async def _claim(
         self, session: Session, req: Request, key: str, fp: bytes, token: tuple[int, str] | None

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from weir.protocol import LOOPBACK_HOSTS, RESUME_POLICIES, CreditLimits, EndpointConfig, HttpLimits
+from weir.protocol import LOOPBACK_HOSTS, CreditLimits, EndpointConfig, HttpLimits
+from weir.protocol.resume import RESUME_POLICIES
 
 from ._auth import Authorization
 

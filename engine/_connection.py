@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from weir.protocol import DrainTracker, HeadCache, HttpConnection, HttpLimits
+from weir.protocol import DrainTracker, HttpConnection, HttpLimits
+from weir.protocol.http import HeadCache
 
 from ._drain import DrainMeter
 from ._session import JsonCharge

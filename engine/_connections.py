@@ -30,26 +30,24 @@ import trio
 
 from weir.protocol import (
     NEED_DATA,
-    SERVER_ERROR,
     ConnectionClosed,
     DeleteSession,
     HttpError,
     HttpRequest,
     Inbound,
-    LegacyOpen,
     OpenStream,
     PostMessages,
     ReadClock,
     Reason,
     RemoteProtocolError,
-    check_host_and_origin,
-    check_method,
     closing_refusal,
     refusal,
     route,
-    route_legacy,
     session_refusal,
 )
+from weir.protocol.endpoint import check_host_and_origin, check_method
+from weir.protocol.jsonrpc import SERVER_ERROR
+from weir.protocol.legacy import LegacyOpen, route_legacy
 
 from ._auth import METADATA_PATH, Authorization, InvalidToken, bearer_token
 from ._connection import Connection

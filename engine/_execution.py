@@ -25,16 +25,9 @@ import contextlib
 import trio
 
 from weir.app import Context, call_tool_now, dispatch, failure, id_in_use, inline_tool
-from weir.protocol import (
-    INTERNAL_ERROR,
-    SERVER_ERROR,
-    Reason,
-    Request,
-    StreamInput,
-    StreamState,
-    encode_error,
-    encode_result,
-)
+from weir.protocol import Reason, Request, encode_error, encode_result
+from weir.protocol.jsonrpc import INTERNAL_ERROR, SERVER_ERROR
+from weir.protocol.states import StreamInput, StreamState
 
 from ._context import CallBackend
 from ._server_base import _Plan, _ServerBase, log

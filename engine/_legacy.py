@@ -22,7 +22,6 @@ import contextlib
 import trio
 
 from weir.protocol import (
-    LegacyMessages,
     RemoteProtocolError,
     Request,
     StreamKind,
@@ -30,6 +29,7 @@ from weir.protocol import (
     encode_result,
     session_refusal,
 )
+from weir.protocol.legacy import LegacyMessages
 
 from ._connection import Connection
 from ._server_base import _Plan, _ServerBase

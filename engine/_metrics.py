@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from weir.protocol import RetentionBudget
+    from weir.protocol.budget import RetentionBudget
 
     from ._listen import AcceptGate
     from ._session import Session

@@ -90,11 +90,8 @@ from coredis.connection import TCPLocation
 from coredis.retry import ConstantRetryPolicy, NoRetryPolicy
 from coredis.typing import ResponseType
 
-from weir.protocol import (
-    CallOutcome,
-    CallStart,
-    ChannelVerdict,
-)
+from weir.protocol.binding import ChannelVerdict
+from weir.protocol.gate import CallOutcome, CallStart
 
 from ._redis_lua import (
     _ALLOCATE,

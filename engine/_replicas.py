@@ -21,7 +21,8 @@ from __future__ import annotations
 import msgspec
 import trio
 
-from weir.protocol import ErrorResponse, RemoteProtocolError, Response, decode_message
+from weir.protocol import ErrorResponse, RemoteProtocolError, Response
+from weir.protocol.jsonrpc import decode_message
 
 from ._server_base import _ServerBase
 from ._store import SessionGone, StoreUnavailable

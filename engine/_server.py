@@ -59,18 +59,11 @@ from typing import Any
 import trio
 
 from weir.app import App
-from weir.protocol import (
-    SERVER_ERROR,
-    CreditState,
-    HeadCache,
-    ReadTimeouts,
-    Reason,
-    RemoteProtocolError,
-    RequestId,
-    RetentionBudget,
-    SessionInput,
-    session_refusal,
-)
+from weir.protocol import ReadTimeouts, Reason, RemoteProtocolError, RequestId, session_refusal
+from weir.protocol.budget import RetentionBudget
+from weir.protocol.http import HeadCache
+from weir.protocol.jsonrpc import SERVER_ERROR
+from weir.protocol.states import CreditState, SessionInput
 
 from ._calls import REBIND_METHOD as REBIND_METHOD
 from ._calls import _Calls

@@ -33,11 +33,8 @@ import trio
 
 from weir.app import App
 from weir.protocol import (
-    SERVER_ERROR,
     DeleteSession,
     EndpointConfig,
-    HeadCache,
-    LegacyMessages,
     OpenStream,
     PostMessages,
     ReadTimeouts,
@@ -45,9 +42,12 @@ from weir.protocol import (
     RemoteProtocolError,
     Request,
     RequestId,
-    RetentionBudget,
     StreamKind,
 )
+from weir.protocol.budget import RetentionBudget
+from weir.protocol.http import HeadCache
+from weir.protocol.jsonrpc import SERVER_ERROR
+from weir.protocol.legacy import LegacyMessages
 
 from ._config import ServerConfig
 from ._connection import Connection

@@ -36,18 +36,20 @@ from weir.app import Caller
 from weir.protocol import (
     Admit,
     CreditLimits,
-    CreditState,
     Message,
     RequestId,
-    RetentionBudget,
     SessionFlow,
+    StreamKind,
+    StreamLog,
+    StreamTable,
+)
+from weir.protocol.budget import RetentionBudget
+from weir.protocol.states import (
+    CreditState,
     SessionInput,
     SessionState,
     StreamInput,
-    StreamKind,
-    StreamLog,
     StreamState,
-    StreamTable,
     session_transition,
 )
 

@@ -38,13 +38,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from weir.protocol import (
-    CallLedger,
-    CallStart,
-    ChannelVerdict,
-    RetentionBudget,
-    channel_verdict,
-)
+from weir.protocol.binding import ChannelVerdict, channel_verdict
+from weir.protocol.budget import RetentionBudget
+from weir.protocol.gate import CallLedger, CallStart
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -284,7 +280,7 @@ class _KeyedMixer:
     another key); every step is invertible, so epochs stay unique in the session,
     and without the keys (drawn from the session's secret salt) one epoch tells
     nothing useful about the next.  About a microsecond, against ~10 for the SHA-1
-    Feistel network that shared stores use (:class:`weir.protocol.EpochPermutation`):
+    Feistel network that shared stores use (:class:`weir.protocol.event_ids.EpochPermutation`):
     only this process ever allocates a memory store's epochs, so the two need not
     agree.
     """
@@ -437,7 +433,7 @@ class MemoryStore:
         """Drop stored responses, oldest first, until ``nbytes`` are freed (the budget
         asks).  Each leaves a tombstone: a retry is told the outcome is gone; only
         then, if still over, the oldest finished calls are forgotten whole (see
-        :class:`~weir.protocol.CallLedger`).  Running claims always stay."""
+        :class:`~weir.protocol.gate.CallLedger`).  Running claims always stay."""
         s = self._sessions.get((principal, session_id))
         if s is None:
             return

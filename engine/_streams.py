@@ -38,26 +38,25 @@ from typing import Any
 import trio
 
 from weir.protocol import (
-    ChannelVerdict,
     DeleteSession,
-    EventId,
     OpenStream,
     Reason,
     RemoteProtocolError,
     RequestContext,
     RequestId,
-    SessionInput,
-    StreamInput,
     StreamKind,
     StreamLog,
-    channel_refusal,
+)
+from weir.protocol.binding import ChannelVerdict, channel_refusal, parse_channel_token
+from weir.protocol.event_ids import EventId
+from weir.protocol.resume import (
     check_cursor_channel,
     check_resume_policy,
     displaces_writer,
-    encode_comment,
-    parse_channel_token,
     standalone_plan,
 )
+from weir.protocol.sse import encode_comment
+from weir.protocol.states import SessionInput, StreamInput
 
 from ._channel import raise_channel
 from ._connection import Connection

@@ -20,15 +20,9 @@ import logging
 
 import trio
 
-from weir.protocol import (
-    RemoteProtocolError,
-    StreamInput,
-    StreamState,
-    WriterStep,
-    completes,
-    encode_retry,
-    writer_step,
-)
+from weir.protocol import RemoteProtocolError, WriterStep, completes, writer_step
+from weir.protocol.sse import encode_retry
+from weir.protocol.states import StreamInput, StreamState
 
 from ._connection import Connection
 from ._session import Session, StreamHandle

@@ -19,7 +19,7 @@ while idle) is replaced by a fresh one once; nothing else is re-sent implicitly.
 **One logical request** (an :class:`_Exchange`) can take several HTTP exchanges:
 
 * The POST's answer is one JSON body or an SSE stream.  SSE events are decoded by
-  :class:`weir.protocol.SseDecoder`; progress notifications go to the call's
+  :class:`weir.protocol.sse.SseDecoder`; progress notifications go to the call's
   ``on_progress``, other notifications to the session's ``on_notification``,
   server-to-client requests (sampling, elicitation, roots, ping) are answered by POST
   from a background task (``-32601`` when no callback is configured), and the response
@@ -92,7 +92,7 @@ from typing import Any, Final, TypeAlias
 import msgspec
 import trio
 
-from weir.protocol import SseComment, SseDecodeError, SseDecoder
+from weir.protocol.sse import SseComment, SseDecodeError, SseDecoder
 
 from ._client_http import ConnectionDropped, Pool, Response, ResponseTooLarge
 from ._metrics import redact

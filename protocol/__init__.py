@@ -1,22 +1,45 @@
 """weir's sans-io core for MCP over HTTP.
 
 No I/O, no clock, no randomness: bytes, events and ``now`` go in; bytes, events
-and deadlines come out.  This module's ``__all__`` is the whole public surface;
-``engine`` imports nothing else from ``protocol``.
+and deadlines come out.
+
+This module exports what a driver of the session-era endpoint needs on every
+request: HTTP framing (:class:`HttpConnection`), the endpoint's routing and
+refusals (:func:`route`, :func:`refusal`), JSON-RPC messages and their encoders,
+the errors, stream logs and the writer's next move, drain credit and admission,
+and read deadlines.  Everything else public lives in a module named for its topic,
+each with its own ``__all__``:
+
+* :mod:`weir.protocol.gate` -- idempotency: the gate's rules and in-process records;
+* :mod:`weir.protocol.binding` -- channel tokens (fencing);
+* :mod:`weir.protocol.resume` -- GET streams and resumption;
+* :mod:`weir.protocol.lifecycle` -- ``initialize``, protocol revisions, priming;
+* :mod:`weir.protocol.legacy` -- the 2024-11-05 HTTP+SSE transport's two endpoints;
+* :mod:`weir.protocol.states` -- the transition tables of sessions, streams, credit;
+* :mod:`weir.protocol.event_ids` -- the ``<epoch>:<seq>`` grammar, epoch permutation;
+* :mod:`weir.protocol.budget` -- byte budgets for retained history and results;
+* :mod:`weir.protocol.sse` -- Server-Sent Events framing and a client-side decoder;
+* :mod:`weir.protocol.jsonrpc` -- JSON-RPC error codes, decoding, generic encoding;
+* :mod:`weir.protocol.endpoint` -- the endpoint's single checks (Host/Origin, …);
+* :mod:`weir.protocol.http` -- HTTP framing extras (the head cache).
+
+Names that start with ``_`` (modules included) are private; ``engine`` imports
+nothing from them.
 """
 
 from __future__ import annotations
 
-from ._binding import ChannelVerdict, channel_refusal, channel_verdict, parse_channel_token
-from ._budget import RetentionBudget
-from ._credit import CreditLimits, DrainTracker, SessionCredit
-from ._deadlines import ReadClock, ReadTimeouts
+from ._credit import (
+    CreditLimits,
+    DrainTracker,
+    SessionCredit,
+)
+from ._deadlines import (
+    ReadClock,
+    ReadTimeouts,
+)
 from ._endpoint import (
-    DEFAULT_VERSION,
-    LATEST_VERSION,
     LOOPBACK_HOSTS,
-    NEGOTIABLE_VERSIONS,
-    SUPPORTED_VERSIONS,
     DeleteSession,
     EndpointConfig,
     McpRequest,
@@ -24,57 +47,24 @@ from ._endpoint import (
     PostMessages,
     RequestContext,
     accepts,
-    check_host_and_origin,
-    check_json_body,
-    check_method,
     closing_refusal,
-    host_of,
-    negotiate_version,
     refusal,
     route,
     session_refusal,
-    version_at_least,
 )
 from ._errors import (
-    INTERNAL_ERROR,
-    INVALID_PARAMS,
-    INVALID_REQUEST,
-    METHOD_NOT_FOUND,
-    PARSE_ERROR,
-    RESOURCE_NOT_FOUND,
-    SERVER_ERROR,
     LocalProtocolError,
     ProtocolError,
     Reason,
     RemoteProtocolError,
 )
-from ._event_ids import (
-    EpochPermutation,
-    EventId,
-    epoch_number,
-    format_epoch,
-    parse_event_id,
-    scramble_epoch,
-)
-from ._flow import INITIAL_FRAME_ESTIMATE, Admit, SessionFlow
-from ._gate import (
-    MAX_IDEMPOTENCY_KEY,
-    CallOutcome,
-    CallStart,
-    Execute,
-    GateDecision,
-    Refuse,
-    Replay,
-    Wait,
-    call_key,
-    fingerprint,
-    gate_decision,
-    replay_as,
+from ._flow import (
+    Admit,
+    SessionFlow,
 )
 from ._http import (
     NEED_DATA,
     ConnectionClosed,
-    HeadCache,
     Headers,
     HttpConnection,
     HttpError,
@@ -92,90 +82,31 @@ from ._jsonrpc import (
     Request,
     RequestId,
     Response,
-    decode_body,
-    decode_message,
-    encode,
     encode_error,
     encode_notification,
     encode_request,
     encode_result,
-    error_body,
 )
-from ._ledger import ENTRY_OVERHEAD, CallLedger
-from ._legacy import LegacyMessages, LegacyOpen, route_legacy
-from ._lifecycle import InitializeParams, initialize_result, parse_initialize, primes_streams
-from ._resume import (
-    RESUME_POLICIES,
-    check_cursor_channel,
-    check_resume_policy,
-    displaces_writer,
-    standalone_plan,
+from ._streams import (
+    StreamKind,
+    StreamLog,
+    StreamTable,
+    WriterStep,
+    completes,
+    writer_step,
 )
-from ._sse import (
-    SseComment,
-    SseDecodeError,
-    SseDecoder,
-    SseEvent,
-    encode_comment,
-    encode_event,
-    encode_retry,
-)
-from ._states import (
-    CREDIT_TRANSITIONS,
-    SESSION_TRANSITIONS,
-    STREAM_TRANSITIONS,
-    CreditInput,
-    CreditState,
-    SessionInput,
-    SessionState,
-    StreamInput,
-    StreamState,
-    credit_transition,
-    session_transition,
-    stream_transition,
-)
-from ._streams import StreamKind, StreamLog, StreamTable, WriterStep, completes, writer_step
 
 __all__ = [
-    "CREDIT_TRANSITIONS",
-    "DEFAULT_VERSION",
-    "ENTRY_OVERHEAD",
-    "INITIAL_FRAME_ESTIMATE",
-    "INTERNAL_ERROR",
-    "INVALID_PARAMS",
-    "INVALID_REQUEST",
-    "LATEST_VERSION",
     "LOOPBACK_HOSTS",
-    "MAX_IDEMPOTENCY_KEY",
-    "METHOD_NOT_FOUND",
     "NEED_DATA",
-    "NEGOTIABLE_VERSIONS",
-    "PARSE_ERROR",
-    "RESOURCE_NOT_FOUND",
-    "RESUME_POLICIES",
-    "SERVER_ERROR",
-    "SESSION_TRANSITIONS",
-    "STREAM_TRANSITIONS",
-    "SUPPORTED_VERSIONS",
     "Admit",
-    "CallLedger",
-    "CallOutcome",
-    "CallStart",
-    "ChannelVerdict",
     "ConnectionClosed",
-    "CreditInput",
     "CreditLimits",
-    "CreditState",
     "DeleteSession",
     "DrainTracker",
     "EndpointConfig",
-    "EpochPermutation",
     "ErrorObject",
     "ErrorResponse",
-    "EventId",
-    "Execute",
-    "GateDecision",
-    "HeadCache",
     "Headers",
     "HttpConnection",
     "HttpError",
@@ -183,9 +114,6 @@ __all__ = [
     "HttpLimits",
     "HttpRequest",
     "Inbound",
-    "InitializeParams",
-    "LegacyMessages",
-    "LegacyOpen",
     "LocalProtocolError",
     "McpRequest",
     "Message",
@@ -196,74 +124,27 @@ __all__ = [
     "ReadClock",
     "ReadTimeouts",
     "Reason",
-    "Refuse",
     "RemoteProtocolError",
-    "Replay",
     "Request",
     "RequestContext",
     "RequestId",
     "Response",
-    "RetentionBudget",
     "SessionCredit",
     "SessionFlow",
-    "SessionInput",
-    "SessionState",
-    "SseComment",
-    "SseDecodeError",
-    "SseDecoder",
-    "SseEvent",
-    "StreamInput",
     "StreamKind",
     "StreamLog",
-    "StreamState",
     "StreamTable",
-    "Wait",
     "WriterStep",
     "accepts",
-    "call_key",
-    "channel_refusal",
-    "channel_verdict",
-    "check_cursor_channel",
-    "check_host_and_origin",
-    "check_json_body",
-    "check_method",
-    "check_resume_policy",
     "closing_refusal",
     "completes",
-    "credit_transition",
-    "decode_body",
-    "decode_message",
-    "displaces_writer",
-    "encode",
-    "encode_comment",
     "encode_error",
-    "encode_event",
     "encode_notification",
     "encode_request",
     "encode_result",
-    "encode_retry",
-    "epoch_number",
-    "error_body",
-    "fingerprint",
-    "format_epoch",
-    "gate_decision",
-    "host_of",
-    "initialize_result",
-    "negotiate_version",
-    "parse_channel_token",
-    "parse_event_id",
-    "parse_initialize",
-    "primes_streams",
     "raw_error_response",
     "refusal",
-    "replay_as",
     "route",
-    "route_legacy",
-    "scramble_epoch",
     "session_refusal",
-    "session_transition",
-    "standalone_plan",
-    "stream_transition",
-    "version_at_least",
     "writer_step",
 ]

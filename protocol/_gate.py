@@ -179,3 +179,51 @@ def replay_as(payload: bytes, request_id: RequestId) -> bytes:
     msg = msgspec.json.decode(payload)
     msg["id"] = request_id
     return msgspec.json.encode(msg)
+
+
+class GatePass:
+    """One delivery of a ``tools/call`` on its way through the gate: the sequencing
+    both drivers share, with the store's round trips left to them.
+
+    Construct it when the request is admitted; ask the store to claim
+    :attr:`key` with :attr:`fingerprint`; hand the answer to :meth:`decide`.  On
+    :class:`Wait`, wait until ``until`` -- or until the local delivery running the
+    call finishes, if ``local`` -- and ask the store again.  The pass bounds the whole
+    wait (``wait`` seconds from ``now``, then 409 ``in_progress``) and backs off the
+    re-asking of a claim held elsewhere (10 ms doubling to 250 ms), where no wake-up
+    will come.
+    """
+
+    __slots__ = ("_delay", "fingerprint", "give_up_at", "key", "request_id", "retry_ms")
+
+    #: Re-asking a claim held by another process: first after this long, then doubling.
+    FIRST_POLL: Final = 0.01
+    MAX_POLL: Final = 0.25
+
+    def __init__(
+        self, req: Request, header_key: str | None, *, now: float, wait: float, retry_ms: int
+    ) -> None:
+        """Raises: RemoteProtocolError: 400 for a malformed ``Idempotency-Key``."""
+        self.key = call_key(header_key, req.id)
+        self.fingerprint = fingerprint(req)
+        self.request_id = req.id
+        self.give_up_at = now + wait
+        self.retry_ms = retry_ms
+        self._delay = self.FIRST_POLL
+
+    def decide(self, start: CallStart, now: float, *, local: bool) -> GateDecision:
+        """The next step given the store's answer; ``local``: the delivery running the
+        call (if it is running) is in this process, so its end can be awaited."""
+        decision = gate_decision(
+            start,
+            self.key,
+            self.request_id,
+            now=now,
+            give_up_at=self.give_up_at,
+            retry_ms=self.retry_ms,
+        )
+        if not isinstance(decision, Wait) or local:
+            return decision
+        until = min(self.give_up_at, now + self._delay)
+        self._delay = min(self._delay * 2, self.MAX_POLL)
+        return Wait(until)

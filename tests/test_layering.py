@@ -5,7 +5,9 @@
   logging modules), ``h11`` and ``msgspec``; it never imports the engine; it has no
   ``async def`` and no ``await``.
 * Importing ``weir.protocol`` does not import trio or the engine.
-* ``engine/`` imports from the core only through ``weir.protocol.__all__``.
+* ``engine/`` and ``app/`` import from the core only public names: ``weir.protocol``'s
+  ``__all__`` (what most drivers need) or a public topic module's (``weir.protocol.gate``
+  and the like); never a ``_`` module.  Every public name has exactly one home.
 * Nothing in the repository imports the source folders by their bare names
   (``protocol``, ``engine``): one module, one name, never two copies of a class.
 * ``app/`` (``weir.app``, the application API) runs on any event loop: it imports the
@@ -30,6 +32,22 @@ from pathlib import Path
 import pytest
 
 import weir.protocol
+
+#: The core's public topic modules (every ``protocol/*.py`` not starting with ``_``).
+TOPIC_MODULES = sorted(
+    p.stem for p in (Path(__file__).resolve().parent.parent / "protocol").glob("[!_]*.py")
+)
+
+
+def _public_names(module: str) -> set[str]:
+    import importlib
+
+    return set(importlib.import_module(module).__all__)
+
+
+PUBLIC = {"weir.protocol": _public_names("weir.protocol")} | {
+    f"weir.protocol.{t}": _public_names(f"weir.protocol.{t}") for t in TOPIC_MODULES
+}
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL = ROOT / "protocol"
@@ -120,17 +138,13 @@ def test_protocol_imports_only_stdlib_h11_and_msgspec(path: Path) -> None:
 
 @pytest.mark.parametrize("path", APP_FILES, ids=_rel)
 def test_app_layer_imports_no_runtime(path: Path) -> None:
-    public = set(weir.protocol.__all__)
+    # (Which core names it may use: see the public-surface test below.)
     bad: list[str] = []
-    for line, module, names in _absolute_imports(_parse(path)):
+    for line, module, _ in _absolute_imports(_parse(path)):
         parts = module.split(".")
         prefixes = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
         if prefixes & FORBIDDEN_IN_APP:
             bad.append(f"{_rel(path)}:{line}: forbidden import {module}")
-        elif module == "weir.protocol":
-            bad += [f"{_rel(path)}:{line}: private {n}" for n in names if n not in public]
-        elif module.startswith("weir.protocol."):
-            bad.append(f"{_rel(path)}:{line}: imports private module {module}")
         elif parts[0] not in {"msgspec", "weir"} and parts[0] not in sys.stdlib_module_names:
             bad.append(f"{_rel(path)}:{line}: third-party import {module}")
     assert not bad, "\n".join(bad)
@@ -239,32 +253,57 @@ def test_importing_protocol_imports_neither_trio_nor_engine() -> None:
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("path", ENGINE_FILES, ids=_rel)
-def test_engine_uses_protocol_only_through_its_public_surface(path: Path) -> None:
-    public = set(weir.protocol.__all__)
+def _private_core_imports(path: Path) -> list[str]:
     bad: list[str] = []
     for line, module, names in _absolute_imports(_parse(path)):
         if module != "weir.protocol" and not module.startswith("weir.protocol."):
             continue
-        if module != "weir.protocol":
+        public = PUBLIC.get(module)
+        if public is None:
             bad.append(f"{_rel(path)}:{line}: imports private module {module}")
             continue
-        for name in names:
-            if name == "*" or name not in public:
-                bad.append(
-                    f"{_rel(path)}:{line}: 'from weir.protocol import {name}' is not in __all__"
-                )
+        bad += [
+            f"{_rel(path)}:{line}: 'from {module} import {name}' is not in its __all__"
+            for name in names
+            if name == "*" or name not in public
+        ]
+    return bad
+
+
+@pytest.mark.parametrize("path", [*ENGINE_FILES, *APP_FILES], ids=_rel)
+def test_engine_and_app_use_the_core_only_through_its_public_surface(path: Path) -> None:
+    bad = _private_core_imports(path)
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("name", weir.protocol.__all__)
-def test_every_public_name_exists(name: str) -> None:
-    assert hasattr(weir.protocol, name), name
+def test_there_are_topic_modules_and_they_hold_what_they_say() -> None:
+    assert {"gate", "binding", "resume", "lifecycle", "legacy", "sse"} <= set(TOPIC_MODULES)
 
 
-def test_all_has_no_duplicates_and_no_private_names() -> None:
-    assert len(weir.protocol.__all__) == len(set(weir.protocol.__all__))
-    assert not [n for n in weir.protocol.__all__ if n.startswith("_")]
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_every_public_name_exists_and_is_not_private(module: str) -> None:
+    import importlib
+
+    mod = importlib.import_module(module)
+    names = mod.__all__
+    assert len(names) == len(set(names))
+    assert not [n for n in names if n.startswith("_")]
+    missing = [n for n in names if not hasattr(mod, n)]
+    assert not missing, missing
+
+
+def test_every_public_name_has_one_home() -> None:
+    homes: dict[str, list[str]] = {}
+    for module, names in PUBLIC.items():
+        for name in names:
+            homes.setdefault(name, []).append(module)
+    twice = {n: m for n, m in homes.items() if len(m) > 1}
+    assert not twice, twice
+
+
+def test_the_top_level_surface_stays_small() -> None:
+    # What a driver needs on every request, no more (h11 exports about 25 names).
+    assert len(weir.protocol.__all__) <= 55, len(weir.protocol.__all__)
 
 
 @pytest.mark.parametrize("path", _py_files(ROOT / "tests" / "protocol"), ids=_rel)
@@ -329,8 +368,12 @@ def test_a_store_implementer_needs_no_private_module(name: str) -> None:
     import weir.engine
 
     assert name in weir.engine.__all__ and getattr(weir.engine, name).__name__ == name
-    for core_name in ("CallStart", "CallOutcome", "ChannelVerdict"):
-        assert core_name in weir.protocol.__all__
+    for module, core_name in (
+        ("gate", "CallStart"),
+        ("gate", "CallOutcome"),
+        ("binding", "ChannelVerdict"),
+    ):
+        assert core_name in PUBLIC[f"weir.protocol.{module}"]
 
 
 def test_importing_the_engine_does_not_import_the_redis_client() -> None:

@@ -22,7 +22,7 @@ reading.  It imports neither trio nor :mod:`weir.engine`.
   roots, ``close_stream``) backed by this driver, run as tasks owned by the session
   (a dropped connection does not cancel a call) and stop on
   ``notifications/cancelled``.  A ``tools/call`` passes the idempotency gate first --
-  the core's rules over a :class:`~weir.protocol.CallLedger`, as in the Trio engine's
+  the core's rules over a :class:`~weir.protocol.gate.CallLedger`, as in the Trio engine's
   memory store -- so a retry replays its response and never runs it twice.
 * **Limits** (:mod:`._driver`).  Sessions (503 ``session_limit``), connections (503
   ``overloaded``), idle sessions (forgotten after ``idle_timeout`` unless busy), each

@@ -15,7 +15,7 @@ handler's :class:`~weir.app.Context` its asyncio half, :class:`Backend`:
 * ``notifications/cancelled`` cancels the handler's task: it sends no response;
 * a ``tools/call`` runs only after passing the idempotency gate (:func:`plan`): the
   core's key, fingerprint and decision over the session's
-  :class:`~weir.protocol.CallLedger`, the same rules and records the Trio engine's
+  :class:`~weir.protocol.gate.CallLedger`, the same rules and records the Trio engine's
   memory store uses.  A retry of a call (same ``Idempotency-Key``, or same id)
   replays its response instead of running it again.
 """
@@ -28,24 +28,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from weir.app import App, Caller, Context, McpError, dispatch, failure, id_in_use
-from weir.protocol import (
-    INTERNAL_ERROR,
+from weir.protocol import ErrorResponse, Request, Response, StreamLog, encode_request, encode_result
+from weir.protocol.gate import (
     CallStart,
-    ErrorResponse,
     Execute,
+    GatePass,
     Refuse,
     Replay,
-    Request,
-    Response,
-    StreamLog,
-    StreamState,
-    call_key,
-    encode_request,
-    encode_result,
-    fingerprint,
-    gate_decision,
     replay_as,
 )
+from weir.protocol.jsonrpc import INTERNAL_ERROR
+from weir.protocol.states import StreamState
 
 from ._session import Gone, Session
 
@@ -130,27 +123,21 @@ async def plan(
     """
     if req.method != "tools/call":
         return Plan(req)
-    key, fp, loop = call_key(header_key, req.id), fingerprint(req), session.loop
-    give_up_at = loop.time() + wait
+    loop = session.loop
+    gate = GatePass(req, header_key, now=loop.time(), wait=wait, retry_ms=retry_ms)
     while True:
-        outcome, payload = session.ledger.begin(key, fp)
-        decision = gate_decision(
-            CallStart(outcome, "", payload),
-            key,
-            req.id,
-            now=loop.time(),
-            give_up_at=give_up_at,
-            retry_ms=retry_ms,
-        )
+        outcome, payload = session.ledger.begin(gate.key, gate.fingerprint)
+        # Every delivery of a call runs in this process: a running one can be awaited.
+        decision = gate.decide(CallStart(outcome, "", payload), loop.time(), local=True)
         if isinstance(decision, Execute):
-            return Plan(req, key=key)
+            return Plan(req, key=gate.key)
         if isinstance(decision, Replay):
             return Plan(req, replay=replay_as(decision.payload, req.id))
         if isinstance(decision, Refuse):
             raise decision.error
-        finished = session.call_done.setdefault(key, asyncio.Event())
+        finished = session.call_done.setdefault(gate.key, asyncio.Event())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(finished.wait(), max(0.0, give_up_at - loop.time()))
+            await asyncio.wait_for(finished.wait(), max(0.0, decision.until - loop.time()))
         if session.closed:
             raise Gone
 

@@ -46,29 +46,21 @@ from weir.protocol import (
     RemoteProtocolError,
     Request,
     Response,
-    SessionInput,
-    StreamInput,
     StreamKind,
     StreamLog,
-    StreamState,
     WriterStep,
     accepts,
-    check_resume_policy,
     closing_refusal,
-    displaces_writer,
-    encode_comment,
     encode_result,
-    encode_retry,
-    initialize_result,
-    parse_initialize,
-    primes_streams,
     refusal,
     route,
     session_refusal,
-    session_transition,
-    standalone_plan,
     writer_step,
 )
+from weir.protocol.lifecycle import initialize_result, parse_initialize, primes_streams
+from weir.protocol.resume import check_resume_policy, displaces_writer, standalone_plan
+from weir.protocol.sse import encode_comment, encode_retry
+from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
 
 from ._calls import Plan, execute, plan
 from ._session import Gone, Session

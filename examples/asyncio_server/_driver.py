@@ -20,7 +20,6 @@ from typing import Any
 from weir.app import App, load_app
 from weir.protocol import (
     LOOPBACK_HOSTS,
-    SERVER_ERROR,
     CreditLimits,
     EndpointConfig,
     ReadTimeouts,
@@ -30,6 +29,7 @@ from weir.protocol import (
     encode_error,
     raw_error_response,
 )
+from weir.protocol.jsonrpc import SERVER_ERROR
 
 from ._connection import Connection
 from ._session import Session

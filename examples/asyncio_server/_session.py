@@ -27,21 +27,23 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from weir.app import Caller
 from weir.protocol import (
     Admit,
-    CallLedger,
     CreditLimits,
-    CreditState,
     ErrorResponse,
     RequestId,
     Response,
     SessionFlow,
+    StreamKind,
+    StreamLog,
+    StreamTable,
+)
+from weir.protocol.event_ids import format_epoch
+from weir.protocol.gate import CallLedger
+from weir.protocol.states import (
+    CreditState,
     SessionInput,
     SessionState,
     StreamInput,
-    StreamKind,
-    StreamLog,
     StreamState,
-    StreamTable,
-    format_epoch,
     session_transition,
 )
 

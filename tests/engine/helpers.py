@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from weir.engine import App, Server, ServerConfig
-from weir.protocol import SseDecoder, SseEvent
+from weir.protocol.sse import SseDecoder, SseEvent
 
 ACCEPT_BOTH = "application/json, text/event-stream"
 

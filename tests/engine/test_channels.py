@@ -23,15 +23,10 @@ from weir.engine._store import (
     StoredEvent,
     StreamInfo,
 )
-from weir.protocol import (
-    CallStart,
-    CreditLimits,
-    HttpLimits,
-    SseComment,
-    SseDecoder,
-    SseEvent,
-    epoch_number,
-)
+from weir.protocol import CreditLimits, HttpLimits
+from weir.protocol.event_ids import epoch_number
+from weir.protocol.gate import CallStart
+from weir.protocol.sse import SseComment, SseDecoder, SseEvent
 
 from .helpers import H11Client, Reply, SseReply, connect, running_server
 

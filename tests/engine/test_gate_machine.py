@@ -22,16 +22,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from weir.engine import MemoryStore, SessionRecord
-from weir.protocol import (
-    CallStart,
-    Execute,
-    Reason,
-    Refuse,
-    Replay,
-    Wait,
-    call_key,
-    gate_decision,
-)
+from weir.protocol import Reason
+from weir.protocol.gate import CallStart, Execute, Refuse, Replay, Wait, call_key, gate_decision
 
 T = TypeVar("T")
 KEYS = st.sampled_from(["pay-1", "pay-2", "pay-3"])

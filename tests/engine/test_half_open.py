@@ -27,7 +27,8 @@ import trio.testing
 
 from weir.engine import App, Context, Server, ServerConfig
 from weir.engine._session import StreamHandle
-from weir.protocol import CreditLimits, CreditState, SessionCredit, StreamKind
+from weir.protocol import CreditLimits, SessionCredit, StreamKind
+from weir.protocol.states import CreditState
 
 from .conftest import Peak
 from .helpers import H11Client, Reply, SseReply, connect, open_session, running_server

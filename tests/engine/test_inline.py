@@ -49,15 +49,9 @@ from weir.app import never_suspends
 from weir.engine import App, Context, McpError, MemoryStore, Server, ServerConfig, ToolError
 from weir.engine._session import Session, StreamHandle
 from weir.engine._store import SessionRecord
-from weir.protocol import (
-    CreditLimits,
-    CreditState,
-    SessionCredit,
-    SseEvent,
-    StreamInput,
-    StreamKind,
-    StreamState,
-)
+from weir.protocol import CreditLimits, SessionCredit, StreamKind
+from weir.protocol.sse import SseEvent
+from weir.protocol.states import CreditState, StreamInput, StreamState
 
 from .conftest import Peak
 from .helpers import H11Client, Reply, SseReply, connect, open_session, running_server

@@ -12,11 +12,9 @@ from weir.engine._store import (
     Retention,
     SessionRecord,
 )
-from weir.protocol import (
-    CallOutcome,
-    CreditLimits,
-    RetentionBudget,
-)
+from weir.protocol import CreditLimits
+from weir.protocol.budget import RetentionBudget
+from weir.protocol.gate import CallOutcome
 
 from .helpers import Reply, SseReply, connect, open_session, running_server
 

@@ -29,7 +29,8 @@ import sniffio
 from examples.asyncio_server import AsyncioDriver
 from weir.app.samples.demo import app as demo_app
 from weir.engine import App
-from weir.protocol import LOOPBACK_HOSTS, CreditLimits, EndpointConfig, SseDecoder, SseEvent
+from weir.protocol import LOOPBACK_HOSTS, CreditLimits, EndpointConfig
+from weir.protocol.sse import SseDecoder, SseEvent
 
 TIMEOUT = 10.0
 REPO_ROOT = Path(__file__).resolve().parents[2]

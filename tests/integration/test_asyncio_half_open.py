@@ -44,7 +44,8 @@ import pytest
 
 from tests.integration.test_asyncio_driver import TIMEOUT, Client, Running, running_driver
 from weir.engine import App
-from weir.protocol import CreditLimits, ReadTimeouts, SseDecoder, SseEvent
+from weir.protocol import CreditLimits, ReadTimeouts
+from weir.protocol.sse import SseDecoder, SseEvent
 
 BOTH = "application/json, text/event-stream"
 

@@ -76,7 +76,9 @@ from tests.engine.helpers import H11Client, Reply, SseReply
 from weir.engine import App, Server, ServerConfig
 from weir.engine._connection import Connection
 from weir.engine._session import Session
-from weir.protocol import CreditLimits, CreditState, SseDecoder, SseEvent
+from weir.protocol import CreditLimits
+from weir.protocol.sse import SseDecoder, SseEvent
+from weir.protocol.states import CreditState
 
 HOST = "127.0.0.1"
 LINUX = sys.platform == "linux"

@@ -70,7 +70,8 @@ from tests.integration.conftest import ValkeyProcess
 from weir.engine import App, Context, Server, ServerConfig
 from weir.engine._redis_store import RedisStore
 from weir.engine._store import Retention
-from weir.protocol import CreditLimits, SseComment, SseDecoder, SseEvent
+from weir.protocol import CreditLimits
+from weir.protocol.sse import SseComment, SseDecoder, SseEvent
 
 HOST = "127.0.0.1"
 VERSION = "2025-11-25"

@@ -31,13 +31,9 @@ from weir.engine._store import (
     StoreUnavailable,
     StreamInfo,
 )
-from weir.protocol import (
-    CallOutcome,
-    CallStart,
-    ChannelVerdict,
-    epoch_number,
-    scramble_epoch,
-)
+from weir.protocol.binding import ChannelVerdict
+from weir.protocol.event_ids import epoch_number, scramble_epoch
+from weir.protocol.gate import CallOutcome, CallStart
 
 EPOCH = re.compile(r"[0-9a-f]{8}")
 P = "alice"

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weir.protocol import RetentionBudget, StreamKind, StreamLog
+from weir.protocol import StreamKind, StreamLog
+from weir.protocol.budget import RetentionBudget
 
 
 class Owner:

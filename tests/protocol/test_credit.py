@@ -17,18 +17,15 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from weir.protocol import (
-    CREDIT_TRANSITIONS,
-    SERVER_ERROR,
-    CreditInput,
     CreditLimits,
-    CreditState,
     DrainTracker,
     LocalProtocolError,
     Reason,
     RemoteProtocolError,
     SessionCredit,
-    credit_transition,
 )
+from weir.protocol.jsonrpc import SERVER_ERROR
+from weir.protocol.states import CREDIT_TRANSITIONS, CreditInput, CreditState, credit_transition
 
 CS, CI = CreditState, CreditInput
 LIMITS = CreditLimits(frames=3, bytes=100, drain_window=5.0, liveness_timeout=20.0)

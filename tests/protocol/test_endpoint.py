@@ -8,15 +8,8 @@ import msgspec
 import pytest
 
 from weir.protocol import (
-    DEFAULT_VERSION,
-    INVALID_REQUEST,
-    LATEST_VERSION,
-    NEGOTIABLE_VERSIONS,
-    PARSE_ERROR,
-    SUPPORTED_VERSIONS,
     DeleteSession,
     EndpointConfig,
-    EventId,
     Headers,
     HttpRequest,
     Notification,
@@ -26,12 +19,19 @@ from weir.protocol import (
     RemoteProtocolError,
     Request,
     accepts,
-    check_host_and_origin,
-    host_of,
-    negotiate_version,
     refusal,
     route,
     session_refusal,
+)
+from weir.protocol.endpoint import check_host_and_origin, host_of
+from weir.protocol.event_ids import EventId
+from weir.protocol.jsonrpc import INVALID_REQUEST, PARSE_ERROR
+from weir.protocol.lifecycle import (
+    DEFAULT_VERSION,
+    LATEST_VERSION,
+    NEGOTIABLE_VERSIONS,
+    SUPPORTED_VERSIONS,
+    negotiate_version,
     version_at_least,
 )
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from weir.protocol import EventId, Reason, RemoteProtocolError, format_epoch, parse_event_id
+from weir.protocol import Reason, RemoteProtocolError
+from weir.protocol.event_ids import EventId, format_epoch, parse_event_id
 
 
 @pytest.mark.parametrize(

@@ -13,14 +13,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from weir.protocol import (
-    Admit,
-    CreditLimits,
-    CreditState,
-    Reason,
-    RemoteProtocolError,
-    SessionFlow,
-)
+from weir.protocol import Admit, CreditLimits, Reason, RemoteProtocolError, SessionFlow
+from weir.protocol.states import CreditState
 
 LIMITS = CreditLimits(frames=4, bytes=1000, drain_window=5.0, liveness_timeout=60.0)
 

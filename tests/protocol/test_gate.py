@@ -9,20 +9,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from weir.protocol import (
+from weir.protocol import Reason, RemoteProtocolError, Request, RequestId, encode_result
+from weir.protocol.gate import (
     MAX_IDEMPOTENCY_KEY,
     CallOutcome,
     CallStart,
     Execute,
-    Reason,
+    GatePass,
     Refuse,
-    RemoteProtocolError,
     Replay,
-    Request,
-    RequestId,
     Wait,
     call_key,
-    encode_result,
     fingerprint,
     gate_decision,
     replay_as,
@@ -142,3 +139,45 @@ def test_a_replay_answers_the_new_id_with_the_stored_result(
 ) -> None:
     replayed = msgspec.json.decode(replay_as(encode_result(old, result), new))
     assert replayed == {"jsonrpc": "2.0", "id": new, "result": result}
+
+
+# ---------------------------------------------------------------- GatePass
+def _pass(now: float = 100.0, wait: float = 1.0) -> GatePass:
+    return GatePass(_call(7, {"name": "t"}), None, now=now, wait=wait, retry_ms=500)
+
+
+RUNNING = CallStart(CallOutcome.RUNNING, "e")
+
+
+def test_a_pass_keys_and_fingerprints_like_the_functions() -> None:
+    req = _call(7, {"name": "t"})
+    gate = GatePass(req, "k-1", now=0.0, wait=1.0, retry_ms=500)
+    assert (gate.key, gate.fingerprint) == (call_key("k-1", 7), fingerprint(req))
+    with pytest.raises(RemoteProtocolError) as bad:
+        GatePass(req, "", now=0.0, wait=1.0, retry_ms=500)
+    assert bad.value.http_status == 400
+
+
+def test_waiting_on_a_local_delivery_lasts_until_the_deadline() -> None:
+    assert _pass().decide(RUNNING, 100.0, local=True) == Wait(101.0)
+
+
+def test_re_asking_a_remote_claim_backs_off_and_never_passes_the_deadline() -> None:
+    gate, now, waits = _pass(), 100.0, []
+    for _ in range(12):
+        decision = gate.decide(RUNNING, now, local=False)
+        if not isinstance(decision, Wait):
+            break
+        waits.append(round(decision.until - now, 6))
+        now = decision.until
+    assert waits[:6] == [0.01, 0.02, 0.04, 0.08, 0.16, 0.25]
+    assert max(waits) <= GatePass.MAX_POLL and now == pytest.approx(101.0)
+    assert isinstance(decision, Refuse)
+    assert decision.error.reason is Reason.IN_PROGRESS and decision.error.http_status == 409
+
+
+def test_a_pass_hands_through_execute_and_replay() -> None:
+    gate = _pass()
+    assert gate.decide(CallStart(CallOutcome.EXECUTE, "e"), 100.0, local=False) == Execute("e")
+    done = CallStart(CallOutcome.DONE, "e", b"{}")
+    assert gate.decide(done, 100.0, local=True) == Replay(b"{}", "e")

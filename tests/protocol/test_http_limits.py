@@ -23,9 +23,9 @@ from weir.protocol import (
     HttpError,
     HttpLimits,
     HttpRequest,
+    Inbound,
     Reason,
 )
-from weir.protocol._http import Inbound
 
 from .helpers import (
     Answer,

@@ -8,8 +8,6 @@ import msgspec
 import pytest
 
 from weir.protocol import (
-    INVALID_REQUEST,
-    PARSE_ERROR,
     ErrorObject,
     ErrorResponse,
     Message,
@@ -18,13 +16,17 @@ from weir.protocol import (
     RemoteProtocolError,
     Request,
     Response,
-    decode_body,
-    decode_message,
-    encode,
     encode_error,
     encode_notification,
     encode_request,
     encode_result,
+)
+from weir.protocol.jsonrpc import (
+    INVALID_REQUEST,
+    PARSE_ERROR,
+    decode_body,
+    decode_message,
+    encode,
     error_body,
 )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from weir.protocol import ENTRY_OVERHEAD, CallLedger, CallOutcome
+from weir.protocol.gate import ENTRY_OVERHEAD, CallLedger, CallOutcome
 
 
 def test_claim_run_record_replay() -> None:

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from weir.protocol import (
-    EndpointConfig,
-    HttpRequest,
-    LegacyMessages,
-    LegacyOpen,
-    RemoteProtocolError,
-    route_legacy,
-)
+from weir.protocol import EndpointConfig, HttpRequest, RemoteProtocolError
+from weir.protocol.legacy import LegacyMessages, LegacyOpen, route_legacy
 
 from .helpers import HOST, PING, http_request, refused
 

@@ -8,18 +8,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from weir.protocol import (
-    INVALID_PARAMS,
-    LATEST_VERSION,
-    NEGOTIABLE_VERSIONS,
+from weir.protocol import Reason, RemoteProtocolError, Request
+from weir.protocol.binding import (
     ChannelVerdict,
-    Reason,
-    RemoteProtocolError,
-    Request,
     channel_refusal,
     channel_verdict,
-    initialize_result,
     parse_channel_token,
+)
+from weir.protocol.jsonrpc import INVALID_PARAMS
+from weir.protocol.lifecycle import (
+    LATEST_VERSION,
+    NEGOTIABLE_VERSIONS,
+    initialize_result,
     parse_initialize,
     primes_streams,
 )

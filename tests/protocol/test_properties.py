@@ -20,7 +20,6 @@ from weir.protocol import (
     NEED_DATA,
     ConnectionClosed,
     EndpointConfig,
-    EventId,
     HttpConnection,
     HttpError,
     HttpLimits,
@@ -31,6 +30,7 @@ from weir.protocol import (
     StreamLog,
     route,
 )
+from weir.protocol.event_ids import EventId
 
 from .helpers import (
     PING,

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from weir.protocol import (
-    EventId,
-    Reason,
-    RemoteProtocolError,
-    StreamInput,
-    StreamKind,
-    StreamLog,
+from weir.protocol import Reason, RemoteProtocolError, StreamKind, StreamLog
+from weir.protocol.event_ids import EventId
+from weir.protocol.resume import (
     check_cursor_channel,
     check_resume_policy,
     displaces_writer,
     standalone_plan,
 )
+from weir.protocol.states import StreamInput
 
 
 def _stream(*inputs: StreamInput, kind: StreamKind = StreamKind.STANDALONE) -> StreamLog:

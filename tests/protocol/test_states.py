@@ -11,10 +11,10 @@ import itertools
 
 import pytest
 
-from weir.protocol import (
+from weir.protocol import LocalProtocolError
+from weir.protocol.states import (
     SESSION_TRANSITIONS,
     STREAM_TRANSITIONS,
-    LocalProtocolError,
     SessionInput,
     SessionState,
     StreamInput,

@@ -5,21 +5,19 @@ from __future__ import annotations
 import pytest
 
 from weir.protocol import (
-    EventId,
     LocalProtocolError,
     Reason,
     RemoteProtocolError,
-    SseDecoder,
-    SseEvent,
-    StreamInput,
     StreamKind,
     StreamLog,
-    StreamState,
     StreamTable,
     WriterStep,
     completes,
     writer_step,
 )
+from weir.protocol.event_ids import EventId
+from weir.protocol.sse import SseDecoder, SseEvent
+from weir.protocol.states import StreamInput, StreamState
 
 EPOCH = "0000abcd"
 

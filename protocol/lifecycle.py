@@ -1,0 +1,29 @@
+"""``initialize`` and protocol revisions: checks, negotiation, the result, priming.
+
+(Public; see :mod:`weir.protocol`.)
+"""
+
+from __future__ import annotations
+
+from ._endpoint import (
+    DEFAULT_VERSION,
+    LATEST_VERSION,
+    NEGOTIABLE_VERSIONS,
+    SUPPORTED_VERSIONS,
+    negotiate_version,
+    version_at_least,
+)
+from ._lifecycle import InitializeParams, initialize_result, parse_initialize, primes_streams
+
+__all__ = [
+    "DEFAULT_VERSION",
+    "LATEST_VERSION",
+    "NEGOTIABLE_VERSIONS",
+    "SUPPORTED_VERSIONS",
+    "InitializeParams",
+    "initialize_result",
+    "negotiate_version",
+    "parse_initialize",
+    "primes_streams",
+    "version_at_least",
+]
