@@ -65,6 +65,7 @@ class _Connections(_ServerBase):
             stream, self.config.limits, notsent_lowat=self.config.notsent_lowat, heads=self._heads
         )
         conn.principal = self.config.principal  # (with authorization: set per request)
+        self.open_connections.add(conn)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(conn.poll_acks)
@@ -82,6 +83,7 @@ class _Connections(_ServerBase):
             # Last look before the socket goes: what the peer acknowledged counts.
             conn.check_acks()
             conn.abandon()
+            self.open_connections.discard(conn)
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()
 

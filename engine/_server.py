@@ -68,6 +68,7 @@ from weir.protocol.states import CreditState, SessionInput
 from ._calls import REBIND_METHOD as REBIND_METHOD
 from ._calls import _Calls
 from ._config import ServerConfig, _open_listeners
+from ._connection import Connection
 from ._connections import _Connections
 from ._execution import _Execution
 from ._legacy import _Legacy
@@ -134,6 +135,9 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas):
         #: Bytes of incomplete requests buffered by all connections (see
         #: ``ServerConfig.max_inbound_bytes``).
         self.inbound = 0
+        #: The connections being served right now (read-only, for introspection: each
+        #: one's drain tracking, ``tracker.written``/``acked``, ``meter.exact``).
+        self.open_connections: set[Connection] = set()
         self._last_trim = -math.inf
         self._closing = False
         self._shutdown = trio.Event()

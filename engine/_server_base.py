@@ -78,6 +78,7 @@ class _ServerBase:
     gate: AcceptGate
     state: Any
     inbound: int
+    open_connections: set[Connection]
     _endpoint: EndpointConfig
     _heads: HeadCache
     _closing: bool

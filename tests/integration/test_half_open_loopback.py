@@ -71,10 +71,8 @@ import h11
 import pytest
 import trio
 
-import weir.engine._connections as connections_module
 from tests.engine.helpers import H11Client, Reply, SseReply
 from weir.engine import App, Server, ServerConfig
-from weir.engine._connection import Connection
 from weir.engine._session import Session
 from weir.protocol import CreditLimits
 from weir.protocol.sse import SseDecoder, SseEvent
@@ -116,22 +114,6 @@ async def count(label: str) -> str:
 
 
 # ---------------------------------------------------------------- fixtures & helpers
-@pytest.fixture
-def connections(monkeypatch: pytest.MonkeyPatch) -> list[Connection]:
-    """Every server-side :class:`Connection` the server creates (instrumentation only)."""
-    made: list[Connection] = []
-
-    class Recording(Connection):
-        __slots__ = ()
-
-        def __init__(self, stream: trio.abc.Stream, *args: Any, **kwargs: Any) -> None:
-            super().__init__(stream, *args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(connections_module, "Connection", Recording)
-    return made
-
-
 async def eventually(
     condition: Callable[[], bool], *, timeout: float, every: float = 0.005
 ) -> bool:
@@ -623,9 +605,7 @@ async def burst_into_stalled_session(
 
 # ---------------------------------------------------------------- 2. byte-exact tracking
 @pytest.mark.skipif(not LINUX, reason="SIOCOUTQ byte-exact tracking is Linux-only")
-async def test_healthy_exchange_releases_all_credit_exactly(
-    connections: list[Connection],
-) -> None:
+async def test_healthy_exchange_releases_all_credit_exactly() -> None:
     with trio.fail_after(30):
         async with serving(app, ServerConfig(port=0)) as server:
             client = await open_client(server.port)
@@ -647,6 +627,7 @@ async def test_healthy_exchange_releases_all_credit_exactly(
                     )
                     nursery.cancel_scope.cancel()
                 assert released, (session.credit.frames_in_use, session.credit.bytes_in_use)
+                connections = list(server.open_connections)  # the client's is still open
                 carrier = max(connections, key=lambda c: c.tracker.written)  # the streams' one
                 # The chunked body's last bytes follow the last frame; the ACK poller
                 # counts them: poll for it.
@@ -667,9 +648,7 @@ async def test_healthy_exchange_releases_all_credit_exactly(
 
 
 @pytest.mark.skipif(not LINUX, reason="SIOCOUTQ byte-exact tracking is Linux-only")
-async def test_credit_is_held_until_the_peer_acknowledges_not_until_send_returns(
-    connections: list[Connection],
-) -> None:
+async def test_credit_is_held_until_the_peer_acknowledges_not_until_send_returns() -> None:
     """A frame ``send()`` accepted in full still holds credit until the peer's TCP ACKs it.
 
     Without byte-exact tracking the frame would be released the moment the kernel
@@ -682,14 +661,12 @@ async def test_credit_is_held_until_the_peer_acknowledges_not_until_send_returns
             serving(app, ServerConfig(port=0)) as server,
             legacy_peer(server, rcvbuf=4096) as (_, sse, endpoint),
         ):
-            await credit_held_until_acknowledged(server, connections, sse, endpoint)
+            await credit_held_until_acknowledged(server, sse, endpoint)
 
 
-async def credit_held_until_acknowledged(
-    server: Server, connections: list[Connection], sse: SseReply, endpoint: str
-) -> None:
+async def credit_held_until_acknowledged(server: Server, sse: SseReply, endpoint: str) -> None:
     session = server.sessions[session_id_of(endpoint)]
-    carrier = max(connections, key=lambda c: c.tracker.written)  # the SSE stream's
+    carrier = max(server.open_connections, key=lambda c: c.tracker.written)  # the SSE stream's
     assert carrier.meter.exact
     assert isinstance(carrier.stream, trio.SocketStream)
     sock = carrier.stream.socket
