@@ -35,13 +35,10 @@ import trio
 
 from weir.app import Caller, capabilities
 from weir.protocol import (
-    ErrorResponse,
-    Notification,
     PostMessages,
     Reason,
     RemoteProtocolError,
     Request,
-    Response,
     StreamKind,
     encode_error,
     encode_result,
@@ -58,6 +55,7 @@ from weir.protocol.gate import (
 )
 from weir.protocol.jsonrpc import encode
 from weir.protocol.lifecycle import initialize_result, parse_initialize, primes_streams
+from weir.protocol.messages import absorb, answer_owner
 from weir.protocol.states import SessionInput, StreamInput, StreamState
 
 from ._channel import raise_channel
@@ -235,41 +233,24 @@ class _Calls(_ServerBase):
         cancellation of a request running elsewhere are forwarded through the
         session's mailboxes (see :meth:`_relay_mail`).
         """
-        requests: list[Request] = []
+        sorted_ = absorb(messages)
         principal, sid = session.record.principal, session.session_id
-        for msg in messages:
-            if isinstance(msg, Request):
-                requests.append(msg)
-            elif isinstance(msg, Notification):
-                rid = (msg.params or {}).get("requestId")
-                if (
-                    msg.method == "notifications/cancelled"
-                    and self.store.shared
-                    and isinstance(rid, int | str)
-                    and rid not in session.running
-                ):
-                    await self.store.post_message(
-                        principal, sid, "cancel", msgspec.json.encode(rid)
-                    )
-                self._notification(session, msg)
-            elif isinstance(msg, Response | ErrorResponse) and msg.id is not None:
-                pending = session.pending.get(msg.id)
-                if pending is not None:
-                    pending.answer = msg
-                    pending.done.set()
-                elif self.store.shared and isinstance(msg.id, str) and msg.id.startswith("weir:"):
-                    replica = msg.id[5:].rpartition(":")[0]
-                    await self.store.post_message(principal, sid, f"answers:{replica}", encode(msg))
-        return requests
-
-    def _notification(self, session: Session, msg: Notification) -> None:
-        if msg.method == "notifications/initialized":
+        if sorted_.initialized:
             session.handle(SessionInput.INITIALIZED)
-        elif msg.method == "notifications/cancelled":
-            rid = (msg.params or {}).get("requestId")
-            scope = session.running.get(rid) if isinstance(rid, int | str) else None
+        for rid in sorted_.cancels:
+            scope = session.running.get(rid)
             if scope is not None:
                 scope.cancel()
+            elif self.store.shared:  # perhaps running on another replica
+                await self.store.post_message(principal, sid, "cancel", msgspec.json.encode(rid))
+        for answer in sorted_.answers:
+            pending = session.pending.get(answer.id) if answer.id is not None else None
+            if pending is not None:
+                pending.answer = answer
+                pending.done.set()
+            elif self.store.shared and (replica := answer_owner(answer.id)) is not None:
+                await self.store.post_message(principal, sid, f"answers:{replica}", encode(answer))
+        return sorted_.requests
 
     # ---------------------------------------------------------------- the gate
     async def _admit_and_plan(

@@ -44,6 +44,7 @@ from weir.protocol import (
     StreamTable,
 )
 from weir.protocol.budget import RetentionBudget
+from weir.protocol.messages import server_request_id
 from weir.protocol.states import (
     CreditState,
     SessionInput,
@@ -459,7 +460,7 @@ class Session:
         It names the replica waiting for the answer, so whichever replica the
         client's answer reaches can forward it there through the store.
         """
-        return f"weir:{self.replica}:{next(self._ids)}"
+        return server_request_id(self.replica, next(self._ids))
 
     # ------------------------------------------------------------ credit
     @property

@@ -15,6 +15,7 @@ each with its own ``__all__``:
 * :mod:`weir.protocol.resume` -- GET streams and resumption;
 * :mod:`weir.protocol.lifecycle` -- ``initialize``, protocol revisions, priming;
 * :mod:`weir.protocol.legacy` -- the 2024-11-05 HTTP+SSE transport's two endpoints;
+* :mod:`weir.protocol.messages` -- a POST's messages sorted; server-request ids;
 * :mod:`weir.protocol.states` -- the transition tables of sessions, streams, credit;
 * :mod:`weir.protocol.event_ids` -- the ``<epoch>:<seq>`` grammar, epoch permutation;
 * :mod:`weir.protocol.budget` -- byte budgets for retained history and results;

@@ -34,18 +34,15 @@ from weir.app import Caller, capabilities
 from weir.protocol import (
     NEED_DATA,
     DrainTracker,
-    ErrorResponse,
     HttpConnection,
     HttpError,
     HttpRequest,
-    Notification,
     OpenStream,
     PostMessages,
     ReadClock,
     Reason,
     RemoteProtocolError,
     Request,
-    Response,
     StreamKind,
     StreamLog,
     WriterStep,
@@ -58,6 +55,7 @@ from weir.protocol import (
     writer_step,
 )
 from weir.protocol.lifecycle import initialize_result, parse_initialize, primes_streams
+from weir.protocol.messages import absorb
 from weir.protocol.resume import check_resume_policy, displaces_writer, standalone_plan
 from weir.protocol.sse import encode_comment, encode_retry
 from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
@@ -232,15 +230,14 @@ class Connection:
             await self.send(self.conn.send_response(status, headers, body))
 
     async def _post(self, session: Session, post: PostMessages) -> None:
-        for msg in post.messages:
-            if isinstance(msg, Response | ErrorResponse):
-                session.answer(msg)  # to a server-to-client request
-            elif isinstance(msg, Notification):
-                if msg.method == "notifications/initialized":
-                    session.state = session_transition(session.state, SessionInput.INITIALIZED)
-                elif msg.method == "notifications/cancelled":
-                    session.cancel((msg.params or {}).get("requestId"))
-        requests = post.requests
+        messages = absorb(post.messages)
+        if messages.initialized:
+            session.state = session_transition(session.state, SessionInput.INITIALIZED)
+        for answer in messages.answers:
+            session.answer(answer)  # to a server-to-client request
+        for rid in messages.cancels:
+            session.cancel(rid)
+        requests = messages.requests
         if not requests:
             await self.send(self.conn.send_response(202, ()))
             return

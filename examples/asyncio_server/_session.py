@@ -38,6 +38,7 @@ from weir.protocol import (
 )
 from weir.protocol.event_ids import format_epoch
 from weir.protocol.gate import CallLedger
+from weir.protocol.messages import server_request_id
 from weir.protocol.states import (
     CreditState,
     SessionInput,
@@ -233,7 +234,7 @@ class Session:
 
     def next_request_id(self) -> str:
         """A fresh id for a server-to-client request."""
-        return f"weir:{next(self._ids)}"
+        return server_request_id("local", next(self._ids))
 
     def answer(self, msg: Response | ErrorResponse) -> None:
         """The client answered a server-to-client request (unknown ids are dropped)."""
@@ -241,9 +242,9 @@ class Session:
         if future is not None and not future.done():
             future.set_result(msg)
 
-    def cancel(self, request_id: Any) -> None:
+    def cancel(self, request_id: RequestId) -> None:
         """``notifications/cancelled``: stop that request's handler; it sends no response."""
-        task = self.running.get(request_id) if isinstance(request_id, str | int) else None
+        task = self.running.get(request_id)
         if task is not None:
             self.cancelled.add(request_id)
             task.cancel()
