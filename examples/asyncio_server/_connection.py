@@ -386,6 +386,9 @@ class Connection:
             session.writers.discard(me)
             if session.stream_writers.get(stream.epoch) is me:
                 del session.stream_writers[stream.epoch]
+                # A close asked for this connection ends with it (honoured, or moot
+                # because the stream finished first): a resumption is not cut short.
+                session.close_requests.pop(stream.epoch, None)
             if stream.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
                 stream.handle(StreamInput.DETACH)
 

@@ -213,3 +213,22 @@ def test_a_duplicate_past_the_wait_is_409_in_progress_with_retry_after() -> None
 
 def text_block(value: str) -> dict[str, str]:
     return {"type": "text", "text": value}
+
+
+def test_a_close_asked_for_after_the_answer_is_written_leaves_nothing_behind() -> None:
+    app = App("closes")
+
+    @app.tool()
+    async def close_then_answer(ctx: Context) -> str:
+        """Ask for the stream to be closed, then answer at once."""
+        ctx.close_stream(retry_ms=100)
+        return "done"
+
+    with running_driver(app) as running, Client(running.port) as c:
+        c.initialize()
+        for _ in range(20):
+            reply = c.call("tools/call", {"name": "close_then_answer"})
+            data = [e.data for e in reply.events() if e.data]
+            assert len(data) == 1 and json.loads(data[0])["result"]["content"][0]["text"] == "done"
+        sid = str(c.session_id)
+        assert running.probe(lambda: dict(running.driver.sessions[sid].close_requests)) == {}
