@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -42,6 +42,22 @@ class Metrics:
         #: Of those, answers that had to wait for credit in a task ("primed": the
         #: priming event waited too).
         self.inline_deferred: Counter[str] = Counter()
+        #: The highest credit use (frames, bytes) of any session that has ended.
+        self.ended_peak_frames = 0
+        self.ended_peak_bytes = 0
+
+    def session_ended(self, session: Session) -> None:
+        """Keep an ending session's credit high-water marks."""
+        credit = session.credit
+        self.ended_peak_frames = max(self.ended_peak_frames, credit.peak_frames)
+        self.ended_peak_bytes = max(self.ended_peak_bytes, credit.peak_bytes)
+
+    def credit_peaks(self, live: Iterable[Session]) -> tuple[int, int]:
+        """The most frames and bytes of credit any session of this process has held."""
+        frames, nbytes = self.ended_peak_frames, self.ended_peak_bytes
+        for s in live:
+            frames, nbytes = max(frames, s.credit.peak_frames), max(nbytes, s.credit.peak_bytes)
+        return frames, nbytes
 
     def refused(self, reason: str) -> None:
         """Count one refusal by its ``reason``."""
@@ -127,6 +143,19 @@ class Metrics:
             "gauge",
             "Unacknowledged bytes, all sessions.",
             [("", sum(s.credit.bytes_in_use for s in live))],
+        )
+        peak_frames, peak_bytes = self.credit_peaks(live)
+        metric(
+            "weir_credit_peak_frames",
+            "gauge",
+            "The most unacknowledged frames any one session has held since start.",
+            [("", peak_frames)],
+        )
+        metric(
+            "weir_credit_peak_bytes",
+            "gauge",
+            "The most unacknowledged bytes any one session has held since start.",
+            [("", peak_bytes)],
         )
         metric(
             "weir_sessions_expired_total",

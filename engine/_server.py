@@ -312,6 +312,7 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas):
         sid = session.session_id
         heavy = self.budget.owner_held(sid) + session.credit.bytes_in_use >= _TRIM_AFTER
         session.close()
+        self.metrics.session_ended(session)
         now = trio.current_time()
         if heavy and now - self._last_trim >= 1.0:
             self._last_trim = now

@@ -86,6 +86,8 @@ class SessionCredit:
         "frames_in_use",
         "last_progress",
         "limits",
+        "peak_bytes",
+        "peak_frames",
         "state",
     )
 
@@ -94,6 +96,11 @@ class SessionCredit:
         self.state = CreditState.OPEN
         self.frames_in_use = 0
         self.bytes_in_use = 0
+        #: High-water marks of the two, as frames were acquired (how close the
+        #: session came to its credit; ``frames`` is never exceeded, ``bytes`` only
+        #: by a lone frame larger than the whole byte credit).
+        self.peak_frames = 0
+        self.peak_bytes = 0
         self.last_progress = now
         self._exhausted_since = now
 
@@ -119,6 +126,10 @@ class SessionCredit:
             self.last_progress = now  # the liveness clock starts with the first pending frame
         self.frames_in_use += 1
         self.bytes_in_use += nbytes
+        if self.frames_in_use > self.peak_frames:
+            self.peak_frames = self.frames_in_use
+        if self.bytes_in_use > self.peak_bytes:
+            self.peak_bytes = self.bytes_in_use
         return True
 
     def correct(self, acquired: int, actual: int) -> None:

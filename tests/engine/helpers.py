@@ -175,11 +175,17 @@ class H11Client:
 async def running_server(
     app: App, config: ServerConfig | None = None
 ) -> AsyncIterator[tuple[Server, trio.Nursery]]:
-    """A server with no listener; connect clients with :func:`connect`."""
+    """A server with no listener; connect clients with :func:`connect`.
+
+    On the way out it checks the credit invariant over every session the test made:
+    none ever held more unacknowledged frames than its frame credit.
+    """
     async with trio.open_nursery() as nursery:
         server = Server(app, config or ServerConfig())
         await nursery.start(partial(server.run, listen=False))
         yield server, nursery
+        frames, _ = server.metrics.credit_peaks(server.sessions.values())
+        assert frames <= server.config.credit.frames, (frames, server.config.credit)
         server.shutdown()
         await server.stopped.wait()
 

@@ -30,7 +30,6 @@ from weir.engine._session import StreamHandle
 from weir.protocol import CreditLimits, SessionCredit, StreamKind
 from weir.protocol.states import CreditState
 
-from .conftest import Peak
 from .helpers import H11Client, Reply, SseReply, connect, open_session, running_server
 
 FRAMES = 8
@@ -371,7 +370,7 @@ async def refuse_at_drain_deadline(
 
 
 async def test_legacy_half_open_session_is_refused_then_torn_down(
-    autojump_clock: trio.testing.MockClock, peak: Peak
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with serving(CONFIG) as (server, nursery):
         legacy = await open_legacy(server, nursery)
@@ -416,12 +415,13 @@ async def test_legacy_half_open_session_is_refused_then_torn_down(
         assert metrics["weir_half_open_sessions"] == 0
         assert metrics["weir_sessions"] == 1  # the other session lives on
         assert metrics["weir_credit_frames_in_use"] == 0
+        assert metrics["weir_credit_peak_frames"] == FRAMES  # the stalled one, filled
         assert STATE.counts[sid] == FRAMES
-    assert peak.frames == FRAMES
+    assert server.metrics.credit_peaks(server.sessions.values())[0] == FRAMES
 
 
 async def test_legacy_reader_recovers_before_liveness(
-    autojump_clock: trio.testing.MockClock, peak: Peak
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with serving(CONFIG) as (server, nursery):
         legacy = await open_legacy(server, nursery)
@@ -460,11 +460,11 @@ async def test_legacy_reader_recovers_before_liveness(
         assert metrics["weir_teardowns_total"] == 0
         assert metrics["weir_half_open_sessions"] == 0
         assert STATE.hanging == 1 and STATE.cancelled == 0
-    assert peak.frames == FRAMES
+    assert server.metrics.credit_peaks(server.sessions.values())[0] == FRAMES
 
 
 async def test_legacy_reader_that_disconnects_is_torn_down_not_refused(
-    autojump_clock: trio.testing.MockClock, peak: Peak
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with serving(CONFIG) as (server, nursery):
         legacy = await open_legacy(server, nursery)
@@ -541,7 +541,7 @@ async def stall_streamable(
 
 
 async def test_streamable_stalled_post_stream_recovers_in_order(
-    autojump_clock: trio.testing.MockClock, peak: Peak
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with serving(CONFIG) as (server, nursery):
         st = await stall_streamable(server, nursery, n=20)
@@ -598,7 +598,7 @@ async def test_streamable_stalled_post_stream_recovers_in_order(
 
 
 async def test_streamable_stalled_session_is_torn_down_at_liveness(
-    autojump_clock: trio.testing.MockClock, peak: Peak
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with serving(CONFIG) as (server, nursery):
         st = await stall_streamable(server, nursery, n=20)
@@ -639,9 +639,7 @@ async def test_streamable_stalled_session_is_torn_down_at_liveness(
         assert sid not in STATE.counts
 
 
-async def test_byte_credit_bounds_large_frames(
-    autojump_clock: trio.testing.MockClock, peak: Peak
-) -> None:
+async def test_byte_credit_bounds_large_frames(autojump_clock: trio.testing.MockClock) -> None:
     async with serving(CONFIG) as (server, nursery):
         st = await stall_streamable(server, nursery, n=12, pad=1000)
         credit = server.sessions[st.sid].credit
@@ -654,7 +652,7 @@ async def test_byte_credit_bounds_large_frames(
         st.valve.open()
         events = await st.reply.events()
         assert [int((e.id or "").split(":")[1]) for e in events] == list(range(1, 14))
-    assert peak.bytes <= BYTES
+    assert server.metrics.credit_peaks(server.sessions.values())[1] <= BYTES
 
 
 async def stall_after_a_call(
@@ -684,9 +682,7 @@ async def stall_after_a_call(
     return client, valve, reply
 
 
-async def test_refusals_do_not_count_as_progress(
-    autojump_clock: trio.testing.MockClock, peak: Peak
-) -> None:
+async def test_refusals_do_not_count_as_progress(autojump_clock: trio.testing.MockClock) -> None:
     """A half-open session stays half-open however often it is refused.
 
     Only acknowledged bytes of the session's *frames* are forward progress.  The
@@ -717,7 +713,7 @@ async def test_refusals_do_not_count_as_progress(
 
 
 async def test_another_sessions_traffic_is_not_progress(
-    autojump_clock: trio.testing.MockClock, peak: Peak
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Per-session isolation: bytes written for session B never count for session A.
 

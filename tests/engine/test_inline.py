@@ -53,7 +53,6 @@ from weir.protocol import CreditLimits, SessionCredit, StreamKind
 from weir.protocol.sse import SseEvent
 from weir.protocol.states import CreditState, StreamInput, StreamState
 
-from .conftest import Peak
 from .helpers import H11Client, Reply, SseReply, connect, open_session, running_server
 from .test_half_open import connect_stalling
 
@@ -890,7 +889,6 @@ async def test_inline_answer_waits_for_credit_then_arrives_in_order(
     held: int,
     prime: bool,
     autojump_clock: trio.testing.MockClock,
-    peak: Peak,
 ) -> None:
     async with serving() as (server, nursery):
         client = connect(server, nursery)
@@ -952,12 +950,11 @@ async def test_inline_answer_waits_for_credit_then_arrives_in_order(
             ["primed" if prime else "plain"]
         )
         assert sid in server.sessions and server.metrics.teardowns == 0
-    assert peak.frames == FRAMES
+    assert server.metrics.credit_peaks(server.sessions.values())[0] == FRAMES
 
 
 async def test_inline_response_waits_for_its_own_priming_event_to_drain(
     autojump_clock: trio.testing.MockClock,
-    peak: Peak,
 ) -> None:
     """One frame of credit left: the priming event takes it, the response waits for it."""
     async with serving() as (server, nursery):

@@ -533,3 +533,16 @@ def test_random_interleavings_keep_credit_within_budget(
         if credit.state is not CS.DEAD and credit.frames_in_use:
             assert credit.deadline() <= credit.last_progress + limits.liveness_timeout
     event(f"final state {credit.state.value}")
+
+
+def test_peaks_are_high_water_marks_that_release_does_not_lower() -> None:
+    credit = SessionCredit(CreditLimits(frames=3, bytes=100), 0.0)
+    assert credit.try_acquire(40, 0.0) and credit.try_acquire(50, 0.0)
+    assert (credit.peak_frames, credit.peak_bytes) == (2, 90)
+    assert not credit.try_acquire(20, 0.0)  # would pass the byte credit: nothing changes
+    credit.release(2, 90, 1.0)
+    assert (credit.frames_in_use, credit.peak_frames, credit.peak_bytes) == (0, 2, 90)
+    # A lone frame larger than the whole byte credit is let through (else it never
+    # could be sent); the peak says so.
+    assert credit.try_acquire(250, 1.0)
+    assert credit.peak_bytes == 250 and credit.peak_frames == 2
