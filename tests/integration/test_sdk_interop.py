@@ -1,7 +1,10 @@
-"""The official MCP Python SDK (``mcp==2.3.0``) as a client of ``weir serve``.
+"""The official MCP Python SDK (``mcp==2.3.0``) as a client of ``weir serve``, and of
+the asyncio driver.
 
-Each app (``demo``, ``conformance``) runs once per module as ``python -m weir serve
-APP --host 127.0.0.1 --port 0`` in a subprocess, stopped with SIGINT (then killed).
+Each app (``demo``, ``conformance``) runs once per module and driver, as ``python -m
+weir serve APP --host 127.0.0.1 --port 0`` and as ``python -m examples.asyncio_server
+APP --port 0``, in a subprocess, stopped with SIGINT (then killed).  The 2024-11-05
+transport and authorization are the Trio engine's alone, so those tests run on it only.
 
 Event loop: the tests are written as ``async def`` bodies, but :func:`on_asyncio`
 turns each into a *sync* test that runs it with ``anyio.run(..., backend="asyncio")``
@@ -28,6 +31,7 @@ SDK is not installed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -89,38 +93,58 @@ def on_asyncio(test: Callable[_P, Coroutine[Any, Any, None]]) -> Callable[_P, No
 
 
 #: The servers this module has running, checked after every test.
-_RUNNING: dict[str, WeirProcess] = {}
+_RUNNING: dict[tuple[str, str], WeirProcess] = {}
 
-
-def _serve(app: str) -> Iterator[WeirProcess]:
-    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
-        server = WeirProcess(app, stdout, stderr)
-        _RUNNING[app] = server
-        try:
-            yield server
-        finally:
-            del _RUNNING[app]
-            server.stop()
+#: Both drivers serve the session-era endpoint; the tests of it run against each.
+DRIVERS = ("trio", "asyncio")
 
 
 @pytest.fixture(scope="module")
-def demo_server() -> Iterator[WeirProcess]:
-    yield from _serve("demo")
+def weir_servers() -> Iterator[Callable[[str, str], WeirProcess]]:
+    """``start(app, driver)``: that server, started on first use, for the module."""
+    with contextlib.ExitStack() as stack:
+
+        def start(app: str, driver: str) -> WeirProcess:
+            if (app, driver) not in _RUNNING:
+                stdout = stack.enter_context(tempfile.TemporaryFile())
+                stderr = stack.enter_context(tempfile.TemporaryFile())
+                server = WeirProcess(app, stdout, stderr, driver=driver)
+                stack.callback(server.stop)
+                stack.callback(_RUNNING.pop, (app, driver), None)
+                _RUNNING[app, driver] = server
+            return _RUNNING[app, driver]
+
+        yield start
 
 
-@pytest.fixture(scope="module")
-def conformance_server() -> Iterator[WeirProcess]:
-    yield from _serve("conformance")
+@pytest.fixture(params=DRIVERS)
+def demo_server(
+    request: pytest.FixtureRequest, weir_servers: Callable[[str, str], WeirProcess]
+) -> WeirProcess:
+    return weir_servers("demo", request.param)
+
+
+@pytest.fixture(params=DRIVERS)
+def conformance_server(
+    request: pytest.FixtureRequest, weir_servers: Callable[[str, str], WeirProcess]
+) -> WeirProcess:
+    return weir_servers("conformance", request.param)
+
+
+@pytest.fixture
+def trio_demo_server(weir_servers: Callable[[str, str], WeirProcess]) -> WeirProcess:
+    """For what only the Trio engine serves (the 2024-11-05 transport)."""
+    return weir_servers("demo", "trio")
 
 
 @pytest.fixture(autouse=True)
 def _servers_survive() -> Iterator[None]:
     """Fail with the server's output if a test took its server down."""
     yield
-    for app, server in _RUNNING.items():
+    for (app, driver), server in _RUNNING.items():
         if server.proc.poll() is not None:
             pytest.fail(
-                f"the weir {app} server exited with code {server.proc.returncode}\n"
+                f"the weir {app} server ({driver}) exited with code {server.proc.returncode}\n"
                 f"{server.output()}",
                 pytrace=False,
             )
@@ -273,6 +297,7 @@ async def test_initialize_lists_and_echo(demo_server: WeirProcess) -> None:
 # ---------------------------------------------------------------- (2) progress
 
 
+@pytest.mark.parametrize("driver", DRIVERS)
 @pytest.mark.parametrize(
     ("app", "tool", "arguments", "expected"),
     [
@@ -298,14 +323,14 @@ async def test_initialize_lists_and_echo(demo_server: WeirProcess) -> None:
 )
 @on_asyncio
 async def test_progress_arrives_before_result(
-    request: pytest.FixtureRequest,
+    weir_servers: Callable[[str, str], WeirProcess],
+    driver: str,
     app: str,
     tool: str,
     arguments: dict[str, Any],
     expected: list[tuple[float, float, str]],
 ) -> None:
-    server = request.getfixturevalue(f"{app}_server")
-    assert isinstance(server, WeirProcess)
+    server = weir_servers(app, driver)
     wire = WireLog()
     # The progress callback and the arrival of the result, in the order the SDK saw them.
     seen: list[tuple[float, float | None, str | None] | str] = []
@@ -514,13 +539,15 @@ async def test_session_terminated_when_client_exits(demo_server: WeirProcess) ->
 
 
 @on_asyncio
-async def test_legacy_http_sse_transport_with_the_sdk_sse_client(demo_server: WeirProcess) -> None:
+async def test_legacy_http_sse_transport_with_the_sdk_sse_client(
+    trio_demo_server: WeirProcess,
+) -> None:
     """The 2024-11-05 HTTP+SSE transport (``GET /sse`` + ``POST /messages``), driven
     by the official SDK's ``sse_client``: every response travels on the one stream."""
     from mcp.client.session import ClientSession
     from mcp.client.sse import sse_client
 
-    base = demo_server.url.rsplit("/", 1)[0]
+    base = trio_demo_server.url.rsplit("/", 1)[0]
     async with (
         sse_client(f"{base}/sse") as (read, write),
         ClientSession(read, write) as session,
