@@ -165,6 +165,18 @@ def test_importing_the_app_layer_imports_no_runtime(module: str) -> None:
     assert result.returncode == 0, result.stderr
 
 
+def test_the_app_names_from_weir_itself_load_no_trio() -> None:
+    code = (
+        "import sys\nfrom weir import App, Context, McpError, ToolError\n"
+        "assert 'trio' not in sys.modules and 'weir.engine' not in sys.modules\n"
+        "from weir import Server\nassert 'weir.engine' in sys.modules\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+
+
 @pytest.mark.parametrize("path", _py_files(ROOT / "examples" / "asyncio_server"), ids=_rel)
 def test_the_asyncio_driver_imports_neither_trio_nor_the_engine(path: Path) -> None:
     bad = [

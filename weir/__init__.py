@@ -8,9 +8,10 @@ Three layers, installed as three subpackages:
   on any event loop.  Importing it imports no Trio either.
 * :mod:`weir.engine` -- the Trio server and the stores.
 
-The names below are the server's public surface, re-exported from
-:mod:`weir.engine` on first use, so that ``import weir.protocol`` stays free of
-Trio for embedders of the core alone.
+The names below are the everyday public surface, re-exported on first use from
+:mod:`weir.app` (``App``, ``Context``, ``McpError``, ``ToolError``: no Trio) or
+:mod:`weir.engine` (the server), so that ``import weir`` costs nothing and
+``import weir.protocol`` stays free of Trio for embedders of the core alone.
 """
 
 from __future__ import annotations
@@ -19,17 +20,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from weir.engine import (
-        App,
-        Context,
-        JwtVerifier,
-        McpError,
-        MemoryStore,
-        Server,
-        ServerConfig,
-        ToolError,
-        serve,
-    )
+    from weir.app import App, Context, McpError, ToolError
+    from weir.engine import JwtVerifier, MemoryStore, Server, ServerConfig, serve
+
+#: Where each name lives: the app API is Trio-free, so ``from weir import App``
+#: does not import Trio; the server's names load the engine.
+_HOMES = {
+    "App": "weir.app",
+    "Context": "weir.app",
+    "McpError": "weir.app",
+    "ToolError": "weir.app",
+}
 
 __all__ = [
     "App",
@@ -46,5 +47,5 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        return getattr(importlib.import_module("weir.engine"), name)
+        return getattr(importlib.import_module(_HOMES.get(name, "weir.engine")), name)
     raise AttributeError(f"module 'weir' has no attribute {name!r}")
