@@ -54,6 +54,7 @@ from weir.protocol import (
     session_refusal,
     writer_step,
 )
+from weir.protocol.jsonrpc import error_body
 from weir.protocol.lifecycle import initialize_result, parse_initialize, primes_streams
 from weir.protocol.messages import absorb
 from weir.protocol.resume import check_resume_policy, displaces_writer, standalone_plan
@@ -252,16 +253,24 @@ class Connection:
     async def _plan(
         self, session: Session, post: PostMessages, requests: list[Request]
     ) -> list[Plan]:
-        """Each admitted request through the idempotency gate; a refusal refuses the
-        whole POST (nothing in it ran: the keys it claimed are given back)."""
+        """Each admitted request through the idempotency gate.  A lone request's
+        refusal refuses the POST (its HTTP status says why); in a batch, a refused
+        entry gets its refusal as its JSON-RPC error and the others go on, as on
+        the Trio engine.  Keys claimed by a POST refused whole are given back."""
         header = post.ctx.headers.get("idempotency-key") if len(requests) == 1 else None
         driver = self.driver
         plans: list[Plan] = []
         try:
             for req in requests:
-                plans.append(
-                    await plan(session, req, header, wait=driver.in_progress_wait, retry_ms=1000)
-                )
+                try:
+                    planned = await plan(
+                        session, req, header, wait=driver.in_progress_wait, retry_ms=1000
+                    )
+                except RemoteProtocolError as exc:
+                    if len(requests) == 1:
+                        raise
+                    planned = Plan(req, replay=error_body(exc))  # a batch entry's own error
+                plans.append(planned)
         except BaseException:
             for _ in requests:
                 session.done()

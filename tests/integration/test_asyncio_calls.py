@@ -232,3 +232,25 @@ def test_a_close_asked_for_after_the_answer_is_written_leaves_nothing_behind() -
             assert len(data) == 1 and json.loads(data[0])["result"]["content"][0]["text"] == "done"
         sid = str(c.session_id)
         assert running.probe(lambda: dict(running.driver.sessions[sid].close_requests)) == {}
+
+
+def test_in_a_batch_a_refused_entry_gets_its_own_error_and_the_rest_run() -> None:
+    app, _, runs = _counting_app()
+    with running_driver(app) as running, Client(running.port) as c:
+        c.initialize("2025-03-26")  # the one revision with batches
+        call = {"jsonrpc": "2.0", "method": "tools/call"}
+        batch = [
+            {**call, "id": 1, "params": {"name": "bump", "arguments": {"by": 1}}},
+            {**call, "id": 1, "params": {"name": "bump", "arguments": {"by": 2}}},
+            {"jsonrpc": "2.0", "id": 2, "method": "ping"},
+        ]
+        headers = {"content-type": "application/json", "accept": BOTH}
+        headers |= {"mcp-session-id": str(c.session_id), "mcp-protocol-version": c.version}
+        reply = c.request("POST", json.dumps(batch).encode(), headers)
+        assert reply.status == 200
+        answers = [json.loads(e.data) for e in reply.events() if e.data]
+        by_kind = sorted(("error" in a, a["id"]) for a in answers)
+        assert by_kind == [(False, 1), (False, 2), (True, 1)]
+        (refused,) = [a for a in answers if "error" in a]
+        assert refused["error"]["data"]["reason"] == "idempotency_key_reused"
+        assert runs == [1]  # the same id for another call ran nothing
