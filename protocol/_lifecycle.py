@@ -9,6 +9,9 @@ session (it owns the store and the id generator) between the two halves here:
   string, ``capabilities`` and ``clientInfo`` objects when present -- and
   negotiates the revision (the client's, if served; else the newest).  A bad
   shape is 400 with JSON-RPC ``-32602`` and ``data.reason`` ``invalid_request``.
+  A session keeps what its client declared for its whole life, so that is
+  bounded: capabilities over 8 KiB of JSON are refused the same way, and only
+  ``clientInfo``'s name, version and title are kept (cut to 256 characters).
 * :func:`initialize_result` builds the result object from what the application
   declares; the driver adds nothing the core does not know about except the
   capabilities it computes from the app.
@@ -22,7 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
+
+import msgspec
 
 from ._endpoint import negotiate_version, version_at_least
 from ._errors import INVALID_PARAMS, Reason, RemoteProtocolError
@@ -41,13 +46,29 @@ class InitializeParams:
     client_info: dict[str, Any]
 
 
+#: The most ``capabilities`` a session keeps, in bytes of JSON: a session holds them
+#: for its whole life, so their size is bounded like everything else it holds (real
+#: clients send a few hundred bytes).
+MAX_CLIENT_CAPABILITIES: Final = 8 * 1024
+#: What a session keeps of ``clientInfo``: these members, strings of at most
+#: ``MAX_CLIENT_INFO_FIELD`` characters (longer ones are cut; icons, URLs and other
+#: members are not kept -- they are for display, and could be large).
+CLIENT_INFO_KEPT: Final = ("name", "version", "title")
+MAX_CLIENT_INFO_FIELD: Final = 256
+
+
 def parse_initialize(req: Request) -> InitializeParams:
     """Check an ``initialize`` request and negotiate its revision.
+
+    The result keeps at most :data:`MAX_CLIENT_CAPABILITIES` bytes of capabilities
+    and a trimmed ``clientInfo`` (:data:`CLIENT_INFO_KEPT`), whatever the request's
+    size: a session holds them for its life.
 
     Raises:
         RemoteProtocolError: 400, ``-32602``, ``invalid_request`` if
             ``protocolVersion`` is not a string or ``capabilities``/``clientInfo``
-            are not objects.
+            are not objects, or if ``capabilities`` is larger than the limit
+            (``data.limit``).
     """
     params = req.params or {}
     caps = params.get("capabilities", {})
@@ -61,7 +82,18 @@ def parse_initialize(req: Request) -> InitializeParams:
             code=INVALID_PARAMS,
             request_id=req.id,
         )
-    return InitializeParams(negotiate_version(requested), caps, info)
+    if caps and len(msgspec.json.encode(caps)) > MAX_CLIENT_CAPABILITIES:
+        raise RemoteProtocolError(
+            f"initialize: capabilities larger than {MAX_CLIENT_CAPABILITIES} bytes",
+            reason=Reason.INVALID_REQUEST,
+            code=INVALID_PARAMS,
+            request_id=req.id,
+            data={"limit": MAX_CLIENT_CAPABILITIES},
+        )
+    kept = {
+        k: v[:MAX_CLIENT_INFO_FIELD] for k in CLIENT_INFO_KEPT if isinstance(v := info.get(k), str)
+    }
+    return InitializeParams(negotiate_version(requested), caps, kept)
 
 
 def initialize_result(

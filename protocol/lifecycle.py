@@ -13,11 +13,22 @@ from ._endpoint import (
     negotiate_version,
     version_at_least,
 )
-from ._lifecycle import InitializeParams, initialize_result, parse_initialize, primes_streams
+from ._lifecycle import (
+    CLIENT_INFO_KEPT,
+    MAX_CLIENT_CAPABILITIES,
+    MAX_CLIENT_INFO_FIELD,
+    InitializeParams,
+    initialize_result,
+    parse_initialize,
+    primes_streams,
+)
 
 __all__ = [
+    "CLIENT_INFO_KEPT",
     "DEFAULT_VERSION",
     "LATEST_VERSION",
+    "MAX_CLIENT_CAPABILITIES",
+    "MAX_CLIENT_INFO_FIELD",
     "NEGOTIABLE_VERSIONS",
     "SUPPORTED_VERSIONS",
     "InitializeParams",

@@ -270,3 +270,25 @@ async def test_many_small_calls_are_bounded_by_their_keys_too() -> None:
     assert s.calls.held <= 4_000 and len(s.calls) < 200  # the oldest keys went, whole
     newest = await store.begin_call("p", "s", "key-0199", b"fp", None)
     assert newest.outcome is CallOutcome.DONE  # ... and the newest are still answered
+
+
+async def test_an_initialize_with_megabytes_of_capabilities_makes_no_session(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # One such request used to leave ~40 MiB of decoded objects in the session.
+    async with running_server(app, ServerConfig()) as (server, nursery):
+        client = connect(server, nursery)
+        huge = {"experimental": {f"k{i}": {"x": i} for i in range(100_000)}}
+        params = {**INIT["params"], "capabilities": huge}  # type: ignore[dict-item]
+        refused = await client.post({**INIT, "params": params})
+        assert isinstance(refused, Reply) and refused.status == 400
+        error = refused.json()["error"]
+        assert (error["code"], error["data"]["reason"]) == (-32602, "invalid_request")
+        assert error["data"]["limit"] == 8192
+        assert server.sessions == {}
+        info = {"name": "t", "version": "0", "icons": [{"src": "data:," + "x" * 100_000}]}
+        small = {**params, "capabilities": {}, "clientInfo": info}
+        ok = await connect(server, nursery).post({**INIT, "params": small})
+        assert isinstance(ok, Reply) and ok.status == 200
+        (session,) = server.sessions.values()
+        assert session.caller.client_info == {"name": "t", "version": "0"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,6 +19,8 @@ from weir.protocol.binding import (
 from weir.protocol.jsonrpc import INVALID_PARAMS
 from weir.protocol.lifecycle import (
     LATEST_VERSION,
+    MAX_CLIENT_CAPABILITIES,
+    MAX_CLIENT_INFO_FIELD,
     NEGOTIABLE_VERSIONS,
     initialize_result,
     parse_initialize,
@@ -128,3 +131,28 @@ def test_each_refusal_names_its_reason() -> None:
     unbound = channel_refusal(ChannelVerdict.UNBOUND, None)
     assert (stale.http_status, stale.reason) == (409, Reason.CURSOR_STALE)
     assert (unbound.http_status, unbound.reason) == (409, Reason.CHANNEL_UNBOUND)
+
+
+def test_capabilities_a_session_would_hold_for_life_are_bounded() -> None:
+    big = {"experimental": {f"k{i}": i for i in range(2000)}}
+    assert len(msgspec.json.encode(big)) > MAX_CLIENT_CAPABILITIES
+    with pytest.raises(RemoteProtocolError) as refused:
+        parse_initialize(_init({"protocolVersion": "2025-11-25", "capabilities": big}))
+    exc = refused.value
+    assert (exc.http_status, exc.code, exc.reason) == (400, INVALID_PARAMS, Reason.INVALID_REQUEST)
+    assert exc.error_data()["limit"] == MAX_CLIENT_CAPABILITIES
+    usual = {"roots": {"listChanged": True}, "sampling": {}, "elicitation": {"form": {}}}
+    params = {"protocolVersion": "2025-11-25", "capabilities": usual}
+    assert parse_initialize(_init(params)).capabilities == usual
+
+
+def test_only_the_name_version_and_title_of_client_info_are_kept_and_cut() -> None:
+    info = {
+        "name": "n" * 1000,
+        "version": "1.0",
+        "title": 7,  # not a string: not kept
+        "icons": [{"src": "data:image/png;base64," + "A" * 100_000}],
+        "websiteUrl": "https://example.com",
+    }
+    kept = parse_initialize(_init({"protocolVersion": "2025-11-25", "clientInfo": info}))
+    assert kept.client_info == {"name": "n" * MAX_CLIENT_INFO_FIELD, "version": "1.0"}
