@@ -1,4 +1,4 @@
-"""The asyncio example driver (examples/asyncio_server.py) over real loopback HTTP.
+"""The asyncio example driver (examples/asyncio_server/) over real loopback HTTP.
 
 The server runs in a background thread's asyncio event loop; the client is h11 over
 a plain blocking socket, so neither side uses Trio.  These are plain sync tests
