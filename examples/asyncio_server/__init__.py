@@ -31,9 +31,6 @@ reading.  It imports neither trio nor :mod:`weir.engine`.
 
 Not here (the Trio engine has them): session stores (replicas, shared replay),
 channel binding, authorization, inline execution, metrics and graceful shutdown.
-One difference in kind: a 2025-03-26 batch is admitted whole here (it waits for room
-for all its entries, and a half-open session refuses it with one 429), where the
-Trio engine admits its entries one by one inside an open response.
 """
 
 from __future__ import annotations

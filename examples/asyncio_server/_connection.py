@@ -28,6 +28,7 @@ import logging
 import secrets
 import socket
 import sys
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from weir.app import Caller, capabilities
@@ -243,50 +244,67 @@ class Connection:
             await self.send(self.conn.send_response(202, ()))
             return
         session.state = session_transition(session.state, SessionInput.REQUEST)
-        await session.admit(len(requests), requests[0].id)  # 429 once half-open
-        plans = await self._plan(session, post, requests)  # the gate, before anything runs
-        if accepts(post.ctx.headers.get("accept"), "text/event-stream"):
-            await self._post_sse(session, post, plans)
+        sse = accepts(post.ctx.headers.get("accept"), "text/event-stream")
+        if len(requests) == 1:
+            # Admission and the gate before the head: a refusal is this POST's status.
+            await session.admit(1, requests[0].id)  # 429 once half-open
+            lone = await self._plan_lone(session, post, requests[0])
+            feed: Feed = _given(lone)
         else:
-            await self._post_json(session, post, plans)
+            feed = self._admit_each(session, requests)
+        if sse:
+            await self._post_sse(session, post, len(requests), feed)
+        else:
+            await self._post_json(session, post, feed)
 
-    async def _plan(
-        self, session: Session, post: PostMessages, requests: list[Request]
-    ) -> list[Plan]:
-        """Each admitted request through the idempotency gate.  A lone request's
-        refusal refuses the POST (its HTTP status says why); in a batch, a refused
-        entry gets its refusal as its JSON-RPC error and the others go on, as on
-        the Trio engine.  Keys claimed by a POST refused whole are given back."""
-        header = post.ctx.headers.get("idempotency-key") if len(requests) == 1 else None
-        driver = self.driver
-        plans: list[Plan] = []
+    async def _plan_lone(self, session: Session, post: PostMessages, req: Request) -> Plan:
+        """A lone request through the idempotency gate; a refusal refuses the POST
+        (its HTTP status says why), and gives back what the request was admitted with."""
         try:
+            return await plan(
+                session,
+                req,
+                post.ctx.headers.get("idempotency-key"),
+                wait=self.driver.in_progress_wait,
+                retry_ms=1000,
+            )
+        except BaseException:
+            session.done()
+            raise
+
+    def _admit_each(self, session: Session, requests: list[Request]) -> Feed:
+        """A batch (2025-03-26): each entry admitted, gated and started on its own, in
+        order, as the Trio engine does.  An entry refused on the way (half-open, the
+        gate) gets its refusal as its JSON-RPC error; the others go on."""
+        wait = self.driver.in_progress_wait
+
+        async def feed(start: Callable[[Plan], object]) -> None:
             for req in requests:
                 try:
-                    planned = await plan(
-                        session, req, header, wait=driver.in_progress_wait, retry_ms=1000
-                    )
+                    await session.admit(1, req.id)
                 except RemoteProtocolError as exc:
-                    if len(requests) == 1:
-                        raise
-                    planned = Plan(req, replay=error_body(exc))  # a batch entry's own error
-                plans.append(planned)
-        except BaseException:
-            for _ in requests:
-                session.done()
-            for p in plans:
-                if p.key is not None:
-                    session.finish_call(p.key, None)
-            raise
-        return plans
+                    session.flow.count_in()  # accounted like an admitted entry
+                    start(Plan(req, replay=error_body(exc)))
+                    continue
+                try:
+                    planned = await plan(session, req, None, wait=wait, retry_ms=1000)
+                except RemoteProtocolError as exc:
+                    planned = Plan(req, replay=error_body(exc))
+                except BaseException:
+                    session.done()
+                    raise
+                start(planned)
 
-    async def _post_json(self, session: Session, post: PostMessages, plans: list[Plan]) -> None:
+        return feed
+
+    async def _post_json(self, session: Session, post: PostMessages, feed: Feed) -> None:
         """Run the requests as session tasks; one body (a batch's array) when all end."""
         app, state = self.driver.app, self.driver.state
         # Session tasks, not this connection's: a hang-up does not cancel a call.
         # (asyncio.wait, unlike gather, does not cancel them if this task is cancelled.)
-        tasks = [session.spawn(execute(app, session, p, None, state)) for p in plans]
+        tasks: list[asyncio.Task[bytes | None]] = []
         try:
+            await feed(lambda p: tasks.append(session.spawn(execute(app, session, p, None, state))))
             await asyncio.wait(tasks)
             if session.closed:
                 raise Gone
@@ -307,12 +325,13 @@ class Connection:
         headers = [("content-type", "application/json"), ("mcp-session-id", session.sid)]
         await self.send(self.conn.send_response(200, headers, body), (session, None, len(body)))
 
-    async def _post_sse(self, session: Session, post: PostMessages, plans: list[Plan]) -> None:
-        """One response stream for the requests: each handler appends to its log."""
+    async def _post_sse(self, session: Session, post: PostMessages, n: int, feed: Feed) -> None:
+        """One response stream for ``n`` requests: each handler appends to its log.
+        The head goes out at once; a batch's entries are admitted while it is open."""
         app, state = self.driver.app, self.driver.state
         stream = session.open_stream(StreamKind.REQUEST)
         primes = primes_streams(session.version, post.ctx.protocol_version)
-        remaining = [len(plans)]
+        remaining = [n]
 
         async def run(p: Plan) -> None:
             try:
@@ -335,13 +354,13 @@ class Connection:
                 if primes:
                     await session.append(stream, "")  # the priming event: an id, empty data
             except Gone:
-                for p in plans:
-                    session.done()
-                    if p.key is not None:
-                        session.finish_call(p.key, None)
+                # Nothing will run: give back what a lone request was admitted with
+                # (a batch's entries, not admitted yet, stop at the closed session).
+                with contextlib.suppress(Gone):
+                    await feed(lambda p: _never_run(session, p))
                 return
-            for p in plans:
-                session.spawn(run(p))
+            with contextlib.suppress(Gone):
+                await feed(lambda p: session.spawn(run(p)))
 
         session.spawn(prime_then_run())  # the session owns them: a hang-up is no cancel
         await self._write_stream(session, stream, 0)
@@ -472,3 +491,24 @@ class Connection:
         )
         headers = [("content-type", "application/json"), ("mcp-session-id", sid)]
         await self.send(self.conn.send_response(200, headers, encode_result(req.id, result)))
+
+
+#: How a POST's requests reach the runner: ``await feed(start)`` calls ``start(plan)``
+#: once per request, in order, each admitted and past the gate.
+Feed = Callable[[Callable[[Plan], object]], Awaitable[None]]
+
+
+def _given(planned: Plan) -> Feed:
+    """The feed of a lone request, admitted and gated before the response began."""
+
+    async def feed(start: Callable[[Plan], object]) -> None:
+        start(planned)
+
+    return feed
+
+
+def _never_run(session: Session, planned: Plan) -> None:
+    """Account for an admitted request that will never run (its session ended)."""
+    session.done()
+    if planned.key is not None:
+        session.finish_call(planned.key, None)

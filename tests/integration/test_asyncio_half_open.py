@@ -357,3 +357,38 @@ def test_a_json_only_client_that_stops_reading_holds_no_more_than_its_credit() -
         assert heads == [404]  # torn down while it waited: its session is gone
         stalled.close()
         waiting.close()
+
+
+def test_a_batch_into_a_half_open_session_gets_an_error_per_entry() -> None:
+    # 2025-03-26, the one revision with batches: as on the Trio engine, the batch's
+    # response starts at once and each entry is admitted on its own; entries refused
+    # as half-open carry that refusal themselves, sent once the peer drains again.
+    credit = CreditLimits(frames=8, bytes=32768, drain_window=0.5, liveness_timeout=5.0)
+    with running_driver(credit=credit) as running, Client(running.port) as c:
+        c.initialize("2025-03-26")
+        stalled = RawStream(running.port, rcvbuf=4096)
+        assert stalled.send("POST", _headers(c), _call(1, "echo", {"text": "x" * 400_000})) == 200
+        waiting = RawStream(running.port)  # an answer that waits behind the stalled bytes
+        assert waiting.send("POST", _headers(c), _call(2, "echo", {"text": "b"})) == 200
+        ping = json.dumps({"jsonrpc": "2.0", "id": 3, "method": "ping"}).encode()
+        refused = RawStream(running.port)
+        assert refused.send("POST", _headers(c, "application/json"), ping) == 429  # half-open
+        refused.close()
+        batch = [{"jsonrpc": "2.0", "id": n, "method": "ping"} for n in (4, 5)]
+        entries = RawStream(running.port)
+        assert entries.send("POST", _headers(c), json.dumps(batch).encode()) == 200
+        for _ in range(1000):  # the stalled peer reads again: credit comes back
+            event = stalled.next_event()
+            if event is None or event.data:
+                break
+        answers = []
+        for _ in range(10):
+            event = entries.next_event()
+            if event is None:
+                break
+            if event.data:
+                answers.append(json.loads(event.data))
+        assert sorted(a["id"] for a in answers) == [4, 5]
+        assert {a["error"]["data"]["reason"] for a in answers} == {"stream_half_open"}
+        for stream in (entries, waiting, stalled):
+            stream.close()
