@@ -12,7 +12,15 @@ provided its handlers await only their context (``ctx.sleep``, not ``trio.sleep`
 from __future__ import annotations
 
 from ._context import LOG_LEVELS, Caller, Context, ContextBackend, log_passes
-from ._dispatch import call_tool_now, capabilities, dispatch, failure, id_in_use, inline_tool
+from ._dispatch import (
+    call_tool_now,
+    capabilities,
+    dispatch,
+    failure,
+    id_in_use,
+    initialize_result_for,
+    inline_tool,
+)
 from ._registry import (
     BUILTIN_APPS,
     App,
@@ -52,6 +60,7 @@ __all__ = [
     "failure",
     "id_in_use",
     "image",
+    "initialize_result_for",
     "inline_tool",
     "load_app",
     "log_passes",

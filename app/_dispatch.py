@@ -29,6 +29,7 @@ from weir.protocol.jsonrpc import (
     METHOD_NOT_FOUND,
     RESOURCE_NOT_FOUND,
 )
+from weir.protocol.lifecycle import initialize_result
 
 from ._context import LOG_LEVELS, Context
 from ._registry import App, McpError, Tool, ToolError, text, tool_result
@@ -70,6 +71,19 @@ def capabilities(app: App) -> dict[str, Any]:
     if app.completion_fn is not None:
         caps["completions"] = {}
     return caps
+
+
+def initialize_result_for(app: App, version: str, **driver_capabilities: Any) -> dict[str, Any]:
+    """The ``initialize`` result for ``app`` at the negotiated ``version``: the app's
+    capabilities (plus any the driver itself adds, e.g. ``experimental``) and its
+    name, version and instructions."""
+    return initialize_result(
+        version,
+        {**capabilities(app), **driver_capabilities},
+        name=app.name,
+        server_version=app.version,
+        instructions=app.instructions,
+    )
 
 
 def _prepare(app: App, params: dict[str, Any]) -> tuple[str, Tool, dict[str, Any]]:

@@ -23,6 +23,7 @@ and calls them with a :class:`~weir.app.Context`.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dis
 import importlib
 import inspect
@@ -345,6 +346,13 @@ class App:
         """
         self.lifespan_fn = fn
         return fn
+
+    def lifespan_context(self) -> AbstractAsyncContextManager[Any]:
+        """What a driver enters around serving: the app's lifespan, or, without one,
+        a context that yields ``None``."""
+        if self.lifespan_fn is None:
+            return contextlib.nullcontext()
+        return self.lifespan_fn(self)
 
     # ---------------------------------------------------------------- tools
     def tool(

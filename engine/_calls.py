@@ -33,7 +33,7 @@ from typing import Any
 import msgspec
 import trio
 
-from weir.app import Caller, capabilities
+from weir.app import Caller, initialize_result_for
 from weir.protocol import (
     PostMessages,
     Reason,
@@ -54,7 +54,7 @@ from weir.protocol.gate import (
     replay_as,
 )
 from weir.protocol.jsonrpc import encode
-from weir.protocol.lifecycle import initialize_result, parse_initialize, primes_streams
+from weir.protocol.lifecycle import parse_initialize, primes_streams
 from weir.protocol.messages import absorb, answer_owner
 from weir.protocol.states import SessionInput, StreamInput, StreamState
 
@@ -233,24 +233,24 @@ class _Calls(_ServerBase):
         cancellation of a request running elsewhere are forwarded through the
         session's mailboxes (see :meth:`_relay_mail`).
         """
-        sorted_ = absorb(messages)
+        absorbed = absorb(messages)
         principal, sid = session.record.principal, session.session_id
-        if sorted_.initialized:
+        if absorbed.initialized:
             session.handle(SessionInput.INITIALIZED)
-        for rid in sorted_.cancels:
+        for rid in absorbed.cancels:
             scope = session.running.get(rid)
             if scope is not None:
                 scope.cancel()
             elif self.store.shared:  # perhaps running on another replica
                 await self.store.post_message(principal, sid, "cancel", msgspec.json.encode(rid))
-        for answer in sorted_.answers:
+        for answer in absorbed.answers:
             pending = session.pending.get(answer.id) if answer.id is not None else None
             if pending is not None:
                 pending.answer = answer
                 pending.done.set()
             elif self.store.shared and (replica := answer_owner(answer.id)) is not None:
                 await self.store.post_message(principal, sid, f"answers:{replica}", encode(answer))
-        return sorted_.requests
+        return absorbed.requests
 
     # ---------------------------------------------------------------- the gate
     async def _admit_and_plan(
@@ -505,15 +505,8 @@ class _Calls(_ServerBase):
         return session
 
     def _initialize_result(self, session: Session) -> dict[str, Any]:
-        caps = capabilities(self.app)
-        caps["experimental"] = {REBIND_METHOD: {"header": "Mcp-Channel-Token"}}
-        return initialize_result(
-            session.record.protocol_version,
-            caps,
-            name=self.app.name,
-            server_version=self.app.version,
-            instructions=self.app.instructions,
-        )
+        rebind = {REBIND_METHOD: {"header": "Mcp-Channel-Token"}}
+        return initialize_result_for(self.app, session.record.protocol_version, experimental=rebind)
 
     @staticmethod
     def _primes(session: Session, header_version: str) -> bool:

@@ -48,11 +48,10 @@ every open stream with ``retry:``, then cancel what is left.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import math
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -178,8 +177,7 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas):
         :meth:`serve_connection` (in-memory tests, or another accept loop).
         """
         try:
-            lifespan = self.app.lifespan_fn
-            async with lifespan(self.app) if lifespan is not None else _no_lifespan() as state:
+            async with self.app.lifespan_context() as state:
                 self.state = state
                 if listen:
                     self.listeners = await _open_listeners(self.config)
@@ -481,11 +479,6 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas):
         session.handle(SessionInput.INITIALIZED)
         self._register(session, now)
         return session
-
-
-@contextlib.asynccontextmanager
-async def _no_lifespan() -> AsyncIterator[None]:
-    yield None
 
 
 async def serve(

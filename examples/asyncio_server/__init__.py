@@ -27,7 +27,10 @@ reading.  It imports neither trio nor :mod:`weir.engine`.
 * **Limits** (:mod:`._driver`).  Sessions (503 ``session_limit``), connections (503
   ``overloaded``), idle sessions (forgotten after ``idle_timeout`` unless busy), each
   session's credit and replay history (a live stream's last 256 frames; a closed
-  stream keeps only its unacknowledged ones; at most 16 closed streams).
+  stream keeps only its unacknowledged ones; at most 16 closed streams), and its gate
+  records (256 finished calls, 256 KiB of keys and results; beyond, the oldest
+  results become tombstones).  What ``initialize`` declares and what
+  ``resources/subscribe`` asks are bounded by the core and the app layer.
 
 Not here (the Trio engine has them): session stores (replicas, shared replay),
 channel binding, authorization, inline execution, metrics and graceful shutdown.

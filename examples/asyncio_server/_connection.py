@@ -31,7 +31,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from weir.app import Caller, capabilities
+from weir.app import Caller, initialize_result_for
 from weir.protocol import (
     NEED_DATA,
     DrainTracker,
@@ -56,7 +56,7 @@ from weir.protocol import (
     writer_step,
 )
 from weir.protocol.jsonrpc import error_body
-from weir.protocol.lifecycle import initialize_result, parse_initialize, primes_streams
+from weir.protocol.lifecycle import parse_initialize, primes_streams
 from weir.protocol.messages import absorb
 from weir.protocol.resume import check_resume_policy, displaces_writer, standalone_plan
 from weir.protocol.sse import encode_comment, encode_retry
@@ -482,13 +482,7 @@ class Connection:
         sid = secrets.token_urlsafe(32)
         caller = Caller(asked.capabilities, asked.client_info)
         driver.add_session(Session(sid, asked.version, driver.credit, driver, caller))
-        result = initialize_result(
-            asked.version,
-            capabilities(driver.app),
-            name=driver.app.name,
-            server_version=driver.app.version,
-            instructions=driver.app.instructions,
-        )
+        result = initialize_result_for(driver.app, asked.version)
         headers = [("content-type", "application/json"), ("mcp-session-id", sid)]
         await self.send(self.conn.send_response(200, headers, encode_result(req.id, result)))
 

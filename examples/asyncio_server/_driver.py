@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 from weir.app import App, load_app
@@ -153,15 +152,6 @@ async def serve(
     return await asyncio.start_server(driver.connection, host, port)
 
 
-@contextlib.asynccontextmanager
-async def _lifespan(app: App) -> AsyncIterator[Any]:
-    if app.lifespan_fn is None:
-        yield None
-        return
-    async with app.lifespan_fn(app) as state:
-        yield state
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m examples.asyncio_server [APP] [--host H] [--port N] [--sse-only]``.
 
@@ -184,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
 
     async def run() -> None:
-        async with _lifespan(app) as state:
+        async with app.lifespan_context() as state:
             server = await serve(
                 args.host, args.port, app=app, json_only_clients=not args.sse_only, state=state
             )
