@@ -13,9 +13,10 @@ each like a lone request, and dispatched as they are admitted.
 **The idempotency gate.**  Before a ``tools/call`` runs, the session's gate records
 its key (``Idempotency-Key`` or the JSON-RPC id) in the store: a second delivery
 while it runs waits a bounded time and then gets 409 ``in_progress``; after it
-finished, the stored response is replayed and nothing executes again.  The gate's
-decision for each request is a :class:`~weir.engine._server_base._Plan`, which
-``engine._execution`` carries out.
+finished, the stored response is replayed and nothing executes again.  Each
+request's steps -- claim, run, record -- are ordered by its
+:class:`~weir.protocol.gate.CallCourse` (the core's), which this module starts and
+``engine._execution`` carries on; the store round trips are made here.
 
 A POST's requests are answered on a REQUEST stream (``engine._streams``) or, in JSON
 mode, as one JSON body written under the session's drain credit.  Notifications and
@@ -45,14 +46,7 @@ from weir.protocol import (
     session_refusal,
 )
 from weir.protocol.binding import ChannelVerdict, parse_channel_token
-from weir.protocol.gate import (
-    CallStart,
-    Execute,
-    GatePass,
-    Refuse,
-    Replay,
-    replay_as,
-)
+from weir.protocol.gate import Answer, CallCourse, CallStart, Claim, ClaimAgain, Run
 from weir.protocol.jsonrpc import encode
 from weir.protocol.lifecycle import parse_initialize, primes_streams
 from weir.protocol.messages import absorb, answer_owner
@@ -60,7 +54,7 @@ from weir.protocol.states import SessionInput, StreamInput, StreamState
 
 from ._channel import raise_channel
 from ._connection import Connection
-from ._server_base import _Plan, _ServerBase, _store_unavailable
+from ._server_base import _ServerBase, _store_unavailable
 from ._session import JsonCharge, Session, SessionClosed
 from ._store import ChannelRejected, MemoryStore, SessionGone, StoreUnavailable, check_channel
 from ._writer import SSE_HEADERS, PeerGone, write_stream
@@ -164,7 +158,7 @@ class _Calls(_ServerBase):
         """
         if self.config.json_response:
 
-            async def feed(run: Callable[[int, _Plan], Awaitable[None]]) -> None:
+            async def feed(run: Callable[[int, CallCourse], Awaitable[None]]) -> None:
                 await self._admit_each(session, requests, token, run)
 
             bodies = await self._collect_json(session, len(requests), feed)
@@ -176,7 +170,7 @@ class _Calls(_ServerBase):
         handle = self._open_stream(session, epoch, StreamKind.REQUEST, token)
         handle.outstanding = len(requests)
 
-        async def run_sse(i: int, plan: _Plan) -> None:
+        async def run_sse(i: int, plan: CallCourse) -> None:
             await self._run_request(session, plan, handle)
 
         async def all_sse() -> None:
@@ -195,7 +189,7 @@ class _Calls(_ServerBase):
         session: Session,
         requests: list[Request],
         token: tuple[int, str] | None,
-        run: Callable[[int, _Plan], Any],
+        run: Callable[[int, CallCourse], Any],
     ) -> None:
         """Admit, gate and dispatch a batch's requests one at a time, in order.
 
@@ -214,16 +208,16 @@ class _Calls(_ServerBase):
                 except RemoteProtocolError as exc:
                     self.metrics.refused(str(exc.reason))
                     session.flow.count_in()  # accounted like an admitted entry
-                    nursery.start_soon(run, i, _Plan(req, replay=_error_of(req, exc)))
+                    nursery.start_soon(run, i, CallCourse.answered(req, _error_of(req, exc)))
                     continue
                 self.metrics.admissions += 1
                 try:
                     plan = await self._plan(session, req, None, token)
                 except RemoteProtocolError as exc:
                     self.metrics.refused(str(exc.reason))
-                    plan = _Plan(req, replay=_error_of(req, exc))
+                    plan = CallCourse.answered(req, _error_of(req, exc))
                 except StoreUnavailable:
-                    plan = _Plan(req, replay=_error_of(req, _store_unavailable(self.config)))
+                    plan = CallCourse.answered(req, _error_of(req, _store_unavailable(self.config)))
                 nursery.start_soon(run, i, plan)
 
     async def _absorb(self, session: Session, messages: list[Any]) -> list[Request]:
@@ -259,7 +253,7 @@ class _Calls(_ServerBase):
         requests: list[Request],
         key: str | None,
         token: tuple[int, str] | None,
-    ) -> list[_Plan]:
+    ) -> list[CallCourse]:
         """Admission (half-open), then the idempotency gate (fencing), before any dispatch.
 
         Every request admitted here is accounted for exactly once later
@@ -270,16 +264,14 @@ class _Calls(_ServerBase):
         except SessionClosed:
             raise session_refusal(session.session_id, requests[0].id) from None
         self.metrics.admissions += len(requests)
-        plans: list[_Plan] = []
+        plans: list[CallCourse] = []
         try:
             for req in requests:
                 one_key = key if len(requests) == 1 else None
                 plans.append(await self._plan(session, req, one_key, token))
         except BaseException:
             session.done(len(requests))
-            for plan in plans:  # give back keys this refused POST had claimed
-                if plan.key is not None:
-                    await self._finish_call(session, plan.key, None)
+            await self._release_unstarted(session, plans)  # keys this refused POST claimed
             raise
         return plans
 
@@ -289,7 +281,7 @@ class _Calls(_ServerBase):
         req: Request,
         header_key: str | None,
         token: tuple[int, str] | None,
-    ) -> _Plan:
+    ) -> CallCourse:
         """Pass the idempotency gate (in the store): does ``req`` execute, or replay?
 
         Raises:
@@ -297,49 +289,61 @@ class _Calls(_ServerBase):
                 wait), 422 ``idempotency_key_reused`` (same key, different request), or
                 a channel refusal.
         """
-        if req.method != "tools/call":
-            return _Plan(req)
-        gate = GatePass(
+        course = CallCourse(
             req,
             header_key,
             now=trio.current_time(),
             wait=self.config.in_progress_wait,
             retry_ms=self.config.retry_ms,
         )
-        key, fp = gate.key, gate.fingerprint
-        principal, sid = session.record.principal, session.session_id
+        step: Claim | ClaimAgain | Run | Answer = course.first()
+        ours = False  # the delivery running the call is in this process
         while True:
-            try:
-                if self.store.shared:  # a claim another replica may have to interrupt
-                    start = await self._claim(session, req, key, fp, token)
-                else:
-                    start = await self.store.begin_call(principal, sid, key, fp, token)
-            except SessionGone:
-                await self._end_session(session)
-                raise session_refusal(sid, req.id) from None
-            except ChannelRejected as exc:
-                raise_channel(exc.verdict, req.id)
-                raise  # unreachable: _raise_channel raises
-            ours = key in session.calls  # the running delivery is ours: await its end
-            decision = gate.decide(start, trio.current_time(), local=ours)
-            if isinstance(decision, Execute):
-                session.calls[key] = None  # an Event only once a duplicate waits
-                return _Plan(req, key=key, epoch=decision.epoch)
-            if isinstance(decision, Replay):
+            if isinstance(step, Run):
+                if course.key is not None:
+                    session.calls[course.key] = None  # an Event only once a duplicate waits
+                return course
+            if isinstance(step, Answer):
                 self.metrics.duplicates_replayed += 1
-                return _Plan(req, replay=replay_as(decision.payload, req.id), epoch=decision.epoch)
-            if isinstance(decision, Refuse):
-                if decision.error.reason is Reason.IN_PROGRESS:
+                return course
+            if isinstance(step, ClaimAgain):
+                with trio.move_on_at(step.until):
+                    if ours:
+                        local = session.calls[step.claim.key]
+                        if local is None:
+                            local = session.calls[step.claim.key] = trio.Event()
+                        await local.wait()  # wake exactly when it is done
+                    else:
+                        await trio.sleep_forever()  # another replica runs it: ask again
+                step = step.claim
+            start = await self._ask_claim(session, req, step, token)
+            ours = step.key in session.calls
+            try:
+                step = course.claimed(start, trio.current_time(), local=ours)
+            except RemoteProtocolError as exc:
+                if exc.reason is Reason.IN_PROGRESS:
                     self.metrics.duplicates_in_progress += 1
-                raise decision.error
-            with trio.move_on_at(decision.until):
-                if ours:
-                    local = session.calls[key]
-                    if local is None:
-                        local = session.calls[key] = trio.Event()
-                    await local.wait()  # wake exactly when it is done
-                else:
-                    await trio.sleep_forever()  # another replica runs it: ask the store again
+                raise
+
+    async def _ask_claim(
+        self, session: Session, req: Request, claim: Claim, token: tuple[int, str] | None
+    ) -> CallStart:
+        """One claim round trip; a session the store no longer has is ended here.
+
+        Raises:
+            RemoteProtocolError: 404 for a gone session, or the channel's refusal.
+        """
+        principal, sid = session.record.principal, session.session_id
+        try:
+            if self.store.shared:  # a claim another replica may have to interrupt
+                return await self._claim(session, req, claim.key, claim.fingerprint, token)
+            return await self.store.begin_call(principal, sid, claim.key, claim.fingerprint, token)
+        except SessionGone:
+            await self._end_session(session)
+            raise session_refusal(sid, req.id) from None
+        except ChannelRejected as exc:
+            raise_channel(exc.verdict, req.id)
+            raise  # unreachable: raise_channel raises
 
     async def _claim(
         self, session: Session, req: Request, key: str, fp: bytes, token: tuple[int, str] | None
@@ -366,20 +370,21 @@ class _Calls(_ServerBase):
             )
         raise StoreUnavailable("the store did not answer a claim within 5 s")
 
-    async def _release_unstarted(self, session: Session, plans: list[_Plan]) -> None:
+    async def _release_unstarted(self, session: Session, plans: list[CallCourse]) -> None:
         """Give back the keys of claimed calls that will never start here.
 
         Nothing ran, so a retry (on this replica or another) may run them: releasing
         is safe where it would not be for a call that had begun (see
         :meth:`_interrupted`).
         """
-        for plan in plans:
-            if plan.key is not None and plan.replay is None:
-                await self._finish_call(session, plan.key, None)
+        for course in plans:
+            given = course.give_back()
+            if given is not None:
+                await self._finish_call(session, given.key, None)
 
     # ---------------------------------------------------------------- JSON mode
     async def _post_json(
-        self, conn: Connection, session: Session, plans: list[_Plan], is_batch: bool
+        self, conn: Connection, session: Session, plans: list[CallCourse], is_batch: bool
     ) -> None:
         headers = [("content-type", "application/json"), ("mcp-session-id", session.session_id)]
         if len(plans) == 1 and not is_batch and self._runs_now(plans[0]):
@@ -390,7 +395,7 @@ class _Calls(_ServerBase):
             await self._send_json(conn, session, headers, body)
             return
 
-        async def feed(run: Callable[[int, _Plan], Awaitable[None]]) -> None:
+        async def feed(run: Callable[[int, CallCourse], Awaitable[None]]) -> None:
             async with trio.open_nursery() as n:
                 for i, plan in enumerate(plans):
                     n.start_soon(run, i, plan)
@@ -403,7 +408,7 @@ class _Calls(_ServerBase):
         self,
         session: Session,
         n: int,
-        feed: Callable[[Callable[[int, _Plan], Awaitable[None]]], Awaitable[None]],
+        feed: Callable[[Callable[[int, CallCourse], Awaitable[None]]], Awaitable[None]],
     ) -> list[bytes]:
         """Run ``n`` requests in the handler nursery, and their responses, in order.
 
@@ -414,7 +419,7 @@ class _Calls(_ServerBase):
         results: list[bytes | None] = [None] * n
         finished = trio.Event()
 
-        async def run(i: int, plan: _Plan) -> None:
+        async def run(i: int, plan: CallCourse) -> None:
             try:
                 results[i] = await self._execute(session, plan, None)
             finally:

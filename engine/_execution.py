@@ -11,11 +11,12 @@ on its first step, so it runs right in the connection's task
 (:meth:`Server._run_now`) -- it can neither be cancelled half-way nor outlive
 anything -- and its response goes out in the same write as the head.
 
-A call's outcome goes to the idempotency gate (:meth:`Server._finish_call`); a
-cancelled call releases its key.  A call this process abandons at shutdown is
-never released (it may have had effects): its outcome becomes an ``interrupted``
-error, stored in the gate and, where the stream is shared, appended as its final
-event.
+What is stored in the gate, and when, is the request's
+:class:`~weir.protocol.gate.CallCourse`'s to say; this module performs it
+(:meth:`Server._finish_call`).  A cancelled call releases its key.  A call this
+process abandons at shutdown is never released (it may have had effects): its
+outcome becomes an ``interrupted`` error, stored in the gate and, where the stream
+is shared, appended as its final event.
 """
 
 from __future__ import annotations
@@ -26,19 +27,20 @@ import trio
 
 from weir.app import Context, call_tool_now, dispatch, failure, id_in_use, inline_tool
 from weir.protocol import Reason, Request, encode_error, encode_result
-from weir.protocol.jsonrpc import INTERNAL_ERROR, SERVER_ERROR
+from weir.protocol.gate import AppendRecords, CallCourse, CoursePhase, Record, interrupted
+from weir.protocol.jsonrpc import INTERNAL_ERROR
 from weir.protocol.states import StreamInput, StreamState
 
 from ._context import CallBackend
-from ._server_base import _Plan, _ServerBase, log
+from ._server_base import _ServerBase, log
 from ._session import Session, StreamHandle, StreamLost
-from ._store import INTERRUPTED_MESSAGE, SessionGone, StoreUnavailable
+from ._store import SessionGone, StoreUnavailable
 
 
 class _Execution(_ServerBase):
     """Running handlers and recording their outcomes (see the module docstring)."""
 
-    def _runs_now(self, plan: _Plan) -> bool:
+    def _runs_now(self, plan: CallCourse) -> bool:
         """Can ``plan`` be answered in the connection's task, with no handler task?
 
         Yes for a replay (nothing executes) and for a ``tools/call`` of a tool that
@@ -52,7 +54,7 @@ class _Execution(_ServerBase):
         return plan.replay is not None or inline_tool(self.app, plan.request) is not None
 
     async def _answer_or_context(
-        self, session: Session, plan: _Plan, handle: StreamHandle | None
+        self, session: Session, plan: CallCourse, handle: StreamHandle | None
     ) -> bytes | Context:
         """What both execution paths do first: the answer that needs no handler, or
         the :class:`Context` to run it with (counted as an execution if it is a call).
@@ -65,11 +67,13 @@ class _Execution(_ServerBase):
         if plan.replay is not None:
             return plan.replay
         if req.id in session.running:
-            if plan.key is not None:
-                await self._finish_call(session, plan.key, None)
+            given = plan.give_back()
+            if given is not None:
+                await self._finish_call(session, given.key, None)
             return id_in_use(req.id)
         if plan.key is not None:
             self.metrics.executions += 1
+        plan.started()
         meta = (req.params or {}).get("_meta")
         return Context(
             CallBackend(session, handle),
@@ -79,7 +83,7 @@ class _Execution(_ServerBase):
         )
 
     async def _answer_now(
-        self, session: Session, plan: _Plan, handle: StreamHandle | None
+        self, session: Session, plan: CallCourse, handle: StreamHandle | None
     ) -> bytes:
         """Execute (or replay) a plan :meth:`_runs_now` accepted; record it in the gate."""
         ready = await self._answer_or_context(session, plan, handle)
@@ -92,12 +96,11 @@ class _Execution(_ServerBase):
             payload = self._fit(req, payload, handle)
         except Exception as exc:
             payload = failure(req, exc)
-        if plan.key is not None:
-            await self._finish_call(session, plan.key, payload)
+        await self._store_outcome(session, plan.finished(payload, final_append=False))
         return payload
 
     async def _run_now(
-        self, session: Session, plan: _Plan, handle: StreamHandle, *, primes: bool
+        self, session: Session, plan: CallCourse, handle: StreamHandle, *, primes: bool
     ) -> bool:
         """Answer a lone request on an SSE stream without a handler task, if it can be.
 
@@ -163,7 +166,7 @@ class _Execution(_ServerBase):
         )
 
     async def _execute(
-        self, session: Session, plan: _Plan, handle: StreamHandle | None
+        self, session: Session, plan: CallCourse, handle: StreamHandle | None
     ) -> bytes | None:
         """Run one request's handler; the encoded response, or ``None`` if cancelled."""
         ready = await self._answer_or_context(session, plan, handle)
@@ -193,16 +196,18 @@ class _Execution(_ServerBase):
                 if session.on_activity is not None:
                     session.on_activity()
         result = None if scope.cancelled_caught else payload
-        if plan.key is not None:
-            single = handle is not None and handle.sink is not None and handle.outstanding == 1
-            if result is not None and single:
-                plan.deferred = True  # the final append records it: one round trip less
-            else:
-                await self._finish_call(session, plan.key, result)
+        single = handle is not None and handle.sink is not None and handle.outstanding == 1
+        # Alone on a shared stream, the final append records it: one round trip less.
+        await self._store_outcome(session, plan.finished(result, final_append=single))
         return result
 
+    async def _store_outcome(self, session: Session, step: Record | AppendRecords | None) -> None:
+        """Perform a :class:`Record` now; :class:`AppendRecords` is :meth:`_run_request`'s."""
+        if isinstance(step, Record):
+            await self._finish_call(session, step.key, step.payload)
+
     async def _interrupted(
-        self, session: Session, plan: _Plan, handle: StreamHandle | None
+        self, session: Session, plan: CallCourse, handle: StreamHandle | None
     ) -> None:
         """Answer a call this process abandons at shutdown, without ever re-running it.
 
@@ -214,19 +219,16 @@ class _Execution(_ServerBase):
         on another replica gets it).  Best effort, bounded, shielded from the
         cancellation that brought us here.
         """
-        req = plan.request
-        payload = encode_error(
-            req.id,
-            SERVER_ERROR,
-            INTERRUPTED_MESSAGE,
-            {"reason": str(Reason.INTERRUPTED)},
-        )
+        key = plan.key
+        record = plan.abandoned()
+        payload = record.payload if record is not None else None
         with trio.CancelScope(shield=True), trio.move_on_after(2):
             if handle is not None and handle.sink is not None and handle.outstanding == 1:
                 with contextlib.suppress(Exception):
-                    await handle.respond(payload.decode(), call_key=plan.key)
-            if plan.key is not None:
-                await self._finish_call(session, plan.key, payload)
+                    text = (payload or interrupted(plan.request)).decode()
+                    await handle.respond(text, call_key=key)
+            if record is not None:
+                await self._finish_call(session, record.key, record.payload)
 
     async def _finish_call(
         self, session: Session, key: str, payload: bytes | None, *, stored: bool = False
@@ -250,7 +252,7 @@ class _Execution(_ServerBase):
             done.set()
 
     async def _prime_then_run(
-        self, session: Session, handle: StreamHandle, plans: list[_Plan]
+        self, session: Session, handle: StreamHandle, plans: list[CallCourse]
     ) -> None:
         try:
             await handle.send("")  # the priming event: an id and empty data
@@ -265,17 +267,20 @@ class _Execution(_ServerBase):
         for plan in plans:
             self._handlers.start_soon(self._run_request, session, plan, handle)
 
-    async def _run_request(self, session: Session, plan: _Plan, handle: StreamHandle) -> None:
+    async def _run_request(self, session: Session, plan: CallCourse, handle: StreamHandle) -> None:
         try:
+            key = plan.key
             payload = await self._execute(session, plan, handle)
-            if plan.deferred and plan.key is not None and payload is not None:
+            if plan.phase is CoursePhase.RECORDING and key is not None and payload is not None:
                 try:
-                    await handle.respond(payload.decode(), call_key=plan.key)
-                    await self._finish_call(session, plan.key, payload, stored=True)
+                    await handle.respond(payload.decode(), call_key=key)
                 except BaseException:
                     # The final append failed: record the outcome on its own.
-                    await self._finish_call(session, plan.key, payload)
+                    again = plan.append_failed(payload)
+                    await self._finish_call(session, again.key, again.payload)
                     raise
+                plan.appended()
+                await self._finish_call(session, key, payload, stored=True)
             else:
                 await handle.respond(payload.decode() if payload is not None else None)
         except StreamLost:

@@ -29,10 +29,11 @@ from weir.protocol import (
     encode_result,
     session_refusal,
 )
+from weir.protocol.gate import CallCourse
 from weir.protocol.legacy import LegacyMessages
 
 from ._connection import Connection
-from ._server_base import _Plan, _ServerBase
+from ._server_base import _ServerBase
 from ._session import Session, StreamHandle, StreamLost
 from ._writer import SSE_HEADERS, write_stream
 
@@ -68,7 +69,7 @@ class _Legacy(_ServerBase):
             raise session_refusal(sid)
         requests = await self._absorb(session, messages)
 
-        async def run(_: int, plan: _Plan) -> None:
+        async def run(_: int, plan: CallCourse) -> None:
             if plan.request.method == "initialize" and plan.replay is None:
                 await self._legacy_initialize(session, plan.request, legacy)
             else:

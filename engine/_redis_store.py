@@ -91,7 +91,7 @@ from coredis.retry import ConstantRetryPolicy, NoRetryPolicy
 from coredis.typing import ResponseType
 
 from weir.protocol.binding import ChannelVerdict
-from weir.protocol.gate import CallOutcome, CallStart
+from weir.protocol.gate import INTERRUPTED_MESSAGE, CallOutcome, CallStart
 
 from ._redis_lua import (
     _ALLOCATE,
@@ -111,7 +111,6 @@ from ._redis_lua import (
     _TAKE,
 )
 from ._store import (
-    INTERRUPTED_MESSAGE,
     ChannelRejected,
     Retention,
     SessionGone,

@@ -28,8 +28,7 @@ each with its own theory of operation:
 * ``engine._replicas`` -- background work with a shared store (call leases,
   forwarded answers and cancellations);
 * ``engine._server_base`` -- what the mixins share: the attributes and the
-  cross-mixin methods they may use, declared for the type checker, and the gate's
-  :class:`~weir.engine._server_base._Plan`.
+  cross-mixin methods they may use, declared for the type checker.
 
 **Teardown.**  Every session's credit deadline sits in one heap served by one task
 (``engine._timers``); when a session's credit reports DEAD (frames pending, no

@@ -16,9 +16,7 @@ each real definition against its stub like any override, so a stub cannot drift
 from the method it stands for.  The mixin modules import this module, never
 ``engine._server`` nor each other, so there are no import cycles.
 
-Also here: :class:`_Plan`, the idempotency gate's decision for one request (made in
-``engine._calls``, carried out in ``engine._execution`` and by the legacy
-transport); the refusal for an unavailable store; and the server's one logger,
+Also here: the refusal for an unavailable store; and the server's one logger,
 still named ``weir.engine._server``.
 """
 
@@ -26,7 +24,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -45,6 +42,7 @@ from weir.protocol import (
     StreamKind,
 )
 from weir.protocol.budget import RetentionBudget
+from weir.protocol.gate import CallCourse
 from weir.protocol.http import HeadCache
 from weir.protocol.jsonrpc import SERVER_ERROR
 from weir.protocol.legacy import LegacyMessages
@@ -108,7 +106,7 @@ class _ServerBase:
             session: Session,
             requests: list[Request],
             token: tuple[int, str] | None,
-            run: Callable[[int, _Plan], Any],
+            run: Callable[[int, CallCourse], Any],
         ) -> None: ...
         async def _admit_and_plan(
             self,
@@ -116,8 +114,8 @@ class _ServerBase:
             requests: list[Request],
             key: str | None,
             token: tuple[int, str] | None,
-        ) -> list[_Plan]: ...
-        async def _release_unstarted(self, session: Session, plans: list[_Plan]) -> None: ...
+        ) -> list[CallCourse]: ...
+        async def _release_unstarted(self, session: Session, plans: list[CallCourse]) -> None: ...
         async def _initialize_session(
             self, req: Request, session: Session | None, principal: str
         ) -> Session: ...
@@ -126,24 +124,24 @@ class _ServerBase:
         def _primes(session: Session, header_version: str) -> bool: ...
 
         # execution (engine._execution)
-        def _runs_now(self, plan: _Plan) -> bool: ...
+        def _runs_now(self, plan: CallCourse) -> bool: ...
         async def _answer_now(
-            self, session: Session, plan: _Plan, handle: StreamHandle | None
+            self, session: Session, plan: CallCourse, handle: StreamHandle | None
         ) -> bytes: ...
         async def _run_now(
-            self, session: Session, plan: _Plan, handle: StreamHandle, *, primes: bool
+            self, session: Session, plan: CallCourse, handle: StreamHandle, *, primes: bool
         ) -> bool: ...
         async def _execute(
-            self, session: Session, plan: _Plan, handle: StreamHandle | None
+            self, session: Session, plan: CallCourse, handle: StreamHandle | None
         ) -> bytes | None: ...
         async def _finish_call(
             self, session: Session, key: str, payload: bytes | None, *, stored: bool = False
         ) -> None: ...
         async def _prime_then_run(
-            self, session: Session, handle: StreamHandle, plans: list[_Plan]
+            self, session: Session, handle: StreamHandle, plans: list[CallCourse]
         ) -> None: ...
         async def _run_request(
-            self, session: Session, plan: _Plan, handle: StreamHandle
+            self, session: Session, plan: CallCourse, handle: StreamHandle
         ) -> None: ...
 
         # streams (engine._streams)
@@ -160,17 +158,6 @@ class _ServerBase:
         # the legacy transport (engine._legacy)
         async def _legacy_stream(self, conn: Connection) -> None: ...
         async def _legacy_post(self, conn: Connection, post: LegacyMessages) -> None: ...
-
-
-@dataclass(slots=True)
-class _Plan:
-    """What the idempotency gate decided for one request."""
-
-    request: Request
-    key: str | None = None  # set: this delivery executes; its outcome goes to the gate
-    replay: bytes | None = None  # set: answer with this stored response, execute nothing
-    epoch: str | None = None  # the epoch the store allocated with the claim
-    deferred: bool = False  # the response's store append also records it in the gate
 
 
 def _store_unavailable(config: ServerConfig) -> RemoteProtocolError:

@@ -98,14 +98,6 @@ def check_channel(record: SessionRecord, token: tuple[int, str] | None) -> Chann
     return channel_verdict(record.generation, record.secret, token)
 
 
-#: The message of the ``interrupted`` error a call gets when the process running it went
-#: away (shut down, or -- with a shared store -- stopped renewing its claim's lease).
-INTERRUPTED_MESSAGE = (
-    "the server running this call went away before it finished; the call may have had "
-    "effects, and it will not be run again"
-)
-
-
 @dataclass(frozen=True, slots=True)
 class StoredEvent:
     """One event of a stored stream log."""

@@ -14,28 +14,29 @@ handler's :class:`~weir.app.Context` its asyncio half, :class:`Backend`:
   JSON-RPC response) resolves; teardown fails it;
 * ``notifications/cancelled`` cancels the handler's task: it sends no response;
 * a ``tools/call`` runs only after passing the idempotency gate (:func:`plan`): the
-  core's key, fingerprint and decision over the session's
-  :class:`~weir.protocol.gate.CallLedger`, the same rules and records the Trio engine's
-  memory store uses.  A retry of a call (same ``Idempotency-Key``, or same id)
-  replays its response instead of running it again.
+  core's :class:`~weir.protocol.gate.CallCourse` orders claim, run and record over
+  the session's :class:`~weir.protocol.gate.CallLedger` -- the same steps, rules and
+  records as the Trio engine's.  A retry of a call (same ``Idempotency-Key``, or
+  same id) replays its response instead of running it again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
 from typing import Any
 
 from weir.app import App, Caller, Context, McpError, dispatch, failure, id_in_use
 from weir.protocol import ErrorResponse, Request, Response, StreamLog, encode_request, encode_result
 from weir.protocol.gate import (
+    Answer,
+    AppendRecords,
+    CallCourse,
     CallStart,
-    Execute,
-    GatePass,
-    Refuse,
-    Replay,
-    replay_as,
+    Claim,
+    ClaimAgain,
+    Record,
+    Run,
 )
 from weir.protocol.jsonrpc import INTERNAL_ERROR
 from weir.protocol.states import StreamState
@@ -98,18 +99,9 @@ class Backend:
         await asyncio.sleep(seconds)
 
 
-@dataclass(slots=True)
-class Plan:
-    """What a delivery of one request does: run (under gate ``key``), or replay."""
-
-    request: Request
-    key: str | None = None
-    replay: bytes | None = None
-
-
 async def plan(
     session: Session, req: Request, header_key: str | None, *, wait: float, retry_ms: int
-) -> Plan:
+) -> CallCourse:
     """Pass the idempotency gate: does this delivery of ``req`` run, or replay?
 
     Only ``tools/call`` is gated, keyed by ``Idempotency-Key`` (``header_key``) or the
@@ -121,49 +113,57 @@ async def plan(
             ``idempotency_key_reused``, 409 ``outcome_evicted``, or 400 for a bad key.
         Gone: the session ended while it waited.
     """
-    if req.method != "tools/call":
-        return Plan(req)
     loop = session.loop
-    gate = GatePass(req, header_key, now=loop.time(), wait=wait, retry_ms=retry_ms)
-    while True:
-        outcome, payload = session.ledger.begin(gate.key, gate.fingerprint)
+    course = CallCourse(req, header_key, now=loop.time(), wait=wait, retry_ms=retry_ms)
+    step: Claim | ClaimAgain | Run | Answer = course.first()
+    while not isinstance(step, Run | Answer):
+        if isinstance(step, ClaimAgain):
+            finished = session.call_done.setdefault(step.claim.key, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(finished.wait(), max(0.0, step.until - loop.time()))
+            if session.closed:
+                raise Gone
+            step = step.claim
+        outcome, payload = session.ledger.begin(step.key, step.fingerprint)
         # Every delivery of a call runs in this process: a running one can be awaited.
-        decision = gate.decide(CallStart(outcome, "", payload), loop.time(), local=True)
-        if isinstance(decision, Execute):
-            return Plan(req, key=gate.key)
-        if isinstance(decision, Replay):
-            return Plan(req, replay=replay_as(decision.payload, req.id))
-        if isinstance(decision, Refuse):
-            raise decision.error
-        finished = session.call_done.setdefault(gate.key, asyncio.Event())
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(finished.wait(), max(0.0, decision.until - loop.time()))
-        if session.closed:
-            raise Gone
+        step = course.claimed(CallStart(outcome, "", payload), loop.time(), local=True)
+    return course
 
 
 async def execute(
-    app: App, session: Session, plan: Plan, stream: StreamLog | None, state: Any = None
+    app: App, session: Session, course: CallCourse, stream: StreamLog | None, state: Any = None
 ) -> bytes | None:
-    """The encoded JSON-RPC response of ``plan``'s request, or None if the client
-    cancelled it; a gated call's outcome is recorded (a cancelled or torn-down call
-    gives its key back, so a retry runs it).
+    """The encoded JSON-RPC response of ``course``'s request, or None if the client
+    cancelled it; a gated call's outcome is recorded as its course says (a cancelled
+    call gives its key back, so a retry runs it; one torn down is ``interrupted``).
 
     A request whose id is still running in the session is refused (ids name the
     request a cancellation or an answer is for, so two at once would be ambiguous).
     """
-    req = plan.request
-    if plan.replay is not None:
-        return plan.replay
-    payload: bytes | None = None
+    req = course.request
+    if course.replay is not None:
+        return course.replay
+    if req.id in session.running:
+        _store(session, course.give_back())
+        return id_in_use(req.id)
+    course.started()
     try:
-        if req.id in session.running:
-            return id_in_use(req.id)
         payload = await _run(app, session, req, stream, state)
-        return payload
-    finally:
-        if plan.key is not None:
-            session.finish_call(plan.key, payload)
+    except BaseException:
+        _store(session, course.abandoned())
+        raise
+    _store(session, course.finished(payload, final_append=False))
+    return payload
+
+
+def give_back(session: Session, course: CallCourse) -> None:
+    """``course`` will never run (its session ended first): give back its key."""
+    _store(session, course.give_back())
+
+
+def _store(session: Session, step: Record | AppendRecords | None) -> None:
+    if isinstance(step, Record):
+        session.finish_call(step.key, step.payload)
 
 
 async def _run(

@@ -55,6 +55,7 @@ from weir.protocol import (
     session_refusal,
     writer_step,
 )
+from weir.protocol.gate import CallCourse
 from weir.protocol.jsonrpc import error_body
 from weir.protocol.lifecycle import parse_initialize, primes_streams
 from weir.protocol.messages import absorb
@@ -62,7 +63,7 @@ from weir.protocol.resume import check_resume_policy, displaces_writer, standalo
 from weir.protocol.sse import encode_comment, encode_retry
 from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
 
-from ._calls import Plan, execute, plan
+from ._calls import execute, give_back, plan
 from ._session import Gone, Session
 
 if TYPE_CHECKING:
@@ -257,7 +258,7 @@ class Connection:
         else:
             await self._post_json(session, post, feed)
 
-    async def _plan_lone(self, session: Session, post: PostMessages, req: Request) -> Plan:
+    async def _plan_lone(self, session: Session, post: PostMessages, req: Request) -> CallCourse:
         """A lone request through the idempotency gate; a refusal refuses the POST
         (its HTTP status says why), and gives back what the request was admitted with."""
         try:
@@ -278,18 +279,18 @@ class Connection:
         gate) gets its refusal as its JSON-RPC error; the others go on."""
         wait = self.driver.in_progress_wait
 
-        async def feed(start: Callable[[Plan], object]) -> None:
+        async def feed(start: Callable[[CallCourse], object]) -> None:
             for req in requests:
                 try:
                     await session.admit(1, req.id)
                 except RemoteProtocolError as exc:
                     session.flow.count_in()  # accounted like an admitted entry
-                    start(Plan(req, replay=error_body(exc)))
+                    start(CallCourse.answered(req, error_body(exc)))
                     continue
                 try:
                     planned = await plan(session, req, None, wait=wait, retry_ms=1000)
                 except RemoteProtocolError as exc:
-                    planned = Plan(req, replay=error_body(exc))
+                    planned = CallCourse.answered(req, error_body(exc))
                 except BaseException:
                     session.done()
                     raise
@@ -333,7 +334,7 @@ class Connection:
         primes = primes_streams(session.version, post.ctx.protocol_version)
         remaining = [n]
 
-        async def run(p: Plan) -> None:
+        async def run(p: CallCourse) -> None:
             try:
                 payload = await execute(app, session, p, stream, state)
                 remaining[0] -= 1
@@ -489,20 +490,19 @@ class Connection:
 
 #: How a POST's requests reach the runner: ``await feed(start)`` calls ``start(plan)``
 #: once per request, in order, each admitted and past the gate.
-Feed = Callable[[Callable[[Plan], object]], Awaitable[None]]
+Feed = Callable[[Callable[[CallCourse], object]], Awaitable[None]]
 
 
-def _given(planned: Plan) -> Feed:
+def _given(planned: CallCourse) -> Feed:
     """The feed of a lone request, admitted and gated before the response began."""
 
-    async def feed(start: Callable[[Plan], object]) -> None:
+    async def feed(start: Callable[[CallCourse], object]) -> None:
         start(planned)
 
     return feed
 
 
-def _never_run(session: Session, planned: Plan) -> None:
+def _never_run(session: Session, planned: CallCourse) -> None:
     """Account for an admitted request that will never run (its session ended)."""
     session.done()
-    if planned.key is not None:
-        session.finish_call(planned.key, None)
+    give_back(session, planned)

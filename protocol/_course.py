@@ -1,0 +1,270 @@
+"""One request's course: the gate, the handler, and the gate again, as effects.
+
+Theory of operation
+-------------------
+Every request a session admits takes one course, and the order of its steps is
+what makes a ``tools/call`` run at most once.  :class:`CallCourse` owns that order
+and nothing else; the driver performs each step it asks for (a store round trip, a
+wait, running the handler) and reports back:
+
+1. A ``tools/call`` is *gated*: the course first asks for a :class:`Claim` of its
+   key in the store.  The store's answer goes to :meth:`CallCourse.claimed`, which
+   says :class:`Run` (the key is this delivery's), :class:`Answer` (it ran before:
+   the stored response, re-addressed, and nothing runs), :class:`ClaimAgain` (it
+   is running elsewhere: wait, then claim again) or raises the refusal.  Any other
+   method is not gated and may :class:`Run` at once.
+2. Between the claim and the handler's start there are steps that can fail (the
+   stream's epoch, the priming event, the connection dropping, an id already
+   running).  A course that will never start gives its key back
+   (:meth:`~CallCourse.give_back` says :class:`Record` with no payload): nothing
+   ran, so a retry may run it.
+3. Once :meth:`~CallCourse.started`, the key is never simply given back, because
+   the call may have had effects.  :meth:`~CallCourse.finished` records the
+   response (or, when the client cancelled the call, releases the key, as the
+   client asked for nothing to happen).  On a shared store, a call that is the only
+   one on its stream is recorded by the append of its final event
+   (:class:`AppendRecords`): one round trip, and "stored" means "sent".  Should
+   that append fail, :meth:`~CallCourse.append_failed` records it on its own.
+4. A course the process abandons mid-run (shutdown) is recorded with an
+   ``interrupted`` error (:meth:`~CallCourse.abandoned`): a retry on any replica
+   gets that error, never a second run and never an endless ``in_progress``.
+
+Each method is valid in one phase only and raises :class:`LocalProtocolError`
+otherwise, so a driver that skips a step finds out at once.  Time comes in as
+``now``; the course holds no clock and does no I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Final
+
+from ._errors import SERVER_ERROR, LocalProtocolError, Reason
+from ._gate import CallStart, Execute, GatePass, Refuse, Replay, replay_as
+from ._jsonrpc import Request, encode_error
+
+#: The message of the ``interrupted`` error a call gets when the process running it
+#: went away (shut down, or -- with a shared store -- stopped renewing its claim).
+INTERRUPTED_MESSAGE: Final = (
+    "the server running this call went away before it finished; the call may have had "
+    "effects, and it will not be run again"
+)
+
+
+class CoursePhase(enum.Enum):
+    """Where a :class:`CallCourse` is."""
+
+    CLAIMING = "claiming"  # gated: waiting for the store's answer to a claim
+    READY = "ready"  # may run: not gated, or the claim is this delivery's
+    ANSWERED = "answered"  # answered without running (a replay or a refusal)
+    RUNNING = "running"  # the handler started: the key is never simply given back
+    RECORDING = "recording"  # finished; the final append is to record the outcome
+    DONE = "done"  # the outcome is recorded, or the key given back (or never held)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Ask the store to claim ``key`` for a call with ``fingerprint``."""
+
+    key: str
+    fingerprint: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimAgain:
+    """Another delivery runs the call: wait until ``until`` (or until the local
+    delivery finishes, when it is local), then ask for :attr:`claim` again."""
+
+    until: float
+    claim: Claim
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Run the handler (call :meth:`CallCourse.started` first)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """Answer with ``payload`` (a stored response, re-addressed); nothing runs."""
+
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """Store ``payload`` as the call's outcome under ``key``; ``None`` gives the key
+    back, so a later delivery may run the call."""
+
+    key: str
+    payload: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRecords:
+    """Append ``payload`` as the stream's final event, recording it under ``key`` in
+    the same store operation; then :meth:`CallCourse.appended` (or, should the append
+    fail, :meth:`CallCourse.append_failed`)."""
+
+    key: str
+    payload: bytes
+
+
+_RUN: Final = Run()
+
+
+class CallCourse:
+    """One delivery of one request, from admission to its recorded outcome.
+
+    ``key`` is the gate key while this delivery holds it (claimed and not yet
+    recorded or given back), else ``None``; ``epoch`` is the stream epoch the store
+    allocated with the claim (``None`` until then, and for ungated requests);
+    ``replay`` is the answer of a course that runs nothing.
+    """
+
+    __slots__ = ("_gate", "_held", "epoch", "phase", "replay", "request")
+
+    def __init__(
+        self, req: Request, header_key: str | None, *, now: float, wait: float, retry_ms: int
+    ) -> None:
+        """Raises: RemoteProtocolError: 400 for a malformed ``Idempotency-Key``."""
+        self.request = req
+        self.epoch: str | None = None
+        self.replay: bytes | None = None
+        self._held = False
+        if req.method == "tools/call":
+            self._gate: GatePass | None = GatePass(
+                req, header_key, now=now, wait=wait, retry_ms=retry_ms
+            )
+            self.phase = CoursePhase.CLAIMING
+        else:
+            self._gate = None
+            self.phase = CoursePhase.READY
+
+    @classmethod
+    def answered(cls, req: Request, payload: bytes) -> CallCourse:
+        """A course that runs nothing and answers ``payload`` (e.g. a batch entry's
+        refusal, which the batch's response carries)."""
+        course = cls.__new__(cls)
+        course.request, course.epoch, course.replay = req, None, payload
+        course._gate, course._held, course.phase = None, False, CoursePhase.ANSWERED
+        return course
+
+    @property
+    def key(self) -> str | None:
+        """The gate key this delivery holds, if it holds one."""
+        return self._gate.key if self._held and self._gate is not None else None
+
+    @property
+    def gated(self) -> bool:
+        """Is this a ``tools/call``, which runs only after passing the gate?"""
+        return self._gate is not None
+
+    def first(self) -> Claim | Run:
+        """The first step: claim the key (a ``tools/call``) or run."""
+        if self.phase is CoursePhase.READY:
+            return _RUN
+        return self._claim()
+
+    def claimed(self, start: CallStart, now: float, *, local: bool) -> Run | Answer | ClaimAgain:
+        """The store answered the claim with ``start``; ``local``: the delivery
+        running the call, if one is, is in this process (its end can be awaited).
+
+        Raises:
+            RemoteProtocolError: 409 ``in_progress`` past the wait, 422
+                ``idempotency_key_reused``, 409 ``outcome_evicted``.
+        """
+        self._expect(CoursePhase.CLAIMING, "claimed")
+        assert self._gate is not None
+        decision = self._gate.decide(start, now, local=local)
+        if isinstance(decision, Execute):
+            self.epoch, self._held, self.phase = decision.epoch, True, CoursePhase.READY
+            return _RUN
+        if isinstance(decision, Replay):
+            self.epoch, self.phase = decision.epoch, CoursePhase.ANSWERED
+            self.replay = replay_as(decision.payload, self.request.id)
+            return Answer(self.replay)
+        if isinstance(decision, Refuse):
+            self.phase = CoursePhase.DONE
+            raise decision.error
+        return ClaimAgain(decision.until, self._claim())
+
+    def give_back(self) -> Record | None:
+        """This course will not start (its POST was refused, its stream never opened,
+        its id is already running): the key to give back, if it holds one.
+
+        Nothing ran, so a retry may run the call.  A course that already started
+        is not given back (see :meth:`abandoned`); ``None`` then, and for a course
+        that holds no key.
+        """
+        if self.phase in (CoursePhase.RUNNING, CoursePhase.RECORDING):
+            return None
+        key = self.key
+        self.phase, self._held = CoursePhase.DONE, False
+        return Record(key, None) if key is not None else None
+
+    def started(self) -> None:
+        """The handler is about to run: from now on the key is recorded, not given back."""
+        self._expect(CoursePhase.READY, "started")
+        self.phase = CoursePhase.RUNNING
+
+    def finished(
+        self, payload: bytes | None, *, final_append: bool
+    ) -> Record | AppendRecords | None:
+        """The handler ended with ``payload`` (``None``: the client cancelled it).
+
+        ``final_append``: the response's stream is in a shared store and carries
+        this call alone, so its final append can record the outcome too.  Returns
+        what to store (``None`` for an ungated request).
+        """
+        self._expect(CoursePhase.RUNNING, "finished")
+        key = self.key
+        if key is None:
+            self.phase = CoursePhase.DONE
+            return None
+        if payload is not None and final_append:
+            self.phase = CoursePhase.RECORDING
+            return AppendRecords(key, payload)
+        self.phase, self._held = CoursePhase.DONE, False
+        return Record(key, payload)
+
+    def appended(self) -> None:
+        """The final append of :class:`AppendRecords` landed: the outcome is stored."""
+        self._expect(CoursePhase.RECORDING, "appended")
+        self.phase, self._held = CoursePhase.DONE, False
+
+    def append_failed(self, payload: bytes) -> Record:
+        """The final append did not land: record ``payload`` on its own."""
+        self._expect(CoursePhase.RECORDING, "append_failed")
+        key = self.key
+        assert key is not None
+        self.phase, self._held = CoursePhase.DONE, False
+        return Record(key, payload)
+
+    def abandoned(self) -> Record | None:
+        """The process is going away under the running call (not the client's
+        cancellation): record an ``interrupted`` error under its key, never release it.
+
+        The payload is also the call's answer where it can still be sent (e.g. as a
+        shared stream's final event).  ``None`` for an ungated request.
+        """
+        self._expect(CoursePhase.RUNNING, "abandoned")
+        key = self.key
+        self.phase, self._held = CoursePhase.DONE, False
+        return Record(key, interrupted(self.request)) if key is not None else None
+
+    def _claim(self) -> Claim:
+        assert self._gate is not None
+        return Claim(self._gate.key, self._gate.fingerprint)
+
+    def _expect(self, phase: CoursePhase, step: str) -> None:
+        if self.phase is not phase:
+            raise LocalProtocolError(f"{step}() in phase {self.phase.value}, not {phase.value}")
+
+
+def interrupted(req: Request) -> bytes:
+    """The ``interrupted`` error answering ``req``: its process went away mid-run."""
+    return encode_error(
+        req.id, SERVER_ERROR, INTERRUPTED_MESSAGE, {"reason": str(Reason.INTERRUPTED)}
+    )
