@@ -30,7 +30,6 @@ GET streams need it too (without authorization, a session id alone is not enough
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -40,22 +39,23 @@ import trio
 from weir.protocol import (
     DeleteSession,
     OpenStream,
-    Reason,
     RemoteProtocolError,
     RequestContext,
     RequestId,
     StreamKind,
-    StreamLog,
 )
 from weir.protocol.binding import ChannelVerdict, channel_refusal, parse_channel_token
 from weir.protocol.event_ids import EventId
 from weir.protocol.resume import (
+    StoreTail,
+    TailPause,
+    TailSend,
+    TailStep,
     check_cursor_channel,
     check_resume_policy,
     displaces_writer,
     standalone_plan,
 )
-from weir.protocol.sse import encode_comment
 from weir.protocol.states import SessionInput, StreamInput
 
 from ._channel import raise_channel
@@ -63,7 +63,7 @@ from ._connection import Connection
 from ._server_base import _ServerBase
 from ._session import Session, StreamHandle, StreamLost
 from ._store import ChannelRejected, SessionGone, StoreUnavailable, check_channel
-from ._writer import KEEPALIVE_COMMENT, SSE_HEADERS, write_stream
+from ._writer import SSE_HEADERS, write_stream
 
 
 class _Streams(_ServerBase):
@@ -164,72 +164,54 @@ class _Streams(_ServerBase):
         token: tuple[int, str] | None,
         headers: tuple[tuple[str, str], ...],
     ) -> None:
-        """Serve a cursor of a stream another replica produced: replay, then tail (event ids).
+        """Serve a cursor of a stream another replica produced: replay, then tail.
 
-        Exactly the events after the cursor, in order; then live events as the
-        producing replica appends them, until the final one.  Unknown or trimmed
-        cursors are refused (409 ``cursor_unknown``) -- never a resume from head.
+        The core's :class:`~weir.protocol.resume.StoreTail` decides what to send,
+        when to poll and when to ask the store about a silent producer; this
+        performs its steps.  Unknown or trimmed cursors are refused (409
+        ``cursor_unknown``) -- never a resume from head.
         """
         store, principal, sid = self.store, session.record.principal, session.session_id
         info = await store.stream_info(principal, sid, cursor.epoch)
-        if info is None:
-            raise RemoteProtocolError(
-                f"no stream with epoch {cursor.epoch} in this session",
-                http_status=409,
-                reason=Reason.CURSOR_UNKNOWN,
-            )
-        check_cursor_channel(info.binding, token)
+        tail = StoreTail(
+            cursor,
+            binding=info.binding if info is not None else None,
+            last_seq=info.last_seq if info is not None else -1,
+            finished=info.finished if info is not None else False,
+            token=token,
+            now=trio.current_time(),
+            keepalive=self.config.sse_keepalive,
+            lease=self.config.claim_lease,
+            give_up_after=self.config.credit.liveness_timeout * 10,
+            replica=self.replica_id,
+        )
         events = await store.read_events(principal, sid, cursor.epoch, cursor.seq)
-        if events is None:
-            raise RemoteProtocolError(
-                f"event {cursor} is not held for this session",
-                http_status=409,
-                reason=Reason.CURSOR_UNKNOWN,
-            )
-        shape = StreamLog(cursor.epoch, StreamKind.REQUEST)
+        steps = tail.feed(events, trio.current_time())  # may refuse: before the head
         http = conn.http
         await conn.send(http.start_stream(200, headers))
-        after, delay = cursor.seq, 0.01
-        done = info.finished and cursor.seq >= info.last_seq  # nothing more will come
-        keepalive = self.config.sse_keepalive
-        quiet_since = last_event = trio.current_time()
-        lease, last_check = self.config.claim_lease, -math.inf
+        # The tail's own bound, also over writes to a peer that stopped reading.
         with trio.move_on_after(self.config.credit.liveness_timeout * 10):
-            while not done and not self._closing and not session.closed:
-                if not events and keepalive is not None:
-                    if trio.current_time() - quiet_since >= keepalive:
-                        await conn.send(http.send_stream_data(KEEPALIVE_COMMENT))
-                        quiet_since = trio.current_time()
-                else:
-                    quiet_since = trio.current_time()
-                if events:
-                    data = b"".join(
-                        encode_comment(f"replica={e.replica or self.replica_id}", blank_line=False)
-                        + shape.frame(e.seq, e.data.decode())
-                        for e in events
-                    )
-                    await conn.send(http.send_stream_data(data))
-                    after = events[-1].seq
-                    delay = 0.01
-                    last_event = trio.current_time()
-                    if events[-1].final:
-                        break
-                else:
-                    # Silence for a whole lease: is the replica producing this stream
-                    # still alive?  If its claim's lease ran out, the call's outcome
-                    # becomes ``interrupted`` and its final event arrives next read.
-                    now = trio.current_time()
-                    if now - last_event >= lease and now - last_check >= lease / 2:
-                        last_check = now
-                        with contextlib.suppress(StoreUnavailable):
-                            await store.expire_claim(principal, sid, cursor.epoch)
-                    await trio.sleep(delay)
-                    delay = min(delay * 2, 0.25)
-                got = await store.read_events(principal, sid, cursor.epoch, after)
-                if got is None:
-                    break
-                events = got
+            await self._tail(conn, session, tail, steps)
         await conn.send(http.end_stream())
+
+    async def _tail(
+        self, conn: Connection, session: Session, tail: StoreTail, steps: list[TailStep]
+    ) -> None:
+        store, principal, sid = self.store, session.record.principal, session.session_id
+        epoch = tail.cursor.epoch
+        while True:
+            for step in steps:
+                if isinstance(step, TailSend):
+                    await conn.send(conn.http.send_stream_data(step.data))
+                elif isinstance(step, TailPause):
+                    await trio.sleep_until(step.until)
+                else:
+                    with contextlib.suppress(StoreUnavailable):
+                        await store.expire_claim(principal, sid, epoch)
+            if tail.ended or self._closing or session.closed:
+                return
+            events = await store.read_events(principal, sid, epoch, tail.after)
+            steps = tail.feed(events, trio.current_time())
 
     async def _delete(self, conn: Connection, delete: DeleteSession) -> None:
         session = await self._session(conn.principal, delete.ctx.session_id)

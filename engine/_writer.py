@@ -21,6 +21,7 @@ import logging
 import trio
 
 from weir.protocol import RemoteProtocolError, WriterStep, completes, writer_step
+from weir.protocol.resume import KEEPALIVE
 from weir.protocol.sse import encode_retry
 from weir.protocol.states import StreamInput, StreamState
 
@@ -31,7 +32,6 @@ log = logging.getLogger(__name__)
 
 RECV_BYTES = 65536
 #: An SSE comment line: ignored by every client, enough to keep a proxy's idle timer off.
-KEEPALIVE_COMMENT = b": \n\n"
 SSE_HEADERS = (
     ("content-type", "text/event-stream"),
     ("cache-control", "no-cache"),
@@ -181,7 +181,7 @@ class _Pump:
             if quiet.cancelled_caught:
                 # A comment, so proxies that cut idle streams see traffic (and a
                 # vanished peer shows as a failed write); clients ignore it.
-                self.pending = http.send_stream_data(KEEPALIVE_COMMENT)
+                self.pending = http.send_stream_data(KEEPALIVE)
 
     async def _write(self, frames: list[bytes]) -> None:
         handle, log_, http = self.handle, self.handle.log, self.conn.http
