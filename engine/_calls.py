@@ -45,11 +45,10 @@ from weir.protocol import (
     encode_result,
     session_refusal,
 )
-from weir.protocol.binding import ChannelVerdict, parse_channel_token
+from weir.protocol.binding import ChannelVerdict, fenced, parse_channel_token
 from weir.protocol.gate import Answer, CallCourse, CallStart, Claim, ClaimAgain, Run
-from weir.protocol.jsonrpc import encode
 from weir.protocol.lifecycle import parse_initialize, primes_streams
-from weir.protocol.messages import absorb, answer_owner
+from weir.protocol.messages import absorb, route_mail
 from weir.protocol.states import SessionInput, StreamInput, StreamState
 
 from ._channel import raise_channel
@@ -228,22 +227,23 @@ class _Calls(_ServerBase):
         session's mailboxes (see :meth:`_relay_mail`).
         """
         absorbed = absorb(messages)
-        principal, sid = session.record.principal, session.session_id
         if absorbed.initialized:
             session.handle(SessionInput.INITIALIZED)
-        for rid in absorbed.cancels:
-            scope = session.running.get(rid)
-            if scope is not None:
-                scope.cancel()
-            elif self.store.shared:  # perhaps running on another replica
-                await self.store.post_message(principal, sid, "cancel", msgspec.json.encode(rid))
-        for answer in absorbed.answers:
-            pending = session.pending.get(answer.id) if answer.id is not None else None
-            if pending is not None:
-                pending.answer = answer
-                pending.done.set()
-            elif self.store.shared and (replica := answer_owner(answer.id)) is not None:
-                await self.store.post_message(principal, sid, f"answers:{replica}", encode(answer))
+        if not absorbed.cancels and not absorbed.answers:
+            return absorbed.requests
+        routed = route_mail(
+            absorbed, running=session.running, pending=session.pending, shared=self.store.shared
+        )
+        for rid in routed.cancel_here:
+            session.running[rid].cancel()
+        for answer in routed.answer_here:
+            assert answer.id is not None  # absorb keeps only answers with an id
+            pending = session.pending[answer.id]
+            pending.answer = answer
+            pending.done.set()
+        for post in routed.post:
+            principal, sid = session.record.principal, session.session_id
+            await self.store.post_message(principal, sid, post.box, post.data)
         return absorbed.requests
 
     # ---------------------------------------------------------------- the gate
@@ -528,7 +528,7 @@ class _Calls(_ServerBase):
         session.record = record
         # Streams of older generations are never inherited: end them now.
         for h in list(session.handles.values()):
-            if h.generation < record.generation and h.log.state is not StreamState.CLOSED:
+            if fenced(h.generation, record.generation) and h.log.state is not StreamState.CLOSED:
                 h.handle(StreamInput.ABORT)
         if isinstance(self.store, MemoryStore):
             kept = self.store.recent_results(session.record.principal, session.session_id, 100)

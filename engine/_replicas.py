@@ -11,20 +11,28 @@ as long as the server does:
   ``in_progress``, never a second run.
 * :meth:`Server._relay_mail` delivers the answers (to server-to-client requests)
   and the cancellations that a client sent to another replica, forwarded through
-  the session's mailboxes in the store (see :meth:`Server._absorb`).
+  the session's mailboxes in the store (see :meth:`Server._absorb`).  Which boxes
+  to read, how often, and how mail is decoded are the core's rules
+  (:mod:`weir.protocol.messages`).
 
 Both skip, and never fail on, a store that is unavailable for a while.
 """
 
 from __future__ import annotations
 
-import msgspec
 import trio
 
-from weir.protocol import ErrorResponse, RemoteProtocolError, Response
-from weir.protocol.jsonrpc import decode_message
+from weir.protocol.messages import (
+    CANCEL_BOX,
+    POLL_INTERVAL,
+    boxes_due,
+    read_answer,
+    read_cancel,
+    renew_interval,
+)
 
 from ._server_base import _ServerBase
+from ._session import Session
 from ._store import SessionGone, StoreUnavailable
 
 
@@ -41,7 +49,7 @@ class _Replicas(_ServerBase):
         """
         lease = self.config.claim_lease
         while True:
-            await trio.sleep(lease / 3)
+            await trio.sleep(renew_interval(lease))
             for session in list(self.sessions.values()):
                 if session.closed or not session.calls:
                     continue
@@ -62,28 +70,38 @@ class _Replicas(_ServerBase):
         Polls (every 100 ms) only sessions that wait for a client's answer, or run a
         request for more than a second, so idle or fast traffic costs nothing.
         """
-        box = f"answers:{self.replica_id}"
         while True:
-            await trio.sleep(0.1)
+            await trio.sleep(POLL_INTERVAL)
             now = trio.current_time()
             for session in list(self.sessions.values()):
                 if session.closed:
                     continue
-                principal, sid = session.record.principal, session.session_id
-                try:
-                    if session.pending:
-                        for raw in await self.store.take_messages(principal, sid, box):
-                            msg = decode_message(raw)
-                            if isinstance(msg, Response | ErrorResponse) and msg.id is not None:
-                                pending = session.pending.get(msg.id)
-                                if pending is not None:
-                                    pending.answer = msg
-                                    pending.done.set()
-                    if any(now - t > 1.0 for t in session.started.values()):
-                        wanted = await self.store.take_messages(principal, sid, "cancel", keep=True)
-                        for raw in wanted:
-                            scope = session.running.get(msgspec.json.decode(raw))
-                            if scope is not None:
-                                scope.cancel()
-                except (StoreUnavailable, RemoteProtocolError, msgspec.DecodeError):
-                    continue
+                boxes = boxes_due(
+                    self.replica_id,
+                    awaiting_answers=bool(session.pending),
+                    started=session.started.values(),
+                    now=now,
+                )
+                for box in boxes:
+                    try:
+                        await self._take_mail(session, box)
+                    except StoreUnavailable:
+                        break
+
+    async def _take_mail(self, session: Session, box: str) -> None:
+        principal, sid = session.record.principal, session.session_id
+        if box == CANCEL_BOX:
+            for raw in await self.store.take_messages(principal, sid, box, keep=True):
+                rid = read_cancel(raw)
+                scope = session.running.get(rid) if rid is not None else None
+                if scope is not None:
+                    scope.cancel()
+            return
+        for raw in await self.store.take_messages(principal, sid, box):
+            answer = read_answer(raw)
+            if answer is None or answer.id is None:
+                continue
+            pending = session.pending.get(answer.id)
+            if pending is not None:
+                pending.answer = answer
+                pending.done.set()

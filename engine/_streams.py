@@ -44,7 +44,12 @@ from weir.protocol import (
     RequestId,
     StreamKind,
 )
-from weir.protocol.binding import ChannelVerdict, channel_refusal, parse_channel_token
+from weir.protocol.binding import (
+    ChannelVerdict,
+    check_rebind,
+    parse_channel_token,
+    prove_channel,
+)
 from weir.protocol.event_ids import EventId
 from weir.protocol.resume import (
     StoreTail,
@@ -222,13 +227,7 @@ class _Streams(_ServerBase):
 
     # ---------------------------------------------------------------- channel tokens
     def _check_rebind(self, session: Session, raw_token: str | None, rid: RequestId | None) -> None:
-        """Who may rebind: whoever proves the channel (its current token), or -- with
-        authorization on -- the session's principal, token or not.
-
-        Without authorization, a client that knows only the session id must not be
-        able to fence the owner (its next request would be ``cursor_stale``) or read
-        the results the rebind hands back.  A token of an older generation is always
-        ``cursor_stale``: that client has been fenced.
+        """Who may rebind (:func:`~weir.protocol.binding.check_rebind`).
 
         Raises:
             RemoteProtocolError: 409 ``cursor_stale`` or ``channel_unbound``.
@@ -237,40 +236,26 @@ class _Streams(_ServerBase):
             verdict = check_channel(session.record, parse_channel_token(raw_token))
         except RemoteProtocolError:
             verdict = ChannelVerdict.UNBOUND
-        if verdict is ChannelVerdict.STALE:
-            raise channel_refusal(ChannelVerdict.STALE, rid)
-        if self.config.auth is not None:
-            return
-        if raw_token is None or verdict is not ChannelVerdict.OK:
-            raise channel_refusal(
-                ChannelVerdict.UNBOUND,
-                rid,
-                "weir/rebind needs the session's current Mcp-Channel-Token",
-            )
+        check_rebind(
+            verdict, raw_token is not None, authorized=self.config.auth is not None, request_id=rid
+        )
 
     async def _prove_channel(
         self, session: Session, token: tuple[int, str] | None, what: str
     ) -> None:
-        """A session whose client has presented its token needs it from then on.
-
-        For ``DELETE`` and GET streams (fresh or resumed): without authorization, a
-        session id alone must not end or read a session whose client uses a channel
-        token.  Sessions of token-less clients (standard SDK clients) are served as
-        before; with authorization on, the principal is the proof.
+        """A session whose client has presented its token needs it from then on
+        (:func:`~weir.protocol.binding.prove_channel`); the first token binds it.
 
         Raises:
             RemoteProtocolError: 409 ``channel_unbound``.
         """
-        if token is not None:
-            if not session.record.bound:
-                await self._mark_bound(session)
-            return
-        if session.record.bound and self.config.auth is None:
-            raise channel_refusal(
-                ChannelVerdict.UNBOUND,
-                None,
-                f"this session's client uses a channel token: {what} needs it",
-            )
+        if prove_channel(
+            bound=session.record.bound,
+            presented=token is not None,
+            authorized=self.config.auth is not None,
+            what=what,
+        ):
+            await self._mark_bound(session)
 
     async def _mark_bound(self, session: Session) -> None:
         await self.store.mark_bound(session.record.principal, session.session_id)

@@ -17,6 +17,9 @@ with a new secret, which fences every holder of the old one:
   :attr:`ChannelVerdict.UNBOUND` (409 ``channel_unbound``).  No token at all is
   OK here: whether a session demands one is the driver's policy.
 * :func:`channel_refusal` renders a verdict as the refusal every driver sends.
+* :func:`check_rebind` says who may start a new generation; :func:`prove_channel`
+  that a session whose client presented a token needs it from then on (to be read
+  or ended); :func:`fenced` which streams a rebind ends.
 
 The comparison must also be made *inside* a shared store's atomic operations
 (a rebind on another replica may land between a check and a write); stores do
@@ -83,3 +86,64 @@ def channel_refusal(
     return RemoteProtocolError(
         text, http_status=409, reason=reason, code=SERVER_ERROR, request_id=request_id
     )
+
+
+def check_rebind(
+    verdict: ChannelVerdict, presented: bool, *, authorized: bool, request_id: RequestId | None
+) -> None:
+    """May this request rebind the session (start a new channel generation)?
+
+    Whoever proves the channel (its current token) may; with authorization on, so
+    may the session's principal, token or not.  Without authorization, a client
+    that knows only the session id must not fence the owner (whose next request
+    would be ``cursor_stale``) or read the results a rebind hands back.  A token of
+    an older generation is always refused: that client has been fenced.
+
+    ``verdict`` compares the presented token (UNBOUND if it did not parse);
+    ``presented``: the request carried one at all.
+
+    Raises:
+        RemoteProtocolError: 409 ``cursor_stale`` or ``channel_unbound``.
+    """
+    if verdict is ChannelVerdict.STALE:
+        raise channel_refusal(ChannelVerdict.STALE, request_id)
+    if authorized:
+        return
+    if not presented or verdict is not ChannelVerdict.OK:
+        raise channel_refusal(
+            ChannelVerdict.UNBOUND,
+            request_id,
+            "weir/rebind needs the session's current Mcp-Channel-Token",
+        )
+
+
+def prove_channel(*, bound: bool, presented: bool, authorized: bool, what: str) -> bool:
+    """A session whose client has presented its token needs it from then on.
+
+    For requests that end or read a session (``DELETE``, GET streams) and carry a
+    token already checked (:func:`channel_verdict` said OK): without
+    authorization, a session id alone must not end or read a session whose client
+    uses a channel token.  Sessions of token-less clients (standard SDK clients)
+    are served as before; with authorization on, the principal is the proof.
+
+    Returns True when this request's token is the first the session sees: from
+    now on the session is *bound* (the driver records that).
+
+    Raises:
+        RemoteProtocolError: 409 ``channel_unbound`` (``what`` says what needed it).
+    """
+    if presented:
+        return not bound
+    if bound and not authorized:
+        raise channel_refusal(
+            ChannelVerdict.UNBOUND,
+            None,
+            f"this session's client uses a channel token: {what} needs it",
+        )
+    return False
+
+
+def fenced(stream_generation: int, generation: int) -> bool:
+    """Is a stream opened under ``stream_generation`` fenced by the session's rebind to
+    ``generation``?  (An older generation's streams are ended, never inherited.)"""
+    return stream_generation < generation

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
-from ._binding import ChannelVerdict, channel_refusal, channel_verdict, parse_channel_token
+from ._binding import (
+    ChannelVerdict,
+    channel_refusal,
+    channel_verdict,
+    check_rebind,
+    fenced,
+    parse_channel_token,
+    prove_channel,
+)
 
 __all__ = [
     "ChannelVerdict",
     "channel_refusal",
     "channel_verdict",
+    "check_rebind",
+    "fenced",
     "parse_channel_token",
+    "prove_channel",
 ]

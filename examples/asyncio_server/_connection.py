@@ -58,7 +58,7 @@ from weir.protocol import (
 from weir.protocol.gate import CallCourse
 from weir.protocol.jsonrpc import error_body
 from weir.protocol.lifecycle import parse_initialize, primes_streams
-from weir.protocol.messages import absorb
+from weir.protocol.messages import absorb, route_mail
 from weir.protocol.resume import check_resume_policy, displaces_writer, standalone_plan
 from weir.protocol.sse import encode_comment, encode_retry
 from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
@@ -236,9 +236,13 @@ class Connection:
         messages = absorb(post.messages)
         if messages.initialized:
             session.state = session_transition(session.state, SessionInput.INITIALIZED)
-        for answer in messages.answers:
+        # No shared store: what is not for this process is dropped, not forwarded.
+        routed = route_mail(
+            messages, running=session.running, pending=session.pending, shared=False
+        )
+        for answer in routed.answer_here:
             session.answer(answer)  # to a server-to-client request
-        for rid in messages.cancels:
+        for rid in routed.cancel_here:
             session.cancel(rid)
         requests = messages.requests
         if not requests:

@@ -14,7 +14,10 @@ from weir.protocol.binding import (
     ChannelVerdict,
     channel_refusal,
     channel_verdict,
+    check_rebind,
+    fenced,
     parse_channel_token,
+    prove_channel,
 )
 from weir.protocol.jsonrpc import INVALID_PARAMS
 from weir.protocol.lifecycle import (
@@ -156,3 +159,46 @@ def test_only_the_name_version_and_title_of_client_info_are_kept_and_cut() -> No
     }
     kept = parse_initialize(_init({"protocolVersion": "2025-11-25", "clientInfo": info}))
     assert kept.client_info == {"name": "n" * MAX_CLIENT_INFO_FIELD, "version": "1.0"}
+
+
+# --------------------------------------------------------------- rebind and proof
+@pytest.mark.parametrize("authorized", [False, True])
+def test_a_fenced_client_may_never_rebind(authorized: bool) -> None:
+    with pytest.raises(RemoteProtocolError) as caught:
+        check_rebind(ChannelVerdict.STALE, True, authorized=authorized, request_id=1)
+    assert caught.value.reason is Reason.CURSOR_STALE and caught.value.request_id == 1
+
+
+@pytest.mark.parametrize(
+    ("verdict", "presented", "authorized", "allowed"),
+    [
+        (ChannelVerdict.OK, True, False, True),  # proves the channel
+        (ChannelVerdict.OK, False, False, False),  # a session id alone
+        (ChannelVerdict.UNBOUND, True, False, False),  # a wrong secret
+        (ChannelVerdict.OK, False, True, True),  # the principal is the proof
+        (ChannelVerdict.UNBOUND, True, True, True),
+    ],
+)
+def test_who_may_rebind(
+    verdict: ChannelVerdict, presented: bool, authorized: bool, allowed: bool
+) -> None:
+    if allowed:
+        check_rebind(verdict, presented, authorized=authorized, request_id=None)
+        return
+    with pytest.raises(RemoteProtocolError) as caught:
+        check_rebind(verdict, presented, authorized=authorized, request_id=None)
+    assert caught.value.http_status == 409 and caught.value.reason is Reason.CHANNEL_UNBOUND
+
+
+def test_a_bound_session_needs_its_token_unless_authorization_is_on() -> None:
+    assert prove_channel(bound=False, presented=True, authorized=False, what="GET") is True
+    assert prove_channel(bound=True, presented=True, authorized=False, what="GET") is False
+    assert prove_channel(bound=False, presented=False, authorized=False, what="GET") is False
+    assert prove_channel(bound=True, presented=False, authorized=True, what="GET") is False
+    with pytest.raises(RemoteProtocolError, match="DELETE needs it") as caught:
+        prove_channel(bound=True, presented=False, authorized=False, what="DELETE")
+    assert caught.value.reason is Reason.CHANNEL_UNBOUND
+
+
+def test_a_rebind_fences_older_generations_only() -> None:
+    assert fenced(1, 2) and not fenced(2, 2) and not fenced(3, 2)
