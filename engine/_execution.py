@@ -26,9 +26,9 @@ import contextlib
 import trio
 
 from weir.app import Context, call_tool_now, dispatch, failure, id_in_use, inline_tool
-from weir.protocol import Reason, Request, encode_error, encode_result
+from weir.protocol import Reason, Request, encode_result
+from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
 from weir.protocol.gate import AppendRecords, CallCourse, CoursePhase, Record, interrupted
-from weir.protocol.jsonrpc import INTERNAL_ERROR
 from weir.protocol.states import StreamInput, StreamState
 
 from ._context import CallBackend
@@ -152,18 +152,15 @@ class _Execution(_ServerBase):
         """
         limit = self.config.credit.bytes
         if len(payload) + 512 <= limit:
-            return payload
-        size = handle.log.size_of(payload.decode()) if handle is not None else len(payload)
-        if size + (0 if handle is not None else 256) <= limit:
-            return payload
-        self.metrics.refused(str(Reason.RESULT_TOO_LARGE))
-        return encode_error(
-            req.id,
-            INTERNAL_ERROR,
-            f"the result ({size} bytes) is larger than this server's per-session credit "
-            f"({limit} bytes); the server's operator can raise --credit-bytes",
-            {"reason": str(Reason.RESULT_TOO_LARGE), "size": size, "limit": limit},
-        )
+            return payload  # fits whatever its framing adds: no need to measure it
+        if handle is not None:
+            size = handle.log.size_of(payload.decode())
+        else:
+            size = len(payload) + HEAD_ALLOWANCE
+        fitted = fit_result(req.id, payload, size, limit)
+        if fitted is not payload:
+            self.metrics.refused(str(Reason.RESULT_TOO_LARGE))
+        return fitted
 
     async def _execute(
         self, session: Session, plan: CallCourse, handle: StreamHandle | None

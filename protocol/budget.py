@@ -1,4 +1,5 @@
-"""Byte budgets: retained history and results, and the frame-size estimate.
+"""Byte budgets: retained history and results, the frame-size estimate, and what a
+result too large for a session's credit becomes.
 
 (Public; see :mod:`weir.protocol`.)
 """
@@ -6,9 +7,11 @@
 from __future__ import annotations
 
 from ._budget import RetentionBudget
-from ._flow import INITIAL_FRAME_ESTIMATE
+from ._flow import HEAD_ALLOWANCE, INITIAL_FRAME_ESTIMATE, fit_result
 
 __all__ = [
+    "HEAD_ALLOWANCE",
     "INITIAL_FRAME_ESTIMATE",
     "RetentionBudget",
+    "fit_result",
 ]

@@ -28,6 +28,7 @@ from typing import Any
 
 from weir.app import App, Caller, Context, McpError, dispatch, failure, id_in_use
 from weir.protocol import ErrorResponse, Request, Response, StreamLog, encode_request, encode_result
+from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
 from weir.protocol.gate import (
     Answer,
     AppendRecords,
@@ -166,6 +167,17 @@ def _store(session: Session, step: Record | AppendRecords | None) -> None:
         session.finish_call(step.key, step.payload)
 
 
+def _fit(req: Request, payload: bytes, session: Session, stream: StreamLog | None) -> bytes:
+    """``payload``, or ``result_too_large`` if it could never be sent within the
+    session's byte credit (the core's rule, as on the Trio engine)."""
+    limit = session.flow.credit.limits.bytes
+    if len(payload) + 512 <= limit:
+        return payload  # fits whatever its framing adds: no need to measure it
+    if stream is None:
+        return fit_result(req.id, payload, len(payload) + HEAD_ALLOWANCE, limit)
+    return fit_result(req.id, payload, stream.size_of(payload.decode()), limit)
+
+
 async def _run(
     app: App, session: Session, req: Request, stream: StreamLog | None, state: Any
 ) -> bytes | None:
@@ -175,7 +187,7 @@ async def _run(
     )
     session.running[req.id] = task = asyncio.current_task()  # type: ignore[assignment]
     try:
-        return encode_result(req.id, await dispatch(app, req, ctx))
+        return _fit(req, encode_result(req.id, await dispatch(app, req, ctx)), session, stream)
     except Exception as exc:
         return failure(req, exc)
     except asyncio.CancelledError:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from weir.app import App, Context
 from weir.app.samples.demo import app as demo_app
+from weir.protocol import CreditLimits
 
 from .test_asyncio_driver import BOTH, TIMEOUT, Client, Reply, running_driver
 
@@ -254,3 +255,26 @@ def test_in_a_batch_a_refused_entry_gets_its_own_error_and_the_rest_run() -> Non
         (refused,) = [a for a in answers if "error" in a]
         assert refused["error"]["data"]["reason"] == "idempotency_key_reused"
         assert runs == [1]  # the same id for another call ran nothing
+
+
+def test_a_result_larger_than_the_credit_is_refused_and_recorded_not_queued() -> None:
+    credit = CreditLimits(bytes=64 * 1024)
+    with running_driver(credit=credit) as running, Client(running.port) as c:
+        c.initialize()
+        for accept in (BOTH, "application/json"):  # an SSE frame, then a JSON body
+            c.next_id = 0 if accept == BOTH else 10
+            huge = {"name": "echo", "arguments": {"text": "y" * 100_000}}
+            big = c.call("tools/call", huge, accept=accept)
+            error = big.message()["error"]
+            assert error["data"]["reason"] == "result_too_large"
+            assert error["data"]["limit"] == 64 * 1024 and error["data"]["size"] > 100_000
+            ok = c.call("tools/call", {"name": "echo", "arguments": {"text": "ok"}}, accept=accept)
+            assert ok.message()["result"]["content"][0]["text"] == "ok"
+            # The refusal is the call's outcome: a retry (same id) replays it.
+            c.next_id -= 2
+            again = c.call("tools/call", huge, accept=accept)
+            assert again.message()["error"]["data"]["reason"] == "result_too_large"
+        sid = str(c.session_id)
+        # The session never held more than its credit (a lone oversized frame would).
+        peak = running.probe(lambda: running.driver.sessions[sid].flow.credit.peak_bytes)
+        assert 0 < peak <= 64 * 1024

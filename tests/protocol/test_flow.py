@@ -8,12 +8,14 @@ no ticket granted twice, nothing granted after the end.
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from weir.protocol import Admit, CreditLimits, Reason, RemoteProtocolError, SessionFlow
+from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
 from weir.protocol.states import CreditState
 
 LIMITS = CreditLimits(frames=4, bytes=1000, drain_window=5.0, liveness_timeout=60.0)
@@ -154,3 +156,12 @@ def test_a_withdrawn_last_waiter_leaves_the_credit_open() -> None:
     states.append(flow.credit.state)
     assert states == [CreditState.EXHAUSTED, CreditState.OPEN]
     assert flow.try_admit(1, 6.0) is Admit.ADMITTED
+
+
+def test_a_result_that_fits_is_itself_and_one_that_cannot_is_result_too_large() -> None:
+    payload = b'{"jsonrpc":"2.0","id":3,"result":{}}'
+    assert fit_result(3, payload, 1000, 1000) is payload
+    refused = msgspec.json.decode(fit_result(3, payload, 1001, 1000))
+    assert refused["id"] == 3 and refused["error"]["code"] == -32603
+    assert refused["error"]["data"] == {"reason": "result_too_large", "size": 1001, "limit": 1000}
+    assert HEAD_ALLOWANCE > 0
