@@ -167,8 +167,13 @@ class Session:
         self.wake(stream)
 
     async def take_credit(self, size: int) -> None:
-        """Credit for one frame (or JSON body) of ``size`` bytes, in FIFO order."""
+        """Credit for one frame (or JSON body) of ``size`` bytes, in FIFO order.
+
+        Its size also feeds the session's typical frame size, which admission
+        divides the remaining credit by (as on the Trio engine).
+        """
         now = self.loop.time()
+        self.flow.observe_frame(size)
         if self.flow.try_acquire(size, now):
             if self.flow.credit.frames_in_use == 1:
                 self.arm_timer()  # the first pending frame starts the liveness clock
