@@ -11,7 +11,7 @@ provided its handlers await only their context (``ctx.sleep``, not ``trio.sleep`
 
 from __future__ import annotations
 
-from ._context import LOG_LEVELS, Caller, Context, ContextBackend, log_passes
+from ._context import LOG_LEVELS, NO_LOGS, Caller, Context, ContextBackend, log_passes
 from ._dispatch import (
     call_tool_now,
     capabilities,
@@ -21,6 +21,7 @@ from ._dispatch import (
     initialize_result_for,
     inline_tool,
 )
+from ._input import InputRequired
 from ._registry import (
     BUILTIN_APPS,
     App,
@@ -42,10 +43,12 @@ from ._registry import (
 __all__ = [
     "BUILTIN_APPS",
     "LOG_LEVELS",
+    "NO_LOGS",
     "App",
     "Caller",
     "Context",
     "ContextBackend",
+    "InputRequired",
     "McpError",
     "Prompt",
     "Resource",

@@ -19,11 +19,13 @@ never allowed to queue without bound.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from weir.protocol import ErrorResponse, RequestId, Response, encode_notification
 
+from ._input import InputRequired, check_capabilities, valid_answer
 from ._registry import McpError
 
 #: ``logging/setLevel`` levels, least to most severe (RFC 5424 names, as MCP uses).
@@ -39,10 +41,18 @@ LOG_LEVELS: dict[str, int] = {
 }
 
 
+#: The threshold of a caller that asked for no log messages at all (a sessionless
+#: request without a log level in its ``_meta``).
+NO_LOGS: Final = "none"
+
+
 def log_passes(level: str, threshold: str | None) -> bool:
-    """Whether a message at ``level`` passes a ``logging/setLevel`` threshold (None: all)."""
+    """Whether a message at ``level`` passes a ``logging/setLevel`` threshold (None: all;
+    :data:`NO_LOGS`: none)."""
     if threshold is None:
         return True
+    if threshold == NO_LOGS:
+        return False
     return LOG_LEVELS.get(level, 0) >= LOG_LEVELS.get(threshold, 0)
 
 
@@ -109,6 +119,11 @@ class ContextBackend(Protocol):
         """Sleep on the driver's clock (cancelled with the call)."""
         ...
 
+    def changed(self, method: str, uri: str | None) -> None:
+        """Announce a change to every client that listens for it: ``method`` is a
+        ``notifications/*/list_changed`` or, with ``uri``, ``notifications/resources/updated``."""
+        ...
+
 
 class Context:
     """What a handler may do while serving one request.
@@ -128,8 +143,15 @@ class Context:
         meta: dict[str, Any] | None = None,
         *,
         state: Any = None,
+        inputs: Mapping[str, Any] | None = None,
     ) -> None:
         self._backend = backend
+        #: Sessionless era: the answers this request carries, by key (None: the
+        #: session era, where asking is a server-to-client request).
+        self._inputs = inputs
+        #: The answers this run consumed (the next round's request state keeps them).
+        self.answered: dict[str, Any] = {}
+        self._asks: dict[str, int] = {}
         self.state = state
         self.session_id = backend.session_id
         self.request_id = request_id
@@ -197,17 +219,34 @@ class Context:
         await self.log("error", data)
 
     async def request(
-        self, method: str, params: dict[str, Any] | None = None, *, timeout: float = 300.0
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        *,
+        timeout: float = 300.0,
+        key: str | None = None,
     ) -> dict[str, Any]:
-        """Send a server-to-client request and wait for the client's answer.
+        """Ask the client (see :mod:`weir.app._input`) and return its answer.
+
+        On the session era, a server-to-client request; on the sessionless era, the
+        answer this request carries under ``key`` (default: the method and how many
+        asks of it came before, e.g. ``elicitation/create#0``), else an
+        input-required result.
 
         Returns:
             the ``result`` object of the client's response.
 
         Raises:
             McpError: the client answered with an error, no stream can carry the
-                request, the session ended, or no answer came within ``timeout``.
+                request, the session ended, no answer came within ``timeout``, or
+                (sessionless) the client did not declare the capability (-32021).
         """
+        if self._inputs is not None:
+            if key is None:
+                n = self._asks.get(method, 0)
+                self._asks[method] = n + 1
+                key = f"{method}#{n}"
+            return (await self.input({key: (method, params)}))[key]
         answer = await self._backend.request(method, params, timeout)
         if isinstance(answer, Response):
             return answer.result
@@ -215,23 +254,51 @@ class Context:
             raise McpError(answer.error.code, answer.error.message, answer.error.data)
         raise McpError(-32603, f"no answer to {method} within {timeout} s")
 
+    async def input(
+        self, asks: Mapping[str, tuple[str, dict[str, Any] | None]]
+    ) -> dict[str, dict[str, Any]]:
+        """Ask several things at once (key -> ``(method, params)``); the answers by key.
+
+        On the sessionless era every missing answer is asked for in one
+        input-required result; on the session era they are asked one by one.
+        """
+        if self._inputs is None:
+            return {k: await self.request(m, p) for k, (m, p) in asks.items()}
+        check_capabilities([m for m, _ in asks.values()], self.client_capabilities)
+        answers: dict[str, dict[str, Any]] = {}
+        missing: dict[str, dict[str, Any]] = {}
+        for k, (m, p) in asks.items():
+            got = self._inputs.get(k)
+            if isinstance(got, dict) and valid_answer(m, got):
+                answers[k] = self.answered[k] = got
+            else:
+                missing[k] = {"method": m, "params": p or {}}
+        if missing:
+            raise InputRequired(missing)
+        return answers
+
     async def sample(
-        self, messages: list[dict[str, Any]], *, max_tokens: int, **extra: Any
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        max_tokens: int,
+        key: str | None = None,
+        **extra: Any,
     ) -> dict[str, Any]:
         """Ask the client's model (``sampling/createMessage``)."""
-        return await self.request(
-            "sampling/createMessage", {"messages": messages, "maxTokens": max_tokens, **extra}
-        )
+        params = {"messages": messages, "maxTokens": max_tokens, **extra}
+        return await self.request("sampling/createMessage", params, key=key)
 
-    async def elicit(self, message: str, requested_schema: dict[str, Any]) -> dict[str, Any]:
+    async def elicit(
+        self, message: str, requested_schema: dict[str, Any], *, key: str | None = None
+    ) -> dict[str, Any]:
         """Ask the user for input (``elicitation/create``, form mode)."""
-        return await self.request(
-            "elicitation/create", {"message": message, "requestedSchema": requested_schema}
-        )
+        params = {"message": message, "requestedSchema": requested_schema}
+        return await self.request("elicitation/create", params, key=key)
 
-    async def list_roots(self) -> list[dict[str, Any]]:
+    async def list_roots(self, *, key: str | None = None) -> list[dict[str, Any]]:
         """The client's roots (``roots/list``)."""
-        result = await self.request("roots/list")
+        result = await self.request("roots/list", key=key)
         roots = result.get("roots", [])
         return roots if isinstance(roots, list) else []
 
@@ -244,6 +311,21 @@ class Context:
         stream (a JSON response) it does nothing.
         """
         self._backend.close_stream(retry_ms)
+
+    def changed(self, what: str, uri: str | None = None) -> None:
+        """Tell listening clients that this server's ``what`` (``"tools"``, ``"prompts"``
+        or ``"resources"``) list changed, or -- with ``uri`` -- that a resource did.
+
+        Session-era clients hear it on their GET stream (resource updates only if
+        they subscribed); sessionless clients on their ``subscriptions/listen``
+        streams.  It never waits: delivery happens within each client's credit.
+        """
+        if uri is not None:
+            self._backend.changed("notifications/resources/updated", uri)
+        elif what in ("tools", "prompts", "resources"):
+            self._backend.changed(f"notifications/{what}/list_changed", None)
+        else:
+            raise ValueError(f"no {what!r} list to change: tools, prompts or resources")
 
     async def sleep(self, seconds: float) -> None:
         """Sleep ``seconds`` on the driver's clock, so a handler that waits runs on any

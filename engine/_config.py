@@ -68,6 +68,10 @@ class ServerConfig:
         retry_ms: the ``retry:`` hint sent when the server ends a stream early.
         shutdown_grace: seconds running handlers get to finish at shutdown.
         principal: the principal of every request when ``auth`` is not set.
+        state_keys: keys (32 bytes each) that seal sessionless request state; the
+            first seals, all open (rotation).  Empty: a random key per process, so
+            replicas behind one balancer must share keys to continue each other's
+            rounds.
         auth: OAuth resource-server settings (:class:`~weir.engine.Authorization`);
             ``None``: no authentication, every request is ``principal``.
         resume: the resumption policy: ``shared`` (events go to the store before
@@ -118,6 +122,7 @@ class ServerConfig:
     legacy_sse_path: str | None = "/sse"
     legacy_messages_path: str = "/messages"
     metrics_path: str | None = "/metrics"
+    state_keys: tuple[bytes, ...] = ()
 
     def __post_init__(self) -> None:
         if self.resume not in RESUME_POLICIES:

@@ -32,7 +32,7 @@ from ._drain import DrainMeter
 from ._session import JsonCharge
 
 if TYPE_CHECKING:
-    from ._session import StreamHandle
+    from ._session import Session, StreamHandle
 
     #: What a mark in the byte stream stands for: a frame of a stream log (its
     #: handle and seq), or a JSON response's credit.
@@ -45,7 +45,16 @@ _MAX_POLL = 0.25
 class Connection:
     """A client connection (see the module docstring)."""
 
-    __slots__ = ("_outstanding", "http", "inbound", "meter", "principal", "stream", "tracker")
+    __slots__ = (
+        "_outstanding",
+        "http",
+        "inbound",
+        "meter",
+        "principal",
+        "sessionless",
+        "stream",
+        "tracker",
+    )
 
     def __init__(
         self,
@@ -64,6 +73,9 @@ class Connection:
         self.inbound = 0
         #: Who the request being answered speaks for (set per request by the server).
         self.principal = "anonymous"
+        #: The credit owner of this connection's sessionless requests (created at the
+        #: first one; see ``engine._sessionless``).
+        self.sessionless: Session | None = None
 
     async def send(
         self, data: bytes, marks: Sequence[tuple[int, tuple[Holder, int]]] | None = None

@@ -83,6 +83,9 @@ class _Connections(_ServerBase):
             # Last look before the socket goes: what the peer acknowledged counts.
             conn.check_acks()
             conn.abandon()
+            if conn.sessionless is not None:
+                conn.sessionless.close()  # its handlers end with the connection
+                self.owners.discard(conn.sessionless)
             self.open_connections.discard(conn)
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()
@@ -232,6 +235,8 @@ class _Connections(_ServerBase):
                 await self._get(conn, mcp)
             elif isinstance(mcp, DeleteSession):
                 await self._delete(conn, mcp)
+            else:
+                await self._sessionless(conn, mcp)
         except SessionGone:
             if conn.http.response_in_progress:
                 raise

@@ -15,6 +15,7 @@ teardown) cancels the scope the handler runs in, including :meth:`sleep`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -52,6 +53,11 @@ class CallBackend:
             return
         await stream.send(payload.decode())
 
+    def changed(self, method: str, uri: str | None) -> None:
+        notify = self._session.on_change
+        if notify is not None:
+            notify(method, uri)
+
     async def request(
         self, method: str, params: dict[str, Any] | None, timeout: float
     ) -> Response | ErrorResponse | None:
@@ -80,3 +86,42 @@ class CallBackend:
 
     async def sleep(self, seconds: float) -> None:
         await trio.sleep(seconds)
+
+
+class SessionlessBackend(CallBackend):
+    """A sessionless call (2026-07-28): its connection's credit owner and its stream.
+
+    The caller is what this request declared (set on the owner for the request's
+    life: a connection carries one request at a time).  A server-to-client request
+    is not possible on this era's streams: asking the client is an input-required
+    result (:class:`~weir.app.Context` raises it before the backend is reached).
+    ``on_output`` is told when the handler first puts a message on its stream.
+    """
+
+    __slots__ = ("_on_output",)
+
+    def __init__(
+        self,
+        session: Session,
+        stream: StreamHandle | None,
+        on_output: Callable[[], object] | None = None,
+    ) -> None:
+        super().__init__(session, stream)
+        self._on_output = on_output
+
+    @property
+    def session_id(self) -> None:  # type: ignore[override]
+        return None
+
+    async def send(self, payload: bytes) -> None:
+        if self._on_output is not None:
+            self._on_output()
+        await super().send(payload)
+
+    async def request(
+        self, method: str, params: dict[str, Any] | None, timeout: float
+    ) -> Response | ErrorResponse | None:
+        raise McpError(-32603, f"cannot send {method}: this revision has no server requests")
+
+    def close_stream(self, retry_ms: int) -> None:
+        return None  # nothing is resumable on this era: the stream stays open

@@ -74,10 +74,13 @@ from ._listen import AcceptGate
 from ._memory import trim
 from ._metrics import Metrics, redact
 from ._replicas import _Replicas
+from ._sealed import StateSealer, new_key
 from ._server_base import log
 from ._session import Session, StreamLost
+from ._sessionless import _Sessionless
 from ._store import MemoryStore, SessionRecord, SessionStore
 from ._streams import _Streams
+from ._subscriptions import Listener
 from ._timers import Deadlines, Timed
 
 #: A session that held at least this much (history, results, credit) is followed by a
@@ -85,7 +88,7 @@ from ._timers import Deadlines, Timed
 _TRIM_AFTER = 256 * 1024
 
 
-class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas):
+class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas, _Sessionless):
     """An MCP server for one :class:`~weir.engine.App` (see the module docstring).
 
     Args:
@@ -149,6 +152,12 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas):
         self.state: Any = None
         #: Accept loops under the connection limit (see :mod:`engine._listen`).
         self.gate = AcceptGate(self.config.connection_limit)
+        #: Sessionless era: each connection's credit owner while it lives, the open
+        #: ``subscriptions/listen`` streams, and the request-state sealer.
+        self.owners: set[Session] = set()
+        self.subscribers: set[Listener] = set()
+        keys = self.config.state_keys or (new_key(),)
+        self.sealer = StateSealer(keys)
 
     # ---------------------------------------------------------------- lifecycle
     @property
@@ -236,8 +245,9 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas):
         # Each wait below re-checks only when a handler ends, a response is enqueued
         # or a writer detaches.  Calls finish when their response is in the log.
         with trio.move_on_after(self.config.shutdown_grace):
-            while any(s.running or s.inflight for s in self.sessions.values()):
+            while any(s.running or s.inflight for s in (*self.sessions.values(), *self.owners)):
                 await self._activity()
+        self._end_subscriptions()
         for session in self.sessions.values():
             for h in session.handles.values():
                 h.request_close(self.config.retry_ms)
@@ -376,6 +386,7 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas):
         session.replica = self.replica_id
         session.schedule = self.deadlines.schedule
         session.on_activity = self._note_activity
+        session.on_change = self._changed
         store = self.store
         if isinstance(store, MemoryStore):
             session.shed_results = partial(store.shed_results, session.record.principal, sid)

@@ -46,13 +46,17 @@ from weir.protocol.gate import CallCourse
 from weir.protocol.http import HeadCache
 from weir.protocol.jsonrpc import SERVER_ERROR
 from weir.protocol.legacy import LegacyMessages
+from weir.protocol.sessionless import SessionlessMessage
 
 from ._config import ServerConfig
 from ._connection import Connection
 from ._listen import AcceptGate
 from ._metrics import Metrics
+from ._sealed import StateSealer
 from ._session import Session, StreamHandle
 from ._store import SessionStore
+from ._subscriptions import Listener
+from ._timers import Deadlines
 
 #: The server's logger, for every one of its modules (the name it had before the split).
 log = logging.getLogger(f"{__package__}._server")
@@ -81,6 +85,10 @@ class _ServerBase:
     _heads: HeadCache
     _closing: bool
     _handlers: trio.Nursery | None
+    deadlines: Deadlines
+    owners: set[Session]
+    subscribers: set[Listener]
+    sealer: StateSealer
 
     if TYPE_CHECKING:
         # lifecycle and sessions (engine._server)
@@ -154,6 +162,18 @@ class _ServerBase:
             self, session: Session, raw_token: str | None, rid: RequestId | None
         ) -> None: ...
         async def _mark_bound(self, session: Session) -> None: ...
+
+        # the sessionless era (engine._sessionless)
+        async def _sessionless(self, conn: Connection, msg: SessionlessMessage) -> None: ...
+        def _changed(self, method: str, uri: str | None = None) -> None: ...
+        def _end_subscriptions(self) -> None: ...
+
+        # JSON mode (engine._calls) and result size (engine._execution)
+        async def _send_json(
+            self, conn: Connection, session: Session, headers: list[tuple[str, str]], body: bytes
+        ) -> None: ...
+        def _fit(self, req: Request, payload: bytes, handle: StreamHandle | None) -> bytes: ...
+        def _note_activity(self) -> None: ...
 
         # the legacy transport (engine._legacy)
         async def _legacy_stream(self, conn: Connection) -> None: ...

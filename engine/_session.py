@@ -321,6 +321,8 @@ class Session:
         #: Told when a handler ends, a response is enqueued or a writer detaches (the
         #: server's shutdown waits on it instead of polling).
         self.on_activity: Callable[[], None] | None = None
+        #: Told when a handler announces a change (``Context.changed``; set by the server).
+        self.on_change: Callable[[str, str | None], None] | None = None
         #: True from ``initialize`` until the session's first other request or
         #: notification: an abandoned ``initialize`` is forgotten sooner.
         self.provisional = False

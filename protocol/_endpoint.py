@@ -10,7 +10,11 @@ checks everything that needs no state, in this order (the first failure wins):
 1. path (404), then ``Host`` and ``Origin`` against the allow-list (403; DNS
    rebinding protection, MCP 2025-11-25 "Security Warning");
 2. method: POST, GET and DELETE only (405 with ``Allow``);
-3. ``MCP-Protocol-Version``: absent means 2025-03-26; unsupported is 400;
+3. ``MCP-Protocol-Version``: absent means 2025-03-26; unsupported is 400, -32022
+   (with the request's id when the body has one); a sessionless revision
+   (2026-07-28) routes the request to :mod:`._sessionless`'s checks instead --
+   POST only (405 otherwise), one request or notification, no session -- as a
+   :class:`SessionlessMessage`;
 4. POST: ``Content-Type: application/json`` (415), ``Accept`` listing
    ``application/json`` and ``text/event-stream`` (406), a JSON-RPC body (400 with
    -32700/-32600), batches only at 2025-03-26, ``initialize`` alone and without a
@@ -35,7 +39,14 @@ from typing import Final
 from ._errors import INVALID_REQUEST, Reason, RemoteProtocolError
 from ._event_ids import EventId, parse_event_id
 from ._http import Headers, HttpRequest, raw_error_response
-from ._jsonrpc import Message, Request, decode_body, error_body
+from ._jsonrpc import Message, Request, RequestId, decode_body, error_body
+from ._sessionless import (
+    SESSIONLESS_VERSIONS,
+    SessionlessMessage,
+    check_sessionless,
+    is_sessionless,
+    unsupported_version,
+)
 
 #: Revisions served on the Streamable HTTP endpoint, newest first.
 SUPPORTED_VERSIONS: Final = ("2025-11-25", "2025-06-18", "2025-03-26")
@@ -44,6 +55,8 @@ DEFAULT_VERSION: Final = "2025-03-26"
 LATEST_VERSION: Final = SUPPORTED_VERSIONS[0]
 #: Revisions an ``initialize`` may ask for and get echoed back.
 NEGOTIABLE_VERSIONS: Final = (*SUPPORTED_VERSIONS, "2024-11-05")
+#: Every revision the endpoint serves, either era, newest first.
+ALL_VERSIONS: Final = (*SESSIONLESS_VERSIONS, *SUPPORTED_VERSIONS)
 
 LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 ALLOWED_METHODS: Final = "GET, POST, DELETE"
@@ -130,7 +143,7 @@ class DeleteSession:
     ctx: RequestContext
 
 
-McpRequest = PostMessages | OpenStream | DeleteSession
+McpRequest = PostMessages | OpenStream | DeleteSession | SessionlessMessage
 
 
 def _refuse(status: int, reason: Reason, message: str, **kw: object) -> RemoteProtocolError:
@@ -201,19 +214,26 @@ def _session_id(headers: Headers) -> str | None:
     return sid
 
 
-def _protocol_version(headers: Headers) -> str:
-    version = headers.get("mcp-protocol-version")
+def _protocol_version(request: HttpRequest) -> str:
+    version = request.headers.get("mcp-protocol-version")
     if version is None:
         return DEFAULT_VERSION
     version = version.strip()
     if version not in SUPPORTED_VERSIONS:
-        raise _refuse(
-            400,
-            Reason.UNSUPPORTED_PROTOCOL_VERSION,
-            f"unsupported MCP-Protocol-Version {version!r}",
-            data={"supported": list(SUPPORTED_VERSIONS)},
-        )
+        raise unsupported_version(version, ALL_VERSIONS, _id_of(request))
     return version
+
+
+def _id_of(request: HttpRequest) -> RequestId | None:
+    """The id of the request a POST's body carries, if it is one (for a refusal)."""
+    if request.method != "POST" or not request.body:
+        return None
+    try:
+        messages, is_batch = decode_body(request.body, allow_batch=False)
+    except RemoteProtocolError:
+        return None
+    first = messages[0]
+    return first.id if isinstance(first, Request) and not is_batch else None
 
 
 def route(request: HttpRequest, config: EndpointConfig) -> McpRequest:
@@ -227,8 +247,10 @@ def route(request: HttpRequest, config: EndpointConfig) -> McpRequest:
     headers = request.headers
     check_host_and_origin(headers, config)
     method = request.method
+    if is_sessionless(headers.get("mcp-protocol-version")):
+        return _route_sessionless(request, config)
     check_method(method, ALLOWED_METHODS)
-    version = _protocol_version(headers)
+    version = _protocol_version(request)
     ctx = RequestContext(session_id=_session_id(headers), protocol_version=version, headers=headers)
     if method == "POST":
         return _route_post(request, ctx, config)
@@ -241,6 +263,33 @@ def route(request: HttpRequest, config: EndpointConfig) -> McpRequest:
     raw_cursor = headers.get("last-event-id")
     cursor = parse_event_id(raw_cursor) if raw_cursor is not None else None
     return OpenStream(ctx=ctx, last_event_id=cursor)
+
+
+def _route_sessionless(request: HttpRequest, config: EndpointConfig) -> SessionlessMessage:
+    """A request of the sessionless era: POST only, then its own checks.
+
+    Raises:
+        RemoteProtocolError: 405 (GET, DELETE), 415, 406, 400 (see
+            :func:`~weir.protocol._sessionless.check_sessionless`).
+    """
+    check_method(request.method, "POST")
+    headers = request.headers
+    check_json_body(headers)
+    _check_accept(headers.get("accept"), config)
+    messages, is_batch = decode_body(request.body, allow_batch=False)
+    return check_sessionless(headers, messages, is_batch, ALL_VERSIONS)
+
+
+def _check_accept(accept: str | None, config: EndpointConfig) -> None:
+    wants_sse = not config.json_response
+    if not accepts(accept, "application/json") or (
+        wants_sse and not accepts(accept, "text/event-stream")
+    ):
+        raise _refuse(
+            406,
+            Reason.NOT_ACCEPTABLE,
+            "Accept must list both application/json and text/event-stream",
+        )
 
 
 def check_json_body(headers: Headers) -> None:
@@ -272,16 +321,7 @@ def check_method(method: str, allowed: str) -> None:
 def _route_post(request: HttpRequest, ctx: RequestContext, config: EndpointConfig) -> PostMessages:
     headers = ctx.headers
     check_json_body(headers)
-    accept = headers.get("accept")
-    wants_sse = not config.json_response
-    if not accepts(accept, "application/json") or (
-        wants_sse and not accepts(accept, "text/event-stream")
-    ):
-        raise _refuse(
-            406,
-            Reason.NOT_ACCEPTABLE,
-            "Accept must list both application/json and text/event-stream",
-        )
+    _check_accept(headers.get("accept"), config)
     messages, is_batch = decode_body(
         request.body, allow_batch=ctx.protocol_version == "2025-03-26", max_batch=config.max_batch
     )

@@ -38,6 +38,11 @@ class Reason(enum.StrEnum):
     FORBIDDEN_HOST = "forbidden_host"
     FORBIDDEN_ORIGIN = "forbidden_origin"
     UNSUPPORTED_PROTOCOL_VERSION = "unsupported_protocol_version"
+    # The sessionless era (2026-07-28).
+    HEADER_MISMATCH = "header_mismatch"
+    MISSING_CAPABILITY = "missing_capability"
+    METHOD_NOT_FOUND = "method_not_found"
+    REQUEST_STATE_INVALID = "request_state_invalid"
     SESSION_REQUIRED = "session_required"
     SESSION_NOT_FOUND = "session_not_found"
     SESSION_INVALID = "session_invalid"

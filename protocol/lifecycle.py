@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from ._endpoint import (
+    ALL_VERSIONS,
     DEFAULT_VERSION,
     LATEST_VERSION,
     NEGOTIABLE_VERSIONS,
@@ -24,6 +25,7 @@ from ._lifecycle import (
 )
 
 __all__ = [
+    "ALL_VERSIONS",
     "CLIENT_INFO_KEPT",
     "DEFAULT_VERSION",
     "LATEST_VERSION",

@@ -12,6 +12,7 @@ import struct
 from typing import Any
 
 from weir.app import App, Context, ToolError, audio, embedded_resource, image, text
+from weir.app.samples.sessionless import register as register_sessionless
 
 app = App("weir-conformance", "0.1.0")
 
@@ -225,18 +226,31 @@ JSON_SCHEMA_2020_12 = {
     "type": "object",
     "$defs": {
         "address": {
+            "$anchor": "addressDef",
             "type": "object",
             "properties": {"street": {"type": "string"}, "city": {"type": "string"}},
         }
     },
-    "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"}},
+    "properties": {
+        "name": {"type": "string"},
+        "address": {"$ref": "#/$defs/address"},
+        "contactMethod": {"type": "string", "enum": ["phone", "email"]},
+        "phone": {"type": "string"},
+        "email": {"type": "string"},
+    },
+    "allOf": [{"anyOf": [{"required": ["phone"]}, {"required": ["email"]}]}],
+    "if": {"properties": {"contactMethod": {"const": "phone"}}},
+    "then": {"required": ["phone"]},
+    "else": {"required": ["email"]},
     "additionalProperties": False,
 }
 
 
 @app.tool(input_schema=JSON_SCHEMA_2020_12)
-async def json_schema_2020_12_tool(name: str | None = None, address: Any = None) -> str:
-    """Tool with a JSON Schema 2020-12 input schema ($schema, $defs, additionalProperties)."""
+async def json_schema_2020_12_tool(
+    name: str | None = None, address: Any = None, **more: Any
+) -> str:
+    """Tool with JSON Schema 2020-12 features"""
     return f"Received name={name!r}, address={address!r}"
 
 
@@ -333,3 +347,6 @@ def complete(ref: dict[str, Any], argument: str, value: str, context: dict[str, 
     """Suggest values for prompt arguments that start with what was typed."""
     options = ["test", "testing", "test-value", "example"]
     return [o for o in options if o.startswith(value)]
+
+
+register_sessionless(app)

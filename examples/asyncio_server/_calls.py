@@ -99,6 +99,9 @@ class Backend:
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
+    def changed(self, method: str, uri: str | None) -> None:
+        self._session.driver.changed(method, uri)
+
 
 async def plan(
     session: Session, req: Request, header_key: str | None, *, wait: float, retry_ms: int

@@ -57,9 +57,10 @@ from weir.protocol import (
 )
 from weir.protocol.gate import CallCourse
 from weir.protocol.jsonrpc import error_body
-from weir.protocol.lifecycle import parse_initialize, primes_streams
+from weir.protocol.lifecycle import SUPPORTED_VERSIONS, parse_initialize, primes_streams
 from weir.protocol.messages import absorb, route_mail
 from weir.protocol.resume import check_resume_policy, displaces_writer, standalone_plan
+from weir.protocol.sessionless import SessionlessMessage, unsupported_version
 from weir.protocol.sse import encode_comment, encode_retry
 from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
 
@@ -207,6 +208,11 @@ class Connection:
     async def respond(self, request: HttpRequest) -> None:
         try:
             mcp = route(request, self.driver.endpoint)
+            if isinstance(mcp, SessionlessMessage):
+                # This driver serves the session era only (the Trio engine serves both).
+                rid = mcp.message.id if isinstance(mcp.message, Request) else None
+                header = mcp.headers.get("mcp-protocol-version") or ""
+                raise unsupported_version(header.strip(), SUPPORTED_VERSIONS, rid)
             if isinstance(mcp, PostMessages) and mcp.is_initialize:
                 await self._initialize(mcp)
                 return

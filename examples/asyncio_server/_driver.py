@@ -26,9 +26,11 @@ from weir.protocol import (
     RemoteProtocolError,
     RequestId,
     encode_error,
+    encode_notification,
     raw_error_response,
 )
 from weir.protocol.jsonrpc import SERVER_ERROR
+from weir.protocol.states import StreamState
 
 from ._connection import Connection
 from ._session import Session
@@ -75,6 +77,17 @@ class AsyncioDriver:
         """Tear a session down; it is 404 from now on."""
         session.close()
         self.sessions.pop(session.sid, None)
+
+    def changed(self, method: str, uri: str | None) -> None:
+        """A handler announced a change: tell every session's open GET stream (a
+        resource update only where the session subscribed), without waiting."""
+        payload = encode_notification(method, {"uri": uri} if uri is not None else None)
+        for session in list(self.sessions.values()):
+            stream = session.streams.standalone
+            if stream is None or stream.state is StreamState.CLOSED:
+                continue
+            if uri is None or uri in session.caller.subscriptions:
+                session.try_append(stream, payload.decode())
 
     def add_session(self, session: Session) -> None:
         """Register a new session (the caller checked :meth:`check_room`)."""

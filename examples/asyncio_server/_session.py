@@ -166,6 +166,19 @@ class Session:
         stream.append(payload, final=final)
         self.wake(stream)
 
+    def try_append(self, stream: StreamLog, payload: str) -> bool:
+        """:meth:`append` if it needs no wait (credit now, nobody queued); True if done."""
+        size = stream.size_of(payload)
+        if self.closed or stream.state is StreamState.CLOSED:
+            return False
+        if not self.flow.try_acquire(size, self.loop.time()):
+            return False
+        if self.flow.credit.frames_in_use == 1:
+            self.arm_timer()
+        stream.append(payload)
+        self.wake(stream)
+        return True
+
     async def take_credit(self, size: int) -> None:
         """Credit for one frame (or JSON body) of ``size`` bytes, in FIFO order.
 

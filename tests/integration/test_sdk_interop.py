@@ -18,12 +18,16 @@ run and finalizes those generators silently, so it is the reliable choice. The
 server runs in its own process either way, so weir itself is exercised identically.
 
 The client is the SDK's ``Client(...)`` in its default ``mode="auto"``: it first
-probes ``server/discover`` at protocol 2026-07-28, weir (a 2025-era server) refuses
-that version with 400, and the SDK falls back to the ``initialize`` handshake at
-2025-11-25. Most tests give the SDK's ``streamable_http_client`` an
-``httpx2.AsyncClient`` (the SDK's HTTP client) whose response hook records every
-HTTP exchange, so they can check the SDK's wire behaviour too: the session id, the
-``Last-Event-ID`` resumption, the closing ``DELETE``. All traffic is loopback.
+probes ``server/discover`` at protocol 2026-07-28.  ``weir serve`` answers it, so the
+SDK speaks the sessionless revision (input-required results instead of
+server-to-client requests, ``subscriptions/listen``); the asyncio driver serves the
+session era only and refuses the probe with -32022, so the SDK falls back to the
+``initialize`` handshake at 2025-11-25.  Tests of session-era behaviour (resumption,
+``DELETE``) pin ``mode="legacy"`` and run on both drivers.  Most tests give the SDK's
+``streamable_http_client`` an ``httpx2.AsyncClient`` (the SDK's HTTP client) whose
+response hook records every HTTP exchange, so they can check the SDK's wire behaviour
+too: the session id, the ``Last-Event-ID`` resumption, the closing ``DELETE``.
+All traffic is loopback.
 
 Needs the ``sdk`` extra (``pip install -e '.[sdk]'``); the module is skipped when the
 SDK is not installed.
@@ -66,6 +70,10 @@ pytestmark = pytest.mark.interop
 TEST_TIMEOUT = 30.0
 #: What the SDK offers at ``initialize`` (``LATEST_HANDSHAKE_VERSION``) and weir serves.
 NEGOTIATED_VERSION = "2025-11-25"
+#: The sessionless revision, which ``weir serve`` serves and the SDK's auto mode adopts.
+SESSIONLESS_VERSION = "2026-07-28"
+#: What the SDK's auto mode ends up speaking with each driver.
+AUTO_VERSION = {"trio": SESSIONLESS_VERSION, "asyncio": NEGOTIATED_VERSION}
 _SERVING = re.compile(r"^weir: serving (?P<url>http://\S+)")
 
 _P = ParamSpec("_P")
@@ -244,10 +252,11 @@ async def test_initialize_lists_and_echo(demo_server: WeirProcess) -> None:
         http_client(wire) as hc,
         Client(streamable_http_client(demo_server.url, http_client=hc)) as client,
     ):
-        # The auto mode's server/discover probe was refused, so the SDK fell back
-        # to the initialize handshake.
-        assert client.session.initialize_result is not None
-        assert client.protocol_version == NEGOTIATED_VERSION
+        # The Trio engine answers the auto mode's server/discover probe; the asyncio
+        # driver refuses the sessionless revision, so the SDK falls back to initialize.
+        assert client.protocol_version == AUTO_VERSION[demo_server.driver]
+        sessionless = demo_server.driver == "trio"
+        assert (client.session.initialize_result is None) is sessionless
         info = client.server_info
         assert info is not None
         assert (info.name, info.version) == ("weir-demo", "0.1.0")
@@ -279,10 +288,22 @@ async def test_initialize_lists_and_echo(demo_server: WeirProcess) -> None:
         result = await client.call_tool("echo", {"text": "héllo, wörld"})
         assert text_of(result) == "héllo, wörld"
 
-    # On the wire: the refused probe, then the handshake the SDK fell back to.
     (probe,) = wire.posts_of("server/discover")
-    assert probe.status == 400, wire.describe()
     assert wire.exchanges.index(probe) == 0, wire.describe()
+    if sessionless:
+        # On the wire: the answered probe, then self-contained POSTs -- no session
+        # id, no GET stream, no DELETE -- each naming its method and revision.
+        assert probe.status == 200, wire.describe()
+        assert not wire.posts_of("initialize"), wire.describe()
+        for ex in wire.exchanges:
+            assert ex.method == "POST", wire.describe()
+            assert "mcp-session-id" not in ex.request_headers, wire.describe()
+            assert "mcp-session-id" not in ex.response_headers, wire.describe()
+            assert ex.request_headers.get("mcp-protocol-version") == SESSIONLESS_VERSION
+            assert ex.request_headers.get("mcp-method") == ex.body["method"], wire.describe()
+        return
+    # On the wire: the refused probe, then the handshake the SDK fell back to.
+    assert probe.status == 400, wire.describe()
     (init,) = wire.posts_of("initialize")
     assert init.body["params"]["protocolVersion"] == NEGOTIATED_VERSION
     # Every request after initialize named the session and the negotiated version.
@@ -406,10 +427,13 @@ async def test_increment_executes_exactly_once_per_call(demo_server: WeirProcess
 
 @on_asyncio
 async def test_reconnection_resumes_with_last_event_id(conformance_server: WeirProcess) -> None:
+    # Resumption is the session era's: the sessionless revision has none.
     wire = WireLog()
     async with (
         http_client(wire) as hc,
-        Client(streamable_http_client(conformance_server.url, http_client=hc)) as client,
+        Client(
+            streamable_http_client(conformance_server.url, http_client=hc), mode="legacy"
+        ) as client,
     ):
         result = await client.call_tool("test_reconnection", {})
         assert text_of(result) == "Reconnection test completed successfully"
@@ -505,7 +529,7 @@ async def test_session_terminated_when_client_exits(demo_server: WeirProcess) ->
     wire = WireLog()
     async with (
         http_client(wire) as hc,
-        Client(streamable_http_client(demo_server.url, http_client=hc)) as client,
+        Client(streamable_http_client(demo_server.url, http_client=hc), mode="legacy") as client,
     ):
         assert text_of(await client.call_tool("echo", {"text": "bye"})) == "bye"
     sid = wire.session_id()
@@ -624,3 +648,69 @@ async def test_sdk_client_with_a_bearer_token(tmp_path: Any) -> None:
                 assert meta.json()["authorization_servers"] == ["https://issuer.test"]
         finally:
             server.stop()
+
+
+# ---------------------------------------------------------------- (8) the sessionless revision
+
+
+@pytest.fixture
+def trio_conformance_server(weir_servers: Callable[[str, str], WeirProcess]) -> WeirProcess:
+    """For what only the Trio engine serves (the sessionless revision)."""
+    return weir_servers("conformance", "trio")
+
+
+@on_asyncio
+async def test_elicitation_rides_an_input_required_result(
+    trio_conformance_server: WeirProcess,
+) -> None:
+    asked: list[types.ElicitRequestParams] = []
+
+    async def elicitation(
+        context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult:
+        asked.append(params)
+        return types.ElicitResult(action="accept", content={"name": "Ada"})
+
+    wire = WireLog()
+    async with (
+        http_client(wire) as hc,
+        Client(
+            streamable_http_client(trio_conformance_server.url, http_client=hc),
+            elicitation_callback=elicitation,
+        ) as client,
+    ):
+        assert client.protocol_version == SESSIONLESS_VERSION
+        result = await client.call_tool("test_input_required_result_elicitation", {})
+        assert text_of(result) == "Hello, Ada!"
+
+    assert len(asked) == 1 and asked[0].message == "What is your name?"
+    first, second = wire.posts_of("tools/call")
+    # Round one asked; round two carried the answer and the sealed state back, with a
+    # new id, and nothing but POSTs went over the wire (no server-to-client request).
+    assert "inputResponses" not in first.body["params"]
+    params = second.body["params"]
+    assert params["inputResponses"]["user_name"]["content"] == {"name": "Ada"}
+    assert isinstance(params["requestState"], str) and params["requestState"]
+    assert first.body["id"] != second.body["id"]
+    assert all(ex.method == "POST" for ex in wire.exchanges), wire.describe()
+
+
+@on_asyncio
+async def test_a_listen_stream_hears_a_change_made_by_another_request(
+    trio_conformance_server: WeirProcess,
+) -> None:
+    async with Client(trio_conformance_server.url) as client:
+        async with client.listen(tools_list_changed=True) as sub:
+            assert sub.honored.tools_list_changed is True
+            await client.call_tool("test_trigger_tool_change", {})
+            with anyio.fail_after(5):
+                event = await sub.__anext__()
+        assert type(event).__name__ == "ToolsListChanged"
+
+
+@on_asyncio
+async def test_legacy_mode_still_gets_the_session_era(trio_demo_server: WeirProcess) -> None:
+    async with Client(trio_demo_server.url, mode="legacy") as client:
+        assert client.protocol_version == NEGOTIATED_VERSION
+        assert client.session.initialize_result is not None
+        assert text_of(await client.call_tool("echo", {"text": "old"})) == "old"

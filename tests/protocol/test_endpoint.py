@@ -27,6 +27,7 @@ from weir.protocol.endpoint import check_host_and_origin, host_of
 from weir.protocol.event_ids import EventId
 from weir.protocol.jsonrpc import INVALID_REQUEST, PARSE_ERROR
 from weir.protocol.lifecycle import (
+    ALL_VERSIONS,
     DEFAULT_VERSION,
     LATEST_VERSION,
     NEGOTIABLE_VERSIONS,
@@ -34,6 +35,7 @@ from weir.protocol.lifecycle import (
     negotiate_version,
     version_at_least,
 )
+from weir.protocol.sessionless import UNSUPPORTED_VERSION
 
 from .helpers import INIT, PING, SESSION, delete, get, http_request, post
 
@@ -220,7 +222,7 @@ def test_absent_version_is_the_default() -> None:
 def test_supported_versions_are_carried(version: str) -> None:
     assert routed_post(post(version=version)).ctx.protocol_version == version
     opened = route(get(headers={"mcp-protocol-version": f" {version}"}), CONFIG)
-    assert opened.ctx.protocol_version == version
+    assert isinstance(opened, OpenStream) and opened.ctx.protocol_version == version
 
 
 @pytest.mark.parametrize("version", ["2024-11-05", "2099-01-01", "", "latest"])
@@ -231,7 +233,9 @@ def test_unsupported_version_is_400_with_the_supported_list(version: str) -> Non
         delete(headers={"mcp-protocol-version": version}),
     ):
         exc = assert_refused(request, 400, Reason.UNSUPPORTED_PROTOCOL_VERSION)
-        assert exc.error_data()["supported"] == list(SUPPORTED_VERSIONS)
+        assert exc.code == UNSUPPORTED_VERSION  # -32022, as the sessionless era defines it
+        assert exc.error_data()["supported"] == list(ALL_VERSIONS)
+        assert exc.error_data()["requested"] == version.strip()
 
 
 # ----------------------------------------------------------------------- 4. POST
@@ -439,7 +443,7 @@ def test_invalid_session_id_is_400_session_invalid(
 @pytest.mark.parametrize("sid", ["a", "x" * 256, "0f3c-AB_9.~!", "!~"])
 def test_valid_session_ids(sid: str) -> None:
     routed = route(delete(session=sid), CONFIG)
-    assert routed.ctx.session_id == sid
+    assert isinstance(routed, DeleteSession) and routed.ctx.session_id == sid
 
 
 # ------------------------------------------------------------------------ order

@@ -1,0 +1,417 @@
+"""The sessionless era (MCP 2026-07-28) on the Trio engine: one POST, one answer.
+
+Theory of operation
+-------------------
+A request of this era carries its client's version, capabilities, info and log
+level itself (checked by the core's :func:`~weir.protocol.route`), so nothing is
+looked up and nothing outlives the response:
+
+* **Credit** still bounds what a client can make the server hold.  Its owner is the
+  connection: the first sessionless request on a connection creates a private
+  :class:`Session` (never in the session table, never in the store) whose credit
+  every later response on that connection takes, frame by frame or body by body.
+  A connection whose peer stops reading is refused 429 ``stream_half_open`` before
+  anything runs, and torn down after the liveness timeout, as a session would be.
+* **Closing the response is cancellation.**  A streamed answer's handler runs in
+  the handler nursery while the connection's task writes its stream; if the client
+  goes away first, the handler is cancelled.  Nothing is resumable in this era, so
+  frames carry no event ids.
+* **Input-required results.**  A handler that asks the client for something
+  (``ctx.elicit``, ``ctx.sample``, ``ctx.list_roots``, ``ctx.input``) gets the
+  answer if the request carries it (``inputResponses``, and the earlier rounds'
+  answers sealed in ``requestState``, :mod:`engine._sealed`); otherwise the answer
+  is ``resultType: "input_required"`` with the asks and a new sealed state, and the
+  client's next round runs the handler again.  A state that does not open -- forged,
+  tampered with, expired, or another request's -- is 400, -32602.
+* **Refusals before the head.**  A streamed answer's head is held back until the
+  handler's first message or its end (at most :data:`FIRST_OUTPUT_WAIT`), so that
+  a refusal such as -32021 (a capability the request did not declare) is still a
+  400 with a JSON body.
+* **Results** get ``resultType``, the server's identity under ``_meta`` and, for
+  cacheable methods, ``ttlMs`` and ``cacheScope`` (:func:`complete`).  A method this
+  era does not have (``initialize``, ``ping``, ``logging/setLevel``,
+  ``resources/subscribe``, anything unknown) is 404 with -32601.
+
+``subscriptions/listen`` is :mod:`engine._subscriptions`'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Any, Final
+
+import msgspec
+import trio
+
+from weir.app import (
+    NO_LOGS,
+    Caller,
+    Context,
+    InputRequired,
+    McpError,
+    capabilities,
+    dispatch,
+    failure,
+)
+from weir.protocol import (
+    Notification,
+    Reason,
+    RemoteProtocolError,
+    Request,
+    StreamKind,
+    encode_notification,
+    encode_result,
+)
+from weir.protocol.jsonrpc import INVALID_PARAMS, error_body
+from weir.protocol.lifecycle import ALL_VERSIONS
+from weir.protocol.sessionless import (
+    MISSING_CAPABILITY,
+    NAMED_TARGET,
+    SessionlessMessage,
+    check_param_headers,
+    complete,
+    discover_result,
+    method_not_found,
+    missing_capability,
+    param_headers,
+)
+from weir.protocol.states import StreamInput, StreamState
+
+from ._connection import Connection
+from ._context import SessionlessBackend
+from ._server_base import _ServerBase
+from ._session import Session, SessionClosed, StreamHandle, StreamLost
+from ._store import SessionRecord
+from ._subscriptions import Listener, honoured
+from ._writer import SSE_HEADERS, PeerGone, write_stream
+
+#: The methods this era serves.
+METHODS: Final = frozenset(
+    {
+        "server/discover",
+        "subscriptions/listen",
+        "tools/list",
+        "tools/call",
+        "prompts/list",
+        "prompts/get",
+        "resources/list",
+        "resources/read",
+        "resources/templates/list",
+        "completion/complete",
+    }
+)
+#: Methods that may answer ``input_required``, and stream notifications first.
+INPUT_METHODS: Final = frozenset(NAMED_TARGET)
+#: Seconds a streamed answer's head waits for the handler's first message.
+FIRST_OUTPUT_WAIT: Final = 1.0
+#: Params that are the round's, not the request's (left out of its digest).
+_ROUND_PARAMS: Final = ("_meta", "inputResponses", "requestState")
+
+
+class _Sessionless(_ServerBase):
+    """Requests of the sessionless era (see the module docstring)."""
+
+    async def _sessionless(self, conn: Connection, msg: SessionlessMessage) -> None:
+        message = msg.message
+        if isinstance(message, Notification):
+            await conn.send(conn.http.send_response(202, ()))
+            return
+        assert msg.meta is not None
+        req = message
+        if req.method not in METHODS:
+            raise method_not_found(req.method, req.id)
+        if req.method == "server/discover":
+            found = encode_result(req.id, self._discover())
+            await conn.send(conn.http.send_response(200, _JSON, found))
+            return
+        if req.method == "tools/call":
+            self._check_param_headers(msg, req)
+        inputs = self._inputs(conn, req) if req.method in INPUT_METHODS else None
+        owner = self._owner(conn)
+        meta = msg.meta
+        owner.caller = Caller(
+            meta.capabilities, meta.client_info or {}, log_level=meta.log_level or NO_LOGS
+        )
+        try:
+            await owner.admit(1, req.id)  # 429 once this connection's peer stopped reading
+        except SessionClosed:
+            raise PeerGone from None
+        self.metrics.admissions += 1
+        if req.method == "subscriptions/listen":
+            await self._listen(conn, owner, req)
+            return
+        sse = req.method in INPUT_METHODS and not self.config.json_response
+        if sse and "text/event-stream" in (msg.headers.get("accept") or ""):
+            await self._sessionless_sse(conn, owner, req, inputs)
+            return
+        try:
+            body = await self._sessionless_answer(owner, req, None, inputs)
+        finally:
+            owner.done()
+        if body is None:
+            raise PeerGone  # cancelled with the server going away: nothing to answer
+        await self._send_json(conn, owner, list(_JSON), body)
+
+    # ---------------------------------------------------------------- the checks
+    def _check_param_headers(self, msg: SessionlessMessage, req: Request) -> None:
+        """``Mcp-Param-*`` headers, against the called tool's ``x-mcp-header`` annotations."""
+        params = req.params if isinstance(req.params, dict) else {}
+        name = params.get("name")
+        tool = self.app.tools.get(name) if isinstance(name, str) else None
+        arguments = params.get("arguments")
+        if tool is None or not isinstance(arguments, dict):
+            return
+        annotated = param_headers(tool.input_schema)
+        if annotated:
+            check_param_headers(msg.headers, annotated, arguments, req.id)
+
+    def _inputs(self, conn: Connection, req: Request) -> dict[str, Any]:
+        """The answers this round carries: the sealed state's, then ``inputResponses``.
+
+        Raises:
+            RemoteProtocolError: 400, -32602 for a state that does not open or is
+                another request's.
+        """
+        params = req.params if isinstance(req.params, dict) else {}
+        inputs: dict[str, Any] = {}
+        state = params.get("requestState")
+        if state is not None:
+            claims = self.sealer.open(state) if isinstance(state, str) else None
+            if claims is None or claims.get("b") != _binding(conn.principal, req):
+                raise RemoteProtocolError(
+                    "requestState is invalid, expired, or not this request's",
+                    http_status=400,
+                    reason=Reason.REQUEST_STATE_INVALID,
+                    code=INVALID_PARAMS,
+                    request_id=req.id,
+                )
+            answers = claims.get("a")
+            if isinstance(answers, dict):
+                inputs.update(answers)
+        responses = params.get("inputResponses")
+        if isinstance(responses, dict):
+            inputs.update(responses)
+        return inputs
+
+    # ---------------------------------------------------------------- results
+    def _discover(self) -> dict[str, Any]:
+        return discover_result(
+            ALL_VERSIONS, self._capabilities(), self._server_info(), self.app.instructions
+        )
+
+    def _capabilities(self) -> dict[str, Any]:
+        """This era's capabilities: the app's, with list changes and resource
+        updates announced on ``subscriptions/listen``."""
+        caps = capabilities(self.app)
+        for name in ("tools", "prompts"):
+            if name in caps:
+                caps[name] = {"listChanged": True}
+        if "resources" in caps:
+            caps["resources"] = {"subscribe": True, "listChanged": True}
+        return caps
+
+    def _server_info(self) -> dict[str, Any]:
+        return {"name": self.app.name, "version": self.app.version}
+
+    def _owner(self, conn: Connection) -> Session:
+        """The connection's credit owner, created at its first sessionless request."""
+        owner = conn.sessionless
+        if owner is not None and not owner.closed:
+            return owner
+        now = trio.current_time()
+        record = SessionRecord(
+            session_id=f"connection-{secrets.token_hex(8)}",
+            principal=conn.principal,
+            protocol_version="2026-07-28",
+            created_at=now,
+            secret="",
+            salt=secrets.token_hex(8),
+        )
+        owner = Session(record, credit=self.config.credit, now=now, budget=self.budget)
+        owner.replica = self.replica_id
+        owner.schedule = self.deadlines.schedule
+        owner.on_activity = self._note_activity
+        owner.on_change = self._changed
+        conn.sessionless = owner
+        self.owners.add(owner)
+        return owner
+
+    async def _sessionless_answer(
+        self,
+        owner: Session,
+        req: Request,
+        handle: StreamHandle | None,
+        inputs: dict[str, Any] | None,
+        backend: SessionlessBackend | None = None,
+    ) -> bytes | None:
+        """Run one request's handler; its encoded answer (``None`` if cancelled).
+
+        Raises:
+            RemoteProtocolError: 400, -32021 when the handler needs a capability the
+                request did not declare.
+        """
+        ctx = Context(
+            backend or SessionlessBackend(owner, handle),
+            req.id,
+            _meta(req),
+            state=self.state,
+            inputs=inputs,
+        )
+        with trio.CancelScope() as scope:
+            owner.running[req.id] = scope
+            try:
+                try:
+                    result = await dispatch(self.app, req, ctx)
+                except InputRequired as asked:
+                    result = self._input_required(owner, req, asked, ctx)
+                decorated = complete(req.method, result, self._server_info())
+                return self._fit(req, encode_result(req.id, decorated), handle)
+            except StreamLost:
+                return None
+            except McpError as exc:
+                if exc.code == MISSING_CAPABILITY:
+                    needed = (exc.data or {}).get("requiredCapabilities") or {}
+                    raise missing_capability(needed, req.id) from None
+                return failure(req, exc)
+            except Exception as exc:
+                return failure(req, exc)
+            finally:
+                owner.running.pop(req.id, None)
+        return None
+
+    def _input_required(
+        self, owner: Session, req: Request, asked: InputRequired, ctx: Context
+    ) -> dict[str, Any]:
+        """The ``input_required`` result: what is asked, and the answers so far, sealed."""
+        claims = {"b": _binding(owner.record.principal, req), "a": ctx.answered}
+        try:
+            state = self.sealer.seal(claims)
+        except ValueError as exc:
+            raise McpError(INVALID_PARAMS, str(exc)) from None
+        return {
+            "resultType": "input_required",
+            "inputRequests": asked.requests,
+            "requestState": state,
+        }
+
+    # ---------------------------------------------------------------- streams
+    async def _sessionless_sse(
+        self, conn: Connection, owner: Session, req: Request, inputs: dict[str, Any] | None
+    ) -> None:
+        """Answer on an SSE stream; the handler is cancelled if the client goes away."""
+        handle = owner.open_stream(
+            secrets.token_hex(4),
+            StreamKind.REQUEST,
+            max_events=self.config.max_stream_events,
+            emit_ids=False,
+        )
+        handle.outstanding = 1
+        first = trio.Event()
+        refused: list[RemoteProtocolError] = []
+        started = False
+        backend = SessionlessBackend(owner, handle, on_output=first.set)
+
+        async def run() -> None:
+            try:
+                try:
+                    body = await self._sessionless_answer(owner, req, handle, inputs, backend)
+                except RemoteProtocolError as exc:
+                    if not started:
+                        refused.append(exc)  # answered as this POST's status
+                        return
+                    body = error_body(exc)
+                first.set()
+                await handle.respond(body.decode() if body is not None else None)
+            except StreamLost:
+                pass
+            finally:
+                first.set()
+                owner.done()
+
+        self._handlers_start(run)
+        try:
+            with trio.move_on_after(FIRST_OUTPUT_WAIT):
+                await first.wait()
+            if refused:
+                raise refused[0]
+            started = True
+            keepalive = self.config.sse_keepalive
+            await write_stream(conn, owner, handle, 0, SSE_HEADERS, keepalive=keepalive)
+        finally:
+            _end(owner, req, handle)
+
+    async def _listen(self, conn: Connection, owner: Session, req: Request) -> None:
+        """``subscriptions/listen``: acknowledge, then stream changes until the end."""
+        params = req.params if isinstance(req.params, dict) else {}
+        flags, kinds, uris = honoured(params.get("notifications"), self._capabilities())
+        handle = owner.open_stream(
+            secrets.token_hex(4),
+            StreamKind.REQUEST,
+            max_events=self.config.max_stream_events,
+            emit_ids=False,
+        )
+        handle.outstanding = 1
+        listener = Listener(req, handle, kinds, uris)
+        owner.done()  # its "answer" (the acknowledgement) is enqueued at once
+        if not handle.try_send_now(listener.ack(flags)):
+            self._handlers_start(handle.send, listener.ack(flags))
+        self.subscribers.add(listener)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(listener.run)
+                keepalive = self.config.sse_keepalive
+                await write_stream(conn, owner, handle, 0, SSE_HEADERS, keepalive=keepalive)
+                nursery.cancel_scope.cancel()
+        finally:
+            self.subscribers.discard(listener)
+            if handle.log.state is not StreamState.CLOSED:
+                handle.handle(StreamInput.ABORT)
+
+    def _changed(self, method: str, uri: str | None = None) -> None:
+        """Tell every client that wants it that a list changed, or resource ``uri`` did:
+        sessionless listeners, and session-era GET streams (resource updates only
+        where the session subscribed).  Never waits: a stream without credit for
+        the notice right now misses it (its peer is not reading)."""
+        for listener in list(self.subscribers):
+            listener.notify(method, uri)
+        params = {"uri": uri} if uri is not None else None
+        payload = encode_notification(method, params).decode()
+        for session in self.sessions.values():
+            standalone = session.standalone
+            if standalone is None or standalone.log.state is StreamState.CLOSED:
+                continue
+            if uri is None or uri in session.caller.subscriptions:
+                standalone.try_send_now(payload)
+
+    def _end_subscriptions(self) -> None:
+        """At shutdown: end each subscription gracefully (its final result)."""
+        for listener in list(self.subscribers):
+            if not listener.handle.try_respond_now(listener.closing()):
+                self._handlers_start(listener.handle.respond, listener.closing())
+
+
+_JSON: Final = (("content-type", "application/json"),)
+
+
+def _end(owner: Session, req: Request, handle: StreamHandle) -> None:
+    """Closing the response is cancellation in this era: nothing is resumed."""
+    scope = owner.running.get(req.id)
+    if scope is not None:
+        scope.cancel()
+    if handle.log.state is not StreamState.CLOSED:
+        handle.handle(StreamInput.ABORT)
+
+
+def _binding(principal: str, req: Request) -> str:
+    """What a request state is bound to: principal, method, and the request's params
+    other than the round's own (a digest)."""
+    params = req.params if isinstance(req.params, dict) else {}
+    kept = {k: v for k, v in params.items() if k not in _ROUND_PARAMS}
+    canonical = msgspec.json.encode([principal, req.method, kept], order="sorted")
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def _meta(req: Request) -> dict[str, Any] | None:
+    meta = (req.params or {}).get("_meta") if isinstance(req.params, dict) else None
+    return meta if isinstance(meta, dict) else None
