@@ -30,7 +30,8 @@ looked up and nothing outlives the response:
 * **Results** get ``resultType``, the server's identity under ``_meta`` and, for
   cacheable methods, ``ttlMs`` and ``cacheScope`` (:func:`complete`).  A method this
   era does not have (``initialize``, ``ping``, ``logging/setLevel``,
-  ``resources/subscribe``, anything unknown) is 404 with -32601.
+  ``resources/subscribe``, anything unknown) is 404 with -32601; an unknown
+  resource is -32602 (with ``data.uri``), as this revision numbers it.
 
 ``subscriptions/listen`` is :mod:`engine._subscriptions`'s.
 """
@@ -63,7 +64,7 @@ from weir.protocol import (
     encode_notification,
     encode_result,
 )
-from weir.protocol.jsonrpc import INVALID_PARAMS, error_body
+from weir.protocol.jsonrpc import INVALID_PARAMS, RESOURCE_NOT_FOUND, error_body
 from weir.protocol.lifecycle import ALL_VERSIONS
 from weir.protocol.sessionless import (
     MISSING_CAPABILITY,
@@ -273,6 +274,8 @@ class _Sessionless(_ServerBase):
                 if exc.code == MISSING_CAPABILITY:
                     needed = (exc.data or {}).get("requiredCapabilities") or {}
                     raise missing_capability(needed, req.id) from None
+                if exc.code == RESOURCE_NOT_FOUND:  # this revision says -32602 for it
+                    exc = McpError(INVALID_PARAMS, exc.message, exc.data)
                 return failure(req, exc)
             except Exception as exc:
                 return failure(req, exc)

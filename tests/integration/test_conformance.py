@@ -1,15 +1,16 @@
 """The official MCP conformance suite against the ``conformance`` app, on both drivers.
 
-Each suite runs against ``python -m weir serve conformance`` (the Trio engine) and
-against ``python -m examples.asyncio_server conformance --sse-only`` (the asyncio
-driver): one app, one core, two event loops, the same score required of both.
+Each session-era suite runs against ``python -m weir serve conformance`` (the Trio
+engine) and against ``python -m examples.asyncio_server conformance --sse-only`` (the
+asyncio driver): one app, one core, two event loops, the same score required of both.
+The sessionless revision (``--spec-version 2026-07-28``) is the Trio engine's alone.
 
 The suite is installed from npm on first use (see tests/conformance_runner.py).
 When it cannot be installed or run, these tests skip, unless
 ``WEIR_REQUIRE_CONFORMANCE=1`` (CI sets it), when they fail.
 With ``WEIR_CONFORMANCE_REPORT_DIR`` set, each run's summary lines are also written
-to ``$WEIR_CONFORMANCE_REPORT_DIR/<driver>-<suite version>.txt`` so CI can check
-that every leg ran.
+to ``$WEIR_CONFORMANCE_REPORT_DIR/<driver>-<suite version>[-<spec version>].txt`` so
+CI can check that every leg ran.
 """
 
 from __future__ import annotations
@@ -82,7 +83,9 @@ def _run_suite(
     *,
     suite: str,
     spec_version: str | None = None,
+    leg: bool = False,
 ) -> tuple[ConformanceReport, WeirProcess]:
+    """Run one suite; ``leg``: the spec version names its own report file."""
     server: WeirProcess | None = None
     try:
         # Installing first means a machine without npm skips before starting a server.
@@ -105,7 +108,8 @@ def _run_suite(
     if report_dir:
         path = Path(report_dir)
         path.mkdir(parents=True, exist_ok=True)
-        (path / f"{server.driver}-{version}.txt").write_text("\n".join(lines) + "\n")
+        name = f"{server.driver}-{version}" + (f"-{spec_version}" if leg else "")
+        (path / f"{name}.txt").write_text("\n".join(lines) + "\n")
     return report, server
 
 
@@ -154,5 +158,17 @@ def test_conformance_0_2_0_alpha_12_all_2025_11_25(
         report,
         server,
         expected_scenarios=33,
+        allowed_warnings=ALLOWED_WARNINGS_0_2_0_ALPHA_12,
+    )
+
+
+def test_conformance_0_2_0_alpha_12_all_2026_07_28(request: pytest.FixtureRequest) -> None:
+    report, server = _run_suite(
+        request, "0.2.0-alpha.12", "trio", suite="all", spec_version="2026-07-28", leg=True
+    )
+    _check(
+        report,
+        server,
+        expected_scenarios=40,
         allowed_warnings=ALLOWED_WARNINGS_0_2_0_ALPHA_12,
     )
