@@ -83,9 +83,7 @@ class _Connections(_ServerBase):
             # Last look before the socket goes: what the peer acknowledged counts.
             conn.check_acks()
             conn.abandon()
-            if conn.sessionless is not None:
-                conn.sessionless.close()  # its handlers end with the connection
-                self.owners.discard(conn.sessionless)
+            self._release_owner(conn)
             self.open_connections.discard(conn)
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()

@@ -91,27 +91,33 @@ class CallBackend:
 class SessionlessBackend(CallBackend):
     """A sessionless call (2026-07-28): its connection's credit owner and its stream.
 
-    The caller is what this request declared (set on the owner for the request's
-    life: a connection carries one request at a time).  A server-to-client request
+    The caller is what this request declared (the owner may serve several
+    requests at once, when it is a principal's).  A server-to-client request
     is not possible on this era's streams: asking the client is an input-required
     result (:class:`~weir.app.Context` raises it before the backend is reached).
     ``on_output`` is told when the handler first puts a message on its stream.
     """
 
-    __slots__ = ("_on_output",)
+    __slots__ = ("_caller", "_on_output")
 
     def __init__(
         self,
         session: Session,
         stream: StreamHandle | None,
+        caller: Caller,
         on_output: Callable[[], object] | None = None,
     ) -> None:
         super().__init__(session, stream)
+        self._caller = caller
         self._on_output = on_output
 
     @property
     def session_id(self) -> None:  # type: ignore[override]
         return None
+
+    @property
+    def caller(self) -> Caller:
+        return self._caller
 
     async def send(self, payload: bytes) -> None:
         if self._on_output is not None:

@@ -155,6 +155,8 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas, _Se
         #: Sessionless era: each connection's credit owner while it lives, the open
         #: ``subscriptions/listen`` streams, and the request-state sealer.
         self.owners: set[Session] = set()
+        self.principal_owners: dict[str, Session] = {}
+        self._owner_refs: dict[Session, int] = {}
         self.subscribers: set[Listener] = set()
         keys = self.config.state_keys or (new_key(),)
         self.sealer = StateSealer(keys)

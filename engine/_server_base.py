@@ -87,6 +87,8 @@ class _ServerBase:
     _handlers: trio.Nursery | None
     deadlines: Deadlines
     owners: set[Session]
+    principal_owners: dict[str, Session]
+    _owner_refs: dict[Session, int]
     subscribers: set[Listener]
     sealer: StateSealer
 
@@ -167,6 +169,7 @@ class _ServerBase:
         async def _sessionless(self, conn: Connection, msg: SessionlessMessage) -> None: ...
         def _changed(self, method: str, uri: str | None = None) -> None: ...
         def _end_subscriptions(self) -> None: ...
+        def _release_owner(self, conn: Connection) -> None: ...
 
         # JSON mode (engine._calls) and result size (engine._execution)
         async def _send_json(

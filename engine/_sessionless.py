@@ -7,11 +7,12 @@ level itself (checked by the core's :func:`~weir.protocol.route`), so nothing is
 looked up and nothing outlives the response:
 
 * **Credit** still bounds what a client can make the server hold.  Its owner is the
-  connection: the first sessionless request on a connection creates a private
+  principal when requests are authorized, else the connection: a private
   :class:`Session` (never in the session table, never in the store) whose credit
-  every later response on that connection takes, frame by frame or body by body.
-  A connection whose peer stops reading is refused 429 ``stream_half_open`` before
-  anything runs, and torn down after the liveness timeout, as a session would be.
+  every response of that owner takes, frame by frame or body by body.  An owner
+  whose peer stops reading is refused 429 ``stream_half_open`` before anything
+  runs (on the principal's other connections), and torn down after the liveness
+  timeout, as a session would be; it ends with its last connection.
 * **Closing the response is cancellation.**  A streamed answer's handler runs in
   the handler nursery while the connection's task writes its stream; if the client
   goes away first, the handler is cancelled.  Nothing is resumable in this era, so
@@ -131,7 +132,7 @@ class _Sessionless(_ServerBase):
         inputs = self._inputs(conn, req) if req.method in INPUT_METHODS else None
         owner = self._owner(conn)
         meta = msg.meta
-        owner.caller = Caller(
+        caller = Caller(
             meta.capabilities, meta.client_info or {}, log_level=meta.log_level or NO_LOGS
         )
         try:
@@ -144,10 +145,11 @@ class _Sessionless(_ServerBase):
             return
         sse = req.method in INPUT_METHODS and not self.config.json_response
         if sse and "text/event-stream" in (msg.headers.get("accept") or ""):
-            await self._sessionless_sse(conn, owner, req, inputs)
+            await self._sessionless_sse(conn, owner, req, inputs, caller)
             return
         try:
-            body = await self._sessionless_answer(owner, req, None, inputs)
+            backend = SessionlessBackend(owner, None, caller)
+            body = await self._sessionless_answer(owner, req, None, inputs, backend)
         finally:
             owner.done()
         if body is None:
@@ -216,10 +218,43 @@ class _Sessionless(_ServerBase):
         return {"name": self.app.name, "version": self.app.version}
 
     def _owner(self, conn: Connection) -> Session:
-        """The connection's credit owner, created at its first sessionless request."""
+        """The credit owner of ``conn``'s sessionless requests: its principal's, when
+        requests are authorized (shared by that principal's connections, so one it
+        stalls holds back the others), else the connection's own."""
         owner = conn.sessionless
         if owner is not None and not owner.closed:
             return owner
+        if owner is not None:
+            self._release_owner(conn)
+        principal = conn.principal if self.config.auth is not None else None
+        shared = self.principal_owners.get(principal) if principal is not None else None
+        if shared is not None and not shared.closed:
+            conn.sessionless = shared
+            self._owner_refs[shared] = self._owner_refs.get(shared, 0) + 1
+            return shared
+        owner = self._new_owner(conn)
+        conn.sessionless = owner
+        self._owner_refs[owner] = 1
+        if principal is not None:
+            self.principal_owners[principal] = owner
+        return owner
+
+    def _release_owner(self, conn: Connection) -> None:
+        """``conn`` is done with its owner; the last connection of an owner ends it."""
+        owner, conn.sessionless = conn.sessionless, None
+        if owner is None:
+            return
+        left = self._owner_refs.pop(owner, 1) - 1
+        if left > 0:
+            self._owner_refs[owner] = left
+            return
+        owner.close()  # its handlers end with its last connection
+        self.owners.discard(owner)
+        principal = owner.record.principal
+        if self.principal_owners.get(principal) is owner:
+            del self.principal_owners[principal]
+
+    def _new_owner(self, conn: Connection) -> Session:
         now = trio.current_time()
         record = SessionRecord(
             session_id=f"connection-{secrets.token_hex(8)}",
@@ -234,7 +269,6 @@ class _Sessionless(_ServerBase):
         owner.schedule = self.deadlines.schedule
         owner.on_activity = self._note_activity
         owner.on_change = self._changed
-        conn.sessionless = owner
         self.owners.add(owner)
         return owner
 
@@ -244,7 +278,7 @@ class _Sessionless(_ServerBase):
         req: Request,
         handle: StreamHandle | None,
         inputs: dict[str, Any] | None,
-        backend: SessionlessBackend | None = None,
+        backend: SessionlessBackend,
     ) -> bytes | None:
         """Run one request's handler; its encoded answer (``None`` if cancelled).
 
@@ -253,7 +287,7 @@ class _Sessionless(_ServerBase):
                 request did not declare.
         """
         ctx = Context(
-            backend or SessionlessBackend(owner, handle),
+            backend,
             req.id,
             _meta(req),
             state=self.state,
@@ -300,7 +334,12 @@ class _Sessionless(_ServerBase):
 
     # ---------------------------------------------------------------- streams
     async def _sessionless_sse(
-        self, conn: Connection, owner: Session, req: Request, inputs: dict[str, Any] | None
+        self,
+        conn: Connection,
+        owner: Session,
+        req: Request,
+        inputs: dict[str, Any] | None,
+        caller: Caller,
     ) -> None:
         """Answer on an SSE stream; the handler is cancelled if the client goes away."""
         handle = owner.open_stream(
@@ -313,7 +352,7 @@ class _Sessionless(_ServerBase):
         first = trio.Event()
         refused: list[RemoteProtocolError] = []
         started = False
-        backend = SessionlessBackend(owner, handle, on_output=first.set)
+        backend = SessionlessBackend(owner, handle, caller, on_output=first.set)
 
         async def run() -> None:
             try:

@@ -18,6 +18,7 @@ that dies takes the others down: a half-running server is worse than none).
 from __future__ import annotations
 
 import argparse
+import base64
 import os
 import secrets
 import signal
@@ -28,6 +29,7 @@ import threading
 import time
 from typing import IO
 
+from ._sealed import new_key
 from ._server import ServerConfig
 
 _START_TIMEOUT = 30.0
@@ -103,6 +105,9 @@ def run_workers(args: argparse.Namespace, config: ServerConfig) -> int:
     port = int(reserved.getsockname()[1])
     base = args.replica_id or secrets.token_hex(4)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # Every worker must open the request state any other sealed: one key set for all.
+    keys = config.state_keys or (new_key(),)
+    env["WEIR_STATE_KEYS"] = ",".join(base64.b64encode(k).decode() for k in keys)
     children: list[subprocess.Popen[str]] = []
     readiness: list[threading.Event] = []
     try:

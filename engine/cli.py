@@ -16,6 +16,7 @@ import gc
 import ipaddress
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from weir.protocol import CreditLimits, HttpLimits
 
 from ._auth import Authorization, JwtVerifier
 from ._memory import tune_allocator
+from ._sealed import parse_key
 from ._server import Server, ServerConfig
 from ._store import MemoryStore, SessionStore, StoreUnavailable
 
@@ -89,6 +91,14 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="ID",
         help="names this replica in ': replica=<id>' SSE comments (default: random)",
+    )
+    st.add_argument(
+        "--state-key-file",
+        default=None,
+        metavar="PATH",
+        help="keys that seal 2026-07-28 request state, one base64 32-byte key per "
+        "line; the first seals, all open (rotation). Also: $WEIR_STATE_KEYS "
+        "(comma-separated). Default: a random key per process (workers share one)",
     )
     st.add_argument(
         "--workers",
@@ -319,6 +329,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if args.shutdown_grace < 0:
         raise SystemExit("weir: --shutdown-grace must be >= 0")
     check_deployment(args.store, args.resume, args.workers)
+    state_keys = _state_keys(args.state_key_file)
     hosts = None
     if args.allow_host:
         base = ServerConfig(host=args.host).endpoint().allowed_hosts
@@ -332,6 +343,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         )
         return ServerConfig(
             auth=auth_from_args(args),
+            state_keys=state_keys,
             limits=limits,
             keepalive_timeout=args.keepalive_timeout,
             head_timeout=args.head_timeout,
@@ -361,6 +373,25 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         )
     except ValueError as exc:
         raise SystemExit(f"weir: {exc}") from None
+
+
+def _state_keys(path: str | None) -> tuple[bytes, ...]:
+    """The request-state keys from ``--state-key-file``, else ``$WEIR_STATE_KEYS``.
+
+    Kept out of the command line, where ``ps`` would show them to every user.
+    """
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = [line.strip() for line in f if line.strip()]
+        except OSError as exc:
+            raise SystemExit(f"weir: --state-key-file: {exc}") from None
+    else:
+        lines = [k.strip() for k in os.environ.get("WEIR_STATE_KEYS", "").split(",") if k.strip()]
+    try:
+        return tuple(parse_key(line) for line in lines)
+    except ValueError as exc:
+        raise SystemExit(f"weir: request-state keys: {exc}") from None
 
 
 def check_deployment(store: str, resume: str, workers: int) -> None:
