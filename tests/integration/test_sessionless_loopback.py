@@ -1,0 +1,316 @@
+"""The sessionless revision (2026-07-28) on real loopback sockets.
+
+The in-process Trio server, real TCP, real time (no ``MockClock``): what is under
+test lives in the kernel (a peer's receive window, acknowledgements) or in the
+server's own timers.  Each test waits for replies and events; where only the
+server's timers can make a condition true it polls it, bounded in time and count.
+
+* a streamed answer whose client stops reading holds no more than the credit, and
+  the owner is torn down after the liveness timeout;
+* a ``subscriptions/listen`` stream: acknowledged first, tagged, filtered, fed by
+  other requests, and torn down when its client stops reading;
+* closing a streamed response cancels its handler (this revision's cancellation);
+* request state: a round continues with it; a tampered or another request's state
+  is 400, -32602, and never runs the handler with forged answers;
+* with authorization, a principal that stops reading is refused 429 on its other
+  connections.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+from tests.integration.rawhttp import Client, raw_request, sse_messages
+from weir.app import Context
+from weir.engine import App, Server, ServerConfig
+from weir.engine._auth import Authorization, JwtVerifier
+from weir.protocol import CreditLimits
+from weir.protocol.sessionless import META_SUBSCRIPTION_ID
+
+from .test_auth import ISSUER, RESOURCE, serve_jwks, token
+
+V = "2026-07-28"
+DRAIN_WINDOW = 0.5
+LIVENESS = 2.0
+SLACK = 3.0
+CREDIT = CreditLimits(
+    frames=16, bytes=64 * 1024, drain_window=DRAIN_WINDOW, liveness_timeout=LIVENESS
+)
+
+app = App("sessionless-loopback")
+ran: list[str] = []
+unwound: list[str] = []
+
+
+@app.tool()
+async def bulk(size: int) -> str:
+    """``size`` bytes of text."""
+    return "x" * size
+
+
+@app.tool()
+async def slow(label: str) -> str:
+    """Waits an hour, recording that it started and that it unwound."""
+    ran.append(label)
+    try:
+        await trio.sleep(3600)
+    finally:
+        unwound.append(label)
+    return "woke"
+
+
+@app.tool()
+async def greet(ctx: Context) -> str:
+    """Asks the user's name, then greets them (counts each run)."""
+    ran.append("greet")
+    answer = await ctx.elicit("Name?", {"type": "object"}, key="name")
+    return f"hello {answer.get('content', {}).get('name')}"
+
+
+@app.tool()
+async def touch(ctx: Context) -> str:
+    """Announces that the tool list changed."""
+    ctx.changed("tools")
+    return "touched"
+
+
+@app.prompt(description="a prompt, so that prompts can be listened for")
+def hello() -> str:
+    return "hello"
+
+
+META = {
+    "io.modelcontextprotocol/protocolVersion": V,
+    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+}
+
+
+def rpc(rid: int | str, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": rid,
+        "method": method,
+        "params": {**(params or {}), "_meta": META},
+    }
+
+
+def headers(message: dict[str, Any], **extra: str) -> dict[str, str]:
+    out = {"mcp-protocol-version": V, "mcp-method": message["method"]}
+    params = message.get("params") or {}
+    if message["method"] in ("tools/call", "prompts/get"):
+        out["mcp-name"] = params["name"]
+    out.update(extra)
+    return out
+
+
+def call(
+    rid: int | str, name: str, arguments: dict[str, Any] | None = None, **more: Any
+) -> dict[str, Any]:
+    return rpc(rid, "tools/call", {"name": name, "arguments": arguments or {}, **more})
+
+
+@asynccontextmanager
+async def serving(config: ServerConfig | None = None) -> AsyncIterator[Server]:
+    async with trio.open_nursery() as nursery:
+        server: Server = await nursery.start(
+            Server(app, config or ServerConfig(port=0, credit=CREDIT)).run
+        )
+        try:
+            yield server
+        finally:
+            server.shutdown()
+            with trio.fail_after(30):
+                await server.stopped.wait()
+
+
+async def ask(port: int, message: dict[str, Any], **extra: str) -> Any:
+    client = await Client.connect(port)
+    try:
+        return await client.request("POST", "/mcp", message, headers=headers(message, **extra))
+    finally:
+        await client.aclose()
+
+
+async def eventually(condition: Callable[[], bool], *, timeout: float) -> bool:
+    with trio.move_on_after(timeout):
+        for _ in range(math.ceil(timeout / 0.01) + 1):
+            if condition():
+                return True
+            await trio.sleep(0.01)
+    return condition()
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    ran.clear()
+    unwound.clear()
+
+
+async def test_a_stalled_streamed_answer_is_bounded_then_torn_down() -> None:
+    async with serving() as server:
+        stalled = await Client.connect(server.port, rcvbuf=4096)
+        big = call(1, "bulk", {"size": CREDIT.bytes - 2000})
+        await stalled.send_raw(
+            raw_request("POST", "/mcp", body=json.dumps(big).encode(), headers=headers(big))
+        )
+        assert await eventually(lambda: bool(server.owners), timeout=5)
+        (owner,) = server.owners
+        held = []
+        started = trio.current_time()
+        # Another client is served meanwhile, on its own connection and credit.
+        assert (await ask(server.port, call(2, "bulk", {"size": 10}))).status == 200
+        held.append(owner.credit.bytes_in_use)
+        assert await eventually(lambda: owner.closed, timeout=LIVENESS + SLACK)
+        assert trio.current_time() - started >= LIVENESS * 0.9 - 0.1
+        assert max(held) <= CREDIT.bytes
+        assert owner.credit.bytes_in_use == 0  # released with the teardown
+        assert await stalled.closed_by_peer(timeout=SLACK)
+        await stalled.aclose()
+
+
+async def test_a_listen_stream_is_acknowledged_tagged_filtered_and_fed() -> None:
+    async with serving() as server:
+        listen = rpc(
+            "listen-1",
+            "subscriptions/listen",
+            {
+                "notifications": {
+                    "toolsListChanged": True,
+                    "promptsListChanged": False,
+                    "resourcesListChanged": True,
+                }
+            },
+        )
+        client = await Client.connect(server.port)
+        await client.send_raw(
+            raw_request("POST", "/mcp", body=json.dumps(listen).encode(), headers=headers(listen))
+        )
+        body = b""
+        with trio.fail_after(10):
+            while b"acknowledged" not in body:
+                body += await client.stream.receive_some(65536)
+            assert (await ask(server.port, call(1, "touch"))).status == 200
+            while b"list_changed" not in body:
+                body += await client.stream.receive_some(65536)
+        head, _, rest = body.partition(b"\r\n\r\n")
+        assert b"text/event-stream" in head.lower() and b"id:" not in rest
+        messages = sse_messages(body.replace(b"\r\n", b"\n"))
+        ack, changed = messages[0], messages[1]
+        assert ack["method"] == "notifications/subscriptions/acknowledged"
+        # Only what was asked and can change: no resources here, prompts not asked.
+        assert ack["params"]["notifications"] == {"toolsListChanged": True}
+        assert changed["method"] == "notifications/tools/list_changed"
+        for msg in (ack, changed):
+            assert msg["params"]["_meta"][META_SUBSCRIPTION_ID] == "listen-1"
+        await client.aclose()
+        assert await eventually(lambda: not server.subscribers, timeout=SLACK)
+
+
+async def test_a_listen_stream_whose_client_stops_reading_is_torn_down() -> None:
+    async with serving() as server:
+        listen = rpc(7, "subscriptions/listen", {"notifications": {"toolsListChanged": True}})
+        stalled = await Client.connect(server.port, rcvbuf=4096)
+        await stalled.send_raw(
+            raw_request("POST", "/mcp", body=json.dumps(listen).encode(), headers=headers(listen))
+        )
+        assert await eventually(lambda: bool(server.subscribers), timeout=5)
+        (owner,) = server.owners
+        # Fill its credit with something else it never reads: a big answer on the same
+        # owner is impossible (one request at a time), so the notices pile up instead.
+        for i in range(40):
+            assert (await ask(server.port, call(i, "touch"))).status == 200
+            await trio.sleep(0.005)
+        assert owner.credit.frames_in_use <= CREDIT.frames
+        assert owner.credit.bytes_in_use <= CREDIT.bytes
+        assert await eventually(lambda: not server.subscribers, timeout=LIVENESS + SLACK + 2)
+        await stalled.aclose()
+
+
+async def test_closing_a_streamed_response_cancels_its_handler() -> None:
+    async with serving() as server:
+        message = call(1, "slow", {"label": "a"})
+        client = await Client.connect(server.port)
+        await client.send_raw(
+            raw_request("POST", "/mcp", body=json.dumps(message).encode(), headers=headers(message))
+        )
+        assert await eventually(lambda: ran == ["a"], timeout=5)
+        await client.aclose()
+        assert await eventually(lambda: unwound == ["a"], timeout=SLACK)
+
+
+async def test_request_state_continues_a_round_and_a_forged_one_is_refused() -> None:
+    async with serving() as server:
+        first = (await ask(server.port, call(1, "greet"))).json()["result"]
+        assert first["resultType"] == "input_required"
+        assert first["inputRequests"]["name"]["method"] == "elicitation/create"
+        state = first["requestState"]
+        answer = {"name": {"action": "accept", "content": {"name": "Ada"}}}
+        done = await ask(server.port, call(2, "greet", inputResponses=answer, requestState=state))
+        assert done.json()["result"]["content"][0]["text"] == "hello Ada"
+        for forged, other in ((state + "-TAMPERED", "greet"), (state, "touch")):
+            refused = await ask(
+                server.port, call(3, other, inputResponses=answer, requestState=forged)
+            )
+            assert refused.status == 400
+            error = refused.json()["error"]
+            assert error["code"] == -32602 and error["data"]["reason"] == "request_state_invalid"
+            assert refused.json()["id"] == 3
+        assert ran == ["greet", "greet"]  # the forged rounds ran nothing
+
+
+async def test_a_principal_that_stops_reading_is_refused_on_its_other_connections() -> None:
+    async with trio.open_nursery() as nursery:
+        jwks_port = await nursery.start(serve_jwks)
+        verifier = JwtVerifier(
+            issuer=ISSUER, audience=RESOURCE, jwks_url=f"http://127.0.0.1:{jwks_port}/jwks"
+        )
+        auth = Authorization(
+            verifier=verifier,
+            resource=RESOURCE,
+            authorization_servers=(ISSUER,),
+            required_scopes=frozenset({"mcp"}),
+        )
+        async with serving(ServerConfig(port=0, credit=CREDIT, auth=auth)) as server:
+            alice = {"authorization": f"Bearer {token('alice')}"}
+            bob = {"authorization": f"Bearer {token('bob')}"}
+            stalled = await Client.connect(server.port, rcvbuf=4096)
+            big = call(1, "bulk", {"size": CREDIT.bytes - 2000})
+            await stalled.send_raw(
+                raw_request(
+                    "POST", "/mcp", body=json.dumps(big).encode(), headers={**headers(big), **alice}
+                )
+            )
+            assert await eventually(lambda: len(server.principal_owners) == 1, timeout=5)
+            waiting = await Client.connect(server.port)
+            second = call(2, "bulk", {"size": 4000})
+            await waiting.send_raw(
+                raw_request(
+                    "POST",
+                    "/mcp",
+                    body=json.dumps(second).encode(),
+                    headers={**headers(second), **alice},
+                )
+            )
+            started = trio.current_time()
+            refused = None
+            for _ in range(100):
+                reply = await ask(server.port, call(3, "bulk", {"size": 1}), **alice)
+                if reply.status == 429:
+                    refused = reply
+                    break
+                await trio.sleep(0.05)
+            assert refused is not None, "alice was never refused"
+            assert trio.current_time() - started >= DRAIN_WINDOW * 0.9 - 0.1
+            assert refused.reason == "stream_half_open" and "retry-after" in refused.headers
+            # Another principal is untouched.
+            assert (await ask(server.port, call(4, "bulk", {"size": 1}), **bob)).status == 200
+            await stalled.aclose()
+            await waiting.aclose()
+        nursery.cancel_scope.cancel()
