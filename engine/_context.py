@@ -98,7 +98,7 @@ class SessionlessBackend(CallBackend):
     ``on_output`` is told when the handler first puts a message on its stream.
     """
 
-    __slots__ = ("_caller", "_on_output")
+    __slots__ = ("_caller", "_on_output", "asked")
 
     def __init__(
         self,
@@ -110,6 +110,8 @@ class SessionlessBackend(CallBackend):
         super().__init__(session, stream)
         self._caller = caller
         self._on_output = on_output
+        #: The handler asked the client for input: the answer is ``input_required``.
+        self.asked = False
 
     @property
     def session_id(self) -> None:  # type: ignore[override]

@@ -88,6 +88,7 @@ from coredis.client import Client
 from coredis.commands.script import Script
 from coredis.connection import TCPLocation
 from coredis.retry import ConstantRetryPolicy, NoRetryPolicy
+from coredis.tokens import PureToken
 from coredis.typing import ResponseType
 
 from weir.protocol.binding import ChannelVerdict
@@ -712,6 +713,19 @@ class RedisStore:
             return None
         binding, last, final = _items(reply)
         return StreamInfo(int(_text(binding)), int(cast(int, last)), _text(final) == "1")
+
+    async def shared_value(self, name: str, candidate: bytes) -> bytes:
+        """``SET NX`` then ``GET``: every replica ends up with the first value stored."""
+        key = f"{self.prefix}:shared:{_enc(name)}"
+
+        async def op() -> bytes | str | None:
+            await self._client.set(key, candidate, condition=PureToken.NX)
+            return await self._client.get(key)
+
+        value = await self._run("shared_value", op)
+        if value is None:
+            raise StoreUnavailable(f"shared_value: {name!r} vanished as it was set")
+        return value if isinstance(value, bytes) else value.encode("latin-1")
 
     def _box_key(self, principal: str, session_id: str, box: str) -> str:
         return f"{self._tag(principal, session_id)}:m:{_enc(box)}"

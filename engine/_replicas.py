@@ -31,6 +31,7 @@ from weir.protocol.messages import (
     renew_interval,
 )
 
+from ._keyed import NAMESPACE
 from ._server_base import _ServerBase
 from ._session import Session
 from ._store import SessionGone, StoreUnavailable
@@ -60,6 +61,16 @@ class _Replicas(_ServerBase):
                         list(session.calls),
                         self.replica_id,
                         lease,
+                    )
+                except (StoreUnavailable, SessionGone):
+                    continue
+            by_principal: dict[str, list[str]] = {}
+            for principal, key in list(self.keyed_calls):
+                by_principal.setdefault(principal, []).append(key)
+            for principal, keys in by_principal.items():
+                try:
+                    await self.store.renew_claims(
+                        principal, NAMESPACE, keys, self.replica_id, lease
                     )
                 except (StoreUnavailable, SessionGone):
                     continue

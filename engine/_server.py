@@ -69,6 +69,7 @@ from ._config import ServerConfig, _open_listeners
 from ._connection import Connection
 from ._connections import _Connections
 from ._execution import _Execution
+from ._keyed import _KeyedCalls, new_known_namespaces
 from ._legacy import _Legacy
 from ._listen import AcceptGate
 from ._memory import trim
@@ -88,7 +89,9 @@ from ._timers import Deadlines, Timed
 _TRIM_AFTER = 256 * 1024
 
 
-class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas, _Sessionless):
+class Server(
+    _Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas, _Sessionless, _KeyedCalls
+):
     """An MCP server for one :class:`~weir.engine.App` (see the module docstring).
 
     Args:
@@ -157,6 +160,10 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas, _Se
         self.owners: set[Session] = set()
         self.principal_owners: dict[str, Session] = {}
         self._owner_refs: dict[Session, int] = {}
+        #: Sessionless keyed calls running here ((principal, key) -> who waits), and
+        #: the principals whose gate namespace is known to exist.
+        self.keyed_calls: dict[tuple[str, str], trio.Event | None] = {}
+        self._known_namespaces = new_known_namespaces()
         self.subscribers: set[Listener] = set()
         keys = self.config.state_keys or (new_key(),)
         self.sealer = StateSealer(keys)
@@ -187,6 +194,10 @@ class Server(_Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas, _Se
         :meth:`serve_connection` (in-memory tests, or another accept loop).
         """
         try:
+            if self.store.shared and not self.config.state_keys:
+                # Replicas must open each other's request state: one key, in the store.
+                key = await self.store.shared_value("request-state-key", new_key())
+                self.sealer = StateSealer([key])
             async with self.app.lifespan_context() as state:
                 self.state = state
                 if listen:

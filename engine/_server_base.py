@@ -23,6 +23,7 @@ still named ``weir.engine._server``.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,7 @@ from weir.protocol import (
     StreamKind,
 )
 from weir.protocol.budget import RetentionBudget
-from weir.protocol.gate import CallCourse
+from weir.protocol.gate import AppendRecords, CallCourse, Record
 from weir.protocol.http import HeadCache
 from weir.protocol.jsonrpc import SERVER_ERROR
 from weir.protocol.legacy import LegacyMessages
@@ -89,6 +90,8 @@ class _ServerBase:
     owners: set[Session]
     principal_owners: dict[str, Session]
     _owner_refs: dict[Session, int]
+    keyed_calls: dict[tuple[str, str], trio.Event | None]
+    _known_namespaces: OrderedDict[str, None]
     subscribers: set[Listener]
     sealer: StateSealer
 
@@ -170,6 +173,14 @@ class _ServerBase:
         def _changed(self, method: str, uri: str | None = None) -> None: ...
         def _end_subscriptions(self) -> None: ...
         def _release_owner(self, conn: Connection) -> None: ...
+
+        # the sessionless gate (engine._keyed)
+        async def _keyed_course(
+            self, principal: str, req: Request, header_key: str
+        ) -> CallCourse: ...
+        async def _keyed_record(
+            self, principal: str, course: CallCourse, step: Record | AppendRecords | None
+        ) -> None: ...
 
         # JSON mode (engine._calls) and result size (engine._execution)
         async def _send_json(

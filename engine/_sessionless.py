@@ -65,6 +65,7 @@ from weir.protocol import (
     encode_notification,
     encode_result,
 )
+from weir.protocol.gate import CallCourse
 from weir.protocol.jsonrpc import INVALID_PARAMS, RESOURCE_NOT_FOUND, error_body
 from weir.protocol.lifecycle import ALL_VERSIONS
 from weir.protocol.sessionless import (
@@ -143,13 +144,25 @@ class _Sessionless(_ServerBase):
         if req.method == "subscriptions/listen":
             await self._listen(conn, owner, req)
             return
+        course = None
+        header_key = msg.headers.get("idempotency-key")
+        if req.method == "tools/call" and header_key is not None:
+            try:
+                course = await self._keyed_course(owner.record.principal, req, header_key)
+            except BaseException:
+                owner.done()
+                raise
+            if course.replay is not None:  # it ran: its stored answer, nothing runs
+                owner.done()
+                await self._send_json(conn, owner, list(_JSON), course.replay)
+                return
         sse = req.method in INPUT_METHODS and not self.config.json_response
         if sse and "text/event-stream" in (msg.headers.get("accept") or ""):
-            await self._sessionless_sse(conn, owner, req, inputs, caller)
+            await self._sessionless_sse(conn, owner, req, inputs, caller, course)
             return
         try:
             backend = SessionlessBackend(owner, None, caller)
-            body = await self._sessionless_answer(owner, req, None, inputs, backend)
+            body = await self._answer_recorded(owner, req, None, inputs, backend, course)
         finally:
             owner.done()
         if body is None:
@@ -272,6 +285,37 @@ class _Sessionless(_ServerBase):
         self.owners.add(owner)
         return owner
 
+    async def _answer_recorded(
+        self,
+        owner: Session,
+        req: Request,
+        handle: StreamHandle | None,
+        inputs: dict[str, Any] | None,
+        backend: SessionlessBackend,
+        course: CallCourse | None,
+    ) -> bytes | None:
+        """:meth:`_sessionless_answer`, and for a keyed call its outcome in the gate.
+
+        A finished call records its answer; an ``input_required`` answer, a refusal
+        or the client's cancellation gives the key back (nothing finished); a call
+        the process abandons is recorded ``interrupted``.
+        """
+        if course is None:
+            return await self._sessionless_answer(owner, req, handle, inputs, backend)
+        principal = owner.record.principal
+        course.started()
+        try:
+            body = await self._sessionless_answer(owner, req, handle, inputs, backend)
+        except RemoteProtocolError:
+            await self._keyed_record(principal, course, course.finished(None, final_append=False))
+            raise
+        except BaseException:
+            await self._keyed_record(principal, course, course.abandoned())
+            raise
+        outcome = body if body is not None and not backend.asked else None
+        await self._keyed_record(principal, course, course.finished(outcome, final_append=False))
+        return body
+
     async def _sessionless_answer(
         self,
         owner: Session,
@@ -299,6 +343,7 @@ class _Sessionless(_ServerBase):
                 try:
                     result = await dispatch(self.app, req, ctx)
                 except InputRequired as asked:
+                    backend.asked = True
                     result = self._input_required(owner, req, asked, ctx)
                 decorated = complete(req.method, result, self._server_info())
                 return self._fit(req, encode_result(req.id, decorated), handle)
@@ -340,6 +385,7 @@ class _Sessionless(_ServerBase):
         req: Request,
         inputs: dict[str, Any] | None,
         caller: Caller,
+        course: CallCourse | None = None,
     ) -> None:
         """Answer on an SSE stream; the handler is cancelled if the client goes away."""
         handle = owner.open_stream(
@@ -357,7 +403,7 @@ class _Sessionless(_ServerBase):
         async def run() -> None:
             try:
                 try:
-                    body = await self._sessionless_answer(owner, req, handle, inputs, backend)
+                    body = await self._answer_recorded(owner, req, handle, inputs, backend, course)
                 except RemoteProtocolError as exc:
                     if not started:
                         refused.append(exc)  # answered as this POST's status

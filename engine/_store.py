@@ -260,6 +260,12 @@ class SessionStore(Protocol):
     ) -> list[bytes]:
         """Everything in mailbox ``box``, oldest first; emptied unless ``keep``."""
 
+    async def shared_value(self, name: str, candidate: bytes) -> bytes:
+        """The value every process sharing this store uses for ``name``: the first
+        ``candidate`` stored wins (e.g. the key that seals request state).  A
+        process-local store answers ``candidate``."""
+        return candidate
+
     async def aclose(self) -> None:
         """Release connections."""
 
@@ -474,6 +480,9 @@ class MemoryStore:
         if not keep:
             s.boxes.pop(box, None)
         return list(items)
+
+    async def shared_value(self, name: str, candidate: bytes) -> bytes:
+        return candidate  # one process: nobody to agree with
 
     async def aclose(self) -> None:
         return None

@@ -67,6 +67,7 @@ import pytest
 import trio
 
 from tests.integration.conftest import ValkeyProcess
+from tests.integration.rawhttp import Client as RawClient
 from weir.engine import App, Context, Server, ServerConfig
 from weir.engine._redis_store import RedisStore
 from weir.engine._store import Retention
@@ -1462,3 +1463,81 @@ async def test_sigkill_mid_call_is_answered_interrupted_on_every_replica(
             p.stop()
         for f in files:
             f.close()
+
+
+# ---------------------------------------------------------------- the sessionless revision
+SESSIONLESS = "2026-07-28"
+SESSIONLESS_META = {
+    "io.modelcontextprotocol/protocolVersion": SESSIONLESS,
+    "io.modelcontextprotocol/clientCapabilities": {"sampling": {}},
+}
+
+
+async def _sessionless_post(
+    port: int, rid: int, name: str, params: dict[str, Any], **hdrs: str
+) -> Any:
+    msg = {
+        "jsonrpc": "2.0",
+        "id": rid,
+        "method": "tools/call",
+        "params": {"name": name, **params, "_meta": SESSIONLESS_META},
+    }
+    headers = {"mcp-protocol-version": SESSIONLESS, "mcp-method": "tools/call", "mcp-name": name}
+    client = await RawClient.connect(port)
+    try:
+        reply = await client.request("POST", "/mcp", msg, headers={**headers, **hdrs})
+    finally:
+        await client.aclose()
+    return reply
+
+
+async def test_a_reissued_sessionless_call_runs_once_on_any_replica(valkey_url: str) -> None:
+    """2026-07-28: a client that lost its stream re-issues the call with a new id; with
+    the same ``Idempotency-Key`` it is answered from the store on whichever replica
+    the balancer picks, and the tool runs once."""
+    ledger = Ledger()
+    async with replica_set(make_app(ledger), valkey_url, 3) as (_, balancer, _):
+        with trio.fail_after(20):
+            key = f"sessionless-{secrets.token_hex(3)}"
+            args = {"arguments": {"key": key, "steps": 1}}
+            replies = [
+                await _sessionless_post(
+                    balancer.port, rid, "charge", args, **{"idempotency-key": key}
+                )
+                for rid in (1, 2, 3)
+            ]
+    upstreams = {r.headers["x-upstream"] for r in replies}
+    assert len(upstreams) == 3  # three replicas answered
+    texts = [r.json()["result"]["content"][0]["text"] for r in replies]
+    assert texts == [f"charged {key} #1"] * 3
+    assert [r.json()["id"] for r in replies] == [1, 2, 3]
+    assert ledger.executions[key] == 1
+
+
+async def test_an_input_required_round_continues_on_another_replica(valkey_url: str) -> None:
+    """The sealed request state of one replica opens on another (the key is shared
+    through the store), so the client's next round may land anywhere."""
+    ledger = Ledger()
+    async with replica_set(make_app(ledger), valkey_url, 2) as (_, balancer, _):
+        with trio.fail_after(20):
+            first = await _sessionless_post(
+                balancer.port, 1, "ask", {"arguments": {"question": "2+2?"}}
+            )
+            result = first.json()["result"]
+            assert result["resultType"] == "input_required"
+            (asked_key,) = result["inputRequests"]
+            answer = {
+                asked_key: {
+                    "role": "assistant",
+                    "content": {"type": "text", "text": "four"},
+                    "model": "m",
+                }
+            }
+            params = {
+                "arguments": {"question": "2+2?"},
+                "inputResponses": answer,
+                "requestState": result["requestState"],
+            }
+            second = await _sessionless_post(balancer.port, 2, "ask", params)
+    assert first.headers["x-upstream"] != second.headers["x-upstream"]
+    assert second.json()["result"]["content"][0]["text"] == "the model said 'four'"

@@ -81,6 +81,16 @@ async def touch(ctx: Context) -> str:
     return "touched"
 
 
+bumps: list[int] = []
+
+
+@app.tool()
+async def bump(by: int = 1) -> str:
+    """Not idempotent: counts its runs."""
+    bumps.append(by)
+    return f"run {len(bumps)}"
+
+
 @app.prompt(description="a prompt, so that prompts can be listened for")
 def hello() -> str:
     return "hello"
@@ -151,6 +161,7 @@ async def eventually(condition: Callable[[], bool], *, timeout: float) -> bool:
 def _reset() -> None:
     ran.clear()
     unwound.clear()
+    bumps.clear()
 
 
 async def test_a_stalled_streamed_answer_is_bounded_then_torn_down() -> None:
@@ -314,3 +325,36 @@ async def test_a_principal_that_stops_reading_is_refused_on_its_other_connection
             await stalled.aclose()
             await waiting.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_an_idempotency_key_makes_a_reissued_call_replay_not_run() -> None:
+    async with serving() as server:
+        key = {"idempotency-key": "order-17"}
+        first = await ask(server.port, call(1, "bump"), **key)
+        # The revision's advice after a lost stream: the same request with a new id.
+        again = await ask(server.port, call(2, "bump"), **key)
+        assert first.json()["result"]["content"][0]["text"] == "run 1"
+        assert again.json()["id"] == 2
+        assert again.json()["result"]["content"] == first.json()["result"]["content"]
+        assert bumps == [1]  # ran once
+        other = await ask(server.port, call(3, "bump", {"by": 2}), **key)
+        assert other.status == 422 and other.reason == "idempotency_key_reused"
+        fresh = await ask(server.port, call(4, "bump"), **{"idempotency-key": "order-18"})
+        assert fresh.json()["result"]["content"][0]["text"] == "run 2"
+        unkeyed = [await ask(server.port, call(5, "bump")) for _ in range(2)]
+        assert [r.status for r in unkeyed] == [200, 200] and len(bumps) == 4  # no key: no gate
+
+
+async def test_a_keyed_call_that_asks_for_input_is_not_its_outcome_yet() -> None:
+    async with serving() as server:
+        key = {"idempotency-key": "greet-1"}
+        first = (await ask(server.port, call(1, "greet"), **key)).json()["result"]
+        assert first["resultType"] == "input_required"
+        answer = {"name": {"action": "accept", "content": {"name": "Ada"}}}
+        round2 = call(2, "greet", inputResponses=answer, requestState=first["requestState"])
+        done = await ask(server.port, round2, **key)
+        assert done.json()["result"]["content"][0]["text"] == "hello Ada"
+        round2["id"] = 3
+        replayed = await ask(server.port, round2, **key)  # the last round, re-issued
+        assert replayed.json()["result"]["content"] == done.json()["result"]["content"]
+        assert ran == ["greet", "greet"]

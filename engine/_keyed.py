@@ -1,0 +1,152 @@
+"""Exactly once on the sessionless revision: ``tools/call`` with an ``Idempotency-Key``.
+
+Theory of operation
+-------------------
+2026-07-28 tells a client that lost a response stream to issue the request again
+with a new id -- which runs a non-idempotent tool twice.  A client that sends an
+``Idempotency-Key`` gets weir's gate instead, as on the session era: the key is
+claimed in the store before the tool runs, a second delivery waits for the first
+and then replays its stored answer (on any replica, with a shared store), and a
+call that is still running past the wait is 409 ``in_progress``.  The key is
+scoped to the principal: the gate's records live in a per-principal namespace of
+the store (a session record named :data:`NAMESPACE`, created on first use and
+again if the store let it expire).
+
+The order of the steps is the core's :class:`~weir.protocol.gate.CallCourse`.  What
+is recorded differs from the session era in one way: an ``input_required`` answer
+is not an outcome (the call has not finished; its next round, with the same key,
+must run it), so it gives the key back.  Without the header nothing is gated: with
+no session, the same JSON-RPC id from two clients of one principal would be
+indistinguishable from a retry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from typing import Final
+
+import msgspec
+import trio
+
+from weir.protocol import Request
+from weir.protocol.gate import (
+    Answer,
+    AppendRecords,
+    CallCourse,
+    CallStart,
+    Claim,
+    ClaimAgain,
+    Record,
+    Run,
+)
+
+from ._server_base import _ServerBase, log
+from ._store import SessionGone, SessionRecord, StoreUnavailable
+
+#: The session id under which a principal's sessionless gate records live.
+NAMESPACE: Final = "~sessionless"
+#: Principals whose namespace this process knows exists (more are created again).
+MAX_KNOWN_NAMESPACES: Final = 4096
+
+
+class _KeyedCalls(_ServerBase):
+    """The idempotency gate for sessionless ``tools/call`` (see the module docstring)."""
+
+    async def _keyed_course(self, principal: str, req: Request, header_key: str) -> CallCourse:
+        """Pass the gate: the course says whether this delivery runs or replays.
+
+        Raises:
+            RemoteProtocolError: 400 for a malformed key, 409 ``in_progress`` past the
+                wait, 422 ``idempotency_key_reused``, 409 ``outcome_evicted``.
+        """
+        cfg = self.config
+        now = trio.current_time()
+        course = CallCourse(
+            req, header_key, now=now, wait=cfg.in_progress_wait, retry_ms=cfg.retry_ms
+        )
+        step: Claim | ClaimAgain | Run | Answer = course.first()
+        ours = False
+        while True:
+            if isinstance(step, Run):
+                assert course.key is not None
+                self.keyed_calls[principal, course.key] = None
+                return course
+            if isinstance(step, Answer):
+                self.metrics.duplicates_replayed += 1
+                return course
+            if isinstance(step, ClaimAgain):
+                with trio.move_on_at(step.until):
+                    if ours:
+                        done = self.keyed_calls.get((principal, step.claim.key))
+                        if done is None:
+                            done = self.keyed_calls[principal, step.claim.key] = trio.Event()
+                        await done.wait()
+                    else:
+                        await trio.sleep_forever()  # another replica runs it: ask again
+                step = step.claim
+            start = await self._keyed_claim(principal, req, step)
+            ours = (principal, step.key) in self.keyed_calls
+            step = course.claimed(start, trio.current_time(), local=ours)
+
+    async def _keyed_claim(self, principal: str, req: Request, claim: Claim) -> CallStart:
+        """One claim in the principal's namespace (created first, if need be)."""
+        for _ in range(2):
+            await self._namespace(principal)
+            try:
+                with trio.CancelScope(shield=True) as shield:
+                    shield.deadline = trio.current_time() + 5.0
+                    return await self.store.begin_call(
+                        principal,
+                        NAMESPACE,
+                        claim.key,
+                        claim.fingerprint,
+                        None,
+                        request_id=msgspec.json.encode(req.id),
+                        owner=self.replica_id,
+                        lease=self.config.claim_lease if self.store.shared else None,
+                    )
+            except SessionGone:
+                self._known_namespaces.pop(principal, None)  # expired: create it again
+        raise StoreUnavailable("the gate's namespace could not be created")
+
+    async def _namespace(self, principal: str) -> None:
+        known = self._known_namespaces
+        if principal in known:
+            known.move_to_end(principal)
+            return
+        record = SessionRecord(
+            session_id=NAMESPACE,
+            principal=principal,
+            protocol_version="2026-07-28",
+            created_at=trio.current_time(),
+            secret="",
+            salt="",
+        )
+        with contextlib.suppress(ValueError):  # it exists (another replica, an earlier life)
+            await self.store.create_session(record)
+        known[principal] = None
+        if len(known) > MAX_KNOWN_NAMESPACES:
+            known.popitem(last=False)
+
+    async def _keyed_record(
+        self, principal: str, course: CallCourse, step: Record | AppendRecords | None
+    ) -> None:
+        """Store what the course says (bounded and shielded on a shared store)."""
+        key = step.key if step is not None else None
+        try:
+            if isinstance(step, Record | AppendRecords):
+                with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    await self.store.finish_call(principal, NAMESPACE, step.key, step.payload)
+        except (StoreUnavailable, SessionGone):
+            log.warning("could not record the outcome of sessionless call %s", key)
+        finally:
+            if key is not None:
+                done = self.keyed_calls.pop((principal, key), None)
+                if done is not None:
+                    done.set()
+
+
+def new_known_namespaces() -> OrderedDict[str, None]:
+    """The server's record of namespaces it created (bounded LRU)."""
+    return OrderedDict()
