@@ -123,6 +123,9 @@ from ._store import (
 
 __all__ = ["RedisStore"]
 
+#: About how many announced changes the bus keeps (``XADD ... MAXLEN ~``).
+BUS_LENGTH = 1024
+
 T = TypeVar("T")
 
 #: Default deadline (seconds) of one store operation, including connecting.
@@ -726,6 +729,41 @@ class RedisStore:
         if value is None:
             raise StoreUnavailable(f"shared_value: {name!r} vanished as it was set")
         return value if isinstance(value, bytes) else value.encode("latin-1")
+
+    async def publish_change(self, change: bytes) -> None:
+        """``XADD`` to the bus stream, trimmed to about the newest 1,024 entries."""
+        key = f"{self.prefix}:bus"
+
+        async def op() -> object:
+            return await self._client.xadd(
+                key,
+                {"c": change},
+                trim_strategy=PureToken.MAXLEN,
+                threshold=BUS_LENGTH,
+                trim_operator=PureToken.APPROXIMATELY,
+            )
+
+        await self._run("publish_change", op)
+
+    async def read_changes(self, after: str | None) -> tuple[str, list[bytes]]:
+        """``XREAD`` after the cursor (at most 256 entries, no blocking); from the bus's
+        newest entry when ``after`` is ``None``."""
+        key = f"{self.prefix}:bus"
+
+        async def op() -> tuple[str, list[bytes]]:
+            if after is None:
+                newest = await self._client.xrevrange(key, count=1)
+                return (_text(newest[0].identifier) if newest else "0-0"), []
+            got = await self._client.xread({key: after}, count=256)
+            entries = next(iter(got.values()), ()) if got else ()
+            if not entries:
+                return after, []
+            changes = [
+                _blob(e.field_values.get(b"c") or e.field_values.get("c") or b"") for e in entries
+            ]
+            return _text(entries[-1].identifier), changes
+
+        return await self._run("read_changes", op)
 
     def _box_key(self, principal: str, session_id: str, box: str) -> str:
         return f"{self._tag(principal, session_id)}:m:{_enc(box)}"

@@ -215,6 +215,7 @@ class Server(
                 conns.start_soon(self._sweep_sessions)
                 if self.store.shared:
                     conns.start_soon(self._relay_mail)
+                    conns.start_soon(self._relay_changes)
                     conns.start_soon(self._renew_leases)
                 task_status.started(self)
                 await self._shutdown.wait()

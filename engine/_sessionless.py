@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 from typing import Any, Final
 
 import msgspec
@@ -83,9 +84,9 @@ from weir.protocol.states import StreamInput, StreamState
 
 from ._connection import Connection
 from ._context import SessionlessBackend
-from ._server_base import _ServerBase
+from ._server_base import _ServerBase, log
 from ._session import Session, SessionClosed, StreamHandle, StreamLost
-from ._store import SessionRecord
+from ._store import SessionRecord, StoreUnavailable
 from ._subscriptions import Listener, honoured
 from ._writer import SSE_HEADERS, PeerGone, write_stream
 
@@ -106,6 +107,10 @@ METHODS: Final = frozenset(
 )
 #: Methods that may answer ``input_required``, and stream notifications first.
 INPUT_METHODS: Final = frozenset(NAMED_TARGET)
+#: Seconds between two reads of the store's change bus (shared stores only).
+CHANGE_POLL: Final = 0.1
+#: How far back a replica's first read of the bus goes (clock skew between hosts).
+CHANGE_LOOKBACK: Final = 5.0
 #: Seconds a streamed answer's head waits for the handler's first message.
 FIRST_OUTPUT_WAIT: Final = 1.0
 #: Params that are the round's, not the request's (left out of its digest).
@@ -457,10 +462,57 @@ class _Sessionless(_ServerBase):
                 handle.handle(StreamInput.ABORT)
 
     def _changed(self, method: str, uri: str | None = None) -> None:
-        """Tell every client that wants it that a list changed, or resource ``uri`` did:
-        sessionless listeners, and session-era GET streams (resource updates only
-        where the session subscribed).  Never waits: a stream without credit for
-        the notice right now misses it (its peer is not reading)."""
+        """A handler announced a change: deliver it here and, with a shared store, put
+        it on the store's bus for the other replicas (:meth:`_relay_changes`)."""
+        self._deliver_change(method, uri)
+        if self.store.shared:
+            change = msgspec.json.encode({"m": method, "u": uri, "r": self.replica_id})
+            self._handlers_start(self._publish_change, change)
+
+    async def _publish_change(self, change: bytes) -> None:
+        try:
+            await self.store.publish_change(change)
+        except StoreUnavailable:
+            log.warning("could not put an announced change on the store's bus")
+
+    async def _relay_changes(self) -> None:
+        """Shared stores only: deliver the changes other replicas announced.
+
+        Reads the bus every :data:`CHANGE_POLL` seconds while anyone here listens, so
+        an idle replica costs the store nothing.  Once someone starts to listen, the
+        first read goes :data:`CHANGE_LOOKBACK` seconds back (the bus's ids are the
+        store's clock in milliseconds), so a change announced elsewhere just as the
+        listener arrived is not lost; a listener may hear a notice a few seconds
+        old, which only asks it to fetch a list again.
+        """
+        cursor: str | None = None
+        while True:
+            await trio.sleep(CHANGE_POLL)
+            if not self.subscribers and not self.sessions:
+                cursor = None
+                continue
+            if cursor is None:
+                cursor = f"{int((time.time() - CHANGE_LOOKBACK) * 1000)}-0"
+            try:
+                cursor, changes = await self.store.read_changes(cursor)
+            except StoreUnavailable:
+                continue
+            for raw in changes:
+                try:
+                    change = msgspec.json.decode(raw)
+                except msgspec.DecodeError:
+                    continue
+                if not isinstance(change, dict) or change.get("r") == self.replica_id:
+                    continue
+                method, uri = change.get("m"), change.get("u")
+                if isinstance(method, str) and (uri is None or isinstance(uri, str)):
+                    self._deliver_change(method, uri)
+
+    def _deliver_change(self, method: str, uri: str | None) -> None:
+        """Tell every client here that wants it that a list changed, or resource
+        ``uri`` did: sessionless listeners, and session-era GET streams (resource
+        updates only where the session subscribed).  Never waits: a GET stream
+        without credit for the notice right now misses it (its peer is not reading)."""
         for listener in list(self.subscribers):
             listener.notify(method, uri)
         params = {"uri": uri} if uri is not None else None

@@ -266,6 +266,15 @@ class SessionStore(Protocol):
         process-local store answers ``candidate``."""
         return candidate
 
+    async def publish_change(self, change: bytes) -> None:
+        """Put ``change`` (an announced change, encoded) on the bus every replica reads."""
+
+    async def read_changes(self, after: str | None) -> tuple[str, list[bytes]]:
+        """The changes published after cursor ``after`` (``None``: from now on) and the
+        cursor to read from next.  The bus keeps the newest 1,024 changes; a reader
+        further behind misses the older ones (each is a notice to re-fetch a list, so
+        a later one stands in for it)."""
+
     async def aclose(self) -> None:
         """Release connections."""
 
@@ -480,6 +489,12 @@ class MemoryStore:
         if not keep:
             s.boxes.pop(box, None)
         return list(items)
+
+    async def publish_change(self, change: bytes) -> None:
+        return None  # one process: the local listeners already heard it
+
+    async def read_changes(self, after: str | None) -> tuple[str, list[bytes]]:
+        return after or "", []
 
     async def shared_value(self, name: str, candidate: bytes) -> bytes:
         return candidate  # one process: nobody to agree with

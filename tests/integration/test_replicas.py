@@ -54,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import re
 import secrets
 from collections import Counter, deque
 from collections.abc import AsyncIterator
@@ -68,6 +69,7 @@ import trio
 
 from tests.integration.conftest import ValkeyProcess
 from tests.integration.rawhttp import Client as RawClient
+from tests.integration.rawhttp import raw_request
 from weir.engine import App, Context, Server, ServerConfig
 from weir.engine._redis_store import RedisStore
 from weir.engine._store import Retention
@@ -155,6 +157,12 @@ def make_app(ledger: Ledger) -> App:
         for i in range(1, count + 1):
             await ctx.report_progress(i, count)
         return f"said {count}"
+
+    @app.tool()
+    async def announce(ctx: Context) -> str:
+        """Announce that the tool list changed (heard by listeners on every replica)."""
+        ctx.changed("tools")
+        return "announced"
 
     @app.tool()
     async def ask(question: str, ctx: Context) -> str:
@@ -1541,3 +1549,34 @@ async def test_an_input_required_round_continues_on_another_replica(valkey_url: 
             second = await _sessionless_post(balancer.port, 2, "ask", params)
     assert first.headers["x-upstream"] != second.headers["x-upstream"]
     assert second.json()["result"]["content"][0]["text"] == "the model said 'four'"
+
+
+async def test_a_change_announced_on_one_replica_reaches_listeners_on_the_others(
+    valkey_url: str,
+) -> None:
+    """Three replicas; a listen stream on one; the change is announced by a call the
+    balancer sends to the next one, and arrives through the store's bus."""
+    ledger = Ledger()
+    async with replica_set(make_app(ledger), valkey_url, 3) as (_, balancer, _):
+        with trio.fail_after(20):
+            listen = {
+                "jsonrpc": "2.0",
+                "id": "listen-1",
+                "method": "subscriptions/listen",
+                "params": {"notifications": {"toolsListChanged": True}, "_meta": SESSIONLESS_META},
+            }
+            hdrs = {"mcp-protocol-version": SESSIONLESS, "mcp-method": "subscriptions/listen"}
+            client = await RawClient.connect(balancer.port)
+            body = json.dumps(listen).encode()
+            await client.send_raw(raw_request("POST", "/mcp", body=body, headers=hdrs))
+            seen = b""
+            while b"acknowledged" not in seen:
+                seen += await client.stream.receive_some(65536)
+            upstream = re.search(rb"x-upstream: (\d+)", seen.lower())
+            announced = await _sessionless_post(balancer.port, 1, "announce", {"arguments": {}})
+            assert announced.status == 200
+            assert upstream is not None
+            assert announced.headers["x-upstream"] != upstream.group(1).decode()
+            while b"notifications/tools/list_changed" not in seen:
+                seen += await client.stream.receive_some(65536)
+            await client.aclose()
