@@ -23,7 +23,7 @@ import trio
 from weir.app import Caller, McpError
 from weir.protocol import ErrorResponse, Response, encode_request
 
-from ._session import PendingRequest
+from ._session import PendingRequest, SessionClosed, StreamLost
 
 if TYPE_CHECKING:
     from ._session import Session, StreamHandle
@@ -98,7 +98,7 @@ class SessionlessBackend(CallBackend):
     ``on_output`` is told when the handler first puts a message on its stream.
     """
 
-    __slots__ = ("_caller", "_on_output", "asked")
+    __slots__ = ("_caller", "_on_output", "asked", "detached")
 
     def __init__(
         self,
@@ -112,6 +112,9 @@ class SessionlessBackend(CallBackend):
         self._on_output = on_output
         #: The handler asked the client for input: the answer is ``input_required``.
         self.asked = False
+        #: A keyed call outlives its response (see ``engine._sessionless``): once the
+        #: stream is gone, its messages go nowhere instead of ending the handler.
+        self.detached = False
 
     @property
     def session_id(self) -> None:  # type: ignore[override]
@@ -124,7 +127,11 @@ class SessionlessBackend(CallBackend):
     async def send(self, payload: bytes) -> None:
         if self._on_output is not None:
             self._on_output()
-        await super().send(payload)
+        try:
+            await super().send(payload)
+        except (StreamLost, SessionClosed):
+            if not self.detached:
+                raise
 
     async def request(
         self, method: str, params: dict[str, Any] | None, timeout: float

@@ -13,10 +13,14 @@ looked up and nothing outlives the response:
   whose peer stops reading is refused 429 ``stream_half_open`` before anything
   runs (on the principal's other connections), and torn down after the liveness
   timeout, as a session would be; it ends with its last connection.
-* **Closing the response is cancellation.**  A streamed answer's handler runs in
-  the handler nursery while the connection's task writes its stream; if the client
-  goes away first, the handler is cancelled.  Nothing is resumable in this era, so
-  frames carry no event ids.
+* **Closing the response is cancellation** -- unless the call carries an
+  ``Idempotency-Key``.  A streamed answer's handler runs in the handler nursery while
+  the connection's task writes its stream; if the client goes away first, the handler
+  is cancelled.  A keyed call is the exception: its client has said it will issue
+  the call again under the same key if the answer is lost, so the call runs to its
+  end (what it would have streamed goes nowhere), its outcome is recorded, and the
+  re-issued call replays it instead of finding a half-run call whose effects nobody
+  knows.  Nothing is resumable in this era, so frames carry no event ids.
 * **Input-required results.**  A handler that asks the client for something
   (``ctx.elicit``, ``ctx.sample``, ``ctx.list_roots``, ``ctx.input``) gets the
   answer if the request carries it (``inputResponses``, and the earlier rounds'
@@ -308,6 +312,7 @@ class _Sessionless(_ServerBase):
         if course is None:
             return await self._sessionless_answer(owner, req, handle, inputs, backend)
         principal = owner.record.principal
+        backend.detached = True
         course.started()
         try:
             body = await self._sessionless_answer(owner, req, handle, inputs, backend)
@@ -343,7 +348,8 @@ class _Sessionless(_ServerBase):
             inputs=inputs,
         )
         with trio.CancelScope() as scope:
-            owner.running[req.id] = scope
+            if not backend.detached:  # a keyed call is not cancelled with its response
+                owner.running[req.id] = scope
             try:
                 try:
                     result = await dispatch(self.app, req, ctx)

@@ -2,6 +2,12 @@
 
 Theory of operation
 -------------------
+:func:`open_client` picks the era: it probes ``server/discover`` and, if the server
+serves 2026-07-28, returns a :class:`~weir.engine._client_sessionless.SessionlessClient`
+(self-contained requests, input-required rounds, listen streams); otherwise, or with
+``mode="session"``, the session-era client below.  The errors, the retry bounds and
+the call traces are shared (:mod:`engine._client_common`).
+
 :func:`open_session` opens a :class:`ClientSession`: it POSTs ``initialize``, keeps the
 ``Mcp-Session-Id`` and the ``Mcp-Channel-Token`` (``<generation>.<secret>``) the server
 hands back, sends ``notifications/initialized``, and from then on puts the session id,
@@ -82,19 +88,52 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeAlias
+from typing import Any
 
 import msgspec
 import trio
 
 from weir.protocol.sse import SseComment, SseDecodeError, SseDecoder
 
-from ._client_http import ConnectionDropped, Pool, Response, ResponseTooLarge
+from ._client_common import (
+    _ACCEPT_BOTH,
+    _DRAIN_SECONDS,
+    _EVENT_ID,
+    REBIND_METHOD,
+    BadResponse,
+    CallTrace,
+    ChannelUnbound,
+    CursorInvalid,
+    CursorStale,
+    CursorUnknown,
+    HalfOpenError,
+    IdempotencyKeyReused,
+    InProgress,
+    JsonObject,
+    NotificationHandler,
+    ObservedEvent,
+    Overloaded,
+    ProgressCallback,
+    RebindResult,
+    RetryPolicy,
+    RpcError,
+    ServerRequestHandler,
+    SessionGone,
+    StreamResumeViolation,
+    TransportError,
+    Unavailable,
+    WeirError,
+    _decode,
+    _read_body,
+    _refusal,
+    _rpc_result,
+)
+from ._client_http import ConnectionDropped, Pool, Response
+from ._client_sessionless import CAPABILITY_OF, VERSION, SessionlessClient, discover
 from ._metrics import redact
 
 __all__ = [
@@ -113,208 +152,16 @@ __all__ = [
     "RetryPolicy",
     "RpcError",
     "SessionGone",
+    "SessionlessClient",
     "StreamResumeViolation",
     "TransportError",
     "Unavailable",
     "WeirError",
+    "open_client",
     "open_session",
 ]
 
 log = logging.getLogger(__name__)
-
-JsonObject: TypeAlias = dict[str, Any]
-#: ``on_progress(progress, total, message)`` for one call.
-ProgressCallback: TypeAlias = Callable[[float, float | None, str | None], Awaitable[None]]
-#: Answers one server-to-client request: its ``params`` in, its ``result`` out.
-ServerRequestHandler: TypeAlias = Callable[[JsonObject], Awaitable[JsonObject]]
-#: ``on_notification(method, params)`` for notifications other than our progress.
-NotificationHandler: TypeAlias = Callable[[str, JsonObject], Awaitable[None]]
-#: One observed event: ``(replica or None, epoch, seq)``.
-ObservedEvent: TypeAlias = tuple[str | None, str, int]
-
-REBIND_METHOD: Final = "weir/rebind"
-_EVENT_ID: Final = re.compile(r"([0-9a-f]{8}):(0|[1-9][0-9]{0,17})")
-_MAX_BODY: Final = 16 << 20
-_ACCEPT_BOTH: Final = "application/json, text/event-stream"
-_DRAIN_SECONDS: Final = 2.0  # reading the rest of a stream after its final response
-
-
-# ---------------------------------------------------------------------------- errors
-class WeirError(Exception):
-    """A request failed.  Branch on the subclass (or ``reason``), not on ``status``.
-
-    Attributes:
-        status: the HTTP status of the refusal, or None when no HTTP answer applies
-            (a transport failure, a contiguity violation).
-        reason: ``error.data.reason`` (e.g. ``"channel_unbound"``), or None.
-        message: human-readable text (the JSON-RPC ``error.message`` when there is one).
-        data: the JSON-RPC ``error.data`` object, or None.
-        code: the JSON-RPC error code, or None.
-        retry_after: seconds the server asked us to wait (``data.retryAfterMs`` or
-            ``Retry-After``), or None.
-    """
-
-    def __init__(
-        self,
-        status: int | None,
-        reason: str | None,
-        message: str,
-        data: JsonObject | None = None,
-        *,
-        code: int | None = None,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(f"{message} (status {status}, reason {reason})")
-        self.status = status
-        self.reason = reason
-        self.message = message
-        self.data = data
-        self.code = code
-        self.retry_after = retry_after
-
-
-class RpcError(WeirError):
-    """The server answered our request with a JSON-RPC error (e.g. -32601)."""
-
-
-class Overloaded(WeirError):
-    """429 or 503: nothing ran; retried with backoff, raised once attempts run out."""
-
-
-class HalfOpenError(Overloaded):
-    """429 ``stream_half_open``: the session's streams are not draining."""
-
-
-class Unavailable(Overloaded):
-    """503 ``store_unavailable`` or ``shutting_down``."""
-
-
-class InProgress(WeirError):
-    """409 ``in_progress``: a duplicate of a call that is still running."""
-
-
-class ChannelUnbound(WeirError):
-    """409 ``channel_unbound``: our channel token (or cursor) is not bound; rebind."""
-
-
-class CursorStale(WeirError):
-    """409 ``cursor_stale``: our generation was fenced by a newer rebind.  Never retried."""
-
-
-class CursorUnknown(WeirError):
-    """409 ``cursor_unknown``: the server does not hold the stream or event we named."""
-
-
-class CursorInvalid(WeirError):
-    """400 ``cursor_invalid``: the cursor is not in the ``<epoch>:<seq>`` namespace."""
-
-
-class SessionGone(WeirError):
-    """404 ``session_not_found``: the session is unknown, deleted or expired."""
-
-
-class IdempotencyKeyReused(WeirError):
-    """422 ``idempotency_key_reused``: the key was used for a different request."""
-
-
-class TransportError(WeirError):
-    """The connection failed or timed out and the request could not be completed."""
-
-
-class BadResponse(WeirError):
-    """The server's answer was not what MCP allows (wrong type, bad JSON, bad SSE)."""
-
-
-class StreamResumeViolation(WeirError):
-    """The events of a stream were not contiguous across reconnects (event ids).
-
-    Attributes:
-        observed: every ``(replica, epoch, seq)`` received on the stream, the
-            offending one last.
-    """
-
-    def __init__(self, message: str, observed: list[ObservedEvent]) -> None:
-        super().__init__(None, "stream_resume_violation", message, {"observed": observed})
-        self.observed = observed
-
-
-_BY_REASON: Final[dict[str, type[WeirError]]] = {
-    "stream_half_open": HalfOpenError,
-    "store_unavailable": Unavailable,
-    "shutting_down": Unavailable,
-    "in_progress": InProgress,
-    "channel_unbound": ChannelUnbound,
-    "cursor_stale": CursorStale,
-    "cursor_unknown": CursorUnknown,
-    "cursor_invalid": CursorInvalid,
-    "session_not_found": SessionGone,
-    "idempotency_key_reused": IdempotencyKeyReused,
-}
-
-
-# ---------------------------------------------------------------------------- public records
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RetryPolicy:
-    """How hard one request tries (every count bounds a loop).
-
-    Attributes:
-        max_attempts: re-sends after refusals (429, 503, 409 ``in_progress``).
-        max_reconnects: resumes in a row that bring no new event, and re-POSTs of a
-            keyed call whose connection died before any event id.
-        max_rebinds: rebinds after 409 ``channel_unbound``.
-        base_delay: first backoff delay in seconds; doubles with each attempt.
-        max_delay: backoff cap; a server asking for a longer wait is not retried.
-        jitter: each delay is multiplied by ``1 + jitter * rng()``, never shortened.
-    """
-
-    max_attempts: int = 5
-    max_reconnects: int = 5
-    max_rebinds: int = 1
-    base_delay: float = 0.1
-    max_delay: float = 30.0
-    jitter: float = 0.5
-
-
-@dataclass(slots=True)
-class CallTrace:
-    """What one request went through; pass one as ``trace=`` to inspect a call.
-
-    Attributes:
-        request_ids: the JSON-RPC id of every POST sent for it.
-        idempotency_keys: the distinct keys used, in order (a new one after a rebind).
-        observed_events: ``(replica, epoch, seq)`` of every event received, in order,
-            across reconnects.  Each POST opens a stream with a new epoch starting at
-            seq 0; within an epoch the seqs are contiguous (or the call raised).
-        resume_cursors: the ``Last-Event-ID`` of every resume GET, in order.
-        refusals: the refusals that were retried (429, 503, 409).
-        rebinds: how many ``channel_unbound`` recoveries the call went through.
-        reposts: re-POSTs of the same request after its connection died unread.
-        replayed_by_rebind: the response came from a rebind's ``results``.
-    """
-
-    request_ids: list[int] = field(default_factory=list)
-    idempotency_keys: list[str] = field(default_factory=list)
-    observed_events: list[ObservedEvent] = field(default_factory=list)
-    resume_cursors: list[str] = field(default_factory=list)
-    refusals: list[WeirError] = field(default_factory=list)
-    rebinds: int = 0
-    reposts: int = 0
-    replayed_by_rebind: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class RebindResult:
-    """The answer of ``weir/rebind``.
-
-    Attributes:
-        generation: the session's new generation.
-        channel_token: the new ``Mcp-Channel-Token``.
-        results: JSON-RPC responses the server had already produced for the session.
-    """
-
-    generation: int
-    channel_token: str
-    results: list[JsonObject]
 
 
 # ---------------------------------------------------------------------------- contiguity
@@ -422,73 +269,6 @@ class _Exchange:
         self.cursor = None
         self.retry_ms = None
         self.contiguity = _Contiguity(self.trace.observed_events)
-
-
-async def _read_body(resp: Response) -> bytes:
-    """The whole body of ``resp`` (its connection then goes back to the pool).
-
-    Raises:
-        ConnectionDropped: the connection failed.
-        BadResponse: the body is too large.
-    """
-    try:
-        return await resp.body(_MAX_BODY)
-    except ResponseTooLarge as exc:
-        raise BadResponse(resp.status, None, str(exc)) from None
-    finally:
-        await resp.aclose()
-
-
-def _decode(raw: bytes | str, status: int | None) -> Any:
-    try:
-        return msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise BadResponse(status, None, f"invalid JSON from the server: {exc}") from exc
-
-
-def _retry_after(headers: dict[str, str], data: JsonObject | None) -> float | None:
-    if data is not None and isinstance(data.get("retryAfterMs"), int | float):
-        return max(0.0, float(data["retryAfterMs"]) / 1000)
-    raw = headers.get("retry-after", "").strip()
-    return float(raw) if raw.isdigit() else None
-
-
-def _refusal(status: int, headers: dict[str, str], body: bytes) -> WeirError:
-    """The :class:`WeirError` for a non-2xx answer, chosen by ``error.data.reason``."""
-    message, reason, data, code = f"HTTP {status}", None, None, None
-    try:
-        doc = msgspec.json.decode(body) if body else None
-    except msgspec.DecodeError:
-        doc = None
-    err = doc.get("error") if isinstance(doc, dict) else None
-    if isinstance(err, dict):
-        message = str(err.get("message", message))
-        code = err["code"] if isinstance(err.get("code"), int) else None
-        data = err["data"] if isinstance(err.get("data"), dict) else None
-        if data is not None and isinstance(data.get("reason"), str):
-            reason = data["reason"]
-    cls = _BY_REASON.get(reason or "")
-    if cls is None:
-        cls = {404: SessionGone, 429: Overloaded, 503: Overloaded}.get(status, WeirError)
-    return cls(status, reason, message, data, code=code, retry_after=_retry_after(headers, data))
-
-
-def _rpc_result(msg: JsonObject, status: int | None) -> JsonObject:
-    if "error" in msg:
-        err = msg["error"] if isinstance(msg["error"], dict) else {}
-        data = err.get("data") if isinstance(err.get("data"), dict) else None
-        reason = data.get("reason") if data is not None else None
-        raise RpcError(
-            status,
-            reason if isinstance(reason, str) else None,
-            str(err.get("message", "JSON-RPC error")),
-            data,
-            code=err.get("code") if isinstance(err.get("code"), int) else None,
-        )
-    result = msg.get("result")
-    if not isinstance(result, dict):
-        raise BadResponse(status, None, f"response without a result object: {msg!r}")
-    return result
 
 
 # ---------------------------------------------------------------------------- the session
@@ -1046,3 +826,86 @@ async def open_session(
         finally:
             await session._shutdown()
             nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def open_client(
+    url: str,
+    *,
+    mode: str = "auto",
+    client_info: JsonObject | None = None,
+    timeout: float = 60.0,
+    retry: RetryPolicy | None = None,
+    sampling: ServerRequestHandler | None = None,
+    elicitation: ServerRequestHandler | None = None,
+    roots: ServerRequestHandler | None = None,
+    on_notification: NotificationHandler | None = None,
+    key_factory: Callable[[], str] | None = None,
+    rng: Callable[[], float] | None = None,
+) -> AsyncIterator[SessionlessClient | ClientSession]:
+    """A client for ``url`` in the newest era it serves.
+
+    ``mode``: ``"auto"`` (probe ``server/discover``; fall back to the session era),
+    ``"sessionless"`` (2026-07-28 or fail) or ``"session"`` (``initialize``, as
+    :func:`~weir.engine.client.open_session`).  Other arguments as for ``open_session``.
+
+    Raises:
+        ValueError: an unknown ``mode``.
+        WeirError: ``"sessionless"`` and the server does not serve 2026-07-28, or
+            the connection failed.
+    """
+    if mode not in ("auto", "session", "sessionless"):
+        raise ValueError(f"mode must be 'auto', 'session' or 'sessionless', not {mode!r}")
+    info = client_info or {"name": "weir-client", "version": "0.1.0"}
+    handlers: dict[str, ServerRequestHandler] = {}
+    for method, handler in (
+        ("sampling/createMessage", sampling),
+        ("elicitation/create", elicitation),
+        ("roots/list", roots),
+    ):
+        if handler is not None:
+            handlers[method] = handler
+    if mode != "session":
+        pool = Pool(url, timeout)
+        caps: JsonObject = {CAPABILITY_OF[m]: {} for m in handlers}
+        try:
+            found = await discover(pool, info, caps)
+        except ConnectionDropped as exc:
+            await pool.aclose()
+            raise TransportError(None, "transport", str(exc)) from None
+        except BaseException:
+            await pool.aclose()
+            raise
+        if found is not None:
+            client = SessionlessClient(
+                pool,
+                client_info=info,
+                retry=retry or RetryPolicy(),
+                key_factory=key_factory or (lambda: str(uuid.uuid4())),
+                rng=rng or random.random,
+                handlers=handlers,
+                on_notification=on_notification,
+                discovered=found,
+            )
+            try:
+                yield client
+            finally:
+                with trio.CancelScope(shield=True):
+                    await client.close()
+            return
+        await pool.aclose()
+        if mode == "sessionless":
+            raise WeirError(None, None, f"{url} does not serve protocol revision {VERSION}", None)
+    async with open_session(
+        url,
+        client_info=info,
+        timeout=timeout,
+        retry=retry,
+        sampling=sampling,
+        elicitation=elicitation,
+        roots=roots,
+        on_notification=on_notification,
+        key_factory=key_factory,
+        rng=rng,
+    ) as session:
+        yield session

@@ -82,6 +82,19 @@ async def touch(ctx: Context) -> str:
 
 
 bumps: list[int] = []
+finished: list[str] = []
+
+
+@app.tool()
+async def charge(label: str) -> str:
+    """Not idempotent and slow: counts its runs, finishes after 0.5 s."""
+    ran.append(label)
+    try:
+        await trio.sleep(0.5)
+    finally:
+        unwound.append(label)
+    finished.append(label)
+    return f"charged {label}"
 
 
 @app.tool()
@@ -162,6 +175,7 @@ def _reset() -> None:
     ran.clear()
     unwound.clear()
     bumps.clear()
+    finished.clear()
 
 
 async def test_a_stalled_streamed_answer_is_bounded_then_torn_down() -> None:
@@ -358,3 +372,21 @@ async def test_a_keyed_call_that_asks_for_input_is_not_its_outcome_yet() -> None
         replayed = await ask(server.port, round2, **key)  # the last round, re-issued
         assert replayed.json()["result"]["content"] == done.json()["result"]["content"]
         assert ran == ["greet", "greet"]
+
+
+async def test_a_keyed_call_outlives_a_lost_stream_and_its_reissue_replays() -> None:
+    async with serving() as server:
+        key = {"idempotency-key": "pay-1"}
+        message = call(1, "charge", {"label": "p"})
+        client = await Client.connect(server.port)
+        body = json.dumps(message).encode()
+        await client.send_raw(
+            raw_request("POST", "/mcp", body=body, headers=headers(message, **key))
+        )
+        assert await eventually(lambda: ran == ["p"], timeout=5)
+        await client.aclose()  # the stream is lost mid-call
+        # The client issues it again with a new id and the same key, at once.
+        again = await ask(server.port, call(2, "charge", {"label": "p"}), **key)
+        assert again.status == 200 and again.json()["id"] == 2
+        assert again.json()["result"]["content"][0]["text"] == "charged p"
+        assert ran == ["p"] and finished == ["p"]  # ran once, to its end
