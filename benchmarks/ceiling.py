@@ -10,6 +10,10 @@ format as weir's SSE mode:
   carrying the JSON-RPC result, then the end of the stream; with ``--json-response``
   one ``application/json`` body instead.
 
+With ``MCP-Protocol-Version: 2026-07-28`` (``fanout --sessionless``) there is no
+session: ``server/discover`` gets a fixed result, and ``tools/call`` the same stream
+without an event id, its result carrying ``resultType``.
+
 A request naming an unknown session gets 404.  There is nothing else: no Host or
 Origin checks, no version negotiation, no idempotency gate, no drain credit, no
 event log, no separate handler tasks.  It is what weir is compared against: the
@@ -89,6 +93,9 @@ class Ceiling:
         except msgspec.DecodeError:
             return _plain(conn, 400)
         method = msg.get("method")
+        version = next((v for k, v in request.headers if k == b"mcp-protocol-version"), b"")
+        if version == b"2026-07-28":
+            return self._sessionless(conn, msg)
         if method == "initialize":
             sid = secrets.token_urlsafe(32).encode()
             self.sessions[sid] = 0
@@ -125,6 +132,33 @@ class Ceiling:
             )
         ) + (conn.send(h11.EndOfMessage()) or b"")
 
+    def _sessionless(self, conn: h11.Connection, msg: dict[str, Any]) -> bytes:
+        if msg.get("method") == "server/discover":
+            result = _encode({"jsonrpc": "2.0", "id": msg.get("id"), "result": _DISCOVER})
+            return _whole(conn, 200, b"application/json", b"", result)
+        params = msg.get("params") or {}
+        text = (params.get("arguments") or {}).get("text", "")
+        reply = {"content": [{"type": "text", "text": text}], "resultType": "complete"}
+        payload = _encode({"jsonrpc": "2.0", "id": msg.get("id"), "result": reply})
+        if self.json_response:
+            return _whole(conn, 200, b"application/json", b"", payload)
+        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        return b"".join(
+            conn.send(e) or b""
+            for e in (
+                h11.Response(status_code=200, headers=headers, reason=b"OK"),
+                h11.Data(data=b"data: %s\n\n" % payload),
+            )
+        ) + (conn.send(h11.EndOfMessage()) or b"")
+
+
+_DISCOVER: dict[str, Any] = {
+    "resultType": "complete",
+    "supportedVersions": ["2026-07-28"],
+    "capabilities": {"tools": {}},
+    "ttlMs": 0,
+    "cacheScope": "private",
+}
 
 _REASONS = {200: b"OK", 202: b"Accepted", 400: b"Bad Request", 404: b"Not Found"}
 
@@ -138,11 +172,9 @@ def _plain(conn: h11.Connection, status: int) -> bytes:
 
 
 def _whole(conn: h11.Connection, status: int, ctype: bytes, sid: bytes, body: bytes) -> bytes:
-    headers = [
-        (b"content-type", ctype),
-        (b"content-length", b"%d" % len(body)),
-        (b"mcp-session-id", sid),
-    ]
+    headers = [(b"content-type", ctype), (b"content-length", b"%d" % len(body))]
+    if sid:
+        headers.append((b"mcp-session-id", sid))
     head = conn.send(h11.Response(status_code=status, headers=headers, reason=b"OK")) or b""
     return head + (conn.send(h11.Data(data=body)) or b"") + (conn.send(h11.EndOfMessage()) or b"")
 

@@ -69,6 +69,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1, help="unmeasured calls per session (1)")
     p.add_argument("--text-size", type=int, default=32, help="bytes of echo text (32)")
     p.add_argument("--json-response", action="store_true", help="JSON instead of SSE responses")
+    p.add_argument(
+        "--sessionless",
+        action="store_true",
+        help="speak MCP 2026-07-28: server/discover instead of initialize, every call "
+        "self-contained (_meta, MCP-Protocol-Version, Mcp-Method, Mcp-Name)",
+    )
     p.add_argument("--half-open", type=int, default=0, metavar="N", help="stalled peers (0)")
     p.add_argument("--half-open-rate", type=float, default=20.0, help="POSTs/s per peer (20)")
     p.add_argument("--half-open-pad", type=int, default=16384, help="bytes echoed per frame")
@@ -195,6 +201,7 @@ def options(args: argparse.Namespace) -> Options:
         warmup=args.warmup,
         text_size=args.text_size,
         json_response=args.json_response,
+        sessionless=args.sessionless,
         half_open=args.half_open,
         half_open_rate=args.half_open_rate,
         half_open_pad=args.half_open_pad,

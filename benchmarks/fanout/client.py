@@ -254,15 +254,25 @@ def _initialize_body(request_id: int, name: str) -> bytes:
 _INITIALIZED = b'{"jsonrpc":"2.0","method":"notifications/initialized"}'
 
 
-def _call_body(request_id: int, tool: str, arguments: dict[str, Any]) -> bytes:
-    return _encode(
-        {
-            "jsonrpc": "2.0",
-            "id": request_id,
-            "method": "tools/call",
-            "params": {"name": tool, "arguments": arguments},
-        }
-    )
+def _call_body(
+    request_id: int, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None = None
+) -> bytes:
+    params: dict[str, Any] = {"name": tool, "arguments": arguments}
+    if meta is not None:
+        params["_meta"] = meta
+    return _encode({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})
+
+
+#: The sessionless revision, and what each of its requests says about its client.
+SESSIONLESS_VERSION = "2026-07-28"
+
+
+def _sessionless_meta(name: str) -> dict[str, Any]:
+    return {
+        "io.modelcontextprotocol/protocolVersion": SESSIONLESS_VERSION,
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": name, "version": "0.1.0"},
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,19 +298,41 @@ class Endpoint:
 class McpSession:
     """One MCP session on one keep-alive connection."""
 
-    __slots__ = ("client", "endpoint", "name", "next_id", "prefix", "session_id")
+    __slots__ = ("client", "endpoint", "meta", "name", "next_id", "prefix", "session_id")
 
-    def __init__(self, endpoint: Endpoint, name: str) -> None:
+    def __init__(self, endpoint: Endpoint, name: str, *, sessionless: bool = False) -> None:
         self.endpoint = endpoint
         self.name = name
         self.client = Client(endpoint.host, endpoint.port)
         self.session_id: str | None = None
         self.next_id = 1
         self.prefix = ""
+        #: Sessionless (2026-07-28): the ``_meta`` every request carries, else None.
+        self.meta = _sessionless_meta(name) if sessionless else None
 
     async def open(self) -> None:
-        """``initialize`` and ``notifications/initialized`` (raises :class:`HttpError`)."""
+        """``initialize`` and ``notifications/initialized`` -- or, sessionless,
+        ``server/discover`` (raises :class:`HttpError`)."""
         ep = self.endpoint
+        if self.meta is not None:
+            body = _encode(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 0,
+                    "method": "server/discover",
+                    "params": {"_meta": self.meta},
+                }
+            )
+            extra = (
+                f"MCP-Protocol-Version: {SESSIONLESS_VERSION}\r\nMcp-Method: server/discover\r\n"
+            )
+            reply = await self.client.exchange(_post(ep.authority, ep.path, body, extra), 0)
+            if reply.status != 200 or reply.message is None or "result" not in reply.message:
+                raise HttpError(f"server/discover: HTTP {reply.status} {reply.body[:200]!r}")
+            self.prefix = (
+                f"MCP-Protocol-Version: {SESSIONLESS_VERSION}\r\nMcp-Method: tools/call\r\n"
+            )
+            return
         reply = await self.client.exchange(
             _post(ep.authority, ep.path, _initialize_body(0, self.name)), 0
         )
@@ -322,6 +354,7 @@ class McpSession:
         rid = self.next_id
         self.next_id += 1
         ep = self.endpoint
-        data = _post(ep.authority, ep.path, _call_body(rid, tool, arguments), self.prefix)
+        extra = self.prefix if self.meta is None else f"{self.prefix}Mcp-Name: {tool}\r\n"
+        data = _post(ep.authority, ep.path, _call_body(rid, tool, arguments, self.meta), extra)
         start = time.perf_counter()
         return await self.client.exchange(data, rid), start

@@ -39,6 +39,7 @@ class Options:
     warmup: int
     text_size: int
     json_response: bool
+    sessionless: bool
     half_open: int
     half_open_rate: float
     half_open_pad: int

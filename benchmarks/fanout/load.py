@@ -190,7 +190,10 @@ class Run(HalfOpenPeers):
     # ------------------------------------------------------------------ sessions
     async def open_sessions(self) -> list[McpSession]:
         opts = self.opts
-        sessions = [McpSession(self.main_endpoint, f"fanout-{i}") for i in range(opts.sessions)]
+        sessions = [
+            McpSession(self.main_endpoint, f"fanout-{i}", sessionless=opts.sessionless)
+            for i in range(opts.sessions)
+        ]
         limiter = trio.CapacityLimiter(64)
         failures: list[str] = []
         text = "x" * opts.text_size

@@ -81,6 +81,13 @@ def test_closed_loop_run_answers_every_call_once(tmp_path: Path, server: str) ->
         assert run["duplicates"] == 0
 
 
+@pytest.mark.parametrize("server", ["weir", "ceiling"])
+def test_the_sessionless_mode_answers_every_call(tmp_path: Path, server: str) -> None:
+    run = fanout(tmp_path, "--server", server, "--sessions", "6", "--calls", "4", "--sessionless")
+    assert run["server"] == server and run["calls"] == 24 and run["errors"] == 0
+    assert run["p50_ms"] <= run["p99_ms"] <= run["max_ms"]
+
+
 def test_half_open_peer_is_refused_its_queue_stays_within_credit(tmp_path: Path) -> None:
     run = fanout(
         tmp_path,
