@@ -1580,3 +1580,67 @@ async def test_a_change_announced_on_one_replica_reaches_listeners_on_the_others
             while b"notifications/tools/list_changed" not in seen:
                 seen += await client.stream.receive_some(65536)
             await client.aclose()
+
+
+@pytest.mark.parametrize("hard", [True, False], ids=["hard-kill", "graceful-kill"])
+async def test_a_keyed_sessionless_call_whose_replica_dies_is_answered_never_rerun(
+    valkey_url: str, hard: bool
+) -> None:
+    """The replica running a keyed 2026-07-28 call is killed; the client re-issues the
+    call (new id, same key) and it lands elsewhere.  It is answered -- the stored
+    ``interrupted`` error once the claim's lease runs out -- and never run again."""
+    ledger = Ledger()
+    config = {"claim_lease": 1.0}
+    async with replica_set(make_app(ledger), valkey_url, 3, config=config) as (
+        replicas,
+        balancer,
+        _,
+    ):
+        by_port = {str(r.port): r for r in replicas}
+        with trio.fail_after(20):
+            key = f"dies-{secrets.token_hex(3)}"
+            msg = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "tools/call",
+                "params": {
+                    "name": "charge",
+                    "arguments": {"key": key, "steps": 20},
+                    "_meta": SESSIONLESS_META,
+                },
+            }
+            hdrs = {
+                "mcp-protocol-version": SESSIONLESS,
+                "mcp-method": "tools/call",
+                "mcp-name": "charge",
+                "idempotency-key": key,
+            }
+            first = await RawClient.connect(balancer.port)
+            await first.send_raw(
+                raw_request("POST", "/mcp", body=json.dumps(msg).encode(), headers=hdrs)
+            )
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += await first.stream.receive_some(65536)
+            found = re.search(rb"x-upstream: (\d+)", head.lower())
+            assert found is not None and key in ledger.running
+            ledger.killing = "hard kill" if hard else "graceful kill"
+            await by_port[found.group(1).decode()].kill(hard=hard)
+            await first.aclose()
+            answer = None
+            for rid in range(2, 80):
+                reply = await _sessionless_post(
+                    balancer.port,
+                    rid,
+                    "charge",
+                    {"arguments": {"key": key, "steps": 20}},
+                    **{"idempotency-key": key},
+                )
+                if reply.status == 200:
+                    answer = reply.json()
+                    break
+                assert reply.status in (409, 502, 503), reply.status
+                await trio.sleep(0.1)
+    assert ledger.executions[key] == 1, ledger  # never run again
+    assert answer is not None, "the re-issued call was never answered"
+    assert answer["error"]["data"]["reason"] == "interrupted"
