@@ -456,13 +456,20 @@ class _Sessionless(_ServerBase):
         if not handle.try_send_now(listener.ack(flags)):
             self._handlers_start(handle.send, listener.ack(flags))
         self.subscribers.add(listener)
+        sender = trio.CancelScope()
+
+        async def send_changes() -> None:
+            with sender:
+                await listener.run()
+
+        # The sender is a handler task, not a child of this one: the writer's own
+        # errors (a peer gone) then reach the connection loop as they are.
+        self._handlers_start(send_changes)
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(listener.run)
-                keepalive = self.config.sse_keepalive
-                await write_stream(conn, owner, handle, 0, SSE_HEADERS, keepalive=keepalive)
-                nursery.cancel_scope.cancel()
+            keepalive = self.config.sse_keepalive
+            await write_stream(conn, owner, handle, 0, SSE_HEADERS, keepalive=keepalive)
         finally:
+            sender.cancel()
             self.subscribers.discard(listener)
             if handle.log.state is not StreamState.CLOSED:
                 handle.handle(StreamInput.ABORT)

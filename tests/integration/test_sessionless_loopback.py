@@ -104,6 +104,18 @@ async def bump(by: int = 1) -> str:
     return f"run {len(bumps)}"
 
 
+@app.tool()
+async def edit_note(ctx: Context) -> str:
+    """Announces that resource note://1 changed."""
+    ctx.changed("resources", uri="note://1")
+    return "edited"
+
+
+@app.resource("note://1", name="note", description="a resource, so that it can be watched")
+def note() -> str:
+    return "a note"
+
+
 @app.prompt(description="a prompt, so that prompts can be listened for")
 def hello() -> str:
     return "hello"
@@ -229,8 +241,11 @@ async def test_a_listen_stream_is_acknowledged_tagged_filtered_and_fed() -> None
         messages = sse_messages(body.replace(b"\r\n", b"\n"))
         ack, changed = messages[0], messages[1]
         assert ack["method"] == "notifications/subscriptions/acknowledged"
-        # Only what was asked and can change: no resources here, prompts not asked.
-        assert ack["params"]["notifications"] == {"toolsListChanged": True}
+        # Only what was asked: prompts were not.
+        assert ack["params"]["notifications"] == {
+            "toolsListChanged": True,
+            "resourcesListChanged": True,
+        }
         assert changed["method"] == "notifications/tools/list_changed"
         for msg in (ack, changed):
             assert msg["params"]["_meta"][META_SUBSCRIPTION_ID] == "listen-1"
@@ -390,3 +405,34 @@ async def test_a_keyed_call_outlives_a_lost_stream_and_its_reissue_replays() -> 
         assert again.status == 200 and again.json()["id"] == 2
         assert again.json()["result"]["content"][0]["text"] == "charged p"
         assert ran == ["p"] and finished == ["p"]  # ran once, to its end
+
+
+async def test_a_watched_resource_update_reaches_its_listener_only() -> None:
+    async with serving() as server:
+        listen = rpc(
+            "watch",
+            "subscriptions/listen",
+            {"notifications": {"resourceSubscriptions": ["note://1", "note://2"]}},
+        )
+        client = await Client.connect(server.port)
+        body = json.dumps(listen).encode()
+        await client.send_raw(raw_request("POST", "/mcp", body=body, headers=headers(listen)))
+        seen = b""
+        with trio.fail_after(10):
+            while b"acknowledged" not in seen:
+                seen += await client.stream.receive_some(65536)
+            assert (await ask(server.port, call(1, "touch"))).status == 200  # not asked for
+            assert (await ask(server.port, call(2, "edit_note"))).status == 200
+            while b"resources/updated" not in seen:
+                seen += await client.stream.receive_some(65536)
+        messages = sse_messages(seen.replace(b"\r\n", b"\n"))
+        assert messages[0]["params"]["notifications"] == {
+            "resourceSubscriptions": ["note://1", "note://2"]
+        }
+        assert [m["method"] for m in messages[1:]] == ["notifications/resources/updated"]
+        assert messages[1]["params"]["uri"] == "note://1"
+        assert messages[1]["params"]["_meta"][META_SUBSCRIPTION_ID] == "watch"
+        await client.aclose()
+        # A listener that hangs up is the connection's business, not the server's.
+        assert await eventually(lambda: not server.subscribers, timeout=SLACK)
+        assert (await ask(server.port, call(3, "touch"))).status == 200
