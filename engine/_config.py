@@ -68,6 +68,12 @@ class ServerConfig:
         retry_ms: the ``retry:`` hint sent when the server ends a stream early.
         shutdown_grace: seconds running handlers get to finish at shutdown.
         principal: the principal of every request when ``auth`` is not set.
+        retry_window: sessionless calls without an ``Idempotency-Key``: seconds within
+            which the very same request (same JSON-RPC id, method and params) from the
+            same principal is taken for a gateway's retry and answered from the first
+            delivery instead of run again (0: off).  Only for deployments where each
+            principal is one client: two clients of one principal sending the same
+            request inside the window would share one answer.
         state_keys: keys (32 bytes each) that seal sessionless request state; the
             first seals, all open (rotation).  Empty: a random key per process, so
             replicas behind one balancer must share keys to continue each other's
@@ -123,8 +129,13 @@ class ServerConfig:
     legacy_messages_path: str = "/messages"
     metrics_path: str | None = "/metrics"
     state_keys: tuple[bytes, ...] = ()
+    retry_window: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.retry_window < 86400:
+            raise ValueError(
+                f"retry_window must be 0 (off) to 86400 seconds, not {self.retry_window}"
+            )
         if self.resume not in RESUME_POLICIES:
             raise ValueError(
                 f"resume must be one of {', '.join(RESUME_POLICIES)}, got {self.resume!r}"

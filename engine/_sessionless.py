@@ -155,6 +155,8 @@ class _Sessionless(_ServerBase):
             return
         course = None
         header_key = msg.headers.get("idempotency-key")
+        if header_key is None and req.method == "tools/call":
+            header_key = self._same_request_key(req)
         if req.method == "tools/call" and header_key is not None:
             try:
                 course = await self._keyed_course(owner.record.principal, req, header_key)
@@ -179,6 +181,18 @@ class _Sessionless(_ServerBase):
         await self._send_json(conn, owner, list(_JSON), body)
 
     # ---------------------------------------------------------------- the checks
+    def _same_request_key(self, req: Request) -> str | None:
+        """With ``retry_window`` set: a key for an unkeyed call that the same request
+        (same id, method and params) gets again within the window -- a gateway's
+        retry of the same bytes.  Off by default: two clients of one principal that
+        send the same request would share one answer (see ``ServerConfig``)."""
+        window = self.config.retry_window
+        if window <= 0:
+            return None
+        canonical = msgspec.json.encode([req.id, req.method, req.params], order="sorted")
+        bucket = int(time.time() // window)
+        return f"same:{hashlib.sha256(canonical).hexdigest()[:32]}:{bucket}"
+
     def _check_param_headers(self, msg: SessionlessMessage, req: Request) -> None:
         """``Mcp-Param-*`` headers, against the called tool's ``x-mcp-header`` annotations."""
         params = req.params if isinstance(req.params, dict) else {}

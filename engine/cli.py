@@ -93,6 +93,15 @@ def _parser() -> argparse.ArgumentParser:
         help="names this replica in ': replica=<id>' SSE comments (default: random)",
     )
     st.add_argument(
+        "--retry-window",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="2026-07-28 calls without an Idempotency-Key: the same request (id, method, "
+        "params) from the same principal within SECONDS is a gateway retry, answered "
+        "from the first run (default 0: off; only where each principal is one client)",
+    )
+    st.add_argument(
         "--state-key-file",
         default=None,
         metavar="PATH",
@@ -344,6 +353,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         return ServerConfig(
             auth=auth_from_args(args),
             state_keys=state_keys,
+            retry_window=args.retry_window,
             limits=limits,
             keepalive_timeout=args.keepalive_timeout,
             head_timeout=args.head_timeout,
