@@ -53,7 +53,7 @@ from weir.protocol.states import SessionInput, StreamInput, StreamState
 
 from ._channel import raise_channel
 from ._connection import Connection
-from ._server_base import _ServerBase, _store_unavailable
+from ._server_base import _ServerBase, _store_unavailable, wait_for_claim
 from ._session import JsonCharge, Session, SessionClosed
 from ._store import ChannelRejected, MemoryStore, SessionGone, StoreUnavailable, check_channel
 from ._writer import SSE_HEADERS, PeerGone, write_stream
@@ -307,14 +307,7 @@ class _Calls(_ServerBase):
                 self.metrics.duplicates_replayed += 1
                 return course
             if isinstance(step, ClaimAgain):
-                with trio.move_on_at(step.until):
-                    if ours:
-                        local = session.calls[step.claim.key]
-                        if local is None:
-                            local = session.calls[step.claim.key] = trio.Event()
-                        await local.wait()  # wake exactly when it is done
-                    else:
-                        await trio.sleep_forever()  # another replica runs it: ask again
+                await wait_for_claim(session.calls, step.claim.key, step.until, ours)
                 step = step.claim
             start = await self._ask_claim(session, req, step, token)
             ours = step.key in session.calls

@@ -216,6 +216,21 @@ class RebindResult:
     results: list[JsonObject]
 
 
+async def list_all(
+    request: Callable[[str, JsonObject | None], Awaitable[JsonObject]], method: str, field: str
+) -> list[JsonObject]:
+    """Every item of a paginated list (following ``nextCursor``, at most 1000 pages)."""
+    items: list[JsonObject] = []
+    cursor: str | None = None
+    for _ in range(1000):
+        result = await request(method, {"cursor": cursor} if cursor else None)
+        items.extend(t for t in result.get(field, []) if isinstance(t, dict))
+        cursor = result.get("nextCursor")
+        if not isinstance(cursor, str) or not cursor:
+            break
+    return items
+
+
 # ---------------------------------------------------------------------------- answers
 async def _read_body(resp: Response) -> bytes:
     """The whole body of ``resp`` (its connection then goes back to the pool).

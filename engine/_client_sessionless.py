@@ -55,6 +55,7 @@ from ._client_common import (
     _read_body,
     _refusal,
     _rpc_result,
+    list_all,
 )
 from ._client_http import ConnectionDropped, Pool, Response
 
@@ -134,15 +135,7 @@ class SessionlessClient:
 
     async def list_tools(self) -> list[JsonObject]:
         """Every tool the server offers (following ``nextCursor``, at most 1000 pages)."""
-        tools: list[JsonObject] = []
-        cursor: str | None = None
-        for _ in range(1000):
-            result = await self.request("tools/list", {"cursor": cursor} if cursor else None)
-            tools.extend(t for t in result.get("tools", []) if isinstance(t, dict))
-            cursor = result.get("nextCursor")
-            if not isinstance(cursor, str) or not cursor:
-                break
-        return tools
+        return await list_all(self.request, "tools/list", "tools")
 
     async def request(
         self,

@@ -41,7 +41,7 @@ from weir.protocol.gate import (
     Run,
 )
 
-from ._server_base import _ServerBase, log
+from ._server_base import _ServerBase, log, wait_for_claim
 from ._store import SessionGone, SessionRecord, StoreUnavailable
 
 #: The session id under which a principal's sessionless gate records live.
@@ -76,14 +76,8 @@ class _KeyedCalls(_ServerBase):
                 self.metrics.duplicates_replayed += 1
                 return course
             if isinstance(step, ClaimAgain):
-                with trio.move_on_at(step.until):
-                    if ours:
-                        done = self.keyed_calls.get((principal, step.claim.key))
-                        if done is None:
-                            done = self.keyed_calls[principal, step.claim.key] = trio.Event()
-                        await done.wait()
-                    else:
-                        await trio.sleep_forever()  # another replica runs it: ask again
+                where = (principal, step.claim.key)
+                await wait_for_claim(self.keyed_calls, where, step.until, ours)
                 step = step.claim
             start = await self._keyed_claim(principal, req, step)
             ours = (principal, step.key) in self.keyed_calls

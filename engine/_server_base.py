@@ -195,6 +195,22 @@ class _ServerBase:
         async def _legacy_post(self, conn: Connection, post: LegacyMessages) -> None: ...
 
 
+async def wait_for_claim(
+    running: dict[Any, trio.Event | None], key: Any, until: float, local: bool
+) -> None:
+    """Wait, until ``until`` at most, for the delivery running a claimed call: its end
+    (``running[key]``'s event, made on first need) when it runs in this process,
+    else just the instant (another replica runs it: the caller asks the store again)."""
+    with trio.move_on_at(until):
+        if local:
+            done = running.get(key)
+            if done is None:
+                done = running[key] = trio.Event()
+            await done.wait()
+        else:
+            await trio.sleep_forever()
+
+
 def _store_unavailable(config: ServerConfig) -> RemoteProtocolError:
     return RemoteProtocolError(
         "the session store is unavailable; nothing was executed",

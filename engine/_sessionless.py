@@ -413,13 +413,7 @@ class _Sessionless(_ServerBase):
         course: CallCourse | None = None,
     ) -> None:
         """Answer on an SSE stream; the handler is cancelled if the client goes away."""
-        handle = owner.open_stream(
-            secrets.token_hex(4),
-            StreamKind.REQUEST,
-            max_events=self.config.max_stream_events,
-            emit_ids=False,
-        )
-        handle.outstanding = 1
+        handle = self._open_answer_stream(owner)
         first = trio.Event()
         refused: list[RemoteProtocolError] = []
         started = False
@@ -454,10 +448,8 @@ class _Sessionless(_ServerBase):
         finally:
             _end(owner, req, handle)
 
-    async def _listen(self, conn: Connection, owner: Session, req: Request) -> None:
-        """``subscriptions/listen``: acknowledge, then stream changes until the end."""
-        params = req.params if isinstance(req.params, dict) else {}
-        flags, kinds, uris = honoured(params.get("notifications"), self._capabilities())
+    def _open_answer_stream(self, owner: Session) -> StreamHandle:
+        """A stream for one request's answer: no event ids (nothing resumes)."""
         handle = owner.open_stream(
             secrets.token_hex(4),
             StreamKind.REQUEST,
@@ -465,6 +457,13 @@ class _Sessionless(_ServerBase):
             emit_ids=False,
         )
         handle.outstanding = 1
+        return handle
+
+    async def _listen(self, conn: Connection, owner: Session, req: Request) -> None:
+        """``subscriptions/listen``: acknowledge, then stream changes until the end."""
+        params = req.params if isinstance(req.params, dict) else {}
+        flags, kinds, uris = honoured(params.get("notifications"), self._capabilities())
+        handle = self._open_answer_stream(owner)
         listener = Listener(req, handle, kinds, uris)
         owner.done()  # its "answer" (the acknowledgement) is enqueued at once
         if not handle.try_send_now(listener.ack(flags)):

@@ -131,6 +131,7 @@ from ._client_common import (
     _read_body,
     _refusal,
     _rpc_result,
+    list_all,
 )
 from ._client_http import ConnectionDropped, Pool, Response
 from ._client_sessionless import CAPABILITY_OF, VERSION, SessionlessClient, discover
@@ -368,15 +369,7 @@ class ClientSession:
 
     async def list_tools(self) -> list[JsonObject]:
         """Every tool the server offers (following ``nextCursor``, at most 1000 pages)."""
-        tools: list[JsonObject] = []
-        cursor: str | None = None
-        for _ in range(1000):
-            result = await self.request("tools/list", {"cursor": cursor} if cursor else None)
-            tools.extend(t for t in result.get("tools", []) if isinstance(t, dict))
-            cursor = result.get("nextCursor")
-            if not isinstance(cursor, str) or not cursor:
-                break
-        return tools
+        return await list_all(self.request, "tools/list", "tools")
 
     async def request(
         self,
