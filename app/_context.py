@@ -149,9 +149,10 @@ class Context:
         #: Sessionless era: the answers this request carries, by key (None: the
         #: session era, where asking is a server-to-client request).
         self._inputs = inputs
-        #: The answers this run consumed (the next round's request state keeps them).
-        self.answered: dict[str, Any] = {}
-        self._asks: dict[str, int] = {}
+        if inputs is not None:  # (the session era's hot path allocates neither)
+            #: The answers this run consumed (the next round's request state keeps them).
+            self.answered: dict[str, Any] = {}
+            self._asks: dict[str, int] = {}
         self.state = state
         self.session_id = backend.session_id
         self.request_id = request_id

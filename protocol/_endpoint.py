@@ -214,8 +214,7 @@ def _session_id(headers: Headers) -> str | None:
     return sid
 
 
-def _protocol_version(request: HttpRequest) -> str:
-    version = request.headers.get("mcp-protocol-version")
+def _protocol_version(request: HttpRequest, version: str | None) -> str:
     if version is None:
         return DEFAULT_VERSION
     version = version.strip()
@@ -247,10 +246,11 @@ def route(request: HttpRequest, config: EndpointConfig) -> McpRequest:
     headers = request.headers
     check_host_and_origin(headers, config)
     method = request.method
-    if is_sessionless(headers.get("mcp-protocol-version")):
+    header_version = headers.get("mcp-protocol-version")
+    if header_version is not None and is_sessionless(header_version):
         return _route_sessionless(request, config)
     check_method(method, ALLOWED_METHODS)
-    version = _protocol_version(request)
+    version = _protocol_version(request, header_version)
     ctx = RequestContext(session_id=_session_id(headers), protocol_version=version, headers=headers)
     if method == "POST":
         return _route_post(request, ctx, config)
