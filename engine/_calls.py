@@ -309,7 +309,23 @@ class _Calls(_ServerBase):
             if isinstance(step, ClaimAgain):
                 await wait_for_claim(session.calls, step.claim.key, step.until, ours)
                 step = step.claim
-            start = await self._ask_claim(session, req, step, token)
+            try:
+                if self.store.shared:  # a claim another replica may have to interrupt
+                    start = await self._claim(session, req, step.key, step.fingerprint, token)
+                else:
+                    start = await self.store.begin_call(
+                        session.record.principal,
+                        session.session_id,
+                        step.key,
+                        step.fingerprint,
+                        token,
+                    )
+            except SessionGone:
+                await self._end_session(session)
+                raise session_refusal(session.session_id, req.id) from None
+            except ChannelRejected as exc:
+                raise_channel(exc.verdict, req.id)
+                raise  # unreachable: raise_channel raises
             ours = step.key in session.calls
             try:
                 step = course.claimed(start, trio.current_time(), local=ours)
@@ -317,26 +333,6 @@ class _Calls(_ServerBase):
                 if exc.reason is Reason.IN_PROGRESS:
                     self.metrics.duplicates_in_progress += 1
                 raise
-
-    async def _ask_claim(
-        self, session: Session, req: Request, claim: Claim, token: tuple[int, str] | None
-    ) -> CallStart:
-        """One claim round trip; a session the store no longer has is ended here.
-
-        Raises:
-            RemoteProtocolError: 404 for a gone session, or the channel's refusal.
-        """
-        principal, sid = session.record.principal, session.session_id
-        try:
-            if self.store.shared:  # a claim another replica may have to interrupt
-                return await self._claim(session, req, claim.key, claim.fingerprint, token)
-            return await self.store.begin_call(principal, sid, claim.key, claim.fingerprint, token)
-        except SessionGone:
-            await self._end_session(session)
-            raise session_refusal(sid, req.id) from None
-        except ChannelRejected as exc:
-            raise_channel(exc.verdict, req.id)
-            raise  # unreachable: raise_channel raises
 
     async def _claim(
         self, session: Session, req: Request, key: str, fp: bytes, token: tuple[int, str] | None

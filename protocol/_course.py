@@ -123,7 +123,7 @@ class CallCourse:
     ``replay`` is the answer of a course that runs nothing.
     """
 
-    __slots__ = ("_gate", "_held", "epoch", "phase", "replay", "request")
+    __slots__ = ("_claim_step", "_gate", "_held", "epoch", "phase", "replay", "request")
 
     def __init__(
         self, req: Request, header_key: str | None, *, now: float, wait: float, retry_ms: int
@@ -134,12 +134,12 @@ class CallCourse:
         self.replay: bytes | None = None
         self._held = False
         if req.method == "tools/call":
-            self._gate: GatePass | None = GatePass(
-                req, header_key, now=now, wait=wait, retry_ms=retry_ms
-            )
+            gate = GatePass(req, header_key, now=now, wait=wait, retry_ms=retry_ms)
+            self._gate: GatePass | None = gate
+            self._claim_step: Claim | None = Claim(gate.key, gate.fingerprint)
             self.phase = CoursePhase.CLAIMING
         else:
-            self._gate = None
+            self._gate = self._claim_step = None
             self.phase = CoursePhase.READY
 
     @classmethod
@@ -149,6 +149,7 @@ class CallCourse:
         course = cls.__new__(cls)
         course.request, course.epoch, course.replay = req, None, payload
         course._gate, course._held, course.phase = None, False, CoursePhase.ANSWERED
+        course._claim_step = None
         return course
 
     @property
@@ -255,8 +256,8 @@ class CallCourse:
         return Record(key, interrupted(self.request)) if key is not None else None
 
     def _claim(self) -> Claim:
-        assert self._gate is not None
-        return Claim(self._gate.key, self._gate.fingerprint)
+        assert self._claim_step is not None
+        return self._claim_step
 
     def _expect(self, phase: CoursePhase, step: str) -> None:
         if self.phase is not phase:

@@ -247,7 +247,12 @@ def route(request: HttpRequest, config: EndpointConfig) -> McpRequest:
     check_host_and_origin(headers, config)
     method = request.method
     header_version = headers.get("mcp-protocol-version")
-    if header_version is not None and is_sessionless(header_version):
+    # (A session-era version -- nearly every request -- needs no further look.)
+    if (
+        header_version is not None
+        and header_version not in SUPPORTED_VERSIONS
+        and is_sessionless(header_version)
+    ):
         return _route_sessionless(request, config)
     check_method(method, ALLOWED_METHODS)
     version = _protocol_version(request, header_version)
