@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NoReturn
 
 from ._errors import SERVER_ERROR, LocalProtocolError, Reason
 from ._gate import CallStart, Execute, GatePass, Refuse, Replay, replay_as
@@ -123,7 +123,7 @@ class CallCourse:
     ``replay`` is the answer of a course that runs nothing.
     """
 
-    __slots__ = ("_claim_step", "_gate", "_held", "epoch", "phase", "replay", "request")
+    __slots__ = ("_claim_step", "_gate", "epoch", "key", "phase", "replay", "request")
 
     def __init__(
         self, req: Request, header_key: str | None, *, now: float, wait: float, retry_ms: int
@@ -132,7 +132,8 @@ class CallCourse:
         self.request = req
         self.epoch: str | None = None
         self.replay: bytes | None = None
-        self._held = False
+        #: The gate key this delivery holds, if it holds one.
+        self.key: str | None = None
         if req.method == "tools/call":
             gate = GatePass(req, header_key, now=now, wait=wait, retry_ms=retry_ms)
             self._gate: GatePass | None = gate
@@ -148,14 +149,9 @@ class CallCourse:
         refusal, which the batch's response carries)."""
         course = cls.__new__(cls)
         course.request, course.epoch, course.replay = req, None, payload
-        course._gate, course._held, course.phase = None, False, CoursePhase.ANSWERED
+        course._gate, course.key, course.phase = None, None, CoursePhase.ANSWERED
         course._claim_step = None
         return course
-
-    @property
-    def key(self) -> str | None:
-        """The gate key this delivery holds, if it holds one."""
-        return self._gate.key if self._held and self._gate is not None else None
 
     @property
     def gated(self) -> bool:
@@ -176,11 +172,12 @@ class CallCourse:
             RemoteProtocolError: 409 ``in_progress`` past the wait, 422
                 ``idempotency_key_reused``, 409 ``outcome_evicted``.
         """
-        self._expect(CoursePhase.CLAIMING, "claimed")
+        if self.phase is not CoursePhase.CLAIMING:
+            self._misuse(CoursePhase.CLAIMING, "claimed")
         assert self._gate is not None
         decision = self._gate.decide(start, now, local=local)
         if isinstance(decision, Execute):
-            self.epoch, self._held, self.phase = decision.epoch, True, CoursePhase.READY
+            self.epoch, self.key, self.phase = decision.epoch, self._gate.key, CoursePhase.READY
             return _RUN
         if isinstance(decision, Replay):
             self.epoch, self.phase = decision.epoch, CoursePhase.ANSWERED
@@ -202,12 +199,13 @@ class CallCourse:
         if self.phase in (CoursePhase.RUNNING, CoursePhase.RECORDING):
             return None
         key = self.key
-        self.phase, self._held = CoursePhase.DONE, False
+        self.phase, self.key = CoursePhase.DONE, None
         return Record(key, None) if key is not None else None
 
     def started(self) -> None:
         """The handler is about to run: from now on the key is recorded, not given back."""
-        self._expect(CoursePhase.READY, "started")
+        if self.phase is not CoursePhase.READY:
+            self._misuse(CoursePhase.READY, "started")
         self.phase = CoursePhase.RUNNING
 
     def finished(
@@ -219,7 +217,8 @@ class CallCourse:
         this call alone, so its final append can record the outcome too.  Returns
         what to store (``None`` for an ungated request).
         """
-        self._expect(CoursePhase.RUNNING, "finished")
+        if self.phase is not CoursePhase.RUNNING:
+            self._misuse(CoursePhase.RUNNING, "finished")
         key = self.key
         if key is None:
             self.phase = CoursePhase.DONE
@@ -227,20 +226,22 @@ class CallCourse:
         if payload is not None and final_append:
             self.phase = CoursePhase.RECORDING
             return AppendRecords(key, payload)
-        self.phase, self._held = CoursePhase.DONE, False
+        self.phase, self.key = CoursePhase.DONE, None
         return Record(key, payload)
 
     def appended(self) -> None:
         """The final append of :class:`AppendRecords` landed: the outcome is stored."""
-        self._expect(CoursePhase.RECORDING, "appended")
-        self.phase, self._held = CoursePhase.DONE, False
+        if self.phase is not CoursePhase.RECORDING:
+            self._misuse(CoursePhase.RECORDING, "appended")
+        self.phase, self.key = CoursePhase.DONE, None
 
     def append_failed(self, payload: bytes) -> Record:
         """The final append did not land: record ``payload`` on its own."""
-        self._expect(CoursePhase.RECORDING, "append_failed")
+        if self.phase is not CoursePhase.RECORDING:
+            self._misuse(CoursePhase.RECORDING, "append_failed")
         key = self.key
         assert key is not None
-        self.phase, self._held = CoursePhase.DONE, False
+        self.phase, self.key = CoursePhase.DONE, None
         return Record(key, payload)
 
     def abandoned(self) -> Record | None:
@@ -250,18 +251,18 @@ class CallCourse:
         The payload is also the call's answer where it can still be sent (e.g. as a
         shared stream's final event).  ``None`` for an ungated request.
         """
-        self._expect(CoursePhase.RUNNING, "abandoned")
+        if self.phase is not CoursePhase.RUNNING:
+            self._misuse(CoursePhase.RUNNING, "abandoned")
         key = self.key
-        self.phase, self._held = CoursePhase.DONE, False
+        self.phase, self.key = CoursePhase.DONE, None
         return Record(key, interrupted(self.request)) if key is not None else None
 
     def _claim(self) -> Claim:
         assert self._claim_step is not None
         return self._claim_step
 
-    def _expect(self, phase: CoursePhase, step: str) -> None:
-        if self.phase is not phase:
-            raise LocalProtocolError(f"{step}() in phase {self.phase.value}, not {phase.value}")
+    def _misuse(self, phase: CoursePhase, step: str) -> NoReturn:
+        raise LocalProtocolError(f"{step}() in phase {self.phase.value}, not {phase.value}")
 
 
 def interrupted(req: Request) -> bytes:
