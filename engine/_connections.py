@@ -310,7 +310,13 @@ class _Connections(_ServerBase):
         if request.path == cfg.metrics_path:
             check_host_and_origin(request.headers, self._endpoint)
             check_method(request.method, "GET")
-            body = self.metrics.render(self.sessions, gate=self.gate, budget=self.budget).encode()
+            body = self.metrics.render(
+                self.sessions,
+                gate=self.gate,
+                budget=self.budget,
+                owners=self.owners,
+                listen_streams=len(self.subscribers),
+            ).encode()
             headers = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
             await conn.send(conn.http.send_response(200, headers, body))
             return

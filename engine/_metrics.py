@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -69,8 +69,14 @@ class Metrics:
         *,
         gate: AcceptGate | None = None,
         budget: RetentionBudget | None = None,
+        owners: Collection[Session] = (),
+        listen_streams: int = 0,
     ) -> str:
-        """The Prometheus text exposition of every metric."""
+        """The Prometheus text exposition of every metric.
+
+        ``owners``: the sessionless era's credit owners (connections or principals);
+        ``listen_streams``: its open ``subscriptions/listen`` streams.
+        """
         out: list[str] = []
 
         def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
@@ -220,6 +226,25 @@ class Metrics:
             "gauge",
             f"Unacknowledged bytes of the {self.top} sessions holding the most credit.",
             [(f'{{session="{_label(s)}"}}', s.credit.bytes_in_use) for s in worst],
+        )
+        held = [o for o in owners if not o.closed]
+        metric(
+            "weir_sessionless_owners",
+            "gauge",
+            "Credit owners of 2026-07-28 requests (a connection, or a principal).",
+            [("", len(held))],
+        )
+        metric(
+            "weir_sessionless_half_open",
+            "gauge",
+            "Of those, how many are half-open (refused 429).",
+            [("", sum(1 for o in held if o.half_open))],
+        )
+        metric(
+            "weir_listen_streams",
+            "gauge",
+            "Open subscriptions/listen streams.",
+            [("", listen_streams)],
         )
         return "\n".join(out) + "\n"
 

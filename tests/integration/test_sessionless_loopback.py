@@ -269,6 +269,10 @@ async def test_a_listen_stream_whose_client_stops_reading_is_torn_down() -> None
             await trio.sleep(0.005)
         assert owner.credit.frames_in_use <= CREDIT.frames
         assert owner.credit.bytes_in_use <= CREDIT.bytes
+        metrics = await Client.connect(server.port)
+        page = (await metrics.request("GET", "/metrics")).body.decode()
+        await metrics.aclose()
+        assert "weir_listen_streams 1" in page and "weir_sessionless_owners " in page
         assert await eventually(lambda: not server.subscribers, timeout=LIVENESS + SLACK + 2)
         await stalled.aclose()
 
