@@ -173,6 +173,12 @@ class RetryPolicy:
     max_delay: float = 30.0
     jitter: float = 0.5
 
+    def delay(self, attempt: int, floor: float | None, rng: Callable[[], float]) -> float:
+        """Seconds before retry ``attempt``: doubling from ``base_delay`` up to
+        ``max_delay``, at least ``floor`` (the server's hint), plus jitter."""
+        base = min(self.max_delay, self.base_delay * 2.0**attempt)
+        return float(max(base, floor or 0.0) * (1.0 + self.jitter * rng()))
+
 
 @dataclass(slots=True)
 class CallTrace:

@@ -52,6 +52,7 @@ from ._client_common import (
     RpcError,
     ServerRequestHandler,
     TransportError,
+    _decode,
     _read_body,
     _refusal,
     _rpc_result,
@@ -68,6 +69,25 @@ CAPABILITY_OF: Final = {
     "elicitation/create": "elicitation",
     "roots/list": "roots",
 }
+
+
+def capabilities_for(handlers: dict[str, ServerRequestHandler]) -> JsonObject:
+    """The client capabilities that the given ask handlers stand for."""
+    return {cap: {} for method, cap in CAPABILITY_OF.items() if method in handlers}
+
+
+def request_meta(
+    caps: JsonObject, client_info: JsonObject, progress_token: str | None = None
+) -> JsonObject:
+    """What every request of this revision says about its client (``params._meta``)."""
+    meta: JsonObject = {
+        "io.modelcontextprotocol/protocolVersion": VERSION,
+        "io.modelcontextprotocol/clientCapabilities": caps,
+        "io.modelcontextprotocol/clientInfo": client_info,
+    }
+    if progress_token is not None:
+        meta["progressToken"] = progress_token
+    return meta
 
 
 def header_value(value: str) -> str:
@@ -106,17 +126,10 @@ class SessionlessClient:
         self._on_notification = on_notification
         #: ``server/discover``'s result (versions, capabilities, identity).
         self.server_info = discovered
+        #: What this client declares on every request.
+        self.capabilities = capabilities_for(handlers)
         self._next_rid = 0
         self._closed = False
-
-    @property
-    def capabilities(self) -> JsonObject:
-        """What this client declares on every request."""
-        caps: JsonObject = {}
-        for method, cap in CAPABILITY_OF.items():
-            if method in self._handlers:
-                caps[cap] = {}
-        return caps
 
     # ------------------------------------------------------------------ public API
     async def call_tool(
@@ -181,14 +194,7 @@ class SessionlessClient:
 
     # ------------------------------------------------------------------ the request loop
     def _meta(self, progress_token: str | None) -> JsonObject:
-        meta: JsonObject = {
-            "io.modelcontextprotocol/protocolVersion": VERSION,
-            "io.modelcontextprotocol/clientCapabilities": self.capabilities,
-            "io.modelcontextprotocol/clientInfo": self._client_info,
-        }
-        if progress_token is not None:
-            meta["progressToken"] = progress_token
-        return meta
+        return request_meta(self.capabilities, self._client_info, progress_token)
 
     def _headers(self, method: str, params: JsonObject, key: str | None) -> list[tuple[str, str]]:
         hdrs = [
@@ -205,9 +211,7 @@ class SessionlessClient:
         return hdrs
 
     def _delay(self, attempt: int, floor: float | None) -> float:
-        policy = self.retry
-        base = min(policy.max_delay, policy.base_delay * 2.0**attempt)
-        return float(max(base, floor or 0.0) * (1.0 + policy.jitter * self._rng()))
+        return self.retry.delay(attempt, floor, self._rng)
 
     async def _run(
         self,
@@ -298,7 +302,7 @@ class SessionlessClient:
         if resp.status != 200:
             raise _refusal(resp.status, resp.headers, await _read_body(resp))
         if resp.content_type == "application/json":
-            msg = msgspec.json.decode(await _read_body(resp))
+            msg = _decode(await _read_body(resp), 200)
             if isinstance(msg, dict) and msg.get("id") == rid:
                 return msg
             raise BadResponse(200, None, f"the JSON answer is not our response: {msg!r}")
@@ -327,20 +331,16 @@ async def _sse_messages(resp: Response) -> AsyncIterator[JsonObject]:
     while chunk := await resp.chunk():
         for item in decoder.feed(chunk):
             if isinstance(item, SseEvent) and item.data:
-                msg = msgspec.json.decode(item.data)
+                msg = _decode(item.data, 200)
                 if isinstance(msg, dict):
                     yield msg
 
 
 async def discover(pool: Pool, client_info: JsonObject, caps: JsonObject) -> JsonObject | None:
     """``server/discover``'s result if the server serves 2026-07-28, else None."""
-    meta = {
-        "io.modelcontextprotocol/protocolVersion": VERSION,
-        "io.modelcontextprotocol/clientCapabilities": caps,
-        "io.modelcontextprotocol/clientInfo": client_info,
-    }
+    params = {"_meta": request_meta(caps, client_info)}
     body = msgspec.json.encode(
-        {"jsonrpc": "2.0", "id": 0, "method": "server/discover", "params": {"_meta": meta}}
+        {"jsonrpc": "2.0", "id": 0, "method": "server/discover", "params": params}
     )
     hdrs = [
         ("accept", "application/json, text/event-stream"),
@@ -353,8 +353,8 @@ async def discover(pool: Pool, client_info: JsonObject, caps: JsonObject) -> Jso
     if resp.status != 200 or resp.content_type != "application/json":
         return None  # a session-era server (a refusal, or another shape)
     try:
-        msg = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
+        msg = _decode(raw, 200)
+    except BadResponse:
         return None
     result = msg.get("result") if isinstance(msg, dict) else None
     versions = result.get("supportedVersions") if isinstance(result, dict) else None

@@ -23,7 +23,6 @@ indistinguishable from a retry.
 from __future__ import annotations
 
 import contextlib
-from collections import OrderedDict
 from typing import Final
 
 import msgspec
@@ -139,8 +138,3 @@ class _KeyedCalls(_ServerBase):
                 done = self.keyed_calls.pop((principal, key), None)
                 if done is not None:
                     done.set()
-
-
-def new_known_namespaces() -> OrderedDict[str, None]:
-    """The server's record of namespaces it created (bounded LRU)."""
-    return OrderedDict()

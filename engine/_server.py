@@ -50,6 +50,7 @@ from __future__ import annotations
 import gc
 import math
 import secrets
+from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -69,7 +70,7 @@ from ._config import ServerConfig, _open_listeners
 from ._connection import Connection
 from ._connections import _Connections
 from ._execution import _Execution
-from ._keyed import _KeyedCalls, new_known_namespaces
+from ._keyed import _KeyedCalls
 from ._legacy import _Legacy
 from ._listen import AcceptGate
 from ._memory import trim
@@ -163,7 +164,7 @@ class Server(
         #: Sessionless keyed calls running here ((principal, key) -> who waits), and
         #: the principals whose gate namespace is known to exist.
         self.keyed_calls: dict[tuple[str, str], trio.Event | None] = {}
-        self._known_namespaces = new_known_namespaces()
+        self._known_namespaces: OrderedDict[str, None] = OrderedDict()
         self.subscribers: set[Listener] = set()
         keys = self.config.state_keys or (new_key(),)
         self.sealer = StateSealer(keys)

@@ -67,6 +67,7 @@ from weir.protocol import (
     RemoteProtocolError,
     Request,
     StreamKind,
+    accepts,
     encode_notification,
     encode_result,
 )
@@ -168,7 +169,7 @@ class _Sessionless(_ServerBase):
                 await self._send_json(conn, owner, list(_JSON), course.replay)
                 return
         sse = req.method in INPUT_METHODS and not self.config.json_response
-        if sse and "text/event-stream" in (msg.headers.get("accept") or ""):
+        if sse and accepts(msg.headers.get("accept"), "text/event-stream"):
             await self._sessionless_sse(conn, owner, req, inputs, caller, course)
             return
         try:

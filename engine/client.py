@@ -134,7 +134,7 @@ from ._client_common import (
     list_all,
 )
 from ._client_http import ConnectionDropped, Pool, Response
-from ._client_sessionless import CAPABILITY_OF, VERSION, SessionlessClient, discover
+from ._client_sessionless import VERSION, SessionlessClient, capabilities_for, discover
 from ._metrics import redact
 
 __all__ = [
@@ -491,9 +491,7 @@ class ClientSession:
         return hdrs
 
     def _delay(self, attempt: int, floor: float | None) -> float:
-        policy = self.retry
-        base = min(policy.max_delay, policy.base_delay * 2.0**attempt)
-        return float(max(base, floor or 0.0) * (1.0 + policy.jitter * self._rng()))
+        return self.retry.delay(attempt, floor, self._rng)
 
     async def _run(self, ex: _Exchange) -> JsonObject:
         if self._closed:
@@ -860,7 +858,7 @@ async def open_client(
             handlers[method] = handler
     if mode != "session":
         pool = Pool(url, timeout)
-        caps: JsonObject = {CAPABILITY_OF[m]: {} for m in handlers}
+        caps = capabilities_for(handlers)
         try:
             found = await discover(pool, info, caps)
         except ConnectionDropped as exc:
