@@ -17,7 +17,9 @@ without an event id, its result carrying ``resultType``.
 A request naming an unknown session gets 404.  There is nothing else: no Host or
 Origin checks, no version negotiation, no idempotency gate, no drain credit, no
 event log, no separate handler tasks.  It is what weir is compared against: the
-difference in server CPU per call is the price of weir's MCP machinery.
+difference in server CPU per call is the price of weir's MCP machinery.  What it
+answers is shared with :mod:`benchmarks.floor` (:mod:`benchmarks._answers`), which
+frames HTTP by hand: the difference between those two is h11's price.
 
 ``python -m benchmarks.ceiling [--port 0] [--json-response]`` prints
 ``ceiling: serving http://HOST:PORT/PATH`` first on stdout.
@@ -27,32 +29,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import secrets
-from typing import Any
 
 import h11
-import msgspec
 import trio
+
+from ._answers import REASONS, Answer, Answers, serve_batched
 
 _RECV = 65536
 _IDLE = 75.0
-_encode = msgspec.json.encode
-_decode = msgspec.json.decode
-
-_INIT_RESULT = {
-    "protocolVersion": "2025-06-18",
-    "capabilities": {"tools": {"listChanged": False}},
-    "serverInfo": {"name": "ceiling", "version": "0.1.0"},
-}
 
 
 class Ceiling:
     """The minimal server (see the module docstring)."""
 
     def __init__(self, path: str, json_response: bool) -> None:
-        self.path = path.encode()
-        self.json_response = json_response
-        self.sessions: dict[bytes, int] = {}  # session id -> streams opened (the epoch)
+        self.answers = Answers(path.encode(), json_response)
 
     async def connection(self, stream: trio.SocketStream) -> None:
         """Serve one keep-alive connection until the peer closes it."""
@@ -86,97 +77,28 @@ class Ceiling:
 
     def respond(self, conn: h11.Connection, request: h11.Request, body: bytes) -> bytes:
         """The complete response to one request, as bytes."""
-        if request.target != self.path or request.method != b"POST":
-            return _plain(conn, 404)
-        try:
-            msg: dict[str, Any] = _decode(body)
-        except msgspec.DecodeError:
-            return _plain(conn, 400)
-        method = msg.get("method")
-        version = next((v for k, v in request.headers if k == b"mcp-protocol-version"), b"")
-        if version == b"2026-07-28":
-            return self._sessionless(conn, msg)
-        if method == "initialize":
-            sid = secrets.token_urlsafe(32).encode()
-            self.sessions[sid] = 0
-            result = _encode({"jsonrpc": "2.0", "id": msg.get("id"), "result": _INIT_RESULT})
-            return _whole(conn, 200, b"application/json", sid, result)
-        sid = next((v for k, v in request.headers if k == b"mcp-session-id"), b"")
-        epoch = self.sessions.get(sid)
-        if epoch is None:
-            return _plain(conn, 404)
-        if "id" not in msg:
-            return _plain(conn, 202)
-        params = msg.get("params") or {}
-        if method == "tools/call" and params.get("name") == "echo":
-            text = (params.get("arguments") or {}).get("text", "")
-            reply: dict[str, Any] = {"content": [{"type": "text", "text": text}]}
-            payload = _encode({"jsonrpc": "2.0", "id": msg["id"], "result": reply})
-        else:
-            error = {"code": -32601, "message": f"method {method!r} not found"}
-            payload = _encode({"jsonrpc": "2.0", "id": msg["id"], "error": error})
-        if self.json_response:
-            return _whole(conn, 200, b"application/json", sid, payload)
-        self.sessions[sid] = epoch = epoch + 1
-        headers = [
-            (b"content-type", b"text/event-stream"),
-            (b"cache-control", b"no-cache"),
-            (b"mcp-session-id", sid),
-        ]
-        event = b"id: %08x:0\ndata: %s\n\n" % (epoch, payload)
-        return b"".join(
-            conn.send(e) or b""
-            for e in (
-                h11.Response(status_code=200, headers=headers, reason=b"OK"),
-                h11.Data(data=event),
-            )
-        ) + (conn.send(h11.EndOfMessage()) or b"")
-
-    def _sessionless(self, conn: h11.Connection, msg: dict[str, Any]) -> bytes:
-        if msg.get("method") == "server/discover":
-            result = _encode({"jsonrpc": "2.0", "id": msg.get("id"), "result": _DISCOVER})
-            return _whole(conn, 200, b"application/json", b"", result)
-        params = msg.get("params") or {}
-        text = (params.get("arguments") or {}).get("text", "")
-        reply = {"content": [{"type": "text", "text": text}], "resultType": "complete"}
-        payload = _encode({"jsonrpc": "2.0", "id": msg.get("id"), "result": reply})
-        if self.json_response:
-            return _whole(conn, 200, b"application/json", b"", payload)
-        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-        return b"".join(
-            conn.send(e) or b""
-            for e in (
-                h11.Response(status_code=200, headers=headers, reason=b"OK"),
-                h11.Data(data=b"data: %s\n\n" % payload),
-            )
-        ) + (conn.send(h11.EndOfMessage()) or b"")
+        sid = version = b""
+        for name, value in request.headers:
+            if name == b"mcp-session-id":
+                sid = value
+            elif name == b"mcp-protocol-version":
+                version = value
+        return _frame(conn, self.answers.answer(request.method, request.target, sid, version, body))
 
 
-_DISCOVER: dict[str, Any] = {
-    "resultType": "complete",
-    "supportedVersions": ["2026-07-28"],
-    "capabilities": {"tools": {}},
-    "ttlMs": 0,
-    "cacheScope": "private",
-}
-
-_REASONS = {200: b"OK", 202: b"Accepted", 400: b"Bad Request", 404: b"Not Found"}
-
-
-def _plain(conn: h11.Connection, status: int) -> bytes:
-    response = h11.Response(
-        status_code=status, headers=[(b"content-length", b"0")], reason=_REASONS[status]
-    )
-    head = conn.send(response)
-    return (head or b"") + (conn.send(h11.EndOfMessage()) or b"")
-
-
-def _whole(conn: h11.Connection, status: int, ctype: bytes, sid: bytes, body: bytes) -> bytes:
-    headers = [(b"content-type", ctype), (b"content-length", b"%d" % len(body))]
-    if sid:
-        headers.append((b"mcp-session-id", sid))
-    head = conn.send(h11.Response(status_code=status, headers=headers, reason=b"OK")) or b""
-    return head + (conn.send(h11.Data(data=body)) or b"") + (conn.send(h11.EndOfMessage()) or b"")
+def _frame(conn: h11.Connection, a: Answer) -> bytes:
+    headers: list[tuple[bytes, bytes]] = []
+    if a.ctype:
+        headers.append((b"content-type", a.ctype))
+    if a.event:
+        headers.append((b"cache-control", b"no-cache"))
+    else:
+        headers.append((b"content-length", b"%d" % len(a.body)))
+    if a.sid:
+        headers.append((b"mcp-session-id", a.sid))
+    head = conn.send(h11.Response(status_code=a.status, headers=headers, reason=REASONS[a.status]))
+    data = conn.send(h11.Data(data=a.body)) if a.body else b""
+    return (head or b"") + (data or b"") + (conn.send(h11.EndOfMessage()) or b"")
 
 
 async def _main(host: str, port: int, path: str, json_response: bool) -> None:
@@ -184,7 +106,7 @@ async def _main(host: str, port: int, path: str, json_response: bool) -> None:
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
     print(f"ceiling: serving http://{host}:{bound}{path}", flush=True)
-    await trio.serve_listeners(server.connection, listeners)
+    await serve_batched(server.connection, listeners[0])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -30,6 +30,8 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import os
+import socket
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -38,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: ``accept()`` errors that mean "out of resources, try again later".
 CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+#: Most connections taken from the backlog at one wake-up of the accept loop.
+ACCEPT_BATCH = 128
 _BACKOFF_MIN = 0.05
 _BACKOFF_MAX = 1.0
 _LOG_EVERY = 10.0
@@ -150,22 +154,42 @@ class AcceptGate:
         handler: Callable[[trio.SocketStream, Slot], Awaitable[None]],
         nursery: trio.Nursery,
     ) -> None:
-        """Accept on ``listener`` forever, each connection handled in ``nursery``."""
+        """Accept on ``listener`` forever, each connection handled in ``nursery``.
+
+        Every wake-up takes all the connections already waiting in the backlog (up
+        to the limit and :data:`ACCEPT_BATCH`), not one: Trio's ``accept()`` yields to
+        the scheduler once per connection, so when hundreds of clients connect at
+        once the last would wait behind hundreds of rounds of the others' requests.
+        """
+        raw = socket.socket(fileno=os.dup(listener.socket.fileno()))
+        raw.setblocking(False)
         backoff = _BACKOFF_MIN
-        while True:
-            await self._wait_for_room(listener)
-            try:
-                stream = await listener.accept()
-            except OSError as exc:
-                if exc.errno not in CAPACITY_ERRNOS:
-                    raise
-                self._log_capacity(exc)
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, _BACKOFF_MAX)
-                continue
-            backoff = _BACKOFF_MIN
-            slot = self._take()
-            nursery.start_soon(self._run, handler, stream, slot)
+        try:
+            while True:
+                await self._wait_for_room(listener)
+                await trio.lowlevel.wait_readable(raw)
+                for _ in range(ACCEPT_BATCH):
+                    if self.open >= self.limit:
+                        break
+                    try:
+                        sock, _addr = raw.accept()
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError as exc:
+                        if exc.errno == errno.ECONNABORTED:
+                            continue  # the client left before we took it
+                        if exc.errno not in CAPACITY_ERRNOS:
+                            raise
+                        self._log_capacity(exc)
+                        await trio.sleep(backoff)
+                        backoff = min(backoff * 2, _BACKOFF_MAX)
+                        break
+                    backoff = _BACKOFF_MIN
+                    stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+                    nursery.start_soon(self._run, handler, stream, self._take())
+                await trio.lowlevel.checkpoint()
+        finally:
+            raw.close()
 
     async def _run(
         self,
@@ -179,4 +203,4 @@ class AcceptGate:
             self._give_back(slot)
 
 
-__all__ = ["CAPACITY_ERRNOS", "AcceptGate", "Slot"]
+__all__ = ["ACCEPT_BATCH", "CAPACITY_ERRNOS", "AcceptGate", "Slot"]

@@ -56,18 +56,37 @@ def parser() -> argparse.ArgumentParser:
     target.add_argument("--url", help="benchmark this running server (needs an echo tool)")
     target.add_argument(
         "--server",
-        choices=["weir", "ceiling", "sdk", "all"],
+        choices=["weir", "floor", "ceiling", "sdk", "compare", "all"],
         default="weir",
-        help="start this server here (all: weir, ceiling and sdk, one after another)",
+        help="start this server here (compare: weir, floor and ceiling; all: those and "
+        "sdk; one after another)",
     )
+    p.add_argument(
+        "--measure",
+        choices=["session", "phase", "idle"],
+        default="session",
+        help="session: each session's whole life (connect, initialize, the calls), all "
+        "starting at once -- what a user sees (default); phase: only the calls, after "
+        "an unmeasured setup; idle: open the sessions, leave them idle, weigh the server",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the servers N times in rotation; ratios are medians of the rounds'",
+    )
+    p.add_argument("--idle-hold", type=float, default=2.0, help="--measure idle: seconds idle (2)")
     p.add_argument("--pid", type=int, help="with --url: the server's pid, for CPU and RSS")
     p.add_argument("--sessions", type=int, default=400, help="sessions (default 400)")
-    p.add_argument("--calls", type=int, default=20, help="tools/call per session (default 20)")
+    p.add_argument("--calls", type=int, default=25, help="tools/call per session (default 25)")
     p.add_argument("--concurrency", type=int, help="most calls in flight (default: sessions)")
     p.add_argument("--duration", type=float, help="call for this many seconds instead")
     p.add_argument("--rate", type=float, help="pace all sessions to this many calls/s in total")
-    p.add_argument("--warmup", type=int, default=1, help="unmeasured calls per session (1)")
-    p.add_argument("--text-size", type=int, default=32, help="bytes of echo text (32)")
+    p.add_argument(
+        "--warmup", type=int, default=1, help="--measure phase: unmeasured calls per session (1)"
+    )
+    p.add_argument("--text-size", type=int, default=64, help="bytes of echo text (64)")
     p.add_argument("--json-response", action="store_true", help="JSON instead of SSE responses")
     p.add_argument(
         "--sessionless",
@@ -164,7 +183,7 @@ def options(args: argparse.Namespace) -> Options:
         raise SystemExit("fanout: --duration must be in (0, 3600]")
     if args.half_open and args.half_open_rate <= 0:
         raise SystemExit("fanout: --half-open-rate must be > 0")
-    if args.half_open and args.server in ("ceiling", "sdk", "all") and args.url is None:
+    if args.half_open and args.server != "weir" and args.url is None:
         raise SystemExit(
             "fanout: --half-open needs weir's legacy /sse (use --server weir or --url)"
         )
@@ -176,9 +195,15 @@ def options(args: argparse.Namespace) -> Options:
         raise SystemExit("fanout: --peer-nice needs --peer-process")
     if args.pin_server and args.url is not None:
         raise SystemExit("fanout: --pin-server pins a server started here (not with --url)")
+    if not 1 <= args.repeat <= 50:
+        raise SystemExit("fanout: --repeat must be in [1, 50]")
+    if args.measure != "phase" and (args.duration or args.rate or args.half_open):
+        raise SystemExit("fanout: --duration, --rate and --half-open need --measure phase")
     if args.ab < 0:
         raise SystemExit("fanout: --ab must be >= 0")
-    if args.ab and (not args.half_open or args.url is not None or args.server == "all"):
+    if args.ab and (
+        not args.half_open or args.url is not None or args.server in ("all", "compare")
+    ):
         raise SystemExit("fanout: --ab needs --half-open N and one server started here")
     if args.peers_only and (args.url is None or args.phase_start is None or not args.half_open):
         raise SystemExit("fanout: --peers-only is internal (--peer-process starts it)")
@@ -223,6 +248,8 @@ def options(args: argparse.Namespace) -> Options:
         peer_process=args.peer_process,
         peer_nice=args.peer_nice,
         pin_server=args.pin_server,
+        measure=args.measure,
+        idle_hold=args.idle_hold,
     )
 
 
@@ -240,8 +267,11 @@ async def _main(args: argparse.Namespace, opts: Options) -> list[RunResult]:
                     result.arm = arm
                     results.append(result)
             return results
-        names = ["weir", "ceiling", "sdk"] if args.server == "all" else [args.server]
-        for name in names:
+        names = {
+            "all": ["weir", "floor", "ceiling", "sdk"],
+            "compare": ["weir", "floor", "ceiling"],
+        }.get(args.server, [args.server])
+        for name in names * args.repeat:
             if name == "sdk" and not _have_sdk():
                 print(
                     "fanout: the mcp SDK is not installed (extra 'sdk'): skipped", file=sys.stderr

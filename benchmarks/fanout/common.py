@@ -61,3 +61,8 @@ class Options:
     peer_process: bool = False
     peer_nice: int = 0
     pin_server: bool = False
+    #: ``session``: the whole life of every session is measured (connect, initialize,
+    #: the calls), all sessions starting at once; ``phase``: only the calls, after a
+    #: setup phase; ``idle``: sessions opened and left idle, for memory.
+    measure: str = "session"
+    idle_hold: float = 2.0

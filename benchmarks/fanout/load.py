@@ -188,27 +188,39 @@ class Run(HalfOpenPeers):
             )
 
     # ------------------------------------------------------------------ sessions
-    async def open_sessions(self) -> list[McpSession]:
+    def new_sessions(self) -> list[McpSession]:
         opts = self.opts
-        sessions = [
+        return [
             McpSession(self.main_endpoint, f"fanout-{i}", sessionless=opts.sessionless)
             for i in range(opts.sessions)
         ]
-        limiter = trio.CapacityLimiter(64)
+
+    async def open_one(self, s: McpSession, warmup: int, failures: list[str]) -> bool:
+        """Connect and ``initialize`` (timed into ``init_ms``), then ``warmup`` calls."""
+        text = "x" * self.opts.text_size
+        start = time.perf_counter()
+        try:
+            with trio.fail_after(30):
+                await s.open()
+                self.result.init_ms.append((time.perf_counter() - start) * 1000.0)
+                for _ in range(warmup):
+                    reply, _ = await s.call("echo", {"text": text})
+                    if reply.message is None:
+                        raise HttpError(f"warm-up call: HTTP {reply.status}")
+        except (HttpError, trio.TooSlowError) as exc:
+            failures.append(f"{s.name}: {exc!r}")
+            return False
+        return True
+
+    async def open_sessions(self, at_once: int = 64) -> list[McpSession]:
+        """Open every session, ``at_once`` at a time (setup: not measured)."""
+        sessions = self.new_sessions()
+        limiter = trio.CapacityLimiter(at_once)
         failures: list[str] = []
-        text = "x" * opts.text_size
 
         async def one(s: McpSession) -> None:
             async with limiter:
-                try:
-                    with trio.fail_after(30):
-                        await s.open()
-                        for _ in range(opts.warmup):
-                            reply, _ = await s.call("echo", {"text": text})
-                            if reply.message is None:
-                                raise HttpError(f"warm-up call: HTTP {reply.status}")
-                except (HttpError, trio.TooSlowError) as exc:
-                    failures.append(f"{s.name}: {exc!r}")
+                await self.open_one(s, self.opts.warmup, failures)
 
         with trio.move_on_after(120):
             async with trio.open_nursery() as nursery:
@@ -217,6 +229,16 @@ class Run(HalfOpenPeers):
         if failures or any(s.prefix == "" for s in sessions):
             raise BenchError(f"{len(failures)} sessions failed to open; first: {failures[:3]}")
         return sessions
+
+    async def life(
+        self, s: McpSession, index: int, limiter: trio.CapacityLimiter, progress: Progress
+    ) -> None:
+        """``--measure session``: the whole session, opening included."""
+        failures: list[str] = []
+        if await self.open_one(s, 0, failures):
+            await self.drive(s, index, limiter, progress)
+        else:
+            self._error("open: " + failures[0].split(": ", 1)[1][:60])
 
     async def drive(
         self, s: McpSession, index: int, limiter: trio.CapacityLimiter, progress: Progress
@@ -264,9 +286,31 @@ class Run(HalfOpenPeers):
             kinds[kind] = kinds.get(kind, 0) + 1
 
     # ------------------------------------------------------------------ whole run
+    async def execute_idle(self) -> RunResult:
+        """``--measure idle``: open every session, leave it idle, weigh the server."""
+        opts, result = self.opts, self.result
+        result.measure = "idle"
+        if self.pid is None:
+            raise BenchError("--measure idle needs the server's pid (--pid with --url)")
+        result.rss_baseline_mib = proc_memory(self.pid)[0] / 2**20
+        t0 = time.monotonic()
+        sessions = await self.open_sessions(at_once=256)
+        result.setup_s = time.monotonic() - t0
+        await trio.sleep(opts.idle_hold)  # let anything deferred (timers, GC) settle
+        rss = proc_memory(self.pid)[0]
+        result.rss_after_setup_mib = result.peak_rss_mib = rss / 2**20
+        result.idle_rss_per_session_kib = (
+            (rss / 2**20 - result.rss_baseline_mib) * 1024 / opts.sessions
+        )
+        for s in sessions:
+            await s.client.close()
+        return result
+
     async def execute(self) -> RunResult:
         opts = self.opts
         result = self.result
+        if opts.measure == "idle":
+            return await self.execute_idle()
         metrics_client = Client(self.endpoint.host, self.endpoint.port)
         async with trio.open_nursery() as samplers:
             if self.pid is not None:
@@ -274,8 +318,10 @@ class Run(HalfOpenPeers):
                 samplers.start_soon(self.sample_memory)
             before = await scrape(metrics_client, opts.metrics_path)
             self.metrics_ok = before is not None
+            whole = opts.measure == "session"
+            result.measure = opts.measure
             t0 = time.monotonic()
-            sessions = await self.open_sessions()
+            sessions = self.new_sessions() if whole else await self.open_sessions()
             result.setup_s = time.monotonic() - t0
             if self.pid is not None:
                 result.rss_after_setup_mib = proc_memory(self.pid)[0] / 2**20
@@ -295,7 +341,10 @@ class Run(HalfOpenPeers):
             progress = Progress(result.server, total, opts.duration, opts.progress)
             limiter = trio.CapacityLimiter(opts.concurrency)
             samplers.start_soon(progress.run)
-            samplers.start_soon(self.sample_metrics, Client(self.endpoint.host, self.endpoint.port))
+            if not whole:  # scraping costs the server CPU the others are not charged
+                samplers.start_soon(
+                    self.sample_metrics, Client(self.endpoint.host, self.endpoint.port)
+                )
             budget = (opts.duration or 0) + 600.0
             separate = opts.half_open > 0 and opts.peer_process
             with trio.move_on_after(budget):
@@ -303,8 +352,9 @@ class Run(HalfOpenPeers):
                     if separate:
                         await load.start(self.peer_process)
                     async with trio.open_nursery() as main:
+                        step = self.life if whole else self.drive
                         for i, s in enumerate(sessions):
-                            main.start_soon(self.drive, s, i, limiter, progress)
+                            main.start_soon(step, s, i, limiter, progress)
                         if not separate:
                             for i in range(opts.half_open):
                                 load.start_soon(self.half_open_peer, i)
@@ -375,6 +425,11 @@ class Run(HalfOpenPeers):
         marks: dict[str, int] | None,
     ) -> None:
         r = self.result
+        init = sorted(r.init_ms)
+        r.init_ms = init
+        if init and r.measure == "session":
+            r.init_p50_ms, r.init_p99_ms = percentile(init, 0.5), percentile(init, 0.99)
+            r.init_max_ms = init[-1]
         lat = sorted(r.latencies_ms)
         r.latencies_ms = lat
         r.p99_timeline_ms = [round(p99, 1) for p99 in p99_timeline(r.timed_ms)]

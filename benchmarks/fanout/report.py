@@ -35,7 +35,7 @@ import os
 import platform
 import statistics
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -119,6 +119,13 @@ class RunResult:
     half_open: dict[str, Any] | None = None
     gateway: dict[str, Any] | None = None
     setup_s: float = 0.0
+    measure: str = "phase"
+    #: ``--measure session``: from the start of connecting to the initialize answer.
+    init_p50_ms: float | None = None
+    init_p99_ms: float | None = None
+    init_max_ms: float | None = None
+    #: ``--measure idle``: RSS per open, idle session after the hold.
+    idle_rss_per_session_kib: float | None = None
     client_cpu_s: float = 0.0
     gateway_cpu_s: float | None = None
     peer_cpu_s: float | None = None  # --peer-process: the whole peer process's CPU time
@@ -130,12 +137,13 @@ class RunResult:
     arm: str | None = None  # with --ab: "without" or "with" the half-open peers
     layout: dict[str, Any] | None = None  # with --pin-server / --peer-process: who ran where
     latencies_ms: list[float] = field(default_factory=list, repr=False)
+    init_ms: list[float] = field(default_factory=list, repr=False)
     timed_ms: list[tuple[float, float]] = field(default_factory=list, repr=False)
     samples: list[Sample] = field(default_factory=list, repr=False)
 
     def public(self) -> dict[str, Any]:
         out = asdict(self)
-        del out["latencies_ms"], out["samples"], out["timed_ms"]
+        del out["latencies_ms"], out["samples"], out["timed_ms"], out["init_ms"]
         return out
 
 
@@ -168,6 +176,7 @@ _COLUMNS = (
     ("p99 ms", "p99_ms", "{:.1f}"),
     ("max ms", "max_ms", "{:.1f}"),
     ("CPU us/call", "cpu_us_per_call", "{:.0f}"),
+    ("init p50/p99 ms", "init", "{}"),
     ("store RTT/call", "store_rtt_per_call", "{:.2f}"),
     ("peak RSS MiB", "peak_rss_mib", "{:.1f}"),
     ("RSS/session KiB", "rss_per_session_kib", "{:.1f}"),
@@ -185,6 +194,13 @@ def table(results: list[RunResult]) -> str:
         d = asdict(r)
         if r.arm:
             d["server"] = f"{r.server} ({r.arm} peers)"
+        d["init"] = (
+            f"{r.init_p50_ms:.0f}/{r.init_p99_ms:.0f}"
+            if r.init_p50_ms is not None and r.init_p99_ms is not None
+            else None
+        )
+        if r.idle_rss_per_session_kib is not None:
+            d["rss_per_session_kib"] = r.idle_rss_per_session_kib
         rows.append(
             [fmt.format(d[key]) if d[key] is not None else "n/a" for _, key, fmt in _COLUMNS]
         )
@@ -194,23 +210,72 @@ def table(results: list[RunResult]) -> str:
     return "\n".join(lines)
 
 
+def rounds(results: list[RunResult]) -> list[dict[str, RunResult]]:
+    """The runs grouped into rounds (``--repeat``): a server seen again starts a new one."""
+    out: list[dict[str, RunResult]] = []
+    for r in results:
+        if not out or r.server in out[-1]:
+            out.append({})
+        out[-1][r.server] = r
+    return out
+
+
+def _ratio(
+    by_round: list[dict[str, RunResult]],
+    value: Callable[[dict[str, RunResult]], float | None],
+    target_max: float | None = None,
+    target_min: float | None = None,
+) -> dict[str, Any] | None:
+    each = [v for rd in by_round if (v := value(rd)) is not None]
+    if not each:
+        return None
+    mid = statistics.median(each)
+    out: dict[str, Any] = {"value": mid, "rounds": [round(v, 3) for v in each]}
+    if target_max is not None:
+        out |= {"target_max": target_max, "met": mid <= target_max}
+    if target_min is not None:
+        out |= {"target_min": target_min, "met": mid >= target_min}
+    return out
+
+
+def _per(
+    server: str, attr: str, other: str | None = None, other_attr: str | None = None
+) -> Callable[[dict[str, RunResult]], float | None]:
+    """A round's ``server.attr`` (or its ratio to ``other.other_attr``), None if missing."""
+
+    def value(rd: dict[str, RunResult]) -> float | None:
+        run = rd.get(server)
+        top = getattr(run, attr, None) if run is not None else None
+        if other is None:
+            return top
+        base = rd.get(other)
+        bottom = getattr(base, other_attr or attr, None) if base is not None else None
+        return top / bottom if top is not None and bottom else None
+
+    return value
+
+
 def ratios(results: list[RunResult]) -> dict[str, Any]:
-    """weir against the ceiling (CPU per call) and the SDK (calls/s), with the targets."""
-    by = {r.server: r for r in results}
-    out: dict[str, Any] = {}
-    weir, ceiling, sdk = by.get("weir"), by.get("ceiling"), by.get("sdk")
-    if weir and ceiling and weir.cpu_us_per_call and ceiling.cpu_us_per_call:
-        value = weir.cpu_us_per_call / ceiling.cpu_us_per_call
-        out["weir_cpu_per_call_vs_ceiling"] = {
-            "value": value,
-            "target_max": 1.3,
-            "met": value <= 1.3,
-        }
-    if weir and sdk and sdk.calls_per_s:
-        value = weir.calls_per_s / sdk.calls_per_s
-        out["weir_calls_per_s_vs_sdk"] = {"value": value, "target_min": 5.0, "met": value >= 5.0}
-    if weir and sdk and weir.cpu_us_per_call and sdk.cpu_us_per_call:
-        out["sdk_cpu_per_call_vs_weir"] = {"value": sdk.cpu_us_per_call / weir.cpu_us_per_call}
+    """weir against the floor and the ceiling (CPU per call, initialize p99, memory)
+    and the SDK (calls/s), each the median over the rounds, with the targets."""
+    by_round = rounds(results)
+    weir = next((r for r in results if r.server == "weir"), None)
+    cpu = "cpu_us_per_call"
+    target = 1.2 if weir is None or weir.response_mode == "sse" else 1.1
+    found = {
+        "weir_cpu_per_call_vs_ceiling": _ratio(by_round, _per("weir", cpu, "ceiling"), target),
+        "weir_cpu_per_call_vs_floor": _ratio(by_round, _per("weir", cpu, "floor")),
+        "ceiling_cpu_per_call_vs_floor": _ratio(by_round, _per("ceiling", cpu, "floor")),
+        "weir_init_p99_vs_ceiling": _ratio(by_round, _per("weir", "init_p99_ms", "ceiling"), 3.0),
+        "weir_idle_kib_per_session": _ratio(
+            by_round, _per("weir", "idle_rss_per_session_kib"), 20.0
+        ),
+        "weir_calls_per_s_vs_sdk": _ratio(
+            by_round, _per("weir", "calls_per_s", "sdk"), target_min=5.0
+        ),
+        "sdk_cpu_per_call_vs_weir": _ratio(by_round, _per("sdk", cpu, "weir")),
+    }
+    out = {key: value for key, value in found.items() if value is not None}
     ab = ab_ratio(results)
     if ab is not None:
         out["others_p99_with_half_open_vs_without"] = ab

@@ -14,6 +14,8 @@ stderr goes to a log file whose tail is printed when something fails.
   (:func:`weir_flags`);
 * ``ceiling`` -- :mod:`benchmarks.ceiling`, a minimal Trio + h11 server answering
   the same requests in the same wire format without any MCP machinery;
+* ``floor`` -- :mod:`benchmarks.floor`, the same answers with HTTP framed by hand
+  (no h11), the least a Trio server can spend on these requests;
 * ``sdk`` -- :mod:`benchmarks.sdk_server`, the official Python SDK on uvicorn.
 
 **Gateway retries** (``--gateway-retries R``): the POSTs (of every session, or
@@ -130,6 +132,8 @@ def server_argv(name: str, opts: Options, weir_flags: set[str]) -> tuple[str, li
         argv = [py, "-m", "weir", "serve", opts.weir_app, "--port", "0", "--shutdown-grace", "1"]
         if opts.json_response:
             argv.append("--json-response")
+        if opts.sessions > 10_000:  # the defaults hold 10,000 sessions
+            argv += ["--max-sessions", str(opts.sessions)]
         if opts.store:
             argv += ["--store", opts.store]
         if opts.workers > 1:
@@ -144,7 +148,11 @@ def server_argv(name: str, opts: Options, weir_flags: set[str]) -> tuple[str, li
                 value = opts.credit[key]
                 argv += [flag, str(int(value) if key in ("frames", "bytes") else value)]
         return name, argv
-    module = {"ceiling": "benchmarks.ceiling", "sdk": "benchmarks.sdk_server"}[name]
+    module = {
+        "floor": "benchmarks.floor",
+        "ceiling": "benchmarks.ceiling",
+        "sdk": "benchmarks.sdk_server",
+    }[name]
     argv = [py, "-m", module, "--port", "0"]
     if opts.json_response:
         argv.append("--json-response")
