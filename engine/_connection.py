@@ -13,8 +13,9 @@ of those bytes the peer has acknowledged and hands the result to the core: frame
 whose last byte is acknowledged give their session's credit back, and any
 acknowledged byte of a pending frame counts as progress for that frame's session
 (never bytes of refusals or of other sessions' responses).  After each
-write it checks once; while something is still unacknowledged, :meth:`poll_acks`
-re-checks on a backoff (10 ms doubling to 250 ms, reset by progress).  A stalled
+write it checks once; while something is still unacknowledged, the server's
+:class:`~weir.engine._acks.AckPoller` re-checks on a backoff (10 ms doubling to
+250 ms, reset by progress), and so does the next request on the connection.  A stalled
 peer therefore shows as "no progress", however the writer is blocked.
 """
 
@@ -28,6 +29,7 @@ import trio
 from weir.protocol import DrainTracker, HttpConnection, HttpLimits
 from weir.protocol.http import HeadCache
 
+from ._acks import MIN_POLL, AckPoller
 from ._drain import DrainMeter
 from ._session import JsonCharge
 
@@ -38,18 +40,18 @@ if TYPE_CHECKING:
     #: handle and seq), or a JSON response's credit.
     Holder = StreamHandle | JsonCharge
 
-_MIN_POLL = 0.01
-_MAX_POLL = 0.25
-
 
 class Connection:
     """A client connection (see the module docstring)."""
 
     __slots__ = (
-        "_outstanding",
+        "closed",
         "http",
         "inbound",
         "meter",
+        "poll_delay",
+        "poll_due",
+        "poller",
         "principal",
         "sessionless",
         "stream",
@@ -63,12 +65,20 @@ class Connection:
         *,
         notsent_lowat: int | None,
         heads: HeadCache | None = None,
+        poller: AckPoller | None = None,
     ) -> None:
         self.stream = stream
         self.http = HttpConnection(limits, heads=heads)
         self.meter = DrainMeter(stream, notsent_lowat=notsent_lowat)
         self.tracker: DrainTracker[tuple[Holder, int]] = DrainTracker()
-        self._outstanding = trio.Event()
+        #: The server's re-checker of acknowledgements (None: nothing re-checks).
+        self.poller = poller
+        #: Set by the poller: an entry for this connection is in its heap.
+        self.poll_due = False
+        #: The poller's current wait between re-checks of this connection.
+        self.poll_delay = MIN_POLL
+        #: The connection is gone (the poller forgets it).
+        self.closed = False
         #: Bytes received since the last complete request (the server's inbound cap).
         self.inbound = 0
         #: Who the request being answered speaks for (set per request by the server).
@@ -104,10 +114,14 @@ class Connection:
             raise
         for offset, token in marks or ():
             self.tracker.mark(start + offset, token)
-        self.check_acks()
+        if self.check_acks() and self.poller is not None:
+            self.poller.watch(self)
 
-    def check_acks(self) -> None:
-        """Ask the kernel what the peer acknowledged; release drained frames' credit."""
+    def check_acks(self) -> bool:
+        """Ask the kernel what the peer acknowledged; release drained frames' credit.
+
+        Returns whether bytes are still unacknowledged.
+        """
         tracker = self.tracker
         before = tracker.acked
         # Only bytes of a pending frame are progress, and only for the session that
@@ -118,8 +132,7 @@ class Connection:
             owner[0].session.progress()
         for holder, seq in tokens:
             holder.drained(seq + 1)
-        if tracker.outstanding:
-            self._outstanding.set()
+        return bool(tracker.outstanding)
 
     def abandon(self) -> None:
         """The connection is gone: JSON responses not acknowledged give their credit back.
@@ -130,16 +143,3 @@ class Connection:
         for holder, _ in self.tracker.take_pending():
             if isinstance(holder, JsonCharge):
                 holder.drained(0)
-
-    async def poll_acks(self) -> None:
-        """Re-check acknowledgements while bytes are in flight; runs as long as the connection."""
-        delay = _MIN_POLL
-        while True:
-            if not self.tracker.outstanding:
-                self._outstanding = trio.Event()
-                await self._outstanding.wait()
-                delay = _MIN_POLL
-            await trio.sleep(delay)
-            before = self.tracker.acked
-            self.check_acks()
-            delay = _MIN_POLL if self.tracker.acked > before else min(delay * 2, _MAX_POLL)

@@ -62,15 +62,16 @@ class _Connections(_ServerBase):
 
     async def _connection(self, stream: trio.abc.Stream, slot: Slot | None = None) -> None:
         conn = Connection(
-            stream, self.config.limits, notsent_lowat=self.config.notsent_lowat, heads=self._heads
+            stream,
+            self.config.limits,
+            notsent_lowat=self.config.notsent_lowat,
+            heads=self._heads,
+            poller=self.acks,
         )
         conn.principal = self.config.principal  # (with authorization: set per request)
         self.open_connections.add(conn)
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(conn.poll_acks)
-                await self._connection_loop(conn, slot)
-                nursery.cancel_scope.cancel()
+            await self._connection_loop(conn, slot)
         except (trio.BrokenResourceError, trio.ClosedResourceError, PeerGone):
             pass
         except Exception as exc:
@@ -82,6 +83,7 @@ class _Connections(_ServerBase):
                 slot.unpark()
             # Last look before the socket goes: what the peer acknowledged counts.
             conn.check_acks()
+            conn.closed = True
             conn.abandon()
             self._release_owner(conn)
             self.open_connections.discard(conn)
@@ -127,6 +129,8 @@ class _Connections(_ServerBase):
                     reads.deadline = math.inf
                     if slot is not None:
                         slot.idle_since = None
+                    if conn.tracker.outstanding:
+                        conn.check_acks()  # a new request: the peer has likely read our last
                     if reads.cancel_called:
                         # Shed (or timed out) just as bytes arrived: the cancellation
                         # is pending in this scope.  Answer what came, shielded, then close.

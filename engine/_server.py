@@ -64,6 +64,7 @@ from weir.protocol.http import HeadCache
 from weir.protocol.jsonrpc import SERVER_ERROR
 from weir.protocol.states import CreditState, SessionInput
 
+from ._acks import AckPoller
 from ._calls import REBIND_METHOD as REBIND_METHOD
 from ._calls import _Calls
 from ._config import ServerConfig, _open_listeners
@@ -137,6 +138,7 @@ class Server(
         self._per_principal: dict[str, int] = {}
         #: Validated response heads, shared by every connection of this server.
         self._heads = HeadCache()
+        self.acks = AckPoller()
         #: Bytes of incomplete requests buffered by all connections (see
         #: ``ServerConfig.max_inbound_bytes``).
         self.inbound = 0
@@ -211,6 +213,7 @@ class Server(
         async with trio.open_nursery() as handlers:
             self._handlers = handlers
             handlers.start_soon(self.deadlines.run)  # every session's credit timers
+            handlers.start_soon(self.acks.run)  # every connection's unacknowledged bytes
             async with trio.open_nursery() as conns:
                 conns.start_soon(self._serve_listeners, conns)
                 conns.start_soon(self._sweep_sessions)

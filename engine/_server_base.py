@@ -49,6 +49,7 @@ from weir.protocol.jsonrpc import SERVER_ERROR
 from weir.protocol.legacy import LegacyMessages
 from weir.protocol.sessionless import SessionlessMessage
 
+from ._acks import AckPoller
 from ._config import ServerConfig
 from ._connection import Connection
 from ._listen import AcceptGate
@@ -84,6 +85,7 @@ class _ServerBase:
     open_connections: set[Connection]
     _endpoint: EndpointConfig
     _heads: HeadCache
+    acks: AckPoller
     _closing: bool
     _handlers: trio.Nursery | None
     deadlines: Deadlines
