@@ -153,7 +153,8 @@ class StreamHandle:
         log = self.log
         if final is not None and _closed(log):
             return
-        size = log.size_of(payload, event=event)
+        encoded = log.encode_next(payload, event=event)
+        size = len(encoded[1])
         limit = self.session.credit.limits.bytes
         if size > limit:
             raise FrameTooLarge(
@@ -176,7 +177,7 @@ class StreamHandle:
                     if not _closed(log):
                         self.handle(StreamInput.ABORT)
                     raise
-            self._append(payload, final, event, size)
+            self._append(payload, final, event, size, encoded)
         self.wake()
 
     def try_send_now(self, payload: str) -> bool:
@@ -201,12 +202,13 @@ class StreamHandle:
             if final is None:
                 self.outstanding -= 1
             return True
-        size = log.size_of(payload, event=None)
+        encoded = log.encode_next(payload)
+        size = len(encoded[1])
         if not self.session.try_acquire_now(size):
             return False
         if final is None:
             final = self._count_response()
-        self._append(payload, final, None, size)
+        self._append(payload, final, None, size, encoded)
         self.wake()
         return True
 
@@ -215,10 +217,17 @@ class StreamHandle:
         self.outstanding -= 1
         return self.outstanding <= 0 and self.log.kind is not StreamKind.LEGACY
 
-    def _append(self, payload: str, final: bool, event: str | None, size: int) -> int:
+    def _append(
+        self,
+        payload: str,
+        final: bool,
+        event: str | None,
+        size: int,
+        encoded: tuple[int, bytes] | None = None,
+    ) -> int:
         log = self.log
         before = log.retained_bytes
-        log.append(payload, final=final, event=event)
+        log.append(payload, final=final, event=event, encoded=encoded)
         actual = log.last_frame_size()
         session = self.session
         session.credit.correct(size, actual)

@@ -98,7 +98,14 @@ class StreamLog:
         self._undrained_bytes = 0  # encoded bytes of frames with seq >= _drained
 
     # ---------------------------------------------------------------- appending
-    def append(self, payload: str, *, final: bool = False, event: str | None = None) -> EventId:
+    def append(
+        self,
+        payload: str,
+        *,
+        final: bool = False,
+        event: str | None = None,
+        encoded: tuple[int, bytes] | None = None,
+    ) -> EventId:
         """Append one message (already JSON text) and return its id.
 
         Args:
@@ -106,6 +113,10 @@ class StreamLog:
             final: this is the stream's last message (a request's response);
                 the stream moves to a FINAL state.
             event: optional SSE event type (the legacy transport uses it).
+            encoded: what :meth:`encode_next` returned for this payload and event;
+                used as the frame if no other frame was appended since (its seq
+                is still the next), so a frame sized for credit is not encoded
+                twice.  Otherwise the frame is encoded here.
 
         Raises:
             LocalProtocolError: appending after the final message, or to a
@@ -119,7 +130,10 @@ class StreamLog:
             stream_transition(self.state, StreamInput.FINISH)  # raises: nothing after final
         seq = self._next_seq
         self._next_seq = seq + 1
-        data = self.frame(seq, payload, event=event)
+        if encoded is not None and encoded[0] == seq:
+            data = encoded[1]
+        else:
+            data = self.frame(seq, payload, event=event)
         self._frames.append((seq, data))
         self.retained_bytes += len(data)
         self._undrained_bytes += len(data)
@@ -140,6 +154,12 @@ class StreamLog:
         """Encode event ``seq`` of this stream exactly as the log does (also for store replay)."""
         eid = f"{self.epoch}:{seq}" if self.emit_ids else None
         return self.prefix + encode_event(payload, id=eid, event=event)
+
+    def encode_next(self, payload: str, *, event: str | None = None) -> tuple[int, bytes]:
+        """(seq, frame) the next :meth:`append` of ``payload`` would produce; hand it to
+        that ``append`` as ``encoded``."""
+        seq = self._next_seq
+        return seq, self.frame(seq, payload, event=event)
 
     def size_of(self, payload: str, *, event: str | None = None) -> int:
         """The exact encoded size the next frame would have (for credit, before append)."""

@@ -158,24 +158,26 @@ class Session:
     # ------------------------------------------------------------------ frames
     async def append(self, stream: StreamLog, payload: str, *, final: bool = False) -> None:
         """Take credit for the frame (waiting in order), then append it to ``stream``."""
-        size = stream.size_of(payload)
+        encoded = stream.encode_next(payload)
+        size = len(encoded[1])
         await self.take_credit(size)
         if stream.state is StreamState.CLOSED:
             self.release(1, size)  # aborted while we waited: nothing to send
             raise Gone
-        stream.append(payload, final=final)
+        stream.append(payload, final=final, encoded=encoded)
         self.wake(stream)
 
     def try_append(self, stream: StreamLog, payload: str) -> bool:
         """:meth:`append` if it needs no wait (credit now, nobody queued); True if done."""
-        size = stream.size_of(payload)
+        encoded = stream.encode_next(payload)
+        size = len(encoded[1])
         if self.closed or stream.state is StreamState.CLOSED:
             return False
         if not self.flow.try_acquire(size, self.loop.time()):
             return False
         if self.flow.credit.frames_in_use == 1:
             self.arm_timer()
-        stream.append(payload)
+        stream.append(payload, encoded=encoded)
         self.wake(stream)
         return True
 

@@ -64,6 +64,24 @@ def test_append_returns_consecutive_ids_and_exact_frames() -> None:
     ]
 
 
+def test_a_frame_encoded_for_its_size_is_the_frame_appended() -> None:
+    log = StreamLog(EPOCH, StreamKind.REQUEST)
+    encoded = log.encode_next('{"a":1}')
+    assert encoded == (0, b'id: 0000abcd:0\ndata: {"a":1}\n\n')
+    log.append('{"a":1}', encoded=encoded)
+    assert log.frames_from(0)[0] is encoded[1]  # the same bytes, not encoded again
+
+
+def test_a_stale_encoding_is_not_used_for_a_later_seq() -> None:
+    # Another frame went in between (a sender waited for credit meanwhile): the id
+    # inside the pre-encoded frame is no longer the next one, so it is re-encoded.
+    log = StreamLog(EPOCH, StreamKind.REQUEST)
+    stale = log.encode_next('{"late":1}')
+    log.append('{"first":1}')
+    log.append('{"late":1}', encoded=stale)
+    assert log.frames_from(1) == [b'id: 0000abcd:1\ndata: {"late":1}\n\n']
+
+
 def test_frames_decode_back_to_the_payloads_and_ids() -> None:
     log = log_with(3)
     items = SseDecoder().feed(b"".join(log.frames_from(0)))
