@@ -111,6 +111,7 @@ from ._redis_lua import (
     _RENEW,
     _TAKE,
 )
+from ._resp import RespPipe
 from ._store import (
     ChannelRejected,
     Retention,
@@ -339,6 +340,23 @@ def _client_for(url: str, *, timeout: float) -> Client[bytes]:
         raise ValueError(f"store URL {_redact(url)!r}: TLS setup failed: {exc}") from exc
 
 
+def _pipe_for(url: str, *, timeout: float) -> RespPipe | None:
+    """The pipelined hot-path connection for a single-node ``redis://`` URL (else None)."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "redis" or not parts.hostname:
+        return None
+    path = parts.path.strip("/")
+    db = int(path) if path.isdigit() else 0
+    return RespPipe(
+        parts.hostname,
+        parts.port or 6379,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password is not None else None,
+        db=db,
+        timeout=timeout,
+    )
+
+
 # ---------------------------------------------------------------------- the store
 
 
@@ -355,6 +373,7 @@ class RedisStore:
         self,
         client: Client[bytes],
         *,
+        pipe: RespPipe | None = None,
         where: str,
         retention: Retention,
         prefix: str,
@@ -365,6 +384,8 @@ class RedisStore:
         self.prefix = prefix
         self.timeout = timeout
         self._client = client
+        #: The hot path's pipelined connection (single-node ``redis://`` only).
+        self._pipe = pipe
         self._where = where
         self._ttl = _ms(retention.ttl)
         self._idempotency_ttl = _ms(retention.idempotency_ttl)
@@ -421,6 +442,7 @@ class RedisStore:
         client = _client_for(url, timeout=timeout)
         store = cls(
             client,
+            pipe=_pipe_for(url, timeout=timeout),
             where=_redact(url),
             retention=retention or Retention(),
             prefix=prefix,
@@ -440,6 +462,13 @@ class RedisStore:
                     f"store {self._where}: could not open a client within {self.timeout}s"
                 ) from self._failure
             await self._run("connect", self._client.ping)
+            if self._pipe is not None:
+                with trio.move_on_after(self.timeout):
+                    await self._pipe.wait_up()
+                if self._pipe.failure is not None or not self._entered:
+                    raise StoreUnavailable(
+                        f"store {self._where}: no pipelined connection within {self.timeout}s"
+                    ) from self._pipe.failure
         except BaseException:
             await self.aclose()
             raise
@@ -448,7 +477,9 @@ class RedisStore:
         """The system task that owns the coredis client (see the module docstring)."""
         try:
             with self._owner_scope:
-                async with self._client:
+                async with self._client, trio.open_nursery() as nursery:
+                    if self._pipe is not None:
+                        nursery.start_soon(self._pipe.run)
                     self._entered = True
                     ready.set()
                     await trio.sleep_forever()
@@ -473,8 +504,12 @@ class RedisStore:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def _run(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
-        """Run one store operation under the deadline, mapping outages to StoreUnavailable."""
+    async def _run(self, what: str, op: Callable[[], Awaitable[T]], *, piped: bool = False) -> T:
+        """Run one store operation under the deadline, mapping outages to StoreUnavailable.
+
+        ``piped``: ``op`` goes through the pipelined connection, whose watchdog is
+        the deadline (see ``engine._resp``), so no cancel scope is needed here.
+        """
         if self._closed:
             raise StoreUnavailable(f"{what}: the store {self._where} is closed")
         if not self._entered:
@@ -482,6 +517,8 @@ class RedisStore:
                 f"{what}: the client of {self._where} stopped: {self._failure!r}"
             ) from self._failure
         try:
+            if piped:
+                return await op()
             with trio.fail_after(self.timeout):
                 return await op()
         except trio.TooSlowError as exc:
@@ -508,6 +545,15 @@ class RedisStore:
         keys = self._keys(principal, session_id)
         if stream is not None:
             keys.append(self._stream_key(principal, session_id, stream))
+
+        pipe = self._pipe
+        if pipe is not None:
+
+            async def piped() -> ResponseType:
+                reply = await pipe.evalsha(script.script, script.sha, keys, [self._ttl, *args])
+                return cast("ResponseType", reply)
+
+            return await self._run(what, piped, piped=True)
 
         async def op() -> ResponseType:
             return await script(keys, [self._ttl, *args])
@@ -550,11 +596,15 @@ class RedisStore:
     async def get_session(self, principal: str, session_id: str) -> SessionRecord | None:
         """The record, or ``None`` if unknown, deleted or expired."""
         key = self._keys(principal, session_id)[0]
+        pipe = self._pipe
 
         async def op() -> dict[bytes, bytes]:
+            if pipe is not None:  # RESP2: a flat list of field, value, field, value...
+                flat = await pipe.call("HGETALL", key)
+                return dict(zip(flat[::2], flat[1::2], strict=True))
             return await self._client.hgetall(key)
 
-        fields = await self._run("get_session", op)
+        fields = await self._run("get_session", op, piped=pipe is not None)
         if not fields:
             return None
         decoded = {k.decode("utf-8", "surrogateescape"): v for k, v in fields.items()}
