@@ -77,6 +77,12 @@ def parser() -> argparse.ArgumentParser:
         help="run the servers N times in rotation; ratios are medians of the rounds'",
     )
     p.add_argument("--idle-hold", type=float, default=2.0, help="--measure idle: seconds idle (2)")
+    p.add_argument(
+        "--compare-store",
+        metavar="URL",
+        help="run weir with the memory store and with --store URL side by side in each "
+        "round (the shared store's cost per call)",
+    )
     p.add_argument("--pid", type=int, help="with --url: the server's pid, for CPU and RSS")
     p.add_argument("--sessions", type=int, default=400, help="sessions (default 400)")
     p.add_argument("--calls", type=int, default=25, help="tools/call per session (default 25)")
@@ -195,6 +201,10 @@ def options(args: argparse.Namespace) -> Options:
         raise SystemExit("fanout: --peer-nice needs --peer-process")
     if args.pin_server and args.url is not None:
         raise SystemExit("fanout: --pin-server pins a server started here (not with --url)")
+    if args.compare_store and (args.server != "weir" or args.store or args.url):
+        raise SystemExit(
+            "fanout: --compare-store runs weir twice (not with --server/--store/--url)"
+        )
     if not 1 <= args.repeat <= 50:
         raise SystemExit("fanout: --repeat must be in [1, 50]")
     if args.measure != "phase" and (args.duration or args.rate or args.half_open):
@@ -271,7 +281,16 @@ async def _main(args: argparse.Namespace, opts: Options) -> list[RunResult]:
             "all": ["weir", "floor", "ceiling", "sdk"],
             "compare": ["weir", "floor", "ceiling"],
         }.get(args.server, [args.server])
+        if args.compare_store:
+            names = ["weir", "weir-store"]
         for name in names * args.repeat:
+            if name == "weir-store":
+                result = await run_one(
+                    "weir", replace(opts, store=args.compare_store), None, None, Path(tmp)
+                )
+                result.server = "weir-store"
+                results.append(result)
+                continue
             if name == "sdk" and not _have_sdk():
                 print(
                     "fanout: the mcp SDK is not installed (extra 'sdk'): skipped", file=sys.stderr

@@ -270,6 +270,10 @@ def ratios(results: list[RunResult]) -> dict[str, Any]:
         "weir_idle_kib_per_session": _ratio(
             by_round, _per("weir", "idle_rss_per_session_kib"), 20.0
         ),
+        "weir_store_cpu_per_call_vs_memory": _ratio(by_round, _per("weir-store", cpu, "weir"), 2.0),
+        "weir_store_round_trips_per_call": _ratio(
+            by_round, _per("weir-store", "store_rtt_per_call"), 2.1
+        ),
         "weir_calls_per_s_vs_sdk": _ratio(
             by_round, _per("weir", "calls_per_s", "sdk"), target_min=5.0
         ),
