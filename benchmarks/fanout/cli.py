@@ -64,10 +64,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--measure",
         choices=["session", "phase", "idle"],
-        default="session",
         help="session: each session's whole life (connect, initialize, the calls), all "
-        "starting at once -- what a user sees (default); phase: only the calls, after "
-        "an unmeasured setup; idle: open the sessions, leave them idle, weigh the server",
+        "starting at once -- what a user sees (the default); phase: only the calls, after "
+        "an unmeasured setup (the default with --duration, --rate or --half-open); idle: "
+        "open the sessions, leave them idle, weigh the server",
     )
     p.add_argument(
         "--repeat",
@@ -207,7 +207,10 @@ def options(args: argparse.Namespace) -> Options:
         )
     if not 1 <= args.repeat <= 50:
         raise SystemExit("fanout: --repeat must be in [1, 50]")
-    if args.measure != "phase" and (args.duration or args.rate or args.half_open):
+    paced = bool(args.duration or args.rate or args.half_open)
+    if args.measure is None:
+        args.measure = "phase" if paced else "session"
+    if args.measure != "phase" and paced:
         raise SystemExit("fanout: --duration, --rate and --half-open need --measure phase")
     if args.ab < 0:
         raise SystemExit("fanout: --ab must be >= 0")

@@ -155,3 +155,81 @@ def test_ab_runs_without_and_with_a_peer_in_its_own_process(tmp_path: Path) -> N
         ratio["pooled_p99_ms"]["with"] / ratio["pooled_p99_ms"]["without"]
     )
     assert ratio["met"] == (ratio["value"] <= 1.1)
+
+
+def test_compare_rounds_report_the_floor_the_ceiling_and_the_initialize_tail(
+    tmp_path: Path,
+) -> None:
+    record = fanout_record(
+        tmp_path, "--server", "compare", "--sessions", "5", "--calls", "3", "--repeat", "2"
+    )
+    runs = record["runs"]
+    assert [r["server"] for r in runs] == ["weir", "floor", "ceiling"] * 2
+    for run in runs:
+        assert run["measure"] == "session" and run["calls"] == 15 and run["errors"] == 0
+        assert 0 < run["init_p50_ms"] <= run["init_p99_ms"] <= run["init_max_ms"]
+    ratios = record["ratios"]  # (CPU ratios only for rounds whose 10 ms CPU ticks read > 0)
+    assert len(ratios["weir_init_p99_vs_ceiling"]["rounds"]) == 2, ratios
+    assert ratios["weir_init_p99_vs_ceiling"]["target_max"] == 3.0
+
+
+def test_idle_mode_weighs_open_sessions(tmp_path: Path) -> None:
+    record = fanout_record(
+        tmp_path, "--server", "weir", "--measure", "idle", "--sessions", "20", "--idle-hold", "0.2"
+    )
+    (run,) = record["runs"]
+    assert run["measure"] == "idle" and run["calls"] == 0
+    assert run["idle_rss_per_session_kib"] is not None
+    assert record["ratios"]["weir_idle_kib_per_session"]["target_max"] == 20.0
+
+
+def test_compare_store_counts_round_trips_per_call(tmp_path: Path, valkey_url: str) -> None:
+    record = fanout_record(
+        tmp_path, "--compare-store", valkey_url, "--sessions", "4", "--calls", "5"
+    )
+    memory, shared = record["runs"]
+    assert (memory["server"], shared["server"]) == ("weir", "weir-store")
+    assert memory["calls"] == shared["calls"] == 20 and shared["errors"] == 0
+    assert memory["store_rtt_per_call"] is None
+    # Two per tools/call (claim, final append), plus each session's own setup
+    # (initialize, the initialized notification: at most five).
+    setup = (shared["store_rtt_per_call"] - 2.0) * 5
+    assert 0 <= setup <= 5, shared
+    assert "weir_store_cpu_per_call_vs_memory" in record["ratios"]
+
+
+def _module_json(module: str, *args: str, timeout: float = 120.0) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_long_stream_reports_every_window() -> None:
+    result = _module_json(
+        "benchmarks.long_stream", "--streams", "2", "--events", "300", "--window", "100"
+    )
+    assert result["events_per_stream"] == 300
+    assert len(result["cpu_us_per_event"]) == 3
+    assert all(value >= 0 for value in result["cpu_us_per_event"])
+
+
+def test_store_clients_measure_every_client(valkey_url: str) -> None:
+    result = _module_json(
+        "benchmarks.store_clients",
+        *("--url", valkey_url, "--tasks", "4", "--per-task", "10", "--rounds", "1"),
+    )
+    assert set(result["clients"]) == {
+        "coredis",
+        "coredis-pool64",
+        "coredis-no-timeout",
+        "resp-pipe",
+    }
+    assert result["clients"]["coredis"]["vs_coredis"] == 1.0
