@@ -779,8 +779,9 @@ class _Head:
 _REQUEST_LINE = re.compile(r"(GET|POST|DELETE) (/[\x21-\x7e]*) HTTP/1\.1")
 _TOKEN = r"[-!#$%&'*+.^_`|~0-9A-Za-z]+"
 _FIELD_VALUE = r"(?:[\x21-\x7e\x80-\xff]+(?:[ \t]+[\x21-\x7e\x80-\xff]+)*)?"
-_HEADER_PAIR = re.compile(rf"({_TOKEN}):[ \t]*({_FIELD_VALUE})[ \t]*\r\n")
-_HEADER_BLOCK = re.compile(rf"(?:{_TOKEN}:[ \t]*{_FIELD_VALUE}[ \t]*\r\n)*")
+_HEADER_PAIR = re.compile(rf"({_TOKEN}):([^\r\n]*)\r\n")
+# Bytes no request head may hold (CR and LF are checked as line ends separately).
+_CONTROL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _TOKEN_RE = re.compile(_TOKEN)
 _TOKEN_BYTES = re.compile(_TOKEN.encode())
 _TARGET_END = re.compile(rb"[ \r\n]")
@@ -809,18 +810,25 @@ def _parse_head(buf: bytearray, end: int, limits: HttpLimits) -> _Head | None:
     accepts or refuses it exactly as the RFCs (and h11) say, and the h11 path
     applies the limits.
     """
+    # Every byte a field value may hold (VCHAR, obs-text, SP, HTAB); CR and LF only
+    # as line ends.  Both checks are single scans in C.
+    if _CONTROL.search(buf, 0, end) is not None or buf.count(b"\n", 0, end) != buf.count(
+        b"\r\n", 0, end
+    ):
+        return None
     text = buf[:end].decode("latin-1") + "\r\n"
     first = text.find("\r\n")
     m = _REQUEST_LINE.fullmatch(text, 0, first)
     if m is None or len(m[2]) > limits.max_target_bytes:
         return None  # (a target over the limit: the h11 path refuses it, 414)
-    # One pass in C checks every header line's shape; a second picks the fields.
-    if _HEADER_BLOCK.fullmatch(text, first + 2) is None:
-        return None
+    # One pass picks every "token:value" line; the lines it found must add up to the
+    # whole block (no line skipped for a bad shape).
     pairs: list[tuple[str, str]] = _HEADER_PAIR.findall(text, first + 2)
+    if sum(len(n) + len(v) + 3 for n, v in pairs) != len(text) - first - 2:
+        return None
     if len(pairs) > limits.max_header_fields:
         return None  # too many header fields: the h11 path refuses them (431)
-    items = [(name.lower(), value) for name, value in pairs]
+    items = [(name.lower(), value.strip(" \t")) for name, value in pairs]
     merged = dict(items)
     if len(merged) != len(items):  # a repeated field: values joined in order
         merged = {}
