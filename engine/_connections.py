@@ -54,11 +54,35 @@ from ._connection import Connection
 from ._listen import Slot
 from ._server_base import _ServerBase, _store_unavailable, log
 from ._store import SessionGone, StoreUnavailable
+from ._timers import Timed
 from ._writer import RECV_BYTES, PeerGone
+
+
+class _ReadTimer:
+    """A connection's read deadline, as the server's read-deadline heap sees it."""
+
+    __slots__ = ("closed", "deadline", "scope", "timer_at", "timer_key")
+
+    def __init__(self, scope: trio.CancelScope) -> None:
+        self.scope = scope
+        #: When the read in progress must have completed (inf: not reading).
+        self.deadline = math.inf
+        self.timer_at = math.inf
+        self.timer_key = 0
+        self.closed = False
 
 
 class _Connections(_ServerBase):
     """Connections and HTTP requests (see the module docstring)."""
+
+    def _read_due(self, timed: Timed, now: float) -> None:
+        """The read-deadline heap's handler: cancel a read that missed its deadline;
+        a connection reading under a later deadline gets its entry back at that one."""
+        assert isinstance(timed, _ReadTimer)
+        if timed.deadline <= now:
+            timed.scope.cancel()
+        elif timed.deadline != math.inf:
+            self.read_deadlines.schedule(timed, timed.deadline)
 
     async def _connection(self, stream: trio.abc.Stream, slot: Slot | None = None) -> None:
         conn = Connection(
@@ -110,58 +134,72 @@ class _Connections(_ServerBase):
         cfg = self.config
         keepalive, receive = cfg.keepalive_timeout, conn.stream.receive_some
         clock = ReadClock(self._read_timeouts)
-        # One scope carries every read's deadline (cheaper than a scope per read); it
-        # is armed, and the connection parked for shedding, only while we wait.
-        with trio.CancelScope() as reads:
-            if slot is not None:
-                slot.scope = reads
-            while True:
-                event = http.next_event()
-                if event is NEED_DATA:
-                    if http.has_data_to_send:
-                        await conn.send(http.data_to_send())  # e.g. 100 Continue
-                    now = trio.current_time()
-                    inbound = http.inbound
-                    reads.deadline = clock.deadline(inbound, now)
-                    if inbound is Inbound.IDLE and slot is not None:
-                        slot.idle_since = now  # parked: it may be shed
-                    data = await receive(RECV_BYTES)
-                    reads.deadline = math.inf
-                    if slot is not None:
-                        slot.idle_since = None
-                    if conn.tracker.outstanding:
-                        conn.check_acks()  # a new request: the peer has likely read our last
-                    if reads.cancel_called:
-                        # Shed (or timed out) just as bytes arrived: the cancellation
-                        # is pending in this scope.  Answer what came, shielded, then close.
-                        with trio.CancelScope(shield=True) as last:
-                            last.deadline = now + keepalive
-                            await self._last_requests(conn, data)
+        timers = self.read_deadlines
+        # One scope is cancelled when a read misses its deadline (or the connection is
+        # shed).  The deadline itself is a float in ``timer``: the server's one heap of
+        # read deadlines wakes at the earliest, and a connection asks for an entry only
+        # when its deadline moves earlier than the one it has -- so a busy keep-alive
+        # connection, whose deadline slides later with every request, costs two stores
+        # per request instead of re-arming a Trio deadline twice.
+        reads = trio.CancelScope()
+        timer = _ReadTimer(reads)
+        try:
+            with reads:
+                if slot is not None:
+                    slot.scope = reads
+                while True:
+                    event = http.next_event()
+                    if event is NEED_DATA:
+                        if http.has_data_to_send:
+                            await conn.send(http.data_to_send())  # e.g. 100 Continue
+                        now = trio.current_time()
+                        inbound = http.inbound
+                        deadline = timer.deadline = clock.deadline(inbound, now)
+                        if deadline < timer.timer_at:
+                            timers.schedule(timer, deadline)
+                        if inbound is Inbound.IDLE and slot is not None:
+                            slot.idle_since = now  # parked: it may be shed
+                        try:
+                            data = await receive(RECV_BYTES)
+                        finally:
+                            timer.deadline = math.inf
+                        if slot is not None:
+                            slot.idle_since = None
+                        if conn.tracker.outstanding:
+                            conn.check_acks()  # a new request: the peer has likely read our last
+                        if reads.cancel_called:
+                            # Shed (or timed out) just as bytes arrived: the cancellation
+                            # is pending in this scope.  Answer what came, shielded, then close.
+                            with trio.CancelScope(shield=True) as last:
+                                last.deadline = now + keepalive
+                                await self._last_requests(conn, data)
+                            return
+                        # Bytes of requests not yet complete count against one process-wide cap.
+                        n = len(data)
+                        conn.inbound += n
+                        self.inbound += n
+                        if self.inbound > cfg.max_inbound_bytes:
+                            await self._overloaded(conn)
+                            return
+                        http.receive_data(data)
+                    elif isinstance(event, HttpRequest):
+                        clock.request_done()
+                        # Handed over, not kept: a long response (an SSE stream) must not
+                        # keep the request's body alive for as long as it lasts.
+                        handoff, event = [event], NEED_DATA
+                        self.inbound -= conn.inbound
+                        conn.inbound = 0
+                        await self._respond(conn, handoff)
+                        if http.should_close:
+                            return
+                    elif isinstance(event, HttpError):
+                        self.metrics.refused(str(event.reason))
+                        await conn.send(http.data_to_send())
                         return
-                    # Bytes of requests not yet complete count against one process-wide cap.
-                    n = len(data)
-                    conn.inbound += n
-                    self.inbound += n
-                    if self.inbound > cfg.max_inbound_bytes:
-                        await self._overloaded(conn)
+                    elif isinstance(event, ConnectionClosed):
                         return
-                    http.receive_data(data)
-                elif isinstance(event, HttpRequest):
-                    clock.request_done()
-                    # Handed over, not kept: a long response (an SSE stream) must not
-                    # keep the request's body alive for as long as it lasts.
-                    handoff, event = [event], NEED_DATA
-                    self.inbound -= conn.inbound
-                    conn.inbound = 0
-                    await self._respond(conn, handoff)
-                    if http.should_close:
-                        return
-                elif isinstance(event, HttpError):
-                    self.metrics.refused(str(event.reason))
-                    await conn.send(http.data_to_send())
-                    return
-                elif isinstance(event, ConnectionClosed):
-                    return
+        finally:
+            timer.closed = True  # its heap entry, if any, is skipped
         if reads.cancelled_caught and clock.owed:
             await self._time_out(conn, clock)
 

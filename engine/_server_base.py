@@ -89,6 +89,7 @@ class _ServerBase:
     _closing: bool
     _handlers: trio.Nursery | None
     deadlines: Deadlines
+    read_deadlines: Deadlines
     owners: set[Session]
     principal_owners: dict[str, Session]
     _owner_refs: dict[Session, int]
