@@ -53,6 +53,7 @@ class Connection:
         "poll_due",
         "poller",
         "principal",
+        "scope",
         "sessionless",
         "stream",
         "tracker",
@@ -79,6 +80,8 @@ class Connection:
         self.poll_delay = MIN_POLL
         #: The connection is gone (the poller forgets it).
         self.closed = False
+        #: The scope its requests are served in (cancelling it ends the connection).
+        self.scope: trio.CancelScope | None = None
         #: Bytes received since the last complete request (the server's inbound cap).
         self.inbound = 0
         #: Who the request being answered speaks for (set per request by the server).

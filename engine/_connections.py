@@ -145,6 +145,7 @@ class _Connections(_ServerBase):
         timer = _ReadTimer(reads)
         try:
             with reads:
+                conn.scope = reads
                 if slot is not None:
                     slot.scope = reads
                 while True:

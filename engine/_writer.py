@@ -65,6 +65,15 @@ async def write_stream(
     http = conn.http
     if log_.state in (StreamState.LIVE_DETACHED, StreamState.FINAL_DETACHED):
         handle.handle(StreamInput.ATTACH)
+    if (
+        conn.scope is not None
+        and log_.state is StreamState.FINAL_ATTACHED
+        and handle.close_retry_ms is None
+        and not session.closed
+        and log_.first_retained() <= next_seq
+    ):
+        await _write_ready(conn, session, handle, next_seq, headers)
+        return
     scope = trio.CancelScope()
     handle.writer_scope = scope
     peer_gone = False
@@ -103,6 +112,43 @@ async def write_stream(
         raise PeerGone
     if not pump.ended:
         await conn.send(pump.pending + http.end_stream())
+
+
+async def _write_ready(
+    conn: Connection,
+    session: Session,
+    handle: StreamHandle,
+    next_seq: int,
+    headers: tuple[tuple[str, str], ...],
+) -> None:
+    """The whole stream is in the log already (a call answered before its stream was
+    written): head, frames and terminator in one write, nothing to wait for.
+
+    The only wait is the write itself, which a stalled peer can block.  Whoever must
+    stop this writer (a teardown, a newer reader of the stream) cancels
+    ``handle.writer_scope``; here that is the connection's own scope, since a
+    response cut short ends its connection anyway -- so the usual path's scope per
+    response is not needed.
+    """
+    assert conn.scope is not None
+    log_, http = handle.log, conn.http
+    pump = _Pump(conn, session, handle, next_seq, http.start_stream(200, headers))
+    scope = handle.writer_scope = conn.scope
+    try:
+        await pump._write(log_.frames_from(next_seq))
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        http.send_failed()
+        raise PeerGone from None
+    finally:
+        if handle.writer_scope is scope:
+            handle.writer_scope = None
+            if log_.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
+                handle.handle(StreamInput.DETACH)
+            if session.on_activity is not None:
+                session.on_activity()
+    if http.should_close:
+        http.send_failed()
+        raise PeerGone
 
 
 class _Pump:

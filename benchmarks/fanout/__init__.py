@@ -4,19 +4,40 @@ Theory of operation
 -------------------
 One run measures one server.  The server is either given (``--url``, any MCP
 Streamable HTTP endpoint with an ``echo`` tool; ``--pid`` lets CPU and RSS be read)
-or started here as a subprocess on 127.0.0.1 (``--server weir|ceiling|sdk``;
-``all`` runs the three one after another and compares them):
+or started here as a subprocess on 127.0.0.1 (``--server weir|floor|ceiling|sdk``;
+``compare`` runs weir, the floor and the ceiling one after another, ``all`` adds the
+SDK; ``--repeat N`` runs that rotation N times and reports each ratio as the median
+of the rounds'; ``--compare-store URL`` runs weir on the memory store and on URL):
 
 * ``weir`` -- ``python -m weir serve benchmarks.weir_app:app`` (the demo's
   ``echo`` plus a ``mark`` tally used to count duplicate executions exactly);
+* ``floor`` -- :mod:`benchmarks.floor`, the same answers as the ceiling with HTTP
+  framed by hand: the least a Trio server spends on these requests;
 * ``ceiling`` -- :mod:`benchmarks.ceiling`, a minimal Trio + h11 server answering
   the same requests in the same wire format without any MCP machinery;
 * ``sdk`` -- :mod:`benchmarks.sdk_server`, the official Python SDK on uvicorn.
 
-A run has three phases -- **setup** (S sessions open and warm up), the **measured
-phase** (every session makes K ``tools/call`` of ``echo``, or calls for
-``--duration`` seconds, while the server's CPU, RSS and ``/metrics`` are watched) and
-the **report** -- and may add, beside the measured sessions, **half-open peers**
+What is measured (``--measure``):
+
+* ``session`` (the default): what a user of the server sees.  All S sessions start
+  at once; each connects, sends ``initialize`` and ``notifications/initialized``
+  and makes K ``tools/call`` of ``echo`` (64 bytes of text) one after another on
+  its keep-alive connection.  The server's CPU is counted over all of it, so CPU
+  per call includes each session's share of connecting and ``initialize``, and
+  ``initialize`` is timed from the start of connecting (its p50 and p99 are
+  reported).  ``/metrics`` is read only at the two ends, so the scraping that
+  only weir answers is not charged to weir.
+* ``phase``: setup first, unmeasured (sessions open 64 at a time and make
+  ``--warmup`` calls), then only the calls (or ``--duration`` seconds of them,
+  paced with ``--rate``) are measured, while ``/metrics`` is sampled; the mode of
+  the half-open and gateway runs.
+* ``idle``: the sessions are opened (one call each) and left idle on their
+  connections for ``--idle-hold`` seconds; the report is the server's RSS per
+  session over its RSS before the first.
+
+A ``phase`` run has three phases -- **setup**, the **measured phase** (while the
+server's CPU, RSS and ``/metrics`` are watched) and the **report** -- and may add,
+beside the measured sessions, **half-open peers**
 (``--half-open N``: sessions that stop reading their stream and keep sending) and a
 **retrying gateway** (``--gateway-retries R``, :mod:`benchmarks.gateway`) between the
 clients and the server.
