@@ -779,9 +779,7 @@ class _Head:
 _REQUEST_LINE = re.compile(r"(GET|POST|DELETE) (/[\x21-\x7e]*) HTTP/1\.1")
 _TOKEN = r"[-!#$%&'*+.^_`|~0-9A-Za-z]+"
 _FIELD_VALUE = r"(?:[\x21-\x7e\x80-\xff]+(?:[ \t]+[\x21-\x7e\x80-\xff]+)*)?"
-_HEADER_PAIR = re.compile(rf"({_TOKEN}):([^\r\n]*)\r\n")
-# Bytes no request head may hold (CR and LF are checked as line ends separately).
-_CONTROL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_HEADER_LINE = re.compile(rf"({_TOKEN}):[ \t]*({_FIELD_VALUE})[ \t]*")
 _TOKEN_RE = re.compile(_TOKEN)
 _TOKEN_BYTES = re.compile(_TOKEN.encode())
 _TARGET_END = re.compile(rb"[ \r\n]")
@@ -792,8 +790,6 @@ _DIGITS = re.compile(r"[0-9]{1,15}")
 # Request headers that change framing or the connection beyond keep-alive/close:
 # the fast path leaves requests carrying them to h11.
 _H11_ONLY = frozenset({"transfer-encoding", "expect", "upgrade", "te", "trailer"})
-# Fields the fast path must look at (the rest are only collected).
-_SPECIAL = _H11_ONLY | {"host", "content-length", "connection"}
 # Response headers the connection sets itself.
 _FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
 
@@ -810,55 +806,44 @@ def _parse_head(buf: bytearray, end: int, limits: HttpLimits) -> _Head | None:
     accepts or refuses it exactly as the RFCs (and h11) say, and the h11 path
     applies the limits.
     """
-    # Every byte a field value may hold (VCHAR, obs-text, SP, HTAB); CR and LF only
-    # as line ends.  Both checks are single scans in C.
-    if _CONTROL.search(buf, 0, end) is not None or buf.count(b"\n", 0, end) != buf.count(
-        b"\r\n", 0, end
-    ):
-        return None
-    text = buf[:end].decode("latin-1") + "\r\n"
-    first = text.find("\r\n")
-    m = _REQUEST_LINE.fullmatch(text, 0, first)
+    text = buf[:end].decode("latin-1")
+    lines = text.split("\r\n")
+    if len(lines) > limits.max_header_fields + 1:
+        return None  # too many header fields: the h11 path refuses them (431)
+    m = _REQUEST_LINE.fullmatch(lines[0])
     if m is None or len(m[2]) > limits.max_target_bytes:
         return None  # (a target over the limit: the h11 path refuses it, 414)
-    # One pass picks every "token:value" line; the lines it found must add up to the
-    # whole block (no line skipped for a bad shape).
-    pairs: list[tuple[str, str]] = _HEADER_PAIR.findall(text, first + 2)
-    if sum(len(n) + len(v) + 3 for n, v in pairs) != len(text) - first - 2:
-        return None
-    if len(pairs) > limits.max_header_fields:
-        return None  # too many header fields: the h11 path refuses them (431)
-    items = [(name.lower(), value.strip(" \t")) for name, value in pairs]
-    merged = dict(items)
-    if len(merged) != len(items):  # a repeated field: values joined in order
-        merged = {}
-        for name, value in items:
-            merged[name] = f"{merged[name]}, {value}" if name in merged else value
+    items: list[tuple[str, str]] = []
+    merged: dict[str, str] = {}
     length = -1
     hosts = 0
     keep_alive = True
-    if not _SPECIAL.isdisjoint(merged):
-        for name, value in items:
-            if name not in _SPECIAL:
-                continue
-            if name in _H11_ONLY:
+    for line in lines[1:]:
+        h = _HEADER_LINE.fullmatch(line)
+        if h is None:
+            return None
+        name = h[1].lower()
+        value = h[2]
+        if name in _H11_ONLY:
+            return None
+        if name == "host":
+            hosts += 1
+        elif name == "content-length":
+            if length >= 0 or _DIGITS.fullmatch(value) is None:
                 return None
-            if name == "host":
-                hosts += 1
-            elif name == "content-length":
-                if length >= 0 or _DIGITS.fullmatch(value) is None:
-                    return None
-                length = int(value)
-            else:  # connection
-                tokens = {t.strip().lower() for t in value.split(",")}
-                if not tokens <= {"keep-alive", "close"}:
-                    return None
-                if "close" in tokens:
-                    keep_alive = False
+            length = int(value)
+        elif name == "connection":
+            tokens = {t.strip().lower() for t in value.split(",")}
+            if not tokens <= {"keep-alive", "close"}:
+                return None
+            if "close" in tokens:
+                keep_alive = False
+        items.append((name, value))
+        merged[name] = f"{merged[name]}, {value}" if name in merged else value
     if hosts != 1:
         return None
     max_head = limits.max_header_bytes
-    if end + 4 + len(pairs) + 1 > max_head:  # (a byte more per line: the margin)
+    if end + 4 + len(lines) > max_head:
         # Near the limit: apply it to the canonical form, exactly as the h11 path
         # does (``_head_size``), so both paths agree on every head.
         size = len(m[1]) + len(m[2]) + len("1.1") + len("  HTTP/\r\n") + 2
