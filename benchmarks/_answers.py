@@ -21,6 +21,8 @@ an accept tail the other lacks.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import errno
 import os
 import secrets
@@ -125,6 +127,31 @@ class Answers:
 
 
 _ACCEPT_BATCH = 256
+
+
+def run_server(
+    name: str,
+    description: str,
+    connection: Callable[[str, bool], Callable[[trio.SocketStream], Awaitable[None]]],
+    argv: list[str] | None,
+) -> None:
+    """``python -m benchmarks.NAME [--host] [--port] [--path] [--json-response]``: serve
+    ``connection(path, json_response)`` on one listener, printing the serving line first."""
+    p = argparse.ArgumentParser(prog=f"benchmarks.{name}", description=description)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--path", default="/mcp")
+    p.add_argument("--json-response", action="store_true")
+    args = p.parse_args(argv)
+
+    async def serve() -> None:
+        listeners = await trio.open_tcp_listeners(args.port, host=args.host)
+        bound = listeners[0].socket.getsockname()[1]
+        print(f"{name}: serving http://{args.host}:{bound}{args.path}", flush=True)
+        await serve_batched(connection(args.path, args.json_response), listeners[0])
+
+    with contextlib.suppress(KeyboardInterrupt):
+        trio.run(serve)
 
 
 async def serve_batched(

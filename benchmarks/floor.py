@@ -19,12 +19,9 @@ once the socket and the JSON are paid for".
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-
 import trio
 
-from ._answers import REASONS, Answer, Answers, serve_batched
+from ._answers import REASONS, Answer, Answers, run_server
 
 _RECV = 65536
 _IDLE = 75.0
@@ -125,24 +122,14 @@ def _frame(a: Answer, close: bool) -> bytes:
     return b"".join(head)
 
 
-async def _main(host: str, port: int, path: str, json_response: bool) -> None:
-    server = Floor(path, json_response)
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    bound = listeners[0].socket.getsockname()[1]
-    print(f"floor: serving http://{host}:{bound}{path}", flush=True)
-    await serve_batched(server.connection, listeners[0])
-
-
 def main(argv: list[str] | None = None) -> None:
     """``python -m benchmarks.floor``."""
-    p = argparse.ArgumentParser(prog="benchmarks.floor", description=__doc__.split("\n")[0])
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--path", default="/mcp")
-    p.add_argument("--json-response", action="store_true")
-    args = p.parse_args(argv)
-    with contextlib.suppress(KeyboardInterrupt):
-        trio.run(_main, args.host, args.port, args.path, args.json_response)
+    run_server(
+        "floor",
+        __doc__.split("\n")[0],
+        lambda path, json_response: Floor(path, json_response).connection,
+        argv,
+    )
 
 
 if __name__ == "__main__":

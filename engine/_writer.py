@@ -101,17 +101,22 @@ async def write_stream(
                     nursery.cancel_scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             peer_gone = True
-    if handle.writer_scope is scope:
-        handle.writer_scope = None
-        if log_.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
-            handle.handle(StreamInput.DETACH)
-        if session.on_activity is not None:
-            session.on_activity()
+    _let_go(session, handle, scope)
     if peer_gone or scope.cancelled_caught or http.should_close:
         http.send_failed()
         raise PeerGone
     if not pump.ended:
         await conn.send(pump.pending + http.end_stream())
+
+
+def _let_go(session: Session, handle: StreamHandle, scope: trio.CancelScope) -> None:
+    """The writer that held ``scope`` is done: detach it, unless a newer one took over."""
+    if handle.writer_scope is scope:
+        handle.writer_scope = None
+        if handle.log.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
+            handle.handle(StreamInput.DETACH)
+        if session.on_activity is not None:
+            session.on_activity()
 
 
 async def _write_ready(
@@ -140,12 +145,7 @@ async def _write_ready(
         http.send_failed()
         raise PeerGone from None
     finally:
-        if handle.writer_scope is scope:
-            handle.writer_scope = None
-            if log_.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
-                handle.handle(StreamInput.DETACH)
-            if session.on_activity is not None:
-                session.on_activity()
+        _let_go(session, handle, scope)
     if http.should_close:
         http.send_failed()
         raise PeerGone
