@@ -75,6 +75,18 @@ class _ReadTimer:
 class _Connections(_ServerBase):
     """Connections and HTTP requests (see the module docstring)."""
 
+    async def _serve_read_deadlines(self) -> None:
+        """Serve the read-deadline heap; when it stops (the server stopped), hand every
+        read still waiting a Trio deadline of its own, and later reads use one too --
+        a connection served by :meth:`serve_connection` may outlive the server's tasks."""
+        try:
+            await self.read_deadlines.run()
+        finally:
+            self._reads_on_heap = False
+            for timed in self.read_deadlines.pending():
+                assert isinstance(timed, _ReadTimer)
+                timed.scope.deadline = timed.deadline
+
     def _read_due(self, timed: Timed, now: float) -> None:
         """The read-deadline heap's handler: cancel a read that missed its deadline;
         a connection reading under a later deadline gets its entry back at that one."""
@@ -156,7 +168,9 @@ class _Connections(_ServerBase):
                         now = trio.current_time()
                         inbound = http.inbound
                         deadline = timer.deadline = clock.deadline(inbound, now)
-                        if deadline < timer.timer_at:
+                        if not self._reads_on_heap:
+                            reads.deadline = deadline  # (the heap's task has stopped)
+                        elif deadline < timer.timer_at:
                             timers.schedule(timer, deadline)
                         if inbound is Inbound.IDLE and slot is not None:
                             slot.idle_since = now  # parked: it may be shed
@@ -164,6 +178,8 @@ class _Connections(_ServerBase):
                             data = await receive(RECV_BYTES)
                         finally:
                             timer.deadline = math.inf
+                            if not self._reads_on_heap:
+                                reads.deadline = math.inf
                         if slot is not None:
                             slot.idle_since = None
                         if conn.tracker.outstanding:

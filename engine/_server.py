@@ -135,6 +135,7 @@ class Server(
         self.deadlines = Deadlines(self._deadline_due)
         #: Every connection's read deadline, in one heap (see ``engine._connections``).
         self.read_deadlines = Deadlines(self._read_due)
+        self._reads_on_heap = True
         self._activity_event: trio.Event | None = None
         self._last_seen: dict[str, float] = {}
         self._per_principal: dict[str, int] = {}
@@ -215,7 +216,7 @@ class Server(
         async with trio.open_nursery() as handlers:
             self._handlers = handlers
             handlers.start_soon(self.deadlines.run)  # every session's credit timers
-            handlers.start_soon(self.read_deadlines.run)  # every connection's read deadline
+            handlers.start_soon(self._serve_read_deadlines)  # every connection's read deadline
             handlers.start_soon(self.acks.run)  # every connection's unacknowledged bytes
             async with trio.open_nursery() as conns:
                 conns.start_soon(self._serve_listeners, conns)

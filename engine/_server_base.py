@@ -90,6 +90,8 @@ class _ServerBase:
     _handlers: trio.Nursery | None
     deadlines: Deadlines
     read_deadlines: Deadlines
+    #: False once the read-deadline heap's task has stopped (reads then arm Trio deadlines).
+    _reads_on_heap: bool
     owners: set[Session]
     principal_owners: dict[str, Session]
     _owner_refs: dict[Session, int]

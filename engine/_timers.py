@@ -81,6 +81,10 @@ class Deadlines:
         if when < self._sleeping_until and self._wake is not None:
             self._wake.set()
 
+    def pending(self) -> list[Timed]:
+        """Every entry still valid (each scheduled object once), in no particular order."""
+        return [entry[2] for entry in self._heap if self._valid(entry[1], entry[2])]
+
     def _valid(self, key: int, session: Timed) -> bool:
         return key == session.timer_key and not session.closed
 

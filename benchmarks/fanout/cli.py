@@ -181,6 +181,26 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _ensure_descriptors(needed: int) -> None:
+    """Raise this process's open-file limit to ``needed`` if the hard limit allows, else exit.
+
+    Each session holds a socket here, and one in the server (whose own soft limit, less a
+    reserve, is ``weir serve``'s default connection limit); 10,000 sessions need more than
+    10,000 on both sides.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise SystemExit(
+            f"fanout: {needed} open files needed, but the hard limit is {hard}; "
+            "raise it (ulimit -Hn) or run fewer sessions"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
 def options(args: argparse.Namespace) -> Options:
     """Validate the command line into :class:`Options`."""
     if args.sessions < 1 or args.calls < 1:
@@ -207,6 +227,7 @@ def options(args: argparse.Namespace) -> Options:
         )
     if not 1 <= args.repeat <= 50:
         raise SystemExit("fanout: --repeat must be in [1, 50]")
+    _ensure_descriptors(args.sessions + args.half_open * (args.half_open_posters + 2) + 64)
     paced = bool(args.duration or args.rate or args.half_open)
     if args.measure is None:
         args.measure = "phase" if paced else "session"

@@ -375,6 +375,33 @@ async def test_idle_keepalive_connection_is_closed(autojump_clock: trio.testing.
         assert trio.current_time() - start == pytest.approx(30)
 
 
+async def test_keepalive_deadlines_slide_and_survive_the_servers_own_tasks(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The read deadlines live in one heap served by a server task.  A request resets
+    # the keep-alive clock (the old entry fires, finds a later deadline, re-arms); and
+    # a connection handed in with serve_connection that outlives the server's tasks
+    # still closes at its deadline (it falls back to a Trio deadline of its own).
+    async with running_server(app, ServerConfig(keepalive_timeout=30)) as (server, nursery):
+        client = connect(server, nursery)
+        await client.initialize()
+        await trio.sleep(20)
+        ping = await client.post({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        assert ping.status == 200
+        start = trio.current_time()
+        assert await client.stream.receive_some(100) == b""
+        assert trio.current_time() - start == pytest.approx(30)  # not 10: it slid
+        late = connect(server, nursery)
+        await late.stream.send_all(b"GET /mcp HTTP/1.1\r\nHost: x\r\n")  # half a head
+        await trio.testing.wait_all_tasks_blocked()
+        start = trio.current_time()
+    # The server's tasks have stopped; ``late`` (served in the test's nursery) still
+    # waits for the rest of its head, and is answered 408 at the head deadline.
+    with trio.fail_after(10 * server.config.head_timeout):  # (a hang fails, not stalls)
+        assert b"408" in await late.stream.receive_some(1000)
+    assert 0 < trio.current_time() - start <= server.config.head_timeout
+
+
 async def test_idle_sessions_are_forgotten(autojump_clock: trio.testing.MockClock) -> None:
     async with running_server(app, ServerConfig(session_idle_timeout=600)) as (server, nursery):
         client = connect(server, nursery)
