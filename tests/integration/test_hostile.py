@@ -126,12 +126,16 @@ async def test_initialize_flood_is_capped_and_existing_sessions_keep_working(
     tmp_path: Path,
 ) -> None:
     cap = 3000
-    args = ("--max-sessions", str(cap), "--initialize-timeout", "3")
+    # Abandoned initializes expire after --initialize-timeout; the flood must end before
+    # the first of them does, or expired ones free slots and fewer are refused.
+    expiry = 8.0
+    args = ("--max-sessions", str(cap), "--initialize-timeout", str(expiry))
     with weir(tmp_path, *args) as server, trio.fail_after(120):
         async with connected(server.port) as polite:
             polite_sid = await initialize(polite)
             base = await settle_rss(server.proc.pid, 0.2)
             refused = 0
+            flood_start = trio.current_time()
             async with connected(server.port) as flood:
                 msg = INITIALIZE
                 for _ in range(cap + 500):
@@ -142,6 +146,8 @@ async def test_initialize_flood_is_capped_and_existing_sessions_keep_working(
                         refused += 1
                     else:
                         assert reply.status == 200
+            took = trio.current_time() - flood_start
+            assert took < expiry, f"the flood took {took:.1f} s, past the initialize timeout"
             assert refused == 501  # exactly the ones past the cap (the polite one counts)
             grown = rss_bytes(server.proc.pid) - base
             assert grown <= cap * 12 * 1024, f"{grown / cap:.0f} bytes per session"
@@ -150,9 +156,9 @@ async def test_initialize_flood_is_capped_and_existing_sessions_keep_working(
             ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
             assert (await polite.request("POST", "/mcp", ping, session=polite_sid)).status == 200
 
-            # The abandoned initializes expire after --initialize-timeout (3 s);
-            # the polite session, which was used, stays.
-            await trio.sleep(5)
+            # The abandoned initializes expire after --initialize-timeout; the polite
+            # session, which was used, stays.
+            await trio.sleep(expiry + 2)
             text = await metrics(server.port)
             assert metric(text, "weir_sessions") == 1
             assert metric(text, "weir_sessions_expired_total") == cap - 1
