@@ -48,8 +48,11 @@ class AckPoller:
         self._heap: list[tuple[float, int, Connection]] = []
         self._order = itertools.count()
         self._scope: trio.CancelScope | None = None
-        #: Connections waiting for a re-check now (at most one entry each).
-        self.watched = 0
+
+    @property
+    def watched(self) -> int:
+        """Connections waiting for a re-check now (each has exactly one entry)."""
+        return len(self._heap)
 
     def watch(self, conn: Connection) -> None:
         """``conn`` has unacknowledged bytes: re-check it soon (no-op if already due)."""
@@ -57,7 +60,6 @@ class AckPoller:
             return
         due = trio.current_time() + conn.poll_delay
         conn.poll_due = True
-        self.watched += 1
         heapq.heappush(self._heap, (due, next(self._order), conn))
         scope = self._scope
         if scope is not None and due < scope.deadline:
@@ -75,7 +77,6 @@ class AckPoller:
             while heap and heap[0][0] <= now:
                 _, _, conn = heapq.heappop(heap)
                 conn.poll_due = False
-                self.watched -= 1
                 if conn.closed or not conn.tracker.outstanding:
                     conn.poll_delay = MIN_POLL
                     continue

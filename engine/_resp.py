@@ -119,7 +119,6 @@ class RespPipe:
         self._slots: deque[_Slot] = deque()
         self._out: list[bytes] = []
         self._wake = trio.Event()
-        self._up = trio.Event()
         self._busy = trio.Event()
         self._connected = trio.Event()  # set while the connection is up
         self._demand = trio.Event()  # a caller waits for a reconnection
@@ -169,8 +168,8 @@ class RespPipe:
 
     # ------------------------------------------------------------------ connection
     async def wait_up(self) -> None:
-        """Until the connection is up (the first time)."""
-        await self._up.wait()
+        """Until the connection is up."""
+        await self._connected.wait()
 
     async def run(self) -> None:
         """Keep the connection up forever (run it in a task that owns the store)."""
@@ -189,7 +188,6 @@ class RespPipe:
             self.failure = None
             self._stream = stream
             self._connected.set()
-            self._up.set()
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._guard, self._writer, stream, nursery.cancel_scope)
