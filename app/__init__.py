@@ -15,6 +15,7 @@ from ._context import LOG_LEVELS, NO_LOGS, Caller, Context, ContextBackend, log_
 from ._dispatch import (
     call_tool_now,
     capabilities,
+    describe,
     dispatch,
     failure,
     id_in_use,
@@ -58,6 +59,7 @@ __all__ = [
     "audio",
     "call_tool_now",
     "capabilities",
+    "describe",
     "dispatch",
     "embedded_resource",
     "failure",

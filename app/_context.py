@@ -26,7 +26,7 @@ from typing import Any, Final, Protocol
 from weir.protocol import ErrorResponse, RequestId, Response, encode_notification
 
 from ._input import InputRequired, check_capabilities, valid_answer
-from ._registry import McpError
+from ._registry import McpError, _change_method
 
 #: ``logging/setLevel`` levels, least to most severe (RFC 5424 names, as MCP uses).
 LOG_LEVELS: dict[str, int] = {
@@ -72,6 +72,9 @@ class Caller:
     log_level: str | None = None
     #: Resource URIs subscribed to (at most ``MAX_SUBSCRIPTIONS``; see ``dispatch``).
     subscriptions: set[str] = field(default_factory=set)
+    #: Sessionless era: the revision this request declared (the session era's is
+    #: the session's own, :attr:`ContextBackend.protocol_version`).
+    protocol_version: str | None = None
 
 
 class ContextBackend(Protocol):
@@ -122,6 +125,21 @@ class ContextBackend(Protocol):
     def changed(self, method: str, uri: str | None) -> None:
         """Announce a change to every client that listens for it: ``method`` is a
         ``notifications/*/list_changed`` or, with ``uri``, ``notifications/resources/updated``."""
+        ...
+
+    @property
+    def protocol_version(self) -> str:
+        """The revision the caller speaks (its session's, or the request's own)."""
+        ...
+
+    def cancel_requested(self, request_id: RequestId) -> bool:
+        """Whether the client (or the session's end) has cancelled this call."""
+        ...
+
+    async def send_session(self, payload: bytes) -> None:
+        """Put one encoded notification on the caller's session stream (the GET
+        stream), within drain credit; dropped when none is open or there is no
+        session.  It outlives the call: usable until the session ends."""
         ...
 
 
@@ -180,12 +198,13 @@ class Context:
     ) -> None:
         """Send ``notifications/progress`` if the client asked for progress.
 
-        Progress must increase (MCP); a non-increasing value raises ``ValueError``.
+        Progress must increase on the wire (MCP): a value that does not is dropped,
+        not sent and not raised, so a handler that repeats a value keeps running.
         """
         if self.progress_token is None:
             return
         if self._last_progress is not None and progress <= self._last_progress:
-            raise ValueError(f"progress must increase ({progress} after {self._last_progress})")
+            return
         self._last_progress = progress
         params: dict[str, Any] = {"progressToken": self.progress_token, "progress": progress}
         if total is not None:
@@ -321,12 +340,24 @@ class Context:
         they subscribed); sessionless clients on their ``subscriptions/listen``
         streams.  It never waits: delivery happens within each client's credit.
         """
-        if uri is not None:
-            self._backend.changed("notifications/resources/updated", uri)
-        elif what in ("tools", "prompts", "resources"):
-            self._backend.changed(f"notifications/{what}/list_changed", None)
-        else:
-            raise ValueError(f"no {what!r} list to change: tools, prompts or resources")
+        self._backend.changed(_change_method(what, uri), uri)
+
+    async def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        """Send any notification on this call's stream, before its response (dropped
+        without one, as for a JSON answer), within the session's drain credit."""
+        await self._backend.send(encode_notification(method, params))
+
+    @property
+    def protocol_version(self) -> str:
+        """The MCP revision of this request (its session's, or its own ``_meta``'s)."""
+        return self._backend.protocol_version
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once the client cancelled this call (``notifications/cancelled``, its
+        stream closed on the sessionless era, or its session ended).  The handler is
+        cancelled as well; this is for code that checks between steps."""
+        return self._backend.cancel_requested(self.request_id)
 
     async def sleep(self, seconds: float) -> None:
         """Sleep ``seconds`` on the driver's clock, so a handler that waits runs on any

@@ -73,16 +73,45 @@ def capabilities(app: App) -> dict[str, Any]:
     return caps
 
 
+def describe(app: App, version: str) -> dict[str, Any]:
+    """What ``initialize`` and ``server/discover`` say about ``app`` at ``version``:
+    ``capabilities``, ``serverInfo`` and ``instructions`` -- the app's own
+    :meth:`~weir.app.App.describe` hook's, else derived from its registries.
+
+    Raises:
+        TypeError: the hook returned something without a ``capabilities`` and a
+            ``serverInfo`` object.
+    """
+    if app.describe_fn is None:
+        return {
+            "capabilities": capabilities(app),
+            "serverInfo": {"name": app.name, "version": app.version},
+            "instructions": app.instructions,
+        }
+    described = app.describe_fn(version)
+    if not isinstance(described, dict) or not all(
+        isinstance(described.get(k), dict) for k in ("capabilities", "serverInfo")
+    ):
+        raise TypeError("App.describe must return capabilities and serverInfo objects")
+    return described
+
+
 def initialize_result_for(app: App, version: str, **driver_capabilities: Any) -> dict[str, Any]:
     """The ``initialize`` result for ``app`` at the negotiated ``version``: the app's
-    capabilities (plus any the driver itself adds, e.g. ``experimental``) and its
-    name, version and instructions."""
+    capabilities (plus any the driver itself adds, e.g. ``experimental``, merged
+    into the app's own entry of that name) and its identity and instructions."""
+    described = describe(app, version)
+    caps = dict(described["capabilities"])
+    for name, value in driver_capabilities.items():
+        mine = caps.get(name)
+        caps[name] = (
+            {**mine, **value} if isinstance(mine, dict) and isinstance(value, dict) else value
+        )
     return initialize_result(
         version,
-        {**capabilities(app), **driver_capabilities},
-        name=app.name,
-        server_version=app.version,
-        instructions=app.instructions,
+        caps,
+        server_info=described["serverInfo"],
+        instructions=described.get("instructions"),
     )
 
 
@@ -353,15 +382,25 @@ METHODS: dict[str, Handler] = {
 
 
 async def dispatch(app: App, req: Request, ctx: Context) -> dict[str, Any]:
-    """Serve one request.
+    """Serve one request: the registries' method, else the app's fallback.
 
     Raises:
-        McpError: ``-32601`` for an unknown method, or whatever the handler raised.
+        McpError: ``-32601`` for a method nobody serves, or whatever the handler raised.
     """
-    handler = METHODS.get(req.method)
-    if handler is None:
+    fallback = app.fallback_fn
+    handler = (
+        None if fallback is not None and app.fallback_every_method else METHODS.get(req.method)
+    )
+    if handler is not None:
+        return await handler(app, _params(req), ctx)
+    if fallback is None:
         raise McpError(METHOD_NOT_FOUND, f"method {req.method!r} not found")
-    return await handler(app, _params(req), ctx)
+    result = await fallback(req.method, _params(req), ctx)
+    if not isinstance(result, dict):
+        raise TypeError(
+            f"the fallback for {req.method} returned {type(result).__name__}, not a dict"
+        )
+    return result
 
 
 def failure(req: Request, exc: Exception) -> bytes:

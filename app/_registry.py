@@ -85,6 +85,15 @@ class McpError(Exception):
         self.data = data
 
 
+def _change_method(what: str, uri: str | None) -> str:
+    """The notification announcing a change of ``what`` (or of resource ``uri``)."""
+    if uri is not None:
+        return "notifications/resources/updated"
+    if what in ("tools", "prompts", "resources"):
+        return f"notifications/{what}/list_changed"
+    raise ValueError(f"no {what!r} list to change: tools, prompts or resources")
+
+
 # ---------------------------------------------------------------- content helpers
 def text(value: str) -> dict[str, Any]:
     """A text content block."""
@@ -302,6 +311,14 @@ def _schema_for(
 
 #: ``lifespan(app)``: an async context manager entered around serving.
 Lifespan = Callable[["App"], AbstractAsyncContextManager[Any]]
+#: ``fallback(method, params, ctx)``: the result of a request the registries do not serve.
+Fallback = Callable[[str, dict[str, Any], Any], Awaitable[dict[str, Any]]]
+#: ``describe(version)``: ``{"capabilities": …, "serverInfo": …, "instructions": …}``.
+Describe = Callable[[str], dict[str, Any]]
+#: ``on_session_close(session_id)``: a session ended, or this process stops serving it.
+SessionClose = Callable[[str], Awaitable[None]]
+#: Where a driver takes announced changes: ``sink(method, uri)``.
+ChangeSink = Callable[[str, "str | None"], None]
 
 
 class App:
@@ -334,6 +351,70 @@ class App:
         self.templates: list[ResourceTemplate] = []
         self.prompts: dict[str, Prompt] = {}
         self.completion_fn: CompletionFn | None = None
+        #: Requests the registries do not serve (see :meth:`fallback`).
+        self.fallback_fn: Fallback | None = None
+        #: The fallback serves every method weir does not own, registries unused.
+        self.fallback_every_method = False
+        #: Overrides the ``initialize`` / ``server/discover`` description (see :meth:`describe`).
+        self.describe_fn: Describe | None = None
+        self.session_close_fns: list[SessionClose] = []
+        self._change_sinks: dict[object, ChangeSink] = {}
+
+    # ---------------------------------------------------------------- hooks
+    def fallback(self, fn: Fallback | None = None, *, every_method: bool = False) -> Any:
+        """Register the handler of requests no registry serves: ``@app.fallback``
+        (custom methods) or ``@app.fallback(every_method=True)`` (every method weir
+        does not own: the registries are not consulted, ``logging/setLevel`` and
+        ``resources/subscribe`` included).
+
+        ``fn(method, params, ctx)`` returns the ``result`` object or raises
+        :class:`McpError`.  Methods the transport owns never reach it: ``initialize``,
+        ``ping``, ``weir/rebind``, ``server/discover``, ``subscriptions/listen`` and
+        every notification.  Without a fallback an unknown method is -32601.
+        """
+
+        def register(f: Fallback) -> Fallback:
+            self.fallback_fn = f
+            self.fallback_every_method = every_method
+            return f
+
+        return register(fn) if fn is not None else register
+
+    def describe(self, fn: Describe) -> Describe:
+        """Register what ``initialize`` and ``server/discover`` say about this server:
+        ``fn(version)`` returns ``{"capabilities": {...}, "serverInfo": {...},
+        "instructions": str | None}`` for the negotiated (or discovered) revision.
+
+        Without it, the capabilities are derived from the registries and
+        ``serverInfo`` is ``name`` and ``version``.  The driver still adds what it
+        serves itself (the ``experimental`` rebind method on the session era).
+        """
+        self.describe_fn = fn
+        return fn
+
+    def on_session_close(self, fn: SessionClose) -> SessionClose:
+        """Register ``async fn(session_id)``, awaited when a session ends (``DELETE``,
+        idle or liveness expiry) or when this process stops serving it (shutdown;
+        with a shared store the session may go on elsewhere).  Runs at most once per
+        session and process, in the background, cancelled after a few seconds.
+        """
+        self.session_close_fns.append(fn)
+        return fn
+
+    def changed(self, what: str, uri: str | None = None) -> None:
+        """Announce a change from outside any request (a background task, a file
+        watcher): the same as :meth:`Context.changed`, delivered by every driver
+        serving this app.  Before a driver serves it, nobody listens: a no-op."""
+        method = _change_method(what, uri)
+        for sink in list(self._change_sinks.values()):
+            sink(method, uri)
+
+    def attach_changes(self, sink: ChangeSink) -> Callable[[], None]:
+        """For drivers: deliver :meth:`changed` announcements to ``sink(method, uri)``
+        until the returned function is called."""
+        token = object()
+        self._change_sinks[token] = sink
+        return lambda: self._change_sinks.pop(token, None) and None
 
     def lifespan(self, fn: Lifespan) -> Lifespan:
         """Register the app's lifespan: ``@app.lifespan`` on an ``@asynccontextmanager``.
@@ -536,7 +617,9 @@ BUILTIN_APPS = {
 def load_app(spec: str) -> App:
     """Resolve ``demo``, ``conformance`` or ``module:attribute`` to an :class:`App`.
 
-    The attribute may also be a function taking no arguments that returns one.
+    The attribute may also be a function taking no arguments that returns one, or
+    a server written with the official MCP SDK (an ``MCPServer`` or a low-level
+    ``Server``), which is wrapped with :func:`weir.app.sdk.from_sdk`.
 
     Raises:
         LookupError: the spec is malformed, the module cannot be imported, or the
@@ -553,8 +636,17 @@ def load_app(spec: str) -> App:
     obj = getattr(module, attr, None)
     if obj is None:
         raise LookupError(f"module {module_name!r} has no attribute {attr!r}")
-    if not isinstance(obj, App) and callable(obj):
+    from .sdk import from_sdk, is_sdk_server
+
+    if not isinstance(obj, App) and not is_sdk_server(obj) and callable(obj):
         obj = obj()
+    if is_sdk_server(obj):
+        try:
+            return from_sdk(obj)
+        except (RuntimeError, TypeError) as exc:
+            raise LookupError(f"{spec!r}: {exc}") from None
     if not isinstance(obj, App):
-        raise LookupError(f"{spec!r} is a {type(obj).__name__}, not a weir.app.App")
+        raise LookupError(
+            f"{spec!r} is a {type(obj).__name__}, not a weir.app.App or an mcp SDK server"
+        )
     return obj

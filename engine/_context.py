@@ -15,13 +15,15 @@ teardown) cancels the scope the handler runs in, including :meth:`sleep`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from weir.app import Caller, McpError
-from weir.protocol import ErrorResponse, Response, encode_request
+from weir.protocol import ErrorResponse, RequestId, Response, encode_request
+from weir.protocol.states import StreamState
 
 from ._session import PendingRequest, SessionClosed, StreamLost
 
@@ -57,6 +59,22 @@ class CallBackend:
         notify = self._session.on_change
         if notify is not None:
             notify(method, uri)
+
+    @property
+    def protocol_version(self) -> str:
+        return self._session.record.protocol_version
+
+    def cancel_requested(self, request_id: RequestId) -> bool:
+        scope = self._session.running.get(request_id)
+        return self._session.closed or (scope is not None and scope.cancel_called)
+
+    async def send_session(self, payload: bytes) -> None:
+        stream = self._session.standalone
+        if stream is None or stream.log.state is StreamState.CLOSED or self._session.closed:
+            await trio.lowlevel.checkpoint()
+            return
+        with contextlib.suppress(StreamLost, SessionClosed):  # best effort, as ever
+            await stream.send(payload.decode())
 
     async def request(
         self, method: str, params: dict[str, Any] | None, timeout: float
@@ -123,6 +141,13 @@ class SessionlessBackend(CallBackend):
     @property
     def caller(self) -> Caller:
         return self._caller
+
+    @property
+    def protocol_version(self) -> str:
+        return self._caller.protocol_version or self._session.record.protocol_version
+
+    async def send_session(self, payload: bytes) -> None:
+        await trio.lowlevel.checkpoint()  # no session stream on this era
 
     async def send(self, payload: bytes) -> None:
         if self._on_output is not None:

@@ -51,7 +51,7 @@ import gc
 import math
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -89,6 +89,8 @@ from ._timers import Deadlines, Timed
 #: A session that held at least this much (history, results, credit) is followed by a
 #: ``malloc_trim`` when it ends.
 _TRIM_AFTER = 256 * 1024
+#: Seconds the app's session-close hooks may run (per batch) before they are cancelled.
+SESSION_CLOSE_WAIT = 5.0
 
 
 class Server(
@@ -208,9 +210,33 @@ class Server(
                 self.state = state
                 if listen:
                     self.listeners = await _open_listeners(self.config)
-                await self._run(task_status)
+                detach = self.app.attach_changes(self._changed)
+                try:
+                    await self._run(task_status)
+                finally:
+                    detach()
+                    await self._close_hooks(list(self.sessions))
         finally:
             self.stopped.set()
+
+    async def _close_hooks(self, session_ids: list[str]) -> None:
+        """Run the app's session-close hooks for ``session_ids``, together, for at
+        most :data:`SESSION_CLOSE_WAIT` seconds; a hook's failure is logged."""
+        hooks = self.app.session_close_fns
+        if not hooks or not session_ids:
+            return
+
+        async def one(hook: Callable[[str], Awaitable[None]], sid: str) -> None:
+            try:
+                await hook(sid)
+            except Exception:
+                log.exception("session-close hook %s failed", getattr(hook, "__qualname__", hook))
+
+        with trio.move_on_after(SESSION_CLOSE_WAIT), trio.CancelScope(shield=True):
+            async with trio.open_nursery() as nursery:
+                for sid in session_ids:
+                    for hook in hooks:
+                        nursery.start_soon(one, hook, sid)
 
     async def _run(self, task_status: trio.TaskStatus[Server]) -> None:
         async with trio.open_nursery() as handlers:
@@ -347,6 +373,8 @@ class Server(
             self._last_trim = now
             self._handlers_start(self._reclaim)
         if self.sessions.pop(session.session_id, None) is not None:
+            if self.app.session_close_fns and self._handlers is not None:
+                self._handlers.start_soon(self._close_hooks, [sid])
             principal = session.record.principal
             left = self._per_principal[principal] - 1
             if left > 0:

@@ -58,6 +58,7 @@ from weir.app import (
     InputRequired,
     McpError,
     capabilities,
+    describe,
     dispatch,
     failure,
 )
@@ -110,6 +111,10 @@ METHODS: Final = frozenset(
         "completion/complete",
     }
 )
+#: Methods of the session era only: 404 on this one, even for an app's fallback.
+NOT_THIS_ERA: Final = frozenset(
+    {"initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"}
+)
 #: Methods that may answer ``input_required``, and stream notifications first.
 INPUT_METHODS: Final = frozenset(NAMED_TARGET)
 #: Seconds between two reads of the store's change bus (shared stores only).
@@ -132,7 +137,9 @@ class _Sessionless(_ServerBase):
             return
         assert msg.meta is not None
         req = message
-        if req.method not in METHODS:
+        if req.method not in METHODS and (
+            self.app.fallback_fn is None or req.method in NOT_THIS_ERA
+        ):
             raise method_not_found(req.method, req.id)
         if req.method == "server/discover":
             found = encode_result(req.id, self._discover())
@@ -140,11 +147,19 @@ class _Sessionless(_ServerBase):
             return
         if req.method == "tools/call":
             self._check_param_headers(msg, req)
-        inputs = self._inputs(conn, req) if req.method in INPUT_METHODS else None
+        inputs = None
+        if req.method in INPUT_METHODS:
+            if self.app.fallback_every_method:  # the app keeps its own rounds' state
+                req = self._open_app_state(conn, req)
+            else:
+                inputs = self._inputs(conn, req)
         owner = self._owner(conn)
         meta = msg.meta
         caller = Caller(
-            meta.capabilities, meta.client_info or {}, log_level=meta.log_level or NO_LOGS
+            meta.capabilities,
+            meta.client_info or {},
+            log_level=meta.log_level or NO_LOGS,
+            protocol_version=meta.version,
         )
         try:
             await owner.admit(1, req.id)  # 429 once this connection's peer stopped reading
@@ -215,17 +230,8 @@ class _Sessionless(_ServerBase):
         """
         params = req.params if isinstance(req.params, dict) else {}
         inputs: dict[str, Any] = {}
-        state = params.get("requestState")
-        if state is not None:
-            claims = self.sealer.open(state) if isinstance(state, str) else None
-            if claims is None or claims.get("b") != _binding(conn.principal, req):
-                raise RemoteProtocolError(
-                    "requestState is invalid, expired, or not this request's",
-                    http_status=400,
-                    reason=Reason.REQUEST_STATE_INVALID,
-                    code=INVALID_PARAMS,
-                    request_id=req.id,
-                )
+        claims = self._open_state(conn, req)
+        if claims is not None:
             answers = claims.get("a")
             if isinstance(answers, dict):
                 inputs.update(answers)
@@ -234,15 +240,71 @@ class _Sessionless(_ServerBase):
             inputs.update(responses)
         return inputs
 
+    def _open_state(self, conn: Connection, req: Request) -> dict[str, Any] | None:
+        """The claims of the request state this round carries (None without one).
+
+        Raises:
+            RemoteProtocolError: 400, -32602 for a state that does not open or is
+                another request's.
+        """
+        state = (req.params or {}).get("requestState")
+        if state is None:
+            return None
+        claims = self.sealer.open(state) if isinstance(state, str) else None
+        if claims is None or claims.get("b") != _binding(conn.principal, req):
+            raise RemoteProtocolError(
+                "requestState is invalid, expired, or not this request's",
+                http_status=400,
+                reason=Reason.REQUEST_STATE_INVALID,
+                code=INVALID_PARAMS,
+                request_id=req.id,
+            )
+        return claims
+
+    def _open_app_state(self, conn: Connection, req: Request) -> Request:
+        """An app that runs its own input rounds (a fallback for every method) gets
+        back the ``requestState`` it minted, once weir's seal around it opens: so a
+        state is bound to its principal and request and expires, whatever the app
+        does with it."""
+        claims = self._open_state(conn, req)
+        if claims is None:
+            return req
+        params = dict(req.params or {})
+        inner = claims.get("x")
+        if isinstance(inner, str):
+            params["requestState"] = inner
+        else:
+            params.pop("requestState", None)
+        return msgspec.structs.replace(req, params=params)
+
+    def _seal_app_state(self, owner: Session, req: Request, result: dict[str, Any]) -> None:
+        """An app's ``input_required`` result: its ``requestState`` goes out sealed
+        (see :meth:`_open_app_state`)."""
+        claims: dict[str, Any] = {"b": _binding(owner.record.principal, req)}
+        inner = result.get("requestState")
+        if isinstance(inner, str):
+            claims["x"] = inner
+        try:
+            result["requestState"] = self.sealer.seal(claims)
+        except ValueError as exc:
+            raise McpError(INVALID_PARAMS, str(exc)) from None
+
     # ---------------------------------------------------------------- results
     def _discover(self) -> dict[str, Any]:
+        described = describe(self.app, "2026-07-28")
         return discover_result(
-            ALL_VERSIONS, self._capabilities(), self._server_info(), self.app.instructions
+            ALL_VERSIONS,
+            self._capabilities(),
+            self._server_info(),
+            described.get("instructions"),
         )
 
     def _capabilities(self) -> dict[str, Any]:
         """This era's capabilities: the app's, with list changes and resource
-        updates announced on ``subscriptions/listen``."""
+        updates announced on ``subscriptions/listen`` (an app describing itself
+        says so itself)."""
+        if self.app.describe_fn is not None:
+            return dict(describe(self.app, "2026-07-28")["capabilities"])
         caps = capabilities(self.app)
         for name in ("tools", "prompts"):
             if name in caps:
@@ -252,6 +314,8 @@ class _Sessionless(_ServerBase):
         return caps
 
     def _server_info(self) -> dict[str, Any]:
+        if self.app.describe_fn is not None:
+            return dict(describe(self.app, "2026-07-28")["serverInfo"])
         return {"name": self.app.name, "version": self.app.version}
 
     def _owner(self, conn: Connection) -> Session:
@@ -368,6 +432,9 @@ class _Sessionless(_ServerBase):
             try:
                 try:
                     result = await dispatch(self.app, req, ctx)
+                    if result.get("resultType") == "input_required":  # the app's own round
+                        backend.asked = True
+                        self._seal_app_state(owner, req, result)
                 except InputRequired as asked:
                     backend.asked = True
                     result = self._input_required(owner, req, asked, ctx)

@@ -100,15 +100,23 @@ def initialize_result(
     version: str,
     capabilities: Mapping[str, Any],
     *,
-    name: str,
-    server_version: str,
+    name: str = "",
+    server_version: str = "",
+    server_info: Mapping[str, Any] | None = None,
     instructions: str | None = None,
 ) -> dict[str, Any]:
-    """The ``initialize`` result: revision, capabilities, ``serverInfo``, instructions."""
+    """The ``initialize`` result: revision, capabilities, ``serverInfo``, instructions.
+
+    ``serverInfo`` is ``server_info`` when given (title, icons, …), else ``name``
+    and ``server_version``.
+    """
+    info = (
+        dict(server_info) if server_info is not None else {"name": name, "version": server_version}
+    )
     result: dict[str, Any] = {
         "protocolVersion": version,
         "capabilities": dict(capabilities),
-        "serverInfo": {"name": name, "version": server_version},
+        "serverInfo": info,
     }
     if instructions:
         result["instructions"] = instructions

@@ -27,7 +27,15 @@ import contextlib
 from typing import Any
 
 from weir.app import App, Caller, Context, McpError, dispatch, failure, id_in_use
-from weir.protocol import ErrorResponse, Request, Response, StreamLog, encode_request, encode_result
+from weir.protocol import (
+    ErrorResponse,
+    Request,
+    RequestId,
+    Response,
+    StreamLog,
+    encode_request,
+    encode_result,
+)
 from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
 from weir.protocol.gate import (
     Answer,
@@ -101,6 +109,19 @@ class Backend:
 
     def changed(self, method: str, uri: str | None) -> None:
         self._session.driver.changed(method, uri)
+
+    @property
+    def protocol_version(self) -> str:
+        return self._session.version
+
+    def cancel_requested(self, request_id: RequestId) -> bool:
+        return self._session.closed or request_id in self._session.cancelled
+
+    async def send_session(self, payload: bytes) -> None:
+        stream = self._session.streams.standalone
+        if stream is not None and stream.state is not StreamState.CLOSED:
+            with contextlib.suppress(Gone):
+                await self._session.append(stream, payload.decode())
 
 
 async def plan(

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
+from collections.abc import Awaitable
 from typing import Any
 
 from weir.app import App, load_app
@@ -34,6 +36,18 @@ from weir.protocol.states import StreamState
 
 from ._connection import Connection
 from ._session import Session
+
+log = logging.getLogger(__name__)
+
+#: Seconds an app's session-close hook may run before it is cancelled.
+SESSION_CLOSE_WAIT = 5.0
+
+
+async def _bounded(hook: Awaitable[None]) -> None:
+    try:
+        await asyncio.wait_for(hook, SESSION_CLOSE_WAIT)
+    except Exception:
+        log.exception("a session-close hook failed")
 
 
 class AsyncioDriver:
@@ -72,11 +86,20 @@ class AsyncioDriver:
         self.sessions: dict[str, Session] = {}
         self.connections = 0
         self._sweeper: asyncio.TimerHandle | None = None
+        #: Session-close hooks still running (kept referenced until they end).
+        self._closing: set[asyncio.Task[None]] = set()
+        #: ``app.changed(...)`` from outside a request reaches this driver's sessions.
+        self.detach = app.attach_changes(self.changed)
 
     def end(self, session: Session) -> None:
-        """Tear a session down; it is 404 from now on."""
+        """Tear a session down; it is 404 from now on.  The app's session-close
+        hooks run in the background, each cancelled after ``SESSION_CLOSE_WAIT``."""
         session.close()
-        self.sessions.pop(session.sid, None)
+        if self.sessions.pop(session.sid, None) is not None:
+            for hook in self.app.session_close_fns:
+                task = session.loop.create_task(_bounded(hook(session.sid)))
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
 
     def changed(self, method: str, uri: str | None) -> None:
         """A handler announced a change: tell every session's open GET stream (a

@@ -1,0 +1,288 @@
+"""The SDK side of :func:`weir.app.sdk.from_sdk` (imports the SDK; see that module).
+
+Theory of operation
+-------------------
+:class:`Bridge` holds one SDK low-level server and, per live session, the SDK
+``Connection`` its kernel reads (made on the session's first request here, torn
+down when the session closes).  :class:`_Dispatch` is the SDK's per-request
+``DispatchContext`` over a weir :class:`~weir.app.Context`; :class:`_SessionOutbound`
+the SDK connection's standalone channel over the session's GET stream.  Nothing
+here blocks or holds more than those per-session objects: every message goes
+through the context's backend, which waits for drain credit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from mcp.server.connection import Connection
+from mcp.server.lowlevel.server import Server
+from mcp.server.mcpserver import MCPServer
+from mcp.server.runner import ServerRunner, aclose_shielded, serve_one
+from mcp.shared.dispatcher import CallOptions
+from mcp.shared.exceptions import MCPError, NoBackChannelError
+from mcp.shared.message import ServerMessageMetadata
+from mcp.shared.subscriptions import (
+    PromptsListChanged,
+    ResourcesListChanged,
+    ResourceUpdated,
+    ServerEvent,
+    ToolsListChanged,
+)
+from mcp.shared.transport_context import TransportContext
+from mcp_types import ClientCapabilities, InitializeRequestParams
+from pydantic import BaseModel, ValidationError
+
+from weir.protocol import encode_notification
+from weir.protocol.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS
+
+from ._context import Context, ContextBackend
+from ._registry import App, McpError
+
+_MODERN = frozenset({"2026-07-28"})
+_EVENT_LISTS: dict[type, str] = {
+    ToolsListChanged: "tools",
+    PromptsListChanged: "prompts",
+    ResourcesListChanged: "resources",
+}
+
+
+def lowlevel_of(server: Any) -> Server[Any]:
+    """The SDK low-level ``Server`` behind ``server``.
+
+    Raises:
+        TypeError: ``server`` neither is nor holds one (an ``mcp`` 1.x server, e.g.
+            a FastMCP built on it, holds another class: the message says so).
+    """
+    if isinstance(server, Server):
+        return server
+    for attr in ("_lowlevel_server", "_mcp_server"):
+        inner = getattr(server, attr, None)
+        if isinstance(inner, Server):
+            return inner
+        if inner is not None:
+            raise TypeError(
+                f"{type(server).__name__}.{attr} is a {type(inner).__module__}."
+                f"{type(inner).__name__}, not an mcp 2.x low-level Server: "
+                "weir serves apps on the installed mcp 2.x SDK only"
+            )
+    raise TypeError(
+        f"cannot serve a {type(server).__name__}: expected an mcp MCPServer or low-level Server"
+    )
+
+
+def _bus_of(server: Any, low: Server[Any]) -> Any:
+    """The subscription bus the app publishes changes on, if any."""
+    if isinstance(server, MCPServer):
+        return getattr(server, "_subscriptions", None)
+    entry = low.get_request_handler("subscriptions/listen")
+    return getattr(entry.handler, "_bus", None) if entry is not None else None
+
+
+def _dump(model: BaseModel) -> dict[str, Any]:
+    return model.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+class Bridge:
+    """One SDK server served through weir: the App hooks' implementations."""
+
+    def __init__(self, low: Server[Any], server: Any) -> None:
+        self.low = low
+        self.bus = _bus_of(server, low)
+        self.state: Any = None
+        #: The SDK connection of each live session seen here (at most one each).
+        self.connections: dict[str, Connection] = {}
+
+    @contextlib.asynccontextmanager
+    async def serving(self, app: App) -> AsyncIterator[Any]:
+        """The SDK server's lifespan, with its bus's events announced to weir."""
+
+        def announce(event: ServerEvent) -> None:
+            if isinstance(event, ResourceUpdated):
+                app.changed("resources", str(event.uri))
+            elif isinstance(event, ToolsListChanged | PromptsListChanged | ResourcesListChanged):
+                app.changed(_EVENT_LISTS[type(event)])
+
+        async with self.low.lifespan(self.low) as state:
+            self.state = state
+            unsubscribe = self.bus.subscribe(announce) if self.bus is not None else None
+            try:
+                yield state
+            finally:
+                if unsubscribe is not None:
+                    unsubscribe()
+                for sid in list(self.connections):
+                    await self.session_closed(sid)
+
+    def describe(self, version: str) -> dict[str, Any]:
+        """The SDK's own capabilities and identity for ``version``."""
+        low = self.low
+        if version in _MODERN:
+            caps = low.get_capabilities(protocol_version=version)
+        else:
+            caps = low.create_initialization_options().capabilities
+        return {
+            "capabilities": _dump(caps),
+            "serverInfo": _dump(low.server_info),
+            "instructions": low.instructions,
+        }
+
+    async def request(self, method: str, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        """Run the SDK's kernel for one request; its result, or its error as McpError."""
+        version = ctx.protocol_version
+        modern = version in _MODERN or ctx.session_id is None
+        dctx = _Dispatch(ctx, can_send=not modern)
+        try:
+            if modern:
+                connection = Connection.from_envelope(
+                    version, ctx.client_info or None, ctx.client_capabilities
+                )
+                return await serve_one(
+                    self.low,
+                    dctx,
+                    method,
+                    params,
+                    connection=connection,
+                    lifespan_state=self.state,
+                )
+            runner = ServerRunner(self.low, self._connection(ctx), self.state)
+            return await runner.on_request(dctx, method, params)
+        except MCPError as exc:
+            raise McpError(exc.error.code, exc.error.message, exc.error.data) from None
+        except ValidationError:
+            raise McpError(INVALID_PARAMS, "Invalid request parameters", "") from None
+        except NotImplementedError as exc:  # the SDK's way to say "not served here"
+            raise McpError(INTERNAL_ERROR, str(exc) or "not implemented") from None
+
+    def _connection(self, ctx: Context) -> Connection:
+        """The session's SDK connection, made on its first request in this process."""
+        sid = ctx.session_id
+        assert sid is not None
+        connection = self.connections.get(sid)
+        if connection is None:
+            connection = Connection(
+                _SessionOutbound(ctx.backend),
+                protocol_version=ctx.protocol_version,
+                session_id=sid,
+                client_params=_client_params(ctx),
+            )
+            if connection.client_capabilities is None:
+                with contextlib.suppress(ValidationError):
+                    caps = ClientCapabilities.model_validate(ctx.client_capabilities)
+                    connection.client_capabilities = caps
+            connection.initialized.set()  # weir's transport has gated initialization
+            self.connections[sid] = connection
+        return connection
+
+    async def session_closed(self, session_id: str) -> None:
+        """The session ended (or this process stops serving it): unwind its SDK
+        connection's exit stack (bounded by the SDK's own shielded timeout)."""
+        connection = self.connections.pop(session_id, None)
+        if connection is not None:
+            await aclose_shielded(connection)
+
+
+def _client_params(ctx: Context) -> InitializeRequestParams | None:
+    """The ``initialize`` params as the SDK keeps them (None if this process did not
+    see the session's ``initialize``: another replica did)."""
+    if not ctx.client_info:
+        return None
+    try:
+        return InitializeRequestParams.model_validate(
+            {
+                "protocolVersion": ctx.protocol_version,
+                "capabilities": ctx.client_capabilities,
+                "clientInfo": ctx.client_info,
+            },
+            by_name=False,
+        )
+    except ValidationError:
+        return None
+
+
+class _SessionOutbound:
+    """The SDK connection's standalone channel: the session's GET stream.
+
+    Notifications are best effort (dropped without an open GET stream), as in the
+    SDK; a standalone request is refused (weir's server-to-client requests belong
+    to a call, whose stream carries them).
+    """
+
+    def __init__(self, backend: ContextBackend) -> None:
+        self._backend = backend
+
+    async def send_raw_request(
+        self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None
+    ) -> dict[str, Any]:
+        raise NoBackChannelError(method)
+
+    async def notify(
+        self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None
+    ) -> None:
+        payload = encode_notification(method, dict(params) if params is not None else None)
+        await self._backend.send_session(payload)
+
+
+@dataclass
+class _Dispatch:
+    """The SDK's ``DispatchContext`` for one request, over its weir context."""
+
+    ctx: Context
+    can_send: bool
+
+    @property
+    def transport(self) -> TransportContext:
+        return TransportContext(kind="weir", can_send_request=self.can_send)
+
+    @property
+    def can_send_request(self) -> bool:
+        return self.can_send
+
+    @property
+    def request_id(self) -> Any:
+        return self.ctx.request_id
+
+    @property
+    def message_metadata(self) -> ServerMessageMetadata:
+        async def close_sse_stream() -> None:
+            self.ctx.close_stream()
+
+        return ServerMessageMetadata(
+            related_request_id=self.ctx.request_id,
+            close_sse_stream=close_sse_stream if self.ctx.session_id is not None else None,
+            can_send_request=self.can_send,
+        )
+
+    @property
+    def cancel_requested(self) -> anyio.Event:
+        event = anyio.Event()
+        if self.ctx.cancel_requested:
+            event.set()
+        return event
+
+    async def progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        await self.ctx.report_progress(progress, total, message)
+
+    async def notify(
+        self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None
+    ) -> None:
+        await self.ctx.notify(method, dict(params) if params is not None else None)
+
+    async def send_raw_request(
+        self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None
+    ) -> dict[str, Any]:
+        if not self.can_send:
+            raise NoBackChannelError(method)
+        timeout = (opts or {}).get("timeout", 300.0)
+        try:
+            return await self.ctx.request(
+                method, dict(params) if params is not None else None, timeout=timeout
+            )
+        except McpError as exc:
+            raise MCPError(exc.code, exc.message, exc.data) from None

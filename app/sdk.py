@@ -1,0 +1,143 @@
+"""Serve an app written with the official MCP Python SDK through weir, unchanged.
+
+Theory of operation
+-------------------
+:func:`from_sdk` wraps an SDK server (``mcp.server.mcpserver.MCPServer``, the
+low-level ``mcp.server.lowlevel.Server``, or an object holding one of the latter)
+in a weir :class:`~weir.app.App` built only from the App API's public hooks:
+
+* **Requests.**  A fallback for every method weir does not own hands each request
+  to the SDK's own per-request kernel (``mcp.server.runner.ServerRunner``, or
+  ``serve_one`` on the 2026-07-28 revision), so the SDK validates params, runs its
+  middleware and shapes its results exactly as it would behind its own transport.
+  weir keeps what is the transport's: ``initialize``, ``ping``, ``weir/rebind``,
+  ``server/discover``, ``subscriptions/listen``, notifications -- and with them
+  drain credit, the idempotency gate, fencing, shared replay, limits and the
+  authorized principal, which apply to the SDK's requests as to any others.
+* **The back channel.**  The kernel talks to the client through a
+  ``DispatchContext``; here it is the call's :class:`~weir.app.Context`: messages
+  related to the request (progress, logs, elicitation, sampling, roots) go on the
+  request's own stream, ahead of its response and within the session's credit;
+  unrelated ones (the SDK connection's ``outbound``) go on the session's GET
+  stream.  On 2026-07-28 there are no server-to-client requests: the SDK answers
+  ``input_required`` itself, and weir seals the ``requestState`` it mints (bound to
+  the principal and the request, expiring) and hands it back unsealed next round.
+* **Per-session state.**  The SDK's ``Connection`` (client info, scratch
+  ``state``, ``exit_stack``) is made on a session's first request in this process
+  and torn down by the session-close hook, so there is at most one per live
+  session; a 2026-07-28 request gets its own, as in the SDK.
+* **Lifespan and changes.**  The SDK server's lifespan is the App's; events the
+  SDK publishes on its subscription bus are announced with
+  :meth:`~weir.app.App.changed`, so they reach ``subscriptions/listen`` streams on
+  every replica sharing the store.
+
+The SDK is an optional dependency (the ``sdk`` extra), tested at the versions in
+:data:`TESTED_SDK`; :func:`check_sdk` says precisely which entry point changed when
+another version does not fit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import inspect
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ._registry import App
+
+#: The SDK versions this bridge is tested with (the ``sdk`` extra pins the same range).
+TESTED_SDK = (">=2.3.0", "<2.4")
+
+#: What the bridge uses of the SDK: (module, attribute, parameters it must accept).
+CONTRACT: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("mcp.server.runner", "ServerRunner", ("server", "connection", "lifespan_state")),
+    ("mcp.server.runner", "serve_one", ("server", "dctx", "method", "params", "connection")),
+    ("mcp.server.runner", "aclose_shielded", ("connection",)),
+    ("mcp.server.connection", "Connection", ("outbound", "protocol_version", "session_id")),
+    ("mcp.server.connection.Connection", "from_envelope", ("protocol_version", "client_info")),
+    ("mcp.server.lowlevel.server", "Server", ("name",)),
+    ("mcp.server.mcpserver", "MCPServer", ("name",)),
+    ("mcp.shared.jsonrpc_dispatcher", "handler_exception_to_error_data", ("exc",)),
+    ("mcp.shared.message", "ServerMessageMetadata", ("close_sse_stream",)),
+    ("mcp.shared.transport_context", "TransportContext", ("kind", "can_send_request")),
+    ("mcp.shared.subscriptions", "ResourceUpdated", ("uri",)),
+)
+
+
+def check_sdk() -> str:
+    """The installed SDK's version, once every entry point the bridge uses is there
+    with the parameters it passes.
+
+    Raises:
+        RuntimeError: the SDK is not installed, or an entry point is missing or
+            changed its parameters (the message names it and the tested versions).
+    """
+    try:
+        version = importlib.metadata.version("mcp")
+    except importlib.metadata.PackageNotFoundError:
+        raise RuntimeError("serving an SDK app needs the SDK: pip install 'weir[sdk]'") from None
+    for module_name, attr, params in CONTRACT:
+        owner: Any = None
+        with contextlib.suppress(ImportError):
+            owner = importlib.import_module(module_name)
+        if owner is None:  # a class path: import its module, then the class
+            mod, _, cls = module_name.rpartition(".")
+            owner = getattr(importlib.import_module(mod), cls, None)
+        target = getattr(owner, attr, None)
+        if target is None:
+            raise RuntimeError(_changed(version, f"{module_name}.{attr} is gone"))
+        try:
+            accepted = set(inspect.signature(target).parameters)
+        except (TypeError, ValueError):
+            accepted = set(params)
+        missing = [p for p in params if p not in accepted]
+        if missing:
+            what = f"{module_name}.{attr} no longer takes {', '.join(missing)}"
+            raise RuntimeError(_changed(version, what))
+    return version
+
+
+def _changed(version: str, what: str) -> str:
+    tested = ",".join(TESTED_SDK)
+    return f"mcp {version} does not fit weir's SDK bridge ({what}); tested: mcp{tested}"
+
+
+def from_sdk(server: Any) -> App:
+    """A weir :class:`~weir.app.App` serving ``server``, an SDK ``MCPServer``, a
+    low-level ``Server``, or an object that holds one (as ``_lowlevel_server`` or
+    ``_mcp_server``).
+
+    Raises:
+        RuntimeError: the SDK is missing or does not fit (see :func:`check_sdk`).
+        TypeError: ``server`` is none of those.
+    """
+    check_sdk()
+    from ._sdk_bridge import Bridge, lowlevel_of
+
+    low = lowlevel_of(server)
+    bridge = Bridge(low, server)
+    app = App(str(low.name), str(low.version or ""), instructions=low.instructions)
+
+    @app.lifespan
+    @contextlib.asynccontextmanager
+    async def lifespan(app: App) -> AsyncIterator[Any]:
+        async with bridge.serving(app) as state:
+            yield state
+
+    app.fallback(bridge.request, every_method=True)
+    app.describe(bridge.describe)
+    app.on_session_close(bridge.session_closed)
+    return app
+
+
+def is_sdk_server(obj: Any) -> bool:
+    """Whether ``obj`` looks like an SDK server :func:`from_sdk` can wrap (without
+    importing the SDK when ``obj`` cannot be one)."""
+    module = type(obj).__module__ or ""
+    if module.split(".")[0] in ("mcp", "fastmcp"):
+        return True
+    return any(hasattr(obj, a) for a in ("_lowlevel_server", "_mcp_server"))
+
+
+__all__ = ["CONTRACT", "TESTED_SDK", "check_sdk", "from_sdk", "is_sdk_server"]
