@@ -388,9 +388,10 @@ async def dispatch(app: App, req: Request, ctx: Context) -> dict[str, Any]:
         McpError: ``-32601`` for a method nobody serves, or whatever the handler raised.
     """
     fallback = app.fallback_fn
-    handler = (
-        None if fallback is not None and app.fallback_every_method else METHODS.get(req.method)
-    )
+    if fallback is not None and app.fallback_every_method and req.method != "ping":
+        handler = None  # (ping is the transport's: it only says the server is there)
+    else:
+        handler = METHODS.get(req.method)
     if handler is not None:
         return await handler(app, _params(req), ctx)
     if fallback is None:

@@ -32,7 +32,7 @@ import types
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, TypeVar, get_type_hints, overload
 
 import msgspec
 
@@ -358,10 +358,20 @@ class App:
         #: Overrides the ``initialize`` / ``server/discover`` description (see :meth:`describe`).
         self.describe_fn: Describe | None = None
         self.session_close_fns: list[SessionClose] = []
+        #: Input schemas of tools the registry does not hold (see :meth:`tool_schema`).
+        self.tool_schema_fn: Callable[[str], Mapping[str, Any] | None] | None = None
         self._change_sinks: dict[object, ChangeSink] = {}
 
     # ---------------------------------------------------------------- hooks
-    def fallback(self, fn: Fallback | None = None, *, every_method: bool = False) -> Any:
+    @overload
+    def fallback(self, fn: Fallback, *, every_method: bool = False) -> Fallback: ...
+    @overload
+    def fallback(
+        self, fn: None = None, *, every_method: bool = False
+    ) -> Callable[[Fallback], Fallback]: ...
+    def fallback(
+        self, fn: Fallback | None = None, *, every_method: bool = False
+    ) -> Fallback | Callable[[Fallback], Fallback]:
         """Register the handler of requests no registry serves: ``@app.fallback``
         (custom methods) or ``@app.fallback(every_method=True)`` (every method weir
         does not own: the registries are not consulted, ``logging/setLevel`` and
@@ -391,6 +401,27 @@ class App:
         """
         self.describe_fn = fn
         return fn
+
+    def tool_schema(
+        self, fn: Callable[[str], Mapping[str, Any] | None]
+    ) -> Callable[[str], Mapping[str, Any] | None]:
+        """Register ``fn(name)``: the ``inputSchema`` of a tool a fallback serves (None:
+        unknown), so that the transport can check the tool's ``Mcp-Param-*`` headers."""
+        self.tool_schema_fn = fn
+        return fn
+
+    def input_schema(self, name: str) -> Mapping[str, Any] | None:
+        """The ``inputSchema`` of tool ``name``: the registry's, else the
+        :meth:`tool_schema` hook's (None if unknown or if the hook fails)."""
+        tool = self.tools.get(name)
+        if tool is not None:
+            return tool.input_schema
+        if self.tool_schema_fn is None:
+            return None
+        try:
+            return self.tool_schema_fn(name)
+        except Exception:
+            return None  # header checks never break a call path
 
     def on_session_close(self, fn: SessionClose) -> SessionClose:
         """Register ``async fn(session_id)``, awaited when a session ends (``DELETE``,

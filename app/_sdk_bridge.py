@@ -92,6 +92,8 @@ class Bridge:
 
     def __init__(self, low: Server[Any], server: Any) -> None:
         self.low = low
+        #: The SDK's own tool-schema lookup (MCPServer has one), for Mcp-Param-* checks.
+        self.tool_schema = low.get_tool_input_schema
         self.bus = _bus_of(server, low)
         self.state: Any = None
         #: The SDK connection of each live session seen here (at most one each).

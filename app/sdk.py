@@ -56,7 +56,7 @@ CONTRACT: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("mcp.server.runner", "aclose_shielded", ("connection",)),
     ("mcp.server.connection", "Connection", ("outbound", "protocol_version", "session_id")),
     ("mcp.server.connection.Connection", "from_envelope", ("protocol_version", "client_info")),
-    ("mcp.server.lowlevel.server", "Server", ("name",)),
+    ("mcp.server.lowlevel.server", "Server", ("name", "get_tool_input_schema")),
     ("mcp.server.mcpserver", "MCPServer", ("name",)),
     ("mcp.shared.jsonrpc_dispatcher", "handler_exception_to_error_data", ("exc",)),
     ("mcp.shared.message", "ServerMessageMetadata", ("close_sse_stream",)),
@@ -127,6 +127,8 @@ def from_sdk(server: Any) -> App:
 
     app.fallback(bridge.request, every_method=True)
     app.describe(bridge.describe)
+    if bridge.tool_schema is not None:
+        app.tool_schema(bridge.tool_schema)
     app.on_session_close(bridge.session_closed)
     return app
 

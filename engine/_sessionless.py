@@ -73,7 +73,12 @@ from weir.protocol import (
     encode_result,
 )
 from weir.protocol.gate import CallCourse
-from weir.protocol.jsonrpc import INVALID_PARAMS, RESOURCE_NOT_FOUND, error_body
+from weir.protocol.jsonrpc import (
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    RESOURCE_NOT_FOUND,
+    error_body,
+)
 from weir.protocol.lifecycle import ALL_VERSIONS
 from weir.protocol.sessionless import (
     MISSING_CAPABILITY,
@@ -213,11 +218,11 @@ class _Sessionless(_ServerBase):
         """``Mcp-Param-*`` headers, against the called tool's ``x-mcp-header`` annotations."""
         params = req.params if isinstance(req.params, dict) else {}
         name = params.get("name")
-        tool = self.app.tools.get(name) if isinstance(name, str) else None
+        schema = self.app.input_schema(name) if isinstance(name, str) else None
         arguments = params.get("arguments")
-        if tool is None or not isinstance(arguments, dict):
+        if schema is None or not isinstance(arguments, dict):
             return
-        annotated = param_headers(tool.input_schema)
+        annotated = param_headers(schema)
         if annotated:
             check_param_headers(msg.headers, annotated, arguments, req.id)
 
@@ -443,6 +448,8 @@ class _Sessionless(_ServerBase):
             except StreamLost:
                 return None
             except McpError as exc:
+                if exc.code == METHOD_NOT_FOUND:  # an app's fallback does not serve it
+                    raise method_not_found(req.method, req.id) from None
                 if exc.code == MISSING_CAPABILITY:
                     needed = (exc.data or {}).get("requiredCapabilities") or {}
                     raise missing_capability(needed, req.id) from None

@@ -22,11 +22,14 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVER_START_TIMEOUT = 20.0
 SERVER_STOP_TIMEOUT = 10.0
-_SERVING = re.compile(r"^(?:asyncio-)?weir: serving (?P<url>https?://\S+)")
+_SERVING = re.compile(r"^(?:asyncio-weir|weir|sdk): serving (?P<url>https?://\S+)")
 #: The command line each driver is started with (then APP, host, port, extra args).
+#: ``sdk``: APP is a module that serves itself with the official SDK's own transport
+#: (``python -m APP``), the peer weir's SDK bridge is compared with.
 DRIVERS = {
     "trio": ("-m", "weir", "serve"),
     "asyncio": ("-m", "examples.asyncio_server"),
+    "sdk": ("-m",),
 }
 
 
