@@ -28,7 +28,7 @@ from typing import Final
 import msgspec
 import trio
 
-from weir.protocol import Request
+from weir.protocol import Reason, RemoteProtocolError, Request
 from weir.protocol.gate import (
     Answer,
     AppendRecords,
@@ -70,6 +70,7 @@ class _KeyedCalls(_ServerBase):
             if isinstance(step, Run):
                 assert course.key is not None
                 self.keyed_calls[principal, course.key] = None
+                self.metrics.executions += 1
                 return course
             if isinstance(step, Answer):
                 self.metrics.duplicates_replayed += 1
@@ -80,7 +81,12 @@ class _KeyedCalls(_ServerBase):
                 step = step.claim
             start = await self._keyed_claim(principal, req, step)
             ours = (principal, step.key) in self.keyed_calls
-            step = course.claimed(start, trio.current_time(), local=ours)
+            try:
+                step = course.claimed(start, trio.current_time(), local=ours)
+            except RemoteProtocolError as exc:
+                if exc.reason is Reason.IN_PROGRESS:
+                    self.metrics.duplicates_in_progress += 1
+                raise
 
     async def _keyed_claim(self, principal: str, req: Request, claim: Claim) -> CallStart:
         """One claim in the principal's namespace (created first, if need be)."""

@@ -188,6 +188,8 @@ class _Sessionless(_ServerBase):
                 owner.done()
                 await self._send_json(conn, owner, list(_JSON), course.replay)
                 return
+        if req.method == "tools/call" and course is None:
+            self.metrics.executions += 1  # (a keyed call is counted at its gate)
         sse = req.method in INPUT_METHODS and not self.config.json_response
         if sse and accepts(msg.headers.get("accept"), "text/event-stream"):
             await self._sessionless_sse(conn, owner, req, inputs, caller, course)

@@ -376,6 +376,8 @@ async def test_an_idempotency_key_makes_a_reissued_call_replay_not_run() -> None
         assert fresh.json()["result"]["content"][0]["text"] == "run 2"
         unkeyed = [await ask(server.port, call(5, "bump")) for _ in range(2)]
         assert [r.status for r in unkeyed] == [200, 200] and len(bumps) == 4  # no key: no gate
+        # What the metrics say: four executions (two keyed, two not), one replay.
+        assert (server.metrics.executions, server.metrics.duplicates_replayed) == (4, 1)
 
 
 async def test_a_keyed_call_that_asks_for_input_is_not_its_outcome_yet() -> None:
