@@ -4,10 +4,11 @@ Theory of operation
 -------------------
 One run measures one server.  The server is either given (``--url``, any MCP
 Streamable HTTP endpoint with an ``echo`` tool; ``--pid`` lets CPU and RSS be read)
-or started here as a subprocess on 127.0.0.1 (``--server weir|floor|ceiling|sdk``;
+or started here as a subprocess on 127.0.0.1 (``--server weir|floor|ceiling|sdk|sdk-weir``;
 ``compare`` runs weir, the floor and the ceiling one after another, ``all`` adds the
-SDK; ``--repeat N`` runs that rotation N times and reports each ratio as the median
-of the rounds'; ``--compare-store URL`` runs weir on the memory store and on URL):
+SDK, ``sdk-compare`` runs sdk-weir, sdk and weir; ``--repeat N`` runs that rotation N
+times and reports each ratio as the median of the rounds'; ``--compare-store URL``
+runs weir on the memory store and on URL):
 
 * ``weir`` -- ``python -m weir serve benchmarks.weir_app:app`` (the demo's
   ``echo`` plus a ``mark`` tally used to count duplicate executions exactly);
@@ -15,7 +16,9 @@ of the rounds'; ``--compare-store URL`` runs weir on the memory store and on URL
   framed by hand: the least a Trio server spends on these requests;
 * ``ceiling`` -- :mod:`benchmarks.ceiling`, a minimal Trio + h11 server answering
   the same requests in the same wire format without any MCP machinery;
-* ``sdk`` -- :mod:`benchmarks.sdk_server`, the official Python SDK on uvicorn.
+* ``sdk`` -- :mod:`benchmarks.sdk_server`, the official Python SDK on uvicorn;
+* ``sdk-weir`` -- ``python -m weir serve benchmarks.sdk_server:server``: the very
+  app ``sdk`` serves, served by weir through its SDK bridge (:mod:`.sdk_side`).
 
 What is measured (``--measure``):
 
@@ -61,6 +64,7 @@ The modules, each importing only modules listed above it:
 * :mod:`.system` -- CPU, memory and CPU placement from ``/proc`` and ``sched_*``;
 * :mod:`.metrics` -- weir's ``/metrics`` and the store's command counts;
 * :mod:`.report` -- the run's record and statistics, the table, ratios, provenance, plot;
+* :mod:`.sdk_side` -- the SDK's app on weir against the SDK's own transport: ratios, table;
 * :mod:`.peers` -- the half-open (and control) peers, in this process or their own;
 * :mod:`.load` -- one run: the sessions, the drivers, the samplers, the sums;
 * :mod:`.servers` -- starting and stopping the server and the gateway around a run;

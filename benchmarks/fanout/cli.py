@@ -8,7 +8,10 @@ exits with a message, before anything starts), and :func:`main` runs and reports
 
 * ``--url``: one run against a running server; ``--server NAME``: one run against a
   server started here; ``--server all``: weir, the ceiling and the SDK one after
-  another (the SDK is skipped with a message if the ``sdk`` extra is not installed).
+  another (the SDK is skipped with a message if the ``sdk`` extra is not installed);
+  ``--server sdk-compare``: the SDK's app served by weir (``sdk-weir``), by the SDK's
+  own transport (``sdk``), and weir's native app, one after another
+  (:mod:`.sdk_side`: the ratios and a side-by-side table, medians of the rounds).
 * ``--ab PAIRS`` answers "the other sessions' p99 with the peers against a run without
   them" in one invocation: PAIRS runs without the peers and PAIRS with them, in ABBA
   order, each on a fresh server with the same options.  The headline ratio compares the
@@ -39,6 +42,7 @@ from .common import REPO, BenchError, Options
 from .load import run_peers_only
 from .peers import _PEER_COUNTS
 from .report import RunResult, machine, plot, ratios, source_tree, table
+from .sdk_side import ROTATION, sdk_ratios, side_by_side, side_by_side_table
 from .servers import run_one
 from .system import own_cpu_seconds
 
@@ -56,10 +60,11 @@ def parser() -> argparse.ArgumentParser:
     target.add_argument("--url", help="benchmark this running server (needs an echo tool)")
     target.add_argument(
         "--server",
-        choices=["weir", "floor", "ceiling", "sdk", "compare", "all"],
+        choices=["weir", "floor", "ceiling", "sdk", "sdk-weir", "compare", "all", "sdk-compare"],
         default="weir",
-        help="start this server here (compare: weir, floor and ceiling; all: those and "
-        "sdk; one after another)",
+        help="start this server here (sdk-weir: the sdk's app served by weir; compare: "
+        "weir, floor and ceiling; all: those and sdk; sdk-compare: sdk-weir, sdk and weir; "
+        "one after another)",
     )
     p.add_argument(
         "--measure",
@@ -236,7 +241,9 @@ def options(args: argparse.Namespace) -> Options:
     if args.ab < 0:
         raise SystemExit("fanout: --ab must be >= 0")
     if args.ab and (
-        not args.half_open or args.url is not None or args.server in ("all", "compare")
+        not args.half_open
+        or args.url is not None
+        or args.server in ("all", "compare", "sdk-compare")
     ):
         raise SystemExit("fanout: --ab needs --half-open N and one server started here")
     if args.peers_only and (args.url is None or args.phase_start is None or not args.half_open):
@@ -304,6 +311,7 @@ async def _main(args: argparse.Namespace, opts: Options) -> list[RunResult]:
         names = {
             "all": ["weir", "floor", "ceiling", "sdk"],
             "compare": ["weir", "floor", "ceiling"],
+            "sdk-compare": ROTATION,
         }.get(args.server, [args.server])
         if args.compare_store:
             names = ["weir", "weir-store"]
@@ -315,9 +323,10 @@ async def _main(args: argparse.Namespace, opts: Options) -> list[RunResult]:
                 result.server = "weir-store"
                 results.append(result)
                 continue
-            if name == "sdk" and not _have_sdk():
+            if name in ("sdk", "sdk-weir") and not _have_sdk():
                 print(
-                    "fanout: the mcp SDK is not installed (extra 'sdk'): skipped", file=sys.stderr
+                    f"fanout: the mcp SDK is not installed (extra 'sdk'): {name} skipped",
+                    file=sys.stderr,
                 )
                 continue
             results.append(await run_one(name, opts, None, None, Path(tmp)))
@@ -348,7 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     print(table(results))
-    found = ratios(results)
+    found = ratios(results) | sdk_ratios(results)
+    sides = side_by_side(results)
+    if sides:
+        print(side_by_side_table(sides))
     for key, value in found.items():
         target = value.get("target_max", value.get("target_min"))
         verdict = (
@@ -398,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             "options": asdict(opts),
             "runs": [r.public() for r in results],
             "ratios": found,
+            **({"side_by_side": sides} if sides else {}),
         },
         separators=(",", ":"),
     )

@@ -16,7 +16,9 @@ stderr goes to a log file whose tail is printed when something fails.
   the same requests in the same wire format without any MCP machinery;
 * ``floor`` -- :mod:`benchmarks.floor`, the same answers with HTTP framed by hand
   (no h11), the least a Trio server can spend on these requests;
-* ``sdk`` -- :mod:`benchmarks.sdk_server`, the official Python SDK on uvicorn.
+* ``sdk`` -- :mod:`benchmarks.sdk_server`, the official Python SDK on uvicorn;
+* ``sdk-weir`` -- ``python -m weir serve benchmarks.sdk_server:server``: the SDK's
+  app of ``sdk``, unchanged, served by weir (:mod:`.sdk_side`), with weir's flags.
 
 **Gateway retries** (``--gateway-retries R``): the POSTs (of every session, or
 only of the half-open peers with ``--gateway-scope half-open``) go through
@@ -54,6 +56,7 @@ from .client import Client, Endpoint, HttpError
 from .common import REPO, BenchError, Options
 from .load import Run
 from .report import RunResult
+from .sdk_side import SDK_APP, WEIR_KINDS
 from .system import child_setup, pin_self, wait_for_quiet
 
 
@@ -128,8 +131,9 @@ async def stop_process(sp: ServerProcess) -> None:
 def server_argv(name: str, opts: Options, weir_flags: set[str]) -> tuple[str, list[str]]:
     """(process label, argv) of a server started here."""
     py = sys.executable
-    if name == "weir":
-        argv = [py, "-m", "weir", "serve", opts.weir_app, "--port", "0", "--shutdown-grace", "1"]
+    if name in WEIR_KINDS:
+        app = opts.weir_app if name == "weir" else SDK_APP
+        argv = [py, "-m", "weir", "serve", app, "--port", "0", "--shutdown-grace", "1"]
         if opts.json_response:
             argv.append("--json-response")
         if opts.sessions > 10_000:  # the defaults hold 10,000 sessions
@@ -198,7 +202,7 @@ async def run_one(
     }
     try:
         if url is None:
-            flags = weir_flags() if name == "weir" else set()
+            flags = weir_flags() if name in WEIR_KINDS else set()
             label, argv = server_argv(name, opts, flags)
             server = await start_process(label, argv, logdir, child_setup(cpus=server_cpus))
             procs.append(server)

@@ -6,7 +6,8 @@ reports what it claims to: every call answered once, executions counted exactly,
 and, with a half-open peer, refusals, a bounded queue and no duplicates; with
 ``--half-open-control``, the same peer reading its stream and never refused; with
 ``--ab``, a run without the peer and one with it (in its own, lowered process, the
-server pinned to its own CPU), compared.
+server pinned to its own CPU), compared; with ``--server sdk-compare``, the SDK's app
+served by weir and by the SDK's own transport, side by side.
 Each run is a subprocess bounded by a timeout, on 127.0.0.1.  Marked ``bench``
 (about half a minute in all): ``python3 -m pytest -m bench`` runs them, as CI does.
 """
@@ -196,6 +197,60 @@ def test_compare_store_counts_round_trips_per_call(tmp_path: Path, valkey_url: s
     setup = (shared["store_rtt_per_call"] - 2.0) * 5
     assert 0 <= setup <= 5, shared
     assert "weir_store_cpu_per_call_vs_memory" in record["ratios"]
+
+
+def test_sdk_compare_runs_the_sdk_app_on_weir_and_on_the_sdk(tmp_path: Path) -> None:
+    pytest.importorskip("mcp")
+    from weir.app import load_app
+
+    # The app sdk-weir serves is the SDK server the sdk side serves, wrapped by weir.
+    assert load_app("benchmarks.sdk_server:server").name == "sdk-bench"
+    record = fanout_record(
+        tmp_path, "--server", "sdk-compare", "--sessions", "4", "--calls", "3", timeout=150.0
+    )
+    runs = record["runs"]
+    assert [r["server"] for r in runs] == ["sdk-weir", "sdk", "weir"]
+    for run in runs:
+        assert run["measure"] == "session" and run["calls"] == 12 and run["errors"] == 0
+        assert 0 < run["init_p50_ms"] <= run["init_p99_ms"] <= run["init_max_ms"]
+        assert run["cpu_us_per_call"] >= 0 and run["rss_per_session_kib"] is not None
+    sdk_weir, sdk, _ = runs
+    assert sdk_weir["executions"] == sdk_weir["requests_sent"] == 12  # weir's own /metrics
+    assert sdk["executions"] is None  # the SDK's transport has no /metrics
+    sides = record["side_by_side"]
+    assert list(sides) == ["sdk-weir", "sdk", "weir"]
+    for row in sides.values():
+        assert set(row) == {"calls_per_s", "cpu_us_per_call", "rss_per_session_kib", "init_p99_ms"}
+        for m in row.values():
+            assert m["n"] == 1 and m["min"] == m["median"] == m["max"]
+        assert row["calls_per_s"]["median"] > 0
+    ratios = record["ratios"]  # (CPU ratios only when the 10 ms CPU ticks read > 0)
+    for key in ("sdk_weir_calls_per_s_vs_sdk", "sdk_weir_init_p99_vs_sdk"):
+        assert ratios[key]["value"] > 0 and len(ratios[key]["rounds"]) == 1
+    assert ratios["sdk_weir_calls_per_s_vs_sdk"]["value"] == pytest.approx(
+        sdk_weir["calls_per_s"] / sdk["calls_per_s"]
+    )
+
+
+def test_sdk_compare_weighs_idle_sessions_on_both_transports(tmp_path: Path) -> None:
+    pytest.importorskip("mcp")
+    record = fanout_record(
+        tmp_path,
+        *("--server", "sdk-compare", "--measure", "idle", "--sessions", "10"),
+        *("--idle-hold", "0.2"),
+        timeout=150.0,
+    )
+    runs = record["runs"]
+    assert [r["server"] for r in runs] == ["sdk-weir", "sdk", "weir"]
+    for run in runs:
+        assert run["measure"] == "idle" and run["calls"] == 0
+        assert run["idle_rss_per_session_kib"] is not None
+    sides = record["side_by_side"]
+    for name, run in zip(["sdk-weir", "sdk", "weir"], runs, strict=True):
+        kib = run["idle_rss_per_session_kib"]
+        assert sides[name] == {"rss_per_session_kib": dict(median=kib, min=kib, max=kib, n=1)}
+    if runs[1]["idle_rss_per_session_kib"]:  # a ratio needs the SDK's growth to be nonzero
+        assert "sdk_weir_rss_per_session_vs_sdk" in record["ratios"]
 
 
 def _module_json(module: str, *args: str, timeout: float = 120.0) -> dict[str, Any]:
