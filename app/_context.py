@@ -19,6 +19,7 @@ never allowed to queue without bound.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
@@ -182,6 +183,13 @@ class Context:
     def backend(self) -> ContextBackend:
         """The driver's side of this call (for MCP methods that change its state)."""
         return self._backend
+
+    def with_backend(self, backend: ContextBackend) -> Context:
+        """This context with another backend (a shallow copy): for code that runs a
+        handler elsewhere and forwards what it says, e.g. on another event loop."""
+        other = copy.copy(self)
+        other._backend = backend
+        return other
 
     @property
     def client_capabilities(self) -> dict[str, Any]:

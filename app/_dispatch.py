@@ -147,9 +147,17 @@ class _InvalidArguments(Exception):
 def _tool_failed(name: str, exc: Exception) -> dict[str, Any]:
     """A tool's failure as its result: a :class:`ToolError`'s own message, else a
     generic one -- an exception's text can hold anything (paths, keys, other users'
-    data), so it goes to the log, with its traceback, once, and never to the client."""
+    data), so it goes to the log, with its traceback, once, and never to the client.
+    A tool that used an asyncio-only library on another loop is logged as that, with
+    the fix, and its result says it needs asyncio (see :mod:`weir.app._foreign`)."""
     if isinstance(exc, ToolError):
         return {"content": [text(str(exc))], "isError": True}
+    from ._foreign import asyncio_only_failure, asyncio_only_hint, asyncio_only_result
+
+    if asyncio_only_failure(exc) is not None:
+        # An asyncio-only library on another loop: say so, and name the fix.
+        log.error("%s", asyncio_only_hint(f"tool {name}"), exc_info=exc)
+        return {"content": [text(asyncio_only_result(f"tool {name}"))], "isError": True}
     log.exception("tool %s failed", name)
     return {
         "content": [text(f"tool {name} failed; the server logged the details")],
@@ -413,7 +421,12 @@ def failure(req: Request, exc: Exception) -> bytes:
     """
     if isinstance(exc, McpError):
         return encode_error(req.id, exc.code, exc.message, exc.data)
-    log.exception("handler for %s failed", req.method)
+    from ._foreign import asyncio_only_failure, asyncio_only_hint
+
+    if asyncio_only_failure(exc) is not None:  # an asyncio-only library: name the fix
+        log.error("%s", asyncio_only_hint(f"handler for {req.method}"), exc_info=exc)
+    else:
+        log.exception("handler for %s failed", req.method)
     return encode_error(req.id, INTERNAL_ERROR, f"internal error in {req.method}")
 
 
