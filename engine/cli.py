@@ -3,7 +3,8 @@
 ``weir serve [APP] [--host H] [--port P] [--path /mcp] [--json-response] [--log-level L]``
 
 APP is ``module:attribute`` naming an :class:`weir.engine.App` (or a zero-argument
-callable returning one), or a built-in name: ``demo`` (default) or
+callable returning one, or a server written with the official MCP SDK, which
+:func:`weir.app.sdk.from_sdk` wraps), or a built-in name: ``demo`` (default) or
 ``conformance``.  With ``--port 0`` a free port is chosen; the first line on stdout
 is always ``weir: serving http://HOST:PORT/PATH``.  SIGINT/SIGTERM shut down
 gracefully (see ``engine.Server.shutdown``); a second signal exits at once.
@@ -41,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
         "app",
         nargs="?",
         default="demo",
-        help="'demo' (default), 'conformance', or module:attribute",
+        help="'demo' (default), 'conformance', or module:attribute (a weir App, a factory"
+        " of one, or an official-SDK MCPServer / low-level Server)",
     )
     s.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     s.add_argument(
