@@ -7,15 +7,19 @@ waiting) and importing nothing from weir; the tests serve it through
 would.  Its one tool, ``charge``, is not idempotent: every execution counts in
 :data:`executions` (by ``key``), which the tests read -- the replicas they run are
 in this process, so a module-level counter sees every replica's executions.
+:func:`greeter` builds a fresh server per replica, for input-required rounds.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from typing import Annotated, Any
 
 import anyio
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
+from mcp.server.request_state import RequestStateSecurity
 from mcp.types import ToolAnnotations
+from pydantic import BaseModel
 
 server = MCPServer("sdk-replicas", version="1.0.0", log_level="WARNING")
 
@@ -39,3 +43,27 @@ async def charge(key: str, ctx: Context, ms: int = 0) -> str:
     finally:
         running.discard(key)
     return f"charged {key} #{count}"
+
+
+class Person(BaseModel):
+    name: str
+
+
+def _ask_person() -> Elicit[Person]:
+    return Elicit("Who are you?", Person)
+
+
+def greeter(state_key: bytes | None = None) -> MCPServer[Any]:
+    """A fresh server whose ``greet`` asks who is there (elicitation: on 2026-07-28 an
+    input-required round), as each ``weir serve`` process would build it.  Without
+    ``state_key`` the SDK seals its request state with a key of its own, made per
+    server; with it, with that key, as a deployment of several instances must."""
+    security = RequestStateSecurity(keys=[state_key]) if state_key is not None else None
+    app: MCPServer[Any] = MCPServer("sdk-greeter", request_state_security=security)
+
+    @app.tool()
+    async def greet(person: Annotated[Person, Resolve(_ask_person)]) -> str:
+        """Greet whoever answers."""
+        return f"hello {person.name}"
+
+    return app

@@ -1,0 +1,106 @@
+"""An SDK app's input-required round (2026-07-28) continues on another replica.
+
+Three replicas on one Valkey behind the round-robin balancer of
+:mod:`tests.integration.test_replicas`, each serving its *own* instance of
+:func:`tests.integration.sdk_apps.greeter` (as three ``weir serve`` processes would),
+so nothing the SDK keeps in memory is shared.  Round one of ``greet`` lands on one
+replica and answers ``input_required``; round two, with the answer and the request
+state, lands on the next.  weir's seal around the state opens on any replica (the
+key is shared through the store); the SDK's own seal inside it opens only where the
+SDK's key is the same: with a shared ``RequestStateSecurity`` key the round completes,
+with the SDK's default key (one per server) the second replica's SDK refuses the
+state it cannot open.  Loopback, real time, every wait bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+try:
+    from tests.integration import sdk_apps
+    from weir.app.sdk import from_sdk
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    if os.environ.get("WEIR_REQUIRE_SDK") == "1":
+        raise
+    pytest.skip(f"the MCP Python SDK is not installed: {exc}", allow_module_level=True)
+
+from tests.integration.rawhttp import Client as RawClient
+from tests.integration.rawhttp import Reply
+from tests.integration.test_replicas import REPLICA_CONFIG, Balancer, Replica
+
+pytestmark = pytest.mark.interop
+
+V = "2026-07-28"
+META = {
+    "io.modelcontextprotocol/protocolVersion": V,
+    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+}
+
+
+@asynccontextmanager
+async def greeters(valkey_url: str, state_key: bytes | None) -> AsyncIterator[Balancer]:
+    prefix = f"weir-sdk-rounds-{secrets.token_hex(4)}"
+    replicas = [
+        Replica(from_sdk(sdk_apps.greeter(state_key)), f"g{i}", valkey_url, prefix, REPLICA_CONFIG)
+        for i in range(3)
+    ]
+    async with trio.open_nursery() as nursery:
+        for replica in replicas:
+            await replica.start(nursery)
+        balancer = Balancer([r.port for r in replicas])
+        await balancer.start(nursery)
+        try:
+            yield balancer
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+async def greet(port: int, rid: int, **more: Any) -> Reply:
+    params = {"name": "greet", "arguments": {}, "_meta": META, **more}
+    message = {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+    headers = {"mcp-protocol-version": V, "mcp-method": "tools/call", "mcp-name": "greet"}
+    client = await RawClient.connect(port)
+    try:
+        return await client.request("POST", "/mcp", message, headers=headers)
+    finally:
+        await client.aclose()
+
+
+async def two_rounds(port: int) -> tuple[Reply, Reply]:
+    first = await greet(port, 1)
+    asked = first.json()["result"]
+    assert asked["resultType"] == "input_required", asked
+    [key] = asked["inputRequests"]
+    answer = {key: {"action": "accept", "content": {"name": "Ada"}}}
+    second = await greet(port, 2, inputResponses=answer, requestState=asked["requestState"])
+    return first, second
+
+
+async def test_with_a_shared_sdk_key_the_round_continues_on_another_replica(
+    valkey_url: str,
+) -> None:
+    async with greeters(valkey_url, secrets.token_bytes(32)) as balancer:
+        with trio.fail_after(20):
+            first, second = await two_rounds(balancer.port)
+    assert first.headers["x-upstream"] != second.headers["x-upstream"]
+    assert second.json()["result"]["content"][0]["text"] == "hello Ada"
+
+
+async def test_with_the_sdks_default_key_another_replica_refuses_the_state(
+    valkey_url: str,
+) -> None:
+    async with greeters(valkey_url, None) as balancer:
+        with trio.fail_after(20):
+            first, second = await two_rounds(balancer.port)
+    assert first.headers["x-upstream"] != second.headers["x-upstream"]
+    # weir's seal opened (no 400 request_state_invalid); the SDK's, inside it, did not.
+    assert second.status == 200
+    error = second.json()["error"]
+    assert error["code"] == -32602, error
