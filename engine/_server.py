@@ -232,7 +232,9 @@ class Server(
             except Exception:
                 log.exception("session-close hook %s failed", getattr(hook, "__qualname__", hook))
 
-        with trio.move_on_after(SESSION_CLOSE_WAIT), trio.CancelScope(shield=True):
+        # Shielded (a shutdown's cancellation must not skip them), ended by its own deadline.
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + SESSION_CLOSE_WAIT
             async with trio.open_nursery() as nursery:
                 for sid in session_ids:
                     for hook in hooks:

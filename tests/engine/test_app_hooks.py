@@ -16,6 +16,7 @@ import trio
 import trio.testing
 
 from weir.engine import App, Context
+from weir.engine._server import SESSION_CLOSE_WAIT
 
 from .helpers import H11Client, Reply, SseReply, connect, open_session, running_server
 
@@ -276,3 +277,25 @@ async def test_app_changed_from_outside_a_request_reaches_get_streams(
                 data += [e.data for e in await stream.next_batch()]
         assert json.loads(data[-1])["method"] == "notifications/tools/list_changed"
     assert not app._change_sinks  # the server let go of the app when it stopped
+
+
+async def test_a_hanging_session_close_hook_is_cancelled_and_shutdown_goes_on(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = App("hangs")
+    entered: list[float] = []
+    cancelled: list[float] = []
+
+    @app.on_session_close
+    async def hang(session_id: str) -> None:
+        entered.append(trio.current_time())
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.append(trio.current_time())
+
+    with trio.fail_after(300):  # (virtual: the idle connection ends at its keep-alive timeout)
+        async with running_server(app) as (server, nursery):
+            await open_session(server, nursery)
+    assert len(entered) == len(cancelled) == 1
+    assert cancelled[0] - entered[0] == SESSION_CLOSE_WAIT
