@@ -11,7 +11,15 @@ provided its handlers await only their context (``ctx.sleep``, not ``trio.sleep`
 
 from __future__ import annotations
 
-from ._context import LOG_LEVELS, NO_LOGS, Caller, Context, ContextBackend, log_passes
+from ._context import (
+    LOG_LEVELS,
+    NO_LOGS,
+    Caller,
+    Context,
+    ContextBackend,
+    SessionChannel,
+    log_passes,
+)
 from ._dispatch import (
     call_tool_now,
     capabilities,
@@ -54,6 +62,7 @@ __all__ = [
     "Prompt",
     "Resource",
     "ResourceTemplate",
+    "SessionChannel",
     "Tool",
     "ToolError",
     "audio",

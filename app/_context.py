@@ -20,7 +20,7 @@ never allowed to queue without bound.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -76,6 +76,10 @@ class Caller:
     #: Sessionless era: the revision this request declared (the session era's is
     #: the session's own, :attr:`ContextBackend.protocol_version`).
     protocol_version: str | None = None
+
+
+#: ``await send(payload)``: one notification on a session's own stream (best effort).
+SessionChannel = Callable[[bytes], Awaitable[None]]
 
 
 class ContextBackend(Protocol):
@@ -137,10 +141,11 @@ class ContextBackend(Protocol):
         """Whether the client (or the session's end) has cancelled this call."""
         ...
 
-    async def send_session(self, payload: bytes) -> None:
-        """Put one encoded notification on the caller's session stream (the GET
-        stream), within drain credit; dropped when none is open or there is no
-        session.  It outlives the call: usable until the session ends."""
+    def session_channel(self) -> SessionChannel | None:
+        """``send(payload)`` for the caller's session stream (the GET stream): it puts
+        one encoded notification there within drain credit, or drops it when no such
+        stream is open.  It outlives the call (it holds the session, not the call's
+        stream) and is usable until the session ends; None without a session."""
         ...
 
 

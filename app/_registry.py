@@ -396,7 +396,9 @@ class App:
         "instructions": str | None}`` for the negotiated (or discovered) revision.
 
         Without it, the capabilities are derived from the registries and
-        ``serverInfo`` is ``name`` and ``version``.  The driver still adds what it
+        ``serverInfo`` is ``name`` and ``version``.  The capabilities are asked for
+        at every ``initialize`` and ``server/discover``; ``serverInfo``, stamped on
+        every 2026-07-28 result, once per server.  The driver still adds what it
         serves itself (the ``experimental`` rebind method on the session era).
         """
         self.describe_fn = fn

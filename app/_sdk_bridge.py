@@ -40,7 +40,7 @@ from pydantic import BaseModel, ValidationError
 from weir.protocol import encode_notification
 from weir.protocol.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS
 
-from ._context import Context, ContextBackend
+from ._context import Context, SessionChannel
 from ._registry import App, McpError
 
 _MODERN = frozenset({"2026-07-28"})
@@ -167,7 +167,7 @@ class Bridge:
         connection = self.connections.get(sid)
         if connection is None:
             connection = Connection(
-                _SessionOutbound(ctx.backend),
+                _SessionOutbound(ctx.backend.session_channel()),
                 protocol_version=ctx.protocol_version,
                 session_id=sid,
                 client_params=_client_params(ctx),
@@ -214,8 +214,8 @@ class _SessionOutbound:
     to a call, whose stream carries them).
     """
 
-    def __init__(self, backend: ContextBackend) -> None:
-        self._backend = backend
+    def __init__(self, send: SessionChannel | None) -> None:
+        self._send = send
 
     async def send_raw_request(
         self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None
@@ -225,8 +225,10 @@ class _SessionOutbound:
     async def notify(
         self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None
     ) -> None:
-        payload = encode_notification(method, dict(params) if params is not None else None)
-        await self._backend.send_session(payload)
+        if self._send is not None:
+            await self._send(
+                encode_notification(method, dict(params) if params is not None else None)
+            )
 
 
 @dataclass

@@ -16,7 +16,8 @@ teardown) cancels the scope the handler runs in, including :meth:`sleep`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -29,6 +30,16 @@ from ._session import PendingRequest, SessionClosed, StreamLost
 
 if TYPE_CHECKING:
     from ._session import Session, StreamHandle
+
+
+async def _send_on_session(session: Session, payload: bytes) -> None:
+    """A notification on ``session``'s GET stream, within credit; dropped without one."""
+    stream = session.standalone
+    if stream is None or stream.log.state is StreamState.CLOSED or session.closed:
+        await trio.lowlevel.checkpoint()
+        return
+    with contextlib.suppress(StreamLost, SessionClosed):  # best effort, as ever
+        await stream.send(payload.decode())
 
 
 class CallBackend:
@@ -68,13 +79,8 @@ class CallBackend:
         scope = self._session.running.get(request_id)
         return self._session.closed or (scope is not None and scope.cancel_called)
 
-    async def send_session(self, payload: bytes) -> None:
-        stream = self._session.standalone
-        if stream is None or stream.log.state is StreamState.CLOSED or self._session.closed:
-            await trio.lowlevel.checkpoint()
-            return
-        with contextlib.suppress(StreamLost, SessionClosed):  # best effort, as ever
-            await stream.send(payload.decode())
+    def session_channel(self) -> Callable[[bytes], Awaitable[None]]:
+        return partial(_send_on_session, self._session)
 
     async def request(
         self, method: str, params: dict[str, Any] | None, timeout: float
@@ -146,8 +152,8 @@ class SessionlessBackend(CallBackend):
     def protocol_version(self) -> str:
         return self._caller.protocol_version or self._session.record.protocol_version
 
-    async def send_session(self, payload: bytes) -> None:
-        await trio.lowlevel.checkpoint()  # no session stream on this era
+    def session_channel(self) -> None:  # type: ignore[override]
+        return None  # no session on this era
 
     async def send(self, payload: bytes) -> None:
         if self._on_output is not None:

@@ -175,6 +175,7 @@ class Server(
         self.subscribers: set[Listener] = set()
         keys = self.config.state_keys or (new_key(),)
         self.sealer = StateSealer(keys)
+        self.described_info: dict[str, Any] | None = None
 
     # ---------------------------------------------------------------- lifecycle
     @property

@@ -99,6 +99,8 @@ class _ServerBase:
     _known_namespaces: OrderedDict[str, None]
     subscribers: set[Listener]
     sealer: StateSealer
+    #: An app's described ``serverInfo``, read once (the stamp on 2026-07-28 results).
+    described_info: dict[str, Any] | None
 
     if TYPE_CHECKING:
         # lifecycle and sessions (engine._server)

@@ -321,9 +321,13 @@ class _Sessionless(_ServerBase):
         return caps
 
     def _server_info(self) -> dict[str, Any]:
-        if self.app.describe_fn is not None:
-            return dict(describe(self.app, "2026-07-28")["serverInfo"])
-        return {"name": self.app.name, "version": self.app.version}
+        """The identity stamped on every result: the app's name and version, or what
+        its ``describe`` hook says (asked once: an identity does not change)."""
+        if self.app.describe_fn is None:
+            return {"name": self.app.name, "version": self.app.version}
+        if self.described_info is None:
+            self.described_info = dict(describe(self.app, "2026-07-28")["serverInfo"])
+        return self.described_info
 
     def _owner(self, conn: Connection) -> Session:
         """The credit owner of ``conn``'s sessionless requests: its principal's, when

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from weir.app import App, Caller, Context, McpError, dispatch, failure, id_in_use
@@ -117,11 +119,16 @@ class Backend:
     def cancel_requested(self, request_id: RequestId) -> bool:
         return self._session.closed or request_id in self._session.cancelled
 
-    async def send_session(self, payload: bytes) -> None:
-        stream = self._session.streams.standalone
-        if stream is not None and stream.state is not StreamState.CLOSED:
-            with contextlib.suppress(Gone):
-                await self._session.append(stream, payload.decode())
+    def session_channel(self) -> Callable[[bytes], Awaitable[None]]:
+        return functools.partial(_send_on_session, self._session)
+
+
+async def _send_on_session(session: Session, payload: bytes) -> None:
+    """A notification on ``session``'s GET stream, within credit; dropped without one."""
+    stream = session.streams.standalone
+    if stream is not None and stream.state is not StreamState.CLOSED:
+        with contextlib.suppress(Gone):
+            await session.append(stream, payload.decode())
 
 
 async def plan(
