@@ -7,7 +7,8 @@ waiting) and importing nothing from weir; the tests serve it through
 would.  Its one tool, ``charge``, is not idempotent: every execution counts in
 :data:`executions` (by ``key``), which the tests read -- the replicas they run are
 in this process, so a module-level counter sees every replica's executions.
-:func:`greeter` builds a fresh server per replica, for input-required rounds.
+:func:`greeter` builds a fresh server per replica, for input-required rounds and
+announced changes.
 """
 
 from __future__ import annotations
@@ -65,5 +66,11 @@ def greeter(state_key: bytes | None = None) -> MCPServer[Any]:
     async def greet(person: Annotated[Person, Resolve(_ask_person)]) -> str:
         """Greet whoever answers."""
         return f"hello {person.name}"
+
+    @app.tool()
+    async def retool(ctx: Context) -> str:
+        """Announce that the tools changed (on the SDK's subscription bus)."""
+        await ctx.notify_tools_changed()
+        return "announced"
 
     return app

@@ -1,4 +1,5 @@
-"""An SDK app's input-required round (2026-07-28) continues on another replica.
+"""An SDK app on three replicas at 2026-07-28: an input-required round continues on
+another replica, and a change it announces reaches listen streams on the others.
 
 Three replicas on one Valkey behind the round-robin balancer of
 :mod:`tests.integration.test_replicas`, each serving its *own* instance of
@@ -9,12 +10,17 @@ state, lands on the next.  weir's seal around the state opens on any replica (th
 key is shared through the store); the SDK's own seal inside it opens only where the
 SDK's key is the same: with a shared ``RequestStateSecurity`` key the round completes,
 with the SDK's default key (one per server) the second replica's SDK refuses the
-state it cannot open.  Loopback, real time, every wait bounded.
+state it cannot open.  A change the app announces on its subscription bus
+(``ctx.notify_tools_changed()``) on one replica reaches a ``subscriptions/listen``
+stream held on another, through the store's bus.  Loopback, real time, every wait
+bounded.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -32,7 +38,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     pytest.skip(f"the MCP Python SDK is not installed: {exc}", allow_module_level=True)
 
 from tests.integration.rawhttp import Client as RawClient
-from tests.integration.rawhttp import Reply
+from tests.integration.rawhttp import Reply, raw_request
 from tests.integration.test_replicas import REPLICA_CONFIG, Balancer, Replica
 
 pytestmark = pytest.mark.interop
@@ -104,3 +110,39 @@ async def test_with_the_sdks_default_key_another_replica_refuses_the_state(
     assert second.status == 200
     error = second.json()["error"]
     assert error["code"] == -32602, error
+
+
+async def test_a_change_on_one_replica_reaches_a_listen_stream_on_another(
+    valkey_url: str,
+) -> None:
+    listen = {
+        "jsonrpc": "2.0",
+        "id": "listen-1",
+        "method": "subscriptions/listen",
+        "params": {"notifications": {"toolsListChanged": True}, "_meta": META},
+    }
+    headers = {"mcp-protocol-version": V, "mcp-method": "subscriptions/listen"}
+    async with greeters(valkey_url, None) as balancer:
+        with trio.fail_after(20):
+            client = await RawClient.connect(balancer.port)
+            body = json.dumps(listen).encode()
+            await client.send_raw(raw_request("POST", "/mcp", body=body, headers=headers))
+            seen = b""
+            while b"acknowledged" not in seen:
+                seen += await client.stream.receive_some(65536)
+            upstream = re.search(rb"x-upstream: (\d+)", seen.lower())
+            assert upstream is not None
+            call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+            call["params"] = {"name": "retool", "arguments": {}, "_meta": META}
+            hdrs = {"mcp-protocol-version": V, "mcp-method": "tools/call", "mcp-name": "retool"}
+            announcer = await RawClient.connect(balancer.port)
+            try:
+                announced = await announcer.request("POST", "/mcp", call, headers=hdrs)
+            finally:
+                await announcer.aclose()
+            assert announced.json()["result"]["content"][0]["text"] == "announced"
+            assert announced.headers["x-upstream"] != upstream.group(1).decode()
+            while b"notifications/tools/list_changed" not in seen:
+                seen += await client.stream.receive_some(65536)
+            await client.aclose()
+    assert b"io.modelcontextprotocol/subscriptionId" in seen  # stamped by weir's listener
