@@ -55,7 +55,14 @@ from ._channel import raise_channel
 from ._connection import Connection
 from ._server_base import _ServerBase, _store_unavailable, wait_for_claim
 from ._session import JsonCharge, Session, SessionClosed
-from ._store import ChannelRejected, MemoryStore, SessionGone, StoreUnavailable, check_channel
+from ._store import (
+    ChannelRejected,
+    MemoryStore,
+    SessionGone,
+    StoreUnavailable,
+    check_channel,
+    client_record,
+)
 from ._writer import SSE_HEADERS, PeerGone, write_stream
 
 #: The explicit rebind handshake (fencing), advertised in ``capabilities.experimental``.
@@ -494,7 +501,8 @@ class _Calls(_ServerBase):
     ) -> Session:
         asked = parse_initialize(req)
         if session is None:
-            session = await self._new_session(asked.version, principal, req.id)
+            client = client_record(asked.capabilities, asked.client_info)
+            session = await self._new_session(asked.version, principal, req.id, client=client)
         session.caller = Caller(asked.capabilities, asked.client_info)
         return session
 

@@ -246,6 +246,7 @@ def _record(principal: str, session_id: str, fields: dict[str, bytes]) -> Sessio
             secret=fields["secret"].decode(),
             salt=fields.get("salt", b"").decode(),
             bound=fields.get("bound", b"0") == b"1",
+            client=fields.get("client", b"").decode(),
         )
     except (KeyError, ValueError, UnicodeDecodeError) as exc:
         # Never written by this module: fail closed rather than guess.
@@ -585,6 +586,7 @@ class RedisStore:
             "secret", record.secret,
             "salt", record.salt,
             "bound", "1" if record.bound else "0",
+            "client", record.client,
             "epochs", 0,
         ]  # fmt: skip
         created = await self._script(

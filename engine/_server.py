@@ -57,7 +57,7 @@ from typing import Any
 
 import trio
 
-from weir.app import App
+from weir.app import App, Caller
 from weir.protocol import ReadTimeouts, Reason, RemoteProtocolError, RequestId, session_refusal
 from weir.protocol.budget import RetentionBudget
 from weir.protocol.http import HeadCache
@@ -81,7 +81,7 @@ from ._sealed import StateSealer, new_key
 from ._server_base import log
 from ._session import Session, StreamLost
 from ._sessionless import _Sessionless
-from ._store import MemoryStore, SessionRecord, SessionStore
+from ._store import MemoryStore, SessionRecord, SessionStore, client_of
 from ._streams import _Streams
 from ._subscriptions import Listener
 from ._timers import Deadlines, Timed
@@ -445,7 +445,12 @@ class Server(
             session.shed_results = partial(store.shed_results, session.record.principal, sid)
 
     async def _new_session(
-        self, version: str, principal: str, request_id: RequestId | None = None
+        self,
+        version: str,
+        principal: str,
+        request_id: RequestId | None = None,
+        *,
+        client: str = "",
     ) -> Session:
         now = trio.current_time()
         self._check_session_room(principal, request_id)
@@ -456,6 +461,7 @@ class Server(
             created_at=now,
             secret=secrets.token_urlsafe(16),
             salt=secrets.token_hex(8),
+            client=client,
         )
         await self.store.create_session(record)
         session = Session(
@@ -539,6 +545,8 @@ class Server(
             now=now,
             budget=self.budget,
         )
+        capabilities, client_info = client_of(record)  # what its initialize declared
+        session.caller = Caller(capabilities, client_info)
         session.handle(SessionInput.INITIALIZED)
         self._register(session, now)
         return session

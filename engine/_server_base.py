@@ -107,7 +107,12 @@ class _ServerBase:
         def _handlers_start(self, fn: Callable[..., Any], *args: Any) -> None: ...
         async def _end_session(self, session: Session) -> None: ...
         async def _new_session(
-            self, version: str, principal: str, request_id: RequestId | None = None
+            self,
+            version: str,
+            principal: str,
+            request_id: RequestId | None = None,
+            *,
+            client: str = "",
         ) -> Session: ...
         async def _session(
             self,

@@ -34,9 +34,11 @@ restart, ``shared`` is False.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
+
+import msgspec
 
 from weir.protocol.binding import ChannelVerdict, channel_verdict
 from weir.protocol.budget import RetentionBudget
@@ -60,6 +62,9 @@ class SessionRecord:
         bound: the client has presented its channel token at least once: from then
             on a ``DELETE``, a rebind or a stream of the session needs the token
             (unless authorization is on, where the principal is the proof).
+        client: what the client declared at ``initialize`` (its capabilities and
+            ``clientInfo``, JSON; see :func:`client_record`), so that a replica that
+            did not see the ``initialize`` knows it too; empty if it was too large.
     """
 
     session_id: str
@@ -70,11 +75,35 @@ class SessionRecord:
     secret: str = ""
     salt: str = ""
     bound: bool = False
+    client: str = ""
 
     @property
     def channel_token(self) -> str:
         """The ``Mcp-Channel-Token`` value: ``<generation>.<secret>``."""
         return f"{self.generation}.{self.secret}"
+
+
+#: The largest client declaration a session record keeps (bytes of JSON).
+MAX_CLIENT_RECORD = 8192
+
+
+def client_record(capabilities: Mapping[str, Any], client_info: Mapping[str, Any]) -> str:
+    """:attr:`SessionRecord.client` for what an ``initialize`` declared ("" past
+    :data:`MAX_CLIENT_RECORD`: a session never costs the store more than that)."""
+    text = msgspec.json.encode({"c": capabilities, "i": client_info}).decode()
+    return text if len(text) <= MAX_CLIENT_RECORD else ""
+
+
+def client_of(record: SessionRecord) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The capabilities and ``clientInfo`` a record keeps (empty when it keeps none
+    or something unreadable)."""
+    try:
+        found = msgspec.json.decode(record.client) if record.client else {}
+    except msgspec.DecodeError:
+        found = {}
+    caps = found.get("c") if isinstance(found, dict) else None
+    info = found.get("i") if isinstance(found, dict) else None
+    return (caps if isinstance(caps, dict) else {}), (info if isinstance(info, dict) else {})
 
 
 class StoreUnavailable(Exception):

@@ -17,9 +17,9 @@ from collections import Counter
 from typing import Annotated, Any
 
 import anyio
-from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
+from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve, Sample
 from mcp.server.request_state import RequestStateSecurity
-from mcp.types import ToolAnnotations
+from mcp.types import CreateMessageResult, SamplingMessage, TextContent, ToolAnnotations
 from pydantic import BaseModel
 
 server = MCPServer("sdk-replicas", version="1.0.0", log_level="WARNING")
@@ -54,6 +54,11 @@ def _ask_person() -> Elicit[Person]:
     return Elicit("Who are you?", Person)
 
 
+def _ask_model() -> Sample:
+    question = SamplingMessage(role="user", content=TextContent(type="text", text="2+2?"))
+    return Sample([question], max_tokens=10)
+
+
 def greeter(state_key: bytes | None = None) -> MCPServer[Any]:
     """A fresh server whose ``greet`` asks who is there (elicitation: on 2026-07-28 an
     input-required round), as each ``weir serve`` process would build it.  Without
@@ -66,6 +71,12 @@ def greeter(state_key: bytes | None = None) -> MCPServer[Any]:
     async def greet(person: Annotated[Person, Resolve(_ask_person)]) -> str:
         """Greet whoever answers."""
         return f"hello {person.name}"
+
+    @app.tool()
+    async def compute(answer: Annotated[CreateMessageResult, Resolve(_ask_model)]) -> str:
+        """Ask the client's model (sampling)."""
+        content = answer.content
+        return content.text if isinstance(content, TextContent) else "?"
 
     @app.tool()
     async def retool(ctx: Context) -> str:

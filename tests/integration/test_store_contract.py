@@ -10,8 +10,10 @@ RedisStore its own key prefix, so tests never see each other's data.
 from __future__ import annotations
 
 import re
+import secrets
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import coredis
@@ -21,6 +23,7 @@ import trio
 from tests.integration.conftest import ValkeyProcess
 from weir.engine._redis_store import RedisStore
 from weir.engine._store import (
+    MAX_CLIENT_RECORD,
     ChannelRejected,
     MemoryStore,
     Retention,
@@ -30,6 +33,8 @@ from weir.engine._store import (
     StoredEvent,
     StoreUnavailable,
     StreamInfo,
+    client_of,
+    client_record,
 )
 from weir.protocol.binding import ChannelVerdict
 from weir.protocol.event_ids import epoch_number, scramble_epoch
@@ -156,6 +161,17 @@ async def test_create_get_delete_scoped_by_principal(store: SessionStore) -> Non
     assert await store.get_session(P, rec.session_id) is None
     assert await store.delete_session(P, rec.session_id) is False
     assert await store.get_session("mallory", rec.session_id) == other
+
+
+async def test_what_the_client_declared_is_kept_with_the_session(store: SessionStore) -> None:
+    declared = client_record({"elicitation": {}}, {"name": "c", "version": "1"})
+    rec = replace(record(f"sess-{secrets.token_hex(4)}"), client=declared)
+    await store.create_session(rec)
+    found = await store.get_session(P, rec.session_id)
+    assert found is not None and found == rec
+    assert client_of(found) == ({"elicitation": {}}, {"name": "c", "version": "1"})
+    assert client_record({"x": "y" * MAX_CLIENT_RECORD}, {}) == ""  # bounded: kept empty
+    assert client_of(replace(rec, client="{not json")) == ({}, {})
 
 
 async def test_duplicate_create_raises(store: SessionStore) -> None:

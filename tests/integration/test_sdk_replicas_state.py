@@ -1,5 +1,10 @@
-"""An SDK app on three replicas at 2026-07-28: an input-required round continues on
-another replica, and a change it announces reaches listen streams on the others.
+"""An SDK app on three replicas: what one replica learnt, the others know.
+
+* 2026-07-28: an input-required round continues on another replica, and a change
+  the app announces reaches listen streams on the others.
+* The session era: a call on a replica that did not see the session's
+  ``initialize`` still knows what the client declared there (its capabilities, kept
+  with the session in the store), so the SDK lets the tool ask the client's model.
 
 Three replicas on one Valkey behind the round-robin balancer of
 :mod:`tests.integration.test_replicas`, each serving its *own* instance of
@@ -39,7 +44,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from tests.integration.rawhttp import Client as RawClient
 from tests.integration.rawhttp import Reply, raw_request
-from tests.integration.test_replicas import REPLICA_CONFIG, Balancer, Replica
+from tests.integration.test_replicas import REPLICA_CONFIG, Balancer, Peer, Replica
 
 pytestmark = pytest.mark.interop
 
@@ -146,3 +151,41 @@ async def test_a_change_on_one_replica_reaches_a_listen_stream_on_another(
                 seen += await client.stream.receive_some(65536)
             await client.aclose()
     assert b"io.modelcontextprotocol/subscriptionId" in seen  # stamped by weir's listener
+
+
+async def test_a_replica_that_missed_initialize_knows_the_clients_capabilities(
+    valkey_url: str,
+) -> None:
+    async with greeters(valkey_url, None) as balancer:
+        with trio.fail_after(20):
+            peer = Peer(balancer.port)
+            await peer.initialize()  # declares sampling, on one replica
+            init_port = balancer.log[0].port
+            answers = Peer(balancer.port, peer.session_id)
+            mark = len(balancer.log)
+            call = {"name": "compute", "arguments": {}}
+            stream = await peer.post(
+                {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": call}
+            )
+            assert stream.status == 200 and stream.sse, (stream.status, stream.body)
+            assert balancer.log[mark].port != init_port  # the call is on another replica
+            result: dict[str, Any] | None = None
+            for _ in range(20):
+                seen = await peer.next_seen()
+                assert seen is not None, "the stream ended without the response"
+                if not seen.event.data:
+                    continue
+                msg = json.loads(seen.event.data)
+                if msg.get("method") == "sampling/createMessage":
+                    said = {"role": "assistant", "content": {"type": "text", "text": "4"}}
+                    reply = await answers.post(
+                        {"jsonrpc": "2.0", "id": msg["id"], "result": {**said, "model": "m"}}
+                    )
+                    assert reply.status == 202, (reply.status, reply.body)
+                elif msg.get("id") == 7:
+                    result = msg
+                    break
+            await peer.close()
+            await answers.close()
+    assert result is not None
+    assert result["result"]["content"][0]["text"] == "4", result
