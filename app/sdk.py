@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import inspect
-from collections.abc import AsyncIterator
 from typing import Any
 
 from ._registry import App
@@ -56,9 +55,15 @@ CONTRACT: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("mcp.server.runner", "aclose_shielded", ("connection",)),
     ("mcp.server.connection", "Connection", ("outbound", "protocol_version", "session_id")),
     ("mcp.server.connection.Connection", "from_envelope", ("protocol_version", "client_info")),
-    ("mcp.server.lowlevel.server", "Server", ("name", "get_tool_input_schema")),
+    ("mcp.server.runner.ServerRunner", "on_request", ()),
+    ("mcp.server.lowlevel.server", "Server", ("name", "lifespan", "get_tool_input_schema")),
+    ("mcp.server.lowlevel.server.Server", "get_capabilities", ("protocol_version",)),
+    ("mcp.server.lowlevel.server.Server", "create_initialization_options", ()),
+    ("mcp.server.lowlevel.server.Server", "get_request_handler", ("method",)),
+    ("mcp.server.lowlevel.server.Server", "server_info", ()),
     ("mcp.server.mcpserver", "MCPServer", ("name",)),
-    ("mcp.shared.jsonrpc_dispatcher", "handler_exception_to_error_data", ("exc",)),
+    ("mcp.shared.exceptions", "NoBackChannelError", ()),
+    ("mcp.shared.exceptions", "MCPError", ("code", "message", "data")),
     ("mcp.shared.message", "ServerMessageMetadata", ("close_sse_stream",)),
     ("mcp.shared.transport_context", "TransportContext", ("kind", "can_send_request")),
     ("mcp.shared.subscriptions", "ResourceUpdated", ("uri",)),
@@ -119,12 +124,7 @@ def from_sdk(server: Any) -> App:
     bridge = Bridge(low, server)
     app = App(str(low.name), str(low.version or ""), instructions=low.instructions)
 
-    @app.lifespan
-    @contextlib.asynccontextmanager
-    async def lifespan(app: App) -> AsyncIterator[Any]:
-        async with bridge.serving(app) as state:
-            yield state
-
+    app.lifespan(bridge.serving)
     app.fallback(bridge.request, every_method=True)
     app.describe(bridge.describe)
     if bridge.tool_schema is not None:
