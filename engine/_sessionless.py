@@ -444,8 +444,9 @@ class _Sessionless(_ServerBase):
                 try:
                     result = await dispatch(self.app, req, ctx)
                     if result.get("resultType") == "input_required":  # the app's own round
-                        backend.asked = True
-                        self._seal_app_state(owner, req, result)
+                        backend.asked = True  # (not an outcome a keyed call records)
+                        if self.app.fallback_every_method and req.method in INPUT_METHODS:
+                            self._seal_app_state(owner, req, result)
                 except InputRequired as asked:
                     backend.asked = True
                     result = self._input_required(owner, req, asked, ctx)
