@@ -47,14 +47,18 @@ async def charge(key: str, ctx: Context, ms: int = 0) -> str:
 
 
 class Person(BaseModel):
+    """Who answers an elicitation."""
+
     name: str
 
 
-def _ask_person() -> Elicit[Person]:
+def ask_person() -> Elicit[Person]:
+    """Resolver: ask the user who they are (elicitation)."""
     return Elicit("Who are you?", Person)
 
 
-def _ask_model() -> Sample:
+def ask_model() -> Sample:
+    """Resolver: ask the client's model what 2+2 is (sampling)."""
     question = SamplingMessage(role="user", content=TextContent(type="text", text="2+2?"))
     return Sample([question], max_tokens=10)
 
@@ -68,12 +72,12 @@ def greeter(state_key: bytes | None = None) -> MCPServer[Any]:
     app: MCPServer[Any] = MCPServer("sdk-greeter", request_state_security=security)
 
     @app.tool()
-    async def greet(person: Annotated[Person, Resolve(_ask_person)]) -> str:
+    async def greet(person: Annotated[Person, Resolve(ask_person)]) -> str:
         """Greet whoever answers."""
         return f"hello {person.name}"
 
     @app.tool()
-    async def compute(answer: Annotated[CreateMessageResult, Resolve(_ask_model)]) -> str:
+    async def compute(answer: Annotated[CreateMessageResult, Resolve(ask_model)]) -> str:
         """Ask the client's model (sampling)."""
         content = answer.content
         return content.text if isinstance(content, TextContent) else "?"

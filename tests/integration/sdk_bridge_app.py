@@ -18,9 +18,10 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import anyio
-from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve, Sample
-from mcp.types import CreateMessageResult, SamplingMessage, TextContent
-from pydantic import BaseModel
+from mcp.server.mcpserver import Context, MCPServer, Resolve
+from mcp.types import CreateMessageResult, TextContent
+
+from tests.integration.sdk_apps import Person, ask_model, ask_person
 
 #: What this process saw: tool runs, cancellations, sessions whose connection closed.
 seen: Counter[str] = Counter()
@@ -33,19 +34,6 @@ async def lifespan(app: MCPServer[Any]) -> AsyncIterator[dict[str, str]]:
 
 
 server: MCPServer[Any] = MCPServer("sdk-bridge-test", version="1.2.3", lifespan=lifespan)
-
-
-class Person(BaseModel):
-    name: str
-
-
-def ask_person() -> Elicit[Person]:
-    return Elicit("Who are you?", Person)
-
-
-def ask_model() -> Sample:
-    question = SamplingMessage(role="user", content=TextContent(type="text", text="2+2?"))
-    return Sample([question], max_tokens=10)
 
 
 @server.tool()

@@ -1559,27 +1559,39 @@ async def test_a_change_announced_on_one_replica_reaches_listeners_on_the_others
     ledger = Ledger()
     async with replica_set(make_app(ledger), valkey_url, 3) as (_, balancer, _):
         with trio.fail_after(20):
-            listen = {
-                "jsonrpc": "2.0",
-                "id": "listen-1",
-                "method": "subscriptions/listen",
-                "params": {"notifications": {"toolsListChanged": True}, "_meta": SESSIONLESS_META},
-            }
-            hdrs = {"mcp-protocol-version": SESSIONLESS, "mcp-method": "subscriptions/listen"}
-            client = await RawClient.connect(balancer.port)
-            body = json.dumps(listen).encode()
-            await client.send_raw(raw_request("POST", "/mcp", body=body, headers=hdrs))
-            seen = b""
-            while b"acknowledged" not in seen:
-                seen += await client.stream.receive_some(65536)
-            upstream = re.search(rb"x-upstream: (\d+)", seen.lower())
+            client, seen, upstream = await open_tools_listener(balancer.port, SESSIONLESS_META)
             announced = await _sessionless_post(balancer.port, 1, "announce", {"arguments": {}})
             assert announced.status == 200
-            assert upstream is not None
-            assert announced.headers["x-upstream"] != upstream.group(1).decode()
-            while b"notifications/tools/list_changed" not in seen:
-                seen += await client.stream.receive_some(65536)
+            assert announced.headers["x-upstream"] != upstream
+            await read_until(client, seen, b"notifications/tools/list_changed")
             await client.aclose()
+
+
+async def open_tools_listener(port: int, meta: dict[str, Any]) -> tuple[RawClient, bytes, str]:
+    """A ``subscriptions/listen`` stream for tool list changes, read up to its
+    acknowledgement: the client, what it read, and the replica (``X-Upstream``) holding it."""
+    listen = {
+        "jsonrpc": "2.0",
+        "id": "listen-1",
+        "method": "subscriptions/listen",
+        "params": {"notifications": {"toolsListChanged": True}, "_meta": meta},
+    }
+    hdrs = {"mcp-protocol-version": SESSIONLESS, "mcp-method": "subscriptions/listen"}
+    client = await RawClient.connect(port)
+    body = json.dumps(listen).encode()
+    await client.send_raw(raw_request("POST", "/mcp", body=body, headers=hdrs))
+    seen = await read_until(client, b"", b"acknowledged")
+    upstream = re.search(rb"x-upstream: (\d+)", seen.lower())
+    assert upstream is not None, seen
+    return client, seen, upstream.group(1).decode()
+
+
+async def read_until(client: RawClient, seen: bytes, marker: bytes) -> bytes:
+    """``seen`` and what ``client`` reads next, until ``marker`` is among it (the
+    caller bounds the time)."""
+    while marker not in seen:
+        seen += await client.stream.receive_some(65536)
+    return seen
 
 
 @pytest.mark.parametrize("hard", [True, False], ids=["hard-kill", "graceful-kill"])

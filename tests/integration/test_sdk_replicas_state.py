@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -43,8 +42,15 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     pytest.skip(f"the MCP Python SDK is not installed: {exc}", allow_module_level=True)
 
 from tests.integration.rawhttp import Client as RawClient
-from tests.integration.rawhttp import Reply, raw_request
-from tests.integration.test_replicas import REPLICA_CONFIG, Balancer, Peer, Replica
+from tests.integration.rawhttp import Reply
+from tests.integration.test_replicas import (
+    REPLICA_CONFIG,
+    Balancer,
+    Peer,
+    Replica,
+    open_tools_listener,
+    read_until,
+)
 
 pytestmark = pytest.mark.interop
 
@@ -74,9 +80,14 @@ async def greeters(valkey_url: str, state_key: bytes | None) -> AsyncIterator[Ba
 
 
 async def greet(port: int, rid: int, **more: Any) -> Reply:
-    params = {"name": "greet", "arguments": {}, "_meta": META, **more}
+    return await greet_like(port, "greet", rid, **more)
+
+
+async def greet_like(port: int, tool: str, rid: int = 1, **more: Any) -> Reply:
+    """A 2026-07-28 ``tools/call`` of ``tool`` (no arguments) on a fresh connection."""
+    params = {"name": tool, "arguments": {}, "_meta": META, **more}
     message = {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
-    headers = {"mcp-protocol-version": V, "mcp-method": "tools/call", "mcp-name": "greet"}
+    headers = {"mcp-protocol-version": V, "mcp-method": "tools/call", "mcp-name": tool}
     client = await RawClient.connect(port)
     try:
         return await client.request("POST", "/mcp", message, headers=headers)
@@ -120,35 +131,13 @@ async def test_with_the_sdks_default_key_another_replica_refuses_the_state(
 async def test_a_change_on_one_replica_reaches_a_listen_stream_on_another(
     valkey_url: str,
 ) -> None:
-    listen = {
-        "jsonrpc": "2.0",
-        "id": "listen-1",
-        "method": "subscriptions/listen",
-        "params": {"notifications": {"toolsListChanged": True}, "_meta": META},
-    }
-    headers = {"mcp-protocol-version": V, "mcp-method": "subscriptions/listen"}
     async with greeters(valkey_url, None) as balancer:
         with trio.fail_after(20):
-            client = await RawClient.connect(balancer.port)
-            body = json.dumps(listen).encode()
-            await client.send_raw(raw_request("POST", "/mcp", body=body, headers=headers))
-            seen = b""
-            while b"acknowledged" not in seen:
-                seen += await client.stream.receive_some(65536)
-            upstream = re.search(rb"x-upstream: (\d+)", seen.lower())
-            assert upstream is not None
-            call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
-            call["params"] = {"name": "retool", "arguments": {}, "_meta": META}
-            hdrs = {"mcp-protocol-version": V, "mcp-method": "tools/call", "mcp-name": "retool"}
-            announcer = await RawClient.connect(balancer.port)
-            try:
-                announced = await announcer.request("POST", "/mcp", call, headers=hdrs)
-            finally:
-                await announcer.aclose()
+            client, seen, upstream = await open_tools_listener(balancer.port, META)
+            announced = await greet_like(balancer.port, "retool")
             assert announced.json()["result"]["content"][0]["text"] == "announced"
-            assert announced.headers["x-upstream"] != upstream.group(1).decode()
-            while b"notifications/tools/list_changed" not in seen:
-                seen += await client.stream.receive_some(65536)
+            assert announced.headers["x-upstream"] != upstream
+            seen = await read_until(client, seen, b"notifications/tools/list_changed")
             await client.aclose()
     assert b"io.modelcontextprotocol/subscriptionId" in seen  # stamped by weir's listener
 
