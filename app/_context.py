@@ -26,8 +26,9 @@ from typing import Any, Final, Protocol
 
 from weir.protocol import ErrorResponse, RequestId, Response, encode_notification
 
+from ._hooks import _change_method
 from ._input import InputRequired, check_capabilities, valid_answer
-from ._registry import McpError, _change_method
+from ._registry import McpError
 
 #: ``logging/setLevel`` levels, least to most severe (RFC 5424 names, as MCP uses).
 LOG_LEVELS: dict[str, int] = {
