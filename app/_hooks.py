@@ -32,6 +32,8 @@ Fallback = Callable[[str, dict[str, Any], Any], Awaitable[dict[str, Any]]]
 Describe = Callable[[str], dict[str, Any]]
 #: ``on_session_close(session_id)``: a session ended, or this process stops serving it.
 SessionClose = Callable[[str], Awaitable[None]]
+#: ``on_notification(method, params, session_id)``: a client's notification for the app.
+NotificationHook = Callable[[str, dict[str, Any], str], Awaitable[None]]
 #: Where a driver takes announced changes: ``sink(method, uri)``.
 ChangeSink = Callable[[str, "str | None"], None]
 
@@ -47,6 +49,7 @@ class AppHooks:
         #: Overrides the ``initialize`` / ``server/discover`` description (see :meth:`describe`).
         self.describe_fn: Describe | None = None
         self.session_close_fns: list[SessionClose] = []
+        self.notification_fns: list[NotificationHook] = []
         #: Input schemas of tools the registry does not hold (see :meth:`tool_schema`).
         self.tool_schema_fn: Callable[[str], Mapping[str, Any] | None] | None = None
         self._change_sinks: dict[object, ChangeSink] = {}
@@ -67,8 +70,9 @@ class AppHooks:
 
         ``fn(method, params, ctx)`` returns the ``result`` object or raises
         :class:`McpError`.  Methods the transport owns never reach it: ``initialize``,
-        ``ping``, ``weir/rebind``, ``server/discover``, ``subscriptions/listen`` and
-        every notification.  Without a fallback an unknown method is -32601.
+        ``ping``, ``weir/rebind``, ``server/discover``, ``subscriptions/listen``; nor
+        do notifications (see :meth:`on_notification`).  Without a fallback an unknown
+        method is -32601.
         """
 
         def register(f: Fallback) -> Fallback:
@@ -107,6 +111,16 @@ class AppHooks:
         session and process, in the background, cancelled after a few seconds.
         """
         self.session_close_fns.append(fn)
+        return fn
+
+    def on_notification(self, fn: NotificationHook) -> NotificationHook:
+        """Register ``async fn(method, params, session_id)``, awaited for each notification
+        a session-era client sends that is not the transport's own (``initialized``,
+        ``cancelled``): ``notifications/roots/list_changed``, custom ones.  Nothing
+        answers a notification, so it runs in the background, cancelled after a few
+        seconds; past a bound on how many run at once, further ones are dropped.
+        """
+        self.notification_fns.append(fn)
         return fn
 
     def changed(self, what: str, uri: str | None = None) -> None:

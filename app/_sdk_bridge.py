@@ -180,6 +180,17 @@ class Bridge:
             self.connections[sid] = connection
         return connection
 
+    async def notification(self, method: str, params: dict[str, Any], session_id: str) -> None:
+        """A client notification, to the SDK's own notification handlers (through its
+        kernel, as its transport would), on the session's SDK connection; dropped if
+        this process has not served a request of the session yet (nothing to run it
+        on, and nobody waits for it)."""
+        connection = self.connections.get(session_id)
+        if connection is None:
+            return
+        runner = ServerRunner(self.low, connection, self.state)
+        await runner.on_notify(_NoteDispatch(connection), method, params)
+
     async def session_closed(self, session_id: str) -> None:
         """The session ended (or this process stops serving it): unwind its SDK
         connection's exit stack (bounded by the SDK's own shielded timeout)."""
@@ -229,6 +240,44 @@ class _SessionOutbound:
             await self._send(
                 encode_notification(method, dict(params) if params is not None else None)
             )
+
+
+@dataclass
+class _NoteDispatch:
+    """The SDK's ``DispatchContext`` for a client notification: no request, no back
+    channel but the session's own stream (the SDK connection's outbound)."""
+
+    connection: Connection
+
+    @property
+    def transport(self) -> TransportContext:
+        return TransportContext(kind="weir", can_send_request=False)
+
+    can_send_request = False
+    request_id = None
+
+    @property
+    def message_metadata(self) -> None:
+        return None
+
+    @property
+    def cancel_requested(self) -> anyio.Event:
+        return anyio.Event()
+
+    async def progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        return None  # a notification carries no progress token
+
+    async def notify(
+        self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None
+    ) -> None:
+        await self.connection.outbound.notify(method, params, opts)
+
+    async def send_raw_request(
+        self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None
+    ) -> dict[str, Any]:
+        raise NoBackChannelError(method)
 
 
 @dataclass

@@ -56,6 +56,7 @@ CONTRACT: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("mcp.server.connection", "Connection", ("outbound", "protocol_version", "session_id")),
     ("mcp.server.connection.Connection", "from_envelope", ("protocol_version", "client_info")),
     ("mcp.server.runner.ServerRunner", "on_request", ()),
+    ("mcp.server.runner.ServerRunner", "on_notify", ()),
     ("mcp.server.lowlevel.server", "Server", ("name", "lifespan", "get_tool_input_schema")),
     ("mcp.server.lowlevel.server.Server", "get_capabilities", ("protocol_version",)),
     ("mcp.server.lowlevel.server.Server", "create_initialization_options", ()),
@@ -130,6 +131,7 @@ def from_sdk(server: Any) -> App:
     if bridge.tool_schema is not None:
         app.tool_schema(bridge.tool_schema)
     app.on_session_close(bridge.session_closed)
+    app.on_notification(bridge.notification)
     return app
 
 

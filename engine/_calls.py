@@ -36,6 +36,7 @@ import trio
 
 from weir.app import Caller, initialize_result_for
 from weir.protocol import (
+    Notification,
     PostMessages,
     Reason,
     RemoteProtocolError,
@@ -53,7 +54,7 @@ from weir.protocol.states import SessionInput, StreamInput, StreamState
 
 from ._channel import raise_channel
 from ._connection import Connection
-from ._server_base import _ServerBase, _store_unavailable, wait_for_claim
+from ._server_base import _ServerBase, _store_unavailable, log, wait_for_claim
 from ._session import JsonCharge, Session, SessionClosed
 from ._store import (
     ChannelRejected,
@@ -67,6 +68,10 @@ from ._writer import SSE_HEADERS, PeerGone, write_stream
 
 #: The explicit rebind handshake (fencing), advertised in ``capabilities.experimental``.
 REBIND_METHOD = "weir/rebind"
+#: At most this many client notifications are in the app's hands at once (server-wide).
+MAX_NOTES_RUNNING = 64
+#: Seconds an app's notification hooks may take for one notification.
+NOTE_WAIT = 5.0
 
 
 class _Calls(_ServerBase):
@@ -236,6 +241,8 @@ class _Calls(_ServerBase):
         absorbed = absorb(messages)
         if absorbed.initialized:
             session.handle(SessionInput.INITIALIZED)
+        if absorbed.notes and self.app.notification_fns:
+            self._hand_notes(session, absorbed.notes)
         if not absorbed.cancels and not absorbed.answers:
             return absorbed.requests
         routed = route_mail(
@@ -252,6 +259,25 @@ class _Calls(_ServerBase):
             principal, sid = session.record.principal, session.session_id
             await self.store.post_message(principal, sid, post.box, post.data)
         return absorbed.requests
+
+    def _hand_notes(self, session: Session, notes: list[Notification]) -> None:
+        """The app's notifications, each to its hooks in a background task of its own,
+        cancelled after :data:`NOTE_WAIT`; past :data:`MAX_NOTES_RUNNING` at once (over
+        the server: a client cannot make it hold more), a notification is dropped."""
+        for note in notes:
+            if self.notes_running >= MAX_NOTES_RUNNING:
+                log.debug("dropped %s: %d notifications running", note.method, MAX_NOTES_RUNNING)
+                continue
+            self.notes_running += 1
+            self._handlers_start(self._run_note, session.session_id, note)
+
+    async def _run_note(self, session_id: str, note: Notification) -> None:
+        try:
+            with trio.move_on_after(NOTE_WAIT):
+                for hook in self.app.notification_fns:
+                    await hook(note.method, dict(note.params or {}), session_id)
+        finally:
+            self.notes_running -= 1
 
     # ---------------------------------------------------------------- the gate
     async def _admit_and_plan(

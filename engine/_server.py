@@ -176,6 +176,7 @@ class Server(
         keys = self.config.state_keys or (new_key(),)
         self.sealer = StateSealer(keys)
         self.described_info: dict[str, Any] | None = None
+        self.notes_running = 0
 
     # ---------------------------------------------------------------- lifecycle
     @property

@@ -99,6 +99,8 @@ class _ServerBase:
     _known_namespaces: OrderedDict[str, None]
     subscribers: set[Listener]
     sealer: StateSealer
+    #: Client notifications the app's hooks are handling right now.
+    notes_running: int
     #: An app's described ``serverInfo``, read once (the stamp on 2026-07-28 results).
     described_info: dict[str, Any] | None
 

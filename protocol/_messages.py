@@ -8,7 +8,7 @@ does with each kind: requests go through admission and the gate; answers resolve
 the server-to-client request they name; ``notifications/cancelled`` names a request
 to cancel (ids of the wrong type are dropped here, so no driver looks them up);
 ``notifications/initialized`` moves the session to ACTIVE.  Other notifications need
-nothing from the transport.
+nothing from the transport; they are kept, in order, for the application.
 
 Server-to-client request ids are ``weir:<replica>:<n>`` (:func:`server_request_id`):
 they name the process that waits for the answer, so an answer that reaches another
@@ -35,6 +35,9 @@ class Absorbed:
     cancels: list[RequestId] = field(default_factory=list)
     #: ``notifications/initialized`` was among them.
     initialized: bool = False
+    #: Every other notification (the application's: ``notifications/roots/list_changed``,
+    #: custom ones), in arrival order.
+    notes: list[Notification] = field(default_factory=list)
 
 
 def absorb(messages: list[Message]) -> Absorbed:
@@ -50,6 +53,8 @@ def absorb(messages: list[Message]) -> Absorbed:
                 rid = (msg.params or {}).get("requestId")
                 if isinstance(rid, int | str) and not isinstance(rid, bool):
                     out.cancels.append(rid)
+            else:
+                out.notes.append(msg)
         elif msg.id is not None:
             out.answers.append(msg)
     return out

@@ -242,6 +242,8 @@ class Connection:
         messages = absorb(post.messages)
         if messages.initialized:
             session.state = session_transition(session.state, SessionInput.INITIALIZED)
+        if messages.notes:
+            session.driver.hand_notes(session.sid, messages.notes)
         # No shared store: what is not for this process is dropped, not forwarded.
         routed = route_mail(
             messages, running=session.running, pending=session.pending, shared=False

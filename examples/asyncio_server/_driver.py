@@ -23,6 +23,7 @@ from weir.protocol import (
     LOOPBACK_HOSTS,
     CreditLimits,
     EndpointConfig,
+    Notification,
     ReadTimeouts,
     Reason,
     RemoteProtocolError,
@@ -41,13 +42,16 @@ log = logging.getLogger(__name__)
 
 #: Seconds an app's session-close hook may run before it is cancelled.
 SESSION_CLOSE_WAIT = 5.0
+#: At most this many client notifications in the app's hands at once; seconds for each.
+MAX_NOTES_RUNNING = 64
+NOTE_WAIT = 5.0
 
 
-async def _bounded(hook: Awaitable[None]) -> None:
+async def _bounded(hook: Awaitable[Any], wait: float = SESSION_CLOSE_WAIT) -> None:
     try:
-        await asyncio.wait_for(hook, SESSION_CLOSE_WAIT)
+        await asyncio.wait_for(hook, wait)
     except Exception:
-        log.exception("a session-close hook failed")
+        log.exception("an app hook failed or overran its %.0f s", wait)
 
 
 class AsyncioDriver:
@@ -88,6 +92,7 @@ class AsyncioDriver:
         self._sweeper: asyncio.TimerHandle | None = None
         #: Session-close hooks still running (kept referenced until they end).
         self._closing: set[asyncio.Task[None]] = set()
+        self._notes: set[asyncio.Task[None]] = set()
         #: ``app.changed(...)`` from outside a request reaches this driver's sessions.
         self.detach = app.attach_changes(self.changed)
 
@@ -100,6 +105,20 @@ class AsyncioDriver:
                 task = session.loop.create_task(_bounded(hook(session.sid)))
                 self._closing.add(task)
                 task.add_done_callback(self._closing.discard)
+
+    def hand_notes(self, session_id: str, notes: list[Notification]) -> None:
+        """A client's notifications for the app: each to its hooks in a task of its own
+        (at most ``MAX_NOTES_RUNNING`` at once, each for ``NOTE_WAIT`` s); past the
+        bound a notification is dropped."""
+        hooks = self.app.notification_fns
+        for note in notes:
+            if not hooks or len(self._notes) >= MAX_NOTES_RUNNING:
+                continue
+            params = dict(note.params or {})
+            work = asyncio.gather(*(hook(note.method, params, session_id) for hook in hooks))
+            task = asyncio.get_running_loop().create_task(_bounded(work, NOTE_WAIT))
+            self._notes.add(task)
+            task.add_done_callback(self._notes.discard)
 
     def changed(self, method: str, uri: str | None) -> None:
         """A handler announced a change: tell every session's open GET stream (a

@@ -16,6 +16,8 @@ import trio
 import trio.testing
 
 from weir.engine import App, Context
+from weir.engine._calls import MAX_NOTES_RUNNING as MAX_NOTES
+from weir.engine._calls import NOTE_WAIT
 from weir.engine._server import SESSION_CLOSE_WAIT
 
 from .helpers import H11Client, Reply, SseReply, connect, open_session, running_server
@@ -299,3 +301,39 @@ async def test_a_hanging_session_close_hook_is_cancelled_and_shutdown_goes_on(
             await open_session(server, nursery)
     assert len(entered) == len(cancelled) == 1
     assert cancelled[0] - entered[0] == SESSION_CLOSE_WAIT
+
+
+async def test_client_notifications_reach_the_app_within_a_bound(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = App("notes")
+    heard: list[tuple[str, dict[str, Any], str]] = []
+    waiting: list[float] = []
+    cancelled: list[float] = []
+
+    @app.on_notification
+    async def hear(method: str, params: dict[str, Any], session_id: str) -> None:
+        heard.append((method, params, session_id))
+        if method == "notifications/slow":
+            waiting.append(trio.current_time())
+            try:
+                await trio.sleep_forever()
+            finally:
+                cancelled.append(trio.current_time())
+
+    async with running_server(app) as (server, nursery):
+        client, sid = await open_session(server, nursery)  # (initialized: the transport's)
+        note = {"jsonrpc": "2.0", "method": "notifications/roots/list_changed"}
+        ack = await client.post(note)
+        assert isinstance(ack, Reply) and ack.status == 202
+        await trio.sleep(0)
+        assert heard == [("notifications/roots/list_changed", {}, sid)]
+        for _ in range(MAX_NOTES + 36):  # a flood, one POST each (2025-11-25 has no batches)
+            ack = await client.post({"jsonrpc": "2.0", "method": "notifications/slow"})
+            assert isinstance(ack, Reply) and ack.status == 202
+        await trio.sleep(1)
+        assert len(waiting) == MAX_NOTES  # the rest were dropped, not queued
+        assert server.notes_running == MAX_NOTES
+        await trio.sleep(NOTE_WAIT)
+        assert len(cancelled) == MAX_NOTES and server.notes_running == 0
+        assert all(c - w == NOTE_WAIT for w, c in zip(waiting, cancelled, strict=True))

@@ -6,7 +6,8 @@ one thing a bridge must carry: the lifespan's state, progress and logs on the
 request's stream, elicitation and sampling (server-to-client requests on the
 session era, input-required rounds on 2026-07-28, the SDK choosing by revision),
 cancellation, per-session teardown (the SDK connection's exit stack), resource
-updates on the session's GET stream, and list changes on the subscription bus.
+updates on the session's GET stream, list changes on the subscription bus, and a
+client notification reaching the SDK's notification handler.
 ``stats`` reports what the process saw, so a test in another process can check it.
 """
 
@@ -18,8 +19,9 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import anyio
+from mcp.server import ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer, Resolve
-from mcp.types import CreateMessageResult, TextContent
+from mcp.types import CreateMessageResult, NotificationParams, TextContent
 
 from tests.integration.sdk_apps import Person, ask_model, ask_person
 
@@ -96,6 +98,18 @@ async def change_tools(ctx: Context) -> str:
 async def stats() -> dict[str, int]:
     """What this process saw so far."""
     return dict(seen)
+
+
+async def roots_changed(
+    ctx: ServerRequestContext[Any, Any], params: NotificationParams | None
+) -> None:
+    """The client's roots changed (a notification handler on the low-level server)."""
+    seen["roots changed"] += 1
+
+
+server._lowlevel_server.add_notification_handler(
+    "notifications/roots/list_changed", NotificationParams, roots_changed
+)
 
 
 @server.resource("note://one")

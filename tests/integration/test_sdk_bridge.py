@@ -184,6 +184,20 @@ async def test_the_end_of_a_session_unwinds_its_sdk_connection(
     await _eventually(bridge_server.url, "connection closed", before + 1)
 
 
+@pytest.mark.filterwarnings("ignore:The roots capability is deprecated")
+@pytest.mark.parametrize("driver", ["trio", "asyncio"])
+@on_asyncio
+async def test_a_client_notification_reaches_the_sdk_handler(
+    bridge_servers: Callable[[str], WeirProcess], driver: str
+) -> None:
+    bridge_server = bridge_servers(driver)
+    before = (await _stats(bridge_server.url)).get("roots changed", 0)
+    async with Client(bridge_server.url, mode="legacy") as client:
+        await client.call_tool("state", {})  # (a request first: the SDK connection exists)
+        await client.send_roots_list_changed()
+        await _eventually(bridge_server.url, "roots changed", before + 1)
+
+
 @on_asyncio
 async def test_a_resource_update_reaches_the_sessions_get_stream(
     bridge_server: WeirProcess,

@@ -33,6 +33,7 @@ def test_every_kind_goes_where_the_driver_needs_it() -> None:
     assert out.cancels == [7]
     assert [a.id for a in out.answers] == ["weir:r1:3", "weir:r1:4"]
     assert isinstance(out.answers[0], Response) and isinstance(out.answers[1], ErrorResponse)
+    assert [n.method for n in out.notes] == ["notifications/progress"]  # the app's to hear
 
 
 def test_a_cancellation_naming_no_valid_id_is_dropped() -> None:
@@ -42,11 +43,12 @@ def test_a_cancellation_naming_no_valid_id_is_dropped() -> None:
     ]
     notes.append(Notification(method="notifications/cancelled"))
     assert absorb(list(notes)).cancels == []
+    assert absorb(list(notes)).notes == []  # a bad cancellation is nobody's notification
 
 
 def test_nothing_to_do_for_a_lone_request() -> None:
     out = absorb([Request(id="a", method="ping")])
-    assert out.cancels == [] and out.answers == [] and not out.initialized
+    assert out.cancels == [] and out.answers == [] and not out.initialized and not out.notes
 
 
 @given(st.text(alphabet="abc-:0123456789", min_size=1, max_size=12), st.integers(0, 2**40))
