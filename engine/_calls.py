@@ -267,6 +267,7 @@ class _Calls(_ServerBase):
         for note in notes:
             if self.notes_running >= MAX_NOTES_RUNNING:
                 log.debug("dropped %s: %d notifications running", note.method, MAX_NOTES_RUNNING)
+                self.metrics.notifications_dropped += 1
                 continue
             self.notes_running += 1
             self._handlers_start(self._run_note, session.session_id, note)

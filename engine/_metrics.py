@@ -35,6 +35,8 @@ class Metrics:
         self.duplicates_replayed = 0
         self.duplicates_in_progress = 0
         self.sessions_expired = 0
+        #: Client notifications not handed to the app: too many in its hands already.
+        self.notifications_dropped = 0
         self.refusals: Counter[str] = Counter()
         #: Tool calls answered in the connection's task (no handler task), by tool: the
         #: keys are the app's own tool names, so the labels are bounded.
@@ -162,6 +164,12 @@ class Metrics:
             "gauge",
             "The most unacknowledged bytes any one session has held since start.",
             [("", peak_bytes)],
+        )
+        metric(
+            "weir_notifications_dropped_total",
+            "counter",
+            "Client notifications not given to the app: too many were in its hands.",
+            [("", self.notifications_dropped)],
         )
         metric(
             "weir_sessions_expired_total",

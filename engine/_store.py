@@ -43,6 +43,7 @@ import msgspec
 from weir.protocol.binding import ChannelVerdict, channel_verdict
 from weir.protocol.budget import RetentionBudget
 from weir.protocol.gate import CallLedger, CallStart
+from weir.protocol.lifecycle import CLIENT_INFO_KEPT, MAX_CLIENT_CAPABILITIES, MAX_CLIENT_INFO_FIELD
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,8 +84,12 @@ class SessionRecord:
         return f"{self.generation}.{self.secret}"
 
 
-#: The largest client declaration a session record keeps (bytes of JSON).
-MAX_CLIENT_RECORD = 8192
+#: The largest client declaration a session record keeps (bytes of JSON): what
+#: ``initialize`` accepts (capabilities, and the ``clientInfo`` fields kept, each
+#: character escaped at worst) always fits; anything larger is not kept.
+MAX_CLIENT_RECORD = (
+    MAX_CLIENT_CAPABILITIES + len(CLIENT_INFO_KEPT) * (6 * MAX_CLIENT_INFO_FIELD + 32) + 64
+)
 
 
 def client_record(capabilities: Mapping[str, Any], client_info: Mapping[str, Any]) -> str:

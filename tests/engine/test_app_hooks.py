@@ -334,6 +334,7 @@ async def test_client_notifications_reach_the_app_within_a_bound(
         await trio.sleep(1)
         assert len(waiting) == MAX_NOTES  # the rest were dropped, not queued
         assert server.notes_running == MAX_NOTES
+        assert server.metrics.notifications_dropped == 36  # and counted (/metrics)
         await trio.sleep(NOTE_WAIT)
         assert len(cancelled) == MAX_NOTES and server.notes_running == 0
         assert all(c - w == NOTE_WAIT for w, c in zip(waiting, cancelled, strict=True))
