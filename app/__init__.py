@@ -30,6 +30,7 @@ from ._dispatch import (
     initialize_result_for,
     inline_tool,
 )
+from ._hooks import MAX_NOTES_RUNNING, NOTE_WAIT, SESSION_CLOSE_WAIT
 from ._input import InputRequired
 from ._registry import (
     BUILTIN_APPS,
@@ -52,7 +53,10 @@ from ._registry import (
 __all__ = [
     "BUILTIN_APPS",
     "LOG_LEVELS",
+    "MAX_NOTES_RUNNING",
+    "NOTE_WAIT",
     "NO_LOGS",
+    "SESSION_CLOSE_WAIT",
     "App",
     "Caller",
     "Context",

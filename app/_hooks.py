@@ -14,7 +14,14 @@ an app except through these).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, overload
+from typing import Any, Final, overload
+
+#: Seconds a session's close hooks may run (together) before they are cancelled.
+SESSION_CLOSE_WAIT: Final = 5.0
+#: Client notifications in the app's hooks at once, per process; past it, one is dropped.
+MAX_NOTES_RUNNING: Final = 64
+#: Seconds the app's hooks may take over one client notification.
+NOTE_WAIT: Final = 5.0
 
 
 def _change_method(what: str, uri: str | None) -> str:

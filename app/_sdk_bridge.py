@@ -39,11 +39,12 @@ from pydantic import BaseModel, ValidationError
 
 from weir.protocol import encode_notification
 from weir.protocol.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS
+from weir.protocol.sessionless import SESSIONLESS_VERSIONS
 
 from ._context import Context, SessionChannel
 from ._registry import App, McpError
 
-_MODERN = frozenset({"2026-07-28"})
+_MODERN = frozenset(SESSIONLESS_VERSIONS)
 _EVENT_LISTS: dict[type, str] = {
     ToolsListChanged: "tools",
     PromptsListChanged: "prompts",

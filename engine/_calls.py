@@ -34,7 +34,7 @@ from typing import Any
 import msgspec
 import trio
 
-from weir.app import Caller, initialize_result_for
+from weir.app import MAX_NOTES_RUNNING, NOTE_WAIT, Caller, initialize_result_for
 from weir.protocol import (
     Notification,
     PostMessages,
@@ -68,10 +68,6 @@ from ._writer import SSE_HEADERS, PeerGone, write_stream
 
 #: The explicit rebind handshake (fencing), advertised in ``capabilities.experimental``.
 REBIND_METHOD = "weir/rebind"
-#: At most this many client notifications are in the app's hands at once (server-wide).
-MAX_NOTES_RUNNING = 64
-#: Seconds an app's notification hooks may take for one notification.
-NOTE_WAIT = 5.0
 
 
 class _Calls(_ServerBase):

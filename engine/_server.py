@@ -57,7 +57,7 @@ from typing import Any
 
 import trio
 
-from weir.app import App, Caller
+from weir.app import SESSION_CLOSE_WAIT, App, Caller
 from weir.protocol import ReadTimeouts, Reason, RemoteProtocolError, RequestId, session_refusal
 from weir.protocol.budget import RetentionBudget
 from weir.protocol.http import HeadCache
@@ -89,8 +89,6 @@ from ._timers import Deadlines, Timed
 #: A session that held at least this much (history, results, credit) is followed by a
 #: ``malloc_trim`` when it ends.
 _TRIM_AFTER = 256 * 1024
-#: Seconds the app's session-close hooks may run (per batch) before they are cancelled.
-SESSION_CLOSE_WAIT = 5.0
 
 
 class Server(

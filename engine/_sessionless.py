@@ -83,6 +83,7 @@ from weir.protocol.lifecycle import ALL_VERSIONS
 from weir.protocol.sessionless import (
     MISSING_CAPABILITY,
     NAMED_TARGET,
+    SESSIONLESS_VERSIONS,
     SessionlessMessage,
     check_param_headers,
     complete,
@@ -101,6 +102,8 @@ from ._store import SessionRecord, StoreUnavailable
 from ._subscriptions import Listener, honoured
 from ._writer import SSE_HEADERS, PeerGone, write_stream
 
+#: The revision this module serves.
+VERSION: Final = SESSIONLESS_VERSIONS[-1]
 #: The methods this era serves.
 METHODS: Final = frozenset(
     {
@@ -298,20 +301,20 @@ class _Sessionless(_ServerBase):
 
     # ---------------------------------------------------------------- results
     def _discover(self) -> dict[str, Any]:
-        described = describe(self.app, "2026-07-28")
+        described = describe(self.app, VERSION)
         return discover_result(
             ALL_VERSIONS,
-            self._capabilities(),
+            self._capabilities(described),
             self._server_info(),
             described.get("instructions"),
         )
 
-    def _capabilities(self) -> dict[str, Any]:
+    def _capabilities(self, described: dict[str, Any] | None = None) -> dict[str, Any]:
         """This era's capabilities: the app's, with list changes and resource
         updates announced on ``subscriptions/listen`` (an app describing itself
-        says so itself)."""
+        says so itself; ``described`` is its description, if already asked for)."""
         if self.app.describe_fn is not None:
-            return dict(describe(self.app, "2026-07-28")["capabilities"])
+            return dict((described or describe(self.app, VERSION))["capabilities"])
         caps = capabilities(self.app)
         for name in ("tools", "prompts"):
             if name in caps:
@@ -326,7 +329,7 @@ class _Sessionless(_ServerBase):
         if self.app.describe_fn is None:
             return {"name": self.app.name, "version": self.app.version}
         if self.described_info is None:
-            self.described_info = dict(describe(self.app, "2026-07-28")["serverInfo"])
+            self.described_info = dict(describe(self.app, VERSION)["serverInfo"])
         return self.described_info
 
     def _owner(self, conn: Connection) -> Session:
@@ -371,7 +374,7 @@ class _Sessionless(_ServerBase):
         record = SessionRecord(
             session_id=f"connection-{secrets.token_hex(8)}",
             principal=conn.principal,
-            protocol_version="2026-07-28",
+            protocol_version=VERSION,
             created_at=now,
             secret="",
             salt=secrets.token_hex(8),

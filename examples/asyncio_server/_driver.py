@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Any
 
-from weir.app import App, load_app
+from weir.app import MAX_NOTES_RUNNING, NOTE_WAIT, SESSION_CLOSE_WAIT, App, load_app
 from weir.protocol import (
     LOOPBACK_HOSTS,
     CreditLimits,
@@ -39,12 +39,6 @@ from ._connection import Connection
 from ._session import Session
 
 log = logging.getLogger(__name__)
-
-#: Seconds an app's session-close hook may run before it is cancelled.
-SESSION_CLOSE_WAIT = 5.0
-#: At most this many client notifications in the app's hands at once; seconds for each.
-MAX_NOTES_RUNNING = 64
-NOTE_WAIT = 5.0
 
 
 async def _bounded(hook: Awaitable[Any], wait: float = SESSION_CLOSE_WAIT) -> None:

@@ -15,10 +15,9 @@ from typing import Any
 import trio
 import trio.testing
 
+from weir.app import MAX_NOTES_RUNNING as MAX_NOTES
+from weir.app import NOTE_WAIT, SESSION_CLOSE_WAIT
 from weir.engine import App, Context
-from weir.engine._calls import MAX_NOTES_RUNNING as MAX_NOTES
-from weir.engine._calls import NOTE_WAIT
-from weir.engine._server import SESSION_CLOSE_WAIT
 
 from .helpers import H11Client, Reply, SseReply, connect, open_session, running_server
 

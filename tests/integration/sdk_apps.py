@@ -63,6 +63,23 @@ def ask_model() -> Sample:
     return Sample([question], max_tokens=10)
 
 
+def add_asking_tools(app: MCPServer[Any]) -> None:
+    """Register ``greet`` (asks who is there: elicitation) and ``compute`` (asks the
+    client's model: sampling) on ``app``; the SDK asks by server-to-client request on
+    the session era and by an input-required round on 2026-07-28."""
+
+    @app.tool()
+    async def greet(person: Annotated[Person, Resolve(ask_person)]) -> str:
+        """Ask the user who they are (elicitation), then greet them."""
+        return f"hello {person.name}"
+
+    @app.tool()
+    async def compute(answer: Annotated[CreateMessageResult, Resolve(ask_model)]) -> str:
+        """Ask the client's model (sampling)."""
+        content = answer.content
+        return content.text if isinstance(content, TextContent) else "?"
+
+
 def greeter(state_key: bytes | None = None) -> MCPServer[Any]:
     """A fresh server whose ``greet`` asks who is there (elicitation: on 2026-07-28 an
     input-required round), as each ``weir serve`` process would build it.  Without
@@ -71,16 +88,7 @@ def greeter(state_key: bytes | None = None) -> MCPServer[Any]:
     security = RequestStateSecurity(keys=[state_key]) if state_key is not None else None
     app: MCPServer[Any] = MCPServer("sdk-greeter", request_state_security=security)
 
-    @app.tool()
-    async def greet(person: Annotated[Person, Resolve(ask_person)]) -> str:
-        """Greet whoever answers."""
-        return f"hello {person.name}"
-
-    @app.tool()
-    async def compute(answer: Annotated[CreateMessageResult, Resolve(ask_model)]) -> str:
-        """Ask the client's model (sampling)."""
-        content = answer.content
-        return content.text if isinstance(content, TextContent) else "?"
+    add_asking_tools(app)
 
     @app.tool()
     async def retool(ctx: Context) -> str:

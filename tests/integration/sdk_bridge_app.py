@@ -16,14 +16,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Any
 
 import anyio
 from mcp.server import ServerRequestContext
-from mcp.server.mcpserver import Context, MCPServer, Resolve
-from mcp.types import CreateMessageResult, NotificationParams, TextContent
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import NotificationParams
 
-from tests.integration.sdk_apps import Person, ask_model, ask_person
+from tests.integration.sdk_apps import add_asking_tools
 
 #: What this process saw: tool runs, cancellations, sessions whose connection closed.
 seen: Counter[str] = Counter()
@@ -56,17 +56,7 @@ async def steps(n: int, ctx: Context) -> str:
     return f"{n} steps"
 
 
-@server.tool()
-async def greet(person: Annotated[Person, Resolve(ask_person)]) -> str:
-    """Ask the user who they are (elicitation), then greet them."""
-    return f"hello {person.name}"
-
-
-@server.tool()
-async def compute(answer: Annotated[CreateMessageResult, Resolve(ask_model)]) -> str:
-    """Ask the client's model (sampling)."""
-    content = answer.content
-    return content.text if isinstance(content, TextContent) else "?"
+add_asking_tools(server)  # greet (elicitation) and compute (sampling)
 
 
 @server.tool()
