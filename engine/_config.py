@@ -32,6 +32,10 @@ class ServerConfig:
         head_timeout: seconds a request head may take, from its first byte to its
             blank line (408 and close beyond; a trickled header is cut here).
         body_timeout: seconds a request body may take after its head (408 and close).
+        linger_timeout: after a refusal that closes a connection whose peer is still
+            sending (408, 413, 431, 503 ``overloaded``), seconds the server keeps
+            reading and discarding before it closes, so the peer reads the refusal
+            rather than a TCP reset (0: close at once).
         max_connections: connections served at once; past it the server stops
             accepting (the kernel's backlog holds the rest) after closing idle
             keep-alive connections to make room.  ``None``: the process's open-file
@@ -104,6 +108,7 @@ class ServerConfig:
     keepalive_timeout: float = 75.0
     head_timeout: float = 30.0
     body_timeout: float = 60.0
+    linger_timeout: float = 2.0
     max_connections: int | None = None
     max_sessions: int = 10_000
     max_sessions_per_principal: int | None = None
@@ -164,6 +169,8 @@ class ServerConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if not 0 <= self.linger_timeout <= 60:
+            raise ValueError(f"linger_timeout must be 0 (off) to 60, got {self.linger_timeout!r}")
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
         if self.max_sessions_per_principal is not None and self.max_sessions_per_principal < 1:

@@ -13,6 +13,9 @@ head within ``head_timeout`` of its first byte and the body within ``body_timeou
 of the head.  A head or body that misses its deadline gets 408 and the connection
 is closed.  Bytes of requests not yet complete count against one process-wide cap
 (``max_inbound_bytes``); past it the connection gets 503 ``overloaded`` and closes.
+A connection closed on such a refusal (or a 413/431 from the parser) lingers first:
+half-closed, discarding what the peer still sends for at most ``linger_timeout``,
+so the peer reads the refusal rather than a reset.
 
 :meth:`Server._respond` routes each request: resource metadata and ``/metrics``
 need no token; everything else is authenticated (with authorization on) and goes
@@ -136,12 +139,16 @@ class _Connections(_ServerBase):
         body that misses its deadline gets 408 and the connection is closed.
         """
         try:
-            await self._serve_requests(conn, slot)
+            refused = await self._serve_requests(conn, slot)
         finally:
             self.inbound -= conn.inbound
             conn.inbound = 0
+        if refused and self._read_timeouts.linger:
+            await self._linger(conn.stream)
 
-    async def _serve_requests(self, conn: Connection, slot: Slot | None) -> None:
+    async def _serve_requests(self, conn: Connection, slot: Slot | None) -> bool:
+        """Serve requests until the connection is done; True if it ends on a refusal
+        sent while the peer may still be sending (408, 413, 431, 503 ``overloaded``)."""
         http = conn.http
         cfg = self.config
         keepalive, receive = cfg.keepalive_timeout, conn.stream.receive_some
@@ -190,14 +197,14 @@ class _Connections(_ServerBase):
                             with trio.CancelScope(shield=True) as last:
                                 last.deadline = now + keepalive
                                 await self._last_requests(conn, data)
-                            return
+                            return False
                         # Bytes of requests not yet complete count against one process-wide cap.
                         n = len(data)
                         conn.inbound += n
                         self.inbound += n
                         if self.inbound > cfg.max_inbound_bytes:
                             await self._overloaded(conn)
-                            return
+                            return True
                         http.receive_data(data)
                     elif isinstance(event, HttpRequest):
                         clock.request_done()
@@ -208,17 +215,19 @@ class _Connections(_ServerBase):
                         conn.inbound = 0
                         await self._respond(conn, handoff)
                         if http.should_close:
-                            return
+                            return False
                     elif isinstance(event, HttpError):
                         self.metrics.refused(str(event.reason))
                         await conn.send(http.data_to_send())
-                        return
+                        return True
                     elif isinstance(event, ConnectionClosed):
-                        return
+                        return False
         finally:
             timer.closed = True  # its heap entry, if any, is skipped
         if reads.cancelled_caught and clock.owed:
             await self._time_out(conn, clock)
+            return True
+        return False
 
     async def _last_requests(self, conn: Connection, data: bytes | bytearray) -> None:
         """Serve the complete requests in ``data`` and stop (the connection then closes)."""
@@ -231,6 +240,17 @@ class _Connections(_ServerBase):
             await self._respond(conn, [event])
             if http.should_close:
                 return
+
+    async def _linger(self, stream: trio.abc.Stream) -> None:
+        """Half-close, then read and discard what the peer still sends, for at most the
+        linger timeout: closing with unread bytes would reset the connection, and a
+        reset can destroy the refusal just sent before the peer reads it."""
+        if not isinstance(stream, trio.abc.HalfCloseableStream):
+            return  # (TLS, in-memory: nothing to half-close; close at once)
+        with trio.move_on_after(self._read_timeouts.linger):
+            await stream.send_eof()
+            while await stream.receive_some(RECV_BYTES):
+                pass
 
     async def _overloaded(self, conn: Connection) -> None:
         self.metrics.refused(str(Reason.OVERLOADED))

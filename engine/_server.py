@@ -130,6 +130,7 @@ class Server(
             keepalive=self.config.keepalive_timeout,
             head=self.config.head_timeout,
             body=self.config.body_timeout,
+            linger=self.config.linger_timeout,
         )
         #: Every session's credit deadline, in one heap served by one task.
         self.deadlines = Deadlines(self._deadline_due)

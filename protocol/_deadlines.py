@@ -18,6 +18,15 @@ deadline of each read depends on :attr:`HttpConnection.inbound`:
 when a request is complete, and on a missed deadline sends
 :meth:`ReadClock.refusal` (408, then close) -- unless the connection was idle,
 when it simply closes.
+
+A connection closed on a refusal while its peer is still sending (a 408, a 413 for
+a body declared too large, a 503 for too many bytes in flight) should not simply
+close: a socket closed with unread bytes in it answers with a TCP reset, which can
+destroy the refusal before the peer reads it, so the peer sees "connection reset"
+instead of a status it could act on.  The driver half-closes instead and reads and
+discards whatever still arrives for at most ``linger`` seconds (``0``: close at
+once); nothing read then is kept, so lingering costs no memory, only the
+connection's slot for that long.
 """
 
 from __future__ import annotations
@@ -30,15 +39,19 @@ from ._http import Inbound
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReadTimeouts:
-    """Seconds a connection may wait: idle between requests, for a head, for a body."""
+    """Seconds a connection may wait: idle between requests, for a head, for a body;
+    and how long a refused connection lingers, discarding, before it closes."""
 
     keepalive: float = 75.0
     head: float = 30.0
     body: float = 60.0
+    linger: float = 2.0
 
     def __post_init__(self) -> None:
         if min(self.keepalive, self.head, self.body) <= 0:
             raise ValueError("read timeouts must be positive")
+        if not 0 <= self.linger <= 60:
+            raise ValueError(f"linger must be 0 (off) to 60 seconds, not {self.linger}")
 
 
 class ReadClock:

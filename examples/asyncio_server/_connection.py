@@ -6,7 +6,9 @@ Theory of operation
 respond``.  Framing, keep-alive and the automatic 400/413/431 come from
 :class:`~weir.protocol.HttpConnection`; every endpoint rule from
 :func:`~weir.protocol.route`; every refusal body from :func:`~weir.protocol.refusal`;
-read deadlines (idle, whole head, body; 408) from :class:`~weir.protocol.ReadClock`.
+read deadlines (idle, whole head, body; 408) from :class:`~weir.protocol.ReadClock`;
+a refused connection whose peer is still sending lingers (half-closed, discarding)
+so the refusal is read, not reset away.
 
 Every SSE message is appended to its stream's log first and written from the log by
 whichever connection is attached (:func:`~weir.protocol.writer_step` decides each
@@ -175,6 +177,7 @@ class Connection:
                         if clock.owed:  # a head or body trickled past its deadline: 408
                             conn.send_failed()
                             await self.send(closing_refusal(clock.refusal()))
+                            await self._linger(reader)
                         break
                     conn.receive_data(data)
                 elif isinstance(event, HttpRequest):
@@ -184,6 +187,7 @@ class Connection:
                         break
                 elif isinstance(event, HttpError):
                     await self.send(conn.data_to_send())
+                    await self._linger(reader)
                     break
                 else:  # ConnectionClosed
                     break
@@ -204,6 +208,19 @@ class Connection:
             self.writer.close()
             with contextlib.suppress(ConnectionError, TimeoutError):
                 await asyncio.wait_for(self.writer.wait_closed(), 1.0)
+
+    async def _linger(self, reader: asyncio.StreamReader) -> None:
+        """After a refusal sent while the peer is still sending: half-close, then read and
+        discard for at most the linger timeout -- closing with unread bytes would reset
+        the connection and could destroy the refusal before the peer reads it."""
+        linger = self.driver.read_timeouts.linger
+        if not linger or not self.writer.can_write_eof():
+            return
+        self.writer.write_eof()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(linger):
+                while await reader.read(65536):
+                    pass
 
     async def respond(self, request: HttpRequest) -> None:
         try:

@@ -196,6 +196,8 @@ def test_config_validates_the_new_limits() -> None:
         {"session_retain_bytes": 10, "memory_budget": 5},
         {"max_connections": 0},
         {"sse_keepalive": 0.0},
+        {"linger_timeout": -1.0},
+        {"linger_timeout": 600.0},
     ):
         try:
             ServerConfig(**bad)

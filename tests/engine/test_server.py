@@ -382,7 +382,10 @@ async def test_keepalive_deadlines_slide_and_survive_the_servers_own_tasks(
     # the keep-alive clock (the old entry fires, finds a later deadline, re-arms); and
     # a connection handed in with serve_connection that outlives the server's tasks
     # still closes at its deadline (it falls back to a Trio deadline of its own).
-    async with running_server(app, ServerConfig(keepalive_timeout=30)) as (server, nursery):
+    # (No lingering after the 408: the nursery's exit, when ``late`` is read, must be
+    # the moment the 408 was sent, not that plus the linger timeout.)
+    config = ServerConfig(keepalive_timeout=30, linger_timeout=0)
+    async with running_server(app, config) as (server, nursery):
         client = connect(server, nursery)
         await client.initialize()
         await trio.sleep(20)

@@ -229,3 +229,17 @@ async def percentile_latency(port: int, sid: str, n: int, q: float = 0.99) -> fl
 def limit_fds(n: int) -> None:
     """``preexec_fn``: give the child process at most ``n`` open files."""
     resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+
+def send_regardless(port: int, head: bytes, body_bytes: int, timeout: float = 10.0) -> bytes:
+    """As a client that never waits for an early answer: write ``head`` and
+    ``body_bytes`` of body in one blocking ``sendall``, then return everything the
+    server sent before it closed.  A server that closes on a refusal with the body
+    still arriving, without draining it, resets the connection and this raises
+    ``ConnectionResetError`` (or ``BrokenPipeError``) instead."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(head + b" " * body_bytes)
+        received = bytearray()
+        while chunk := sock.recv(65536):  # ends at EOF (or the socket's timeout)
+            received += chunk
+    return bytes(received)

@@ -32,6 +32,8 @@ from weir.engine import App
 from weir.protocol import LOOPBACK_HOSTS, CreditLimits, EndpointConfig
 from weir.protocol.sse import SseDecoder, SseEvent
 
+from .rawhttp import raw_request, send_regardless
+
 TIMEOUT = 10.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BOTH = "application/json, text/event-stream"
@@ -306,6 +308,14 @@ def test_malformed_http_gets_400_and_close(port: int) -> None:
             received += chunk
     assert received.startswith(b"HTTP/1.1 400 ")
     assert b'"reason":"malformed_http"' in received
+
+
+def test_a_body_too_large_still_arriving_is_answered_not_reset(port: int) -> None:
+    size = 8 * 1024 * 1024  # over the default 4 MiB limit: 413 at the head
+    head = raw_request("POST", "/mcp", headers={"content-length": str(size)})
+    received = send_regardless(port, head, size, TIMEOUT)
+    assert received.startswith(b"HTTP/1.1 413 ")
+    assert b'"reason":"payload_too_large"' in received
 
 
 def test_tools_run_on_the_asyncio_loop() -> None:

@@ -34,6 +34,7 @@ from .rawhttp import (
     percentile_latency,
     raw_request,
     rss_bytes,
+    send_regardless,
 )
 from .serverproc import WeirProcess
 
@@ -289,6 +290,42 @@ async def test_request_bytes_in_flight_are_capped_server_wide(tmp_path: Path) ->
         await trio.sleep(0.3)
         async with connected(server.port) as polite:  # the bytes were given back
             await initialize(polite)
+
+
+async def test_a_refused_request_still_arriving_is_answered_not_reset(tmp_path: Path) -> None:
+    # Clients that write the whole request without waiting for an early answer: the
+    # server refuses at the head, then drains what still arrives, so the client reads
+    # the refusal and an orderly close (a close with the bytes unread would reset it).
+    with weir(tmp_path, "--max-body-bytes", str(MiB)) as server, trio.fail_after(30):
+        size = 8 * MiB
+        head = raw_request("POST", "/mcp", headers={"content-length": str(size)})
+        received = await trio.to_thread.run_sync(send_regardless, server.port, head, size)
+        assert received.startswith(b"HTTP/1.1 413 ")
+        assert b'"reason":"payload_too_large"' in received
+        huge_head = raw_request("POST", "/mcp", headers={"x-filler": "a" * 1_000_000})
+        received = await trio.to_thread.run_sync(send_regardless, server.port, huge_head, 0)
+        assert received.startswith(b"HTTP/1.1 431 ")
+        text = await metrics(server.port)
+        assert metric(text, "weir_refusals_total", '{reason="payload_too_large"}') == 1
+        assert metric(text, "weir_refusals_total", '{reason="headers_too_large"}') == 1
+
+
+async def test_a_refused_client_that_never_stops_sending_is_cut_at_the_linger_timeout(
+    tmp_path: Path,
+) -> None:
+    with weir(tmp_path, "--linger-timeout", "1", "--max-body-bytes", "1000") as server:
+        c = await Client.connect(server.port)
+        head = raw_request("POST", "/mcp", headers={"content-length": str(10**9)})
+        await c.send_raw(head)
+        t0 = time.monotonic()
+        with trio.fail_after(15), pytest.raises(trio.BrokenResourceError):
+            for _ in range(1000):  # ~50 s of sending, were it never cut
+                await c.send_raw(b" " * 16384)
+                await trio.sleep(0.05)
+        assert time.monotonic() - t0 < 5  # cut after about 1 s of lingering
+        await c.aclose()
+        async with connected(server.port) as polite:
+            assert await initialize(polite)
 
 
 def test_default_head_deadline_is_within_a_minute() -> None:

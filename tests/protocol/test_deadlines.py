@@ -62,3 +62,10 @@ def test_the_phases_follow_what_the_connection_owes() -> None:
 def test_a_timeout_must_be_positive(field: str) -> None:
     with pytest.raises(ValueError):
         ReadTimeouts(**{field: 0.0})
+
+
+@pytest.mark.parametrize("linger", [-0.5, 61.0])
+def test_linger_is_zero_to_a_minute(linger: float) -> None:
+    with pytest.raises(ValueError, match="linger"):
+        ReadTimeouts(linger=linger)
+    assert ReadTimeouts(linger=0).linger == 0  # off: close at once
