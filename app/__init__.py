@@ -14,6 +14,7 @@ from __future__ import annotations
 from ._context import (
     LOG_LEVELS,
     NO_LOGS,
+    AccessToken,
     Caller,
     Context,
     ContextBackend,
@@ -57,6 +58,7 @@ __all__ = [
     "NOTE_WAIT",
     "NO_LOGS",
     "SESSION_CLOSE_WAIT",
+    "AccessToken",
     "App",
     "Caller",
     "Context",

@@ -79,6 +79,28 @@ class Caller:
     protocol_version: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class AccessToken:
+    """What a token verifier vouches for about one request's bearer token.
+
+    A handler sees it as :attr:`Context.access_token` (the token of the request that
+    started the call).  The token itself is not kept: MCP forbids a server to pass a
+    client's token on to other services, so there is nothing here to pass.
+
+    Attributes:
+        principal: who the token speaks for; it owns the sessions it opens.
+        scopes: the scopes granted.
+        expires_at: the ``exp`` claim (Unix time), if any: a verified token is
+            cached until then.
+        claims: every claim, for the application.
+    """
+
+    principal: str
+    scopes: frozenset[str] = frozenset()
+    expires_at: float | None = None
+    claims: Mapping[str, Any] = field(default_factory=dict)
+
+
 #: ``await send(payload)``: one notification on a session's own stream (best effort).
 SessionChannel = Callable[[bytes], Awaitable[None]]
 
@@ -159,6 +181,8 @@ class Context:
         progress_token: ``params._meta.progressToken`` if the client sent one.
         meta: the request's ``params._meta`` (empty if none).
         state: what the app's lifespan yielded (``None`` without one).
+        access_token: what the verifier vouched for about the bearer token of the
+            request that started this call; ``None`` without authorization.
     """
 
     def __init__(
@@ -169,8 +193,10 @@ class Context:
         *,
         state: Any = None,
         inputs: Mapping[str, Any] | None = None,
+        access_token: AccessToken | None = None,
     ) -> None:
         self._backend = backend
+        self.access_token = access_token
         #: Sessionless era: the answers this request carries, by key (None: the
         #: session era, where asking is a server-to-client request).
         self._inputs = inputs

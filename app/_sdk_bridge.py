@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+from mcp.server.auth.middleware.auth_context import auth_context_var
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken as SdkAccessToken
 from mcp.server.connection import Connection
 from mcp.server.lowlevel.server import Server
 from mcp.server.mcpserver import MCPServer
@@ -41,7 +44,7 @@ from weir.protocol import encode_notification
 from weir.protocol.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS
 from weir.protocol.sessionless import SESSIONLESS_VERSIONS
 
-from ._context import Context, SessionChannel
+from ._context import AccessToken, Context, SessionChannel
 from ._registry import App, McpError
 
 _MODERN = frozenset(SESSIONLESS_VERSIONS)
@@ -50,6 +53,25 @@ _EVENT_LISTS: dict[type, str] = {
     PromptsListChanged: "prompts",
     ResourcesListChanged: "resources",
 }
+
+
+def _sdk_user(access: AccessToken) -> AuthenticatedUser:
+    """The SDK's view of a token weir verified.  Its ``token`` is empty: weir keeps
+    no client token for a handler to pass on (MCP forbids that), so neither does
+    this.  ``client_id`` is the ``client_id`` (or ``azp``) claim, else the principal."""
+    claims = dict(access.claims)
+    client = claims.get("client_id") or claims.get("azp") or access.principal
+    subject = claims.get("sub")
+    expires = None if access.expires_at is None else int(access.expires_at)
+    token = SdkAccessToken(
+        token="",
+        client_id=str(client),
+        scopes=sorted(access.scopes),
+        expires_at=expires,
+        subject=None if subject is None else str(subject),
+        claims=claims,
+    )
+    return AuthenticatedUser(token)
 
 
 def lowlevel_of(server: Any) -> Server[Any]:
@@ -139,6 +161,10 @@ class Bridge:
         version = ctx.protocol_version
         modern = version in _MODERN or ctx.session_id is None
         dctx = _Dispatch(ctx, can_send=not modern)
+        # The SDK's handlers (and its request-state binding) read the caller's token
+        # from its own context variable, which its HTTP transport sets: so does weir.
+        user = None if ctx.access_token is None else _sdk_user(ctx.access_token)
+        vouched = auth_context_var.set(user)
         try:
             if modern:
                 connection = Connection.from_envelope(
@@ -160,6 +186,8 @@ class Bridge:
             raise McpError(INVALID_PARAMS, "Invalid request parameters", "") from None
         except NotImplementedError as exc:  # the SDK's way to say "not served here"
             raise McpError(INTERNAL_ERROR, str(exc) or "not implemented") from None
+        finally:
+            auth_context_var.reset(vouched)
 
     def _connection(self, ctx: Context) -> Connection:
         """The session's SDK connection, made on its first request in this process."""

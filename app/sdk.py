@@ -68,6 +68,13 @@ CONTRACT: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("mcp.shared.message", "ServerMessageMetadata", ("close_sse_stream",)),
     ("mcp.shared.transport_context", "TransportContext", ("kind", "can_send_request")),
     ("mcp.shared.subscriptions", "ResourceUpdated", ("uri",)),
+    ("mcp.server.auth.middleware.auth_context", "auth_context_var", ()),
+    ("mcp.server.auth.middleware.bearer_auth", "AuthenticatedUser", ("auth_info",)),
+    (
+        "mcp.server.auth.provider",
+        "AccessToken",
+        ("token", "client_id", "scopes", "expires_at", "subject", "claims"),
+    ),
 )
 
 

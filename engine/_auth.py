@@ -25,6 +25,9 @@ The verified token's *principal* (its issuer and subject) owns everything the
 request touches: sessions are looked up by ``(principal, session id)``, so a
 session of another principal is indistinguishable from one that does not exist
 (404).  Without authorization every request has the anonymous principal.
+What the verifier returned is also the handler's ``Context.access_token``, passed
+through :data:`REQUEST_ACCESS` (the connection sets it per request; the tasks it
+starts for that request inherit it); the token string itself is kept nowhere.
 
 :class:`JwtVerifier` is the built-in verifier: signature (RS/PS/ES/EdDSA; never
 ``none`` or an HMAC with a public key), ``iss``, ``aud`` (the resource),
@@ -46,14 +49,24 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import jwt
 import trio
 
+from weir.app import AccessToken
+
 log = logging.getLogger(__name__)
+
+#: What the verifier vouched for about the token of the request the current task
+#: serves.  The connection task sets it per request, after verifying; every task it
+#: starts for that request (a handler, a batch entry) inherits it with a copy of its
+#: context, so a handler's :attr:`weir.app.Context.access_token` is its own
+#: request's token even while the connection goes on to the next request.
+REQUEST_ACCESS: ContextVar[AccessToken | None] = ContextVar("weir_request_access", default=None)
 
 #: The principal of every request when no authorization is configured.
 ANONYMOUS = "anonymous"
@@ -64,24 +77,6 @@ _ASYMMETRIC = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "E
 
 class InvalidToken(Exception):
     """The token is not acceptable (bad signature, expired, wrong audience, ...)."""
-
-
-@dataclass(frozen=True, slots=True)
-class AccessToken:
-    """What a verifier vouches for.
-
-    Attributes:
-        principal: who the token speaks for; it owns the sessions it opens.
-        scopes: the scopes granted.
-        expires_at: the ``exp`` claim (Unix time), if any: a verified token is
-            cached until then.
-        claims: every claim, for the application.
-    """
-
-    principal: str
-    scopes: frozenset[str] = frozenset()
-    expires_at: float | None = None
-    claims: Mapping[str, Any] = field(default_factory=dict)
 
 
 class TokenVerifier(Protocol):

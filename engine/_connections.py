@@ -52,7 +52,14 @@ from weir.protocol.endpoint import check_host_and_origin, check_method
 from weir.protocol.jsonrpc import SERVER_ERROR
 from weir.protocol.legacy import LegacyOpen, route_legacy
 
-from ._auth import METADATA_PATH, Authorization, InvalidToken, bearer_token
+from ._auth import (
+    METADATA_PATH,
+    REQUEST_ACCESS,
+    AccessToken,
+    Authorization,
+    InvalidToken,
+    bearer_token,
+)
 from ._connection import Connection
 from ._listen import Slot
 from ._server_base import _ServerBase, _store_unavailable, log
@@ -300,7 +307,9 @@ class _Connections(_ServerBase):
                 await self._auxiliary(conn, request)
                 return
             if cfg.auth is not None:
-                conn.principal = await self._authenticate(request)
+                access = await self._authenticate(request, cfg.auth)
+                conn.principal = access.principal
+                REQUEST_ACCESS.set(access)  # (handlers started for this request see it)
             if not endpoint and path in (cfg.legacy_sse_path, cfg.legacy_messages_path):
                 await self._auxiliary(conn, request)
                 return
@@ -328,17 +337,14 @@ class _Connections(_ServerBase):
                 raise
             await self._refuse(conn, exc)
 
-    async def _authenticate(self, request: HttpRequest) -> str:
-        """The principal of ``request``: its verified token's, or the anonymous one.
+    async def _authenticate(self, request: HttpRequest, auth: Authorization) -> AccessToken:
+        """What the verifier vouches for about ``request``'s bearer token.
 
         Raises:
             RemoteProtocolError: 401 (no token, or a refused one), 403 (a scope is
                 missing) or 400 (a malformed ``Authorization`` header), each with
                 ``WWW-Authenticate`` pointing at the resource metadata.
         """
-        auth = self.config.auth
-        if auth is None:
-            return self.config.principal
         try:
             token = bearer_token(request.headers.get("authorization"))
         except ValueError as exc:
@@ -362,7 +368,7 @@ class _Connections(_ServerBase):
                 f"the token lacks scope {' '.join(sorted(missing))}",
                 "insufficient_scope",
             )
-        return access.principal
+        return access
 
     async def _resource_metadata(
         self, conn: Connection, request: HttpRequest, auth: Authorization

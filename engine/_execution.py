@@ -31,6 +31,7 @@ from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
 from weir.protocol.gate import AppendRecords, CallCourse, CoursePhase, Record, interrupted
 from weir.protocol.states import StreamInput, StreamState
 
+from ._auth import REQUEST_ACCESS
 from ._context import CallBackend
 from ._server_base import _ServerBase, log
 from ._session import Session, StreamHandle, StreamLost
@@ -80,6 +81,7 @@ class _Execution(_ServerBase):
             req.id,
             meta if isinstance(meta, dict) else None,
             state=self.state,
+            access_token=REQUEST_ACCESS.get(),
         )
 
     async def _answer_now(

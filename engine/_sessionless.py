@@ -94,6 +94,7 @@ from weir.protocol.sessionless import (
 )
 from weir.protocol.states import StreamInput, StreamState
 
+from ._auth import REQUEST_ACCESS
 from ._connection import Connection
 from ._context import SessionlessBackend
 from ._server_base import _ServerBase, log
@@ -439,6 +440,7 @@ class _Sessionless(_ServerBase):
             _meta(req),
             state=self.state,
             inputs=inputs,
+            access_token=REQUEST_ACCESS.get(),
         )
         with trio.CancelScope() as scope:
             if not backend.detached:  # a keyed call is not cancelled with its response

@@ -21,7 +21,7 @@ import trio
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from weir.app.samples.demo import app
-from weir.engine import Authorization, JwtVerifier, Server, ServerConfig
+from weir.engine import App, Authorization, JwtVerifier, Server, ServerConfig
 
 from .rawhttp import INIT_PARAMS, Client, Reply, call
 
@@ -95,7 +95,9 @@ async def serve_jwks(task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORE
 
 
 @asynccontextmanager
-async def authorized_server(scopes: frozenset[str] = frozenset({"mcp"})) -> AsyncIterator[int]:
+async def authorized_server(
+    scopes: frozenset[str] = frozenset({"mcp"}), served: App = app
+) -> AsyncIterator[int]:
     async with trio.open_nursery() as nursery:
         jwks_port = await nursery.start(serve_jwks)
         verifier = JwtVerifier(
@@ -107,7 +109,7 @@ async def authorized_server(scopes: frozenset[str] = frozenset({"mcp"})) -> Asyn
             authorization_servers=(ISSUER,),
             required_scopes=scopes,
         )
-        server = await nursery.start(Server(app, ServerConfig(port=0, auth=auth)).run)
+        server = await nursery.start(Server(served, ServerConfig(port=0, auth=auth)).run)
         try:
             yield server.port
         finally:
