@@ -253,7 +253,7 @@ class _Connections(_ServerBase):
         linger timeout: closing with unread bytes would reset the connection, and a
         reset can destroy the refusal just sent before the peer reads it."""
         if not isinstance(stream, trio.abc.HalfCloseableStream):
-            return  # (TLS, in-memory: nothing to half-close; close at once)
+            return  # (e.g. TLS: no half-close to make; close at once)
         with trio.move_on_after(self._read_timeouts.linger):
             await stream.send_eof()
             while await stream.receive_some(RECV_BYTES):
