@@ -94,21 +94,29 @@ async def serve_jwks(task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORE
     await trio.serve_listeners(handle, listeners)
 
 
+async def jwt_authorization(
+    nursery: trio.Nursery, scopes: frozenset[str] = frozenset({"mcp"})
+) -> Authorization:
+    """Authorization by :class:`JwtVerifier`, its keys served (in ``nursery``) as a
+    JWKS on a loopback port; tokens from :func:`token` pass it."""
+    jwks_port = await nursery.start(serve_jwks)
+    verifier = JwtVerifier(
+        issuer=ISSUER, audience=RESOURCE, jwks_url=f"http://127.0.0.1:{jwks_port}/jwks"
+    )
+    return Authorization(
+        verifier=verifier,
+        resource=RESOURCE,
+        authorization_servers=(ISSUER,),
+        required_scopes=scopes,
+    )
+
+
 @asynccontextmanager
 async def authorized_server(
     scopes: frozenset[str] = frozenset({"mcp"}), served: App = app
 ) -> AsyncIterator[int]:
     async with trio.open_nursery() as nursery:
-        jwks_port = await nursery.start(serve_jwks)
-        verifier = JwtVerifier(
-            issuer=ISSUER, audience=RESOURCE, jwks_url=f"http://127.0.0.1:{jwks_port}/jwks"
-        )
-        auth = Authorization(
-            verifier=verifier,
-            resource=RESOURCE,
-            authorization_servers=(ISSUER,),
-            required_scopes=scopes,
-        )
+        auth = await jwt_authorization(nursery, scopes)
         server = await nursery.start(Server(served, ServerConfig(port=0, auth=auth)).run)
         try:
             yield server.port

@@ -84,7 +84,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from tests.engine.helpers import Reply, SseReply
 from tests.integration.rawhttp import Client as RawClient
 from tests.integration.rawhttp import metric, raw_request, sse_messages
-from tests.integration.test_auth import ISSUER, RESOURCE, serve_jwks, token
+from tests.integration.test_auth import jwt_authorization, token
 from tests.integration.test_half_open_loopback import (
     SLACK,
     CreditSamples,
@@ -98,7 +98,6 @@ from tests.integration.test_half_open_loopback import (
     undrained_bytes,
 )
 from weir.engine import Server, ServerConfig
-from weir.engine._auth import Authorization, JwtVerifier
 from weir.engine._session import Session
 from weir.protocol import CreditLimits
 
@@ -358,16 +357,7 @@ async def ask(port: int, message: dict[str, Any], bearer: str) -> Any:
 async def test_a_sessionless_sdk_call_not_read_is_bounded_refused_and_cancelled() -> None:
     with trio.fail_after(LIVENESS_TIMEOUT + 30):
         async with trio.open_nursery() as nursery:
-            jwks_port = await nursery.start(serve_jwks)
-            verifier = JwtVerifier(
-                issuer=ISSUER, audience=RESOURCE, jwks_url=f"http://127.0.0.1:{jwks_port}/jwks"
-            )
-            auth = Authorization(
-                verifier=verifier,
-                resource=RESOURCE,
-                authorization_servers=(ISSUER,),
-                required_scopes=frozenset({"mcp"}),
-            )
+            auth = await jwt_authorization(nursery)
             config = ServerConfig(port=0, credit=LIMITS, auth=auth)
             async with serving(from_sdk(server), config) as srv:
                 await stalled_principal(srv)

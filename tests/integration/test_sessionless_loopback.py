@@ -30,11 +30,10 @@ import trio
 from tests.integration.rawhttp import Client, raw_request, sse_messages
 from weir.app import Context
 from weir.engine import App, Server, ServerConfig
-from weir.engine._auth import Authorization, JwtVerifier
 from weir.protocol import CreditLimits
 from weir.protocol.sessionless import META_SUBSCRIPTION_ID
 
-from .test_auth import ISSUER, RESOURCE, serve_jwks, token
+from .test_auth import jwt_authorization, token
 
 V = "2026-07-28"
 DRAIN_WINDOW = 0.5
@@ -311,16 +310,7 @@ async def test_request_state_continues_a_round_and_a_forged_one_is_refused() -> 
 
 async def test_a_principal_that_stops_reading_is_refused_on_its_other_connections() -> None:
     async with trio.open_nursery() as nursery:
-        jwks_port = await nursery.start(serve_jwks)
-        verifier = JwtVerifier(
-            issuer=ISSUER, audience=RESOURCE, jwks_url=f"http://127.0.0.1:{jwks_port}/jwks"
-        )
-        auth = Authorization(
-            verifier=verifier,
-            resource=RESOURCE,
-            authorization_servers=(ISSUER,),
-            required_scopes=frozenset({"mcp"}),
-        )
+        auth = await jwt_authorization(nursery)
         async with serving(ServerConfig(port=0, credit=CREDIT, auth=auth)) as server:
             alice = {"authorization": f"Bearer {token('alice')}"}
             bob = {"authorization": f"Bearer {token('bob')}"}
