@@ -224,7 +224,9 @@ async def test_huge_batch_is_refused_at_once_and_neighbours_are_unaffected(tmp_p
             ]
             assert sorted(a["id"] for a in answers) == list(range(64))
             p99 = await percentile_latency(server.port, sid, 200)
-            assert p99 <= max(5 * base_p99, 0.05)
+            # Not a speed claim: a loose bound that only a poisoned server (one still
+            # working through the refused batch) misses, on a loaded CI machine too.
+            assert p99 <= max(10 * base_p99, 0.25)
 
 
 # ----------------------------------------------------------------- connections
