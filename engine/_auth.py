@@ -46,6 +46,7 @@ import ipaddress
 import json
 import logging
 import math
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -76,7 +77,34 @@ _ASYMMETRIC = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "E
 
 
 class InvalidToken(Exception):
-    """The token is not acceptable (bad signature, expired, wrong audience, ...)."""
+    """The token is not acceptable (bad signature, expired, wrong audience, ...).
+
+    Its message is for the server's logs only: the client is told one of the fixed
+    :data:`DESCRIPTIONS` (``invalid token``, or ``token expired`` for
+    :class:`TokenExpired`), never anything the token or the verifier said.
+    """
+
+
+class TokenExpired(InvalidToken):
+    """The token was acceptable once but has expired (the client is told ``token expired``)."""
+
+
+#: Every ``error_description`` weir puts in a ``WWW-Authenticate`` challenge.  A fixed
+#: set: nothing a client sent is ever echoed in a refusal's head, so the refusal heads
+#: (cached by the connection layer) are bounded by these texts and the configuration.
+DESCRIPTIONS: frozenset[str] = frozenset(
+    {
+        "invalid token",
+        "token expired",
+        "insufficient scope",
+        "the Authorization header must be 'Bearer <token>'",
+    }
+)
+
+# What a challenge's quoted values may hold: visible ASCII and spaces, no quote or
+# backslash (RFC 6750 section 3 scope-token characters, plus space and a URL's own).
+_QUOTABLE = re.compile(r"[\x20\x21\x23-\x5b\x5d-\x7e]*")
+_ERROR_CODE = re.compile(r"[a-z_]{1,40}")
 
 
 class TokenVerifier(Protocol):
@@ -110,6 +138,17 @@ class Authorization:
     scopes_supported: tuple[str, ...] = ()
     metadata_url: str | None = None
 
+    def __post_init__(self) -> None:
+        for what, value in (
+            ("metadata URL", self.metadata_location()),
+            ("scope", " ".join(sorted(self.required_scopes))),
+        ):
+            if _QUOTABLE.fullmatch(value) is None:
+                raise ValueError(
+                    f"the {what} {value!r} cannot be sent in WWW-Authenticate: "
+                    "visible ASCII only, no double quote or backslash"
+                )
+
     def metadata_location(self) -> str:
         """The URL of the protected resource metadata."""
         if self.metadata_url:
@@ -130,12 +169,25 @@ class Authorization:
         return json.dumps(doc).encode()
 
     def challenge(self, error: str | None = None, description: str | None = None) -> str:
-        """A ``WWW-Authenticate`` value for a 401 (or, with ``insufficient_scope``, 403)."""
+        """A ``WWW-Authenticate`` value for a 401 (or, with ``insufficient_scope``, 403).
+
+        Built only from the configuration (checked when this object was made) and
+        the fixed ``error`` codes and :data:`DESCRIPTIONS`, so it is always a valid
+        header value and the set of them is small.
+
+        Raises:
+            ValueError: ``description`` is not one of :data:`DESCRIPTIONS`, or
+                ``error`` is not a token.
+        """
         parts = [f'resource_metadata="{self.metadata_location()}"']
         if error:
+            if _ERROR_CODE.fullmatch(error) is None:
+                raise ValueError(f"not an OAuth error code: {error!r}")
             parts.append(f'error="{error}"')
         if description:
-            parts.append('error_description="{}"'.format(description.replace('"', "'")))
+            if description not in DESCRIPTIONS:
+                raise ValueError(f"not one of the fixed descriptions: {description!r}")
+            parts.append(f'error_description="{description}"')
         if self.required_scopes:
             parts.append('scope="{}"'.format(" ".join(sorted(self.required_scopes))))
         return "Bearer " + ", ".join(parts)
@@ -252,6 +304,8 @@ class JwtVerifier:
                 leeway=self.leeway,
                 options={"require": ["exp", "iss", "aud", "sub"]},
             )
+        except jwt.ExpiredSignatureError:
+            raise TokenExpired("the token has expired") from None
         except jwt.PyJWTError as exc:
             raise InvalidToken(str(exc)) from None
         scope = claims.get("scope", "")
@@ -317,6 +371,7 @@ __all__ = [
     "Authorization",
     "InvalidToken",
     "JwtVerifier",
+    "TokenExpired",
     "TokenVerifier",
     "bearer_token",
 ]
