@@ -19,7 +19,7 @@ from weir.app.samples.demo import app
 from weir.engine import Server, ServerConfig
 
 from .rawhttp import Client, Reply
-from .test_auth import INIT, jwt_authorization, post, token
+from .test_auth import INIT, jwt_authorization, open_as, post, token
 
 
 @asynccontextmanager
@@ -116,3 +116,31 @@ async def test_an_expired_token_is_told_so_in_fixed_words() -> None:
             reply = await post(server.port, INIT, token(exp=1_000_000, iat=999_000))
             assert reply.status == 401
             assert 'error_description="token expired"' in reply.headers["www-authenticate"]
+
+
+async def test_one_principal_filling_its_share_leaves_room_for_others() -> None:
+    # Authorization on, no per-principal option: each principal gets a sixteenth.
+    with trio.fail_after(60):
+        async with jwt_server(max_sessions=32) as server:
+            for _ in range(2):
+                await open_as(server.port, token("alice"))
+            refused = await post(server.port, INIT, token("alice"))
+            assert refused.status == 429, refused
+            assert refused.reason == "session_limit"
+            data = refused.json()["error"]["data"]
+            assert (data["limit"], data["scope"]) == (2, "principal")
+            assert "retry-after" in refused.headers
+            await open_as(server.port, token("bob"))
+
+
+def test_the_per_principal_default_depends_on_authorization() -> None:
+    from weir.engine import Authorization, JwtVerifier
+
+    verifier = JwtVerifier(issuer="https://i.test", audience="https://r.test", jwks={"keys": []})
+    auth = Authorization(verifier=verifier, resource="https://r.test/mcp")
+    assert ServerConfig().principal_session_limit == 10_000
+    assert ServerConfig(auth=auth).principal_session_limit == 256
+    assert ServerConfig(auth=auth, max_sessions=100).principal_session_limit == 6
+    assert ServerConfig(auth=auth, max_sessions=10).principal_session_limit == 1
+    explicit = ServerConfig(auth=auth, max_sessions_per_principal=1000)
+    assert explicit.principal_session_limit == 1000
