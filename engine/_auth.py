@@ -39,9 +39,9 @@ starts for that request inherit it); the token string itself is kept nowhere.
 (refetched at most once a minute when an unknown ``kid`` appears, so a key
 rotation is picked up and a flood of made-up ``kid`` values costs nothing).  Only
 public keys fit for the accepted algorithms are kept, and the fetch follows no
-redirect and finishes within one deadline (:mod:`engine._jwks`).  It uses PyJWT.  Verified tokens are cached (by their SHA-256, until they expire,
-at most 4096), so a client that sends one token on every request pays for one
-signature check.
+redirect and finishes within one deadline (:mod:`engine._jwks`).  It uses PyJWT.
+Verified tokens are cached (by their SHA-256, until they expire, at most 4096),
+so a client that sends one token on every request pays for one signature check.
 """
 
 from __future__ import annotations
