@@ -28,7 +28,14 @@ from weir.app import (
     tool_result,
 )
 
-from ._auth import AccessToken, Authorization, InvalidToken, JwtVerifier, TokenVerifier
+from ._auth import (
+    AccessToken,
+    Authorization,
+    InvalidToken,
+    JwtVerifier,
+    TokenExpired,
+    TokenVerifier,
+)
 from ._memory import tune_allocator
 from ._server import Server, ServerConfig, serve
 from ._store import (
@@ -79,6 +86,7 @@ __all__ = [
     "StoreUnavailable",
     "StoredEvent",
     "StreamInfo",
+    "TokenExpired",
     "TokenVerifier",
     "Tool",
     "ToolError",

@@ -44,7 +44,10 @@ class ServerConfig:
             503 ``session_limit`` with ``Retry-After``.  Existing sessions are
             never refused on its account.
         max_sessions_per_principal: live sessions one principal may hold (429
-            ``session_limit`` beyond); ``None``: ``max_sessions``.
+            ``session_limit`` with ``data.scope`` ``principal`` beyond).  ``None``:
+            with ``auth`` set, a sixteenth of ``max_sessions`` (at least 1, at most
+            256), so one principal cannot fill the server; without ``auth`` every
+            request is one principal, so ``max_sessions``.
         session_idle_timeout: seconds without traffic after which a session with
             nothing running is forgotten (``None``: never).
         initialize_timeout: a session that saw no request or notification after its
@@ -194,8 +197,10 @@ class ServerConfig:
 
     @property
     def principal_session_limit(self) -> int:
-        """:attr:`max_sessions_per_principal`, defaulting to :attr:`max_sessions`."""
+        """:attr:`max_sessions_per_principal`, or its default (see the attribute)."""
         if self.max_sessions_per_principal is None:
+            if self.auth is not None:
+                return min(PRINCIPAL_SESSIONS_CAP, max(1, self.max_sessions // 16))
             return self.max_sessions
         return min(self.max_sessions_per_principal, self.max_sessions)
 
@@ -213,6 +218,10 @@ class ServerConfig:
             json_response=self.json_response,
             max_batch=self.max_batch,
         )
+
+
+#: With authorization on, the most sessions one principal holds by default.
+PRINCIPAL_SESSIONS_CAP = 256
 
 
 #: File descriptors kept free for everything but client connections (the

@@ -28,6 +28,7 @@ when the store is unavailable); once a response has begun, it ends the connectio
 from __future__ import annotations
 
 import math
+import re
 
 import trio
 
@@ -58,6 +59,7 @@ from ._auth import (
     AccessToken,
     Authorization,
     InvalidToken,
+    TokenExpired,
     bearer_token,
 )
 from ._connection import Connection
@@ -282,6 +284,11 @@ class _Connections(_ServerBase):
     async def _refuse(self, conn: Connection, exc: RemoteProtocolError) -> None:
         self.metrics.refused(str(exc.reason))
         status, headers, body = refusal(exc)
+        if not all(_SAFE_VALUE.fullmatch(value) for _, value in headers):
+            # A refusal must always be sendable: a header that is not visible ASCII
+            # (a bug: no refusal may carry client bytes) is left out, not written.
+            log.error("refusal %s: dropping header(s) that are not visible ASCII", exc.reason)
+            headers = [(name, value) for name, value in headers if _SAFE_VALUE.fullmatch(value)]
         await conn.send(conn.http.send_response(status, headers, body))
 
     async def _respond(self, conn: Connection, handoff: list[HttpRequest]) -> None:
@@ -345,28 +352,24 @@ class _Connections(_ServerBase):
                 missing) or 400 (a malformed ``Authorization`` header), each with
                 ``WWW-Authenticate`` pointing at the resource metadata.
         """
+        # Every refusal text here is fixed: nothing the client sent (nor what the
+        # verifier said about it) reaches the response, so its head stays valid and
+        # the cached refusal heads are a handful, however many tokens are refused.
         try:
             token = bearer_token(request.headers.get("authorization"))
-        except ValueError as exc:
-            raise _auth_refusal(
-                auth, 400, Reason.INVALID_REQUEST, str(exc), "invalid_request"
-            ) from None
+        except ValueError:
+            bad = _auth_refusal(auth, 400, Reason.INVALID_REQUEST, _BAD_HEADER, "invalid_request")
+            raise bad from None
         if token is None:
             raise _auth_refusal(auth, 401, Reason.UNAUTHORIZED, "a bearer token is required")
         try:
             access = await auth.verifier.verify(token)
         except InvalidToken as exc:
+            text = "token expired" if isinstance(exc, TokenExpired) else "invalid token"
+            raise _auth_refusal(auth, 401, Reason.UNAUTHORIZED, text, "invalid_token") from None
+        if not auth.required_scopes <= access.scopes:
             raise _auth_refusal(
-                auth, 401, Reason.UNAUTHORIZED, f"invalid token: {exc}", "invalid_token"
-            ) from None
-        missing = auth.required_scopes - access.scopes
-        if missing:
-            raise _auth_refusal(
-                auth,
-                403,
-                Reason.INSUFFICIENT_SCOPE,
-                f"the token lacks scope {' '.join(sorted(missing))}",
-                "insufficient_scope",
+                auth, 403, Reason.INSUFFICIENT_SCOPE, "insufficient scope", "insufficient_scope"
             )
         return access
 
@@ -428,6 +431,12 @@ def _auth_refusal(
         code=SERVER_ERROR,
         headers=(("www-authenticate", challenge),),
     )
+
+
+#: The one text a malformed ``Authorization`` header gets.
+_BAD_HEADER = "the Authorization header must be 'Bearer <token>'"
+#: A header value a refusal may carry: visible ASCII, single spaces or tabs inside.
+_SAFE_VALUE = re.compile(r"(?:[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*)?")
 
 
 def _only_disconnects(exc: BaseException) -> bool:

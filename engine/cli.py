@@ -272,7 +272,7 @@ def _limit_options(s: argparse.ArgumentParser) -> None:
             int,
             None,
             "N",
-            "live sessions one principal may hold (429; default: --max-sessions)",
+            "sessions one principal may hold (429; default with auth: --max-sessions/16, max 256)",
         ),
         (
             "--session-idle-timeout",

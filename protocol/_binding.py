@@ -29,6 +29,7 @@ that with the same rule, and report the verdict back.
 from __future__ import annotations
 
 import enum
+import hmac
 
 from ._errors import SERVER_ERROR, Reason, RemoteProtocolError
 from ._jsonrpc import RequestId
@@ -62,13 +63,20 @@ def parse_channel_token(
 
 
 def channel_verdict(generation: int, secret: str, token: tuple[int, str] | None) -> ChannelVerdict:
-    """Compare a presented token with the session's ``(generation, secret)``."""
+    """Compare a presented token with the session's ``(generation, secret)``.
+
+    The secrets are compared in constant time (:func:`hmac.compare_digest`), so how
+    long a refusal takes says nothing about how much of a guessed secret was right.
+    """
     if token is None:
         return ChannelVerdict.OK
     presented, presented_secret = token
     if presented < generation:
         return ChannelVerdict.STALE
-    if presented > generation or presented_secret != secret:
+    same = hmac.compare_digest(
+        presented_secret.encode("utf-8", "surrogatepass"), secret.encode("utf-8", "surrogatepass")
+    )
+    if presented > generation or not same:
         return ChannelVerdict.UNBOUND
     return ChannelVerdict.OK
 

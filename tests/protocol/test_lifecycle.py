@@ -129,6 +129,14 @@ def test_the_verdict_fences_older_generations_and_wrong_secrets(
         assert verdict is ChannelVerdict.UNBOUND
 
 
+def test_any_presented_secret_gets_a_verdict_not_an_error() -> None:
+    # (The secrets are compared as bytes, in constant time: str compare_digest
+    # would raise on anything but ASCII.)
+    for guess in ("\xff\xfe", "\u0100", "\ud800", "s3cret\x00"):
+        assert channel_verdict(1, "s3cret", (1, guess)) is ChannelVerdict.UNBOUND
+    assert channel_verdict(1, "s\xe9cret", (1, "s\xe9cret")) is ChannelVerdict.OK
+
+
 def test_each_refusal_names_its_reason() -> None:
     stale = channel_refusal(ChannelVerdict.STALE, 1)
     unbound = channel_refusal(ChannelVerdict.UNBOUND, None)
