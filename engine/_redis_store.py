@@ -24,6 +24,10 @@ one cluster slot and every script touches a single slot::
                                            b=binding (channel generation, 0 = none)
     <prefix>:{<P>:<S>}:k           SET     names of the session's stream keys (for delete)
 
+weir's own records (the sessionless gate's per-principal namespace, named by an
+:class:`~._store.InternalId`) have the same layout under ``<prefix>:i:{<P>:<S>}``:
+a key no client session's can equal, whatever id the client sends.
+
 ``<P>`` and ``<S>`` are the principal and the session id percent-encoded with
 :func:`urllib.parse.quote` and no safe characters: only ``A-Z a-z 0-9 _ . - ~``
 survive, so ``{``, ``}``, ``:`` and ``%`` never appear raw and the pair
@@ -114,6 +118,7 @@ from ._redis_lua import (
 from ._resp import RespPipe
 from ._store import (
     ChannelRejected,
+    InternalId,
     Retention,
     SessionGone,
     SessionRecord,
@@ -564,7 +569,10 @@ class RedisStore:
     # -- keys
 
     def _tag(self, principal: str, session_id: str) -> str:
-        return f"{self.prefix}:{{{_enc(principal)}:{_enc(session_id)}}}"
+        # weir's own records (an InternalId) live under "<prefix>:i:", which no client
+        # session's keys ("<prefix>:{...") can ever equal.
+        space = "i:" if isinstance(session_id, InternalId) else ""
+        return f"{self.prefix}:{space}{{{_enc(principal)}:{_enc(session_id)}}}"
 
     def _keys(self, principal: str, session_id: str) -> list[str | bytes]:
         tag = self._tag(principal, session_id)

@@ -81,7 +81,7 @@ from ._sealed import StateSealer, new_key
 from ._server_base import log
 from ._session import Session, StreamLost
 from ._sessionless import _Sessionless
-from ._store import MemoryStore, SessionRecord, SessionStore, client_of
+from ._store import MemoryStore, SessionRecord, SessionStore, client_of, is_session_id
 from ._streams import _Streams
 from ._subscriptions import Listener
 from ._timers import Deadlines, Timed
@@ -100,7 +100,9 @@ class Server(
         app: the application.
         config: server configuration.
         store: the session store (default: a new :class:`~weir.engine.MemoryStore`).
-        session_id_factory: makes session ids (default: 32 random bytes, base64url).
+        session_id_factory: makes session ids (default: 32 random bytes, base64url);
+            every id it returns must match :data:`~weir.engine._store.SESSION_ID_FORMAT`
+            (an id outside it is refused when minted: ``ValueError``).
     """
 
     def __init__(
@@ -454,8 +456,11 @@ class Server(
     ) -> Session:
         now = trio.current_time()
         self._check_session_room(principal, request_id)
+        sid = self._new_session_id()
+        if not is_session_id(sid):
+            raise ValueError(f"session_id_factory made {sid!r}, outside SESSION_ID_FORMAT")
         record = SessionRecord(
-            session_id=self._new_session_id(),
+            session_id=sid,
             principal=principal,
             protocol_version=version,
             created_at=now,
@@ -506,12 +511,15 @@ class Server(
     ) -> Session:
         """``principal``'s live session ``session_id``, or the 404 refusal.
 
-        A session of another principal is answered exactly like one that does not
-        exist (and is left alone).  With a shared store the record is re-read
+        An id weir never mints (:func:`~._store.is_session_id`) is refused before
+        anything is looked up.  A session of another principal is answered exactly
+        like one that does not exist (and is left alone).  With a shared store the record is re-read
         (``verify``) so a session deleted or rebound on another replica is seen here;
         a session first seen on this replica is adopted from its record.
         """
         sid = session_id or ""
+        if not is_session_id(sid):
+            raise session_refusal(sid, request_id)  # not minted here: no store lookup
         session = self.sessions.get(sid)
         if session is not None and session.closed:
             session = None

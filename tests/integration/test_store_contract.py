@@ -25,6 +25,7 @@ from weir.engine._redis_store import RedisStore
 from weir.engine._store import (
     MAX_CLIENT_RECORD,
     ChannelRejected,
+    InternalId,
     MemoryStore,
     Retention,
     SessionGone,
@@ -172,6 +173,34 @@ async def test_what_the_client_declared_is_kept_with_the_session(store: SessionS
     assert client_of(found) == ({"elicitation": {}}, {"name": "c", "version": "1"})
     assert client_record({"x": "y" * MAX_CLIENT_RECORD}, {}) == ""  # bounded: kept empty
     assert client_of(replace(rec, client="{not json")) == ({}, {})
+
+
+async def test_internal_records_are_out_of_reach_of_client_ids(store: SessionStore) -> None:
+    """A record named by an InternalId lives in its own keyspace: the equal plain
+    string (what a client could send) names nothing, and deleting it leaves the
+    internal record and its gate alone."""
+    name = InternalId(f"~gate-{uuid.uuid4().hex[:8]}")
+    await store.create_session(record(name))
+    started = await store.begin_call(P, name, "k1", FP, None)
+    assert started.outcome is CallOutcome.EXECUTE
+    await store.finish_call(P, name, "k1", b"answer")
+    plain = str(name)
+    assert type(plain) is str
+    assert await store.get_session(P, plain) is None
+    assert await store.delete_session(P, plain) is False
+    with pytest.raises(SessionGone):
+        await store.begin_call(P, plain, "k1", FP, None)
+    # The same plain id can even be created as a client session: still apart.
+    await store.create_session(record(plain, secret="client"))
+    assert await store.delete_session(P, plain) is True
+    again = await store.begin_call(P, name, "k1", FP, None)
+    assert (again.outcome, again.payload) == (CallOutcome.DONE, b"answer")
+    assert await store.get_session(P, name) is not None
+
+
+def test_internal_ids_lie_outside_the_minted_format() -> None:
+    with pytest.raises(ValueError):
+        InternalId("A" * 43)
 
 
 async def test_duplicate_create_raises(store: SessionStore) -> None:
