@@ -62,6 +62,9 @@ coredis' connect, read and pool timeouts are set to the same value), and
 connection errors, timeouts, cluster-down and "server cannot serve now" replies
 (``LOADING``, ``READONLY``, ``OOM``, ...) become :class:`StoreUnavailable` with the
 cause chained: the engine fails closed (503), it never hangs on the store.
+Malformed data fails closed the same way: an error reply (``WRONGTYPE`` for a
+key of the wrong type, a script failing on a field it cannot read) or a reply of
+the wrong type or shape is :class:`StoreUnavailable` too, never a traceback.
 coredis' automatic retries are **off**: a script whose reply was lost may have run,
 and running ``begin_call`` twice would report our own claim as RUNNING.  A timed-out
 ``begin_call`` may therefore leave a claim that nobody executes; it reads as RUNNING
@@ -77,10 +80,11 @@ task ever stops, every later operation raises :class:`StoreUnavailable`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Literal, TypeVar, cast
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
@@ -238,6 +242,15 @@ def _items(value: ResponseType) -> list[ResponseType]:
     if isinstance(value, tuple):
         return list(value)
     raise StoreUnavailable(f"unexpected reply from the store: {value!r}")
+
+
+@contextlib.contextmanager
+def _reading(what: str) -> Iterator[None]:
+    """Decode a reply: one of the wrong type or shape is :class:`StoreUnavailable`."""
+    try:
+        yield
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+        raise StoreUnavailable(f"{what}: malformed reply from the store: {exc!r}") from exc
 
 
 def _record(principal: str, session_id: str, fields: dict[str, bytes]) -> SessionRecord:
@@ -536,6 +549,8 @@ class RedisStore:
                 raise
             if _is_outage(exc) or not self._entered:
                 raise StoreUnavailable(f"{what}: {self._where} unavailable: {exc}") from exc
+            if isinstance(exc, cx.ResponseError):  # WRONGTYPE, a script failing on bad data
+                raise StoreUnavailable(f"{what}: {self._where} refused: {exc}") from exc
             raise
 
     async def _script(
@@ -614,10 +629,11 @@ class RedisStore:
                 return dict(zip(flat[::2], flat[1::2], strict=True))
             return await self._client.hgetall(key)
 
-        fields = await self._run("get_session", op, piped=pipe is not None)
-        if not fields:
-            return None
-        decoded = {k.decode("utf-8", "surrogateescape"): v for k, v in fields.items()}
+        with _reading("get_session"):
+            fields = await self._run("get_session", op, piped=pipe is not None)
+            if not fields:
+                return None
+            decoded = {_text(k): _blob(v) for k, v in fields.items()}
         return _record(principal, session_id, decoded)
 
     async def delete_session(self, principal: str, session_id: str) -> bool:
@@ -630,7 +646,9 @@ class RedisStore:
         reply = await self._script("rebind", self._rebind, principal, session_id, [secret])
         if reply is None:
             raise SessionGone(session_id)
-        return _record(principal, session_id, _pairs(_items(reply)))
+        with _reading("rebind"):
+            fields = _pairs(_items(reply))
+        return _record(principal, session_id, fields)
 
     async def allocate_epoch(self, principal: str, session_id: str, binding: int = 0) -> str:
         """A fresh epoch (``HINCRBY`` on the record).  Raises SessionGone."""
@@ -664,17 +682,18 @@ class RedisStore:
         args: list[str | bytes | int] = [key, fingerprint, generation, secret, request_id, owner]
         args += [_ms(lease) if lease else 0, INTERRUPTED_MESSAGE]
         reply = _items(await self._script("begin_call", self._begin, principal, session_id, args))
-        status = _text(reply[0])
-        if status == "gone":
-            raise SessionGone(session_id)
-        if status == "stale":
-            raise ChannelRejected(ChannelVerdict.STALE)
-        if status == "unbound":
-            raise ChannelRejected(ChannelVerdict.UNBOUND)
-        epoch = _text(reply[1])
-        if status == "done":
-            return CallStart(CallOutcome.DONE, epoch, _blob(reply[2]))
-        return CallStart(CallOutcome(status), epoch)
+        with _reading("begin_call"):
+            status = _text(reply[0])
+            if status == "gone":
+                raise SessionGone(session_id)
+            if status == "stale":
+                raise ChannelRejected(ChannelVerdict.STALE)
+            if status == "unbound":
+                raise ChannelRejected(ChannelVerdict.UNBOUND)
+            epoch = _text(reply[1])
+            if status == "done":
+                return CallStart(CallOutcome.DONE, epoch, _blob(reply[2]))
+            return CallStart(CallOutcome(status), epoch)
 
     async def renew_claims(
         self, principal: str, session_id: str, keys: Sequence[str], owner: str, lease: float
@@ -685,7 +704,8 @@ class RedisStore:
         reply = await self._script(
             "renew_claims", self._renew, principal, session_id, [owner, _ms(lease), *keys]
         )
-        return int(cast(int, reply or 0))
+        with _reading("renew_claims"):
+            return int(cast(int, reply or 0))
 
     async def expire_claim(self, principal: str, session_id: str, epoch: str) -> bool:
         """Interrupt the call answered on stream ``epoch`` if its lease ran out (True)."""
@@ -774,8 +794,9 @@ class RedisStore:
         reply = await self._run("stream_info", op)
         if reply is None:
             return None
-        binding, last, final = _items(reply)
-        return StreamInfo(int(_text(binding)), int(cast(int, last)), _text(final) == "1")
+        with _reading("stream_info"):
+            binding, last, final = _items(reply)
+            return StreamInfo(int(_text(binding)), int(cast(int, last)), _text(final) == "1")
 
     async def shared_value(self, name: str, candidate: bytes) -> bytes:
         """``SET NX`` then ``GET``: every replica ends up with the first value stored."""
@@ -788,7 +809,7 @@ class RedisStore:
         value = await self._run("shared_value", op)
         if value is None:
             raise StoreUnavailable(f"shared_value: {name!r} vanished as it was set")
-        return value if isinstance(value, bytes) else value.encode("latin-1")
+        return _blob(value)
 
     async def publish_change(self, change: bytes) -> None:
         """``XADD`` to the bus stream, trimmed to about the newest 1,024 entries."""
@@ -823,7 +844,8 @@ class RedisStore:
             ]
             return _text(entries[-1].identifier), changes
 
-        return await self._run("read_changes", op)
+        with _reading("read_changes"):
+            return await self._run("read_changes", op)
 
     def _box_key(self, principal: str, session_id: str, box: str) -> str:
         return f"{self._tag(principal, session_id)}:m:{_enc(box)}"
@@ -867,17 +889,18 @@ class RedisStore:
         if reply is None:
             return None
         events: list[StoredEvent] = []
-        for entry in _items(reply):
-            entry_id, flat = _items(entry)
-            fields = _pairs(_items(flat))
-            seq = int(_text(entry_id).partition("-")[0]) - 1
-            events.append(
-                StoredEvent(
-                    seq,
-                    fields.get("d", b""),
-                    fields.get("f") == b"1",
-                    int(fields.get("b", b"0")),
-                    fields.get("r", b"").decode("utf-8", "replace"),
+        with _reading("read_events"):
+            for entry in _items(reply):
+                entry_id, flat = _items(entry)
+                fields = _pairs(_items(flat))
+                seq = int(_text(entry_id).partition("-")[0]) - 1
+                events.append(
+                    StoredEvent(
+                        seq,
+                        fields.get("d", b""),
+                        fields.get("f") == b"1",
+                        int(fields.get("b", b"0")),
+                        fields.get("r", b"").decode("utf-8", "replace"),
+                    )
                 )
-            )
         return events
