@@ -14,7 +14,9 @@ one cluster slot and every script touches a single slot::
                                            protocol_version, created_at, generation,
                                            secret, salt (keys the epoch permutation),
                                            bound ("1" once the client presented its
-                                           token), epochs (the epoch counter)
+                                           token), epochs (the epoch counter), born /
+                                           seen (created / last served, ms, server
+                                           clock), touched ("1" once served)
     <prefix>:{<P>:<S>}:c           HASH    the idempotency gate: "f:<call key>" -> request
                                            fingerprint, "p:<call key>" -> stored response
                                            (absent while the call runs)
@@ -55,7 +57,10 @@ claim expires after ``retention.ttl`` (a process that died mid-call does not blo
 the key forever), a finished call's response after
 ``retention.idempotency_ttl``; expired entries of the gate are pruned lazily, at
 most 64 per :meth:`~RedisStore.begin_call`.  Reads (:meth:`~RedisStore.get_session`,
-:meth:`~RedisStore.read_events`) do not extend a session's life.
+:meth:`~RedisStore.read_events`) do not extend a session's life;
+:meth:`~RedisStore.touch_session` (a replica serving the session) does, and sets
+its ``seen``.  Idleness is the server's to judge: :meth:`~RedisStore.expire_idle`
+compares ``seen`` with the server's clock and deletes in the same script.
 
 **Failures.**  Every operation runs under one deadline (``timeout``, default 2 s;
 coredis' connect, read and pool timeouts are set to the same value), and
@@ -109,6 +114,7 @@ from ._redis_lua import (
     _CREATE,
     _DELETE,
     _EXPIRE,
+    _EXPIRE_IDLE,
     _FINISH,
     _INFO,
     _MARK_BOUND,
@@ -118,6 +124,7 @@ from ._redis_lua import (
     _REBIND,
     _RENEW,
     _TAKE,
+    _TOUCH,
 )
 from ._resp import RespPipe
 from ._store import (
@@ -417,6 +424,8 @@ class RedisStore:
         register = client.register_script
         self._create: Script[bytes] = register(_PRELUDE + _CREATE)
         self._delete: Script[bytes] = register(_PRELUDE + _DELETE)
+        self._touch: Script[bytes] = register(_PRELUDE + _TOUCH)
+        self._expire_idle: Script[bytes] = register(_PRELUDE + _EXPIRE_IDLE)
         self._rebind: Script[bytes] = register(_PRELUDE + _REBIND)
         self._allocate: Script[bytes] = register(_PRELUDE + _ALLOCATE)
         self._mark_bound: Script[bytes] = register(_PRELUDE + _MARK_BOUND)
@@ -640,6 +649,19 @@ class RedisStore:
         """Delete every key of the session; ``True`` if it existed."""
         existed = await self._script("delete_session", self._delete, principal, session_id, [])
         return existed == 1
+
+    async def touch_session(self, principal: str, session_id: str) -> bool:
+        """Set the record's ``seen`` to the server's time and refresh its TTL."""
+        reply = await self._script("touch_session", self._touch, principal, session_id, [])
+        return reply == 1
+
+    async def expire_idle(
+        self, principal: str, session_id: str, idle: float | None, untouched: float | None
+    ) -> bool:
+        """Delete the session if idle by the server's clock (one script; see the Protocol)."""
+        args = [_ms(idle) if idle else 0, _ms(untouched) if untouched else 0]
+        reply = await self._script("expire_idle", self._expire_idle, principal, session_id, args)
+        return reply == 1
 
     async def rebind(self, principal: str, session_id: str, secret: str) -> SessionRecord:
         """Bump the generation and install ``secret`` in one script.  Raises SessionGone."""

@@ -47,6 +47,7 @@ every open stream with ``retry:``, then cancel what is left.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import secrets
@@ -81,7 +82,14 @@ from ._sealed import StateSealer, new_key
 from ._server_base import log
 from ._session import Session, StreamLost
 from ._sessionless import _Sessionless
-from ._store import MemoryStore, SessionRecord, SessionStore, client_of, is_session_id
+from ._store import (
+    MemoryStore,
+    SessionRecord,
+    SessionStore,
+    StoreUnavailable,
+    client_of,
+    is_session_id,
+)
 from ._streams import _Streams
 from ._subscriptions import Listener
 from ._timers import Deadlines, Timed
@@ -141,6 +149,8 @@ class Server(
         self._reads_on_heap = True
         self._activity_event: trio.Event | None = None
         self._last_seen: dict[str, float] = {}
+        #: When this replica last told a shared store it served each session.
+        self._last_touch: dict[str, float] = {}
         self._per_principal: dict[str, int] = {}
         #: Validated response heads, shared by every connection of this server.
         self._heads = HeadCache()
@@ -340,7 +350,8 @@ class Server(
         """Forget idle sessions, and sessions whose ``initialize`` was never followed up.
 
         A session counts as busy (never idle) while a handler runs for it or a
-        writer is attached to one of its streams.
+        writer is attached to one of its streams.  With a shared store, idle here
+        is not idle everywhere: the store decides (:meth:`_expire_shared`).
         """
         cfg = self.config
         idle = cfg.session_idle_timeout
@@ -355,6 +366,13 @@ class Server(
                 seen = self._last_seen.get(sid, now)
                 if busy:
                     self._last_seen[sid] = now
+                    if self.store.shared:
+                        with contextlib.suppress(StoreUnavailable):
+                            await self._touch_shared(session, now)
+                elif self.store.shared:
+                    due = cfg.initialize_timeout if session.provisional else idle
+                    if due is not None and now - seen >= due:
+                        await self._expire_shared(session)
                 elif session.provisional and now - seen >= cfg.initialize_timeout:
                     log.info(
                         "session %s: nothing followed its initialize for %.0f s: forgotten",
@@ -368,7 +386,9 @@ class Server(
                     self.metrics.sessions_expired += 1
                     await self._end_session(session)
 
-    async def _end_session(self, session: Session) -> None:
+    async def _end_session(self, session: Session, *, forget: bool = False) -> None:
+        """End ``session`` here and delete it from the store (``forget``: only this
+        process's copy ends; a shared store's record lives on)."""
         sid = session.session_id
         heavy = self.budget.owner_held(sid) + session.credit.bytes_in_use >= _TRIM_AFTER
         session.close()
@@ -387,7 +407,9 @@ class Server(
             else:
                 self._per_principal.pop(principal, None)
         self._last_seen.pop(session.session_id, None)
-        await self.store.delete_session(session.record.principal, session.session_id)
+        self._last_touch.pop(session.session_id, None)
+        if not forget:
+            await self.store.delete_session(session.record.principal, session.session_id)
 
     async def _reclaim(self) -> None:
         """After a heavy session ended: collect the cycles that may still hold its
@@ -469,6 +491,7 @@ class Server(
             client=client,
         )
         await self.store.create_session(record)
+        self._last_touch[sid] = now  # the store's record was just born: as good as a touch
         session = Session(
             record,
             max_closed_streams=self.config.max_closed_streams,
@@ -497,7 +520,9 @@ class Server(
                 credit.frames_in_use,
             )
             self.metrics.teardowns += 1
-            self._handlers_start(self._end_session, session)
+            # A stalled connection here says nothing of the session elsewhere: with a
+            # shared store only this copy ends (the record expires by the store's clock).
+            self._handlers_start(partial(self._end_session, forget=self.store.shared), session)
             return
         self.deadlines.schedule(session, credit.deadline())
 
@@ -537,8 +562,11 @@ class Server(
                 session.record = record
         if session is None:
             raise session_refusal(sid, request_id)
-        self._last_seen[session.session_id] = trio.current_time()
+        now = trio.current_time()
+        self._last_seen[session.session_id] = now
         session.provisional = False
+        if self.store.shared:
+            await self._touch_shared(session, now)
         return session
 
     def _adopt(self, record: SessionRecord) -> Session:

@@ -231,6 +231,23 @@ class SessionStore(Protocol):
     async def delete_session(self, principal: str, session_id: str) -> bool:
         """Forget a session and everything stored for it; ``True`` if it existed."""
 
+    async def touch_session(self, principal: str, session_id: str) -> bool:
+        """Record, by the store's clock, that the session was served now (a shared
+        store's idleness is decided from this; see :meth:`expire_idle`).  False if
+        the session is gone."""
+
+    async def expire_idle(
+        self, principal: str, session_id: str, idle: float | None, untouched: float | None
+    ) -> bool:
+        """Delete the session if the store's clock says it is idle: last served (see
+        :meth:`touch_session`) ``idle`` seconds ago or more, or -- with ``untouched``
+        -- never served since it was created, ``untouched`` seconds ago or more.
+
+        One atomic step, so a replica's sweep never deletes a session another
+        replica has just served.  True if the session is gone (deleted now or
+        before); False if it lives on (the caller may forget its local copy).
+        """
+
     async def rebind(self, principal: str, session_id: str, secret: str) -> SessionRecord:
         """Bump the generation and install ``secret``, atomically.  Raises :class:`SessionGone`."""
 
@@ -442,6 +459,16 @@ class MemoryStore:
         if s is not None and self.budget is not None:
             self.budget.release_owner(session_id)
         return s is not None
+
+    async def touch_session(self, principal: str, session_id: str) -> bool:
+        return (principal, session_id) in self._table(session_id)
+
+    async def expire_idle(
+        self, principal: str, session_id: str, idle: float | None, untouched: float | None
+    ) -> bool:
+        # One process: the server's own clock and bookkeeping decided already.
+        await self.delete_session(principal, session_id)
+        return True
 
     async def rebind(self, principal: str, session_id: str, secret: str) -> SessionRecord:
         s = self._get(principal, session_id)
