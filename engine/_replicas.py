@@ -159,19 +159,19 @@ class _Replicas(_ServerBase):
         """Shared stores: ``session`` is idle (or unconfirmed) here; the store decides
         whether it is everywhere.  Deleted there: it ends.  Otherwise only this
         replica's copy is forgotten (adopted again from the record if it comes back).
-        An unavailable store leaves it for the next sweep."""
+
+        Raises:
+            StoreUnavailable: nothing was decided (the sweep tries again next time).
+        """
         cfg = self.config
         idle = cfg.session_idle_timeout
         sid = session.session_id
-        try:
-            gone = await self.store.expire_idle(
-                session.record.principal,
-                sid,
-                idle + self._touch_every() if idle is not None else None,
-                cfg.initialize_timeout if session.provisional else None,
-            )
-        except StoreUnavailable:
-            return
+        gone = await self.store.expire_idle(
+            session.record.principal,
+            sid,
+            idle + self._touch_every() if idle is not None else None,
+            cfg.initialize_timeout if session.provisional else None,
+        )
         if gone:
             log.info("session %s idle on every replica: expired", redact(sid))
             self.metrics.sessions_expired += 1

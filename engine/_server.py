@@ -47,7 +47,6 @@ every open stream with ``retry:``, then cancel what is left.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import math
 import secrets
@@ -359,32 +358,40 @@ class Server(
         while True:
             await trio.sleep(every)
             now = trio.current_time()
-            for sid, session in list(self.sessions.items()):
-                busy = session.running or any(
-                    h.writer_scope is not None for h in session.handles.values()
+            try:
+                await self._sweep_pass(now)
+            except StoreUnavailable as exc:  # the rest waits for the next pass
+                log.warning("session sweep: store unavailable: %s", exc)
+
+    async def _sweep_pass(self, now: float) -> None:
+        """One pass of :meth:`_sweep_sessions`.  Raises StoreUnavailable (shared store)."""
+        cfg = self.config
+        idle = cfg.session_idle_timeout
+        for sid, session in list(self.sessions.items()):
+            busy = session.running or any(
+                h.writer_scope is not None for h in session.handles.values()
+            )
+            seen = self._last_seen.get(sid, now)
+            if busy:
+                self._last_seen[sid] = now
+                if self.store.shared:
+                    await self._touch_shared(session, now)
+            elif self.store.shared:
+                due = cfg.initialize_timeout if session.provisional else idle
+                if due is not None and now - seen >= due:
+                    await self._expire_shared(session)
+            elif session.provisional and now - seen >= cfg.initialize_timeout:
+                log.info(
+                    "session %s: nothing followed its initialize for %.0f s: forgotten",
+                    redact(sid),
+                    cfg.initialize_timeout,
                 )
-                seen = self._last_seen.get(sid, now)
-                if busy:
-                    self._last_seen[sid] = now
-                    if self.store.shared:
-                        with contextlib.suppress(StoreUnavailable):
-                            await self._touch_shared(session, now)
-                elif self.store.shared:
-                    due = cfg.initialize_timeout if session.provisional else idle
-                    if due is not None and now - seen >= due:
-                        await self._expire_shared(session)
-                elif session.provisional and now - seen >= cfg.initialize_timeout:
-                    log.info(
-                        "session %s: nothing followed its initialize for %.0f s: forgotten",
-                        redact(sid),
-                        cfg.initialize_timeout,
-                    )
-                    self.metrics.sessions_expired += 1
-                    await self._end_session(session)
-                elif idle is not None and now - seen >= idle:
-                    log.info("session %s idle for %.0f s: forgotten", redact(sid), idle)
-                    self.metrics.sessions_expired += 1
-                    await self._end_session(session)
+                self.metrics.sessions_expired += 1
+                await self._end_session(session)
+            elif idle is not None and now - seen >= idle:
+                log.info("session %s idle for %.0f s: forgotten", redact(sid), idle)
+                self.metrics.sessions_expired += 1
+                await self._end_session(session)
 
     async def _end_session(self, session: Session, *, forget: bool = False) -> None:
         """End ``session`` here and delete it from the store (``forget``: only this
