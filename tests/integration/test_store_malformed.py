@@ -130,3 +130,40 @@ async def test_a_malformed_stream_is_503_on_another_replica(
                 await refused_then_served(client, sid, cursor)
             assert_one_line_no_traceback(caplog)
             await client.aclose()
+
+
+async def test_a_malformed_event_mid_stream_ends_the_stream_with_one_line(
+    valkey_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Replica B already answered 200 and tails A's stream from the store when a
+    malformed event appears: no 503 is possible any more, so the stream's connection
+    ends -- with one log line, no traceback -- and B serves the next connection."""
+    async with replicas(valkey_url, 2) as ([a, b], store):
+        with trio.fail_after(20):
+            setup = await RawClient.connect(a.port)
+            sid = await initialize(setup)
+            await setup.aclose()
+            cursor = await priming_cursor(a.port, sid)
+            stream = store._stream_key("anonymous", sid, cursor.partition(":")[0])
+            tail = await RawClient.connect(b.port)
+            head = {"mcp-session-id": sid, "accept": "text/event-stream", "last-event-id": cursor}
+            await tail.send_raw(raw_request("GET", "/mcp", headers={**head, **VERSION}))
+            seen = b""
+            while b"\r\n\r\n" not in seen:
+                chunk = await tail.stream.receive_some(65536)
+                assert chunk, seen
+                seen += chunk
+            assert seen.startswith(b"HTTP/1.1 200"), seen
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="weir"):
+                async with coredis.Redis.from_url(valkey_url, decode_responses=False) as raw:
+                    fields = {"d": "{}", "f": "0", "b": "not a number", "r": ""}
+                    await raw.xadd(stream, fields, identifier="2-0")
+                assert await tail.closed_by_peer(timeout=10)
+                fresh = await RawClient.connect(b.port)
+                other = await initialize(fresh)
+                reply = await fresh.request("POST", "/mcp", PING, session=other, headers=VERSION)
+                assert reply.status == 200, reply
+                await fresh.aclose()
+            assert_one_line_no_traceback(caplog)
+            await tail.aclose()
