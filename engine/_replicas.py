@@ -27,8 +27,17 @@ session has been idle here for the timeout, the sweep asks the store
 its clock too (for ``session_idle_timeout`` plus that quarter, the touches'
 slack), and otherwise keeps the deadline on the record's TTL; either way this
 replica forgets its own copy.  An ``initialize`` never followed up is judged the
-same way (no replica has served the session since).  Claims expire by leases
-on the store's clock as well (:meth:`Server._renew_leases`).
+same way (no replica has served the session since).  A liveness teardown (this
+replica's connection to the client stalled) ends only the local copy too.
+
+The other local decisions that touch shared state, and why each stands: claims
+expire by leases on the store's clock (:meth:`Server._renew_leases`); an
+``initialize`` whose answer could not be written is undone at once (no client ever
+learnt the id); a 2024-11-05 session is deleted when its SSE stream ends (it lives
+exactly as long as that stream, which only this replica holds); ``DELETE`` is the
+client's own decision; ``subscriptions/listen`` streams are local, and the change
+bus they read is trimmed by length, not by any replica's view.  The sessionless
+gate's records expire by their TTL in the store, refreshed by every write.
 """
 
 from __future__ import annotations
