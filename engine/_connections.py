@@ -122,6 +122,10 @@ class _Connections(_ServerBase):
             await self._connection_loop(conn, slot)
         except (trio.BrokenResourceError, trio.ClosedResourceError, PeerGone):
             pass
+        except StoreUnavailable as exc:
+            # Only mid-response (before one, _respond answers 503): it cannot be
+            # finished, so the connection ends -- one line, no traceback.
+            log.warning("store unavailable mid-response, connection closed: %s", exc)
         except Exception as exc:
             # One broken connection must never take the server down.
             if not _only_disconnects(exc):

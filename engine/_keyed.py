@@ -9,8 +9,9 @@ claimed in the store before the tool runs, a second delivery waits for the first
 and then replays its stored answer (on any replica, with a shared store), and a
 call that is still running past the wait is 409 ``in_progress``.  The key is
 scoped to the principal: the gate's records live in a per-principal namespace of
-the store (a session record named :data:`NAMESPACE`, created on first use and
-again if the store let it expire).
+the store (a record named :data:`NAMESPACE`, created on first use and again if the
+store let it expire).  It is an :class:`~._store.InternalId`: stores keep it in a
+keyspace no ``Mcp-Session-Id`` reaches.
 
 The order of the steps is the core's :class:`~weir.protocol.gate.CallCourse`.  What
 is recorded differs from the session era in one way: an ``input_required`` answer
@@ -41,10 +42,11 @@ from weir.protocol.gate import (
 )
 
 from ._server_base import _ServerBase, log, wait_for_claim
-from ._store import SessionGone, SessionRecord, StoreUnavailable
+from ._store import InternalId, SessionGone, SessionRecord, StoreUnavailable
 
-#: The session id under which a principal's sessionless gate records live.
-NAMESPACE: Final = "~sessionless"
+#: The record under which a principal's sessionless gate records live (a keyspace of
+#: its own in every store: no client-sent session id can name it).
+NAMESPACE: Final = InternalId("~sessionless")
 #: Principals whose namespace this process knows exists (more are created again).
 MAX_KNOWN_NAMESPACES: Final = 4096
 

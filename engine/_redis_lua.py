@@ -143,8 +143,53 @@ if redis.call('EXISTS', S) == 1 then return 0 end
 wipe_streams()  -- leftovers of an earlier session with this id, if any
 redis.call('DEL', IDX, CALLS, CEXP)
 redis.call('HSET', S, unpack(ARGV, 2))
+local now = now_ms()
+redis.call('HSET', S, 'seen', now, 'born', now)
 redis.call('PEXPIRE', S, TTL)
 return 1
+"""
+
+# ARGV: ttl.  The session was served now (by the server's clock); its keys live on.
+_TOUCH = """
+if redis.call('EXISTS', S) == 0 then return 0 end
+redis.call('HSET', S, 'seen', now_ms(), 'touched', '1')
+touch()
+return 1
+"""
+
+# ARGV: ttl, idle (ms; '0' = never), untouched (ms; '0' = none).  Delete the session if,
+# by the server's clock, it was last served ``idle`` ago, or never served since it was
+# born ``untouched`` ago.  1: gone (now or before); 0: it lives on.
+_EXPIRE_IDLE = """
+if redis.call('EXISTS', S) == 0 then return 1 end
+local now = now_ms()
+local seen = tonumber(redis.call('HGET', S, 'seen') or '')
+if not seen then  -- a record written before last-seen was kept: its clock starts now
+  redis.call('HSET', S, 'seen', now, 'born', now)
+  return 0
+end
+local idle, fresh = tonumber(ARGV[2]), tonumber(ARGV[3])
+local born = tonumber(redis.call('HGET', S, 'born') or '') or seen
+local untouched = redis.call('HEXISTS', S, 'touched') == 0
+if (idle > 0 and now - seen >= idle) or (fresh > 0 and untouched and now - born >= fresh) then
+  wipe_streams()
+  redis.call('DEL', S, IDX, CALLS, CEXP)
+  return 1
+end
+-- It lives on.  The caller may forget its copy, so the record keeps the deadline
+-- itself: it expires when the window ends, unless a touch or a write extends it.
+local left = -1
+if idle > 0 then left = seen + idle - now end
+if fresh > 0 and untouched and (left < 0 or born + fresh - now < left) then
+  left = born + fresh - now
+end
+if left > 0 then
+  for _, key in ipairs({S, IDX, CALLS, CEXP}) do
+    local ttl = redis.call('PTTL', key)
+    if ttl == -1 or ttl > left then redis.call('PEXPIRE', key, left) end
+  end
+end
+return 0
 """
 
 _DELETE = """

@@ -14,7 +14,9 @@ one cluster slot and every script touches a single slot::
                                            protocol_version, created_at, generation,
                                            secret, salt (keys the epoch permutation),
                                            bound ("1" once the client presented its
-                                           token), epochs (the epoch counter)
+                                           token), epochs (the epoch counter), born /
+                                           seen (created / last served, ms, server
+                                           clock), touched ("1" once served)
     <prefix>:{<P>:<S>}:c           HASH    the idempotency gate: "f:<call key>" -> request
                                            fingerprint, "p:<call key>" -> stored response
                                            (absent while the call runs)
@@ -23,6 +25,10 @@ one cluster slot and every script touches a single slot::
                                            fields d=data, f="1"/"0" (final),
                                            b=binding (channel generation, 0 = none)
     <prefix>:{<P>:<S>}:k           SET     names of the session's stream keys (for delete)
+
+weir's own records (the sessionless gate's per-principal namespace, named by an
+:class:`~._store.InternalId`) have the same layout under ``<prefix>:i:{<P>:<S>}``:
+a key no client session's can equal, whatever id the client sends.
 
 ``<P>`` and ``<S>`` are the principal and the session id percent-encoded with
 :func:`urllib.parse.quote` and no safe characters: only ``A-Z a-z 0-9 _ . - ~``
@@ -51,13 +57,19 @@ claim expires after ``retention.ttl`` (a process that died mid-call does not blo
 the key forever), a finished call's response after
 ``retention.idempotency_ttl``; expired entries of the gate are pruned lazily, at
 most 64 per :meth:`~RedisStore.begin_call`.  Reads (:meth:`~RedisStore.get_session`,
-:meth:`~RedisStore.read_events`) do not extend a session's life.
+:meth:`~RedisStore.read_events`) do not extend a session's life;
+:meth:`~RedisStore.touch_session` (a replica serving the session) does, and sets
+its ``seen``.  Idleness is the server's to judge: :meth:`~RedisStore.expire_idle`
+compares ``seen`` with the server's clock and deletes in the same script.
 
 **Failures.**  Every operation runs under one deadline (``timeout``, default 2 s;
 coredis' connect, read and pool timeouts are set to the same value), and
 connection errors, timeouts, cluster-down and "server cannot serve now" replies
 (``LOADING``, ``READONLY``, ``OOM``, ...) become :class:`StoreUnavailable` with the
 cause chained: the engine fails closed (503), it never hangs on the store.
+Malformed data fails closed the same way: an error reply (``WRONGTYPE`` for a
+key of the wrong type, a script failing on a field it cannot read) or a reply of
+the wrong type or shape is :class:`StoreUnavailable` too, never a traceback.
 coredis' automatic retries are **off**: a script whose reply was lost may have run,
 and running ``begin_call`` twice would report our own claim as RUNNING.  A timed-out
 ``begin_call`` may therefore leave a claim that nobody executes; it reads as RUNNING
@@ -73,10 +85,11 @@ task ever stops, every later operation raises :class:`StoreUnavailable`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Literal, TypeVar, cast
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
@@ -101,6 +114,7 @@ from ._redis_lua import (
     _CREATE,
     _DELETE,
     _EXPIRE,
+    _EXPIRE_IDLE,
     _FINISH,
     _INFO,
     _MARK_BOUND,
@@ -110,10 +124,12 @@ from ._redis_lua import (
     _REBIND,
     _RENEW,
     _TAKE,
+    _TOUCH,
 )
 from ._resp import RespPipe
 from ._store import (
     ChannelRejected,
+    InternalId,
     Retention,
     SessionGone,
     SessionRecord,
@@ -233,6 +249,15 @@ def _items(value: ResponseType) -> list[ResponseType]:
     if isinstance(value, tuple):
         return list(value)
     raise StoreUnavailable(f"unexpected reply from the store: {value!r}")
+
+
+@contextlib.contextmanager
+def _reading(what: str) -> Iterator[None]:
+    """Decode a reply: one of the wrong type or shape is :class:`StoreUnavailable`."""
+    try:
+        yield
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+        raise StoreUnavailable(f"{what}: malformed reply from the store: {exc!r}") from exc
 
 
 def _record(principal: str, session_id: str, fields: dict[str, bytes]) -> SessionRecord:
@@ -399,6 +424,8 @@ class RedisStore:
         register = client.register_script
         self._create: Script[bytes] = register(_PRELUDE + _CREATE)
         self._delete: Script[bytes] = register(_PRELUDE + _DELETE)
+        self._touch: Script[bytes] = register(_PRELUDE + _TOUCH)
+        self._expire_idle: Script[bytes] = register(_PRELUDE + _EXPIRE_IDLE)
         self._rebind: Script[bytes] = register(_PRELUDE + _REBIND)
         self._allocate: Script[bytes] = register(_PRELUDE + _ALLOCATE)
         self._mark_bound: Script[bytes] = register(_PRELUDE + _MARK_BOUND)
@@ -531,6 +558,8 @@ class RedisStore:
                 raise
             if _is_outage(exc) or not self._entered:
                 raise StoreUnavailable(f"{what}: {self._where} unavailable: {exc}") from exc
+            if isinstance(exc, cx.ResponseError):  # WRONGTYPE, a script failing on bad data
+                raise StoreUnavailable(f"{what}: {self._where} refused: {exc}") from exc
             raise
 
     async def _script(
@@ -564,7 +593,10 @@ class RedisStore:
     # -- keys
 
     def _tag(self, principal: str, session_id: str) -> str:
-        return f"{self.prefix}:{{{_enc(principal)}:{_enc(session_id)}}}"
+        # weir's own records (an InternalId) live under "<prefix>:i:", which no client
+        # session's keys ("<prefix>:{...") can ever equal.
+        space = "i:" if isinstance(session_id, InternalId) else ""
+        return f"{self.prefix}:{space}{{{_enc(principal)}:{_enc(session_id)}}}"
 
     def _keys(self, principal: str, session_id: str) -> list[str | bytes]:
         tag = self._tag(principal, session_id)
@@ -606,10 +638,11 @@ class RedisStore:
                 return dict(zip(flat[::2], flat[1::2], strict=True))
             return await self._client.hgetall(key)
 
-        fields = await self._run("get_session", op, piped=pipe is not None)
-        if not fields:
-            return None
-        decoded = {k.decode("utf-8", "surrogateescape"): v for k, v in fields.items()}
+        with _reading("get_session"):
+            fields = await self._run("get_session", op, piped=pipe is not None)
+            if not fields:
+                return None
+            decoded = {_text(k): _blob(v) for k, v in fields.items()}
         return _record(principal, session_id, decoded)
 
     async def delete_session(self, principal: str, session_id: str) -> bool:
@@ -617,12 +650,27 @@ class RedisStore:
         existed = await self._script("delete_session", self._delete, principal, session_id, [])
         return existed == 1
 
+    async def touch_session(self, principal: str, session_id: str) -> bool:
+        """Set the record's ``seen`` to the server's time and refresh its TTL."""
+        reply = await self._script("touch_session", self._touch, principal, session_id, [])
+        return reply == 1
+
+    async def expire_idle(
+        self, principal: str, session_id: str, idle: float | None, untouched: float | None
+    ) -> bool:
+        """Delete the session if idle by the server's clock (one script; see the Protocol)."""
+        args = [_ms(idle) if idle else 0, _ms(untouched) if untouched else 0]
+        reply = await self._script("expire_idle", self._expire_idle, principal, session_id, args)
+        return reply == 1
+
     async def rebind(self, principal: str, session_id: str, secret: str) -> SessionRecord:
         """Bump the generation and install ``secret`` in one script.  Raises SessionGone."""
         reply = await self._script("rebind", self._rebind, principal, session_id, [secret])
         if reply is None:
             raise SessionGone(session_id)
-        return _record(principal, session_id, _pairs(_items(reply)))
+        with _reading("rebind"):
+            fields = _pairs(_items(reply))
+        return _record(principal, session_id, fields)
 
     async def allocate_epoch(self, principal: str, session_id: str, binding: int = 0) -> str:
         """A fresh epoch (``HINCRBY`` on the record).  Raises SessionGone."""
@@ -656,17 +704,18 @@ class RedisStore:
         args: list[str | bytes | int] = [key, fingerprint, generation, secret, request_id, owner]
         args += [_ms(lease) if lease else 0, INTERRUPTED_MESSAGE]
         reply = _items(await self._script("begin_call", self._begin, principal, session_id, args))
-        status = _text(reply[0])
-        if status == "gone":
-            raise SessionGone(session_id)
-        if status == "stale":
-            raise ChannelRejected(ChannelVerdict.STALE)
-        if status == "unbound":
-            raise ChannelRejected(ChannelVerdict.UNBOUND)
-        epoch = _text(reply[1])
-        if status == "done":
-            return CallStart(CallOutcome.DONE, epoch, _blob(reply[2]))
-        return CallStart(CallOutcome(status), epoch)
+        with _reading("begin_call"):
+            status = _text(reply[0])
+            if status == "gone":
+                raise SessionGone(session_id)
+            if status == "stale":
+                raise ChannelRejected(ChannelVerdict.STALE)
+            if status == "unbound":
+                raise ChannelRejected(ChannelVerdict.UNBOUND)
+            epoch = _text(reply[1])
+            if status == "done":
+                return CallStart(CallOutcome.DONE, epoch, _blob(reply[2]))
+            return CallStart(CallOutcome(status), epoch)
 
     async def renew_claims(
         self, principal: str, session_id: str, keys: Sequence[str], owner: str, lease: float
@@ -677,7 +726,8 @@ class RedisStore:
         reply = await self._script(
             "renew_claims", self._renew, principal, session_id, [owner, _ms(lease), *keys]
         )
-        return int(cast(int, reply or 0))
+        with _reading("renew_claims"):
+            return int(cast(int, reply or 0))
 
     async def expire_claim(self, principal: str, session_id: str, epoch: str) -> bool:
         """Interrupt the call answered on stream ``epoch`` if its lease ran out (True)."""
@@ -766,8 +816,9 @@ class RedisStore:
         reply = await self._run("stream_info", op)
         if reply is None:
             return None
-        binding, last, final = _items(reply)
-        return StreamInfo(int(_text(binding)), int(cast(int, last)), _text(final) == "1")
+        with _reading("stream_info"):
+            binding, last, final = _items(reply)
+            return StreamInfo(int(_text(binding)), int(cast(int, last)), _text(final) == "1")
 
     async def shared_value(self, name: str, candidate: bytes) -> bytes:
         """``SET NX`` then ``GET``: every replica ends up with the first value stored."""
@@ -780,7 +831,7 @@ class RedisStore:
         value = await self._run("shared_value", op)
         if value is None:
             raise StoreUnavailable(f"shared_value: {name!r} vanished as it was set")
-        return value if isinstance(value, bytes) else value.encode("latin-1")
+        return _blob(value)
 
     async def publish_change(self, change: bytes) -> None:
         """``XADD`` to the bus stream, trimmed to about the newest 1,024 entries."""
@@ -815,7 +866,8 @@ class RedisStore:
             ]
             return _text(entries[-1].identifier), changes
 
-        return await self._run("read_changes", op)
+        with _reading("read_changes"):
+            return await self._run("read_changes", op)
 
     def _box_key(self, principal: str, session_id: str, box: str) -> str:
         return f"{self._tag(principal, session_id)}:m:{_enc(box)}"
@@ -859,17 +911,18 @@ class RedisStore:
         if reply is None:
             return None
         events: list[StoredEvent] = []
-        for entry in _items(reply):
-            entry_id, flat = _items(entry)
-            fields = _pairs(_items(flat))
-            seq = int(_text(entry_id).partition("-")[0]) - 1
-            events.append(
-                StoredEvent(
-                    seq,
-                    fields.get("d", b""),
-                    fields.get("f") == b"1",
-                    int(fields.get("b", b"0")),
-                    fields.get("r", b"").decode("utf-8", "replace"),
+        with _reading("read_events"):
+            for entry in _items(reply):
+                entry_id, flat = _items(entry)
+                fields = _pairs(_items(flat))
+                seq = int(_text(entry_id).partition("-")[0]) - 1
+                events.append(
+                    StoredEvent(
+                        seq,
+                        fields.get("d", b""),
+                        fields.get("f") == b"1",
+                        int(fields.get("b", b"0")),
+                        fields.get("r", b"").decode("utf-8", "replace"),
+                    )
                 )
-            )
         return events

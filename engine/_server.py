@@ -81,7 +81,14 @@ from ._sealed import StateSealer, new_key
 from ._server_base import log
 from ._session import Session, StreamLost
 from ._sessionless import _Sessionless
-from ._store import MemoryStore, SessionRecord, SessionStore, client_of
+from ._store import (
+    MemoryStore,
+    SessionRecord,
+    SessionStore,
+    StoreUnavailable,
+    client_of,
+    is_session_id,
+)
 from ._streams import _Streams
 from ._subscriptions import Listener
 from ._timers import Deadlines, Timed
@@ -100,7 +107,9 @@ class Server(
         app: the application.
         config: server configuration.
         store: the session store (default: a new :class:`~weir.engine.MemoryStore`).
-        session_id_factory: makes session ids (default: 32 random bytes, base64url).
+        session_id_factory: makes session ids (default: 32 random bytes, base64url);
+            every id it returns must match :data:`~weir.engine._store.SESSION_ID_FORMAT`
+            (an id outside it is refused when minted: ``ValueError``).
     """
 
     def __init__(
@@ -139,6 +148,8 @@ class Server(
         self._reads_on_heap = True
         self._activity_event: trio.Event | None = None
         self._last_seen: dict[str, float] = {}
+        #: When this replica last told a shared store it served each session.
+        self._last_touch: dict[str, float] = {}
         self._per_principal: dict[str, int] = {}
         #: Validated response heads, shared by every connection of this server.
         self._heads = HeadCache()
@@ -338,7 +349,8 @@ class Server(
         """Forget idle sessions, and sessions whose ``initialize`` was never followed up.
 
         A session counts as busy (never idle) while a handler runs for it or a
-        writer is attached to one of its streams.
+        writer is attached to one of its streams.  With a shared store, idle here
+        is not idle everywhere: the store decides (:meth:`_expire_shared`).
         """
         cfg = self.config
         idle = cfg.session_idle_timeout
@@ -346,27 +358,44 @@ class Server(
         while True:
             await trio.sleep(every)
             now = trio.current_time()
-            for sid, session in list(self.sessions.items()):
-                busy = session.running or any(
-                    h.writer_scope is not None for h in session.handles.values()
-                )
-                seen = self._last_seen.get(sid, now)
-                if busy:
-                    self._last_seen[sid] = now
-                elif session.provisional and now - seen >= cfg.initialize_timeout:
-                    log.info(
-                        "session %s: nothing followed its initialize for %.0f s: forgotten",
-                        redact(sid),
-                        cfg.initialize_timeout,
-                    )
-                    self.metrics.sessions_expired += 1
-                    await self._end_session(session)
-                elif idle is not None and now - seen >= idle:
-                    log.info("session %s idle for %.0f s: forgotten", redact(sid), idle)
-                    self.metrics.sessions_expired += 1
-                    await self._end_session(session)
+            try:
+                await self._sweep_pass(now)
+            except StoreUnavailable as exc:  # the rest waits for the next pass
+                log.warning("session sweep: store unavailable: %s", exc)
 
-    async def _end_session(self, session: Session) -> None:
+    async def _sweep_pass(self, now: float) -> None:
+        """One pass of :meth:`_sweep_sessions`.  Raises StoreUnavailable (shared store)."""
+        cfg = self.config
+        idle = cfg.session_idle_timeout
+        for sid, session in list(self.sessions.items()):
+            busy = session.running or any(
+                h.writer_scope is not None for h in session.handles.values()
+            )
+            seen = self._last_seen.get(sid, now)
+            if busy:
+                self._last_seen[sid] = now
+                if self.store.shared:
+                    await self._touch_shared(session, now)
+            elif self.store.shared:
+                due = cfg.initialize_timeout if session.provisional else idle
+                if due is not None and now - seen >= due:
+                    await self._expire_shared(session)
+            elif session.provisional and now - seen >= cfg.initialize_timeout:
+                log.info(
+                    "session %s: nothing followed its initialize for %.0f s: forgotten",
+                    redact(sid),
+                    cfg.initialize_timeout,
+                )
+                self.metrics.sessions_expired += 1
+                await self._end_session(session)
+            elif idle is not None and now - seen >= idle:
+                log.info("session %s idle for %.0f s: forgotten", redact(sid), idle)
+                self.metrics.sessions_expired += 1
+                await self._end_session(session)
+
+    async def _end_session(self, session: Session, *, forget: bool = False) -> None:
+        """End ``session`` here and delete it from the store (``forget``: only this
+        process's copy ends; a shared store's record lives on)."""
         sid = session.session_id
         heavy = self.budget.owner_held(sid) + session.credit.bytes_in_use >= _TRIM_AFTER
         session.close()
@@ -385,7 +414,9 @@ class Server(
             else:
                 self._per_principal.pop(principal, None)
         self._last_seen.pop(session.session_id, None)
-        await self.store.delete_session(session.record.principal, session.session_id)
+        self._last_touch.pop(session.session_id, None)
+        if not forget:
+            await self.store.delete_session(session.record.principal, session.session_id)
 
     async def _reclaim(self) -> None:
         """After a heavy session ended: collect the cycles that may still hold its
@@ -454,8 +485,11 @@ class Server(
     ) -> Session:
         now = trio.current_time()
         self._check_session_room(principal, request_id)
+        sid = self._new_session_id()
+        if not is_session_id(sid):
+            raise ValueError(f"session_id_factory made {sid!r}, outside SESSION_ID_FORMAT")
         record = SessionRecord(
-            session_id=self._new_session_id(),
+            session_id=sid,
             principal=principal,
             protocol_version=version,
             created_at=now,
@@ -464,6 +498,7 @@ class Server(
             client=client,
         )
         await self.store.create_session(record)
+        self._last_touch[sid] = now  # the store's record was just born: as good as a touch
         session = Session(
             record,
             max_closed_streams=self.config.max_closed_streams,
@@ -492,7 +527,9 @@ class Server(
                 credit.frames_in_use,
             )
             self.metrics.teardowns += 1
-            self._handlers_start(self._end_session, session)
+            # A stalled connection here says nothing of the session elsewhere: with a
+            # shared store only this copy ends (the record expires by the store's clock).
+            self._handlers_start(partial(self._end_session, forget=self.store.shared), session)
             return
         self.deadlines.schedule(session, credit.deadline())
 
@@ -506,12 +543,15 @@ class Server(
     ) -> Session:
         """``principal``'s live session ``session_id``, or the 404 refusal.
 
-        A session of another principal is answered exactly like one that does not
-        exist (and is left alone).  With a shared store the record is re-read
+        An id weir never mints (:func:`~._store.is_session_id`) is refused before
+        anything is looked up.  A session of another principal is answered exactly
+        like one that does not exist (and is left alone).  With a shared store the record is re-read
         (``verify``) so a session deleted or rebound on another replica is seen here;
         a session first seen on this replica is adopted from its record.
         """
         sid = session_id or ""
+        if not is_session_id(sid):
+            raise session_refusal(sid, request_id)  # not minted here: no store lookup
         session = self.sessions.get(sid)
         if session is not None and session.closed:
             session = None
@@ -529,8 +569,11 @@ class Server(
                 session.record = record
         if session is None:
             raise session_refusal(sid, request_id)
-        self._last_seen[session.session_id] = trio.current_time()
+        now = trio.current_time()
+        self._last_seen[session.session_id] = now
         session.provisional = False
+        if self.store.shared:
+            await self._touch_shared(session, now)
         return session
 
     def _adopt(self, record: SessionRecord) -> Session:

@@ -95,6 +95,8 @@ class _ServerBase:
     owners: set[Session]
     principal_owners: dict[str, Session]
     _owner_refs: dict[Session, int]
+    _last_seen: dict[str, float]
+    _last_touch: dict[str, float]
     keyed_calls: dict[tuple[str, str], trio.Event | None]
     _known_namespaces: OrderedDict[str, None]
     subscribers: set[Listener]
@@ -107,7 +109,7 @@ class _ServerBase:
     if TYPE_CHECKING:
         # lifecycle and sessions (engine._server)
         def _handlers_start(self, fn: Callable[..., Any], *args: Any) -> None: ...
-        async def _end_session(self, session: Session) -> None: ...
+        async def _end_session(self, session: Session, *, forget: bool = False) -> None: ...
         async def _new_session(
             self,
             version: str,

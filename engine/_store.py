@@ -23,6 +23,12 @@ atomic step (one Lua script on Redis): claim + epoch allocation + channel check 
 result in :meth:`~SessionStore.append_event`; generation bump + token rotation in
 :meth:`~SessionStore.rebind`.
 
+**Two keyspaces.**  Client sessions are named by ids weir minted
+(:func:`is_session_id`); weir's own records (the sessionless gate's per-principal
+namespace) are named by :class:`InternalId` and kept apart -- a separate table in
+:class:`MemoryStore`, a separate key prefix on Redis -- so no id a client sends,
+well-formed or not, can name one of them.
+
 Failures: :class:`SessionGone` (unknown or deleted: answer 404),
 :class:`ChannelRejected` (409 ``cursor_stale`` / ``channel_unbound``),
 :class:`StoreUnavailable` (fail closed: 503 ``store_unavailable``).
@@ -34,6 +40,7 @@ restart, ``shared`` is False.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -44,6 +51,32 @@ from weir.protocol.binding import ChannelVerdict, channel_verdict
 from weir.protocol.budget import RetentionBudget
 from weir.protocol.gate import CallLedger, CallStart
 from weir.protocol.lifecycle import CLIENT_INFO_KEPT, MAX_CLIENT_CAPABILITIES, MAX_CLIENT_INFO_FIELD
+
+#: The format of every session id weir mints: 22 to 128 characters of the base64url
+#: alphabet (the default, ``secrets.token_urlsafe(32)``, gives 43).  An
+#: ``Mcp-Session-Id`` outside it was never minted here: 404 before any store lookup.
+SESSION_ID_FORMAT = re.compile(r"[A-Za-z0-9_-]{22,128}")
+
+
+def is_session_id(session_id: str) -> bool:
+    """Whether ``session_id`` has the format of the ids weir mints (:data:`SESSION_ID_FORMAT`)."""
+    return SESSION_ID_FORMAT.fullmatch(session_id) is not None
+
+
+class InternalId(str):
+    """The name of a record weir keeps for itself, not for a client's session.
+
+    Stores keep records named by an ``InternalId`` in their own keyspace (see the
+    module docstring), so a plain ``str`` equal to it -- anything a client sends --
+    never reaches them.  Its value is also outside :data:`SESSION_ID_FORMAT`.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, name: str) -> InternalId:
+        if is_session_id(name):
+            raise ValueError(f"internal id {name!r} must lie outside the session id format")
+        return super().__new__(cls, name)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -197,6 +230,23 @@ class SessionStore(Protocol):
 
     async def delete_session(self, principal: str, session_id: str) -> bool:
         """Forget a session and everything stored for it; ``True`` if it existed."""
+
+    async def touch_session(self, principal: str, session_id: str) -> bool:
+        """Record, by the store's clock, that the session was served now (a shared
+        store's idleness is decided from this; see :meth:`expire_idle`).  False if
+        the session is gone."""
+
+    async def expire_idle(
+        self, principal: str, session_id: str, idle: float | None, untouched: float | None
+    ) -> bool:
+        """Delete the session if the store's clock says it is idle: last served (see
+        :meth:`touch_session`) ``idle`` seconds ago or more, or -- with ``untouched``
+        -- never served since it was created, ``untouched`` seconds ago or more.
+
+        One atomic step, so a replica's sweep never deletes a session another
+        replica has just served.  True if the session is gone (deleted now or
+        before); False if it lives on (the caller may forget its local copy).
+        """
 
     async def rebind(self, principal: str, session_id: str, secret: str) -> SessionRecord:
         """Bump the generation and install ``secret``, atomically.  Raises :class:`SessionGone`."""
@@ -377,32 +427,48 @@ class MemoryStore:
         #: gate's results count against the process-wide budget; owner = session id).
         self.budget = budget
         self._sessions: dict[tuple[str, str], _MemSession] = {}
+        #: Records named by an :class:`InternalId`: a table no client id reaches.
+        self._internal: dict[tuple[str, str], _MemSession] = {}
+
+    def _table(self, session_id: str) -> dict[tuple[str, str], _MemSession]:
+        return self._internal if isinstance(session_id, InternalId) else self._sessions
 
     def _get(self, principal: str, session_id: str) -> _MemSession:
-        s = self._sessions.get((principal, session_id))
+        s = self._table(session_id).get((principal, session_id))
         if s is None:
             raise SessionGone(session_id)
         return s
 
     async def create_session(self, record: SessionRecord) -> None:
         key = (record.principal, record.session_id)
-        if key in self._sessions:
+        table = self._table(record.session_id)
+        if key in table:
             raise ValueError(f"session {record.session_id!r} already exists")
         retention = self.retention
         ledger = CallLedger(
             max_calls=retention.calls_per_session, max_bytes=retention.call_bytes_per_session
         )
-        self._sessions[key] = _MemSession(record, ledger)
+        table[key] = _MemSession(record, ledger)
 
     async def get_session(self, principal: str, session_id: str) -> SessionRecord | None:
-        s = self._sessions.get((principal, session_id))
+        s = self._table(session_id).get((principal, session_id))
         return s.record if s is not None else None
 
     async def delete_session(self, principal: str, session_id: str) -> bool:
-        s = self._sessions.pop((principal, session_id), None)
+        s = self._table(session_id).pop((principal, session_id), None)
         if s is not None and self.budget is not None:
             self.budget.release_owner(session_id)
         return s is not None
+
+    async def touch_session(self, principal: str, session_id: str) -> bool:
+        return (principal, session_id) in self._table(session_id)
+
+    async def expire_idle(
+        self, principal: str, session_id: str, idle: float | None, untouched: float | None
+    ) -> bool:
+        # One process: the server's own clock and bookkeeping decided already.
+        await self.delete_session(principal, session_id)
+        return True
 
     async def rebind(self, principal: str, session_id: str, secret: str) -> SessionRecord:
         s = self._get(principal, session_id)
@@ -451,7 +517,7 @@ class MemoryStore:
 
     def recent_results(self, principal: str, session_id: str, n: int) -> list[bytes]:
         """The stored responses of the session's ``n`` most recently finished calls."""
-        s = self._sessions.get((principal, session_id))
+        s = self._table(session_id).get((principal, session_id))
         if s is None:
             return []
         return s.calls.recent(n)
@@ -459,7 +525,7 @@ class MemoryStore:
     async def finish_call(
         self, principal: str, session_id: str, key: str, payload: bytes | None
     ) -> None:
-        s = self._sessions.get((principal, session_id))
+        s = self._table(session_id).get((principal, session_id))
         if s is None:
             return
         self._record(s, session_id, key, payload)
@@ -475,7 +541,7 @@ class MemoryStore:
         asks).  Each leaves a tombstone: a retry is told the outcome is gone; only
         then, if still over, the oldest finished calls are forgotten whole (see
         :class:`~weir.protocol.gate.CallLedger`).  Running claims always stay."""
-        s = self._sessions.get((principal, session_id))
+        s = self._table(session_id).get((principal, session_id))
         if s is None:
             return
         freed = s.calls.shed(nbytes)
@@ -516,7 +582,7 @@ class MemoryStore:
     async def take_messages(
         self, principal: str, session_id: str, box: str, *, keep: bool = False
     ) -> list[bytes]:
-        s = self._sessions.get((principal, session_id))
+        s = self._table(session_id).get((principal, session_id))
         if s is None:
             return []
         items = s.boxes.get(box, [])
@@ -537,4 +603,5 @@ class MemoryStore:
         return None
 
     def __len__(self) -> int:
+        """How many client sessions it holds (internal records not counted)."""
         return len(self._sessions)

@@ -25,6 +25,7 @@ from weir.engine._redis_store import RedisStore
 from weir.engine._store import (
     MAX_CLIENT_RECORD,
     ChannelRejected,
+    InternalId,
     MemoryStore,
     Retention,
     SessionGone,
@@ -172,6 +173,71 @@ async def test_what_the_client_declared_is_kept_with_the_session(store: SessionS
     assert client_of(found) == ({"elicitation": {}}, {"name": "c", "version": "1"})
     assert client_record({"x": "y" * MAX_CLIENT_RECORD}, {}) == ""  # bounded: kept empty
     assert client_of(replace(rec, client="{not json")) == ({}, {})
+
+
+async def test_internal_records_are_out_of_reach_of_client_ids(store: SessionStore) -> None:
+    """A record named by an InternalId lives in its own keyspace: the equal plain
+    string (what a client could send) names nothing, and deleting it leaves the
+    internal record and its gate alone."""
+    name = InternalId(f"~gate-{uuid.uuid4().hex[:8]}")
+    await store.create_session(record(name))
+    started = await store.begin_call(P, name, "k1", FP, None)
+    assert started.outcome is CallOutcome.EXECUTE
+    await store.finish_call(P, name, "k1", b"answer")
+    plain = str(name)
+    assert type(plain) is str
+    assert await store.get_session(P, plain) is None
+    assert await store.delete_session(P, plain) is False
+    with pytest.raises(SessionGone):
+        await store.begin_call(P, plain, "k1", FP, None)
+    # The same plain id can even be created as a client session: still apart.
+    await store.create_session(record(plain, secret="client"))
+    assert await store.delete_session(P, plain) is True
+    again = await store.begin_call(P, name, "k1", FP, None)
+    assert (again.outcome, again.payload) == (CallOutcome.DONE, b"answer")
+    assert await store.get_session(P, name) is not None
+
+
+async def test_expire_idle_deletes_only_what_the_store_finds_idle(store: SessionStore) -> None:
+    """``expire_idle`` is the store's verdict.  A shared store keeps last-seen by its
+    own clock: a session touched just now is not idle for a minute-long timeout, and
+    is for a 1 ms one; one never touched is expired by ``untouched``, a touched one
+    is not.  The memory store (one process) deletes when asked."""
+    rec = await new_session(store)
+    if not store.shared:
+        assert await store.touch_session(P, rec.session_id) is True
+        assert await store.expire_idle(P, rec.session_id, 60.0, None) is True
+        assert await store.get_session(P, rec.session_id) is None
+        assert await store.touch_session(P, rec.session_id) is False
+        return
+    fresh = await new_session(store)
+    assert await store.expire_idle(P, rec.session_id, 60.0, 60.0) is False
+    assert await store.touch_session(P, rec.session_id) is True
+    await trio.sleep(0.02)
+    assert await store.expire_idle(P, rec.session_id, 60.0, 0.001) is False  # touched
+    assert await store.expire_idle(P, fresh.session_id, None, 0.001) is True  # never touched
+    assert await store.get_session(P, rec.session_id) is not None
+    assert await store.expire_idle(P, rec.session_id, 0.001, None) is True
+    assert await store.get_session(P, rec.session_id) is None
+    assert await store.expire_idle(P, rec.session_id, 60.0, None) is True  # gone before
+    assert await store.touch_session(P, rec.session_id) is False
+
+
+async def test_a_live_verdict_leaves_the_deadline_on_the_ttl(rstore: RedisStore) -> None:
+    """A session that lives on keeps the idle deadline itself: its record's TTL is
+    cut to what is left of the window, so it expires even if no replica asks again."""
+    rec = await new_session(rstore)
+    record_key = rstore._keys(P, rec.session_id)[0]
+    assert await rstore.expire_idle(P, rec.session_id, 30.0, None) is False
+    ttl = await rstore._client.pttl(record_key)
+    assert 0 < ttl <= 30_000
+    assert await rstore.touch_session(P, rec.session_id) is True  # served: full TTL again
+    assert await rstore._client.pttl(record_key) > 30_000
+
+
+def test_internal_ids_lie_outside_the_minted_format() -> None:
+    with pytest.raises(ValueError):
+        InternalId("A" * 43)
 
 
 async def test_duplicate_create_raises(store: SessionStore) -> None:
