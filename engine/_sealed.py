@@ -106,7 +106,9 @@ class StateSealer:
             return None
         try:
             raw = base64.b64decode(b64, altchars=b"-_", validate=True)
-            if len(raw) < 12 + 16:
+            # One spelling per state: a last character that differs only in base64's
+            # unused low bits decodes to the same bytes, and must not open as the same.
+            if len(raw) < 12 + 16 or base64.urlsafe_b64encode(raw).decode() != b64:
                 return None
             claims = msgspec.json.decode(aead.decrypt(raw[:12], raw[12:], _AAD))
         except (InvalidTag, ValueError, msgspec.DecodeError):

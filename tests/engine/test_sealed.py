@@ -72,3 +72,24 @@ def test_keys_are_configured_as_base64_of_32_bytes() -> None:
             parse_key(bad)
     with pytest.raises(ValueError):
         StateSealer([])
+
+
+def test_a_second_spelling_of_the_same_bytes_fails_to_open() -> None:
+    """base64's unused low bits: another last character, the same decoded bytes."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    sealer = StateSealer([new_key()])
+    for pad in range(3):  # one of three lengths leaves unused bits in the last character
+        token = sealer.seal({**CLAIMS, "p": "x" * pad}, now=0.0)
+        body = token.rstrip("=")
+        unused = {2: 4, 3: 2}.get(len(body.rpartition(".")[2]) % 4)
+        if unused is None:
+            continue
+        last = alphabet.index(body[-1])
+        twin = body[:-1] + alphabet[last ^ 1] + token[len(body) :]
+        assert base64.urlsafe_b64decode(twin.rpartition(".")[2]) == base64.urlsafe_b64decode(
+            token.rpartition(".")[2]
+        )
+        assert sealer.open(token, now=1.0) is not None
+        assert sealer.open(twin, now=1.0) is None
+        return
+    raise AssertionError("no length with unused bits in three tries")
