@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -158,3 +160,35 @@ async def test_alices_stalled_peer_does_not_refuse_bob_on_a_shared_connection() 
                 for peer in stalled:
                     await peer.aclose()
                 await gateway.aclose()
+
+
+async def test_a_retry_window_answers_a_principals_retry_but_not_another_principal() -> None:
+    """With authorization, the window takes the same request from the same principal
+    for a gateway's retry; the same bytes from Bob, on the same connection, run anew."""
+    label = "window-" + token("x")[-8:]
+    with trio.fail_after(30):
+        async with authorized(retry_window=30.0) as server:
+            client = await Client.connect(server.port)
+            try:
+                first = text(await call_as(client, "alice", 7, "count", {"label": label}))
+                retry = text(await call_as(client, "alice", 7, "count", {"label": label}))
+                bob = text(await call_as(client, "bob", 7, "count", {"label": label}))
+            finally:
+                await client.aclose()
+    assert first == retry == f"{label} run 1 for {ALICE}"
+    assert bob == f"{label} run 2 for {BOB}"
+    assert runs[label] == 2
+
+
+def test_the_cli_refuses_a_retry_window_without_authorization() -> None:
+    """``weir serve --retry-window`` without ``--auth-*``: one line, non-zero exit."""
+    done = subprocess.run(
+        [sys.executable, "-m", "weir", "serve", "demo", "--port", "0", "--retry-window", "5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "retry_window needs authorization" in lines[0], done.stderr
