@@ -11,10 +11,10 @@ and then Bob's, and Bob's request is Bob's.
 
 Without authorization every request speaks for the configured principal
 (``ServerConfig.principal``, ``"anonymous"``), and the one thing that tells two
-anonymous clients apart is the connection: so an anonymous request also names its
-connection by :attr:`Requester.connection`, a random secret the server draws per
-connection and never sends.  Anonymous credit owners and anonymous request state are
-scoped to it (see :mod:`engine._sessionless`).
+anonymous clients apart is the connection: so a request also names its connection
+by :attr:`Requester.connection`, a random id the server draws per connection and
+never sends.  An anonymous requester's sessionless credit owner is its connection's
+(:attr:`Requester.scope`; see :mod:`engine._sessionless`).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ class Requester:
 
     @property
     def scope(self) -> tuple[str, str]:
-        """What this requester's sessionless credit and request state belong to: the
-        principal when authorized (all its connections), else the connection."""
+        """Whose sessionless credit owner this requester uses: the principal's when
+        authorized (shared by all its connections), else the connection's."""
         if self.authorized:
             return (self.principal, "")
         return (self.principal, self.connection)

@@ -30,7 +30,15 @@ looked up and nothing outlives the response:
   answers sealed in ``requestState``, :mod:`engine._sealed`); otherwise the answer
   is ``resultType: "input_required"`` with the asks and a new sealed state, and the
   client's next round runs the handler again.  A state that does not open -- forged,
-  tampered with, expired, or another request's -- is 400, -32602.
+  tampered with, expired, or another request's -- is 400, -32602
+  ``request_state_invalid``.  A state is bound to the principal of the request that
+  got it (and whether a token vouched for it), the method and its arguments; not to
+  the connection, since clients (the official SDK's among them) send the next round
+  on whichever connection and replica they have.  Without authorization every
+  client is the one principal, and nothing an anonymous client could present tells
+  it from another: a state is then a bearer capability, as secret as the response
+  that carried it (sealed, so unreadable and unforgeable, and short-lived).  Where
+  clients must not be able to continue each other's rounds, turn authorization on.
 * **Refusals before the head.**  A streamed answer's head is held back until the
   handler's first message or its end (at most :data:`FIRST_OUTPUT_WAIT`), so that
   a refusal such as -32021 (a capability the request did not declare) is still a
@@ -682,11 +690,14 @@ def _end(owner: Session, req: Request, handle: StreamHandle) -> None:
 
 
 def _binding(who: Requester, req: Request) -> str:
-    """What a request state is bound to: the request's principal, method, and the
-    request's params other than the round's own (a digest)."""
+    """What a request state is bound to: the request's principal (and whether a token
+    vouched for it), its method, and its params other than the round's own (a
+    digest).  Not the connection: clients send the next round on whichever connection
+    (and replica) they have -- see the module docstring."""
     params = req.params if isinstance(req.params, dict) else {}
     kept = {k: v for k, v in params.items() if k not in _ROUND_PARAMS}
-    canonical = msgspec.json.encode([who.principal, req.method, kept], order="sorted")
+    bound = [who.principal, who.authorized, req.method, kept]
+    canonical = msgspec.json.encode(bound, order="sorted")
     return hashlib.sha256(canonical).hexdigest()
 
 

@@ -29,7 +29,7 @@ from .test_auth import ISSUER, jwt_authorization, token
 V = "2026-07-28"
 META = {
     "io.modelcontextprotocol/protocolVersion": V,
-    "io.modelcontextprotocol/clientCapabilities": {},
+    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
 }
 ALICE = f"{ISSUER}#alice"
 BOB = f"{ISSUER}#bob"
@@ -44,6 +44,15 @@ async def count(ctx: Context, label: str) -> str:
     runs[label] = runs.get(label, 0) + 1
     who = ctx.access_token.principal if ctx.access_token is not None else "nobody"
     return f"{label} run {runs[label]} for {who}"
+
+
+@app.tool()
+async def confirm(ctx: Context, item: str) -> str:
+    """Ask to confirm ``item`` (counted at entry); say who confirmed it."""
+    runs[item] = runs.get(item, 0) + 1
+    answer = await ctx.elicit(f"Delete {item}?", {"type": "object"}, key="ok")
+    who = ctx.access_token.principal if ctx.access_token is not None else "nobody"
+    return f"{item}: {answer.get('action')} by {who}"
 
 
 @app.tool()
@@ -68,8 +77,8 @@ async def authorized(**config: Any) -> AsyncIterator[Server]:
             nursery.cancel_scope.cancel()
 
 
-def tool_call(rid: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    params = {"name": name, "arguments": arguments, "_meta": META}
+def tool_call(rid: int, name: str, arguments: dict[str, Any], **more: Any) -> dict[str, Any]:
+    params = {"name": name, "arguments": arguments, "_meta": META, **more}
     return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
 
 
@@ -84,9 +93,15 @@ def headers_for(tok: str, name: str, **more: str) -> dict[str, str]:
 
 
 async def call_as(
-    client: Client, sub: str, rid: int, name: str, arguments: dict[str, Any], **more: str
+    client: Client,
+    sub: str,
+    rid: int,
+    name: str,
+    arguments: dict[str, Any],
+    round_: dict[str, Any] | None = None,
+    **more: str,
 ) -> Reply:
-    message = tool_call(rid, name, arguments)
+    message = tool_call(rid, name, arguments, **(round_ or {}))
     return await client.request(
         "POST", "/mcp", message, headers=headers_for(token(sub), name, **more)
     )
@@ -126,6 +141,31 @@ async def test_bobs_keyed_call_on_alices_connection_is_bobs() -> None:
     assert bob == f"{label} run 2 for {BOB}"
     assert again == alice
     assert runs[label] == 2
+
+
+async def test_bobs_request_state_on_alices_connection_is_sealed_for_bob() -> None:
+    """Bob's first round, on a connection that carried Alice's request: his state
+    continues his round on another connection, and Alice cannot present it."""
+    item = "state-" + token("x")[-8:]
+    answer = {"ok": {"action": "accept", "content": {}}}
+    with trio.fail_after(30):
+        async with authorized() as server:
+            gateway = await Client.connect(server.port)
+            later = await Client.connect(server.port)
+            try:
+                assert text(await call_as(gateway, "alice", 1, "bulk", {"size": 1})) == "x"
+                asked = (await call_as(gateway, "bob", 2, "confirm", {"item": item})).json()
+                state = asked["result"]["requestState"]
+                round_ = {"inputResponses": answer, "requestState": state}
+                stolen = await call_as(later, "alice", 3, "confirm", {"item": item}, round_)
+                assert stolen.status == 400 and stolen.reason == "request_state_invalid"
+                assert runs[item] == 1  # Alice's attempt ran nothing
+                done = await call_as(later, "bob", 4, "confirm", {"item": item}, round_)
+            finally:
+                await later.aclose()
+                await gateway.aclose()
+    assert text(done) == f"{item}: accept by {BOB}"
+    assert runs[item] == 2
 
 
 async def test_alices_stalled_peer_does_not_refuse_bob_on_a_shared_connection() -> None:
