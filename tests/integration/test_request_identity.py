@@ -98,12 +98,13 @@ async def call_as(
     rid: int,
     name: str,
     arguments: dict[str, Any],
+    *,
     round_: dict[str, Any] | None = None,
-    **more: str,
+    extra: dict[str, str] | None = None,
 ) -> Reply:
     message = tool_call(rid, name, arguments, **(round_ or {}))
     return await client.request(
-        "POST", "/mcp", message, headers=headers_for(token(sub), name, **more)
+        "POST", "/mcp", message, headers=headers_for(token(sub), name, **(extra or {}))
     )
 
 
@@ -131,10 +132,14 @@ async def test_bobs_keyed_call_on_alices_connection_is_bobs() -> None:
             client = await Client.connect(server.port)
             try:
                 key = {"idempotency-key": "k-shared-1"}
-                alice = text(await call_as(client, "alice", 1, "count", {"label": label}, **key))
-                bob = text(await call_as(client, "bob", 2, "count", {"label": label}, **key))
+                alice = text(
+                    await call_as(client, "alice", 1, "count", {"label": label}, extra=key)
+                )
+                bob = text(await call_as(client, "bob", 2, "count", {"label": label}, extra=key))
                 # Alice again, same key: her own stored answer (it ran once for her).
-                again = text(await call_as(client, "alice", 3, "count", {"label": label}, **key))
+                again = text(
+                    await call_as(client, "alice", 3, "count", {"label": label}, extra=key)
+                )
             finally:
                 await client.aclose()
     assert alice == f"{label} run 1 for {ALICE}"
@@ -157,10 +162,10 @@ async def test_bobs_request_state_on_alices_connection_is_sealed_for_bob() -> No
                 asked = (await call_as(gateway, "bob", 2, "confirm", {"item": item})).json()
                 state = asked["result"]["requestState"]
                 round_ = {"inputResponses": answer, "requestState": state}
-                stolen = await call_as(later, "alice", 3, "confirm", {"item": item}, round_)
+                stolen = await call_as(later, "alice", 3, "confirm", {"item": item}, round_=round_)
                 assert stolen.status == 400 and stolen.reason == "request_state_invalid"
                 assert runs[item] == 1  # Alice's attempt ran nothing
-                done = await call_as(later, "bob", 4, "confirm", {"item": item}, round_)
+                done = await call_as(later, "bob", 4, "confirm", {"item": item}, round_=round_)
             finally:
                 await later.aclose()
                 await gateway.aclose()

@@ -77,7 +77,8 @@ async def replicas() -> AsyncIterator[Replicas]:
         ]
         servers: list[Server] = [await nursery.start(Server(app, c).run) for c in configs]
         try:
-            yield Replicas(*(s.port for s in servers), key=key)
+            a, b, c, anon = (s.port for s in servers)
+            yield Replicas(a=a, b=b, c=c, anon=anon, key=key)
         finally:
             for server in servers:
                 server.shutdown()
