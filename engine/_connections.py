@@ -315,7 +315,7 @@ class _Connections(_ServerBase):
             else:
                 who = Requester(cfg.principal, False, conn.secret)
             if not endpoint and path in (cfg.legacy_sse_path, cfg.legacy_messages_path):
-                await self._auxiliary(conn, request, who)
+                await self._legacy(conn, request, who)
                 return
             mcp = route(request, self._endpoint)
             del request  # the body is decoded: from here on only the messages count
@@ -393,32 +393,29 @@ class _Connections(_ServerBase):
         headers = [("content-type", "application/json"), ("cache-control", "max-age=300")]
         await conn.send(conn.http.send_response(200, headers, auth.metadata()))
 
-    async def _auxiliary(
-        self, conn: Connection, request: HttpRequest, who: Requester | None = None
-    ) -> None:
-        """``/metrics`` and the 2024-11-05 HTTP+SSE endpoints (same Host/Origin rules;
-        the latter for ``who``, the request's requester)."""
+    async def _auxiliary(self, conn: Connection, request: HttpRequest) -> None:
+        """``/metrics`` (the endpoint's Host/Origin rules)."""
+        check_host_and_origin(request.headers, self._endpoint)
+        check_method(request.method, "GET")
+        body = self.metrics.render(
+            self.sessions,
+            gate=self.gate,
+            budget=self.budget,
+            owners=self.owners,
+            listen_streams=len(self.subscribers),
+        ).encode()
+        headers = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
+        await conn.send(conn.http.send_response(200, headers, body))
+
+    async def _legacy(self, conn: Connection, request: HttpRequest, who: Requester) -> None:
+        """The 2024-11-05 HTTP+SSE endpoints, for ``who`` (the request's requester)."""
         cfg = self.config
-        if request.path == cfg.metrics_path:
-            check_host_and_origin(request.headers, self._endpoint)
-            check_method(request.method, "GET")
-            body = self.metrics.render(
-                self.sessions,
-                gate=self.gate,
-                budget=self.budget,
-                owners=self.owners,
-                listen_streams=len(self.subscribers),
-            ).encode()
-            headers = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
-            await conn.send(conn.http.send_response(200, headers, body))
-            return
         legacy = route_legacy(
             request,
             self._endpoint,
             sse_path=cfg.legacy_sse_path,
             messages_path=cfg.legacy_messages_path,
         )
-        assert who is not None  # (set for every path but /metrics)
         if isinstance(legacy, LegacyOpen):
             await self._legacy_stream(conn, who)
         else:

@@ -20,6 +20,7 @@ from typing import Any
 import trio
 
 from weir.engine import App, Context, Server, ServerConfig
+from weir.engine._sessionless import MAX_OWNERS
 from weir.protocol import CreditLimits
 from weir.protocol.states import CreditState
 
@@ -237,3 +238,21 @@ def test_the_cli_refuses_a_retry_window_without_authorization() -> None:
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "retry_window needs authorization" in lines[0], done.stderr
+
+
+async def test_a_gateway_connection_holds_a_bounded_number_of_owners() -> None:
+    """A connection that carried requests of many principals holds at most
+    ``MAX_OWNERS`` credit owners (the least recently used given back); all go with it."""
+    subs = [f"user{i}" for i in range(MAX_OWNERS + 1)]
+    with trio.fail_after(60):
+        async with authorized() as server:
+            client = await Client.connect(server.port)
+            try:
+                for rid, sub in enumerate(subs, start=1):
+                    assert text(await call_as(client, sub, rid, "bulk", {"size": 1})) == "x"
+                assert len(server.owners) == MAX_OWNERS
+                assert f"{ISSUER}#{subs[0]}" not in server.principal_owners  # given back
+                assert f"{ISSUER}#{subs[-1]}" in server.principal_owners
+            finally:
+                await client.aclose()
+            assert await eventually(lambda: not server.owners, timeout=10)
