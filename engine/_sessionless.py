@@ -6,16 +6,13 @@ A request of this era carries its client's version, capabilities, info and log
 level itself (checked by the core's :func:`~weir.protocol.route`), so nothing is
 looked up and nothing outlives the response:
 
-* **Credit** still bounds what a client can make the server hold.  Its owner is the
-  principal of the request when requests are authorized, else the connection: a
-  private :class:`Session` (never in the session table, never in the store) whose
-  credit every response of that owner takes, frame by frame or body by body.  The
-  owner is looked up from the request's own :class:`~engine._requester.Requester`,
-  never from the connection, so a gateway's connection that carries Alice's request
-  and then Bob's gives Bob Bob's owner.  An owner whose peer stops reading is refused
-  429 ``stream_half_open`` before anything runs (on the principal's other
-  connections), and torn down after the liveness timeout, as a session would be; it
-  ends with the last connection that carried its requests.
+* **Credit** still bounds what a client can make the server hold.  Every response
+  takes the credit of its request's owner (:mod:`engine._owners`): the principal's
+  when requests are authorized, else the connection's -- looked up from the
+  request's own :class:`~engine._requester.Requester`, never from the connection, so
+  a gateway's connection that carries Alice's request and then Bob's gives Bob Bob's
+  owner.  An owner whose peer stops reading is refused 429 ``stream_half_open``
+  before anything runs, and torn down after the liveness timeout.
 * **Closing the response is cancellation** -- unless the call carries an
   ``Idempotency-Key``.  A streamed answer's handler runs in the handler nursery while
   the connection's task writes its stream; if the client goes away first, the handler
@@ -111,7 +108,7 @@ from ._context import SessionlessBackend
 from ._requester import Requester
 from ._server_base import _ServerBase, log
 from ._session import Session, SessionClosed, StreamHandle, StreamLost
-from ._store import SessionRecord, StoreUnavailable
+from ._store import StoreUnavailable
 from ._subscriptions import Listener, honoured
 from ._writer import SSE_HEADERS, PeerGone, write_stream
 
@@ -144,9 +141,6 @@ CHANGE_POLL: Final = 0.1
 CHANGE_LOOKBACK: Final = 5.0
 #: Seconds a streamed answer's head waits for the handler's first message.
 FIRST_OUTPUT_WAIT: Final = 1.0
-#: The most sessionless credit owners one connection holds at once (one per principal
-#: whose requests it carried: a gateway's connection carries many).
-MAX_OWNERS: Final = 16
 #: Params that are the round's, not the request's (left out of its digest).
 _ROUND_PARAMS: Final = ("_meta", "inputResponses", "requestState")
 
@@ -347,74 +341,6 @@ class _Sessionless(_ServerBase):
         if self.described_info is None:
             self.described_info = dict(describe(self.app, VERSION)["serverInfo"])
         return self.described_info
-
-    def _owner(self, conn: Connection, who: Requester) -> Session:
-        """The credit owner of ``who``'s sessionless requests on ``conn``: the
-        principal's, when requests are authorized (shared by every connection that
-        carried that principal's requests, so one it stalls holds back the others --
-        and only those), else the connection's own (anonymous clients are told
-        apart only by their connections).
-
-        ``conn`` keeps a reference to the owners its requests used (at most
-        :data:`MAX_OWNERS` of them, the least recently used given back first): an
-        owner ends with the last connection that holds it.
-        """
-        scope = who.scope
-        held = conn.owners.pop(scope, None)
-        if held is not None and not held.closed:
-            conn.owners[scope] = held  # (now the most recently used)
-            return held
-        if held is not None:
-            self._unref_owner(held)
-        shared = self.principal_owners.get(who.principal) if who.authorized else None
-        if shared is not None and not shared.closed:
-            owner = shared
-            self._owner_refs[owner] = self._owner_refs.get(owner, 0) + 1
-        else:
-            owner = self._new_owner(who)
-            self._owner_refs[owner] = 1
-            if who.authorized:
-                self.principal_owners[who.principal] = owner
-        conn.owners[scope] = owner
-        while len(conn.owners) > MAX_OWNERS:
-            self._unref_owner(conn.owners.pop(next(iter(conn.owners))))
-        return owner
-
-    def _release_owner(self, conn: Connection) -> None:
-        """``conn`` is gone: it gives back every owner it holds."""
-        held, conn.owners = conn.owners, {}
-        for owner in held.values():
-            self._unref_owner(owner)
-
-    def _unref_owner(self, owner: Session) -> None:
-        """One connection fewer holds ``owner``; the last one ends it."""
-        left = self._owner_refs.pop(owner, 1) - 1
-        if left > 0:
-            self._owner_refs[owner] = left
-            return
-        owner.close()  # its handlers end with its last connection
-        self.owners.discard(owner)
-        principal = owner.record.principal
-        if self.principal_owners.get(principal) is owner:
-            del self.principal_owners[principal]
-
-    def _new_owner(self, who: Requester) -> Session:
-        now = trio.current_time()
-        record = SessionRecord(
-            session_id=f"connection-{secrets.token_hex(8)}",
-            principal=who.principal,
-            protocol_version=VERSION,
-            created_at=now,
-            secret="",
-            salt=secrets.token_hex(8),
-        )
-        owner = Session(record, credit=self.config.credit, now=now, budget=self.budget)
-        owner.replica = self.replica_id
-        owner.schedule = self.deadlines.schedule
-        owner.on_activity = self._note_activity
-        owner.on_change = self._changed
-        self.owners.add(owner)
-        return owner
 
     async def _answer_recorded(
         self,

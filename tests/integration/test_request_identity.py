@@ -20,7 +20,7 @@ from typing import Any
 import trio
 
 from weir.engine import App, Context, Server, ServerConfig
-from weir.engine._sessionless import MAX_OWNERS
+from weir.engine._owners import MAX_OWNERS
 from weir.protocol import CreditLimits
 from weir.protocol.states import CreditState
 
