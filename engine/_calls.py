@@ -54,6 +54,7 @@ from weir.protocol.states import SessionInput, StreamInput, StreamState
 
 from ._channel import raise_channel
 from ._connection import Connection
+from ._requester import Requester
 from ._server_base import _ServerBase, _store_unavailable, log, wait_for_claim
 from ._session import JsonCharge, Session, SessionClosed
 from ._store import (
@@ -73,9 +74,9 @@ REBIND_METHOD = "weir/rebind"
 class _Calls(_ServerBase):
     """POST: admission, the idempotency gate, JSON mode, initialize and rebind."""
 
-    async def _post(self, conn: Connection, post: PostMessages) -> None:
+    async def _post(self, conn: Connection, post: PostMessages, who: Requester) -> None:
         if post.is_initialize:
-            await self._initialize(conn, post)
+            await self._initialize(conn, post, who)
             return
         first = post.messages[0]
         rid = first.id if isinstance(first, Request) else None
@@ -83,9 +84,7 @@ class _Calls(_ServerBase):
         lone_call = (
             len(post.messages) == 1 and isinstance(first, Request) and first.method == "tools/call"
         )
-        session = await self._session(
-            conn.principal, post.ctx.session_id, rid, verify=not lone_call
-        )
+        session = await self._session(who.principal, post.ctx.session_id, rid, verify=not lone_call)
         rebind = (
             len(post.messages) == 1 and isinstance(first, Request) and first.method == REBIND_METHOD
         )
@@ -501,10 +500,10 @@ class _Calls(_ServerBase):
             raise PeerGone
 
     # ---------------------------------------------------------------- initialize and rebind
-    async def _initialize(self, conn: Connection, post: PostMessages) -> None:
+    async def _initialize(self, conn: Connection, post: PostMessages, who: Requester) -> None:
         req = post.messages[0]
         assert isinstance(req, Request)
-        session = await self._initialize_session(req, None, conn.principal)
+        session = await self._initialize_session(req, None, who.principal)
         result = self._initialize_result(session)
         headers = [
             ("content-type", "application/json"),

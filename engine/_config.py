@@ -80,7 +80,8 @@ class ServerConfig:
             same principal is taken for a gateway's retry and answered from the first
             delivery instead of run again (0: off).  Only for deployments where each
             principal is one client: two clients of one principal sending the same
-            request inside the window would share one answer.
+            request inside the window would share one answer.  Refused without
+            ``auth`` (every anonymous client is the same principal).
         state_keys: keys (32 bytes each) that seal sessionless request state; the
             first seals, all open (rotation).  Empty: a random key per process, so
             replicas behind one balancer must share keys to continue each other's
@@ -143,6 +144,12 @@ class ServerConfig:
         if not 0 <= self.retry_window < 86400:
             raise ValueError(
                 f"retry_window must be 0 (off) to 86400 seconds, not {self.retry_window}"
+            )
+        if self.retry_window > 0 and self.auth is None:
+            raise ValueError(
+                "retry_window needs authorization: without it every client is the one "
+                f"principal {self.principal!r}, and a client's request could be answered "
+                "with another client's result"
             )
         if self.resume not in RESUME_POLICIES:
             raise ValueError(

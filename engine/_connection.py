@@ -21,6 +21,7 @@ peer therefore shows as "no progress", however the writer is blocked.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -49,12 +50,12 @@ class Connection:
         "http",
         "inbound",
         "meter",
+        "owners",
         "poll_delay",
         "poll_due",
         "poller",
-        "principal",
         "scope",
-        "sessionless",
+        "secret",
         "stream",
         "tracker",
     )
@@ -84,11 +85,14 @@ class Connection:
         self.scope: trio.CancelScope | None = None
         #: Bytes received since the last complete request (the server's inbound cap).
         self.inbound = 0
-        #: Who the request being answered speaks for (set per request by the server).
-        self.principal = "anonymous"
-        #: The credit owner of this connection's sessionless requests (created at the
-        #: first one; see ``engine._sessionless``).
-        self.sessionless: Session | None = None
+        #: A random id of this connection, never sent: what scopes an anonymous
+        #: request (see ``engine._requester``).  Who a request speaks for is never
+        #: kept here: it comes with each request.
+        self.secret = secrets.token_hex(16)
+        #: The sessionless credit owners this connection holds a reference to, by
+        #: the scope of the requests that used them, least recently used first (see
+        #: ``engine._sessionless``; at most ``MAX_OWNERS`` of them).
+        self.owners: dict[tuple[str, str], Session] = {}
 
     async def send(
         self, data: bytes, marks: Sequence[tuple[int, tuple[Holder, int]]] | None = None

@@ -64,6 +64,7 @@ from ._auth import (
 )
 from ._connection import Connection
 from ._listen import Slot
+from ._requester import Requester
 from ._server_base import _ServerBase, _store_unavailable, log
 from ._store import SessionGone, StoreUnavailable
 from ._timers import Timed
@@ -116,7 +117,6 @@ class _Connections(_ServerBase):
             heads=self._heads,
             poller=self.acks,
         )
-        conn.principal = self.config.principal  # (with authorization: set per request)
         self.open_connections.add(conn)
         try:
             await self._connection_loop(conn, slot)
@@ -317,23 +317,27 @@ class _Connections(_ServerBase):
             if not endpoint and path == cfg.metrics_path:
                 await self._auxiliary(conn, request)
                 return
+            # Who this request speaks for: handed to everything below, never kept on
+            # the connection (its next request may speak for someone else).
             if cfg.auth is not None:
                 access = await self._authenticate(request, cfg.auth)
-                conn.principal = access.principal
                 REQUEST_ACCESS.set(access)  # (handlers started for this request see it)
+                who = Requester(access.principal, True, conn.secret)
+            else:
+                who = Requester(cfg.principal, False, conn.secret)
             if not endpoint and path in (cfg.legacy_sse_path, cfg.legacy_messages_path):
-                await self._auxiliary(conn, request)
+                await self._legacy(conn, request, who)
                 return
             mcp = route(request, self._endpoint)
             del request  # the body is decoded: from here on only the messages count
             if isinstance(mcp, PostMessages):
-                await self._post(conn, mcp)
+                await self._post(conn, mcp, who)
             elif isinstance(mcp, OpenStream):
-                await self._get(conn, mcp)
+                await self._get(conn, mcp, who)
             elif isinstance(mcp, DeleteSession):
-                await self._delete(conn, mcp)
+                await self._delete(conn, mcp, who)
             else:
-                await self._sessionless(conn, mcp)
+                await self._sessionless(conn, mcp, who)
         except SessionGone:
             if conn.http.response_in_progress:
                 raise
@@ -397,21 +401,22 @@ class _Connections(_ServerBase):
         await conn.send(conn.http.send_response(200, headers, auth.metadata()))
 
     async def _auxiliary(self, conn: Connection, request: HttpRequest) -> None:
-        """``/metrics`` and the 2024-11-05 HTTP+SSE endpoints (same Host/Origin rules)."""
+        """``/metrics`` (the endpoint's Host/Origin rules)."""
+        check_host_and_origin(request.headers, self._endpoint)
+        check_method(request.method, "GET")
+        body = self.metrics.render(
+            self.sessions,
+            gate=self.gate,
+            budget=self.budget,
+            owners=self.owners,
+            listen_streams=len(self.subscribers),
+        ).encode()
+        headers = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
+        await conn.send(conn.http.send_response(200, headers, body))
+
+    async def _legacy(self, conn: Connection, request: HttpRequest, who: Requester) -> None:
+        """The 2024-11-05 HTTP+SSE endpoints, for ``who`` (the request's requester)."""
         cfg = self.config
-        if request.path == cfg.metrics_path:
-            check_host_and_origin(request.headers, self._endpoint)
-            check_method(request.method, "GET")
-            body = self.metrics.render(
-                self.sessions,
-                gate=self.gate,
-                budget=self.budget,
-                owners=self.owners,
-                listen_streams=len(self.subscribers),
-            ).encode()
-            headers = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
-            await conn.send(conn.http.send_response(200, headers, body))
-            return
         legacy = route_legacy(
             request,
             self._endpoint,
@@ -419,9 +424,9 @@ class _Connections(_ServerBase):
             messages_path=cfg.legacy_messages_path,
         )
         if isinstance(legacy, LegacyOpen):
-            await self._legacy_stream(conn)
+            await self._legacy_stream(conn, who)
         else:
-            await self._legacy_post(conn, legacy)
+            await self._legacy_post(conn, legacy, who)
 
 
 def _auth_refusal(

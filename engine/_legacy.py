@@ -33,6 +33,7 @@ from weir.protocol.gate import CallCourse
 from weir.protocol.legacy import LegacyMessages
 
 from ._connection import Connection
+from ._requester import Requester
 from ._server_base import _ServerBase
 from ._session import Session, StreamHandle, StreamLost
 from ._writer import SSE_HEADERS, write_stream
@@ -41,8 +42,8 @@ from ._writer import SSE_HEADERS, write_stream
 class _Legacy(_ServerBase):
     """The 2024-11-05 HTTP+SSE transport (see the module docstring)."""
 
-    async def _legacy_stream(self, conn: Connection) -> None:
-        session = await self._new_session("2024-11-05", conn.principal)
+    async def _legacy_stream(self, conn: Connection, who: Requester) -> None:
+        session = await self._new_session("2024-11-05", who.principal)
         epoch = await self.store.allocate_epoch(session.record.principal, session.session_id)
         handle = self._open_stream(session, epoch, StreamKind.LEGACY, None)
         handle.log.emit_ids = False  # 2024-11-05 has no resumption
@@ -58,10 +59,10 @@ class _Legacy(_ServerBase):
                 with trio.CancelScope(shield=True):
                     await self._end_session(session)
 
-    async def _legacy_post(self, conn: Connection, post: LegacyMessages) -> None:
+    async def _legacy_post(self, conn: Connection, post: LegacyMessages, who: Requester) -> None:
         """Messages for a legacy session (already checked by ``route_legacy``)."""
         headers, sid, messages = post.headers, post.session_id, post.messages
-        session = await self._session(conn.principal, sid)
+        session = await self._session(who.principal, sid)
         legacy = next(
             (h for h in session.handles.values() if h.log.kind is StreamKind.LEGACY), None
         )

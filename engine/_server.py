@@ -76,6 +76,7 @@ from ._legacy import _Legacy
 from ._listen import AcceptGate
 from ._memory import trim
 from ._metrics import Metrics, redact
+from ._owners import _Owners
 from ._replicas import _Replicas
 from ._sealed import StateSealer, new_key
 from ._server_base import log
@@ -99,7 +100,15 @@ _TRIM_AFTER = 256 * 1024
 
 
 class Server(
-    _Connections, _Calls, _Execution, _Streams, _Legacy, _Replicas, _Sessionless, _KeyedCalls
+    _Connections,
+    _Calls,
+    _Execution,
+    _Streams,
+    _Legacy,
+    _Replicas,
+    _Sessionless,
+    _Owners,
+    _KeyedCalls,
 ):
     """An MCP server for one :class:`~weir.engine.App` (see the module docstring).
 

@@ -6,13 +6,13 @@ A request of this era carries its client's version, capabilities, info and log
 level itself (checked by the core's :func:`~weir.protocol.route`), so nothing is
 looked up and nothing outlives the response:
 
-* **Credit** still bounds what a client can make the server hold.  Its owner is the
-  principal when requests are authorized, else the connection: a private
-  :class:`Session` (never in the session table, never in the store) whose credit
-  every response of that owner takes, frame by frame or body by body.  An owner
-  whose peer stops reading is refused 429 ``stream_half_open`` before anything
-  runs (on the principal's other connections), and torn down after the liveness
-  timeout, as a session would be; it ends with its last connection.
+* **Credit** still bounds what a client can make the server hold.  Every response
+  takes the credit of its request's owner (:mod:`engine._owners`): the principal's
+  when requests are authorized, else the connection's -- looked up from the
+  request's own :class:`~engine._requester.Requester`, never from the connection, so
+  a gateway's connection that carries Alice's request and then Bob's gives Bob Bob's
+  owner.  An owner whose peer stops reading is refused 429 ``stream_half_open``
+  before anything runs, and torn down after the liveness timeout.
 * **Closing the response is cancellation** -- unless the call carries an
   ``Idempotency-Key``.  A streamed answer's handler runs in the handler nursery while
   the connection's task writes its stream; if the client goes away first, the handler
@@ -27,7 +27,15 @@ looked up and nothing outlives the response:
   answers sealed in ``requestState``, :mod:`engine._sealed`); otherwise the answer
   is ``resultType: "input_required"`` with the asks and a new sealed state, and the
   client's next round runs the handler again.  A state that does not open -- forged,
-  tampered with, expired, or another request's -- is 400, -32602.
+  tampered with, expired, or another request's -- is 400, -32602
+  ``request_state_invalid``.  A state is bound to the principal of the request that
+  got it (and whether a token vouched for it), the method and its arguments; not to
+  the connection, since clients (the official SDK's among them) send the next round
+  on whichever connection and replica they have.  Without authorization every
+  client is the one principal, and nothing an anonymous client could present tells
+  it from another: a state is then a bearer capability, as secret as the response
+  that carried it (sealed, so unreadable and unforgeable, and short-lived).  Where
+  clients must not be able to continue each other's rounds, turn authorization on.
 * **Refusals before the head.**  A streamed answer's head is held back until the
   handler's first message or its end (at most :data:`FIRST_OUTPUT_WAIT`), so that
   a refusal such as -32021 (a capability the request did not declare) is still a
@@ -97,9 +105,10 @@ from weir.protocol.states import StreamInput, StreamState
 from ._auth import REQUEST_ACCESS
 from ._connection import Connection
 from ._context import SessionlessBackend
+from ._requester import Requester
 from ._server_base import _ServerBase, log
 from ._session import Session, SessionClosed, StreamHandle, StreamLost
-from ._store import SessionRecord, StoreUnavailable
+from ._store import StoreUnavailable
 from ._subscriptions import Listener, honoured
 from ._writer import SSE_HEADERS, PeerGone, write_stream
 
@@ -139,7 +148,7 @@ _ROUND_PARAMS: Final = ("_meta", "inputResponses", "requestState")
 class _Sessionless(_ServerBase):
     """Requests of the sessionless era (see the module docstring)."""
 
-    async def _sessionless(self, conn: Connection, msg: SessionlessMessage) -> None:
+    async def _sessionless(self, conn: Connection, msg: SessionlessMessage, who: Requester) -> None:
         message = msg.message
         if isinstance(message, Notification):
             await conn.send(conn.http.send_response(202, ()))
@@ -159,10 +168,10 @@ class _Sessionless(_ServerBase):
         inputs = None
         if req.method in INPUT_METHODS:
             if self.app.fallback_every_method:  # the app keeps its own rounds' state
-                req = self._open_app_state(conn, req)
+                req = self._open_app_state(who, req)
             else:
-                inputs = self._inputs(conn, req)
-        owner = self._owner(conn)
+                inputs = self._inputs(who, req)
+        owner = self._owner(conn, who)
         meta = msg.meta
         caller = Caller(
             meta.capabilities,
@@ -184,7 +193,7 @@ class _Sessionless(_ServerBase):
             header_key = self._same_request_key(req)
         if req.method == "tools/call" and header_key is not None:
             try:
-                course = await self._keyed_course(owner.record.principal, req, header_key)
+                course = await self._keyed_course(who.principal, req, header_key)
             except BaseException:
                 owner.done()
                 raise
@@ -196,11 +205,11 @@ class _Sessionless(_ServerBase):
             self.metrics.executions += 1  # (a keyed call is counted at its gate)
         sse = req.method in INPUT_METHODS and not self.config.json_response
         if sse and accepts(msg.headers.get("accept"), "text/event-stream"):
-            await self._sessionless_sse(conn, owner, req, inputs, caller, course)
+            await self._sessionless_sse(conn, owner, who, req, inputs, caller, course)
             return
         try:
             backend = SessionlessBackend(owner, None, caller)
-            body = await self._answer_recorded(owner, req, None, inputs, backend, course)
+            body = await self._answer_recorded(owner, who, req, None, inputs, backend, course)
         finally:
             owner.done()
         if body is None:
@@ -232,7 +241,7 @@ class _Sessionless(_ServerBase):
         if annotated:
             check_param_headers(msg.headers, annotated, arguments, req.id)
 
-    def _inputs(self, conn: Connection, req: Request) -> dict[str, Any]:
+    def _inputs(self, who: Requester, req: Request) -> dict[str, Any]:
         """The answers this round carries: the sealed state's, then ``inputResponses``.
 
         Raises:
@@ -241,7 +250,7 @@ class _Sessionless(_ServerBase):
         """
         params = req.params if isinstance(req.params, dict) else {}
         inputs: dict[str, Any] = {}
-        claims = self._open_state(conn, req)
+        claims = self._open_state(who, req)
         if claims is not None:
             answers = claims.get("a")
             if isinstance(answers, dict):
@@ -251,7 +260,7 @@ class _Sessionless(_ServerBase):
             inputs.update(responses)
         return inputs
 
-    def _open_state(self, conn: Connection, req: Request) -> dict[str, Any] | None:
+    def _open_state(self, who: Requester, req: Request) -> dict[str, Any] | None:
         """The claims of the request state this round carries (None without one).
 
         Raises:
@@ -262,7 +271,7 @@ class _Sessionless(_ServerBase):
         if state is None:
             return None
         claims = self.sealer.open(state) if isinstance(state, str) else None
-        if claims is None or claims.get("b") != _binding(conn.principal, req):
+        if claims is None or claims.get("b") != _binding(who, req):
             raise RemoteProtocolError(
                 "requestState is invalid, expired, or not this request's",
                 http_status=400,
@@ -272,12 +281,12 @@ class _Sessionless(_ServerBase):
             )
         return claims
 
-    def _open_app_state(self, conn: Connection, req: Request) -> Request:
+    def _open_app_state(self, who: Requester, req: Request) -> Request:
         """An app that runs its own input rounds (a fallback for every method) gets
         back the ``requestState`` it minted, once weir's seal around it opens: so a
         state is bound to its principal and request and expires, whatever the app
         does with it."""
-        claims = self._open_state(conn, req)
+        claims = self._open_state(who, req)
         if claims is None:
             return req
         params = dict(req.params or {})
@@ -288,10 +297,10 @@ class _Sessionless(_ServerBase):
             params.pop("requestState", None)
         return msgspec.structs.replace(req, params=params)
 
-    def _seal_app_state(self, owner: Session, req: Request, result: dict[str, Any]) -> None:
+    def _seal_app_state(self, who: Requester, req: Request, result: dict[str, Any]) -> None:
         """An app's ``input_required`` result: its ``requestState`` goes out sealed
         (see :meth:`_open_app_state`)."""
-        claims: dict[str, Any] = {"b": _binding(owner.record.principal, req)}
+        claims: dict[str, Any] = {"b": _binding(who, req)}
         inner = result.get("requestState")
         if isinstance(inner, str):
             claims["x"] = inner
@@ -333,64 +342,10 @@ class _Sessionless(_ServerBase):
             self.described_info = dict(describe(self.app, VERSION)["serverInfo"])
         return self.described_info
 
-    def _owner(self, conn: Connection) -> Session:
-        """The credit owner of ``conn``'s sessionless requests: its principal's, when
-        requests are authorized (shared by that principal's connections, so one it
-        stalls holds back the others), else the connection's own."""
-        owner = conn.sessionless
-        if owner is not None and not owner.closed:
-            return owner
-        if owner is not None:
-            self._release_owner(conn)
-        principal = conn.principal if self.config.auth is not None else None
-        shared = self.principal_owners.get(principal) if principal is not None else None
-        if shared is not None and not shared.closed:
-            conn.sessionless = shared
-            self._owner_refs[shared] = self._owner_refs.get(shared, 0) + 1
-            return shared
-        owner = self._new_owner(conn)
-        conn.sessionless = owner
-        self._owner_refs[owner] = 1
-        if principal is not None:
-            self.principal_owners[principal] = owner
-        return owner
-
-    def _release_owner(self, conn: Connection) -> None:
-        """``conn`` is done with its owner; the last connection of an owner ends it."""
-        owner, conn.sessionless = conn.sessionless, None
-        if owner is None:
-            return
-        left = self._owner_refs.pop(owner, 1) - 1
-        if left > 0:
-            self._owner_refs[owner] = left
-            return
-        owner.close()  # its handlers end with its last connection
-        self.owners.discard(owner)
-        principal = owner.record.principal
-        if self.principal_owners.get(principal) is owner:
-            del self.principal_owners[principal]
-
-    def _new_owner(self, conn: Connection) -> Session:
-        now = trio.current_time()
-        record = SessionRecord(
-            session_id=f"connection-{secrets.token_hex(8)}",
-            principal=conn.principal,
-            protocol_version=VERSION,
-            created_at=now,
-            secret="",
-            salt=secrets.token_hex(8),
-        )
-        owner = Session(record, credit=self.config.credit, now=now, budget=self.budget)
-        owner.replica = self.replica_id
-        owner.schedule = self.deadlines.schedule
-        owner.on_activity = self._note_activity
-        owner.on_change = self._changed
-        self.owners.add(owner)
-        return owner
-
     async def _answer_recorded(
         self,
         owner: Session,
+        who: Requester,
         req: Request,
         handle: StreamHandle | None,
         inputs: dict[str, Any] | None,
@@ -404,12 +359,12 @@ class _Sessionless(_ServerBase):
         the process abandons is recorded ``interrupted``.
         """
         if course is None:
-            return await self._sessionless_answer(owner, req, handle, inputs, backend)
-        principal = owner.record.principal
+            return await self._sessionless_answer(owner, who, req, handle, inputs, backend)
+        principal = who.principal
         backend.detached = True
         course.started()
         try:
-            body = await self._sessionless_answer(owner, req, handle, inputs, backend)
+            body = await self._sessionless_answer(owner, who, req, handle, inputs, backend)
         except RemoteProtocolError:
             await self._keyed_record(principal, course, course.finished(None, final_append=False))
             raise
@@ -423,6 +378,7 @@ class _Sessionless(_ServerBase):
     async def _sessionless_answer(
         self,
         owner: Session,
+        who: Requester,
         req: Request,
         handle: StreamHandle | None,
         inputs: dict[str, Any] | None,
@@ -451,10 +407,10 @@ class _Sessionless(_ServerBase):
                     if result.get("resultType") == "input_required":  # the app's own round
                         backend.asked = True  # (not an outcome a keyed call records)
                         if self.app.fallback_every_method and req.method in INPUT_METHODS:
-                            self._seal_app_state(owner, req, result)
+                            self._seal_app_state(who, req, result)
                 except InputRequired as asked:
                     backend.asked = True
-                    result = self._input_required(owner, req, asked, ctx)
+                    result = self._input_required(who, req, asked, ctx)
                 decorated = complete(req.method, result, self._server_info())
                 return self._fit(req, encode_result(req.id, decorated), handle)
             except StreamLost:
@@ -475,10 +431,10 @@ class _Sessionless(_ServerBase):
         return None
 
     def _input_required(
-        self, owner: Session, req: Request, asked: InputRequired, ctx: Context
+        self, who: Requester, req: Request, asked: InputRequired, ctx: Context
     ) -> dict[str, Any]:
         """The ``input_required`` result: what is asked, and the answers so far, sealed."""
-        claims = {"b": _binding(owner.record.principal, req), "a": ctx.answered}
+        claims = {"b": _binding(who, req), "a": ctx.answered}
         try:
             state = self.sealer.seal(claims)
         except ValueError as exc:
@@ -494,6 +450,7 @@ class _Sessionless(_ServerBase):
         self,
         conn: Connection,
         owner: Session,
+        who: Requester,
         req: Request,
         inputs: dict[str, Any] | None,
         caller: Caller,
@@ -509,7 +466,9 @@ class _Sessionless(_ServerBase):
         async def run() -> None:
             try:
                 try:
-                    body = await self._answer_recorded(owner, req, handle, inputs, backend, course)
+                    body = await self._answer_recorded(
+                        owner, who, req, handle, inputs, backend, course
+                    )
                 except RemoteProtocolError as exc:
                     if not started:
                         refused.append(exc)  # answered as this POST's status
@@ -656,12 +615,15 @@ def _end(owner: Session, req: Request, handle: StreamHandle) -> None:
         handle.handle(StreamInput.ABORT)
 
 
-def _binding(principal: str, req: Request) -> str:
-    """What a request state is bound to: principal, method, and the request's params
-    other than the round's own (a digest)."""
+def _binding(who: Requester, req: Request) -> str:
+    """What a request state is bound to: the request's principal (and whether a token
+    vouched for it), its method, and its params other than the round's own (a
+    digest).  Not the connection: clients send the next round on whichever connection
+    (and replica) they have -- see the module docstring."""
     params = req.params if isinstance(req.params, dict) else {}
     kept = {k: v for k, v in params.items() if k not in _ROUND_PARAMS}
-    canonical = msgspec.json.encode([principal, req.method, kept], order="sorted")
+    bound = [who.principal, who.authorized, req.method, kept]
+    canonical = msgspec.json.encode(bound, order="sorted")
     return hashlib.sha256(canonical).hexdigest()
 
 

@@ -65,6 +65,7 @@ from weir.protocol.states import SessionInput, StreamInput
 
 from ._channel import raise_channel
 from ._connection import Connection
+from ._requester import Requester
 from ._server_base import _ServerBase
 from ._session import Session, StreamHandle, StreamLost
 from ._store import ChannelRejected, SessionGone, StoreUnavailable, check_channel
@@ -120,8 +121,8 @@ class _Streams(_ServerBase):
 
         return sink
 
-    async def _get(self, conn: Connection, get: OpenStream) -> None:
-        session = await self._session(conn.principal, get.ctx.session_id)
+    async def _get(self, conn: Connection, get: OpenStream, who: Requester) -> None:
+        session = await self._session(who.principal, get.ctx.session_id)
         token = self._channel(session, get.ctx)
         await self._prove_channel(session, token, "a GET stream")
         cursor = get.last_event_id
@@ -218,8 +219,8 @@ class _Streams(_ServerBase):
             events = await store.read_events(principal, sid, epoch, tail.after)
             steps = tail.feed(events, trio.current_time())
 
-    async def _delete(self, conn: Connection, delete: DeleteSession) -> None:
-        session = await self._session(conn.principal, delete.ctx.session_id)
+    async def _delete(self, conn: Connection, delete: DeleteSession, who: Requester) -> None:
+        session = await self._session(who.principal, delete.ctx.session_id)
         await self._prove_channel(session, self._channel(session, delete.ctx), "DELETE")
         session.handle(SessionInput.DELETE)
         await self._end_session(session)

@@ -434,15 +434,11 @@ async def test_a_watched_resource_update_reaches_its_listener_only() -> None:
         assert (await ask(server.port, call(3, "touch"))).status == 200
 
 
-async def test_with_a_retry_window_the_same_unkeyed_request_is_a_retry() -> None:
-    config = ServerConfig(port=0, credit=CREDIT, retry_window=30.0)
-    async with serving(config) as server:
-        first = await ask(server.port, call(7, "bump"))
-        # A gateway re-sends the very same bytes: answered from the first run.
-        again = await ask(server.port, call(7, "bump"))
-        assert again.json() == first.json() and bumps == [1]
-        # Another id is another request.
-        other = await ask(server.port, call(8, "bump"))
-        assert other.json()["result"]["content"][0]["text"] == "run 2"
+def test_a_retry_window_is_refused_without_authorization() -> None:
+    """Without authorization every client is one principal: a retry window would answer
+    one client with another's result (the window itself is tested with authorization
+    in ``test_request_identity``)."""
+    with pytest.raises(ValueError, match="retry_window needs authorization"):
+        ServerConfig(port=0, credit=CREDIT, retry_window=30.0)
     with pytest.raises(ValueError, match="retry_window"):
         ServerConfig(retry_window=-1)

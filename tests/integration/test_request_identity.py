@@ -1,0 +1,258 @@
+"""Identity belongs to the request: one keep-alive connection carrying two principals.
+
+A gateway keeps one connection to weir open and sends Alice's request, then Bob's,
+each with its own bearer token (real JWTs, keys served as a JWKS on loopback, real
+sockets).  Everything keyed by a principal -- the idempotency gate's namespace, the
+credit owner, the sealed request state -- must be Bob's for Bob's request: nothing
+is read off the connection.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from weir.engine import App, Context, Server, ServerConfig
+from weir.engine._owners import MAX_OWNERS
+from weir.protocol import CreditLimits
+from weir.protocol.states import CreditState
+
+from .rawhttp import Client, Reply, raw_request
+from .test_auth import ISSUER, jwt_authorization, token
+
+V = "2026-07-28"
+META = {
+    "io.modelcontextprotocol/protocolVersion": V,
+    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+}
+ALICE = f"{ISSUER}#alice"
+BOB = f"{ISSUER}#bob"
+
+app = App("identity")
+runs: dict[str, int] = {}
+
+
+@app.tool()
+async def count(ctx: Context, label: str) -> str:
+    """Count one execution of ``label``; say whose request ran it."""
+    runs[label] = runs.get(label, 0) + 1
+    who = ctx.access_token.principal if ctx.access_token is not None else "nobody"
+    return f"{label} run {runs[label]} for {who}"
+
+
+@app.tool()
+async def confirm(ctx: Context, item: str) -> str:
+    """Ask to confirm ``item`` (counted at entry); say who confirmed it."""
+    runs[item] = runs.get(item, 0) + 1
+    answer = await ctx.elicit(f"Delete {item}?", {"type": "object"}, key="ok")
+    who = ctx.access_token.principal if ctx.access_token is not None else "nobody"
+    return f"{item}: {answer.get('action')} by {who}"
+
+
+@app.tool()
+async def bulk(size: int) -> str:
+    """``size`` bytes of text (a response big enough to stall a peer that stops reading)."""
+    return "x" * size
+
+
+@asynccontextmanager
+async def authorized(**config: Any) -> AsyncIterator[Server]:
+    """The real server on 127.0.0.1 with JWT authorization and ``config``."""
+    async with trio.open_nursery() as nursery:
+        auth = await jwt_authorization(nursery)
+        cfg = ServerConfig(port=0, auth=auth, **config)
+        server: Server = await nursery.start(Server(app, cfg).run)
+        try:
+            yield server
+        finally:
+            server.shutdown()
+            with trio.fail_after(30):
+                await server.stopped.wait()
+            nursery.cancel_scope.cancel()
+
+
+def tool_call(rid: int, name: str, arguments: dict[str, Any], **more: Any) -> dict[str, Any]:
+    params = {"name": name, "arguments": arguments, "_meta": META, **more}
+    return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+
+
+def headers_for(tok: str, name: str, **more: str) -> dict[str, str]:
+    return {
+        "authorization": f"Bearer {tok}",
+        "mcp-protocol-version": V,
+        "mcp-method": "tools/call",
+        "mcp-name": name,
+        **more,
+    }
+
+
+async def call_as(
+    client: Client,
+    sub: str,
+    rid: int,
+    name: str,
+    arguments: dict[str, Any],
+    *,
+    round_: dict[str, Any] | None = None,
+    extra: dict[str, str] | None = None,
+) -> Reply:
+    message = tool_call(rid, name, arguments, **(round_ or {}))
+    return await client.request(
+        "POST", "/mcp", message, headers=headers_for(token(sub), name, **(extra or {}))
+    )
+
+
+def text(reply: Reply) -> str:
+    assert reply.status == 200, (reply.status, reply.body[:300])
+    return str(reply.json()["result"]["content"][0]["text"])
+
+
+async def eventually(condition: Callable[[], bool], *, timeout: float, every: float = 0.01) -> bool:
+    """Poll a condition only the server's own timers can make true (bounded in time and count)."""
+    with trio.move_on_after(timeout):
+        for _ in range(math.ceil(timeout / every) + 1):
+            if condition():
+                return True
+            await trio.sleep(every)
+    return condition()
+
+
+async def test_bobs_keyed_call_on_alices_connection_is_bobs() -> None:
+    """Same connection, same ``Idempotency-Key``, same arguments: Bob's call runs as
+    Bob's, in Bob's namespace, and is not answered with Alice's stored result."""
+    label = "keyed-" + token("x")[-8:]
+    with trio.fail_after(30):
+        async with authorized() as server:
+            client = await Client.connect(server.port)
+            try:
+                key = {"idempotency-key": "k-shared-1"}
+                alice = text(
+                    await call_as(client, "alice", 1, "count", {"label": label}, extra=key)
+                )
+                bob = text(await call_as(client, "bob", 2, "count", {"label": label}, extra=key))
+                # Alice again, same key: her own stored answer (it ran once for her).
+                again = text(
+                    await call_as(client, "alice", 3, "count", {"label": label}, extra=key)
+                )
+            finally:
+                await client.aclose()
+    assert alice == f"{label} run 1 for {ALICE}"
+    assert bob == f"{label} run 2 for {BOB}"
+    assert again == alice
+    assert runs[label] == 2
+
+
+async def test_bobs_request_state_on_alices_connection_is_sealed_for_bob() -> None:
+    """Bob's first round, on a connection that carried Alice's request: his state
+    continues his round on another connection, and Alice cannot present it."""
+    item = "state-" + token("x")[-8:]
+    answer = {"ok": {"action": "accept", "content": {}}}
+    with trio.fail_after(30):
+        async with authorized() as server:
+            gateway = await Client.connect(server.port)
+            later = await Client.connect(server.port)
+            try:
+                assert text(await call_as(gateway, "alice", 1, "bulk", {"size": 1})) == "x"
+                asked = (await call_as(gateway, "bob", 2, "confirm", {"item": item})).json()
+                state = asked["result"]["requestState"]
+                round_ = {"inputResponses": answer, "requestState": state}
+                stolen = await call_as(later, "alice", 3, "confirm", {"item": item}, round_=round_)
+                assert stolen.status == 400 and stolen.reason == "request_state_invalid"
+                assert runs[item] == 1  # Alice's attempt ran nothing
+                done = await call_as(later, "bob", 4, "confirm", {"item": item}, round_=round_)
+            finally:
+                await later.aclose()
+                await gateway.aclose()
+    assert text(done) == f"{item}: accept by {BOB}"
+    assert runs[item] == 2
+
+
+async def test_alices_stalled_peer_does_not_refuse_bob_on_a_shared_connection() -> None:
+    """Alice stops reading on one connection until her credit owner is half-open; on a
+    gateway's connection that carried Alice's request, Bob's requests are still served
+    (Alice's are refused 429 ``stream_half_open``, as they should be)."""
+    credit = CreditLimits(frames=8, bytes=64 * 1024, drain_window=0.3, liveness_timeout=60.0)
+    with trio.fail_after(60):
+        async with authorized(credit=credit) as server:
+            gateway = await Client.connect(server.port)
+            stalled = [await Client.connect(server.port, rcvbuf=4096) for _ in range(3)]
+            try:
+                assert text(await call_as(gateway, "alice", 1, "bulk", {"size": 10})) == "x" * 10
+                # Alice's other connections ask for large answers and never read them.
+                for rid, peer in enumerate(stalled, start=100):
+                    message = json.dumps(tool_call(rid, "bulk", {"size": 48 * 1024})).encode()
+                    head = headers_for(token("alice"), "bulk")
+                    await peer.send_raw(raw_request("POST", "/mcp", body=message, headers=head))
+
+                def half_open() -> bool:
+                    owner = server.principal_owners.get(ALICE)
+                    return owner is not None and owner.credit.state is CreditState.HALF_OPEN
+
+                assert await eventually(half_open, timeout=20)
+                bob = await call_as(gateway, "bob", 3, "count", {"label": "bob-after-stall"})
+                assert text(bob) == f"bob-after-stall run 1 for {BOB}"
+                refused = await call_as(gateway, "alice", 4, "bulk", {"size": 10})
+                assert refused.status == 429 and refused.reason == "stream_half_open"
+                bob = await call_as(gateway, "bob", 5, "count", {"label": "bob-after-stall"})
+                assert text(bob) == f"bob-after-stall run 2 for {BOB}"
+            finally:
+                for peer in stalled:
+                    await peer.aclose()
+                await gateway.aclose()
+
+
+async def test_a_retry_window_answers_a_principals_retry_but_not_another_principal() -> None:
+    """With authorization, the window takes the same request from the same principal
+    for a gateway's retry; the same bytes from Bob, on the same connection, run anew."""
+    label = "window-" + token("x")[-8:]
+    with trio.fail_after(30):
+        async with authorized(retry_window=30.0) as server:
+            client = await Client.connect(server.port)
+            try:
+                first = text(await call_as(client, "alice", 7, "count", {"label": label}))
+                retry = text(await call_as(client, "alice", 7, "count", {"label": label}))
+                bob = text(await call_as(client, "bob", 7, "count", {"label": label}))
+            finally:
+                await client.aclose()
+    assert first == retry == f"{label} run 1 for {ALICE}"
+    assert bob == f"{label} run 2 for {BOB}"
+    assert runs[label] == 2
+
+
+def test_the_cli_refuses_a_retry_window_without_authorization() -> None:
+    """``weir serve --retry-window`` without ``--auth-*``: one line, non-zero exit."""
+    done = subprocess.run(
+        [sys.executable, "-m", "weir", "serve", "demo", "--port", "0", "--retry-window", "5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "retry_window needs authorization" in lines[0], done.stderr
+
+
+async def test_a_gateway_connection_holds_a_bounded_number_of_owners() -> None:
+    """A connection that carried requests of many principals holds at most
+    ``MAX_OWNERS`` credit owners (the least recently used given back); all go with it."""
+    subs = [f"user{i}" for i in range(MAX_OWNERS + 1)]
+    with trio.fail_after(60):
+        async with authorized() as server:
+            client = await Client.connect(server.port)
+            try:
+                for rid, sub in enumerate(subs, start=1):
+                    assert text(await call_as(client, sub, rid, "bulk", {"size": 1})) == "x"
+                assert len(server.owners) == MAX_OWNERS
+                assert f"{ISSUER}#{subs[0]}" not in server.principal_owners  # given back
+                assert f"{ISSUER}#{subs[-1]}" in server.principal_owners
+            finally:
+                await client.aclose()
+            assert await eventually(lambda: not server.owners, timeout=10)
