@@ -15,7 +15,10 @@ The token goes to a :class:`TokenVerifier` -- any object with an async
 * a token without every required scope -> **403** with
   ``error="insufficient_scope", scope="<needed>"``;
 * a malformed ``Authorization`` header (not ``Bearer``, or a token with spaces)
-  -> **400** ``invalid_request``.
+  -> **400** ``invalid_request``;
+* a verifier that fails with anything but :class:`InvalidToken` (its backend is
+  down, a bug) has not judged the token -> **503** ``verifier_unavailable`` with
+  ``Retry-After`` and one log line; nothing runs.
 
 Each refusal's ``error_description`` is one of the fixed :data:`DESCRIPTIONS`:
 nothing a client sends ever reaches a refusal, so its head is always valid and the

@@ -375,6 +375,18 @@ class _Connections(_ServerBase):
         except InvalidToken as exc:
             text = "token expired" if isinstance(exc, TokenExpired) else "invalid token"
             raise _auth_refusal(auth, 401, Reason.UNAUTHORIZED, text, "invalid_token") from None
+        except Exception as exc:
+            # A verifier that fails (a bug, its backend down) has not judged the token:
+            # not a 401, which tells the client to drop a token that may be good, but
+            # a 503 to retry, and one log line rather than a dropped connection.
+            log.warning("the token verifier failed: %s: %s", type(exc).__name__, exc)
+            raise RemoteProtocolError(
+                "the token verifier is unavailable; nothing was executed",
+                http_status=503,
+                reason=Reason.VERIFIER_UNAVAILABLE,
+                code=SERVER_ERROR,
+                retry_after_ms=self.config.retry_ms,
+            ) from None
         if not auth.required_scopes <= access.scopes:
             raise _auth_refusal(
                 auth, 403, Reason.INSUFFICIENT_SCOPE, "insufficient scope", "insufficient_scope"

@@ -75,6 +75,7 @@ class Reason(enum.StrEnum):
     # Authorization.
     UNAUTHORIZED = "unauthorized"
     INSUFFICIENT_SCOPE = "insufficient_scope"
+    VERIFIER_UNAVAILABLE = "verifier_unavailable"
 
 
 #: JSON-RPC 2.0 error codes used by weir.

@@ -13,10 +13,11 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
 import trio
 
 from weir.app.samples.demo import app
-from weir.engine import Server, ServerConfig
+from weir.engine import AccessToken, Authorization, Server, ServerConfig
 
 from .rawhttp import Client, Reply
 from .test_auth import INIT, jwt_authorization, open_as, post, token
@@ -144,3 +145,37 @@ def test_the_per_principal_default_depends_on_authorization() -> None:
     assert ServerConfig(auth=auth, max_sessions=10).principal_session_limit == 1
     explicit = ServerConfig(auth=auth, max_sessions_per_principal=1000)
     assert explicit.principal_session_limit == 1000
+
+
+class _FlakyVerifier:
+    """A verifier whose backend is down for tokens starting ``down``."""
+
+    async def verify(self, token: str) -> AccessToken:
+        if token.startswith("down"):
+            raise ConnectionError("introspection endpoint refused the connection")
+        return AccessToken(principal=f"https://issuer.test#{token}")
+
+
+async def test_a_failing_verifier_is_a_503_to_retry_not_a_dropped_connection(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    auth = Authorization(verifier=_FlakyVerifier(), resource="http://127.0.0.1/mcp")
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(Server(app, ServerConfig(port=0, auth=auth)).run)
+            client = await Client.connect(server.port)
+            down = await client.request(
+                "POST", "/mcp", INIT, headers={"authorization": "Bearer down-1"}
+            )
+            assert down.status == 503 and down.reason == "verifier_unavailable", down
+            assert "retry-after" in down.headers
+            assert "introspection" not in down.body.decode()  # nothing of the cause leaks
+            # The same connection still serves the next request.
+            up = await client.request("POST", "/mcp", INIT, headers={"authorization": "Bearer ok"})
+            assert up.status == 200, up
+            await client.aclose()
+            server.shutdown()
+            await server.stopped.wait()
+            nursery.cancel_scope.cancel()
+    failures = [r for r in caplog.records if "verifier failed" in r.getMessage()]
+    assert len(failures) == 1 and failures[0].exc_info is None
