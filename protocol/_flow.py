@@ -36,7 +36,18 @@ every driver admits and grants identically:
   held leaves room for it.  That cannot deadlock: what is held is either
   acknowledged (released) or, with no progress, the session goes half-open
   (admission stops) and is torn down.  Memory is bounded exactly as before:
-  nothing is ever granted beyond the credit.  A waiter that gives up calls
+  nothing is ever granted beyond the credit.
+
+  Why per-stream waiting and not a reserve for results: a request is admitted
+  only with room for its result at the typical frame size, and its result then
+  waits behind nothing but its own stream, so a healthy stream's result is
+  granted as soon as the credit has room for it.  The one case left -- room
+  admission counted on was taken by other streams' frames meanwhile, and they
+  never drain -- ends when they do, when their connections go away (the driver
+  releases an abandoned stream's credit), or at the liveness teardown.  A
+  reserve per stream would cover it only by raising the bound to the credit
+  plus a reserve per stream in flight; the bound stays the credit, exactly.
+  A waiter that gives up calls
   :meth:`cancel`: ``True`` if it was still queued, ``False`` if it had been
   granted (it then owns credit it must :meth:`release`).
 * **Ending** (:meth:`close`): every queued ticket is returned so that the driver
