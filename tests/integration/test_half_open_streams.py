@@ -122,6 +122,7 @@ async def test_a_stalled_stream_never_parks_a_healthy_streams_result() -> None:
                 assert session.credit.bytes_in_use > LIMITS.bytes - RESULT
                 started = trio.current_time()
                 gates["open"].set()  # the healthy call's 80-byte result is ready
+                answers: list[dict[str, Any]] = []
                 with trio.move_on_after(LIMITS.liveness_timeout + SLACK):
                     answers = await control.messages()
                 answered = trio.current_time() - started
@@ -133,13 +134,15 @@ async def test_a_stalled_stream_never_parks_a_healthy_streams_result() -> None:
                 # 2. A later call on the healthy connection: answered, or refused
                 # before it ran -- either way before the liveness teardown.
                 started = trio.current_time()
+                later: Reply | SseReply | None = None
+                later_answers: list[dict[str, Any]] = []
                 with trio.move_on_after(LIMITS.liveness_timeout + SLACK):
                     later = await healthy.post(
                         json.loads(call(2, "gated", {"label": "later"}))  # the gate is open
                     )
                     if isinstance(later, SseReply):
                         later_answers = await later.messages()
-                assert trio.current_time() - started < LIMITS.liveness_timeout
+                assert later is not None and trio.current_time() - started < LIMITS.liveness_timeout
                 assert not session.closed
                 if isinstance(later, Reply):
                     assert later.status == 429, later
