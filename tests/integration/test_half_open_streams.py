@@ -168,3 +168,32 @@ async def test_a_stalled_stream_never_parks_a_healthy_streams_result() -> None:
                 metrics = await get_metrics(port)
                 assert _metric(metrics, "weir_credit_bytes_in_use") == 0
                 assert _metric(metrics, "weir_credit_frames_in_use") == 0
+
+
+async def test_a_finished_but_unread_stream_gives_its_credit_back_when_its_peer_hangs_up() -> None:
+    """The whole response fits in the kernel's buffers, so its writer finishes; the
+    peer never reads it, then hangs up: its credit comes back, without a teardown."""
+    with trio.fail_after(LIMITS.liveness_timeout + 30):
+        async with serving(app, ServerConfig(port=0, credit=LIMITS)) as server:
+            healthy = await open_client(server.port)
+            async with healthy.stream:
+                await healthy.initialize()
+                sid = healthy.session_id
+                assert sid is not None
+                session = server.sessions[sid]
+                peer = await open_client(server.port, rcvbuf=4096)
+                peer.session_id, peer.protocol_version = sid, healthy.protocol_version
+                reply = await peer.send("POST", call(1, "bulk", {"size": 12_000}))
+                assert isinstance(reply, SseReply) and reply.status == 200, reply
+
+                def written_not_read() -> bool:  # the writer is done, the bytes unacknowledged
+                    return writers_attached(session) == 0 and session.credit.frames_in_use > 0
+
+                assert await eventually(written_not_read, timeout=10)
+                await peer.stream.aclose()
+
+                def released() -> bool:
+                    return session.credit.frames_in_use == 0 and session.credit.bytes_in_use == 0
+
+                assert await eventually(released, timeout=LIMITS.liveness_timeout / 2)
+                assert not session.closed and server.metrics.teardowns == 0
