@@ -471,9 +471,10 @@ class _Calls(_ServerBase):
     ) -> None:
         """Write a JSON response under the session's drain credit (see :class:`JsonCharge`).
 
-        The response takes credit for its exact size before it is written (waiting
-        in FIFO order when there is none) and holds it until the peer acknowledges
-        its last byte; a teardown cancels a write that is stuck on a stalled peer.
+        The response takes credit for its exact size before it is written (when there
+        is none, waiting until it fits, behind no other response or stream) and holds
+        it until the peer acknowledges its last byte; a teardown cancels a write that
+        is stuck on a stalled peer.
         """
         data = conn.http.send_response(200, headers, body)
         del body  # (the caller's reference may remain; this frame keeps only ``data``)

@@ -142,11 +142,14 @@ class Connection:
         return bool(tracker.outstanding)
 
     def abandon(self) -> None:
-        """The connection is gone: JSON responses not acknowledged give their credit back.
+        """The connection is gone: whatever it wrote and the peer did not acknowledge
+        gives its credit back -- nothing will ever acknowledge it on this connection.
 
-        (They cannot be replayed, so nothing is owed any more.  Frames of stream
-        logs keep theirs: the log still holds them for a resumption.)
+        JSON responses cannot be replayed, so nothing is owed any more.  Frames of
+        stream logs stay in their log as replay history (a resumption writes them
+        again, on a connection of its own); they just stop holding credit, so a
+        client that stops reading and hangs up does not starve its session's other
+        streams until the liveness teardown.
         """
-        for holder, _ in self.tracker.take_pending():
-            if isinstance(holder, JsonCharge):
-                holder.drained(0)
+        for holder, seq in self.tracker.take_pending():
+            holder.drained(0 if isinstance(holder, JsonCharge) else seq + 1)

@@ -14,12 +14,17 @@ store.  Its state changes go through the tables in :mod:`weir.protocol` (here on
   ``notifications/cancelled`` and teardown can cancel them;
 * the pending server-to-client requests (sampling, elicitation, roots), by the id
   the server gave them, whose answers arrive later in a POST;
-* its drain credit (:class:`weir.protocol.SessionCredit`) and the FIFO of frames waiting
+* its drain credit (:class:`weir.protocol.SessionCredit`) and the frames waiting
   for credit.  Every frame enters a log through :meth:`StreamHandle.send`, which
-  first takes credit for its exact encoded size, waiting in FIFO order when there
-  is none -- so frames are never reordered and a session never holds more than
-  its credit; credit comes back when a connection's peer acknowledges the frame's
-  last byte (:meth:`Session.drained`), or when the stream is aborted.
+  first takes credit for its exact encoded size, waiting when there is none --
+  behind earlier frames of *its own stream* only (the stream is its lane in
+  :class:`weir.protocol.SessionFlow`), so a stream's frames are never reordered,
+  a stalled stream never parks another stream's frames, and a session never holds
+  more than its credit.  Credit comes back when a connection's peer acknowledges
+  the frame's last byte (:meth:`Session.drained`), when the stream is aborted, or
+  when the connection writing it goes away (:meth:`Session.let_go`): the frames
+  stay in the log as replay history, charged to the retention budget, but nothing
+  is in flight to a peer any more.
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ class StreamHandle:
     __slots__ = (
         "_changed",
         "_lock",
+        "abandoned",
         "close_retry_ms",
         "generation",
         "log",
@@ -100,6 +106,9 @@ class StreamHandle:
         self.outstanding = 0  # requests whose response is still to come on this stream
         self.close_retry_ms: int | None = None  # set: server closes the connection early
         self.writer_scope: trio.CancelScope | None = None
+        #: True from the moment its writer's connection went away until a reader
+        #: attaches again: frames appended meanwhile are history, holding no credit.
+        self.abandoned = False
 
     @property
     def lock(self) -> trio.Lock:
@@ -110,7 +119,8 @@ class StreamHandle:
         return lock
 
     async def send(self, payload: str, *, final: bool = False, event: str | None = None) -> None:
-        """Take credit for one frame (waiting FIFO if none is left), append it, wake the writer.
+        """Take credit for one frame (waiting behind this stream's earlier frames if none
+        is left), append it, wake the writer.
 
         Frames for a CLOSED stream are dropped without taking credit.
 
@@ -147,7 +157,7 @@ class StreamHandle:
     async def _enqueue(
         self, payload: str, *, final: bool | None, event: str | None, call_key: str | None
     ) -> None:
-        # The one way into the log: credit first (FIFO), then -- under the stream's
+        # The one way into the log: credit first (in stream order), then -- under the stream's
         # lock, so store order is log order -- the store (if shared), then the log.
         # ``final=None`` means "a response": one fewer outstanding, and final if last.
         log = self.log
@@ -160,7 +170,7 @@ class StreamHandle:
             raise FrameTooLarge(
                 f"a {size}-byte message is larger than the session's credit ({limit} bytes)"
             )
-        await self.session.acquire(size)
+        await self.session.acquire(size, lane=log.epoch)
         async with self.lock:
             if final is None:
                 final = self._count_response()
@@ -184,7 +194,7 @@ class StreamHandle:
         """:meth:`send` without waiting, where that is possible; True if it was done.
 
         Possible when the stream has no store sink, nothing holds its lock, no
-        frame of the session waits for credit and there is credit for this one --
+        frame of this stream waits for credit and there is credit for this one --
         exactly the cases where :meth:`send` would not block.  Otherwise nothing
         changes and the caller awaits :meth:`send`.
         """
@@ -204,7 +214,7 @@ class StreamHandle:
             return True
         encoded = log.encode_next(payload)
         size = len(encoded[1])
-        if not self.session.try_acquire_now(size):
+        if not self.session.try_acquire_now(size, lane=log.epoch):
             return False
         if final is None:
             final = self._count_response()
@@ -235,6 +245,8 @@ class StreamHandle:
         budget = session.budget
         if budget is not None:
             budget.charge(session.record.session_id, log.retained_bytes - before)
+        if self.abandoned:  # nobody will write it until a resumption: history only
+            session.release(*log.mark_drained(log.next_seq))
         return actual
 
     def wake(self) -> None:
@@ -528,18 +540,19 @@ class Session:
         if self.on_activity is not None:
             self.on_activity()
 
-    async def acquire(self, nbytes: int) -> None:
-        """Take credit for one frame of ``nbytes``, in FIFO order behind earlier waiters.
+    async def acquire(self, nbytes: int, lane: str | None = None) -> None:
+        """Take credit for one frame of ``nbytes``, behind earlier waiters of ``lane``
+        (its stream's epoch; ``None``: a JSON body, ordered after nothing).
 
         Raises:
             SessionClosed: the session is (or becomes) closed.
         """
-        if self.try_acquire_now(nbytes):
+        if self.try_acquire_now(nbytes, lane):
             await trio.lowlevel.checkpoint()
             return
         if self.closed:
             raise SessionClosed(self.session_id)
-        ticket = self.flow.wait_for(nbytes, trio.current_time())
+        ticket = self.flow.wait_for(nbytes, trio.current_time(), lane)
         granted = self._grants[ticket] = trio.Event()
         self._pulse(timer=True)
         try:
@@ -552,9 +565,10 @@ class Session:
         if self.closed:
             raise SessionClosed(self.session_id)
 
-    def try_acquire_now(self, nbytes: int) -> bool:
-        """Take credit for one frame if that needs no wait (open session, nobody queued)."""
-        if not self.flow.try_acquire(nbytes, trio.current_time()):
+    def try_acquire_now(self, nbytes: int, lane: str | None = None) -> bool:
+        """Take credit for one frame if that needs no wait (it fits, and no earlier
+        frame of ``lane`` waits)."""
+        if not self.flow.try_acquire(nbytes, trio.current_time(), lane):
             return False
         # A first pending frame starts the liveness clock: a new deadline.
         self._pulse(timer=self.credit.frames_in_use == 1)
@@ -572,6 +586,22 @@ class Session:
         """A peer acknowledged every frame of ``handle``'s stream below ``upto_seq``."""
         frames, nbytes = handle.log.mark_drained(upto_seq)
         self.release(frames, nbytes)
+
+    def let_go(self, handle: StreamHandle) -> None:
+        """The connection writing ``handle``'s stream went away (and no newer reader
+        took over): its frames give their credit back and stay in the log as replay
+        history (charged to the retention budget, dropped first when it sheds).
+
+        Credit bounds what is queued *towards a peer*; with no connection nothing
+        is, so holding it would only starve the session's other streams until the
+        liveness teardown.  A resumption writes the frames again without taking
+        credit for them (they are marked drained), and frames appended until a
+        reader attaches are released at once (:attr:`StreamHandle.abandoned`).
+        """
+        if self.closed:
+            return
+        handle.abandoned = True
+        self.release(*handle.log.mark_drained(handle.log.next_seq))
 
     def progress(self) -> None:
         """A peer acknowledged some bytes (not necessarily a whole frame)."""

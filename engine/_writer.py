@@ -63,6 +63,7 @@ async def write_stream(
     """
     log_ = handle.log
     http = conn.http
+    handle.abandoned = False  # a reader again: its frames hold credit until acknowledged
     if log_.state in (StreamState.LIVE_DETACHED, StreamState.FINAL_DETACHED):
         handle.handle(StreamInput.ATTACH)
     if (
@@ -101,20 +102,29 @@ async def write_stream(
                     nursery.cancel_scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             peer_gone = True
-    _let_go(session, handle, scope)
-    if peer_gone or scope.cancelled_caught or http.should_close:
+    gone = peer_gone or scope.cancelled_caught or http.should_close
+    _let_go(session, handle, scope, gone=gone)
+    if gone:
         http.send_failed()
         raise PeerGone
     if not pump.ended:
         await conn.send(pump.pending + http.end_stream())
 
 
-def _let_go(session: Session, handle: StreamHandle, scope: trio.CancelScope) -> None:
-    """The writer that held ``scope`` is done: detach it, unless a newer one took over."""
+def _let_go(
+    session: Session, handle: StreamHandle, scope: trio.CancelScope, *, gone: bool = False
+) -> None:
+    """The writer that held ``scope`` is done: detach it, unless a newer one took over.
+
+    ``gone``: its connection will carry nothing more, so the stream's frames give
+    their credit back (see :meth:`Session.let_go`).
+    """
     if handle.writer_scope is scope:
         handle.writer_scope = None
         if handle.log.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
             handle.handle(StreamInput.DETACH)
+        if gone:
+            session.let_go(handle)
         if session.on_activity is not None:
             session.on_activity()
 
@@ -139,13 +149,15 @@ async def _write_ready(
     log_, http = handle.log, conn.http
     pump = _Pump(conn, session, handle, next_seq, http.start_stream(200, headers))
     scope = handle.writer_scope = conn.scope
+    gone = True  # unless the write completes
     try:
         await pump._write(log_.frames_from(next_seq))
+        gone = http.should_close
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         http.send_failed()
         raise PeerGone from None
     finally:
-        _let_go(session, handle, scope)
+        _let_go(session, handle, scope, gone=gone)
     if http.should_close:
         http.send_failed()
         raise PeerGone

@@ -10,21 +10,46 @@ every driver admits and grants identically:
   admitted only while the session has credit *and* fewer requests in flight than
   the remaining byte credit can take at the session's typical frame size
   (:attr:`SessionFlow.typical_frame`, a moving average of its frame sizes) --
-  so responses parked waiting for credit stay near the credit too.  A session
-  with nothing in flight always admits one (else it could never make progress).
-  A half-open session refuses at once: 429 ``stream_half_open``.  Otherwise the
-  answer is :attr:`Admit.WAIT` (or :attr:`Admit.BLOCKED`, when this refusal is
-  what exhausted the credit, so the credit's deadline moved): the driver waits
-  for a change -- a grant, a release, the session ending -- or the deadline, and
-  asks again.  :meth:`SessionFlow.done` ends an admitted request's flight.
-* **Grants** (:meth:`try_acquire`, :meth:`wait_for`, :meth:`release`).  Every
-  frame takes credit for its encoded size before it enters a stream log.  When
-  it does not fit, or someone is already waiting, it gets a *ticket* and waits;
-  :meth:`release` returns credit and hands back the tickets it could now grant,
-  strictly in the order they were issued -- frames are never reordered and a
-  waiting large frame is never starved by small ones behind it.  A waiter that
-  gives up calls :meth:`cancel`: ``True`` if it was still queued, ``False`` if it
-  had been granted (it then owns credit it must :meth:`release`).
+  so responses waiting for credit stay near the credit too.  A session that
+  holds no frame always admits (else it could never make progress); one that
+  holds frames and has no room for a typical frame admits nothing, even with
+  nothing in flight: a request admitted into a full credit would run and then
+  find no room for its result.  A half-open session refuses at once: 429
+  ``stream_half_open``.  Otherwise the answer is :attr:`Admit.WAIT` (or
+  :attr:`Admit.BLOCKED`, when this refusal is what exhausted the credit, so the
+  credit's deadline moved): the driver waits for a change -- a grant, a release,
+  the session ending -- or the deadline, and asks again (so a refusal, if it
+  comes, comes within the drain window).  :meth:`SessionFlow.done` ends an
+  admitted request's flight.
+* **Grants, per stream** (:meth:`try_acquire`, :meth:`wait_for`,
+  :meth:`release`).  Every frame takes credit for its encoded size before it
+  enters a stream log.  Each frame names its *lane* -- the stream it belongs to
+  (``None``: a lane of its own, e.g. one JSON body).  Order is kept per lane
+  only: a frame waits (gets a *ticket*) when it does not fit or an earlier frame
+  of *its own* lane waits; :meth:`release` grants, in ticket order, every waiter
+  that fits and has no earlier waiter in its lane.  The streams of one session
+  have no order between them (Streamable HTTP), so a stream whose peer stopped
+  reading never parks another stream's frames behind its own: a small result on
+  a healthy connection is granted as soon as it fits, whatever large frame of a
+  stalled stream waits ahead of it.  The price is that a large waiting frame may
+  be passed by smaller frames of other streams; it is granted once the credit
+  held leaves room for it.  That cannot deadlock: what is held is either
+  acknowledged (released) or, with no progress, the session goes half-open
+  (admission stops) and is torn down.  Memory is bounded exactly as before:
+  nothing is ever granted beyond the credit.
+
+  Why per-stream waiting and not a reserve for results: a request is admitted
+  only with room for its result at the typical frame size, and its result then
+  waits behind nothing but its own stream, so a healthy stream's result is
+  granted as soon as the credit has room for it.  The one case left -- room
+  admission counted on was taken by other streams' frames meanwhile, and they
+  never drain -- ends when they do, when their connections go away (the driver
+  releases an abandoned stream's credit), or at the liveness teardown.  A
+  reserve per stream would cover it only by raising the bound to the credit
+  plus a reserve per stream in flight; the bound stays the credit, exactly.
+  A waiter that gives up calls
+  :meth:`cancel`: ``True`` if it was still queued, ``False`` if it had been
+  granted (it then owns credit it must :meth:`release`).
 * **Ending** (:meth:`close`): every queued ticket is returned so that the driver
   wakes its waiter, which then finds the flow closed.
 * **Too large** (:func:`fit_result`).  A response bigger than the session's whole
@@ -41,6 +66,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections import deque
+from collections.abc import Hashable
 from typing import Final
 
 from ._credit import CreditLimits, SessionCredit
@@ -63,7 +89,7 @@ class Admit(enum.Enum):
 class SessionFlow:
     """Admission and credit grants for one session (see the module docstring)."""
 
-    __slots__ = ("_queue", "_tickets", "closed", "credit", "inflight", "typical_frame")
+    __slots__ = ("_lanes", "_queue", "_tickets", "closed", "credit", "inflight", "typical_frame")
 
     def __init__(self, limits: CreditLimits, now: float) -> None:
         self.credit = SessionCredit(limits, now)
@@ -72,7 +98,10 @@ class SessionFlow:
         #: A moving average of this session's frame sizes (admission's byte estimate).
         self.typical_frame = INITIAL_FRAME_ESTIMATE
         self.closed = False
-        self._queue: deque[tuple[int, int]] = deque()  # (ticket, nbytes), oldest first
+        #: (ticket, nbytes, lane), oldest first.
+        self._queue: deque[tuple[int, int, Hashable | None]] = deque()
+        #: Tickets queued per named lane (a lane with a waiter takes nothing at once).
+        self._lanes: dict[Hashable, int] = {}
         self._tickets = itertools.count(1)
 
     # ------------------------------------------------------------------ admission
@@ -89,8 +118,10 @@ class SessionFlow:
         lim = credit.limits
         room = lim.bytes - credit.bytes_in_use
         has_room = credit.frames_in_use < lim.frames and room > 0
-        cap = min(lim.frames, max(1, int(room // self.typical_frame)))
-        if (has_room and self.inflight + n <= cap) or self.inflight == 0:
+        cap = min(lim.frames, int(room // self.typical_frame)) if has_room else 0
+        if self.inflight + n <= cap or (
+            not self.inflight and (cap >= 1 or not credit.frames_in_use)
+        ):
             self.inflight += n
             return Admit.ADMITTED
         if credit.state is CreditState.OPEN:
@@ -117,27 +148,39 @@ class SessionFlow:
         """Tickets queued, not granted yet."""
         return len(self._queue)
 
-    def try_acquire(self, nbytes: int, now: float) -> bool:
-        """Take credit for one frame if that needs no wait (open, nobody queued)."""
-        if self.closed or self._queue:
+    def try_acquire(self, nbytes: int, now: float, lane: Hashable | None = None) -> bool:
+        """Take credit for one frame of ``lane`` if that needs no wait: it fits and
+        no earlier frame of the same lane waits (other lanes' waiters do not matter)."""
+        if self.closed or (lane is not None and lane in self._lanes):
             return False
         return self.credit.try_acquire(nbytes, now)
 
-    def wait_for(self, nbytes: int, now: float) -> int:
-        """Queue a frame of ``nbytes`` behind earlier waiters; its ticket.
+    def wait_for(self, nbytes: int, now: float, lane: Hashable | None = None) -> int:
+        """Queue a frame of ``nbytes`` behind the earlier waiters of ``lane``; its ticket.
 
         The credit becomes exhausted (the drain window starts) if it was not.
         """
         ticket = next(self._tickets)
-        self._queue.append((ticket, nbytes))
+        self._queue.append((ticket, nbytes, lane))
+        if lane is not None:
+            self._lanes[lane] = self._lanes.get(lane, 0) + 1
         self.credit.mark_blocked(now)
         return ticket
 
+    def _dequeued(self, lane: Hashable | None) -> None:
+        if lane is not None:
+            left = self._lanes[lane] - 1
+            if left:
+                self._lanes[lane] = left
+            else:
+                del self._lanes[lane]
+
     def cancel(self, ticket: int, now: float) -> bool:
         """Withdraw a waiting ticket: True if it was still queued (no credit taken)."""
-        for i, (queued, _) in enumerate(self._queue):
+        for i, (queued, _, lane) in enumerate(self._queue):
             if queued == ticket:
                 del self._queue[i]
+                self._dequeued(lane)
                 if not self._queue:
                     self.credit.mark_unblocked(now)  # nothing waits for credit any more
                 return True
@@ -146,16 +189,27 @@ class SessionFlow:
     def release(self, frames: int, nbytes: int, now: float) -> list[int]:
         """Return credit; the tickets now granted, oldest first.
 
-        Grants stop at the first waiter that does not fit, so order is kept.
+        Every waiter that fits is granted, in ticket order, except one whose lane
+        has an earlier waiter still queued -- so order is kept within each lane.
         """
         if not frames and not nbytes:
             return []
         credit = self.credit
         credit.release(frames, nbytes, now)
         granted: list[int] = []
-        if not self.closed:
-            while self._queue and credit.try_acquire(self._queue[0][1], now):
-                granted.append(self._queue.popleft()[0])
+        if not self.closed and self._queue:
+            kept: deque[tuple[int, int, Hashable | None]] = deque()
+            stuck: set[Hashable] = set()  # lanes whose oldest waiter did not fit
+            for entry in self._queue:
+                ticket, size, lane = entry
+                if lane not in stuck and credit.try_acquire(size, now):
+                    granted.append(ticket)
+                    self._dequeued(lane)
+                else:
+                    kept.append(entry)
+                    if lane is not None:
+                        stuck.add(lane)
+            self._queue = kept
         if not self._queue:
             credit.mark_unblocked(now)
         return granted
@@ -164,8 +218,9 @@ class SessionFlow:
     def close(self) -> list[int]:
         """End the flow: no more grants; the tickets still queued, to wake."""
         self.closed = True
-        queued = [ticket for ticket, _ in self._queue]
+        queued = [ticket for ticket, _, _ in self._queue]
         self._queue.clear()
+        self._lanes.clear()
         return queued
 
     def deadline(self) -> float:

@@ -157,10 +157,11 @@ class Session:
 
     # ------------------------------------------------------------------ frames
     async def append(self, stream: StreamLog, payload: str, *, final: bool = False) -> None:
-        """Take credit for the frame (waiting in order), then append it to ``stream``."""
+        """Take credit for the frame (waiting behind this stream's earlier frames), then
+        append it to ``stream``."""
         encoded = stream.encode_next(payload)
         size = len(encoded[1])
-        await self.take_credit(size)
+        await self.take_credit(size, lane=stream.epoch)
         if stream.state is StreamState.CLOSED:
             self.release(1, size)  # aborted while we waited: nothing to send
             raise Gone
@@ -168,12 +169,13 @@ class Session:
         self.wake(stream)
 
     def try_append(self, stream: StreamLog, payload: str) -> bool:
-        """:meth:`append` if it needs no wait (credit now, nobody queued); True if done."""
+        """:meth:`append` if it needs no wait (credit now, nothing of this stream queued);
+        True if done."""
         encoded = stream.encode_next(payload)
         size = len(encoded[1])
         if self.closed or stream.state is StreamState.CLOSED:
             return False
-        if not self.flow.try_acquire(size, self.loop.time()):
+        if not self.flow.try_acquire(size, self.loop.time(), stream.epoch):
             return False
         if self.flow.credit.frames_in_use == 1:
             self.arm_timer()
@@ -181,21 +183,22 @@ class Session:
         self.wake(stream)
         return True
 
-    async def take_credit(self, size: int) -> None:
-        """Credit for one frame (or JSON body) of ``size`` bytes, in FIFO order.
+    async def take_credit(self, size: int, lane: str | None = None) -> None:
+        """Credit for one frame (or JSON body) of ``size`` bytes, behind earlier waiters
+        of ``lane`` (a frame's stream; ``None`` for a JSON body: behind nothing).
 
         Its size also feeds the session's typical frame size, which admission
         divides the remaining credit by (as on the Trio engine).
         """
         now = self.loop.time()
         self.flow.observe_frame(size)
-        if self.flow.try_acquire(size, now):
+        if self.flow.try_acquire(size, now, lane):
             if self.flow.credit.frames_in_use == 1:
                 self.arm_timer()  # the first pending frame starts the liveness clock
         else:
             if self.closed:
                 raise Gone
-            ticket = self.flow.wait_for(size, now)
+            ticket = self.flow.wait_for(size, now, lane)
             granted = self._grants[ticket] = self.loop.create_future()
             self.arm_timer()
             try:

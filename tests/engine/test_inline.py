@@ -876,20 +876,24 @@ class Streamed:
 
 
 @pytest.mark.parametrize(
-    ("version", "held", "prime"),
+    ("version", "prime"),
     [
-        # 7 log frames + the response hold the whole credit: the priming event waits.
-        pytest.param("2025-11-25", FRAMES - 1, True, id="priming-waits"),
-        # No priming below 2025-11-25: the response itself waits.
-        pytest.param("2025-06-18", FRAMES - 1, False, id="response-waits"),
+        pytest.param("2025-11-25", True, id="primed"),
+        pytest.param("2025-06-18", False, id="plain"),
     ],
 )
-async def test_inline_answer_waits_for_credit_then_arrives_in_order(
+async def test_inline_call_into_a_full_credit_waits_for_admission_then_runs(
     version: str,
-    held: int,
     prime: bool,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
+    """7 log frames + the response hold the whole credit: the inline call is not
+    admitted (it would run and find no room for its answer).  It waits for
+    admission, before it runs, and runs -- its answer in order after its priming
+    event -- once credit returns.  (A response that waits for credit after its
+    call ran: :func:`test_inline_response_waits_for_its_own_priming_event_to_drain`.)
+    """
+    held = FRAMES - 1
     async with serving() as (server, nursery):
         client = connect(server, nursery)
         await client.initialize(version)
@@ -911,19 +915,16 @@ async def test_inline_answer_waits_for_credit_then_arrives_in_order(
         assert credit.frames_in_use == FRAMES and state_of(credit) is CreditState.OPEN
         assert session.inflight == 0 and valve.stalled == 1
 
-        # t=2: the inline call is admitted and runs at once; its frames must wait.
+        # t=2: the inline call waits for admission; nothing runs, no head is sent.
         await trio.sleep_until(2.0)
         got = Streamed()
         nursery.start_soon(got.run, as_session(server, nursery, client), call_msg(2, "stamp"))
         await settle()
-        assert inline_runs(server) == Counter(["stamp"]) and deliveries(server) == Counter(
-            ["primed" if prime else "plain"]
-        )
-        assert got.head_at == 2.0 and got.events is None  # head sent, no frame yet
         assert state_of(credit) is CreditState.EXHAUSTED and credit.frames_in_use == FRAMES
-        assert session.inflight == 1  # answered, not yet enqueued
+        assert inline_runs(server) == Counter() and got.head_at is None
+        assert session.inflight == 0
 
-        # t=4: the reader drains; the credit returns and the answer follows, in order.
+        # t=4: the reader drains; the credit returns, the call runs, its answer follows.
         await trio.sleep_until(4.0)
         valve.open()
         slow_msgs = await slow.messages()
@@ -935,20 +936,18 @@ async def test_inline_answer_waits_for_credit_then_arrives_in_order(
         response = {
             "jsonrpc": "2.0",
             "id": 2,
-            "result": {"content": [{"type": "text", "text": "2.0"}]},
+            "result": {"content": [{"type": "text", "text": "4.0"}]},  # it ran at t=4
         }
         if prime:
             assert datas[0] == "" and seqs(got.events) == [0, 1]
             datas = datas[1:]
         else:
             assert all(e.id is not None for e in got.events) and seqs(got.events) == [0]
-        assert [json.loads(d) for d in datas] == [response]  # computed at t=2, sent at t=4
+        assert [json.loads(d) for d in datas] == [response]
         assert session.inflight == 0
         assert credit.frames_in_use == 0 and state_of(credit) is CreditState.OPEN
         assert credit.bytes_in_use == 0
-        assert inline_runs(server) == Counter(["stamp"]) and deliveries(server) == Counter(
-            ["primed" if prime else "plain"]
-        )
+        assert inline_runs(server) == Counter(["stamp"])  # it ran once, at t=4
         assert sid in server.sessions and server.metrics.teardowns == 0
     assert server.metrics.credit_peaks(server.sessions.values())[0] == FRAMES
 
@@ -1072,10 +1071,10 @@ async def test_try_now_refuses_and_changes_nothing(
 
     async with trio.open_nursery() as nursery:
         if why == "waiters":
-            # A frame too big for the bytes left waits, though a small one would fit:
-            # FIFO says nothing may pass it.
+            # A frame of this stream too big for the bytes left waits, though a
+            # small one would fit: nothing of its stream may pass it.
             assert other.try_send_now("a")
-            nursery.start_soon(other.send, "x" * 165)
+            nursery.start_soon(handle.send, "x" * 165)
             await settle()
             assert session.flow.waiting == 1
             assert session.credit.fits(handle.log.size_of("small"))
@@ -1104,11 +1103,33 @@ async def test_try_now_refuses_and_changes_nothing(
         session.drained(other, other_frames)
         handle.sink = None
         await settle()
+        first = 0
         if why == "waiters":
-            assert session.flow.waiting == 0 and other.log.next_seq == 2
-            session.drained(other, 2)
+            assert session.flow.waiting == 0 and handle.log.next_seq == 1
+            session.drained(handle, 1)
+            first = 1
         assert handle.try_respond_now("small")
-        assert handle.log.next_seq == 1 and log_state(handle) is StreamState.FINAL_DETACHED
+        assert handle.log.next_seq == first + 1
+        assert log_state(handle) is StreamState.FINAL_DETACHED
+
+
+async def test_another_streams_waiting_frame_does_not_hold_this_one_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    session = new_session()
+    handle = new_handle(session)
+    other = new_handle(session, epoch="0000000b")
+    async with trio.open_nursery() as nursery:
+        assert other.try_send_now("a")
+        nursery.start_soon(other.send, "x" * 165)  # too big for what is left: it waits
+        await settle()
+        assert session.flow.waiting == 1
+        assert handle.try_respond_now("small")  # fits: goes now, past the other's waiter
+        assert handle.log.next_seq == 1 and session.flow.waiting == 1
+        session.drained(handle, 1)
+        session.drained(other, 1)
+        await settle()
+        assert session.flow.waiting == 0 and other.log.next_seq == 2
 
 
 async def test_closed_log_drops_the_frame_and_counts_the_response(

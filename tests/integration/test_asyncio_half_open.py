@@ -232,21 +232,22 @@ def test_a_client_that_stops_reading_is_refused_429_then_torn_down() -> None:
         # A: an answer of nearly the whole credit into a 4 KB receive window, never read.
         stalled = RawStream(running.port, rcvbuf=4096)
         assert stalled.send("POST", _headers(c), _filling(1, credit)) == 200
-        # B: an answer too big for what A left, which must wait behind A's bytes.
-        waiting = RawStream(running.port)
-        assert waiting.send("POST", _headers(c), _call(2, "echo", {"text": "b" * 1000})) == 200
-        frames, nbytes, queued = _credit_of(running, c.session_id)
-        # What the session holds is bounded by its credit.
-        assert frames <= credit.frames and queued <= 2 and nbytes <= credit.bytes
-        # C: refused 429 once the drain window has passed without progress, not before.
+        # B: a call into what A left -- no room for one typical answer, so it is not
+        # admitted (it would run and find no room for its result): it waits for
+        # admission, before anything runs, and is refused 429 once the drain window
+        # has passed without progress, not before.
         started = time.monotonic()
-        ping = json.dumps({"jsonrpc": "2.0", "id": 3, "method": "ping"}).encode()
         refused = RawStream(running.port)
-        assert refused.send("POST", _headers(c, "application/json"), ping) == 429
+        call = _call(2, "echo", {"text": "b" * 1000})
+        assert refused.send("POST", _headers(c, "application/json"), call) == 429
         assert time.monotonic() - started >= credit.drain_window * 0.9
         error = json.loads(refused.body())["error"]
         assert error["data"]["reason"] == "stream_half_open" and error["data"]["retryAfterMs"] > 0
         refused.close()
+        frames, nbytes, queued = _credit_of(running, c.session_id)
+        # What the session holds is bounded by its credit, and nothing waits for it.
+        assert frames <= credit.frames and queued == 0 and nbytes <= credit.bytes
+        ping = json.dumps({"jsonrpc": "2.0", "id": 3, "method": "ping"}).encode()
         # Past the liveness timeout the session is torn down: 404, and B's stream ends.
         deadline = time.monotonic() + credit.liveness_timeout + 3.0
         status = 429
@@ -259,13 +260,7 @@ def test_a_client_that_stops_reading_is_refused_429_then_torn_down() -> None:
             time.sleep(0.05)
         assert status == 404, status
         assert running.probe(lambda: c.session_id in running.driver.sessions) is False
-        # B's stream ends with the session, and its answer (which waited for credit
-        # behind A) was never sent: at most its priming event, which fitted.
-        seen = [waiting.next_event() for _ in range(3)]
-        assert all(e is None or not e.data for e in seen)
-        assert seen[-1] is None
         stalled.close()
-        waiting.close()
 
 
 def test_a_healthy_session_gives_back_every_byte_of_credit() -> None:
@@ -340,7 +335,7 @@ def test_a_json_only_client_that_stops_reading_holds_no_more_than_its_credit() -
         only_json = "application/json"
         stalled = RawStream(running.port, rcvbuf=4096)
         assert stalled.send("POST", _headers(c, only_json), _filling(1, credit)) == 200
-        # The next JSON answer must wait for credit: its request hangs ...
+        # The next request finds no room for its answer: it waits for admission ...
         waiting = RawStream(running.port)
         body = _call(2, "echo", {"text": "b" * 1000})
         started = time.monotonic()
@@ -361,7 +356,9 @@ def test_a_json_only_client_that_stops_reading_holds_no_more_than_its_credit() -
         assert frames == 1 and nbytes <= credit.bytes  # the one stalled body, no more
         sender.join(credit.liveness_timeout + 5)
         assert not sender.is_alive()
-        assert heads == [404]  # torn down while it waited: its session is gone
+        # ... before it runs, and is refused with the third once half-open (it is not
+        # run, left waiting for credit, and lost in the teardown).
+        assert heads == [429]
         stalled.close()
         waiting.close()
 
@@ -375,8 +372,9 @@ def test_a_batch_into_a_half_open_session_gets_an_error_per_entry() -> None:
         c.initialize("2025-03-26")
         stalled = RawStream(running.port, rcvbuf=4096)
         assert stalled.send("POST", _headers(c), _filling(1, credit)) == 200
-        waiting = RawStream(running.port)  # an answer that waits behind the stalled bytes
-        assert waiting.send("POST", _headers(c), _call(2, "echo", {"text": "b" * 1000})) == 200
+        # No room for another answer: refused once half-open, before it ran.
+        waiting = RawStream(running.port)
+        assert waiting.send("POST", _headers(c), _call(2, "echo", {"text": "b" * 1000})) == 429
         ping = json.dumps({"jsonrpc": "2.0", "id": 3, "method": "ping"}).encode()
         refused = RawStream(running.port)
         assert refused.send("POST", _headers(c, "application/json"), ping) == 429  # half-open

@@ -520,9 +520,10 @@ async def test_half_open_legacy_stream_is_refused_bounded_and_reaped() -> None:
 async def test_burst_into_a_stalled_session_keeps_memory_within_its_credit() -> None:
     """Bounded: memory per stalled session <= byte credit + a constant.
 
-    The peer stalls, then fires a burst of calls: the session is EXHAUSTED, so each
-    call waits for admission (before anything runs) until the drain window makes
-    the session half-open, and is then refused.  Whatever the burst costs must stay
+    The peer stalls, then fires a burst of calls: the session is EXHAUSTED (or,
+    when the fill already found no room, half-open), so each call waits for
+    admission (before anything runs) until the drain window makes the session
+    half-open, and is then refused.  Whatever the burst costs must stay
     within the session's byte credit (plus a small constant), however many calls
     it holds.
     """
@@ -562,12 +563,14 @@ async def burst_into_stalled_session(
         for i in range(1, 100):  # fill the credit until a frame has to wait for it
             samples.take(stalled)
             reply = await post_once(port, bulk_call(i, size, f"fill{i}"), target=endpoint)
-            assert isinstance(reply, Reply) and reply.status == 202, reply
+            assert isinstance(reply, Reply) and reply.status in (202, 429), reply
+            if reply.status == 429:  # no room left for its result: refused before it ran
+                break
             # The handler runs after the 202, in the server's nursery: poll for it.
             assert await eventually(settled, timeout=5), "the fill call never settled"
             if stalled.credit.state is CreditState.EXHAUSTED:
                 break
-    assert stalled.credit.state is CreditState.EXHAUSTED
+    assert stalled.credit.state in (CreditState.EXHAUSTED, CreditState.HALF_OPEN)
     posts: list[tuple[float, float, float, int]] = []  # (sent, received, floor, status)
     tracemalloc.start()
     try:
