@@ -470,7 +470,9 @@ def check_store_url(url: str) -> None:
     if url == "memory":
         return
     scheme, _, rest = url.partition("://")
-    netloc, slash, path = rest.rpartition("@")[2].partition("/")
+    rest = rest.rpartition("@")[2]  # (never shown: the password)
+    rest = rest.partition("#")[0].partition("?")[0]  # (the query: TLS options, say)
+    netloc, slash, path = rest.partition("/")
     shown = f"{scheme}://{netloc}{slash}{path}"
     for node in netloc.split(","):
         host, colon, port = node.rpartition(":") if not node.endswith("]") else (node, "", "")
@@ -480,7 +482,7 @@ def check_store_url(url: str) -> None:
             )
         if not (host if colon else node):
             raise SystemExit(f"weir: --store {shown!r}: no host")
-    db = path.partition("?")[0].strip("/")
+    db = path.strip("/")
     if db and not db.isdigit():
         raise SystemExit(
             f"weir: --store {shown!r}: the path must be a database index (/0, /1, ...), "
@@ -631,10 +633,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # (ExceptionGroup included)
-        line = explain(exc, config.host, config.port)
-        if line is None and progress.serving:
+        if progress.serving:
             raise  # not a start-up failure: a bug, with its traceback
         log.debug("start-up failed", exc_info=exc)
-        print(line or f"weir: could not start: {describe(exc)}", file=sys.stderr, flush=True)
+        line = explain(exc, config.host, config.port) or f"weir: could not start: {describe(exc)}"
+        print(line, file=sys.stderr, flush=True)
         return 1
     return 0

@@ -161,3 +161,21 @@ def test_version(tmp_path: Path) -> None:
     done = weir(tmp_path, "--version")
     assert done.returncode == 0
     assert done.stdout.strip() == f"weir {package.__version__}"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "memory",
+        "redis://127.0.0.1",
+        "redis://127.0.0.1:6379/3",
+        "rediss://user:p%40ss@cache.example:6380/0?ssl_cert_reqs=none",
+        "redis://:pa?ss/wd@127.0.0.1:6379/0",  # (a password is not parsed as a path)
+        "redis+cluster://10.0.0.1:7000,10.0.0.2:7001",
+        "redis://[::1]:6379/1",
+    ],
+)
+def test_store_urls_that_can_be_right_pass(url: str) -> None:
+    from weir.engine.cli import check_store_url
+
+    check_store_url(url)

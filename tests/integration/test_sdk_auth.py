@@ -194,3 +194,62 @@ def test_the_asyncio_driver_refuses_rather_than_serve_it_open() -> None:
     )
     assert done.returncode != 0 and "asyncio-weir: serving" not in done.stdout
     assert "declares its own authorization" in done.stderr
+
+
+class TableVerifier:
+    """An app's verifier that looks tokens up (as an introspection cache would); it
+    vouches for a stale token too, and for one issued for another resource."""
+
+    def __init__(self) -> None:
+        from mcp.server.auth.provider import AccessToken
+
+        now = int(time.time())
+        self.table = {
+            "fresh": AccessToken(token="fresh", client_id="c1", scopes=["mcp"], resource=RESOURCE),
+            "stale": AccessToken(
+                token="stale", client_id="c1", scopes=["mcp"], expires_at=now - 60
+            ),
+            "elsewhere": AccessToken(
+                token="elsewhere", client_id="c1", scopes=["mcp"], resource="https://other.test/"
+            ),
+        }
+
+    async def verify_token(self, token: str) -> Any:
+        return self.table.get(token)
+
+
+@pytest.mark.parametrize(("tok", "status"), [("fresh", 200), ("stale", 401), ("elsewhere", 401)])
+async def test_expiry_and_resource_are_checked_whatever_the_verifier_says(
+    tok: str, status: int
+) -> None:
+    from mcp.server.auth.settings import AuthSettings
+    from mcp.server.mcpserver import MCPServer
+
+    from weir.app.sdk import from_sdk
+    from weir.engine import Server, ServerConfig
+    from weir.engine._declared_auth import declared_authorization
+
+    settings = AuthSettings(
+        issuer_url=ISSUER,  # type: ignore[arg-type]
+        resource_server_url=RESOURCE,  # type: ignore[arg-type]
+        required_scopes=["mcp"],
+        validate_token_resource=True,
+    )
+    sdk = MCPServer("table", token_verifier=TableVerifier(), auth=settings)
+
+    @sdk.tool()
+    async def ping() -> str:
+        """Answer."""
+        return "pong"
+
+    app = from_sdk(sdk)
+    auth = declared_authorization(app)
+    assert auth is not None
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(Server(app, ServerConfig(port=0, auth=auth)).run)
+            reply = await sessionless(server.port, "ping", tok)
+            server.shutdown()
+    assert reply.status == status, reply
+    if status == 200:
+        assert tool_text(reply) == "pong"
