@@ -204,7 +204,10 @@ class _AsyncioHint(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
+        if getattr(record, "weir_hinted", False):
+            return True  # (another bridge in this process rewrote it already)
         if exc is not None and asyncio_only_failure(exc) is not None:
+            record.weir_hinted = True
             args = record.args if isinstance(record.args, tuple) else ()
             kind = str(record.msg).split(" ", 1)[0].lower()
             what = (
