@@ -29,6 +29,7 @@ from weir.app import (
 )
 
 from ._auth import AccessToken, Authorization, InvalidToken, JwtVerifier, TokenVerifier
+from ._declared_auth import declared_authorization
 from ._memory import tune_allocator
 from ._server import Server, ServerConfig, serve
 from ._store import (
@@ -83,6 +84,7 @@ __all__ = [
     "Tool",
     "ToolError",
     "audio",
+    "declared_authorization",
     "embedded_resource",
     "image",
     "serve",

@@ -253,3 +253,51 @@ async def test_expiry_and_resource_are_checked_whatever_the_verifier_says(
     assert reply.status == status, reply
     if status == 200:
         assert tool_text(reply) == "pong"
+
+
+async def test_a_verifier_that_needs_asyncio_refuses_and_names_the_fix(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import asyncio
+
+    from mcp.server.auth.settings import AuthSettings
+    from mcp.server.mcpserver import MCPServer
+
+    from weir.app.sdk import from_sdk
+    from weir.engine import Server, ServerConfig, declared_authorization
+
+    class AsyncioVerifier:
+        async def verify_token(self, token: str) -> Any:
+            await asyncio.sleep(0.01)  # needs an asyncio loop; weir runs it on Trio
+            return None
+
+    settings = AuthSettings(
+        issuer_url=ISSUER,  # type: ignore[arg-type]
+        resource_server_url=RESOURCE,  # type: ignore[arg-type]
+        validate_token_resource=False,
+    )
+    app = from_sdk(MCPServer("aio", token_verifier=AsyncioVerifier(), auth=settings))
+    auth = declared_authorization(app)
+    assert auth is not None
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(Server(app, ServerConfig(port=0, auth=auth)).run)
+            reply = await sessionless(server.port, "anything", "some-token")
+            server.shutdown()
+    assert reply.status == 401, reply
+    hints = [r for r in caplog.records if "docs/asyncio-libraries.md" in r.getMessage()]
+    assert len(hints) == 1 and "token verifier" in hints[0].getMessage()
+
+
+def test_a_fastmcp_auth_provider_is_refused_not_dropped() -> None:
+    fastmcp = pytest.importorskip("fastmcp")
+    from fastmcp.server.auth.providers.jwt import JWTVerifier, RSAKeyPair
+
+    from weir.app.sdk import from_sdk
+    from weir.engine import declared_authorization
+
+    pair = RSAKeyPair.generate()
+    verifier = JWTVerifier(public_key=pair.public_key, issuer=ISSUER, audience=RESOURCE)
+    app = from_sdk(fastmcp.FastMCP("guarded", auth=verifier))
+    with pytest.raises(ValueError, match="--auth-issuer"):
+        declared_authorization(app)
