@@ -14,6 +14,7 @@ through the context's backend, which waits for drain credit.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -47,13 +48,18 @@ from weir.protocol.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS
 from weir.protocol.sessionless import SESSIONLESS_VERSIONS
 
 from ._context import AccessToken, Context, SessionChannel
-from ._foreign import asyncio_only_failure, asyncio_only_hint
+from ._foreign import asyncio_only_failure, asyncio_only_hint, asyncio_only_result
 from ._registry import App, McpError
 from .sdk import SdkSecurity
 
 log = logging.getLogger(__name__)
 #: Where MCPServer logs a tool, resource or prompt that raised (with the exception).
 _SDK_HANDLER_LOG = "mcp.server.mcpserver.server"
+#: What :class:`_AsyncioHint` saw fail for asyncio in the request this task serves
+#: (the handler names it rewrote), so :meth:`Bridge.request` tells the client too.
+_ASYNCIO_FAILED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "weir_sdk_asyncio_failed", default=None
+)
 
 _MODERN = frozenset(SESSIONLESS_VERSIONS)
 _EVENT_LISTS: dict[type, str] = {
@@ -214,6 +220,9 @@ class _AsyncioHint(logging.Filter):
                 f"{kind} {args[0]}" if args and kind in ("tool", "resource") else "an SDK handler"
             )
             record.msg, record.args = asyncio_only_hint(what), ()
+            failed = _ASYNCIO_FAILED.get()
+            if failed is not None and len(failed) < 8:
+                failed.append(what)
         return True
 
 
@@ -312,12 +321,14 @@ class Bridge:
         # from its own context variable, which its HTTP transport sets: so does weir.
         user = None if ctx.access_token is None else _sdk_user(ctx.access_token)
         vouched = auth_context_var.set(user)
+        failed: list[str] = []
+        watching = _ASYNCIO_FAILED.set(failed)
         try:
             if modern:
                 connection = Connection.from_envelope(
                     version, ctx.client_info or None, ctx.client_capabilities
                 )
-                return await serve_one(
+                result = await serve_one(
                     self.low,
                     dctx,
                     method,
@@ -325,8 +336,15 @@ class Bridge:
                     connection=connection,
                     lifespan_state=self.state,
                 )
-            runner = ServerRunner(self.low, self._connection(ctx), self.state)
-            return await runner.on_request(dctx, method, params)
+            else:
+                runner = ServerRunner(self.low, self._connection(ctx), self.state)
+                result = await runner.on_request(dctx, method, params)
+            if failed and result.get("isError") is True:
+                # As a native tool's: it needs asyncio (the log has the fix), nothing more.
+                said = {"type": "text", "text": asyncio_only_result(failed[0])}
+                result = {k: v for k, v in result.items() if k != "structuredContent"}
+                result["content"] = [said]
+            return result
         except MCPError as exc:
             raise McpError(exc.error.code, exc.error.message, exc.error.data) from None
         except ValidationError:
@@ -334,6 +352,7 @@ class Bridge:
         except NotImplementedError as exc:  # the SDK's way to say "not served here"
             raise McpError(INTERNAL_ERROR, str(exc) or "not implemented") from None
         finally:
+            _ASYNCIO_FAILED.reset(watching)
             auth_context_var.reset(vouched)
 
     def _connection(self, ctx: Context) -> Connection:

@@ -172,7 +172,15 @@ def test_the_custom_route_weir_does_not_serve_is_named(served: WeirProcess) -> N
 async def test_an_sdk_tool_that_needs_asyncio_gets_the_hint(served: WeirProcess) -> None:
     with trio.fail_after(30):
         reply = await sessionless(served.port, "napper", token())
-        assert reply.json()["result"]["isError"] is True
+        result = reply.json()["result"]
+        assert result["isError"] is True
+        assert result["content"] == [
+            {
+                "type": "text",
+                "text": "tool napper failed: it needs an asyncio event loop; "
+                "the server logged the details",
+            }
+        ]
         # The log line is written before the response; bounded wait for the pipe.
         for _ in range(100):
             if "docs/asyncio-libraries.md" in served.stderr():
