@@ -498,7 +498,7 @@ async def _open_store(url: str) -> SessionStore:
     from ._redis_store import RedisStore
 
     scheme, _, rest = url.partition("://")
-    where = f"{scheme}://{rest.rpartition('@')[2]}"
+    where = f"{scheme}://{rest.rpartition('@')[2].partition('?')[0]}"  # (no secrets)
     try:
         return await RedisStore.connect(url)
     except ValueError as exc:
@@ -596,21 +596,23 @@ def _load(spec: str, app_dir: str) -> App:
         ) from None
 
 
-def _with_app_security(app: App, config: ServerConfig) -> ServerConfig:
+def _with_app_security(app: App, config: ServerConfig, *, warn: bool = True) -> ServerConfig:
     """``config`` with the authorization the app declares for itself, unless the
-    command line configures its own; say what weir does not serve of the app."""
-    for route in getattr(app, "unserved_routes", ()):
+    command line configures its own; with ``warn``, say what weir does not serve of
+    the app (a worker does not: its parent has said it)."""
+    for route in getattr(app, "unserved_routes", ()) if warn else ():
         log.warning("the app's route %s is not served by weir (serve it elsewhere)", route)
     try:
         declared = declared_authorization(app)
     except ValueError as exc:
-        if config.auth is not None:
-            return config
-        raise SystemExit(f"weir: refusing to serve the app open: {exc}") from None
+        if config.auth is None:
+            raise SystemExit(f"weir: refusing to serve the app open: {exc}") from None
+        declared = config.auth
     if declared is None:
         return config
     if config.auth is not None:
-        log.warning("the app's own token verifier is replaced by the --auth-* options")
+        if warn:
+            log.warning("the app's own authorization is replaced by the --auth-* options")
         return config
     return dataclasses.replace(config, auth=declared)
 
@@ -620,7 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     app = _load(args.app, args.app_dir)
-    config = _with_app_security(app, config_from_args(args))
+    config = _with_app_security(app, config_from_args(args), warn=not args.reuse_port)
     if args.workers > 1:
         from ._workers import run_workers
 

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jwt
@@ -309,3 +310,25 @@ def test_a_fastmcp_auth_provider_is_refused_not_dropped() -> None:
     app = from_sdk(fastmcp.FastMCP("guarded", auth=verifier))
     with pytest.raises(ValueError, match="--auth-issuer"):
         declared_authorization(app)
+
+
+async def test_auth_options_replace_the_apps_verifier(tmp_path: Path) -> None:
+    from tests.integration import test_auth
+
+    keys = tmp_path / "jwks.json"
+    keys.write_text(json.dumps(test_auth.jwks()))
+    args = [
+        "--auth-issuer", test_auth.ISSUER, "--auth-resource", test_auth.RESOURCE,
+        "--auth-jwks-file", str(keys),
+    ]  # fmt: skip
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = WeirProcess(APP, out, err, args)
+        try:
+            with trio.fail_after(30):
+                ours = await sessionless(proc.port, "whoami", test_auth.token("dora"))
+                apps = await sessionless(proc.port, "whoami", token("dora"))
+        finally:
+            proc.stop()
+        assert json.loads(tool_text(ours))["subject"] == "dora"
+        assert apps.status == 401, apps  # signed with the app's key: not weir's
+        assert "the app's own authorization is replaced by the --auth-* options" in (proc.stderr())
