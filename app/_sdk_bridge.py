@@ -9,6 +9,12 @@ down when the session closes).  :class:`_Dispatch` is the SDK's per-request
 the SDK connection's standalone channel over the session's GET stream.  Nothing
 here blocks or holds more than those per-session objects: every message goes
 through the context's backend, which waits for drain credit.
+
+:func:`security_of` reads the app's own authorization (its verifier, wrapped to
+speak weir's :class:`~weir.app.AccessToken`), :func:`unserved_routes_of` what of the
+app weir does not serve.  While the app is served, a filter on the SDK's handler
+logger turns its log of a handler that failed for want of asyncio into weir's hint
+naming the fix, and :meth:`Bridge.request` answers that call as a native tool's.
 """
 
 from __future__ import annotations
