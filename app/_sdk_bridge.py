@@ -9,12 +9,21 @@ down when the session closes).  :class:`_Dispatch` is the SDK's per-request
 the SDK connection's standalone channel over the session's GET stream.  Nothing
 here blocks or holds more than those per-session objects: every message goes
 through the context's backend, which waits for drain credit.
+
+:func:`security_of` reads the app's own authorization (its verifier, wrapped to
+speak weir's :class:`~weir.app.AccessToken`), :func:`unserved_routes_of` what of the
+app weir does not serve.  While the app is served, a filter on the SDK's handler
+logger turns its log of a handler that failed for want of asyncio into weir's hint
+naming the fix, and :meth:`Bridge.request` answers that call as a native tool's.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+import contextvars
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,14 +47,25 @@ from mcp.shared.subscriptions import (
 )
 from mcp.shared.transport_context import TransportContext
 from mcp_types import ClientCapabilities, InitializeRequestParams
-from pydantic import BaseModel, ValidationError
+from pydantic import AnyHttpUrl, BaseModel, ValidationError
 
 from weir.protocol import encode_notification
 from weir.protocol.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS
 from weir.protocol.sessionless import SESSIONLESS_VERSIONS
 
 from ._context import AccessToken, Context, SessionChannel
+from ._foreign import asyncio_only_failure, asyncio_only_hint, asyncio_only_result
 from ._registry import App, McpError
+from .sdk import SdkSecurity
+
+log = logging.getLogger(__name__)
+#: Where MCPServer logs a tool, resource or prompt that raised (with the exception).
+_SDK_HANDLER_LOG = "mcp.server.mcpserver.server"
+#: What :class:`_AsyncioHint` saw fail for asyncio in the request this task serves
+#: (the handler names it rewrote), so :meth:`Bridge.request` tells the client too.
+_ASYNCIO_FAILED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "weir_sdk_asyncio_failed", default=None
+)
 
 _MODERN = frozenset(SESSIONLESS_VERSIONS)
 _EVENT_LISTS: dict[type, str] = {
@@ -72,6 +92,144 @@ def _sdk_user(access: AccessToken) -> AuthenticatedUser:
         claims=claims,
     )
     return AuthenticatedUser(token)
+
+
+def _weir_access(got: SdkAccessToken) -> AccessToken:
+    """What the app's verifier vouched for, as weir's :class:`AccessToken`.  The
+    principal is ``iss#sub`` (as weir's own verifier makes it) when the token names
+    both, else the SDK's principal triple as JSON; the claims carry ``client_id`` and
+    ``sub`` so the SDK's ``get_access_token()`` reads them back unchanged."""
+    claims = dict(got.claims or {})
+    issuer = claims.get("iss")
+    if issuer is not None and got.subject is not None:
+        principal = f"{issuer}#{got.subject}"
+    else:
+        triple = [got.client_id, None if issuer is None else str(issuer), got.subject]
+        principal = json.dumps(triple)
+    claims["client_id"] = got.client_id
+    if got.subject is not None:
+        claims["sub"] = got.subject
+    return AccessToken(
+        principal=principal,
+        scopes=frozenset(got.scopes),
+        expires_at=None if got.expires_at is None else float(got.expires_at),
+        claims=claims,
+    )
+
+
+def _same_resource(resource: str | None, expected: str) -> bool:
+    """The SDK's own comparison: as URLs, a trailing slash aside."""
+    try:
+        got = str(AnyHttpUrl(resource or ""))
+    except ValidationError:
+        return False
+    return got.removesuffix("/") == expected.removesuffix("/")
+
+
+def security_of(server: Any) -> SdkSecurity | None:
+    """The authorization ``server`` declares, or None.
+
+    An ``MCPServer``'s ``token_verifier`` (or its ``auth_server_provider``'s) with its
+    ``AuthSettings``; a FastMCP server's ``auth`` provider is declared with no
+    ``verify`` (weir cannot run it: the driver refuses to serve it open).
+    """
+    if not isinstance(server, MCPServer):
+        if getattr(server, "auth", None) is not None and hasattr(server, "_mcp_server"):
+            return SdkSecurity(
+                verify=None, resource=None, authorization_servers=(), required_scopes=frozenset()
+            )
+        return None
+    verifier = getattr(server, "_token_verifier", None)
+    settings = server.settings.auth
+    if verifier is None and settings is None:
+        return None
+    resource = (
+        None
+        if settings is None or settings.resource_server_url is None
+        else (str(settings.resource_server_url))
+    )
+    check_resource = bool(settings is not None and settings.validate_token_resource)
+
+    return SdkSecurity(
+        verify=None if verifier is None else _verifying(verifier, resource, check_resource),
+        resource=resource,
+        authorization_servers=() if settings is None else (str(settings.issuer_url),),
+        required_scopes=frozenset(settings.required_scopes or ()) if settings else frozenset(),
+    )
+
+
+def _verifying(
+    verifier: Any, resource: str | None, check_resource: bool
+) -> Callable[[str], Awaitable[AccessToken | None]]:
+    """``verify(token)`` over the SDK ``verifier`` (see :class:`SdkSecurity`)."""
+
+    async def verify(token: str) -> AccessToken | None:
+        try:
+            got = await verifier.verify_token(token)
+        except Exception as exc:
+            if asyncio_only_failure(exc) is not None:
+                log.error("%s", _verifier_hint(), exc_info=exc)
+            else:
+                log.exception("the app's token verifier failed")
+            return None
+        if got is None:
+            return None
+        if check_resource and resource is not None and not _same_resource(got.resource, resource):
+            log.warning(
+                "bearer token resource %r is not resource_server_url %s", got.resource, resource
+            )
+            return None
+        return _weir_access(got)
+
+    return verify
+
+
+def _verifier_hint() -> str:
+    return (
+        "the app's token verifier failed: it used a library written for asyncio (aiohttp, "
+        "asyncpg, ...), which does not run on Trio, the loop this server ran it on. Decorate "
+        "its verify_token with @weir.engine.asyncio_bridge.on_asyncio to run it on a shared "
+        "asyncio loop; see docs/asyncio-libraries.md"
+    )
+
+
+def unserved_routes_of(server: Any) -> tuple[str, ...]:
+    """The HTTP routes ``server`` declares that weir does not serve: its custom
+    routes (``"GET /health"``), and an ``auth_server_provider``'s authorization-server
+    endpoints."""
+    routes = getattr(server, "_custom_starlette_routes", None)
+    if routes is None:
+        routes = getattr(server, "_additional_http_routes", None) or []
+    named = []
+    for route in routes:
+        methods = sorted(getattr(route, "methods", None) or ())
+        path = getattr(route, "path", "?")
+        named.append(f"{','.join(methods)} {path}".strip())
+    if getattr(server, "_auth_server_provider", None) is not None:
+        named.append("the authorization server (/authorize, /token, /register, ...)")
+    return tuple(named)
+
+
+class _AsyncioHint(logging.Filter):
+    """Rewrites the SDK's log of a tool (or resource, prompt) that raised because it
+    used an asyncio-only library into weir's hint naming the fix (traceback kept)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if getattr(record, "weir_hinted", False):
+            return True  # (another bridge in this process rewrote it already)
+        if exc is not None and asyncio_only_failure(exc) is not None:
+            record.weir_hinted = True
+            args = record.args if isinstance(record.args, tuple) else ()
+            kind = str(record.msg).split(" ", 1)[0].lower()
+            what = (
+                f"{kind} {args[0]}" if args and kind in ("tool", "resource") else "an SDK handler"
+            )
+            record.msg, record.args = asyncio_only_hint(what), ()
+            failed = _ASYNCIO_FAILED.get()
+            if failed is not None and len(failed) < 8:
+                failed.append(what)
+        return True
 
 
 def lowlevel_of(server: Any) -> Server[Any]:
@@ -132,12 +290,16 @@ class Bridge:
             elif isinstance(event, ToolsListChanged | PromptsListChanged | ResourcesListChanged):
                 app.changed(_EVENT_LISTS[type(event)])
 
+        hint = _AsyncioHint()
+        sdk_log = logging.getLogger(_SDK_HANDLER_LOG)
         async with self.low.lifespan(self.low) as state:
             self.state = state
             unsubscribe = self.bus.subscribe(announce) if self.bus is not None else None
+            sdk_log.addFilter(hint)
             try:
                 yield state
             finally:
+                sdk_log.removeFilter(hint)
                 if unsubscribe is not None:
                     unsubscribe()
                 for sid in list(self.connections):
@@ -165,12 +327,14 @@ class Bridge:
         # from its own context variable, which its HTTP transport sets: so does weir.
         user = None if ctx.access_token is None else _sdk_user(ctx.access_token)
         vouched = auth_context_var.set(user)
+        failed: list[str] = []
+        watching = _ASYNCIO_FAILED.set(failed)
         try:
             if modern:
                 connection = Connection.from_envelope(
                     version, ctx.client_info or None, ctx.client_capabilities
                 )
-                return await serve_one(
+                result = await serve_one(
                     self.low,
                     dctx,
                     method,
@@ -178,8 +342,15 @@ class Bridge:
                     connection=connection,
                     lifespan_state=self.state,
                 )
-            runner = ServerRunner(self.low, self._connection(ctx), self.state)
-            return await runner.on_request(dctx, method, params)
+            else:
+                runner = ServerRunner(self.low, self._connection(ctx), self.state)
+                result = await runner.on_request(dctx, method, params)
+            if failed and result.get("isError") is True:
+                # As a native tool's: it needs asyncio (the log has the fix), nothing more.
+                said = {"type": "text", "text": asyncio_only_result(failed[0])}
+                result = {k: v for k, v in result.items() if k != "structuredContent"}
+                result["content"] = [said]
+            return result
         except MCPError as exc:
             raise McpError(exc.error.code, exc.error.message, exc.error.data) from None
         except ValidationError:
@@ -187,6 +358,7 @@ class Bridge:
         except NotImplementedError as exc:  # the SDK's way to say "not served here"
             raise McpError(INTERNAL_ERROR, str(exc) or "not implemented") from None
         finally:
+            _ASYNCIO_FAILED.reset(watching)
             auth_context_var.reset(vouched)
 
     def _connection(self, ctx: Context) -> Connection:

@@ -26,6 +26,14 @@ in a weir :class:`~weir.app.App` built only from the App API's public hooks:
   ``state``, ``exit_stack``) is made on a session's first request in this process
   and torn down by the session-close hook, so there is at most one per live
   session; a 2026-07-28 request gets its own, as in the SDK.
+* **Security.**  An ``MCPServer`` built with ``token_verifier=`` and
+  ``auth=AuthSettings(...)`` keeps it: :attr:`SdkApp.security` hands the driver the
+  app's verifier (wrapped to return a weir :class:`~weir.app.AccessToken`, or None
+  for a token it refuses) with the resource, issuer and required scopes the app
+  declares, and ``weir serve`` enforces them as its own authorization.  What weir
+  does not serve -- the app's ``custom_route`` routes, the authorization-server
+  routes of an ``auth_server_provider`` -- is listed in
+  :attr:`SdkApp.unserved_routes`, for the driver to say so at start-up.
 * **Lifespan and changes.**  The SDK server's lifespan is the App's; events the
   SDK publishes on its subscription bus are announced with
   :meth:`~weir.app.App.changed`, so they reach ``subscriptions/listen`` streams on
@@ -41,8 +49,11 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
+from ._context import AccessToken
 from ._registry import App
 
 #: The SDK versions this bridge is tested with (the ``sdk`` extra pins the same range).
@@ -62,7 +73,12 @@ CONTRACT: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("mcp.server.lowlevel.server.Server", "create_initialization_options", ()),
     ("mcp.server.lowlevel.server.Server", "get_request_handler", ("method",)),
     ("mcp.server.lowlevel.server.Server", "server_info", ()),
-    ("mcp.server.mcpserver", "MCPServer", ("name",)),
+    ("mcp.server.mcpserver", "MCPServer", ("name", "token_verifier", "auth")),
+    (
+        "mcp.server.auth.settings",
+        "AuthSettings",
+        ("issuer_url", "resource_server_url", "required_scopes", "validate_token_resource"),
+    ),
     ("mcp.shared.exceptions", "NoBackChannelError", ()),
     ("mcp.shared.exceptions", "MCPError", ("code", "message", "data")),
     ("mcp.shared.message", "ServerMessageMetadata", ("close_sse_stream",)),
@@ -116,7 +132,41 @@ def _changed(version: str, what: str) -> str:
     return f"mcp {version} does not fit weir's SDK bridge ({what}); tested: mcp{tested}"
 
 
-def from_sdk(server: Any) -> App:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SdkSecurity:
+    """The authorization an SDK app declares (``MCPServer(token_verifier=...,
+    auth=AuthSettings(...))``), for the driver that serves it to enforce.
+
+    Attributes:
+        verify: ``await verify(token)``: what the app's own verifier vouches for
+            (principal ``iss#sub``, else the SDK's ``[client_id, iss, sub]`` as
+            JSON), or None for a token it refuses, one issued for another resource
+            (with ``validate_token_resource``), or a verifier that failed (logged).
+            Expiry is the driver's to check.  None: the app has auth settings but
+            no verifier.
+        resource: ``resource_server_url``: this server's resource identifier, the
+            protected resource metadata's ``resource`` (None: not declared).
+        authorization_servers: ``issuer_url``, advertised in that metadata.
+        required_scopes: scopes every request's token must carry.
+    """
+
+    verify: Callable[[str], Awaitable[AccessToken | None]] | None
+    resource: str | None
+    authorization_servers: tuple[str, ...]
+    required_scopes: frozenset[str]
+
+
+class SdkApp(App):
+    """The :class:`~weir.app.App` :func:`from_sdk` returns: an App, plus what the SDK
+    server declares beyond its handlers."""
+
+    #: The app's own authorization, or None if it declares none.
+    security: SdkSecurity | None = None
+    #: What the app declares that weir does not serve (``"GET /health"``, ...).
+    unserved_routes: tuple[str, ...] = ()
+
+
+def from_sdk(server: Any) -> SdkApp:
     """A weir :class:`~weir.app.App` serving ``server``, an SDK ``MCPServer``, a
     low-level ``Server``, or an object that holds one (as ``_lowlevel_server`` or
     ``_mcp_server``).
@@ -126,11 +176,13 @@ def from_sdk(server: Any) -> App:
         TypeError: ``server`` is none of those.
     """
     check_sdk()
-    from ._sdk_bridge import Bridge, lowlevel_of
+    from ._sdk_bridge import Bridge, lowlevel_of, security_of, unserved_routes_of
 
     low = lowlevel_of(server)
     bridge = Bridge(low, server)
-    app = App(str(low.name), str(low.version or ""), instructions=low.instructions)
+    app = SdkApp(str(low.name), str(low.version or ""), instructions=low.instructions)
+    app.security = security_of(server)
+    app.unserved_routes = unserved_routes_of(server)
 
     app.lifespan(bridge.serving)
     app.fallback(bridge.request, every_method=True)
@@ -151,4 +203,12 @@ def is_sdk_server(obj: Any) -> bool:
     return any(hasattr(obj, a) for a in ("_lowlevel_server", "_mcp_server"))
 
 
-__all__ = ["CONTRACT", "TESTED_SDK", "check_sdk", "from_sdk", "is_sdk_server"]
+__all__ = [
+    "CONTRACT",
+    "TESTED_SDK",
+    "SdkApp",
+    "SdkSecurity",
+    "check_sdk",
+    "from_sdk",
+    "is_sdk_server",
+]

@@ -36,6 +36,7 @@ from ._auth import (
     TokenExpired,
     TokenVerifier,
 )
+from ._declared_auth import declared_authorization
 from ._memory import tune_allocator
 from ._server import Server, ServerConfig, serve
 from ._store import (
@@ -91,6 +92,7 @@ __all__ = [
     "Tool",
     "ToolError",
     "audio",
+    "declared_authorization",
     "embedded_resource",
     "image",
     "serve",

@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 The parent reserves the port (binding a ``SO_REUSEPORT`` socket it never listens
 on, so ``--port 0`` gets one definite port), then starts N children, each
-``python -m weir serve ... --port P --workers 1 --reuse-port --replica-id
-<id>-<i>``.  Each child listens on the same port with ``SO_REUSEPORT``; the kernel
+``python -m weir <the parent's arguments> --port P --replica-id <id>-<i> --workers 1
+--reuse-port``.  Each child listens on the same port with ``SO_REUSEPORT``; the kernel
 spreads new connections across them.  Sessions must be in a shared store (the
 CLI refuses ``--workers`` > 1 with ``--store memory``), so any worker serves any
 request of any session.
@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import IO
 
 from ._sealed import new_key
@@ -35,46 +36,25 @@ from ._server import ServerConfig
 _START_TIMEOUT = 30.0
 
 
-def _child_argv(args: argparse.Namespace, port: int, replica: str) -> list[str]:
-    argv = [
+def _child_argv(argv: Sequence[str], app_dir: str, port: int, replica: str) -> list[str]:
+    """The parent's own command line, with this worker's port, replica id and
+    ``--workers 1 --reuse-port`` after it (the last of an option wins), so every other
+    option -- authorization and limits included -- reaches every worker as given."""
+    return [
         sys.executable,
         "-m",
         "weir",
-        "serve",
-        args.app,
-        "--host",
-        args.host,
+        *argv,
+        "--app-dir",
+        os.path.abspath(app_dir),
         "--port",
         str(port),
-        "--path",
-        args.path,
-        "--log-level",
-        args.log_level,
-        "--shutdown-grace",
-        str(args.shutdown_grace),
-        "--store",
-        args.store,
-        "--resume",
-        args.resume,
         "--replica-id",
         replica,
         "--workers",
         "1",
         "--reuse-port",
-        "--credit-frames",
-        str(args.credit_frames),
-        "--credit-bytes",
-        str(args.credit_bytes),
-        "--drain-window",
-        str(args.drain_window),
-        "--liveness-timeout",
-        str(args.liveness_timeout),
     ]
-    if args.json_response:
-        argv.append("--json-response")
-    for host in args.allow_host:
-        argv += ["--allow-host", host]
-    return argv
 
 
 def _reserve_port(host: str, port: int) -> socket.socket:
@@ -95,8 +75,9 @@ def _pump(stream: IO[str], ready: threading.Event) -> None:
             sys.stdout.flush()
 
 
-def run_workers(args: argparse.Namespace, config: ServerConfig) -> int:
-    """Run ``args.workers`` children on one port; return the exit status."""
+def run_workers(args: argparse.Namespace, config: ServerConfig, argv: Sequence[str]) -> int:
+    """Run ``args.workers`` children on one port, each started with ``argv`` (the
+    parent's command line, see :func:`_child_argv`); return the exit status."""
     try:
         reserved = _reserve_port(config.host, config.port)
     except OSError as exc:
@@ -113,7 +94,10 @@ def run_workers(args: argparse.Namespace, config: ServerConfig) -> int:
     try:
         for i in range(args.workers):
             proc = subprocess.Popen(
-                _child_argv(args, port, f"{base}-{i}"), stdout=subprocess.PIPE, text=True, env=env
+                _child_argv(argv, args.app_dir, port, f"{base}-{i}"),
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
             )
             ready = threading.Event()
             assert proc.stdout is not None

@@ -5,14 +5,20 @@
 APP is ``module:attribute`` naming an :class:`weir.engine.App` (or a zero-argument
 callable returning one, or a server written with the official MCP SDK, which
 :func:`weir.app.sdk.from_sdk` wraps), or a built-in name: ``demo`` (default) or
-``conformance``.  With ``--port 0`` a free port is chosen; the first line on stdout
-is always ``weir: serving http://HOST:PORT/PATH``.  SIGINT/SIGTERM shut down
-gracefully (see ``engine.Server.shutdown``); a second signal exits at once.
+``conformance``; the module is imported from ``--app-dir`` (default: the working
+directory) first.  An SDK app that declares its own token verifier is served with
+it (see :mod:`weir.engine._declared_auth`) unless ``--auth-*`` options replace it.
+With ``--port 0`` a free port is chosen; the first line on stdout is always
+``weir: serving http://HOST:PORT/PATH``.  A server that cannot start says why in one
+line on stderr and exits with status 1 (see :mod:`weir.engine._startup`).
+SIGINT/SIGTERM shut down gracefully (see ``engine.Server.shutdown``); a second
+signal exits at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import ipaddress
 import json
@@ -24,18 +30,24 @@ from collections.abc import Sequence
 
 import trio
 
+import weir
 from weir.app import App, load_app
 from weir.protocol import CreditLimits, HttpLimits
 
 from ._auth import Authorization, JwtVerifier
+from ._declared_auth import declared_authorization
 from ._memory import tune_allocator
 from ._sealed import parse_key
 from ._server import Server, ServerConfig
+from ._startup import StartupError, describe, explain, guard_lifespan, store_failure
 from ._store import MemoryStore, SessionStore, StoreUnavailable
+
+log = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="weir", description="weir: an MCP transport engine on Trio")
+    p.add_argument("--version", action="version", version=f"weir {weir.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve an MCP application over Streamable HTTP")
     s.add_argument(
@@ -44,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
         default="demo",
         help="'demo' (default), 'conformance', or module:attribute (a weir App, a factory"
         " of one, or an official-SDK MCPServer / low-level Server)",
+    )
+    s.add_argument(
+        "--app-dir",
+        default=".",
+        metavar="DIR",
+        help="import APP's module from DIR first (default: the working directory)",
     )
     s.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     s.add_argument(
@@ -429,6 +447,7 @@ def check_deployment(store: str, resume: str, workers: int) -> None:
             f"weir: --store must be 'memory' or a redis://, rediss:// or "
             f"redis+cluster:// URL, got {store.split('@')[-1]!r}"
         )
+    check_store_url(store)
     if workers > 1 and store == "memory":
         why = (
             "each worker's memory store is its own: a session created on one worker is "
@@ -441,15 +460,53 @@ def check_deployment(store: str, resume: str, workers: int) -> None:
         )
 
 
+def check_store_url(url: str) -> None:
+    """Refuse a ``--store`` URL whose port or database index cannot be right (a
+    database index that is not a number would otherwise silently be 0).
+
+    Raises:
+        SystemExit: the message names the part that is wrong.
+    """
+    if url == "memory":
+        return
+    scheme, _, rest = url.partition("://")
+    rest = rest.rpartition("@")[2]  # (never shown: the password)
+    rest = rest.partition("#")[0].partition("?")[0]  # (the query: TLS options, say)
+    netloc, slash, path = rest.partition("/")
+    shown = f"{scheme}://{netloc}{slash}{path}"
+    for node in netloc.split(","):
+        host, colon, port = node.rpartition(":") if not node.endswith("]") else (node, "", "")
+        if colon and not (port.isdigit() and 0 < int(port) <= 65535):
+            raise SystemExit(
+                f"weir: --store {shown!r}: the port must be a number from 1 to 65535, got {port!r}"
+            )
+        if not (host if colon else node):
+            raise SystemExit(f"weir: --store {shown!r}: no host")
+    db = path.strip("/")
+    if db and not db.isdigit():
+        raise SystemExit(
+            f"weir: --store {shown!r}: the path must be a database index (/0, /1, ...), "
+            f"got {'/' + db!r}"
+        )
+    if db and int(db) and "+cluster" in scheme:
+        raise SystemExit(f"weir: --store {shown!r}: a cluster has only database 0")
+
+
 async def _open_store(url: str) -> SessionStore:
     if url == "memory":
         return MemoryStore()
     from ._redis_store import RedisStore
 
+    scheme, _, rest = url.partition("://")
+    where = f"{scheme}://{rest.rpartition('@')[2].partition('?')[0]}"  # (no secrets)
     try:
         return await RedisStore.connect(url)
-    except StoreUnavailable as exc:
-        raise SystemExit(f"weir: cannot reach the store {url.split('@')[-1]}: {exc}") from None
+    except ValueError as exc:
+        raise StartupError(f"weir: --store: {' '.join(str(exc).split())}") from None
+    except (StoreUnavailable, OSError) as exc:
+        raise store_failure(exc, where) from None
+    except Exception as exc:  # the store's own refusal (a password, a database index)
+        raise store_failure(exc, where) from exc
 
 
 def _tune_gc() -> None:
@@ -465,13 +522,26 @@ def _tune_gc() -> None:
     gc.set_threshold(20_000, 20, 20)
 
 
-async def _run(app: App, config: ServerConfig, store_url: str = "memory") -> None:
+@dataclasses.dataclass
+class _Progress:
+    """How far :func:`_run` got: a failure before ``serving`` is a start-up failure."""
+
+    serving: bool = False
+
+
+async def _run(
+    app: App, config: ServerConfig, store_url: str = "memory", progress: _Progress | None = None
+) -> None:
     store = await _open_store(store_url)
     async with trio.open_nursery() as nursery:
         server: Server = await nursery.start(Server(app, config, store=store).run)
         _tune_gc()
         tune_allocator()
+        if progress is not None:
+            progress.serving = True
         print(f"weir: serving {server.url}", flush=True)
+        if not config.reuse_port:  # (a worker: the parent has warned)
+            _warn_if_open(config)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:
                 if server.shutting_down:
@@ -488,22 +558,8 @@ async def _wait_then_cancel(server: Server, nursery: trio.Nursery) -> None:
     nursery.cancel_scope.cancel()
 
 
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``weir`` console script."""
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    try:
-        app = load_app(args.app)
-    except LookupError as exc:
-        raise SystemExit(f"weir: {exc}") from None
-    config = config_from_args(args)
+def _warn_if_open(config: ServerConfig) -> None:
+    """Warn that a server reachable from other machines has no authorization."""
     if config.auth is None and not _is_loopback(config.host):
         print(
             f"weir: WARNING: serving on {config.host} without --auth-*: anyone who can reach "
@@ -513,15 +569,76 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _load(spec: str, app_dir: str) -> App:
+    """The app ``spec`` names, its module imported from ``app_dir`` first (as
+    ``python -m`` and uvicorn do: the console script's own ``sys.path`` does not hold
+    the working directory)."""
+    where = os.path.abspath(app_dir)
+    if where not in sys.path:
+        sys.path.insert(0, where)
+    try:
+        return load_app(spec)
+    except LookupError as exc:
+        raise SystemExit(f"weir: {exc}") from None
+    except Exception as exc:  # the module itself raised on import
+        log.debug("loading %s failed", spec, exc_info=exc)
+        raise SystemExit(
+            f"weir: loading {spec!r} failed: {describe(exc)} (--log-level debug shows where)"
+        ) from None
+
+
+def _with_app_security(app: App, config: ServerConfig, *, warn: bool = True) -> ServerConfig:
+    """``config`` with the authorization the app declares for itself, unless the
+    command line configures its own; with ``warn``, say what weir does not serve of
+    the app (a worker does not: its parent has said it)."""
+    for route in getattr(app, "unserved_routes", ()) if warn else ():
+        log.warning("the app's route %s is not served by weir (serve it elsewhere)", route)
+    try:
+        declared = declared_authorization(app)
+    except ValueError as exc:
+        if config.auth is None:
+            raise SystemExit(f"weir: refusing to serve the app open: {exc}") from None
+        declared = config.auth
+    if declared is None:
+        return config
+    if config.auth is not None:
+        if warn:
+            log.warning("the app's own authorization is replaced by the --auth-* options")
+        return config
+    return dataclasses.replace(config, auth=declared)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``weir`` console script."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    app = _load(args.app, args.app_dir)
+    config = _with_app_security(app, config_from_args(args), warn=not args.reuse_port)
     if args.workers > 1:
         from ._workers import run_workers
 
-        return run_workers(args, config)
+        _warn_if_open(config)
+        return run_workers(args, config, sys.argv[1:] if argv is None else argv)
+    guard_lifespan(app)
+    progress = _Progress()
     try:
-        trio.run(_run, app, config, args.store)
-    except OSError as exc:
-        print(f"weir: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
-        return 1
+        trio.run(_run, app, config, args.store, progress)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # (ExceptionGroup included)
+        if progress.serving:
+            raise  # not a start-up failure: a bug, with its traceback
+        log.debug("start-up failed", exc_info=exc)
+        line = explain(exc, config.host, config.port) or f"weir: could not start: {describe(exc)}"
+        print(line, file=sys.stderr, flush=True)
+        return 1
     return 0

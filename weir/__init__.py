@@ -19,6 +19,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+#: The version of this checkout (the package's metadata reads it from here).
+__version__ = "0.1.0"
+
 if TYPE_CHECKING:
     from weir.app import App, Context, McpError, ToolError
     from weir.engine import JwtVerifier, MemoryStore, Server, ServerConfig, serve

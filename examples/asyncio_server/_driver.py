@@ -221,6 +221,13 @@ def main(argv: list[str] | None = None) -> int:
         app = load_app(args.app)
     except LookupError as exc:
         parser.error(str(exc))
+    if getattr(app, "security", None) is not None:
+        # An SDK app's own token verifier: this driver has no authorization to run it
+        # with, and serving the app open instead would be silently wrong.
+        parser.error(
+            f"the app {app.name!r} declares its own authorization, which this driver "
+            "does not serve: use weir serve"
+        )
 
     async def run() -> None:
         async with app.lifespan_context() as state:
