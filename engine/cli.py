@@ -119,7 +119,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="2026-07-28 calls without an Idempotency-Key: the same request (id, method, "
         "params) from the same principal within SECONDS is a gateway retry, answered "
-        "from the first run (default 0: off; only where each principal is one client)",
+        "from the first run (default 0: off; needs --auth-* and fits only where each "
+        "principal is one client)",
     )
     st.add_argument(
         "--state-key-file",
