@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from weir.app import AccessToken, App
 
-from ._auth import Authorization, InvalidToken
+from ._auth import Authorization, InvalidToken, TokenExpired
 
 #: What ``weir serve`` accepts in place of an app's own verifier.
 _INSTEAD = "serve it with --auth-issuer, --auth-resource and --auth-jwks-url (or --auth-jwks-file)"
@@ -37,7 +37,7 @@ class DeclaredVerifier:
         if access is None:
             raise InvalidToken("the app's token verifier refused the token")
         if access.expires_at is not None and access.expires_at < time.time():
-            raise InvalidToken("the token has expired")
+            raise TokenExpired("the token has expired")
         return access
 
 

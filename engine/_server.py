@@ -47,6 +47,7 @@ every open stream with ``retry:``, then cancel what is left.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import secrets
@@ -70,6 +71,7 @@ from ._calls import _Calls
 from ._config import ServerConfig, _open_listeners
 from ._connection import Connection
 from ._connections import _Connections
+from ._declared_auth import declared_authorization
 from ._execution import _Execution
 from ._keyed import _KeyedCalls
 from ._legacy import _Legacy
@@ -130,7 +132,14 @@ class Server(
         session_id_factory: Callable[[], str] | None = None,
     ) -> None:
         self.app = app
-        self.config = config or ServerConfig()
+        config = config or ServerConfig()
+        if config.auth is None:
+            # An app that declares its own authorization (an SDK app's token verifier)
+            # is served with it, embedded by hand as by ``weir serve``: never open.
+            declared = declared_authorization(app)  # (ValueError: cannot be enforced)
+            if declared is not None:
+                config = dataclasses.replace(config, auth=declared)
+        self.config = config
         self.store: SessionStore = store if store is not None else MemoryStore()
         #: Replay history and kept results, in bytes, per session and in total.
         self.budget = RetentionBudget(

@@ -332,3 +332,36 @@ async def test_auth_options_replace_the_apps_verifier(tmp_path: Path) -> None:
         assert json.loads(tool_text(ours))["subject"] == "dora"
         assert apps.status == 401, apps  # signed with the app's key: not weir's
         assert "the app's own authorization is replaced by the --auth-* options" in (proc.stderr())
+
+
+async def test_embedding_the_app_by_hand_keeps_its_security_too() -> None:
+    """``Server(from_sdk(app), ServerConfig())`` -- no ``auth`` passed -- serves the
+    app with its own verifier, as ``weir serve`` does; never open."""
+    from mcp.server.auth.settings import AuthSettings
+    from mcp.server.mcpserver import MCPServer
+
+    from weir.app.sdk import from_sdk
+    from weir.engine import Server, ServerConfig
+
+    settings = AuthSettings(
+        issuer_url=ISSUER,  # type: ignore[arg-type]
+        resource_server_url=RESOURCE,  # type: ignore[arg-type]
+        required_scopes=["mcp"],
+    )
+    sdk = MCPServer("table", token_verifier=TableVerifier(), auth=settings)
+
+    @sdk.tool()
+    async def ping() -> str:
+        """Answer."""
+        return "pong"
+
+    replies: dict[str | None, Reply] = {}
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(Server(from_sdk(sdk), ServerConfig(port=0)).run)
+            for tok in (None, "unknown", "stale", "fresh"):
+                replies[tok] = await sessionless(server.port, "ping", tok)
+            server.shutdown()
+    assert replies[None].status == 401 and replies["unknown"].status == 401
+    assert "token expired" in replies["stale"].headers["www-authenticate"]
+    assert tool_text(replies["fresh"]) == "pong"
