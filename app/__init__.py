@@ -31,6 +31,7 @@ from ._dispatch import (
     initialize_result_for,
     inline_tool,
 )
+from ._foreign import exception_chain
 from ._hooks import MAX_NOTES_RUNNING, NOTE_WAIT, SESSION_CLOSE_WAIT
 from ._input import InputRequired
 from ._registry import (
@@ -77,6 +78,7 @@ __all__ = [
     "describe",
     "dispatch",
     "embedded_resource",
+    "exception_chain",
     "failure",
     "id_in_use",
     "image",

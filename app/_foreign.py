@@ -27,6 +27,7 @@ the fix in words (:func:`asyncio_only_hint`), for the app layer to log.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 
 #: How many exceptions :func:`asyncio_only_failure` looks at before giving up.
 MAX_LINKS = 32
@@ -47,27 +48,31 @@ def _is_sign(exc: BaseException) -> bool:
     return any(isinstance(exc, t) and message.startswith(s) for t, s in _SIGNS)
 
 
+def exception_chain(exc: BaseException, limit: int = MAX_LINKS) -> Iterator[BaseException]:
+    """``exc``, its group members, causes and contexts, breadth first, each once, at
+    most ``limit`` of them (a chain can be long, or even a cycle)."""
+    queue: deque[BaseException] = deque([exc])
+    seen: set[int] = set()
+    while queue and len(seen) < limit:
+        current = queue.popleft()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        if isinstance(current, BaseExceptionGroup):
+            queue.extend(current.exceptions)
+        for linked in (current.__cause__, current.__context__):
+            if linked is not None:
+                queue.append(linked)
+
+
 def asyncio_only_failure(exc: BaseException) -> BaseException | None:
     """The exception in ``exc``'s chain showing that asyncio-only code ran on another
     loop (``exc`` itself, a cause, a context or a group member), or None.
 
     Visits at most :data:`MAX_LINKS` exceptions, breadth first, each once.
     """
-    queue: deque[BaseException] = deque([exc])
-    seen: set[int] = set()
-    while queue and len(seen) < MAX_LINKS:
-        current = queue.popleft()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        if _is_sign(current):
-            return current
-        if isinstance(current, BaseExceptionGroup):
-            queue.extend(current.exceptions)
-        for linked in (current.__cause__, current.__context__):
-            if linked is not None:
-                queue.append(linked)
-    return None
+    return next((e for e in exception_chain(exc) if _is_sign(e)), None)
 
 
 def asyncio_only_hint(what: str) -> str:

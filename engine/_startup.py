@@ -20,11 +20,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import socket
-from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
-from weir.app import App
+from weir.app import App, exception_chain
 
 #: How many exceptions :func:`explain` looks at before giving up.
 MAX_LINKS = 64
@@ -65,27 +64,10 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc``, its group members, causes and contexts, breadth first, each once."""
-    queue: deque[BaseException] = deque([exc])
-    seen: set[int] = set()
-    while queue and len(seen) < MAX_LINKS:
-        current = queue.popleft()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        if isinstance(current, BaseExceptionGroup):
-            queue.extend(current.exceptions)
-        for linked in (current.__cause__, current.__context__):
-            if linked is not None:
-                queue.append(linked)
-
-
 def explain(exc: BaseException, host: str, port: int) -> str | None:
     """One line (``weir: ...``) saying why the server did not start and what to do,
     or None if nothing in ``exc`` is a cause this knows."""
-    found = list(_chain(exc))
+    found = list(exception_chain(exc, MAX_LINKS))
     for e in found:
         if isinstance(e, StartupError):
             return str(e)
@@ -122,7 +104,7 @@ def _listen_failure(exc: OSError, host: str, port: int) -> str:
 def store_failure(exc: BaseException, where: str) -> StartupError:
     """The one-line :class:`StartupError` for a store at ``where`` (a URL without its
     credentials) that could not be opened with ``exc``."""
-    for e in _chain(exc):
+    for e in exception_chain(exc, MAX_LINKS):
         kind = type(e).__name__
         if kind == "AuthenticationFailureError":
             return StartupError(
