@@ -17,13 +17,12 @@ Margins rather than luck: B's traffic comes every 0.25 s while the store allows
 from __future__ import annotations
 
 import json
-import secrets
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import trio
 
+from tests.integration.inprocess import valkey_replicas
 from tests.integration.rawhttp import Client as RawClient
 from tests.integration.rawhttp import initialize, raw_request
 from weir.engine import App, Context, Server, ServerConfig
@@ -36,26 +35,11 @@ VERSION = {"mcp-protocol-version": "2025-11-25"}
 LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
 
 
-@asynccontextmanager
-async def replicas(
+def replicas(
     url: str, count: int, app: App | None = None, **config: Any
-) -> AsyncIterator[tuple[list[Server], RedisStore]]:
-    prefix = f"weir-idle-{secrets.token_hex(4)}"
+) -> AbstractAsyncContextManager[tuple[list[Server], RedisStore]]:
     cfg = ServerConfig(port=0, session_idle_timeout=IDLE, **config)
-    async with trio.open_nursery() as nursery:
-        stores = [await RedisStore.connect(url, prefix=prefix) for _ in range(count)]
-        servers = [Server(app or App("idle"), cfg, store=s) for s in stores]
-        for server in servers:
-            await nursery.start(server.run)
-        try:
-            yield servers, stores[0]
-        finally:
-            for server in servers:
-                server.shutdown()
-            for server in servers:
-                await server.stopped.wait()
-            for store in stores:
-                await store.aclose()
+    return valkey_replicas(url, count, app or App("idle"), cfg, label="idle")
 
 
 async def test_a_session_busy_on_b_outlives_a_sweep_on_a(valkey_url: str) -> None:

@@ -10,14 +10,13 @@ the next request.
 from __future__ import annotations
 
 import logging
-import secrets
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 
 import coredis
 import pytest
 import trio
 
+from tests.integration.inprocess import valkey_replicas
 from tests.integration.rawhttp import Client as RawClient
 from tests.integration.rawhttp import initialize, raw_request
 from weir.engine import App, Server, ServerConfig
@@ -27,24 +26,9 @@ VERSION = {"mcp-protocol-version": "2025-11-25"}
 PING = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
 
 
-@asynccontextmanager
-async def replicas(url: str, count: int) -> AsyncIterator[tuple[list[Server], RedisStore]]:
+def replicas(url: str, count: int) -> AbstractAsyncContextManager[tuple[list[Server], RedisStore]]:
     """``count`` servers on one Valkey key prefix (and a store to reach their keys)."""
-    prefix = f"weir-malformed-{secrets.token_hex(4)}"
-    async with trio.open_nursery() as nursery:
-        stores = [await RedisStore.connect(url, prefix=prefix) for _ in range(count)]
-        servers = [Server(App("malformed"), ServerConfig(port=0), store=s) for s in stores]
-        for server in servers:
-            await nursery.start(server.run)
-        try:
-            yield servers, stores[0]
-        finally:
-            for server in servers:
-                server.shutdown()
-            for server in servers:
-                await server.stopped.wait()
-            for store in stores:
-                await store.aclose()
+    return valkey_replicas(url, count, App("malformed"), ServerConfig(port=0), label="malformed")
 
 
 async def priming_cursor(port: int, sid: str) -> str:
