@@ -277,8 +277,8 @@ class HttpConnection:
         self._keep_alive = True
         self._head: _Head | None = None  # parsed head of a request whose body is incomplete
         self._scanned = 0  # no head ends before this offset of _buf
-        # The head so far keeps to the line grammar before this offset of _buf (of
-        # _line once h11 has taken over; see ``_head_fault``).
+        # The head so far keeps to the line grammar before this offset of _buf
+        # (see ``_head_fault``).
         self._checked = 0
         # Shared state.
         self._pending: h11.Request | None = None
@@ -289,16 +289,20 @@ class HttpConnection:
         self._failed = False
         self._head_request = False  # the request being answered is a HEAD
         # h11 path: while h11 waits for a request head, ``_line`` mirrors the first
-        # ``max_header_bytes + 1`` bytes of it (None otherwise), so that the head's
-        # bytes can be checked before h11 parses them (``_malformed_head``: the
-        # whole head, up to ``_head_end`` once its blank line is found), the request
-        # line before the head is complete (``_target_too_long``, on the first
-        # ``_line_cap`` bytes; ``_line_open`` until that check has a final answer),
-        # and ``inbound`` can tell HEAD from IDLE.
+        # ``_line_cap`` bytes of it (None otherwise), so that the request line can
+        # be checked before the head is complete (``_target_too_long``) and
+        # ``inbound`` can tell HEAD from IDLE; ``_line_open`` until that check has
+        # a final answer.  ``_tail`` holds the head's bytes not checked yet by
+        # ``_malformed_head`` (from ``_tail_check`` on; with the three before, where
+        # a blank line may start), of its first ``max_header_bytes + 1``
+        # (``_seen`` so far); ``_found`` once its blank line has been.
         self._line: bytearray | None = None
         self._line_open = False
         self._line_cap = 0
-        self._head_end = -1
+        self._tail = bytearray()
+        self._tail_check = 0
+        self._seen = 0
+        self._found = False
         if not fast_path:
             self._take_over()
 
@@ -321,10 +325,12 @@ class HttpConnection:
 
     def _await_head(self, data: bytes | bytearray) -> None:
         # h11 waits for a request head; ``data`` is what it holds of it already.
-        self._line = bytearray(data[: self.limits.max_header_bytes + 1])
+        self._line = bytearray(data[: self._line_cap])
         self._line_open = True
-        self._checked = 0
-        self._head_end = -1
+        self._tail = bytearray(data[: self.limits.max_header_bytes + 1])
+        self._tail_check = 0
+        self._seen = len(self._tail)
+        self._found = False
 
     # ------------------------------------------------------------------ inbound
     def receive_data(self, data: bytes | bytearray) -> None:
@@ -348,10 +354,14 @@ class HttpConnection:
             self._closed = True
             return
         line = self._line
-        if line is not None and self._head_end < 0:
-            room = self.limits.max_header_bytes + 1 - len(line)
-            if room > 0:
-                line += data[:room]
+        if line is not None:
+            if len(line) < self._line_cap:
+                line += data[: self._line_cap - len(line)]
+            room = self.limits.max_header_bytes + 1 - self._seen
+            if room > 0 and not self._found:
+                piece = data[:room]
+                self._tail += piece
+                self._seen += len(piece)
 
     def next_event(self) -> HttpEvent:
         """Return the next complete event, or :data:`NEED_DATA`.
@@ -443,11 +453,20 @@ class HttpConnection:
                 return NEED_DATA
             if self._line_open and self._target_too_long():
                 return self._uri_too_long()
-            if self._line is not None and self._head_end < 0:
+            if self._line is not None and not self._found:
                 fault = self._malformed_head()
                 if fault is not None:
                     return self._fail(
                         400, Reason.MALFORMED_HTTP, f"malformed HTTP request: {fault}"
+                    )
+                line = self._line
+                if not self._found and self._seen > self.limits.max_header_bytes and line[0] > 0x20:
+                    # No blank line in the first max_header_bytes + 1 bytes: what h11
+                    # says of a head still arriving, said before h11 parses one that
+                    # came whole (it might refuse it otherwise, or let it pass).  (h11
+                    # refuses a head starting below 0x21 at its first byte.)
+                    return self._fail(
+                        431, Reason.HEADERS_TOO_LARGE, "request header block too large"
                     )
             try:
                 event = conn.next_event()
@@ -467,12 +486,9 @@ class HttpConnection:
                 self._pending = event
                 self._body = []
                 self._body_size = 0
-                # No blank line in the first max_header_bytes + 1 bytes: too large
-                # (trickled, h11 would have said so before the head was complete).
-                overlong = self._head_end < 0
                 self._line = None
                 self._line_open = False
-                refused = self._check_head(conn, event, overlong=overlong)
+                refused = self._check_head(conn, event)
                 if refused is not None:
                     return refused
                 continue
@@ -500,9 +516,7 @@ class HttpConnection:
                 self._closed = True
                 return ConnectionClosed()
 
-    def _check_head(
-        self, conn: h11.Connection, req: h11.Request, *, overlong: bool
-    ) -> HttpError | None:
+    def _check_head(self, conn: h11.Connection, req: h11.Request) -> HttpError | None:
         """Apply the limits to a complete head; queue ``100 Continue`` if it is awaited.
 
         The order (the first that applies answers): 431 head size, 414 target,
@@ -513,9 +527,10 @@ class HttpConnection:
         limits = self.limits
         # h11 enforces max_incomplete_event_size only while the head is still
         # incomplete, so a head that arrives in one chunk would slip through;
-        # check the complete head too (same answer however split): its raw size
-        # (``overlong``) and its canonical size.
-        if overlong or _head_size(req) > limits.max_header_bytes:
+        # check the complete head too (same answer however split): as received
+        # that is done before h11 parses it (``_h11_next_event``), here in its
+        # canonical form (which can be the longer).
+        if _head_size(req) > limits.max_header_bytes:
             return self._fail(431, Reason.HEADERS_TOO_LARGE, "request header block too large")
         if len(req.target) > limits.max_target_bytes:
             # (A short method's over-long target is refused before the head ends.)
@@ -577,47 +592,51 @@ class HttpConnection:
         """
         line = self._line
         assert line is not None
-        n = min(len(line), self._line_cap)
         max_target = self.limits.max_target_bytes
-        if n < max_target + 3:
+        if len(line) < max_target + 3:
             return False  # cannot hold a method, a space and max_target + 1 bytes yet
         sp = line.find(b" ", 0, _EARLY_METHOD + 1)
         if sp < 0 or _TOKEN_BYTES.fullmatch(line, 0, sp) is None:
-            if sp >= 0 or n > _EARLY_METHOD:
+            if sp >= 0 or len(line) > _EARLY_METHOD:
                 self._line_open = False  # no (short) method: not for this check
             return False
         stop = sp + 2 + max_target  # the target would end at or past this offset
-        if _TARGET_END.search(line, sp + 1, min(stop, n)) is not None:
+        if _TARGET_END.search(line, sp + 1, stop) is not None:
             self._line_open = False  # the target ends in time
             return False
-        if n >= stop:
+        if len(line) >= stop:
             return True
-        if n >= self._line_cap:
+        if len(line) >= self._line_cap:
             self._line_open = False  # the rest is past the head limit: h11 says 431
         return False
 
     def _malformed_head(self) -> str | None:
         """What breaks the line grammar in the head arriving on the h11 path, or None.
 
-        Checks ``_line`` (the first ``max_header_bytes + 1`` bytes of the head) up
-        to the blank line with ``_head_fault``, resuming where the last check
-        could not yet decide.  h11 would accept bare LF line ends and obs-fold, and
-        control bytes in field values; RFC 9112 lets a server refuse them, and a
-        front end that reads them differently could be made to see another
-        request than this server does (request smuggling).  Called before every
-        h11 parse, after ``_target_too_long``: a fault is refused as soon as its
-        bytes are here, so the answer is the same however the bytes are split
-        (a fault past the first ``max_header_bytes + 1`` bytes is never seen:
-        such a head is refused 431 whatever it holds).
+        Checks the first ``max_header_bytes + 1`` bytes of the head, up to its
+        blank line, with ``_head_fault``, a piece at a time (``_tail``: what came
+        since the last check, and the few bytes that one could not decide), so the
+        head is not kept twice (h11 holds it).  h11 would accept bare LF line ends
+        and obs-fold, and control bytes in field values; RFC 9112 lets a server
+        refuse them, and a front end that reads them differently could be made to
+        see another request than this server does (request smuggling).  Called
+        before every h11 parse, after ``_target_too_long``: a fault is refused as
+        soon as its bytes are here, so the answer is the same however the bytes
+        are split (a fault past the first ``max_header_bytes + 1`` bytes is never
+        seen: such a head is refused 431 whatever it holds).
         """
-        line = self._line
-        assert line is not None
-        end = line.find(b"\r\n\r\n", max(0, self._checked - 3))
+        tail = self._tail
+        end = tail.find(b"\r\n\r\n")  # (none starts before _tail_check)
         if end >= 0:
-            fault, _ = _head_fault(line, self._checked, end, complete=True)
-            self._head_end = end + 4
-        else:
-            fault, self._checked = _head_fault(line, self._checked, len(line), complete=False)
+            fault, _ = _head_fault(tail, self._tail_check, end, complete=True)
+            self._found = True
+            tail.clear()
+            return fault
+        fault, at = _head_fault(tail, self._tail_check, len(tail), complete=False)
+        # Keep what is undecided, and the last three bytes: a blank line may start there.
+        keep = min(at, max(0, len(tail) - 3))
+        del tail[:keep]
+        self._tail_check = at - keep
         return fault
 
     def _uri_too_long(self) -> HttpError:

@@ -301,7 +301,10 @@ _FAULTS = [
     "drop",
     "cut",
     "garbage",
+    "line_fault",
 ]
+# A bare CR or LF, obs-fold or a control byte, put anywhere in the head.
+_LINE_FAULTS = [b"\r", b"\n", b"\r\n ", b"\r\n\t", b"\x00", b"\x01", b"\x0b", b"\x1f", b"\x7f"]
 
 
 def _chunk_encode(body: bytes, size: int, ext: bytes = b"", trailer: bytes = b"") -> bytes:
@@ -421,6 +424,9 @@ def request_wire(draw: st.DrawFn, limits: HttpLimits | None) -> bytes:
         else:
             head += line + draw(st.sampled_from(["\r\n", "\n"]))
     wire = head.encode("latin-1") + tail
+    if "line_fault" in faults:
+        at = draw(st.integers(0, len(head)))
+        wire = wire[:at] + draw(st.sampled_from(_LINE_FAULTS)) + wire[at:]
     if "flip" in faults and wire:
         at = draw(st.integers(0, len(wire) - 1))
         wire = wire[:at] + draw(st.binary(min_size=1, max_size=1)) + wire[at + 1 :]
