@@ -394,13 +394,15 @@ class HttpConnection:
                 if not buf and self._eof:
                     self._closed = True
                     return ConnectionClosed()
+                if not buf and not self._eof:
+                    return NEED_DATA  # (idle between requests: nothing to look at)
                 if len(buf) < limit and not self._eof:
                     line_max = self.limits.max_target_bytes + 2
                     # Bare LF or CR, obs-fold, a control byte: the h11 path refuses
                     # the head as soon as it sees one (``_malformed_head``).
                     fault, checked = _head_fault(buf, self._checked, len(buf), complete=False)
                     odd = (
-                        (buf and buf[0] < 0x21)  # h11 refuses such a request line at once
+                        buf[0] < 0x21  # h11 refuses such a request line at once
                         or fault is not None
                         # A request line that may already hold a target over the
                         # limit: the h11 path refuses it before it ends (414).
