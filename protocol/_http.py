@@ -33,11 +33,21 @@ each a configured bound of :class:`HttpLimits` or a rule of RFC 9110/9112:
   request line alone, as soon as the target has passed the limit, before the
   line (let alone the head) is complete, and before any other check, h11's
   included: an endless request line is cut there, not at ``max_header_bytes``.
+* a bare LF line end, a CR not followed by LF, obs-fold (a header line starting
+  with SP or HTAB) or any other control byte but HTAB (0x00-0x08, 0x0B, 0x0C,
+  0x0E-0x1F, 0x7F) anywhere in the head -> 400 ``malformed_http``, as soon as
+  the bytes that show it have arrived (after the check above; a fault past the
+  first ``max_header_bytes + 1`` bytes is not looked for: that head is too large).
+  h11 would accept the first three and most control bytes in field values; a
+  front end that reads them otherwise would see another request (smuggling).
+  HTAB stays allowed between and around the words of a field value, and bytes
+  0x80-0xFF (obs-text) in it, as RFC 9110 section 5.5 says.
 
 Then, once a head is complete, in this order (the first that applies answers):
 
 * request line plus header block larger than ``max_header_bytes`` -> 431
-  ``headers_too_large`` (also while the head is still arriving);
+  ``headers_too_large`` (also while the head is still arriving; as received,
+  or with its fields in canonical ``name: value`` form);
 * request target longer than ``max_target_bytes`` (a longer method) -> 414;
 * more than ``max_header_fields`` header fields -> 431 ``too_many_headers``;
 * both ``Content-Length`` and ``Transfer-Encoding`` -> 400 ``ambiguous_framing``
@@ -68,11 +78,13 @@ RFC 9110/9112 grammar (the same expressions h11 uses), and responses to them are
 framed here (status line, headers, ``Content-Length`` or chunked).  That is what
 every MCP client sends, and it costs a fraction of h11's generic machinery, which
 re-validates every header of every response.  Anything else -- chunked request
-bodies, ``Expect``, HTTP/1.0, ``HEAD``, obs-fold, bare-LF line ends, oversized or
-malformed heads, too many header fields, an over-long target, a request line
-that has grown past ``max_target_bytes`` without ending -- hands the connection
-to h11 at that request's boundary, with every unread byte; h11 then serves it
-for the rest of its life, and every refusal above is made on that path.  (The
+bodies, ``Expect``, HTTP/1.0, ``HEAD``, oversized or malformed heads (bare-LF
+line ends and obs-fold included), too many header fields, an over-long target, a
+request line that has grown past ``max_target_bytes`` without ending -- hands
+the connection to h11 at that request's boundary, with every unread byte; h11
+then serves it for the rest of its life, and every refusal above is made on that
+path (the fast path's own check of an unfinished head is one search for the
+faults listed above in the bytes new since the last look).  (The
 fast path's own cost for the limits is a count of header lines and a length
 check of the target per request.)  Both paths give the same events and the same
 bytes for the same input (``tests/protocol/test_http_fastpath.py`` checks this
@@ -265,6 +277,9 @@ class HttpConnection:
         self._keep_alive = True
         self._head: _Head | None = None  # parsed head of a request whose body is incomplete
         self._scanned = 0  # no head ends before this offset of _buf
+        # The head so far keeps to the line grammar before this offset of _buf
+        # (see ``_head_fault``).
+        self._checked = 0
         # Shared state.
         self._pending: h11.Request | None = None
         self._body: list[bytes] = []
@@ -277,10 +292,17 @@ class HttpConnection:
         # ``_line_cap`` bytes of it (None otherwise), so that the request line can
         # be checked before the head is complete (``_target_too_long``) and
         # ``inbound`` can tell HEAD from IDLE; ``_line_open`` until that check has
-        # a final answer.
+        # a final answer.  ``_tail`` holds the head's bytes not checked yet by
+        # ``_malformed_head`` (from ``_tail_check`` on; with the three before, where
+        # a blank line may start), of its first ``max_header_bytes + 1``
+        # (``_seen`` so far); ``_found`` once its blank line has been.
         self._line: bytearray | None = None
         self._line_open = False
         self._line_cap = 0
+        self._tail = bytearray()
+        self._tail_check = 0
+        self._seen = 0
+        self._found = False
         if not fast_path:
             self._take_over()
 
@@ -305,6 +327,10 @@ class HttpConnection:
         # h11 waits for a request head; ``data`` is what it holds of it already.
         self._line = bytearray(data[: self._line_cap])
         self._line_open = True
+        self._tail = bytearray(data[: self.limits.max_header_bytes + 1])
+        self._tail_check = 0
+        self._seen = len(self._tail)
+        self._found = False
 
     # ------------------------------------------------------------------ inbound
     def receive_data(self, data: bytes | bytearray) -> None:
@@ -328,8 +354,14 @@ class HttpConnection:
             self._closed = True
             return
         line = self._line
-        if line is not None and len(line) < self._line_cap:
-            line += data[: self._line_cap - len(line)]
+        if line is not None:
+            if len(line) < self._line_cap:
+                line += data[: self._line_cap - len(line)]
+            room = self.limits.max_header_bytes + 1 - self._seen
+            if room > 0 and not self._found:
+                piece = data[:room]
+                self._tail += piece
+                self._seen += len(piece)
 
     def next_event(self) -> HttpEvent:
         """Return the next complete event, or :data:`NEED_DATA`.
@@ -362,24 +394,31 @@ class HttpConnection:
                 if not buf and self._eof:
                     self._closed = True
                     return ConnectionClosed()
-                line_max = self.limits.max_target_bytes + 2
-                odd = (
-                    (buf and buf[0] < 0x21)  # h11 refuses such a request line at once
-                    or buf.find(b"\n\n", self._scanned) >= 0  # bare-LF line ends
-                    or buf.find(b"\n\r\n", self._scanned) >= 0
-                    # A request line that may already hold a target over the limit:
-                    # the h11 path refuses it before it ends (414).
-                    or (len(buf) > line_max and buf.find(b"\n", 0, line_max + 1) < 0)
-                )
-                if len(buf) < limit and not self._eof and not odd:
-                    # Resume the search where a terminator could still start
-                    # (a byte-by-byte trickle stays linear).
-                    self._scanned = max(0, len(buf) - 3)
-                    return NEED_DATA
-                # Too large, cut short, or bare-LF line ends: h11 says what it is.
+                if not buf and not self._eof:
+                    return NEED_DATA  # (idle between requests: nothing to look at)
+                if len(buf) < limit and not self._eof:
+                    line_max = self.limits.max_target_bytes + 2
+                    # Bare LF or CR, obs-fold, a control byte: the h11 path refuses
+                    # the head as soon as it sees one (``_malformed_head``).
+                    fault, checked = _head_fault(buf, self._checked, len(buf), complete=False)
+                    odd = (
+                        buf[0] < 0x21  # h11 refuses such a request line at once
+                        or fault is not None
+                        # A request line that may already hold a target over the
+                        # limit: the h11 path refuses it before it ends (414).
+                        or (len(buf) > line_max and buf.find(b"\n", 0, line_max + 1) < 0)
+                    )
+                    if not odd:
+                        # Resume the searches where a terminator could still start
+                        # and where the check could not decide yet (a byte-by-byte
+                        # trickle stays linear).
+                        self._scanned = max(0, len(buf) - 3)
+                        self._checked = checked
+                        return NEED_DATA
+                # Too large, cut short, or malformed: the h11 path says what it is.
                 self._take_over()
                 return None
-            self._scanned = 0
+            self._scanned = self._checked = 0
             head = _parse_head(buf, end, self.limits)
             if head is None or head.content_length > self.limits.max_body_bytes:
                 self._take_over()  # not the common shape (or an error): h11 decides
@@ -416,6 +455,21 @@ class HttpConnection:
                 return NEED_DATA
             if self._line_open and self._target_too_long():
                 return self._uri_too_long()
+            if self._line is not None and not self._found:
+                fault = self._malformed_head()
+                if fault is not None:
+                    return self._fail(
+                        400, Reason.MALFORMED_HTTP, f"malformed HTTP request: {fault}"
+                    )
+                line = self._line
+                if not self._found and self._seen > self.limits.max_header_bytes and line[0] > 0x20:
+                    # No blank line in the first max_header_bytes + 1 bytes: what h11
+                    # says of a head still arriving, said before h11 parses one that
+                    # came whole (it might refuse it otherwise, or let it pass).  (h11
+                    # refuses a head starting below 0x21 at its first byte.)
+                    return self._fail(
+                        431, Reason.HEADERS_TOO_LARGE, "request header block too large"
+                    )
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
@@ -475,7 +529,9 @@ class HttpConnection:
         limits = self.limits
         # h11 enforces max_incomplete_event_size only while the head is still
         # incomplete, so a head that arrives in one chunk would slip through;
-        # check the complete head too (same answer however split).
+        # check the complete head too (same answer however split): as received
+        # that is done before h11 parses it (``_h11_next_event``), here in its
+        # canonical form (which can be the longer).
         if _head_size(req) > limits.max_header_bytes:
             return self._fail(431, Reason.HEADERS_TOO_LARGE, "request header block too large")
         if len(req.target) > limits.max_target_bytes:
@@ -528,11 +584,13 @@ class HttpConnection:
 
         Looks only at the start of the head (``_line``, its first ``_line_cap``
         bytes), before h11 parses it: a method token of at most ``_EARLY_METHOD``
-        bytes, a space, then more than ``max_target_bytes`` bytes without a space,
-        CR or LF.  The answer only ever turns from False to True as bytes arrive,
-        and is checked before every h11 parse, so it is the same however the bytes
-        are split; once it can no longer turn True, ``_line_open`` is cleared (a
-        long method's long target is refused when its head is complete).
+        bytes, a space, then more than ``max_target_bytes`` bytes without a space
+        or a control byte other than HTAB (CR and LF included: a control byte is
+        refused as soon as it is seen, see ``_malformed_head``).  The answer only
+        ever turns from False to True as bytes arrive, and is checked before every
+        h11 parse, so it is the same however the bytes are split; once it can no
+        longer turn True, ``_line_open`` is cleared (a long method's long target is
+        refused when its head is complete).
         """
         line = self._line
         assert line is not None
@@ -553,6 +611,35 @@ class HttpConnection:
         if len(line) >= self._line_cap:
             self._line_open = False  # the rest is past the head limit: h11 says 431
         return False
+
+    def _malformed_head(self) -> str | None:
+        """What breaks the line grammar in the head arriving on the h11 path, or None.
+
+        Checks the first ``max_header_bytes + 1`` bytes of the head, up to its
+        blank line, with ``_head_fault``, a piece at a time (``_tail``: what came
+        since the last check, and the few bytes that one could not decide), so the
+        head is not kept twice (h11 holds it).  h11 would accept bare LF line ends
+        and obs-fold, and control bytes in field values; RFC 9112 lets a server
+        refuse them, and a front end that reads them differently could be made to
+        see another request than this server does (request smuggling).  Called
+        before every h11 parse, after ``_target_too_long``: a fault is refused as
+        soon as its bytes are here, so the answer is the same however the bytes
+        are split (a fault past the first ``max_header_bytes + 1`` bytes is never
+        seen: such a head is refused 431 whatever it holds).
+        """
+        tail = self._tail
+        end = tail.find(b"\r\n\r\n")  # (none starts before _tail_check)
+        if end >= 0:
+            fault, _ = _head_fault(tail, self._tail_check, end, complete=True)
+            self._found = True
+            tail.clear()
+            return fault
+        fault, at = _head_fault(tail, self._tail_check, len(tail), complete=False)
+        # Keep what is undecided, and the last three bytes: a blank line may start there.
+        keep = min(at, max(0, len(tail) - 3))
+        del tail[:keep]
+        self._tail_check = at - keep
+        return fault
 
     def _uri_too_long(self) -> HttpError:
         return self._fail(
@@ -782,7 +869,18 @@ _FIELD_VALUE = r"(?:[\x21-\x7e\x80-\xff]+(?:[ \t]+[\x21-\x7e\x80-\xff]+)*)?"
 _HEADER_LINE = re.compile(rf"({_TOKEN}):[ \t]*({_FIELD_VALUE})[ \t]*")
 _TOKEN_RE = re.compile(_TOKEN)
 _TOKEN_BYTES = re.compile(_TOKEN.encode())
-_TARGET_END = re.compile(rb"[ \r\n]")
+_TARGET_END = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f ]")
+# The line grammar of a request head (RFC 9112 sections 2.2 and 5.2, RFC 9110
+# section 5.5): lines of SP, HTAB, visible bytes and obs-text (0x80-0xFF), each
+# ended by CRLF, none after the first starting with SP or HTAB (obs-fold).  Where
+# a match stops short, the head breaks the grammar there (``_head_fault`` says
+# how) -- or its bytes so far end in one of ``_PENDING``.  (Possessive: nothing
+# is ever given back, so a match costs one pass.)
+_HEAD_LINES = re.compile(
+    rb"[\t\x20-\x7e\x80-\xff]*+(?:\r\n[\x21-\x7e\x80-\xff][\t\x20-\x7e\x80-\xff]*+)*+"
+)
+# Ends of an unfinished head that the next bytes decide.
+_PENDING = (b"\r", b"\r\n", b"\r\n\r")
 # Methods up to this long have an over-long target refused before the head ends.
 _EARLY_METHOD: Final = 16
 _FIELD_VALUE_RE = re.compile(_FIELD_VALUE)
@@ -857,6 +955,36 @@ def _parse_head(buf: bytearray, end: int, limits: HttpLimits) -> _Head | None:
         content_length=max(length, 0),
         keep_alive=keep_alive,
     )
+
+
+def _head_fault(
+    buf: bytes | bytearray, start: int, stop: int, *, complete: bool
+) -> tuple[str | None, int]:
+    """Check the head bytes ``buf[start:stop]`` against ``_HEAD_LINES``.
+
+    ``start`` is 0 or where the last check of the same head said to resume.
+    ``complete``: ``stop`` is where the head's blank line (``\\r\\n\\r\\n``)
+    starts; otherwise ``stop`` is the end of the bytes so far.  Returns what
+    breaks the grammar first (a bare LF, a bare CR, obs-fold, a control byte), or
+    None and where to resume when more bytes come.  A fault is reported as soon
+    as the bytes that show it are there, never before.
+    """
+    m = _HEAD_LINES.match(buf, start, stop)
+    at = m.end() if m is not None else start
+    if at == stop or (not complete and stop - at <= 3 and buf[at:stop] in _PENDING):
+        return None, at
+    byte = buf[at]
+    if byte == 0x0D:  # the grammar stops at a CR: what follows says why
+        if buf[at + 1] != 0x0A:
+            return "bare CR (not followed by LF)", at
+        byte = buf[at + 2]
+        if byte in (0x20, 0x09):
+            return "obsolete line folding (a header line starts with whitespace)", at
+        if byte == 0x0D:  # (CRLF CR, not the blank line: else the head ended here)
+            return "bare CR (not followed by LF)", at
+    if byte == 0x0A:
+        return "bare LF line end (lines end in CRLF)", at
+    return f"control byte 0x{byte:02x} in the request head", at
 
 
 def _check_status(status: int, *, streamed: bool, body: bytes) -> None:
