@@ -211,7 +211,12 @@ class _ServerBase:
 
         # JSON mode (engine._calls) and result size (engine._execution)
         async def _send_json(
-            self, conn: Connection, session: Session, headers: list[tuple[str, str]], body: bytes
+            self,
+            conn: Connection,
+            session: Session,
+            headers: list[tuple[str, str]],
+            body: bytes,
+            lane: Hashable | None = None,
         ) -> None: ...
         def _fit(self, req: Request, payload: bytes, handle: StreamHandle | None) -> bytes: ...
         def _note_activity(self) -> None: ...
