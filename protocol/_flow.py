@@ -7,49 +7,60 @@ credit.  :class:`SessionFlow` is what a driver builds on it, in one place so tha
 every driver admits and grants identically:
 
 * **Admission** (:meth:`SessionFlow.try_admit`).  A session-scoped request is
-  admitted only while the session has credit *and* fewer requests in flight than
-  the remaining byte credit can take at the session's typical frame size
-  (:attr:`SessionFlow.typical_frame`, a moving average of its frame sizes) --
-  so responses waiting for credit stay near the credit too.  A session that
-  holds no frame always admits (else it could never make progress); one that
-  holds frames and has no room for a typical frame admits nothing, even with
-  nothing in flight: a request admitted into a full credit would run and then
-  find no room for its result.  A half-open session refuses at once: 429
-  ``stream_half_open``.  Otherwise the answer is :attr:`Admit.WAIT` (or
-  :attr:`Admit.BLOCKED`, when this refusal is what exhausted the credit, so the
-  credit's deadline moved): the driver waits for a change -- a grant, a release,
-  the session ending -- or the deadline, and asks again (so a refusal, if it
-  comes, comes within the drain window).  :meth:`SessionFlow.done` ends an
-  admitted request's flight.
+  admitted only if a *reservation* for its result fits: one frame and the
+  session's typical frame size in bytes (:attr:`SessionFlow.typical_frame`, a
+  moving average of its frame sizes), in what neither held frames nor other
+  reservations take.  Reservations count as held, so frames plus reservations
+  never exceed the credit -- no overdraft -- and responses waiting for credit
+  stay near the credit too.  A session that holds nothing at all always admits
+  (else it could never make progress); one that has no room for a reservation
+  admits nothing, even with nothing in flight: a request admitted into a full
+  credit would run and then find no room for its result.  A half-open session
+  refuses at once: 429 ``stream_half_open``.  Otherwise the answer is
+  :attr:`Admit.WAIT` (or :attr:`Admit.BLOCKED`, when this refusal is what
+  exhausted the credit, so the credit's deadline moved): the driver waits for a
+  change -- a grant, a release, the session ending -- or the deadline, and asks
+  again (so a refusal, if it comes, comes within the drain window).
+* **Reservations** belong to a *lane* (below): the stream that will carry the
+  result, or a key the driver picks before that stream exists and hands over
+  with :meth:`move`.  Only frames of that lane draw on it, and only for what the
+  free credit lacks; what they draw comes back to it as they drain (progress
+  notifications of a call do not use up its result's room).  It ends with
+  :meth:`done` -- once the response is enqueued, so it was granted first -- or,
+  with ``keep`` (JSON mode: one body, sent later), at :meth:`settle`.  A refused
+  batch entry is counted in with an empty reservation (:meth:`count_in`).  So a
+  result no larger than its reservation is granted at once, whatever the
+  session's other streams hold: stalled streams can take every byte that is not
+  reserved, never a reserved one.
 * **Grants, per stream** (:meth:`try_acquire`, :meth:`wait_for`,
   :meth:`release`).  Every frame takes credit for its encoded size before it
   enters a stream log.  Each frame names its *lane* -- the stream it belongs to
-  (``None``: a lane of its own, e.g. one JSON body).  Order is kept per lane
-  only: a frame waits (gets a *ticket*) when it does not fit or an earlier frame
-  of *its own* lane waits; :meth:`release` grants, in ticket order, every waiter
-  that fits and has no earlier waiter in its lane.  The streams of one session
-  have no order between them (Streamable HTTP), so a stream whose peer stopped
-  reading never parks another stream's frames behind its own: a small result on
-  a healthy connection is granted as soon as it fits, whatever large frame of a
-  stalled stream waits ahead of it.  The price is that a large waiting frame may
-  be passed by smaller frames of other streams; it is granted once the credit
-  held leaves room for it.  That cannot deadlock: what is held is either
-  acknowledged (released) or, with no progress, the session goes half-open
-  (admission stops) and is torn down.  Memory is bounded exactly as before:
-  nothing is ever granted beyond the credit.
+  (``None``: a lane of its own for ordering).  Order is kept per lane only: a
+  frame waits (gets a *ticket*) when it does not fit or an earlier frame of *its
+  own* lane waits; :meth:`release` grants, in ticket order, every waiter that
+  fits and has no earlier waiter in its lane.  The streams of one session have
+  no order between them (Streamable HTTP), so a stream whose peer stopped
+  reading never parks another stream's frames behind its own.  The price is
+  that a large waiting frame may be passed by smaller frames of other streams;
+  it is granted once the credit held leaves room for it.  That cannot deadlock:
+  what is held is either acknowledged (released) or, with no progress, the
+  session goes half-open (admission stops) and is torn down.  Memory is bounded
+  exactly: nothing is ever granted beyond the credit, reservations included.
 
-  Why per-stream waiting and not a reserve for results: a request is admitted
-  only with room for its result at the typical frame size, and its result then
-  waits behind nothing but its own stream, so a healthy stream's result is
-  granted as soon as the credit has room for it.  The one case left -- room
-  admission counted on was taken by other streams' frames meanwhile, and they
-  never drain -- ends when they do, when their connections go away (the driver
-  releases an abandoned stream's credit), or at the liveness teardown.  A
-  reserve per stream would cover it only by raising the bound to the credit
-  plus a reserve per stream in flight; the bound stays the credit, exactly.
-  A waiter that gives up calls
-  :meth:`cancel`: ``True`` if it was still queued, ``False`` if it had been
-  granted (it then owns credit it must :meth:`release`).
+  A result *larger* than its reservation, when the free credit cannot supply
+  the rest, keeps waiting in its lane (its order kept), having drawn its whole
+  reservation.  The credit is then exhausted, so the usual rule applies: once
+  nothing is acknowledged for the drain window the session is half-open and new
+  requests get 429 before they run (nothing refused has run); the result is
+  granted as soon as credit returns -- other streams drain, their connections go
+  away (the driver releases an abandoned stream's credit), requests end -- or
+  the session is torn down at the liveness timeout.  Why not otherwise: an
+  overdraft would break the bound; replacing the result by an error would throw
+  away the outcome of a call that has run (it is not a refusal, and a retry
+  would be answered with the error); reserving more than a typical frame per
+  request would cut every session's concurrency to cover atypical results.
+  A waiter that gives up calls :meth:`cancel`: ``True`` if it was still queued,
+  ``False`` if it had been granted (it then owns credit it must :meth:`release`).
 * **Ending** (:meth:`close`): every queued ticket is returned so that the driver
   wakes its waiter, which then finds the flow closed.
 * **Too large** (:func:`fit_result`).  A response bigger than the session's whole
