@@ -352,3 +352,15 @@ def test_a_result_that_fits_is_itself_and_one_that_cannot_is_result_too_large() 
     assert refused["id"] == 3 and refused["error"]["code"] == -32603
     assert refused["error"]["data"] == {"reason": "result_too_large", "size": 1001, "limit": 1000}
     assert HEAD_ALLOWANCE > 0
+
+
+def test_a_json_answers_reservation_stays_until_its_body_holds_credit() -> None:
+    # JSON mode: the handler is done before its body is sent; the reservation is
+    # kept (``keep``) for the body, which draws on it, and ends at ``settle``.
+    flow = SessionFlow(CreditLimits(frames=8, bytes=1000), 0.0)
+    assert flow.try_admit(1, 0.0, lane="j") is Admit.ADMITTED
+    assert flow.done(1, 0.0, "j", keep=True) == [] and flow.inflight == 0
+    assert flow.try_acquire(744, 0.0, "b") and not flow.try_acquire(1, 0.0, "b")
+    assert flow.try_acquire(200, 0.0, "j")  # the body: from its reservation
+    assert flow.settle("j", 0.0) == [] and flow.reserved("j") == (0, 0)
+    assert flow.credit.held_bytes == 944 and flow.credit.held_frames == 2
