@@ -28,7 +28,7 @@ and the explicit rebind handshake (``weir/rebind``, fencing).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
 import msgspec
@@ -116,12 +116,15 @@ class _Calls(_ServerBase):
             await self._post_batch(conn, session, requests, token, primes=primes)
             return
         key = post.ctx.headers.get("idempotency-key")
-        plans = await self._admit_and_plan(session, requests, key, token)
+        # The request reserves room for its result before its stream exists: under a
+        # key of its own, which the stream takes over once it is opened.
+        lane = object()
+        plans = await self._admit_and_plan(session, requests, key, token, lane)
         if self.config.json_response:
             is_batch = post.is_batch
             post.messages.clear()
             del first, requests
-            await self._post_json(conn, session, plans, is_batch)
+            await self._post_json(conn, session, plans, is_batch, lane)
             return
         epoch = plans[0].epoch
         if epoch is None:
@@ -130,9 +133,11 @@ class _Calls(_ServerBase):
                     session.record.principal, session.session_id, token[0] if token else 0
                 )
             except BaseException:
+                session.done(len(plans), lane)
                 await self._release_unstarted(session, plans)
                 raise
         handle = self._open_stream(session, epoch, StreamKind.REQUEST, token)
+        session.move_reservations(lane, epoch)
         handle.outstanding = 1
         assert self._handlers is not None
         if await self._run_now(session, plans[0], handle, primes=primes):
@@ -163,12 +168,16 @@ class _Calls(_ServerBase):
         so a batch never holds more in flight than a session may.
         """
         if self.config.json_response:
+            lane = object()  # the batch's one body
 
             async def feed(run: Callable[[int, CallCourse], Awaitable[None]]) -> None:
-                await self._admit_each(session, requests, token, run)
+                await self._admit_each(session, requests, token, run, lane)
 
-            bodies = await self._collect_json(session, len(requests), feed)
-            await self._answer_json(conn, session, bodies, True)
+            try:
+                bodies = await self._collect_json(session, len(requests), feed, lane)
+                await self._answer_json(conn, session, bodies, True, lane)
+            finally:
+                session.settle(lane)
             return
         epoch = await self.store.allocate_epoch(
             session.record.principal, session.session_id, token[0] if token else 0
@@ -182,7 +191,7 @@ class _Calls(_ServerBase):
         async def all_sse() -> None:
             if primes:
                 await handle.send("")  # the priming event: an id and empty data
-            await self._admit_each(session, requests, token, run_sse)
+            await self._admit_each(session, requests, token, run_sse, epoch)
 
         self._handlers_start(all_sse)
         sse_headers = (*SSE_HEADERS, ("mcp-session-id", session.session_id))
@@ -196,8 +205,10 @@ class _Calls(_ServerBase):
         requests: list[Request],
         token: tuple[int, str] | None,
         run: Callable[[int, CallCourse], Any],
+        lane: Hashable,
     ) -> None:
-        """Admit, gate and dispatch a batch's requests one at a time, in order.
+        """Admit, gate and dispatch a batch's requests one at a time, in order; each
+        reserves room for its result in ``lane`` (the stream, or the JSON body).
 
         Each entry waits for admission as a lone request would (so the in-flight
         and credit limits hold for every entry), then passes the idempotency gate,
@@ -208,12 +219,12 @@ class _Calls(_ServerBase):
         async with trio.open_nursery() as nursery:
             for i, req in enumerate(requests):
                 try:
-                    await session.admit(1, req.id)
+                    await session.admit(1, req.id, lane)
                 except SessionClosed:
                     return  # the session ended: its streams are gone with it
                 except RemoteProtocolError as exc:
                     self.metrics.refused(str(exc.reason))
-                    session.flow.count_in()  # accounted like an admitted entry
+                    session.flow.count_in(1, lane)  # accounted like an admitted entry
                     nursery.start_soon(run, i, CallCourse.answered(req, _error_of(req, exc)))
                     continue
                 self.metrics.admissions += 1
@@ -282,14 +293,16 @@ class _Calls(_ServerBase):
         requests: list[Request],
         key: str | None,
         token: tuple[int, str] | None,
+        lane: Hashable,
     ) -> list[CallCourse]:
         """Admission (half-open), then the idempotency gate (fencing), before any dispatch.
 
-        Every request admitted here is accounted for exactly once later
-        (:meth:`Session.done`), whether it executes, replays or is cancelled.
+        Every request admitted here reserves room for its result in ``lane`` and is
+        accounted for exactly once later (:meth:`Session.done`), whether it
+        executes, replays or is cancelled.
         """
         try:
-            await session.admit(len(requests), requests[0].id)
+            await session.admit(len(requests), requests[0].id, lane)
         except SessionClosed:
             raise session_refusal(session.session_id, requests[0].id) from None
         self.metrics.admissions += len(requests)
@@ -299,7 +312,7 @@ class _Calls(_ServerBase):
                 one_key = key if len(requests) == 1 else None
                 plans.append(await self._plan(session, req, one_key, token))
         except BaseException:
-            session.done(len(requests))
+            session.done(len(requests), lane)
             await self._release_unstarted(session, plans)  # keys this refused POST claimed
             raise
         return plans
@@ -402,37 +415,48 @@ class _Calls(_ServerBase):
 
     # ---------------------------------------------------------------- JSON mode
     async def _post_json(
-        self, conn: Connection, session: Session, plans: list[CallCourse], is_batch: bool
+        self,
+        conn: Connection,
+        session: Session,
+        plans: list[CallCourse],
+        is_batch: bool,
+        lane: Hashable,
     ) -> None:
+        """Answer with one JSON body, which takes credit from what ``lane`` reserved."""
         headers = [("content-type", "application/json"), ("mcp-session-id", session.session_id)]
-        if len(plans) == 1 and not is_batch and self._runs_now(plans[0]):
-            try:
-                body = await self._answer_now(session, plans[0], None)
-            finally:
-                session.done()
-            await self._send_json(conn, session, headers, body)
-            return
+        try:
+            if len(plans) == 1 and not is_batch and self._runs_now(plans[0]):
+                try:
+                    body = await self._answer_now(session, plans[0], None)
+                finally:
+                    session.done(1, lane, keep=True)
+                await self._send_json(conn, session, headers, body, lane)
+                return
 
-        async def feed(run: Callable[[int, CallCourse], Awaitable[None]]) -> None:
-            async with trio.open_nursery() as n:
-                for i, plan in enumerate(plans):
-                    n.start_soon(run, i, plan)
+            async def feed(run: Callable[[int, CallCourse], Awaitable[None]]) -> None:
+                async with trio.open_nursery() as n:
+                    for i, plan in enumerate(plans):
+                        n.start_soon(run, i, plan)
 
-        bodies = await self._collect_json(session, len(plans), feed)
-        plans.clear()  # the requests (and their arguments) are done with
-        await self._answer_json(conn, session, bodies, is_batch)
+            bodies = await self._collect_json(session, len(plans), feed, lane)
+            plans.clear()  # the requests (and their arguments) are done with
+            await self._answer_json(conn, session, bodies, is_batch, lane)
+        finally:
+            session.settle(lane)  # (a body that took its credit settled it already)
 
     async def _collect_json(
         self,
         session: Session,
         n: int,
         feed: Callable[[Callable[[int, CallCourse], Awaitable[None]]], Awaitable[None]],
+        lane: Hashable,
     ) -> list[bytes]:
         """Run ``n`` requests in the handler nursery, and their responses, in order.
 
         ``feed(run)`` calls ``run(i, plan)`` for each request (at once, or as each is
         admitted).  Handlers run in the server's nursery, not the connection's: a
         dropped connection is not a cancellation.  Cancelled calls have no response.
+        Their reservations in ``lane`` stay for the one body (the caller settles it).
         """
         results: list[bytes | None] = [None] * n
         finished = trio.Event()
@@ -441,7 +465,7 @@ class _Calls(_ServerBase):
             try:
                 results[i] = await self._execute(session, plan, None)
             finally:
-                session.done()
+                session.done(1, lane, keep=True)
 
         async def all_of_them() -> None:
             try:
@@ -455,7 +479,12 @@ class _Calls(_ServerBase):
         return [r for r in results if r is not None]
 
     async def _answer_json(
-        self, conn: Connection, session: Session, bodies: list[bytes], is_batch: bool
+        self,
+        conn: Connection,
+        session: Session,
+        bodies: list[bytes],
+        is_batch: bool,
+        lane: Hashable | None = None,
     ) -> None:
         """202 when nothing answers; else one body, or a batch's array of them."""
         if not bodies:
@@ -464,29 +493,37 @@ class _Calls(_ServerBase):
         headers = [("content-type", "application/json"), ("mcp-session-id", session.session_id)]
         body = b"[" + b",".join(bodies) + b"]" if is_batch else bodies.pop()
         bodies.clear()
-        await self._send_json(conn, session, headers, body)
+        await self._send_json(conn, session, headers, body, lane)
 
     async def _send_json(
-        self, conn: Connection, session: Session, headers: list[tuple[str, str]], body: bytes
+        self,
+        conn: Connection,
+        session: Session,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        lane: Hashable | None = None,
     ) -> None:
         """Write a JSON response under the session's drain credit (see :class:`JsonCharge`).
 
         The response takes credit for its exact size before it is written (when there
-        is none, waiting until it fits, behind no other response or stream) and holds
-        it until the peer acknowledges its last byte; a teardown cancels a write that
-        is stuck on a stalled peer.
+        is none, waiting until it fits, behind no other response or stream; drawing
+        on what ``lane``, its requests' reservations, holds) and keeps it until the
+        peer acknowledges its last byte; a teardown cancels a write that is stuck on
+        a stalled peer.
         """
         data = conn.http.send_response(200, headers, body)
         del body  # (the caller's reference may remain; this frame keeps only ``data``)
         n = len(data)
         session.flow.observe_frame(n)
         try:
-            if not session.try_acquire_now(n):
-                await session.acquire(n)
+            if not session.try_acquire_now(n, lane):
+                await session.acquire(n, lane)
         except SessionClosed:
             conn.http.send_failed()
             raise PeerGone from None
-        charge = JsonCharge(session, n)
+        if lane is not None:
+            session.settle(lane)  # the body holds credit of its own now
+        charge = JsonCharge(session, n, lane)
         with trio.CancelScope() as scope:
             session.json_writers.add(scope)
             try:

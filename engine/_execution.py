@@ -118,14 +118,14 @@ class _Execution(_ServerBase):
         try:
             text = (await self._answer_now(session, plan, handle)).decode()
         except BaseException:
-            session.done()
+            session.done(1, handle.log.epoch)
             raise
         if primes and not handle.try_send_now(""):
             assert self._handlers is not None
             self.metrics.inline_deferred["primed"] += 1
             self._handlers.start_soon(self._deliver, session, handle, True, text)
         elif handle.try_respond_now(text):
-            session.done()
+            session.done(1, handle.log.epoch)
         else:
             assert self._handlers is not None
             self.metrics.inline_deferred["plain"] += 1
@@ -143,7 +143,7 @@ class _Execution(_ServerBase):
         except StreamLost:
             pass
         finally:
-            session.done()
+            session.done(1, handle.log.epoch)
 
     def _fit(self, req: Request, payload: bytes, handle: StreamHandle | None) -> bytes:
         """``payload``, or the ``result_too_large`` error if it would not fit the credit.
@@ -258,7 +258,7 @@ class _Execution(_ServerBase):
         except BaseException as exc:
             # Neither call has started: their keys go back, so a retry runs them.
             await self._release_unstarted(session, plans)
-            session.done(len(plans))
+            session.done(len(plans), handle.log.epoch)
             if isinstance(exc, StreamLost):
                 return
             raise
@@ -290,4 +290,4 @@ class _Execution(_ServerBase):
             if handle.log.state is not StreamState.CLOSED:
                 handle.handle(StreamInput.ABORT)
         finally:
-            session.done()
+            session.done(1, handle.log.epoch)

@@ -79,12 +79,12 @@ class _Legacy(_ServerBase):
 
         if len(requests) == 1:
             plans = await self._admit_and_plan(
-                session, requests, headers.get("idempotency-key"), None
+                session, requests, headers.get("idempotency-key"), None, legacy.log.epoch
             )
             self._handlers_start(run, 0, plans[0])
         elif requests:
             # Every entry waits for admission on its own, after the 202.
-            self._handlers_start(self._admit_each, session, requests, None, run)
+            self._handlers_start(self._admit_each, session, requests, None, run, legacy.log.epoch)
         await conn.send(conn.http.send_response(202, ()))
 
     async def _legacy_initialize(
@@ -99,4 +99,4 @@ class _Legacy(_ServerBase):
             with contextlib.suppress(StreamLost):
                 await handle.send(payload.decode())
         finally:
-            session.done()
+            session.done(1, handle.log.epoch)

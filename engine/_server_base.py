@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -137,6 +137,7 @@ class _ServerBase:
             requests: list[Request],
             token: tuple[int, str] | None,
             run: Callable[[int, CallCourse], Any],
+            lane: Hashable,
         ) -> None: ...
         async def _admit_and_plan(
             self,
@@ -144,6 +145,7 @@ class _ServerBase:
             requests: list[Request],
             key: str | None,
             token: tuple[int, str] | None,
+            lane: Hashable,
         ) -> list[CallCourse]: ...
         async def _release_unstarted(self, session: Session, plans: list[CallCourse]) -> None: ...
         async def _initialize_session(
@@ -209,7 +211,12 @@ class _ServerBase:
 
         # JSON mode (engine._calls) and result size (engine._execution)
         async def _send_json(
-            self, conn: Connection, session: Session, headers: list[tuple[str, str]], body: bytes
+            self,
+            conn: Connection,
+            session: Session,
+            headers: list[tuple[str, str]],
+            body: bytes,
+            lane: Hashable | None = None,
         ) -> None: ...
         def _fit(self, req: Request, payload: bytes, handle: StreamHandle | None) -> bytes: ...
         def _note_activity(self) -> None: ...

@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 
 import trio
@@ -175,7 +175,7 @@ class StreamHandle:
             if final is None:
                 final = self._count_response()
             if _closed(log):  # aborted while we waited
-                self.session.release(1, size)
+                self.session.release(1, size, log.epoch)
                 return
             if self.sink is not None:
                 try:
@@ -183,7 +183,7 @@ class StreamHandle:
                 except BaseException:
                     # Not in the store, so never on the wire: give the credit back
                     # and end the stream (a rebind fenced it, or the store failed).
-                    self.session.release(1, size)
+                    self.session.release(1, size, log.epoch)
                     if not _closed(log):
                         self.handle(StreamInput.ABORT)
                     raise
@@ -246,7 +246,7 @@ class StreamHandle:
         if budget is not None:
             budget.charge(session.record.session_id, log.retained_bytes - before)
         if self.abandoned:  # nobody will write it until a resumption: history only
-            session.release(*log.mark_drained(log.next_seq))
+            session.release(*log.mark_drained(log.next_seq), log.epoch)
         return actual
 
     def wake(self) -> None:
@@ -287,16 +287,17 @@ class JsonCharge:
     that stops reading an SSE stream.
     """
 
-    __slots__ = ("nbytes", "session")
+    __slots__ = ("lane", "nbytes", "session")
 
-    def __init__(self, session: Session, nbytes: int) -> None:
+    def __init__(self, session: Session, nbytes: int, lane: Hashable | None = None) -> None:
         self.session = session
         self.nbytes = nbytes
+        self.lane = lane
 
     def drained(self, upto_seq: int) -> None:
         """The body's last byte was acknowledged (or it was abandoned): give the credit back."""
         if self.nbytes and not self.session.closed:
-            self.session.release(1, self.nbytes)
+            self.session.release(1, self.nbytes, self.lane)
         self.nbytes = 0
 
 
@@ -509,8 +510,12 @@ class Session:
         """Admitted requests whose response is not enqueued yet."""
         return self.flow.inflight
 
-    async def admit(self, n: int, request_id: RequestId | None) -> None:
-        """Admission for ``n`` session-scoped requests, before anything is dispatched.
+    async def admit(
+        self, n: int, request_id: RequestId | None, lane: Hashable | None = None
+    ) -> None:
+        """Admission for ``n`` session-scoped requests, before anything is dispatched;
+        each reserves room for its result in ``lane`` (its stream's epoch, or a key
+        :meth:`move_reservations` later gives the stream).
 
         The rule is :meth:`weir.protocol.SessionFlow.try_admit`; here, the waiting:
         in order, before any handler runs, until a change or the credit's deadline.
@@ -523,7 +528,7 @@ class Session:
         while True:
             if self.closed:
                 raise SessionClosed(self.session_id)
-            verdict = self.flow.try_admit(n, trio.current_time(), request_id)
+            verdict = self.flow.try_admit(n, trio.current_time(), request_id, lane)
             if verdict is Admit.ADMITTED:
                 return
             if verdict is Admit.BLOCKED:
@@ -533,14 +538,28 @@ class Session:
             with trio.move_on_at(self.flow.deadline()):
                 await changed.wait()
 
-    def done(self, n: int = 1) -> None:
-        """``n`` admitted requests have their response enqueued (or will never have one)."""
-        self.flow.done(n)
-        self._pulse()
+    def done(self, n: int = 1, lane: Hashable | None = None, *, keep: bool = False) -> None:
+        """``n`` admitted requests of ``lane`` have their response enqueued (or will
+        never have one): their reservations end (``keep``: at :meth:`settle`)."""
+        self._granted(self.flow.done(n, trio.current_time(), lane, keep=keep))
         if self.on_activity is not None:
             self.on_activity()
 
-    async def acquire(self, nbytes: int, lane: str | None = None) -> None:
+    def settle(self, lane: Hashable | None) -> None:
+        """Whatever ``lane`` still reserves ends (a JSON body took its credit, or
+        will never be sent)."""
+        self._granted(self.flow.settle(lane, trio.current_time()))
+
+    def move_reservations(self, key: Hashable, lane: str) -> None:
+        """What was reserved under ``key`` before the stream existed is ``lane``'s."""
+        self.flow.move(key, lane)
+
+    def _granted(self, tickets: list[int]) -> None:
+        for ticket in tickets:
+            self._grants.pop(ticket).set()
+        self._pulse()
+
+    async def acquire(self, nbytes: int, lane: Hashable | None = None) -> None:
         """Take credit for one frame of ``nbytes``, behind earlier waiters of ``lane``
         (its stream's epoch; ``None``: a JSON body, ordered after nothing).
 
@@ -560,12 +579,12 @@ class Session:
         except BaseException:
             self._grants.pop(ticket, None)
             if not self.flow.cancel(ticket, trio.current_time()) and not self.closed:
-                self.release(1, nbytes)  # granted, but we are cancelled: give it back
+                self.release(1, nbytes, lane)  # granted, but we are cancelled: give it back
             raise
         if self.closed:
             raise SessionClosed(self.session_id)
 
-    def try_acquire_now(self, nbytes: int, lane: str | None = None) -> bool:
+    def try_acquire_now(self, nbytes: int, lane: Hashable | None = None) -> bool:
         """Take credit for one frame if that needs no wait (it fits, and no earlier
         frame of ``lane`` waits)."""
         if not self.flow.try_acquire(nbytes, trio.current_time(), lane):
@@ -574,18 +593,17 @@ class Session:
         self._pulse(timer=self.credit.frames_in_use == 1)
         return True
 
-    def release(self, frames: int, nbytes: int) -> None:
-        """Return credit (frames drained or discarded) and grant waiting frames in order."""
+    def release(self, frames: int, nbytes: int, lane: Hashable | None = None) -> None:
+        """Return credit of frames of ``lane`` (drained or discarded) and grant waiting
+        frames in order."""
         if not frames and not nbytes:
             return
-        for ticket in self.flow.release(frames, nbytes, trio.current_time()):
-            self._grants.pop(ticket).set()
-        self._pulse()
+        self._granted(self.flow.release(frames, nbytes, trio.current_time(), lane))
 
     def drained(self, handle: StreamHandle, upto_seq: int) -> None:
         """A peer acknowledged every frame of ``handle``'s stream below ``upto_seq``."""
         frames, nbytes = handle.log.mark_drained(upto_seq)
-        self.release(frames, nbytes)
+        self.release(frames, nbytes, handle.log.epoch)
 
     def let_go(self, handle: StreamHandle) -> None:
         """The connection writing ``handle``'s stream went away (and no newer reader
@@ -601,7 +619,7 @@ class Session:
         if self.closed:
             return
         handle.abandoned = True
-        self.release(*handle.log.mark_drained(handle.log.next_seq))
+        self.release(*handle.log.mark_drained(handle.log.next_seq), handle.log.epoch)
 
     def progress(self) -> None:
         """A peer acknowledged some bytes (not necessarily a whole frame)."""

@@ -54,6 +54,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections.abc import Hashable
 from typing import Any, Final
 
 import msgspec
@@ -179,13 +180,16 @@ class _Sessionless(_ServerBase):
             log_level=meta.log_level or NO_LOGS,
             protocol_version=meta.version,
         )
+        # The request reserves room for its answer under a key of its own, which its
+        # stream (if it has one) takes over: the owner is shared by connections.
+        lane = object()
         try:
-            await owner.admit(1, req.id)  # 429 once this connection's peer stopped reading
+            await owner.admit(1, req.id, lane)  # 429 once this connection's peer stopped reading
         except SessionClosed:
             raise PeerGone from None
         self.metrics.admissions += 1
         if req.method == "subscriptions/listen":
-            await self._listen(conn, owner, req)
+            await self._listen(conn, owner, req, lane)
             return
         course = None
         header_key = msg.headers.get("idempotency-key")
@@ -195,26 +199,29 @@ class _Sessionless(_ServerBase):
             try:
                 course = await self._keyed_course(who.principal, req, header_key)
             except BaseException:
-                owner.done()
+                owner.done(1, lane)
                 raise
             if course.replay is not None:  # it ran: its stored answer, nothing runs
-                owner.done()
+                owner.done(1, lane)
                 await self._send_json(conn, owner, list(_JSON), course.replay)
                 return
         if req.method == "tools/call" and course is None:
             self.metrics.executions += 1  # (a keyed call is counted at its gate)
         sse = req.method in INPUT_METHODS and not self.config.json_response
         if sse and accepts(msg.headers.get("accept"), "text/event-stream"):
-            await self._sessionless_sse(conn, owner, who, req, inputs, caller, course)
+            await self._sessionless_sse(conn, owner, who, req, inputs, caller, course, lane)
             return
         try:
-            backend = SessionlessBackend(owner, None, caller)
-            body = await self._answer_recorded(owner, who, req, None, inputs, backend, course)
+            try:
+                backend = SessionlessBackend(owner, None, caller)
+                body = await self._answer_recorded(owner, who, req, None, inputs, backend, course)
+            finally:
+                owner.done(1, lane, keep=True)  # the reservation is the body's
+            if body is None:
+                raise PeerGone  # cancelled with the server going away: nothing to answer
+            await self._send_json(conn, owner, list(_JSON), body, lane)
         finally:
-            owner.done()
-        if body is None:
-            raise PeerGone  # cancelled with the server going away: nothing to answer
-        await self._send_json(conn, owner, list(_JSON), body)
+            owner.settle(lane)
 
     # ---------------------------------------------------------------- the checks
     def _same_request_key(self, req: Request) -> str | None:
@@ -454,10 +461,14 @@ class _Sessionless(_ServerBase):
         req: Request,
         inputs: dict[str, Any] | None,
         caller: Caller,
-        course: CallCourse | None = None,
+        course: CallCourse | None,
+        lane: Hashable,
     ) -> None:
-        """Answer on an SSE stream; the handler is cancelled if the client goes away."""
+        """Answer on an SSE stream; the handler is cancelled if the client goes away.
+
+        The stream takes over what the request reserved under ``lane``."""
         handle = self._open_answer_stream(owner)
+        owner.move_reservations(lane, handle.log.epoch)
         first = trio.Event()
         refused: list[RemoteProtocolError] = []
         started = False
@@ -480,7 +491,7 @@ class _Sessionless(_ServerBase):
                 pass
             finally:
                 first.set()
-                owner.done()
+                owner.done(1, handle.log.epoch)
 
         self._handlers_start(run)
         try:
@@ -505,15 +516,16 @@ class _Sessionless(_ServerBase):
         handle.outstanding = 1
         return handle
 
-    async def _listen(self, conn: Connection, owner: Session, req: Request) -> None:
+    async def _listen(self, conn: Connection, owner: Session, req: Request, lane: Hashable) -> None:
         """``subscriptions/listen``: acknowledge, then stream changes until the end."""
         params = req.params if isinstance(req.params, dict) else {}
         flags, kinds, uris = honoured(params.get("notifications"), self._capabilities())
         handle = self._open_answer_stream(owner)
+        owner.move_reservations(lane, handle.log.epoch)
         listener = Listener(req, handle, kinds, uris)
-        owner.done()  # its "answer" (the acknowledgement) is enqueued at once
         if not handle.try_send_now(listener.ack(flags)):
             self._handlers_start(handle.send, listener.ack(flags))
+        owner.done(1, handle.log.epoch)  # its "answer" (the acknowledgement) is enqueued
         self.subscribers.add(listener)
         sender = trio.CancelScope()
 

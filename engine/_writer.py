@@ -93,17 +93,26 @@ async def write_stream(
         peer_gone = True
         scope.cancel()
 
-    with scope:
-        try:
-            if not await pump.run(fast=True):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(watch_peer)
-                    await pump.run(fast=False)
-                    nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            peer_gone = True
-    gone = peer_gone or scope.cancelled_caught or http.should_close
-    _let_go(session, handle, scope, gone=gone)
+    gone = True  # unless the writer ends as it should
+    try:
+        with scope:
+            try:
+                if not await pump.run(fast=True):
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(watch_peer)
+                        await pump.run(fast=False)
+                        nursery.cancel_scope.cancel()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                peer_gone = True
+            except BaseExceptionGroup as group:
+                # A write that failed in the nursery arrives wrapped: the peer is gone.
+                if group.split((trio.BrokenResourceError, trio.ClosedResourceError))[1]:
+                    raise
+                peer_gone = True
+        gone = peer_gone or scope.cancelled_caught or http.should_close
+    finally:
+        # Whatever ended the writer, a stream it leaves must not keep holding credit.
+        _let_go(session, handle, scope, gone=gone)
     if gone:
         http.send_failed()
         raise PeerGone

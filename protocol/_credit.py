@@ -88,6 +88,8 @@ class SessionCredit:
         "limits",
         "peak_bytes",
         "peak_frames",
+        "reserved_bytes",
+        "reserved_frames",
         "state",
     )
 
@@ -96,6 +98,11 @@ class SessionCredit:
         self.state = CreditState.OPEN
         self.frames_in_use = 0
         self.bytes_in_use = 0
+        #: Credit set aside for admitted requests' results and not drawn on yet
+        #: (kept by :class:`~weir.protocol.SessionFlow`).  It counts as held: frames
+        #: fit only in what neither frames nor reservations hold.
+        self.reserved_frames = 0
+        self.reserved_bytes = 0
         #: High-water marks of the two, as frames were acquired (how close the
         #: session came to its credit; ``frames`` is never exceeded, ``bytes`` only
         #: by a lone frame larger than the whole byte credit).
@@ -105,12 +112,25 @@ class SessionCredit:
         self._exhausted_since = now
 
     # ------------------------------------------------------------ frames
-    def fits(self, nbytes: int) -> bool:
-        """Whether a frame of ``nbytes`` fits in the remaining credit."""
+    @property
+    def held_frames(self) -> int:
+        """Frames held plus frames reserved (never more than ``limits.frames``)."""
+        return self.frames_in_use + self.reserved_frames
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes held plus bytes reserved (more than ``limits.bytes`` only for a lone frame)."""
+        return self.bytes_in_use + self.reserved_bytes
+
+    def fits(self, nbytes: int, own_frames: int = 0, own_bytes: int = 0) -> bool:
+        """Whether a frame of ``nbytes`` fits in the remaining credit, counting
+        ``own_frames``/``own_bytes`` of the reservations as free (the part reserved
+        for the frame's own request)."""
         lim = self.limits
-        if self.frames_in_use >= lim.frames:
+        if self.held_frames - own_frames >= lim.frames:
             return False
-        return self.bytes_in_use == 0 or self.bytes_in_use + nbytes <= lim.bytes
+        held = self.held_bytes
+        return held == 0 or held - own_bytes + nbytes <= lim.bytes
 
     def try_acquire(self, nbytes: int, now: float) -> bool:
         """Take credit for one frame if it fits; never blocks, never changes state.
@@ -118,10 +138,28 @@ class SessionCredit:
         Raises:
             LocalProtocolError: the session is ``DEAD``.
         """
-        if self.state is CreditState.DEAD:
-            credit_transition(self.state, CreditInput.PROGRESS)  # raises
+        self.check_alive()
         if not self.fits(nbytes):
             return False
+        self.take(nbytes, now)
+        return True
+
+    def check_alive(self) -> None:
+        """Raise if the session is ``DEAD`` (no frame may take its credit any more).
+
+        Raises:
+            LocalProtocolError: the session is ``DEAD``.
+        """
+        if self.state is CreditState.DEAD:
+            credit_transition(self.state, CreditInput.PROGRESS)  # raises
+
+    def take(self, nbytes: int, now: float) -> None:
+        """Take credit for one frame the caller found fits (see :meth:`fits`).
+
+        Raises:
+            LocalProtocolError: the session is ``DEAD``.
+        """
+        self.check_alive()
         if self.frames_in_use == 0:
             self.last_progress = now  # the liveness clock starts with the first pending frame
         self.frames_in_use += 1
@@ -130,7 +168,6 @@ class SessionCredit:
             self.peak_frames = self.frames_in_use
         if self.bytes_in_use > self.peak_bytes:
             self.peak_bytes = self.bytes_in_use
-        return True
 
     def correct(self, acquired: int, actual: int) -> None:
         """Replace a frame's acquired byte count by its actual encoded size."""

@@ -30,7 +30,7 @@ import logging
 import secrets
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING
 
 from weir.app import Caller, initialize_result_for
@@ -102,6 +102,8 @@ class Connection:
         self._reader: asyncio.StreamReader | None = None
         self._early = b""  # bytes the peer sent while a stream was being written
         self._peer_gone = False
+        #: The streams this connection wrote (their credit comes back when it ends).
+        self._wrote: set[tuple[Session, StreamLog]] = set()
 
     # ----------------------------------------------------------- bytes out, acks in
     async def send(
@@ -138,7 +140,7 @@ class Connection:
         drained = self.acks.acknowledged_total(self._unacknowledged())
         for session, stream, upto in drained:
             if stream is None:
-                session.release(1, upto)
+                session.release(1, upto)  # a JSON body
             else:
                 session.drained(stream, upto)
         if self.acks.acked > acked and pending is not None and not drained:
@@ -196,11 +198,16 @@ class Connection:
         except Exception:
             log.exception("connection handler failed")
         finally:
-            # Frames written here and not acknowledged keep their credit: a
-            # resumption on another connection sends them again.
+            # Nothing written here will be acknowledged any more: JSON bodies cannot
+            # be replayed, so nothing is owed; the streams this connection wrote stay
+            # in their logs as replay history (a resumption writes them again) but
+            # stop holding credit, unless another connection writes them now.
             for session, stream, nbytes in self.acks.take_pending():
                 if stream is None:
-                    session.release(1, nbytes)  # a JSON body cannot be replayed: owed nothing
+                    session.release(1, nbytes)
+            for session, stream in self._wrote:
+                session.let_go(stream)
+            self._wrote.clear()
             if self._watcher is not None:
                 self._watcher.cancel()
             if self.writer.transport.get_write_buffer_size():
@@ -275,19 +282,24 @@ class Connection:
             return
         session.state = session_transition(session.state, SessionInput.REQUEST)
         sse = accepts(post.ctx.headers.get("accept"), "text/event-stream")
+        # Each request reserves room for its result before its stream exists: under
+        # a key of the POST's own, which its stream takes over once it is opened.
+        lane = object()
         if len(requests) == 1:
             # Admission and the gate before the head: a refusal is this POST's status.
-            await session.admit(1, requests[0].id)  # 429 once half-open
-            lone = await self._plan_lone(session, post, requests[0])
+            await session.admit(1, requests[0].id, lane)  # 429 once half-open
+            lone = await self._plan_lone(session, post, requests[0], lane)
             feed: Feed = _given(lone)
         else:
             feed = self._admit_each(session, requests)
         if sse:
-            await self._post_sse(session, post, len(requests), feed)
+            await self._post_sse(session, post, len(requests), feed, lane)
         else:
-            await self._post_json(session, post, feed)
+            await self._post_json(session, post, feed, lane)
 
-    async def _plan_lone(self, session: Session, post: PostMessages, req: Request) -> CallCourse:
+    async def _plan_lone(
+        self, session: Session, post: PostMessages, req: Request, lane: Hashable
+    ) -> CallCourse:
         """A lone request through the idempotency gate; a refusal refuses the POST
         (its HTTP status says why), and gives back what the request was admitted with."""
         try:
@@ -299,7 +311,7 @@ class Connection:
                 retry_ms=1000,
             )
         except BaseException:
-            session.done()
+            session.done(lane)
             raise
 
     def _admit_each(self, session: Session, requests: list[Request]) -> Feed:
@@ -308,12 +320,12 @@ class Connection:
         gate) gets its refusal as its JSON-RPC error; the others go on."""
         wait = self.driver.in_progress_wait
 
-        async def feed(start: Callable[[CallCourse], object]) -> None:
+        async def feed(start: Callable[[CallCourse], object], lane: Hashable) -> None:
             for req in requests:
                 try:
-                    await session.admit(1, req.id)
+                    await session.admit(1, req.id, lane)
                 except RemoteProtocolError as exc:
-                    session.flow.count_in()  # accounted like an admitted entry
+                    session.flow.count_in(1, lane)  # accounted like an admitted entry
                     start(CallCourse.answered(req, error_body(exc)))
                     continue
                 try:
@@ -321,20 +333,27 @@ class Connection:
                 except RemoteProtocolError as exc:
                     planned = CallCourse.answered(req, error_body(exc))
                 except BaseException:
-                    session.done()
+                    session.done(lane)
                     raise
                 start(planned)
 
         return feed
 
-    async def _post_json(self, session: Session, post: PostMessages, feed: Feed) -> None:
-        """Run the requests as session tasks; one body (a batch's array) when all end."""
+    async def _post_json(
+        self, session: Session, post: PostMessages, feed: Feed, lane: Hashable
+    ) -> None:
+        """Run the requests as session tasks; one body (a batch's array) when all end.
+
+        The body takes credit drawing on what the requests reserved in ``lane``;
+        their reservations end once it holds credit of its own."""
         app, state = self.driver.app, self.driver.state
         # Session tasks, not this connection's: a hang-up does not cancel a call.
         # (asyncio.wait, unlike gather, does not cancel them if this task is cancelled.)
         tasks: list[asyncio.Task[bytes | None]] = []
         try:
-            await feed(lambda p: tasks.append(session.spawn(execute(app, session, p, None, state))))
+            await feed(
+                lambda p: tasks.append(session.spawn(execute(app, session, p, None, state))), lane
+            )
             await asyncio.wait(tasks)
             if session.closed:
                 raise Gone
@@ -343,23 +362,27 @@ class Connection:
                 await self.send(self.conn.send_response(202, ()))
                 return
             body = b"[" + b",".join(answered) + b"]" if post.is_batch else answered[0]
-            await session.take_credit(len(body))  # JSON bodies hold credit like frames
+            await session.take_credit(len(body), lane)  # JSON bodies hold credit like frames
         finally:
             # A request is in flight until its handler ended and its answer holds
             # credit (or the connection that would carry it is gone).
             for task in tasks:
                 if task.done():
-                    session.done()
+                    session.done(lane)
                 else:
-                    task.add_done_callback(lambda _: session.done())
+                    task.add_done_callback(lambda _: session.done(lane))
         headers = [("content-type", "application/json"), ("mcp-session-id", session.sid)]
         await self.send(self.conn.send_response(200, headers, body), (session, None, len(body)))
 
-    async def _post_sse(self, session: Session, post: PostMessages, n: int, feed: Feed) -> None:
+    async def _post_sse(
+        self, session: Session, post: PostMessages, n: int, feed: Feed, lane: Hashable
+    ) -> None:
         """One response stream for ``n`` requests: each handler appends to its log.
-        The head goes out at once; a batch's entries are admitted while it is open."""
+        The head goes out at once; a batch's entries are admitted while it is open.
+        The stream takes over what a lone request reserved under ``lane``."""
         app, state = self.driver.app, self.driver.state
         stream = session.open_stream(StreamKind.REQUEST)
+        session.flow.move(lane, stream.epoch)
         primes = primes_streams(session.version, post.ctx.protocol_version)
         remaining = [n]
 
@@ -376,7 +399,7 @@ class Connection:
             except Gone:
                 pass
             finally:
-                session.done()
+                session.done(stream.epoch)
 
         async def prime_then_run() -> None:
             # In a task, as the calls are: waiting for credit must not hold the head back.
@@ -387,10 +410,10 @@ class Connection:
                 # Nothing will run: give back what a lone request was admitted with
                 # (a batch's entries, not admitted yet, stop at the closed session).
                 with contextlib.suppress(Gone):
-                    await feed(lambda p: _never_run(session, p))
+                    await feed(lambda p: _never_run(session, p, stream.epoch), stream.epoch)
                 return
             with contextlib.suppress(Gone):
-                await feed(lambda p: session.spawn(run(p)))
+                await feed(lambda p: session.spawn(run(p)), stream.epoch)
 
         session.spawn(prime_then_run())  # the session owns them: a hang-up is no cancel
         await self._write_stream(session, stream, 0)
@@ -425,6 +448,11 @@ class Connection:
         await self.send(self.conn.start_stream(200, headers))
         if stream.state is not StreamState.CLOSED:  # a closed one is replayed, no more
             stream.handle(StreamInput.ATTACH)
+        session.abandoned.discard(stream.epoch)  # a reader again: frames hold credit
+        # (Only streams that may still hold credit are remembered: a keep-alive
+        # connection writes many.)
+        self._wrote = {(s, w) for s, w in self._wrote if not s.closed and _may_hold(w)}
+        self._wrote.add((session, stream))
         watch = self._watch_for_hang_up()
         me = asyncio.current_task()
         if me is not None:
@@ -517,21 +545,27 @@ class Connection:
         await self.send(self.conn.send_response(200, headers, encode_result(req.id, result)))
 
 
-#: How a POST's requests reach the runner: ``await feed(start)`` calls ``start(plan)``
-#: once per request, in order, each admitted and past the gate.
-Feed = Callable[[Callable[[CallCourse], object]], Awaitable[None]]
+#: How a POST's requests reach the runner: ``await feed(start, lane)`` calls
+#: ``start(plan)`` once per request, in order, each admitted (reserving room for its
+#: result in ``lane``) and past the gate.
+Feed = Callable[[Callable[[CallCourse], object], Hashable], Awaitable[None]]
 
 
 def _given(planned: CallCourse) -> Feed:
     """The feed of a lone request, admitted and gated before the response began."""
 
-    async def feed(start: Callable[[CallCourse], object]) -> None:
+    async def feed(start: Callable[[CallCourse], object], lane: Hashable) -> None:
         start(planned)
 
     return feed
 
 
-def _never_run(session: Session, planned: CallCourse) -> None:
+def _never_run(session: Session, planned: CallCourse, lane: Hashable) -> None:
     """Account for an admitted request that will never run (its session ended)."""
-    session.done()
+    session.done(lane)
     give_back(session, planned)
+
+
+def _may_hold(stream: StreamLog) -> bool:
+    """Whether ``stream`` may still hold credit, or take more (not finished)."""
+    return not stream.finished or stream.undrained() != (0, 0)

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import itertools
 import math
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from weir.app import Caller
@@ -89,6 +89,9 @@ class Session:
         #: and which one writes each stream (a resumption displaces it).
         self.writers: set[asyncio.Task[Any]] = set()
         self.stream_writers: dict[str, asyncio.Task[Any]] = {}
+        #: Streams whose connection went away, until a reader attaches again: frames
+        #: appended meanwhile are history, holding no credit (see :meth:`let_go`).
+        self.abandoned: set[str] = set()
         self._grants: dict[int, asyncio.Future[None]] = {}
         self._changed = asyncio.Event()  # replaced on every pulse
         self._wakeups: dict[str, asyncio.Event] = {}  # per stream epoch, for its writer
@@ -136,12 +139,15 @@ class Session:
         self._changed = asyncio.Event()
 
     # --------------------------------------------------------------- admission
-    async def admit(self, n: int, request_id: RequestId | None) -> None:
-        """Wait for room for ``n`` requests (429 once half-open; :class:`_Gone`)."""
+    async def admit(
+        self, n: int, request_id: RequestId | None, lane: Hashable | None = None
+    ) -> None:
+        """Wait for room for ``n`` requests, each reserving room for its result in
+        ``lane`` (429 once half-open; :class:`Gone`)."""
         while True:
             if self.closed:
                 raise Gone
-            verdict = self.flow.try_admit(n, self.loop.time(), request_id)
+            verdict = self.flow.try_admit(n, self.loop.time(), request_id, lane)
             if verdict is Admit.ADMITTED:
                 return
             if verdict is Admit.BLOCKED:
@@ -151,9 +157,9 @@ class Session:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), None if wait == math.inf else wait)
 
-    def done(self) -> None:
-        self.flow.done()
-        self._pulse()
+    def done(self, lane: Hashable | None = None) -> None:
+        """One admitted request of ``lane`` is answered (or never will be)."""
+        self._granted(self.flow.done(1, self.loop.time(), lane))
 
     # ------------------------------------------------------------------ frames
     async def append(self, stream: StreamLog, payload: str, *, final: bool = False) -> None:
@@ -163,10 +169,10 @@ class Session:
         size = len(encoded[1])
         await self.take_credit(size, lane=stream.epoch)
         if stream.state is StreamState.CLOSED:
-            self.release(1, size)  # aborted while we waited: nothing to send
+            self.release(1, size, stream.epoch)  # aborted while we waited: nothing to send
             raise Gone
         stream.append(payload, final=final, encoded=encoded)
-        self.wake(stream)
+        self._appended(stream)
 
     def try_append(self, stream: StreamLog, payload: str) -> bool:
         """:meth:`append` if it needs no wait (credit now, nothing of this stream queued);
@@ -180,10 +186,17 @@ class Session:
         if self.flow.credit.frames_in_use == 1:
             self.arm_timer()
         stream.append(payload, encoded=encoded)
-        self.wake(stream)
+        self._appended(stream)
         return True
 
-    async def take_credit(self, size: int, lane: str | None = None) -> None:
+    def _appended(self, stream: StreamLog) -> None:
+        if stream.epoch in self.abandoned:  # nobody writes it until a resumption: history
+            self.release(*stream.mark_drained(stream.next_seq), stream.epoch)
+            if stream.finished:
+                self.abandoned.discard(stream.epoch)  # nothing more will come
+        self.wake(stream)
+
+    async def take_credit(self, size: int, lane: Hashable | None = None) -> None:
         """Credit for one frame (or JSON body) of ``size`` bytes, behind earlier waiters
         of ``lane`` (a frame's stream; ``None`` for a JSON body: behind nothing).
 
@@ -206,19 +219,35 @@ class Session:
             except asyncio.CancelledError:
                 self._grants.pop(ticket, None)
                 if not self.flow.cancel(ticket, self.loop.time()) and not self.closed:
-                    self.release(1, size)  # granted while we were cancelled
+                    self.release(1, size, lane)  # granted while we were cancelled
                 raise
             if self.closed:
                 raise Gone
 
-    def release(self, frames: int, nbytes: int) -> None:
-        """Credit back (frames acknowledged or discarded); grant waiters in order."""
-        for ticket in self.flow.release(frames, nbytes, self.loop.time()):
+    def release(self, frames: int, nbytes: int, lane: Hashable | None = None) -> None:
+        """Credit back (frames of ``lane`` acknowledged or discarded); grant waiters in
+        order."""
+        self._granted(self.flow.release(frames, nbytes, self.loop.time(), lane))
+        self.arm_timer()
+
+    def _granted(self, tickets: list[int]) -> None:
+        for ticket in tickets:
             future = self._grants.pop(ticket)
             if not future.done():
                 future.set_result(None)
         self._pulse()
-        self.arm_timer()
+
+    def let_go(self, stream: StreamLog) -> None:
+        """The connection writing ``stream`` went away and no other writes it: its
+        frames give their credit back (they stay in the log as replay history), and
+        frames appended until a reader attaches again do not hold credit either --
+        nothing is in flight to a peer, so holding credit would only starve the
+        session's other streams until the liveness teardown."""
+        if self.closed or stream.epoch in self.stream_writers:
+            return
+        if not stream.finished:
+            self.abandoned.add(stream.epoch)
+        self.release(*stream.mark_drained(stream.next_seq), stream.epoch)
 
     def drained(self, stream: StreamLog, upto_seq: int) -> None:
         """The peer acknowledged every frame of ``stream`` below ``upto_seq``.
@@ -227,7 +256,7 @@ class Session:
         only what a resumption may still need, so the history a session keeps is
         its live streams' last ``MAX_EVENTS`` frames, not everything it was sent.
         """
-        self.release(*stream.mark_drained(upto_seq))
+        self.release(*stream.mark_drained(upto_seq), stream.epoch)
         if stream.state is StreamState.CLOSED:
             stream.trim_drained()
 

@@ -397,3 +397,36 @@ def test_a_batch_into_a_half_open_session_gets_an_error_per_entry() -> None:
         assert {a["error"]["data"]["reason"] for a in answers} == {"stream_half_open"}
         for stream in (entries, waiting, stalled):
             stream.close()
+
+
+def test_a_stream_whose_connection_goes_away_gives_its_credit_back() -> None:
+    # As on the Trio engine: a peer that never reads its answer and then hangs up
+    # leaves nothing that could ever acknowledge it, so the stream's frames give
+    # their credit back at once (they stay in the log as replay history) -- not
+    # at the liveness teardown, which here is far away.
+    credit = CreditLimits(frames=8, bytes=65536, drain_window=5.0, liveness_timeout=60.0)
+    with running_driver(credit=credit) as running, Client(running.port) as c:
+        c.initialize()
+        sid = c.session_id
+        assert sid is not None
+        peer = RawStream(running.port, rcvbuf=4096)
+        call = _call(1, "echo", {"text": "x" * 12_000})
+        assert peer.send("POST", _headers(c), call) == 200
+        held = _credit_of(running, sid)
+        for _ in range(200):  # the answer is enqueued, then held unacknowledged
+            if held[0] and held[1] > 12_000:
+                break
+            time.sleep(0.01)
+            held = _credit_of(running, sid)
+        assert held[0] and held[1] > 12_000, held
+        peer.close()
+        for _ in range(300):  # the driver notices the hang-up on its next read
+            held = _credit_of(running, sid)
+            if held == (0, 0, 0):
+                break
+            time.sleep(0.01)
+        assert held == (0, 0, 0)
+        assert running.probe(lambda: sid in running.driver.sessions) is True  # no teardown
+        # The history stays: the stream can still be resumed from its start.
+        streams = running.probe(lambda: list(running.driver.sessions[sid].streams))
+        assert any(log.next_seq >= 1 and log.retained_bytes > 12_000 for log in streams)

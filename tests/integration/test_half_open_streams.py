@@ -18,7 +18,10 @@ result behind the stalled streams' frames until the liveness teardown):
 2. a later call on the healthy connection is answered too: its result, or 429
    ``stream_half_open`` before it ran (the tool's execution counter unchanged);
 3. once the stalled sockets close, their credit comes back -- all of it, the
-   waiting frame's too -- without a teardown, and no writer holds buffers.
+   waiting frame's too -- without a teardown, and no writer holds buffers;
+4. a call admitted before stalled streams take *every* byte of credit not
+   reserved gets its result at once when it is ready: admission reserved room for
+   it that no other stream may take (issue 21 item 9, follow-up).
 
 Clock: real time (kernel I/O; see ``test_half_open_loopback``).  Nothing sleeps
 to synchronise: the tests wait for replies and for the tool's own events, and
@@ -28,9 +31,11 @@ make true.  Bounds are generous: "before the liveness teardown", not a duration.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
+import h11
 import trio
 
 from tests.engine.helpers import H11Client, Reply, SseReply
@@ -42,9 +47,10 @@ from tests.integration.test_half_open_loopback import (
     open_client,
     serving,
 )
-from weir.engine import App, ServerConfig
+from weir.engine import App, Context, ServerConfig
 from weir.engine._session import Session
 from weir.protocol import CreditLimits
+from weir.protocol.states import CreditState
 
 app = App("half-open-streams")
 executions: dict[str, int] = {}
@@ -69,6 +75,26 @@ async def gated(label: str) -> str:
     gates["started"].set()
     await gates["open"].wait()
     return f"{label} done"
+
+
+#: The healthy call's label (its result carries it): a result of about 190 bytes (as an SSE frame).
+LABEL = "reserved-" + "r" * 60
+
+#: The flooding tools: each waits for its ``go:<label>`` event, then sends
+#: notifications of ``size`` bytes until ``stop`` is set (the credit stops it first).
+floods: dict[str, trio.Event] = {}
+
+
+@app.tool()
+async def flood(label: str, size: int, ctx: Context) -> str:
+    """Wait for the test's go, then notifications of ``size`` bytes of text."""
+    executions[label] = executions.get(label, 0) + 1
+    await floods[f"go:{label}"].wait()
+    for _ in range(10_000):  # bounded; the credit or the test's stop ends it first
+        if floods["stop"].is_set():
+            break
+        await ctx.notify("notifications/message", {"level": "info", "data": "x" * size})
+    return f"{label} flooded"
 
 
 def call(request_id: int, name: str, arguments: dict[str, Any]) -> bytes:
@@ -194,6 +220,86 @@ async def test_a_finished_but_unread_stream_gives_its_credit_back_when_its_peer_
 
                 def released() -> bool:
                     return session.credit.frames_in_use == 0 and session.credit.bytes_in_use == 0
+
+                assert await eventually(released, timeout=LIMITS.liveness_timeout / 2)
+                assert not session.closed and server.metrics.teardowns == 0
+
+
+async def test_a_result_admitted_before_the_credit_filled_up_has_its_room_kept() -> None:
+    """The race made deterministic: a healthy call is admitted (and reserves room
+    for its result); then stalled streams fill every byte of credit that is not
+    reserved, down to less than the healthy call's result; only then is the result
+    ready -- and it is granted at once, not after the liveness teardown."""
+    executions.clear()
+    gates.update(started=trio.Event(), open=trio.Event())
+    floods.clear()
+    floods.update({"go:big": trio.Event(), "go:small": trio.Event(), "stop": trio.Event()})
+    with trio.fail_after(LIMITS.liveness_timeout + 30):
+        async with serving(app, ServerConfig(port=0, credit=LIMITS)) as server:
+            port = server.port
+            healthy = await open_client(port)
+            async with healthy.stream:
+                await healthy.initialize()
+                sid = healthy.session_id
+                assert sid is not None
+                session = server.sessions[sid]
+                # Admitted while the credit is free: the healthy call, then two
+                # stalled callers whose tools wait for the test's go.
+                # (Its result, about 190 bytes, is larger than a small frame of the
+                # stalled streams and smaller than the typical frame it reserved.)
+                control = await healthy.call(1, "gated", {"label": LABEL})
+                await gates["started"].wait()
+                stalled = []
+                for i, (label, size) in enumerate((("big", 8000), ("small", 1))):
+                    peer = await open_client(port, rcvbuf=4096)
+                    peer.session_id = sid
+                    args = {"label": label, "size": size}
+                    reply = await peer.send("POST", call(10 + i, "flood", args))
+                    assert isinstance(reply, SseReply) and reply.status == 200, reply
+                    stalled.append(peer)
+                # Big frames until one waits, then the smallest frames there are
+                # until one of those waits too: what is free is now less than one
+                # small frame -- less than the healthy call's result.
+                floods["go:big"].set()
+                assert await eventually(lambda: session.flow.waiting == 1, timeout=10)
+                floods["go:small"].set()
+                assert await eventually(lambda: session.flow.waiting == 2, timeout=10)
+                # Until the session is half-open: no byte acknowledged for the drain
+                # window, so the stalled peers' kernels have stopped taking frames.
+                half_open = await eventually(
+                    lambda: session.credit.state is CreditState.HALF_OPEN, timeout=10
+                )
+                credit = session.credit
+                assert half_open and session.flow.waiting == 2
+                # Less free than the healthy result needs (a small frame, ~130 bytes, waits).
+                assert LIMITS.bytes - credit.held_bytes < 180
+                assert credit.held_bytes <= LIMITS.bytes  # reservations included
+                assert credit.held_frames <= LIMITS.frames
+                started = trio.current_time()
+                gates["open"].set()  # the healthy call's result is ready
+                answers: list[dict[str, Any]] = []
+                # (A stream cut short by a teardown has no answer.)
+                with (
+                    trio.move_on_after(LIMITS.liveness_timeout + SLACK),
+                    contextlib.suppress(h11.RemoteProtocolError),
+                ):
+                    answers = await control.messages()
+                answered = trio.current_time() - started
+                assert answers and answers[-1]["result"]["content"][0]["text"] == f"{LABEL} done"
+                assert answered < LIMITS.drain_window  # at once: not after a teardown
+                assert not session.closed and server.metrics.teardowns == 0
+                # The stalled streams still stall (what the healthy call's reservation
+                # did not need went back to the session: a small frame may have taken it).
+                assert session.flow.waiting >= 1
+                assert credit.held_bytes <= LIMITS.bytes
+
+                floods["stop"].set()
+                for peer in stalled:
+                    await peer.stream.aclose()
+
+                def released() -> bool:
+                    c = session.credit
+                    return c.held_frames == 0 and c.held_bytes == 0 and not session.flow.waiting
 
                 assert await eventually(released, timeout=LIMITS.liveness_timeout / 2)
                 assert not session.closed and server.metrics.teardowns == 0

@@ -20,6 +20,7 @@ from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
 from weir.protocol.states import CreditState
 
 LIMITS = CreditLimits(frames=4, bytes=1000, drain_window=5.0, liveness_timeout=60.0)
+LANES = [None, "a", "b"]
 
 
 class FlowMachine(RuleBasedStateMachine):
@@ -27,51 +28,87 @@ class FlowMachine(RuleBasedStateMachine):
         super().__init__()
         self.flow = SessionFlow(LIMITS, 0.0)
         self.now = 0.0
-        self.held: list[int] = []  # sizes of frames holding credit
+        self.held: list[tuple[int, str | None]] = []  # (size, lane) of frames holding credit
         #: (ticket, size, lane), in issue order
         self.queued: list[tuple[int, int, str | None]] = []
         self.granted: set[int] = set()
+        #: Per lane: the reservation units (frames, bytes) of its admitted requests,
+        #: and [frames, bytes] of them its frames draw on now.
+        self.units: dict[str | None, list[tuple[int, int]]] = {}
+        self.drawn: dict[str | None, list[int]] = {}
 
-    def _fits(self, size: int) -> bool:
-        if len(self.held) >= LIMITS.frames:
+    def _unused(self) -> tuple[int, int]:
+        frames = sum(sum(f for f, _ in u) - self.drawn[k][0] for k, u in self.units.items())
+        nbytes = sum(sum(b for _, b in u) - self.drawn[k][1] for k, u in self.units.items())
+        return frames, nbytes
+
+    def _own(self, lane: str | None) -> tuple[int, int]:
+        units = self.units.get(lane, [])
+        drawn = self.drawn.get(lane, [0, 0])
+        return sum(f for f, _ in units) - drawn[0], sum(b for _, b in units) - drawn[1]
+
+    def _take(self, size: int, lane: str | None) -> bool:
+        # The model: a frame fits in the free credit plus its own lane's unused
+        # reservation, and draws on that reservation only for what the free part lacks.
+        unused_f, unused_b = self._unused()
+        own_f, own_b = self._own(lane)
+        held_f = len(self.held) + unused_f
+        held_b = sum(s for s, _ in self.held) + unused_b
+        if held_f - own_f >= LIMITS.frames:
             return False
-        return not self.held or sum(self.held) + size <= LIMITS.bytes
+        if held_b and held_b - own_b + size > LIMITS.bytes:
+            return False
+        if held_f >= LIMITS.frames:
+            self.drawn[lane][0] += 1
+        if held_b and held_b + size > LIMITS.bytes:
+            self.drawn[lane][1] += held_b + size - LIMITS.bytes
+        self.held.append((size, lane))
+        return True
 
     def _grant(self, tickets: list[int]) -> None:
         # In ticket order, every waiter that fits and has no earlier waiter of its lane.
         expected: list[int] = []
         stuck: set[str] = set()
         for ticket, size, lane in list(self.queued):
-            if (lane is None or lane not in stuck) and self._fits(size):
+            if (lane is None or lane not in stuck) and self._take(size, lane):
                 expected.append(ticket)
                 assert ticket not in self.granted
                 self.granted.add(ticket)
-                self.held.append(size)
                 self.queued.remove((ticket, size, lane))
             elif lane is not None:
                 stuck.add(lane)
         assert tickets == expected
 
-    @rule(size=st.integers(1, 1500), lane=st.sampled_from([None, "a", "b"]))
+    @rule(size=st.integers(1, 1500), lane=st.sampled_from(LANES))
     def send_a_frame(self, size: int, lane: str | None) -> None:
+        own_f, own_b = self._own(lane)
+        lane_waits = lane is not None and any(q[2] == lane for q in self.queued)
         if self.flow.try_acquire(size, self.now, lane):
-            assert not self.flow.closed
-            assert lane is None or all(q[2] != lane for q in self.queued)
-            self.held.append(size)
+            assert not self.flow.closed and not lane_waits
+            assert self._take(size, lane)
         elif not self.flow.closed:
-            assert (lane is not None and any(q[2] == lane for q in self.queued)) or not (
-                self._fits(size)
-            )
+            assert lane_waits or not self._take(size, lane)
+            # The reservation's promise: a frame no larger than what its own lane
+            # reserved (and does not hold) is never made to wait by other lanes.
+            assert lane_waits or not (own_f >= 1 and size <= own_b)
             self.queued.append((self.flow.wait_for(size, self.now, lane), size, lane))
 
     @precondition(lambda self: self.held)
     @rule(data=st.data())
     def drain_some(self, data: st.DataObject) -> None:
-        k = data.draw(st.integers(1, len(self.held)))
-        frames, nbytes = k, sum(self.held[:k])
-        del self.held[:k]
+        lane = data.draw(st.sampled_from(sorted({x for _, x in self.held}, key=str)))
+        mine = [i for i, (_, x) in enumerate(self.held) if x == lane]
+        k = data.draw(st.integers(1, len(mine)))
+        gone = [self.held[i] for i in mine[:k]]
+        for frame in gone:
+            self.held.remove(frame)
+        frames, nbytes = k, sum(s for s, _ in gone)
+        if lane in self.drawn:  # what the frames drew goes back to their reservation
+            drawn = self.drawn[lane]
+            drawn[0] -= min(drawn[0], frames)
+            drawn[1] -= min(drawn[1], nbytes)
         self.now += 0.1
-        self._grant(self.flow.release(frames, nbytes, self.now))
+        self._grant(self.flow.release(frames, nbytes, self.now, lane))
 
     @precondition(lambda self: self.queued)
     @rule(data=st.data())
@@ -81,24 +118,46 @@ class FlowMachine(RuleBasedStateMachine):
         assert self.flow.cancel(ticket, self.now)
         assert not self.flow.cancel(ticket, self.now)  # a ticket is withdrawn once
 
-    @rule(n=st.integers(1, 3))
-    def admit(self, n: int) -> None:
+    @rule(n=st.integers(1, 3), lane=st.sampled_from(LANES))
+    def admit(self, n: int, lane: str | None) -> None:
         before = self.flow.inflight
+        unused_before = self._unused()
         try:
-            verdict = self.flow.try_admit(n, self.now)
+            verdict = self.flow.try_admit(n, self.now, lane=lane)
         except RemoteProtocolError as exc:
             assert exc.reason is Reason.STREAM_HALF_OPEN and exc.http_status == 429
             return
         if verdict is Admit.ADMITTED:
             assert self.flow.inflight == before + n
+            f, b = self.flow.credit.reserved_frames, self.flow.credit.reserved_bytes
+            added = (f - unused_before[0], b - unused_before[1])
+            assert added[0] <= n and added[1] >= 0
+            if n > 1 or added[0] == 1:
+                each = added[1] // n
+                new = [(1 if i < added[0] else 0, each) for i in range(n)]
+            else:
+                new = [(added[0], added[1])]
+            self.units.setdefault(lane, []).extend(new)
+            self.drawn.setdefault(lane, [0, 0])
         else:
-            # Nothing in flight: admitted unless frames are held and leave no room.
-            assert (before > 0 or self.held) and self.flow.inflight == before
+            # Waiting: the reservation would not fit, and something is held.
+            assert self.flow.inflight == before
+            assert self.held or unused_before != (0, 0)
 
-    @precondition(lambda self: self.flow.inflight > 0)
-    @rule()
-    def answer_one(self) -> None:
-        self.flow.done()
+    @precondition(lambda self: self.units)
+    @rule(data=st.data())
+    def answer_one(self, data: st.DataObject) -> None:
+        lane = data.draw(st.sampled_from(sorted(self.units, key=str)))
+        units = sorted(self.units[lane])
+        del units[0]
+        drawn = self.drawn[lane]
+        drawn[0] = min(drawn[0], sum(f for f, _ in units))
+        drawn[1] = min(drawn[1], sum(b for _, b in units))
+        if units:
+            self.units[lane] = units
+        else:
+            del self.units[lane], self.drawn[lane]
+        self._grant(self.flow.done(1, self.now, lane))
 
     @rule(dt=st.floats(0.0, 10.0))
     def time_passes(self, dt: float) -> None:
@@ -111,14 +170,20 @@ class FlowMachine(RuleBasedStateMachine):
     def end(self) -> None:
         assert self.flow.close() == [t for t, _, _ in self.queued]
         self.queued.clear()
+        self.units.clear()
+        self.drawn.clear()
 
     @invariant()
     def credit_is_never_overcommitted(self) -> None:
         credit = self.flow.credit
-        assert credit.frames_in_use == len(self.held) <= LIMITS.frames
-        assert credit.bytes_in_use == sum(self.held)
-        if len(self.held) > 1:  # only a lone frame may exceed the byte credit
-            assert credit.bytes_in_use <= LIMITS.bytes
+        assert credit.frames_in_use == len(self.held)
+        assert credit.bytes_in_use == sum(s for s, _ in self.held)
+        assert (credit.reserved_frames, credit.reserved_bytes) == self._unused()
+        # Reservations count as held: frames and reservations together stay within
+        # the credit (only a lone frame, with nothing reserved, may exceed the bytes).
+        assert credit.held_frames <= LIMITS.frames
+        if len(self.held) > 1 or credit.reserved_bytes:
+            assert credit.held_bytes <= LIMITS.bytes
 
     @invariant()
     def waiting_frames_mean_exhausted_credit(self) -> None:
@@ -141,7 +206,7 @@ def test_admission_caps_flight_by_the_bytes_left_at_the_typical_frame_size() -> 
     assert flow.try_admit(1, 0.0) is Admit.ADMITTED  # 1000 // ~400 = 2 in flight
     assert flow.try_admit(1, 0.0) is Admit.BLOCKED  # this refusal exhausts the credit
     assert flow.try_admit(1, 0.0) is Admit.WAIT  # ... once
-    flow.done()
+    assert flow.done(1, 0.0) == []  # its reservation ends with it
     assert flow.try_admit(1, 0.0) is Admit.ADMITTED
 
 
@@ -168,15 +233,75 @@ def test_a_stalled_stream_never_parks_another_streams_small_result() -> None:
     # Stream A's peer stopped reading: its frames hold most of the credit and its
     # next (large) frame waits.  Stream B's small result must not queue behind it.
     flow = SessionFlow(CreditLimits(frames=8, bytes=1000, drain_window=5.0), 0.0)
-    assert flow.try_admit(1, 0.0) is Admit.ADMITTED  # B's request, before A fills up
-    assert flow.try_acquire(450, 0.0, "a") and flow.try_acquire(450, 0.0, "a")
+    assert flow.try_admit(1, 0.0, lane="b") is Admit.ADMITTED  # B's request, before A fills up
+    assert flow.try_acquire(360, 0.0, "a") and flow.try_acquire(360, 0.0, "a")
     big = flow.wait_for(300, 0.1, "a")  # A's third frame: no room
     assert flow.credit.state is CreditState.EXHAUSTED
     assert flow.try_acquire(80, 0.2, "b")  # B's result: it fits, so it goes now
-    flow.done()
+    assert flow.done(1, 0.2, "b") == []
     # B's peer acknowledges; A's waiter still does not fit, nothing else waits.
-    assert flow.release(1, 80, 0.3) == []
+    assert flow.release(1, 80, 0.3, "b") == []
     assert flow.waiting == 1 and flow.cancel(big, 0.4)
+
+
+def test_an_admitted_requests_reservation_is_its_own_whatever_other_streams_hold() -> None:
+    # Request A is admitted: it reserves a typical frame for its result.  Stalled
+    # stream B then fills every byte that is not reserved (and waits for more);
+    # A's result, no larger than its reservation, is granted at once, and frames
+    # plus reservations never exceed the credit.
+    limits = CreditLimits(frames=8, bytes=1000, drain_window=5.0)
+    flow = SessionFlow(limits, 0.0)
+    assert flow.try_admit(1, 0.0, lane="a") is Admit.ADMITTED
+    assert flow.reserved("a") == (1, 256) and flow.credit.held_bytes == 256
+    for _ in range(3):
+        assert flow.try_acquire(248, 0.0, "b")  # 744 of the 744 unreserved bytes
+    assert not flow.try_acquire(1, 0.0, "b")  # B never takes A's reservation
+    flow.wait_for(100, 0.1, "b")
+    assert not flow.try_acquire(1, 0.1, None)  # nor does any other lane
+    assert flow.credit.held_bytes == limits.bytes
+    assert flow.try_acquire(200, 0.2, "a")  # A's result: at once
+    assert flow.reserved("a") == (1, 56) and flow.credit.held_bytes == limits.bytes
+    assert flow.done(1, 0.2, "a") == []  # A is answered: the rest of its reservation ends
+    assert flow.credit.held_bytes == 944 and flow.credit.reserved_bytes == 0
+    # A new request finds no room for a reservation: it waits (and is refused 429
+    # once the drain window passes), it does not run.
+    assert flow.try_admit(1, 0.3, lane="c") is Admit.WAIT
+    with pytest.raises(RemoteProtocolError) as info:
+        flow.try_admit(1, 5.2, lane="c")
+    assert info.value.reason is Reason.STREAM_HALF_OPEN
+
+
+def test_a_reservation_drawn_on_comes_back_when_its_frames_drain() -> None:
+    # A's request sends a progress frame while B holds all the free credit: the
+    # frame draws on A's reservation; once acknowledged, the room is A's again.
+    flow = SessionFlow(CreditLimits(frames=8, bytes=1000), 0.0)
+    assert flow.try_admit(1, 0.0, lane="a") is Admit.ADMITTED
+    assert flow.try_acquire(744, 0.0, "b")
+    assert flow.try_acquire(100, 0.0, "a") and flow.reserved("a") == (1, 156)
+    assert not flow.try_acquire(200, 0.0, "a")  # more than is left of it: it waits
+    ticket = flow.wait_for(200, 0.0, "a")
+    assert flow.release(1, 100, 0.1, "a") == [ticket]  # the progress frame drained
+    assert flow.reserved("a") == (1, 56)
+    # The frame credit is reserved the same way.
+    flow2 = SessionFlow(CreditLimits(frames=2, bytes=1000), 0.0)
+    assert flow2.try_admit(1, 0.0, lane="a") is Admit.ADMITTED
+    assert flow2.try_acquire(10, 0.0, "b") and not flow2.try_acquire(10, 0.0, "b")
+    assert flow2.try_acquire(10, 0.0, "a")
+
+
+def test_a_reservation_made_before_its_stream_existed_moves_to_it() -> None:
+    flow = SessionFlow(CreditLimits(frames=8, bytes=1000), 0.0)
+    key = object()
+    assert flow.try_admit(1, 0.0, lane=key) is Admit.ADMITTED
+    flow.move(key, "a")
+    assert flow.reserved(key) == (0, 0) and flow.reserved("a") == (1, 256)
+    assert flow.try_acquire(744, 0.0, "b") and flow.try_acquire(256, 0.0, "a")
+    # A refused batch entry's empty reservation ends with it, not an admitted one's.
+    assert flow.try_admit(1, 0.0, lane="c") is Admit.BLOCKED
+    flow.count_in(1, "a")
+    assert flow.done(1, 0.0, "a") == [] and flow.reserved("a") == (1, 0)
+    assert flow.done(1, 0.0, "a") == [] and flow.reserved("a") == (0, 0)
+    assert flow.credit.held_bytes == 1000 and flow.credit.held_frames == 2
 
 
 def test_a_later_small_waiter_of_another_stream_is_granted_past_a_large_one() -> None:
@@ -227,3 +352,15 @@ def test_a_result_that_fits_is_itself_and_one_that_cannot_is_result_too_large() 
     assert refused["id"] == 3 and refused["error"]["code"] == -32603
     assert refused["error"]["data"] == {"reason": "result_too_large", "size": 1001, "limit": 1000}
     assert HEAD_ALLOWANCE > 0
+
+
+def test_a_json_answers_reservation_stays_until_its_body_holds_credit() -> None:
+    # JSON mode: the handler is done before its body is sent; the reservation is
+    # kept (``keep``) for the body, which draws on it, and ends at ``settle``.
+    flow = SessionFlow(CreditLimits(frames=8, bytes=1000), 0.0)
+    assert flow.try_admit(1, 0.0, lane="j") is Admit.ADMITTED
+    assert flow.done(1, 0.0, "j", keep=True) == [] and flow.inflight == 0
+    assert flow.try_acquire(744, 0.0, "b") and not flow.try_acquire(1, 0.0, "b")
+    assert flow.try_acquire(200, 0.0, "j")  # the body: from its reservation
+    assert flow.settle("j", 0.0) == [] and flow.reserved("j") == (0, 0)
+    assert flow.credit.held_bytes == 944 and flow.credit.held_frames == 2
