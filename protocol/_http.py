@@ -478,7 +478,12 @@ class HttpConnection:
                     return self._fail(
                         431, Reason.HEADERS_TOO_LARGE, "request header block too large"
                     )
-                return self._fail(status, Reason.MALFORMED_HTTP, f"malformed HTTP request: {exc}")
+                # Only h11's verdict, never the bytes it quotes after it (a refusal
+                # does not echo the client, and the text is the same however split).
+                verdict = str(exc).split(":", 1)[0].strip() or "unparseable head"
+                return self._fail(
+                    status, Reason.MALFORMED_HTTP, f"malformed HTTP request: {verdict}"
+                )
             if event is h11.NEED_DATA:
                 return NEED_DATA
             if event is h11.PAUSED:
