@@ -1,10 +1,19 @@
-"""A skipped test is a test that did not run: in CI that is a failure unless expected.
+"""CI's rules for the whole suite: nothing skips unexpectedly, and nothing is left to chance.
+
+**Skips.**  A skipped test is a test that did not run: in CI that is a failure unless
+expected.
 
 Tests skip for honest reasons on a developer's machine (no ``npm``, no SDK extra, not
 Linux).  CI installs and starts everything, so there a skip means a required leg did not
 run, and a green run would hide it.  With ``WEIR_FORBID_SKIPS=1`` (set by ``.ci/run``)
 every skip whose reason does not match :data:`EXPECTED_SKIPS` is reported as a failure
 that names the reason.
+
+**Hypothesis.**  On a developer's machine the property tests draw new examples every
+run, which is how they find new bugs.  In CI (``WEIR_HYPOTHESIS_PROFILE=ci``, set by
+``.ci/run``) they are derandomized: the same examples every run, so a landing never
+depends on which examples a run happened to draw.  A failure found locally is kept in
+the local example database and printed with the decorator that reproduces it.
 """
 
 from __future__ import annotations
@@ -15,6 +24,11 @@ from collections.abc import Generator
 from typing import Final
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("WEIR_HYPOTHESIS_PROFILE"):
+    settings.load_profile(os.environ["WEIR_HYPOTHESIS_PROFILE"])
 
 #: Skip reasons CI accepts, each with why it is expected there.  Empty: on the CI
 #: machine (Linux, every extra installed, Valkey and Node started) nothing may skip.
