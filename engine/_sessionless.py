@@ -80,7 +80,7 @@ from weir.protocol import (
     encode_notification,
     encode_result,
 )
-from weir.protocol.gate import CallCourse
+from weir.protocol.gate import CallCourse, WindowKey
 from weir.protocol.jsonrpc import (
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
@@ -227,7 +227,8 @@ class _Sessionless(_ServerBase):
             return None
         canonical = msgspec.json.encode([req.id, req.method, req.params], order="sorted")
         bucket = int(time.time() // window)
-        return f"same:{hashlib.sha256(canonical).hexdigest()[:32]}:{bucket}"
+        # (a WindowKey: no client's Idempotency-Key can name this record)
+        return WindowKey(f"same:{hashlib.sha256(canonical).hexdigest()[:32]}:{bucket}")
 
     def _check_param_headers(self, msg: SessionlessMessage, req: Request) -> None:
         """``Mcp-Param-*`` headers, against the called tool's ``x-mcp-header`` annotations."""

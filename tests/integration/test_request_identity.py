@@ -9,14 +9,17 @@ is read off the connection.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import msgspec
 import trio
 
 from weir.engine import App, Context, Server, ServerConfig
@@ -256,3 +259,31 @@ async def test_a_gateway_connection_holds_a_bounded_number_of_owners() -> None:
             finally:
                 await client.aclose()
             assert await eventually(lambda: not server.owners, timeout=10)
+
+
+async def test_an_idempotency_key_cannot_name_the_retry_windows_record() -> None:
+    """The window keeps its record under a key of its own making: a client sending
+    that very text as its ``Idempotency-Key`` (for either bucket the retry may fall
+    in) claims a key of its own, and the window's request still runs, once."""
+    label = "window-name-" + token("x")[-8:]
+    window = 3600.0
+    message = tool_call(9, "count", {"label": label})
+    canonical = msgspec.json.encode(
+        [message["id"], message["method"], message["params"]], order="sorted"
+    )
+    digest = hashlib.sha256(canonical).hexdigest()[:32]
+    bucket = int(time.time() // window)
+    with trio.fail_after(30):
+        async with authorized(retry_window=window) as server:
+            client = await Client.connect(server.port)
+            try:
+                for b in (bucket, bucket + 1):
+                    squat = {"idempotency-key": f"same:{digest}:{b}"}
+                    other = {"label": f"{label}-squat-{b}"}
+                    text(await call_as(client, "alice", 9, "count", other, extra=squat))
+                first = text(await call_as(client, "alice", 9, "count", {"label": label}))
+                retry = text(await call_as(client, "alice", 9, "count", {"label": label}))
+            finally:
+                await client.aclose()
+    assert first == retry == f"{label} run 1 for {ALICE}"
+    assert runs[label] == 1
