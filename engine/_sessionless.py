@@ -401,7 +401,7 @@ class _Sessionless(_ServerBase):
         )
         with trio.CancelScope() as scope:
             if not backend.detached:  # a keyed call is not cancelled with its response
-                owner.running[req.id] = scope
+                owner.running[backend.run_key] = scope
             try:
                 try:
                     result = await dispatch(self.app, req, ctx)
@@ -428,7 +428,7 @@ class _Sessionless(_ServerBase):
             except Exception as exc:
                 return failure(req, exc)
             finally:
-                owner.running.pop(req.id, None)
+                owner.running.pop(backend.run_key, None)
         return None
 
     def _input_required(
@@ -493,7 +493,7 @@ class _Sessionless(_ServerBase):
             keepalive = self.config.sse_keepalive
             await write_stream(conn, owner, handle, 0, SSE_HEADERS, keepalive=keepalive)
         finally:
-            _end(owner, req, handle)
+            _end(owner, backend, handle)
 
     def _open_answer_stream(self, owner: Session) -> StreamHandle:
         """A stream for one request's answer: no event ids (nothing resumes)."""
@@ -607,9 +607,10 @@ class _Sessionless(_ServerBase):
 _JSON: Final = (("content-type", "application/json"),)
 
 
-def _end(owner: Session, req: Request, handle: StreamHandle) -> None:
-    """Closing the response is cancellation in this era: nothing is resumed."""
-    scope = owner.running.get(req.id)
+def _end(owner: Session, backend: SessionlessBackend, handle: StreamHandle) -> None:
+    """Closing the response is cancellation in this era: nothing is resumed.  (Of
+    this request's handler: another client of the principal may use the same id.)"""
+    scope = owner.running.get(backend.run_key)
     if scope is not None:
         scope.cancel()
     if handle.log.state is not StreamState.CLOSED:

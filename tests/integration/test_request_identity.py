@@ -59,6 +59,22 @@ async def confirm(ctx: Context, item: str) -> str:
     return f"{item}: {answer.get('action')} by {who}"
 
 
+#: Labels of ``hold`` calls that started, and that unwound (finished or cancelled).
+held: list[str] = []
+unwound: list[str] = []
+
+
+@app.tool()
+async def hold(label: str) -> str:
+    """Wait an hour, recording that ``label`` started and that it unwound."""
+    held.append(label)
+    try:
+        await trio.sleep(3600)
+    finally:
+        unwound.append(label)
+    return "woke"
+
+
 @app.tool()
 async def bulk(size: int) -> str:
     """``size`` bytes of text (a response big enough to stall a peer that stops reading)."""
@@ -287,3 +303,29 @@ async def test_an_idempotency_key_cannot_name_the_retry_windows_record() -> None
                 await client.aclose()
     assert first == retry == f"{label} run 1 for {ALICE}"
     assert runs[label] == 1
+
+
+async def test_two_clients_of_one_principal_may_both_number_a_call_1() -> None:
+    """JSON-RPC ids are each client's own: two of Alice's clients (two connections,
+    one credit owner) both send a call with id 1.  Closing the first one's response
+    cancels the first call -- not the second, which runs on until its own ends."""
+    one, two = "one-" + token("x")[-8:], "two-" + token("x")[-8:]
+    with trio.fail_after(30):
+        async with authorized() as server:
+            first = await Client.connect(server.port)
+            second = await Client.connect(server.port)
+            try:
+                for client, label in ((first, one), (second, two)):
+                    message = tool_call(1, "hold", {"label": label})
+                    body = json.dumps(message).encode()
+                    head = headers_for(token("alice"), "hold")
+                    await client.send_raw(raw_request("POST", "/mcp", body=body, headers=head))
+                    assert await eventually(lambda n=label: n in held, timeout=5)  # type: ignore[misc]
+                await first.aclose()
+                assert await eventually(lambda: one in unwound or two in unwound, timeout=10)
+                assert one in unwound and two not in unwound, unwound
+                await second.aclose()
+                assert await eventually(lambda: two in unwound, timeout=10)
+            finally:
+                await first.aclose()
+                await second.aclose()
