@@ -553,6 +553,7 @@ class MemoryStore:
         s.calls.finish(key, payload)
         if self.budget is not None:
             self.budget.charge(_budget_owner(principal, session_id), s.calls.held - before)
+        self._drop_if_empty(principal, session_id)
 
     def shed_results(self, principal: str, session_id: str, nbytes: int) -> None:
         """Drop stored responses, oldest first, until ``nbytes`` are freed (the budget
@@ -569,6 +570,14 @@ class MemoryStore:
     def _shed_internal(self, principal: str, session_id: InternalId, nbytes: int) -> None:
         """The budget asks an internal record to shed; one left empty is dropped."""
         self.shed_results(principal, session_id, nbytes)
+        self._drop_if_empty(principal, session_id)
+
+    def _drop_if_empty(self, principal: str, session_id: str) -> None:
+        """An internal record whose gate holds nothing (no claim, no outcome) is not
+        kept: however many principals used one, only those with records cost memory
+        (the user creates it again on ``SessionGone``)."""
+        if not isinstance(session_id, InternalId):
+            return
         s = self._internal.get((principal, session_id))
         if s is not None and not len(s.calls):
             del self._internal[principal, session_id]

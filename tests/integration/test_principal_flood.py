@@ -14,7 +14,7 @@ from typing import Any
 
 import trio
 
-from weir.engine import App, Server, ServerConfig
+from weir.engine import App, Context, Server, ServerConfig
 from weir.engine._store import MemoryStore
 
 from .rawhttp import Client, Reply
@@ -23,7 +23,7 @@ from .test_auth import jwt_authorization, token
 V = "2026-07-28"
 META = {
     "io.modelcontextprotocol/protocolVersion": V,
-    "io.modelcontextprotocol/clientCapabilities": {},
+    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
 }
 BUDGET = 128 * 1024
 ANSWER = 4096
@@ -40,18 +40,25 @@ async def big(label: str) -> str:
     return label + "x" * ANSWER
 
 
-def keyed(sub: str, rid: int) -> tuple[dict[str, Any], dict[str, str]]:
+@app.tool()
+async def confirm(ctx: Context, label: str) -> str:
+    """Ask the client first: its first round's answer is ``input_required``."""
+    answer = await ctx.elicit(f"Go ahead with {label}?", {"type": "object"}, key="ok")
+    return f"{label}: {answer.get('action')}"
+
+
+def keyed(sub: str, rid: int, tool: str = "big") -> tuple[dict[str, Any], dict[str, str]]:
     message = {
         "jsonrpc": "2.0",
         "id": rid,
         "method": "tools/call",
-        "params": {"name": "big", "arguments": {"label": sub}, "_meta": META},
+        "params": {"name": tool, "arguments": {"label": sub}, "_meta": META},
     }
     headers = {
         "authorization": f"Bearer {token(sub)}",
         "mcp-protocol-version": V,
         "mcp-method": "tools/call",
-        "mcp-name": "big",
+        "mcp-name": tool,
         "idempotency-key": "the-same-key",
     }
     return message, headers
@@ -87,3 +94,29 @@ async def test_a_flood_of_principals_keyed_answers_stays_inside_the_budget() -> 
     assert all(count == 1 for count in runs.values()), runs
     # The gates emptied by shedding are dropped, not kept as empty records.
     assert len(store._internal) < PRINCIPALS
+
+
+async def test_a_flood_of_principals_whose_keyed_calls_gave_their_key_back_leaves_nothing() -> None:
+    """A keyed call whose first round asks for input gives its key back (it has no
+    outcome yet): the principal's gate is then empty, and an empty gate is not kept
+    -- however many principals did so, the store holds none of theirs."""
+    store = MemoryStore()
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            auth = await jwt_authorization(nursery)
+            server = await nursery.start(
+                Server(app, ServerConfig(port=0, auth=auth), store=store).run
+            )
+            client = await Client.connect(server.port)
+            try:
+                for n in range(PRINCIPALS):
+                    message, headers = keyed(f"asked-{n}", n, "confirm")
+                    reply: Reply = await client.request("POST", "/mcp", message, headers=headers)
+                    assert reply.status == 200, (reply.status, reply.body[:300])
+                    assert reply.json()["result"]["resultType"] == "input_required"
+            finally:
+                await client.aclose()
+                server.shutdown()
+                await server.stopped.wait()
+                nursery.cancel_scope.cancel()
+    assert len(store._internal) == 0
