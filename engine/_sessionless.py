@@ -496,9 +496,14 @@ class _Sessionless(_ServerBase):
             _end(owner, backend, handle)
 
     def _open_answer_stream(self, owner: Session) -> StreamHandle:
-        """A stream for one request's answer: no event ids (nothing resumes)."""
+        """A stream for one request's answer: no event ids (nothing resumes).  Its
+        epoch is drawn afresh until it names none of the owner's streams (open or
+        kept): four random bytes meet again over a busy principal's life."""
+        epoch = secrets.token_hex(4)
+        while epoch in owner.handles:
+            epoch = secrets.token_hex(4)
         handle = owner.open_stream(
-            secrets.token_hex(4),
+            epoch,
             StreamKind.REQUEST,
             max_events=self.config.max_stream_events,
             emit_ids=False,
