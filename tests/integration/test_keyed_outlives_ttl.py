@@ -6,7 +6,7 @@ lease renewals; those renewals keep the namespace alive too, or the claim would
 expire with it mid-call and a retry would run the tool a second time.
 
 Real Valkey (its clock is the one that expires keys, so the test waits real time:
-three TTLs, with renewals ten times per TTL).
+three TTLs, with renewals twenty times per TTL).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ META = {
     "io.modelcontextprotocol/protocolVersion": V,
     "io.modelcontextprotocol/clientCapabilities": {},
 }
-TTL = 1.0
+TTL = 2.0
 LEASE = 0.3  # renewed every 0.1 s
 
 app = App("keyed-outlives-ttl")
