@@ -122,7 +122,7 @@ class SessionlessBackend(CallBackend):
     ``on_output`` is told when the handler first puts a message on its stream.
     """
 
-    __slots__ = ("_caller", "_on_output", "asked", "detached")
+    __slots__ = ("_caller", "_on_output", "asked", "detached", "run_key")
 
     def __init__(
         self,
@@ -139,6 +139,10 @@ class SessionlessBackend(CallBackend):
         #: A keyed call outlives its response (see ``engine._sessionless``): once the
         #: stream is gone, its messages go nowhere instead of ending the handler.
         self.detached = False
+        #: Where the running handler is in the owner's ``running``: not the JSON-RPC
+        #: id, which is the client's own -- two clients of one principal (one owner)
+        #: may both send id 1.  (Unique while this backend lives.)
+        self.run_key = id(self)
 
     @property
     def session_id(self) -> None:  # type: ignore[override]
@@ -154,6 +158,10 @@ class SessionlessBackend(CallBackend):
 
     def session_channel(self) -> None:  # type: ignore[override]
         return None  # no session on this era
+
+    def cancel_requested(self, request_id: RequestId) -> bool:
+        scope = self._session.running.get(self.run_key)  # (this request's, whatever its id)
+        return self._session.closed or (scope is not None and scope.cancel_called)
 
     async def send(self, payload: bytes) -> None:
         if self._on_output is not None:

@@ -328,16 +328,23 @@ return 'ok'
 # owner's running claims.
 _RENEW = """
 if redis.call('EXISTS', S) == 0 then return 0 end
-local until_ms = now_ms() + tonumber(ARGV[3])
+local now = now_ms()
+local until_ms = now + tonumber(ARGV[3])
 local renewed = 0
 for i = 4, #ARGV do
   local key = ARGV[i]
   if redis.call('HGET', CALLS, 'o:' .. key) == ARGV[2]
       and redis.call('HEXISTS', CALLS, 'l:' .. key) == 1 then
     redis.call('HSET', CALLS, 'l:' .. key, until_ms)
+    -- (and it is not pruned as expired while it runs: see _BEGIN)
+    redis.call('ZADD', CEXP, now + TTL, key)
     renewed = renewed + 1
   end
 end
+-- A call still running keeps its claim and its record alive: otherwise a call that
+-- outlives the TTL (the sessionless gate's namespace sees no other writes) loses its
+-- claim mid-call, and a retry runs the call again.
+if renewed > 0 then touch() end
 return renewed
 """
 

@@ -53,10 +53,11 @@ list means the cursor is exactly at the head.
 **Lifetimes.**  Every write refreshes the TTL (``retention.ttl``) of the session's
 fixed keys (``s``, ``c``, ``x``, ``k``) and of the stream it writes, so no key of a
 session outlives its record: when a session expires, all of it does.  A running
-claim expires after ``retention.ttl`` (a process that died mid-call does not block
-the key forever), a finished call's response after
-``retention.idempotency_ttl``; expired entries of the gate are pruned lazily, at
-most 64 per :meth:`~RedisStore.begin_call`.  Reads (:meth:`~RedisStore.get_session`,
+claim expires ``retention.ttl`` after its last lease renewal (a process that died
+mid-call does not block the key forever; a call still running keeps its claim and
+its record), a finished call's response after ``retention.idempotency_ttl``;
+expired entries of the gate are pruned lazily, at most 64 per
+:meth:`~RedisStore.begin_call`.  Reads (:meth:`~RedisStore.get_session`,
 :meth:`~RedisStore.read_events`) do not extend a session's life;
 :meth:`~RedisStore.touch_session` (a replica serving the session) does, and sets
 its ``seen``.  Idleness is the server's to judge: :meth:`~RedisStore.expire_idle`

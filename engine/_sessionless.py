@@ -81,7 +81,7 @@ from weir.protocol import (
     encode_notification,
     encode_result,
 )
-from weir.protocol.gate import CallCourse
+from weir.protocol.gate import CallCourse, WindowKey
 from weir.protocol.jsonrpc import (
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
@@ -234,7 +234,8 @@ class _Sessionless(_ServerBase):
             return None
         canonical = msgspec.json.encode([req.id, req.method, req.params], order="sorted")
         bucket = int(time.time() // window)
-        return f"same:{hashlib.sha256(canonical).hexdigest()[:32]}:{bucket}"
+        # (a WindowKey: no client's Idempotency-Key can name this record)
+        return WindowKey(f"same:{hashlib.sha256(canonical).hexdigest()[:32]}:{bucket}")
 
     def _check_param_headers(self, msg: SessionlessMessage, req: Request) -> None:
         """``Mcp-Param-*`` headers, against the called tool's ``x-mcp-header`` annotations."""
@@ -407,7 +408,7 @@ class _Sessionless(_ServerBase):
         )
         with trio.CancelScope() as scope:
             if not backend.detached:  # a keyed call is not cancelled with its response
-                owner.running[req.id] = scope
+                owner.running[backend.run_key] = scope
             try:
                 try:
                     result = await dispatch(self.app, req, ctx)
@@ -434,7 +435,7 @@ class _Sessionless(_ServerBase):
             except Exception as exc:
                 return failure(req, exc)
             finally:
-                owner.running.pop(req.id, None)
+                owner.running.pop(backend.run_key, None)
         return None
 
     def _input_required(
@@ -503,12 +504,17 @@ class _Sessionless(_ServerBase):
             keepalive = self.config.sse_keepalive
             await write_stream(conn, owner, handle, 0, SSE_HEADERS, keepalive=keepalive)
         finally:
-            _end(owner, req, handle)
+            _end(owner, backend, handle)
 
     def _open_answer_stream(self, owner: Session) -> StreamHandle:
-        """A stream for one request's answer: no event ids (nothing resumes)."""
+        """A stream for one request's answer: no event ids (nothing resumes).  Its
+        epoch is drawn afresh until it names none of the owner's streams (open or
+        kept): four random bytes meet again over a busy principal's life."""
+        epoch = secrets.token_hex(4)
+        while epoch in owner.handles:
+            epoch = secrets.token_hex(4)
         handle = owner.open_stream(
-            secrets.token_hex(4),
+            epoch,
             StreamKind.REQUEST,
             max_events=self.config.max_stream_events,
             emit_ids=False,
@@ -618,9 +624,10 @@ class _Sessionless(_ServerBase):
 _JSON: Final = (("content-type", "application/json"),)
 
 
-def _end(owner: Session, req: Request, handle: StreamHandle) -> None:
-    """Closing the response is cancellation in this era: nothing is resumed."""
-    scope = owner.running.get(req.id)
+def _end(owner: Session, backend: SessionlessBackend, handle: StreamHandle) -> None:
+    """Closing the response is cancellation in this era: nothing is resumed.  (Of
+    this request's handler: another client of the principal may use the same id.)"""
+    scope = owner.running.get(backend.run_key)
     if scope is not None:
         scope.cancel()
     if handle.log.state is not StreamState.CLOSED:

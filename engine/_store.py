@@ -43,6 +43,7 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Protocol
 
 import msgspec
@@ -410,6 +411,15 @@ class _MemSession:
         return self.permutation.epoch(self.epochs)
 
 
+def _budget_owner(principal: str, session_id: str) -> str:
+    """Whose bytes a record's stored responses are in the retention budget: a client
+    session's own id; an internal record's, one name per principal (a space is
+    never in a minted id, so the two never meet)."""
+    if isinstance(session_id, InternalId):
+        return f"{session_id} {principal}"
+    return session_id
+
+
 class MemoryStore:
     """Process-local store: the embedded default (see the module docstring).
 
@@ -424,7 +434,8 @@ class MemoryStore:
     ) -> None:
         self.retention = retention or Retention()
         #: Where stored responses are charged (the server installs its own, so the
-        #: gate's results count against the process-wide budget; owner = session id).
+        #: gate's results count against the process-wide budget; the owner is the
+        #: session id, or for an internal record :func:`_budget_owner`'s name).
         self.budget = budget
         self._sessions: dict[tuple[str, str], _MemSession] = {}
         #: Records named by an :class:`InternalId`: a table no client id reaches.
@@ -449,6 +460,11 @@ class MemoryStore:
             max_calls=retention.calls_per_session, max_bytes=retention.call_bytes_per_session
         )
         table[key] = _MemSession(record, ledger)
+        if isinstance(record.session_id, InternalId) and self.budget is not None:
+            # No session sheds for an internal record: the budget asks it directly,
+            # and a record shed empty is dropped (its user creates it again).
+            shed = partial(self._shed_internal, record.principal, record.session_id)
+            self.budget.register(_budget_owner(record.principal, record.session_id), shed)
 
     async def get_session(self, principal: str, session_id: str) -> SessionRecord | None:
         s = self._table(session_id).get((principal, session_id))
@@ -457,7 +473,7 @@ class MemoryStore:
     async def delete_session(self, principal: str, session_id: str) -> bool:
         s = self._table(session_id).pop((principal, session_id), None)
         if s is not None and self.budget is not None:
-            self.budget.release_owner(session_id)
+            self.budget.release_owner(_budget_owner(principal, session_id))
         return s is not None
 
     async def touch_session(self, principal: str, session_id: str) -> bool:
@@ -504,7 +520,7 @@ class MemoryStore:
         before = s.calls.held
         outcome, payload = s.calls.begin(key, fingerprint)
         if self.budget is not None and s.calls.held != before:
-            self.budget.charge(session_id, s.calls.held - before)
+            self.budget.charge(_budget_owner(principal, session_id), s.calls.held - before)
         return CallStart(outcome, epoch, payload)
 
     async def renew_claims(
@@ -528,13 +544,16 @@ class MemoryStore:
         s = self._table(session_id).get((principal, session_id))
         if s is None:
             return
-        self._record(s, session_id, key, payload)
+        self._record(s, principal, session_id, key, payload)
 
-    def _record(self, s: _MemSession, session_id: str, key: str, payload: bytes | None) -> None:
+    def _record(
+        self, s: _MemSession, principal: str, session_id: str, key: str, payload: bytes | None
+    ) -> None:
         before = s.calls.held
         s.calls.finish(key, payload)
         if self.budget is not None:
-            self.budget.charge(session_id, s.calls.held - before)
+            self.budget.charge(_budget_owner(principal, session_id), s.calls.held - before)
+        self._drop_if_empty(principal, session_id)
 
     def shed_results(self, principal: str, session_id: str, nbytes: int) -> None:
         """Drop stored responses, oldest first, until ``nbytes`` are freed (the budget
@@ -546,7 +565,24 @@ class MemoryStore:
             return
         freed = s.calls.shed(nbytes)
         if self.budget is not None and freed:
-            self.budget.charge(session_id, -freed)
+            self.budget.charge(_budget_owner(principal, session_id), -freed)
+
+    def _shed_internal(self, principal: str, session_id: InternalId, nbytes: int) -> None:
+        """The budget asks an internal record to shed; one left empty is dropped."""
+        self.shed_results(principal, session_id, nbytes)
+        self._drop_if_empty(principal, session_id)
+
+    def _drop_if_empty(self, principal: str, session_id: str) -> None:
+        """An internal record whose gate holds nothing (no claim, no outcome) is not
+        kept: however many principals used one, only those with records cost memory
+        (the user creates it again on ``SessionGone``)."""
+        if not isinstance(session_id, InternalId):
+            return
+        s = self._internal.get((principal, session_id))
+        if s is not None and not len(s.calls):
+            del self._internal[principal, session_id]
+            if self.budget is not None:
+                self.budget.release_owner(_budget_owner(principal, session_id))
 
     async def append_event(
         self,
@@ -566,7 +602,7 @@ class MemoryStore:
         if generation != s.record.generation:
             raise ChannelRejected(ChannelVerdict.STALE)
         if call_key is not None:
-            self._record(s, session_id, call_key, data)
+            self._record(s, principal, session_id, call_key, data)
 
     async def read_events(
         self, principal: str, session_id: str, epoch: str, after_seq: int

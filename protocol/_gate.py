@@ -94,8 +94,19 @@ class Refuse:
 GateDecision = Execute | Replay | Wait | Refuse
 
 
+class WindowKey(str):
+    """A gate key the server made itself for an unkeyed request (a retry window's).
+
+    :func:`call_key` keeps it in a space of its own, so no ``Idempotency-Key`` a
+    client sends -- whatever its text -- names the server's record.
+    """
+
+    __slots__ = ()
+
+
 def call_key(header: str | None, request_id: RequestId) -> str:
-    """The gate key of a ``tools/call``: its ``Idempotency-Key``, else its JSON-RPC id.
+    """The gate key of a ``tools/call``: its ``Idempotency-Key``, else its JSON-RPC id
+    (or a :class:`WindowKey` the server made); the three never share a key.
 
     Raises:
         RemoteProtocolError: 400 ``invalid_request`` for an empty key or one longer
@@ -103,6 +114,8 @@ def call_key(header: str | None, request_id: RequestId) -> str:
     """
     if header is None:
         return "i:" + msgspec.json.encode(request_id).decode()
+    if isinstance(header, WindowKey):
+        return "w:" + header
     if not 0 < len(header) <= MAX_IDEMPOTENCY_KEY:
         raise RemoteProtocolError(
             f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",

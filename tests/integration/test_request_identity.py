@@ -9,14 +9,17 @@ is read off the connection.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import msgspec
 import trio
 
 from weir.engine import App, Context, Server, ServerConfig
@@ -54,6 +57,22 @@ async def confirm(ctx: Context, item: str) -> str:
     answer = await ctx.elicit(f"Delete {item}?", {"type": "object"}, key="ok")
     who = ctx.access_token.principal if ctx.access_token is not None else "nobody"
     return f"{item}: {answer.get('action')} by {who}"
+
+
+#: Labels of ``hold`` calls that started, and that unwound (finished or cancelled).
+held: list[str] = []
+unwound: list[str] = []
+
+
+@app.tool()
+async def hold(label: str) -> str:
+    """Wait an hour, recording that ``label`` started and that it unwound."""
+    held.append(label)
+    try:
+        await trio.sleep(3600)
+    finally:
+        unwound.append(label)
+    return "woke"
 
 
 @app.tool()
@@ -256,3 +275,57 @@ async def test_a_gateway_connection_holds_a_bounded_number_of_owners() -> None:
             finally:
                 await client.aclose()
             assert await eventually(lambda: not server.owners, timeout=10)
+
+
+async def test_an_idempotency_key_cannot_name_the_retry_windows_record() -> None:
+    """The window keeps its record under a key of its own making: a client sending
+    that very text as its ``Idempotency-Key`` (for either bucket the retry may fall
+    in) claims a key of its own, and the window's request still runs, once."""
+    label = "window-name-" + token("x")[-8:]
+    window = 3600.0
+    message = tool_call(9, "count", {"label": label})
+    canonical = msgspec.json.encode(
+        [message["id"], message["method"], message["params"]], order="sorted"
+    )
+    digest = hashlib.sha256(canonical).hexdigest()[:32]
+    bucket = int(time.time() // window)
+    with trio.fail_after(30):
+        async with authorized(retry_window=window) as server:
+            client = await Client.connect(server.port)
+            try:
+                for b in (bucket, bucket + 1):
+                    squat = {"idempotency-key": f"same:{digest}:{b}"}
+                    other = {"label": f"{label}-squat-{b}"}
+                    text(await call_as(client, "alice", 9, "count", other, extra=squat))
+                first = text(await call_as(client, "alice", 9, "count", {"label": label}))
+                retry = text(await call_as(client, "alice", 9, "count", {"label": label}))
+            finally:
+                await client.aclose()
+    assert first == retry == f"{label} run 1 for {ALICE}"
+    assert runs[label] == 1
+
+
+async def test_two_clients_of_one_principal_may_both_number_a_call_1() -> None:
+    """JSON-RPC ids are each client's own: two of Alice's clients (two connections,
+    one credit owner) both send a call with id 1.  Closing the first one's response
+    cancels the first call -- not the second, which runs on until its own ends."""
+    one, two = "one-" + token("x")[-8:], "two-" + token("x")[-8:]
+    with trio.fail_after(30):
+        async with authorized() as server:
+            first = await Client.connect(server.port)
+            second = await Client.connect(server.port)
+            try:
+                for client, label in ((first, one), (second, two)):
+                    message = tool_call(1, "hold", {"label": label})
+                    body = json.dumps(message).encode()
+                    head = headers_for(token("alice"), "hold")
+                    await client.send_raw(raw_request("POST", "/mcp", body=body, headers=head))
+                    assert await eventually(lambda n=label: n in held, timeout=5)  # type: ignore[misc]
+                await first.aclose()
+                assert await eventually(lambda: one in unwound or two in unwound, timeout=10)
+                assert one in unwound and two not in unwound, unwound
+                await second.aclose()
+                assert await eventually(lambda: two in unwound, timeout=10)
+            finally:
+                await first.aclose()
+                await second.aclose()

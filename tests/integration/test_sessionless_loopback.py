@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -442,3 +443,28 @@ def test_a_retry_window_is_refused_without_authorization() -> None:
         ServerConfig(port=0, credit=CREDIT, retry_window=30.0)
     with pytest.raises(ValueError, match="retry_window"):
         ServerConfig(retry_window=-1)
+
+
+async def test_an_answer_streams_epoch_already_in_use_is_drawn_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A streamed answer's epoch is four random bytes, and its owner keeps finished
+    streams: a draw equal to one in use (rare, but certain over a busy principal's
+    life) is drawn again -- the request is answered, not failed."""
+    real = secrets.token_hex
+    draws = iter(["deadbeef", "deadbeef"])
+
+    def token_hex(n: int | None = None) -> str:
+        return next(draws, None) or real(n) if n == 4 else real(n)
+
+    async with serving() as server:
+        monkeypatch.setattr(secrets, "token_hex", token_hex)  # (the server has its ids)
+        client = await Client.connect(server.port)
+        try:
+            for rid in (1, 2):
+                message = call(rid, "greet")
+                reply = await client.request("POST", "/mcp", message, headers=headers(message))
+                assert reply.status == 200, (reply.status, reply.body[:300])
+                assert "text/event-stream" in reply.headers["content-type"], reply.headers
+        finally:
+            await client.aclose()
