@@ -344,6 +344,11 @@ class JwtVerifier:
             raise InvalidToken(type(exc).__name__) from None
         if claims.get("iss") != self.issuer or not isinstance(claims.get("sub"), str):
             raise InvalidToken("the token's iss or sub is wrong")  # (exact, whatever PyJWT does)
+        expires_at = _numeric_date(claims["exp"])
+        if expires_at is None:
+            # PyJWT takes anything int() takes (a string of digits, an int past a
+            # float): RFC 7519 wants a JSON number, and the cache a float.
+            raise InvalidToken("the token's exp is not a NumericDate")
         scope = claims.get("scope", "")
         scopes = frozenset(scope.split()) if isinstance(scope, str) else frozenset()
         if not scopes and isinstance(claims.get("scp"), list):
@@ -351,13 +356,24 @@ class JwtVerifier:
         access = AccessToken(
             principal=f"{claims['iss']}#{claims['sub']}",
             scopes=scopes,
-            expires_at=float(claims["exp"]),
+            expires_at=expires_at,
             claims=claims,
         )
         self._cache[digest] = access
         if len(self._cache) > 4096:
             self._cache.popitem(last=False)
         return access
+
+
+def _numeric_date(value: object) -> float | None:
+    """``value`` as seconds since the epoch if it is a finite JSON number, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:
+        return None
+    return seconds if math.isfinite(seconds) else None
 
 
 def _trusted_url(url: str) -> bool:
