@@ -289,7 +289,7 @@ class JwtVerifier:
                     body = await self._fetch(self._url)
                 self._keys = usable_keys(json.loads(body), self.algorithms)
             except Exception as exc:
-                log.warning("could not fetch the JWKS: %s", exc or type(exc).__name__)
+                log.warning("could not fetch the JWKS: %s", str(exc) or type(exc).__name__)
             # Only a fetch that ran its course counts for the once-a-minute limit: one
             # cancelled with its request must not keep a rotated key out for a minute.
             self._last_fetch = trio.current_time()
