@@ -83,6 +83,8 @@ REQUEST_ACCESS: ContextVar[AccessToken | None] = ContextVar("weir_request_access
 ANONYMOUS = "anonymous"
 #: Where the protected resource metadata is served (RFC 9728 section 3).
 METADATA_PATH = "/.well-known/oauth-protected-resource"
+#: The algorithms :class:`JwtVerifier` accepts unless told otherwise.
+DEFAULT_ALGORITHMS: tuple[str, ...] = ("RS256", "ES256", "PS256", "EdDSA")
 _ASYMMETRIC = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA")
 
 
@@ -238,7 +240,7 @@ class JwtVerifier:
         audience: str,
         jwks: Mapping[str, Any] | None = None,
         jwks_url: str | None = None,
-        algorithms: Sequence[str] = ("RS256", "ES256", "PS256", "EdDSA"),
+        algorithms: Sequence[str] = DEFAULT_ALGORITHMS,
         leeway: float = 30.0,
         fetch: Callable[[str], Awaitable[bytes]] | None = None,
         fetch_timeout: float = 5.0,
