@@ -593,6 +593,9 @@ def _load(spec: str, app_dir: str) -> App:
     ``python -m`` and uvicorn do: the console script's own ``sys.path`` does not hold
     the working directory)."""
     where = os.path.abspath(app_dir)
+    if not os.path.isdir(where):
+        # (else the import fails as if the module were missing from a real folder)
+        raise SystemExit(f"weir: --app-dir {app_dir!r} is not a directory")
     if where not in sys.path:
         sys.path.insert(0, where)
     try:

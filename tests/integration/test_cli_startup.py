@@ -84,6 +84,11 @@ def test_app_dir_names_where_the_app_is(tmp_path: Path) -> None:
     assert "myapp's database is unreachable" in one_line_failure(done)
 
 
+def test_an_app_dir_that_is_not_there_is_named(tmp_path: Path) -> None:
+    done = weir(tmp_path, "serve", "myapp:app", "--app-dir", "no-such-dir", "--port", "0")
+    assert one_line_failure(done) == "weir: --app-dir 'no-such-dir' is not a directory"
+
+
 def test_an_app_that_cannot_be_imported(tmp_path: Path) -> None:
     line = one_line_failure(weir(tmp_path, "serve", "nosuchmodule:app", "--port", "0"))
     assert line.startswith("weir: cannot import 'nosuchmodule'")
