@@ -97,11 +97,15 @@ def _sdk_user(access: AccessToken) -> AuthenticatedUser:
 def _weir_access(got: SdkAccessToken) -> AccessToken:
     """What the app's verifier vouched for, as weir's :class:`AccessToken`.  The
     principal is ``iss#sub`` (as weir's own verifier makes it) when the token names
-    both, else the SDK's principal triple as JSON; the claims carry ``client_id`` and
-    ``sub`` so the SDK's ``get_access_token()`` reads them back unchanged."""
+    both and the issuer holds no ``#`` and does not start with ``[``, else the SDK's
+    principal triple as JSON: so two (issuer, subject) pairs are never one principal
+    (the first ``#`` ends the issuer; a triple starts with ``[``), whatever issuers
+    the app's verifier trusts.  The claims carry ``client_id`` and ``sub`` so the
+    SDK's ``get_access_token()`` reads them back unchanged."""
     claims = dict(got.claims or {})
     issuer = claims.get("iss")
-    if issuer is not None and got.subject is not None:
+    plain = isinstance(issuer, str) and "#" not in issuer and not issuer.startswith("[")
+    if plain and got.subject is not None:
         principal = f"{issuer}#{got.subject}"
     else:
         triple = [got.client_id, None if issuer is None else str(issuer), got.subject]

@@ -83,6 +83,8 @@ REQUEST_ACCESS: ContextVar[AccessToken | None] = ContextVar("weir_request_access
 ANONYMOUS = "anonymous"
 #: Where the protected resource metadata is served (RFC 9728 section 3).
 METADATA_PATH = "/.well-known/oauth-protected-resource"
+#: The algorithms :class:`JwtVerifier` accepts unless told otherwise.
+DEFAULT_ALGORITHMS: tuple[str, ...] = ("RS256", "ES256", "PS256", "EdDSA")
 _ASYMMETRIC = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA")
 
 
@@ -238,7 +240,7 @@ class JwtVerifier:
         audience: str,
         jwks: Mapping[str, Any] | None = None,
         jwks_url: str | None = None,
-        algorithms: Sequence[str] = ("RS256", "ES256", "PS256", "EdDSA"),
+        algorithms: Sequence[str] = DEFAULT_ALGORITHMS,
         leeway: float = 30.0,
         fetch: Callable[[str], Awaitable[bytes]] | None = None,
         fetch_timeout: float = 5.0,
@@ -289,7 +291,7 @@ class JwtVerifier:
                     body = await self._fetch(self._url)
                 self._keys = usable_keys(json.loads(body), self.algorithms)
             except Exception as exc:
-                log.warning("could not fetch the JWKS: %s", exc or type(exc).__name__)
+                log.warning("could not fetch the JWKS: %s", str(exc) or type(exc).__name__)
             # Only a fetch that ran its course counts for the once-a-minute limit: one
             # cancelled with its request must not keep a rotated key out for a minute.
             self._last_fetch = trio.current_time()
@@ -344,6 +346,11 @@ class JwtVerifier:
             raise InvalidToken(type(exc).__name__) from None
         if claims.get("iss") != self.issuer or not isinstance(claims.get("sub"), str):
             raise InvalidToken("the token's iss or sub is wrong")  # (exact, whatever PyJWT does)
+        expires_at = _numeric_date(claims["exp"])
+        if expires_at is None:
+            # PyJWT takes anything int() takes (a string of digits, an int past a
+            # float): RFC 7519 wants a JSON number, and the cache a float.
+            raise InvalidToken("the token's exp is not a NumericDate")
         scope = claims.get("scope", "")
         scopes = frozenset(scope.split()) if isinstance(scope, str) else frozenset()
         if not scopes and isinstance(claims.get("scp"), list):
@@ -351,13 +358,24 @@ class JwtVerifier:
         access = AccessToken(
             principal=f"{claims['iss']}#{claims['sub']}",
             scopes=scopes,
-            expires_at=float(claims["exp"]),
+            expires_at=expires_at,
             claims=claims,
         )
         self._cache[digest] = access
         if len(self._cache) > 4096:
             self._cache.popitem(last=False)
         return access
+
+
+def _numeric_date(value: object) -> float | None:
+    """``value`` as seconds since the epoch if it is a finite JSON number, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:
+        return None
+    return seconds if math.isfinite(seconds) else None
 
 
 def _trusted_url(url: str) -> bool:

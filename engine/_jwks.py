@@ -74,10 +74,18 @@ def usable_keys(jwks: object, algorithms: Sequence[str]) -> dict[str, Key]:
     docstring); at most :data:`MAX_KEYS` are kept, and of keys sharing a ``kid``
     the first.
     """
+    keys, dropped = screen_keys(jwks, algorithms)
+    if dropped:
+        log.warning("ignoring %s", dropped)
+    return keys
+
+
+def screen_keys(jwks: object, algorithms: Sequence[str]) -> tuple[dict[str, Key], str]:
+    """What :func:`usable_keys` keeps of ``jwks``, and what it drops and why
+    (``""`` if nothing), without logging it."""
     entries = jwks.get("keys") if isinstance(jwks, Mapping) else None
     if not isinstance(entries, list):
-        log.warning("ignoring a JWKS without a list of keys")
-        return {}
+        return {}, "a JWKS without a list of keys"
     keys: dict[str, Key] = {}
     dropped: list[str] = []
     for i, jwk in enumerate(entries):
@@ -91,10 +99,10 @@ def usable_keys(jwks: object, algorithms: Sequence[str]) -> dict[str, Key]:
             dropped.append(f"key {i}: more than {MAX_KEYS} keys")
         else:
             keys[kid] = key
-    if dropped:
-        shown = "; ".join(dropped[:8]) + ("; ..." if len(dropped) > 8 else "")
-        log.warning("ignoring %d of %d JWKS keys: %s", len(dropped), len(entries), shown)
-    return keys
+    if not dropped:
+        return keys, ""
+    shown = "; ".join(dropped[:8]) + ("; ..." if len(dropped) > 8 else "")
+    return keys, f"{len(dropped)} of {len(entries)} JWKS keys: {shown}"
 
 
 def _usable(jwk: object, algorithms: Sequence[str]) -> tuple[str, Key | None]:

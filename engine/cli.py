@@ -34,8 +34,9 @@ import weir
 from weir.app import App, load_app
 from weir.protocol import CreditLimits, HttpLimits
 
-from ._auth import Authorization, JwtVerifier
+from ._auth import DEFAULT_ALGORITHMS, Authorization, JwtVerifier
 from ._declared_auth import declared_authorization
+from ._jwks import screen_keys
 from ._memory import tune_allocator
 from ._sealed import parse_key
 from ._server import Server, ServerConfig
@@ -220,6 +221,14 @@ def auth_from_args(args: argparse.Namespace) -> Authorization | None:
                 jwks = json.load(f)
         except (OSError, ValueError) as exc:
             raise SystemExit(f"weir: cannot read --auth-jwks-file: {exc}") from None
+        usable, dropped = screen_keys(jwks, DEFAULT_ALGORITHMS)
+        if not usable:
+            # Every token would be refused, forever: an operator's mistake, said now.
+            why = f"ignoring {dropped}" if dropped else "it has none"
+            raise SystemExit(
+                f"weir: --auth-jwks-file holds no key that can verify "
+                f"{'/'.join(DEFAULT_ALGORITHMS)} tokens ({why})"
+            )
     verifier = JwtVerifier(
         issuer=args.auth_issuer,
         audience=args.auth_resource,
@@ -584,6 +593,9 @@ def _load(spec: str, app_dir: str) -> App:
     ``python -m`` and uvicorn do: the console script's own ``sys.path`` does not hold
     the working directory)."""
     where = os.path.abspath(app_dir)
+    if not os.path.isdir(where):
+        # (else the import fails as if the module were missing from a real folder)
+        raise SystemExit(f"weir: --app-dir {app_dir!r} is not a directory")
     if where not in sys.path:
         sys.path.insert(0, where)
     try:

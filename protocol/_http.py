@@ -52,7 +52,13 @@ Then, once a head is complete, in this order (the first that applies answers):
 * more than ``max_header_fields`` header fields -> 431 ``too_many_headers``;
 * both ``Content-Length`` and ``Transfer-Encoding`` -> 400 ``ambiguous_framing``
   (RFC 9112 section 6.1: a smuggling vector; the request, and anything pipelined
-  behind it, is never delivered);
+  behind it, is never delivered); so does ``Transfer-Encoding`` on an HTTP/1.0
+  request (section 6.1: its framing is faulty);
+* a chunked body whose chunk-size lines or trailer fields break the line
+  grammar above (bare LF or CR, obs-fold, a control byte: h11 would end the
+  body at ``0\\r\\n\\n``) -> 400 ``malformed_http``, checked before h11 reads
+  those bytes (``_chunked.ChunkedCheck``; its declared sizes past
+  ``max_body_bytes`` are the 413 below, in the order the lines come);
 * an ``Expect`` member other than ``100-continue`` (case-insensitive) -> 417
   ``expectation_failed``;
 * body larger than ``max_body_bytes`` -> 413 ``payload_too_large`` (refused from
@@ -109,6 +115,7 @@ from typing import Final, TypeVar
 
 import h11
 
+from ._chunked import ChunkedCheck
 from ._errors import LocalProtocolError, Reason, RemoteProtocolError
 from ._jsonrpc import error_body
 
@@ -303,6 +310,8 @@ class HttpConnection:
         self._tail_check = 0
         self._seen = 0
         self._found = False
+        # The line grammar of the chunked body h11 is reading (None otherwise).
+        self._chunks: ChunkedCheck | None = None
         if not fast_path:
             self._take_over()
 
@@ -353,6 +362,8 @@ class HttpConnection:
             # h11 refuses data after EOF; treat extra bytes as a closed connection.
             self._closed = True
             return
+        if self._chunks is not None:
+            self._chunks.feed(data)
         line = self._line
         if line is not None:
             if len(line) < self._line_cap:
@@ -470,6 +481,13 @@ class HttpConnection:
                     return self._fail(
                         431, Reason.HEADERS_TOO_LARGE, "request header block too large"
                     )
+            chunks = self._chunks
+            if chunks is not None and chunks.fault is not None:
+                return self._fail(
+                    400, Reason.MALFORMED_HTTP, f"malformed HTTP request: {chunks.fault}"
+                )
+            if chunks is not None and chunks.too_large:
+                return self._too_large()
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
@@ -509,6 +527,7 @@ class HttpConnection:
                 req = self._pending
                 assert req is not None
                 self._pending = None
+                self._chunks = None
                 self._head_request = req.method == b"HEAD"
                 body = b"".join(self._body)
                 self._body = []
@@ -566,6 +585,14 @@ class HttpConnection:
                 Reason.AMBIGUOUS_FRAMING,
                 "request has both Content-Length and Transfer-Encoding",
             )
+        if chunked and req.http_version == b"1.0":
+            # RFC 9112 section 6.1: an HTTP/1.0 message with Transfer-Encoding has
+            # faulty framing (a 1.0 front end would not read it as chunked).
+            return self._fail(
+                400,
+                Reason.AMBIGUOUS_FRAMING,
+                "an HTTP/1.0 request may not have Transfer-Encoding",
+            )
         if expect and any(
             m.strip() and m.strip().lower() != b"100-continue"
             for m in b",".join(expect).split(b",")
@@ -577,6 +604,11 @@ class HttpConnection:
             )
         if declared is not None and declared > limits.max_body_bytes:
             return self._too_large()
+        if chunked:
+            # Its lines are checked before h11 reads them (``ChunkedCheck``): what
+            # h11 holds of the body now, then every byte as it arrives.
+            self._chunks = ChunkedCheck(limits.max_body_bytes)
+            self._chunks.feed(conn.trailing_data[0])
         if conn.they_are_waiting_for_100_continue:
             # The peer holds the body back until it hears from us: invite it.
             self._out += self._send(

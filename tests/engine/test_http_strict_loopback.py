@@ -111,3 +111,26 @@ async def test_the_same_request_with_clean_line_ends_is_served() -> None:
     # The control case: the refusals above are about the faults alone.
     raw = await serve_and_exchange(SMUGGLED.replace(b"Host:", b"Connection: close\r\nHost:"))
     assert raw.startswith(b"HTTP/1.1 200 ")
+
+
+_CHUNKED = (
+    b"POST /mcp HTTP/1.1\r\n"
+    + _CLEAN.replace(b"Content-Length: %d" % len(_INIT), b"Transfer-Encoding: chunked")
+    + b"\r\n"
+    + b"%x\r\n" % len(_INIT)
+    + _INIT
+    + b"\r\n0\r\n"
+)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [_CHUNKED + b"\n", _CHUNKED + b"X-A: a\nX-B: b\r\n\r\n", _CHUNKED + b"X-A: a\r\n b\r\n\r\n"],
+    ids=["bare-lf-ends-trailers", "bare-lf-in-trailers", "obs-fold-in-trailers"],
+)
+async def test_a_chunked_body_with_a_bare_lf_ends_nothing_and_is_400(data: bytes) -> None:
+    # To a strict front end the request behind it is still trailer bytes: weir must
+    # not serve it as a request of its own (nor the chunked one).
+    status, headers, body = one_response(await serve_and_exchange(data + SMUGGLED))
+    assert status == 400 and headers["connection"] == "close"
+    assert json.loads(body)["error"]["data"]["reason"] == "malformed_http"

@@ -179,3 +179,16 @@ async def test_a_failing_verifier_is_a_503_to_retry_not_a_dropped_connection(
             nursery.cancel_scope.cancel()
     failures = [r for r in caplog.records if "verifier failed" in r.getMessage()]
     assert len(failures) == 1 and failures[0].exc_info is None
+
+
+@pytest.mark.parametrize(
+    "exp",
+    [10**400, str(4102444800), [4102444800]],
+    ids=["beyond-a-float", "string", "list"],
+)
+async def test_an_exp_that_is_not_a_numeric_date_is_an_invalid_token(exp: object) -> None:
+    # Signed by the issuer's own key, yet not a NumericDate (RFC 7519 section 2): an
+    # invalid token (401), not a verifier failure (503) and never accepted.
+    with trio.fail_after(30):
+        async with jwt_server() as server:
+            assert_fixed_401(await post(server.port, INIT, token(exp=exp)))

@@ -84,6 +84,11 @@ def test_app_dir_names_where_the_app_is(tmp_path: Path) -> None:
     assert "myapp's database is unreachable" in one_line_failure(done)
 
 
+def test_an_app_dir_that_is_not_there_is_named(tmp_path: Path) -> None:
+    done = weir(tmp_path, "serve", "myapp:app", "--app-dir", "no-such-dir", "--port", "0")
+    assert one_line_failure(done) == "weir: --app-dir 'no-such-dir' is not a directory"
+
+
 def test_an_app_that_cannot_be_imported(tmp_path: Path) -> None:
     line = one_line_failure(weir(tmp_path, "serve", "nosuchmodule:app", "--port", "0"))
     assert line.startswith("weir: cannot import 'nosuchmodule'")
@@ -179,3 +184,24 @@ def test_store_urls_that_can_be_right_pass(url: str) -> None:
     from weir.engine.cli import check_store_url
 
     check_store_url(url)
+
+
+@pytest.mark.parametrize(
+    ("keys", "why"),
+    [
+        ('{"keys": [{"kty": "oct", "k": "c2VjcmV0", "kid": "h"}]}', "kty 'oct' cannot verify"),
+        ('{"keys": []}', "it has none"),
+        ("[]", "a JWKS without a list of keys"),
+    ],
+    ids=["only-a-symmetric-key", "no-keys", "not-a-key-set"],
+)
+def test_a_jwks_file_without_a_usable_key_is_refused_at_start(
+    tmp_path: Path, keys: str, why: str
+) -> None:
+    # Served, every token would be refused for the life of the process: say it now.
+    (tmp_path / "jwks.json").write_text(keys)
+    auth = ["--auth-issuer", "https://issuer.test", "--auth-resource", "http://127.0.0.1/mcp"]
+    done = weir(tmp_path, "serve", "--port", "0", *auth, "--auth-jwks-file", "jwks.json")
+    line = one_line_failure(done)
+    assert line.startswith("weir: --auth-jwks-file holds no key that can verify "), line
+    assert why in line

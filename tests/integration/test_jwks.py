@@ -144,9 +144,11 @@ async def test_a_redirecting_jwks_url_is_not_followed() -> None:
         assert seen == ["/jwks"]
 
 
-async def test_the_whole_fetch_has_one_deadline_and_concurrent_needs_share_it() -> None:
+async def test_the_whole_fetch_has_one_deadline_and_concurrent_needs_share_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """The server sends a byte every 20 ms, forever: no single read ever waits long,
-    so only a deadline over the whole fetch ends it."""
+    so only a deadline over the whole fetch ends it -- and the log line says so."""
     stop = threading.Event()
 
     def handle(req: BaseHTTPRequestHandler) -> None:
@@ -177,7 +179,10 @@ async def test_the_whole_fetch_has_one_deadline_and_concurrent_needs_share_it() 
 
         start = trio.current_time()
         try:
-            with trio.fail_after(deadline * 40):
+            with (
+                caplog.at_level(logging.WARNING, logger="weir.engine._auth"),
+                trio.fail_after(deadline * 40),
+            ):
                 async with trio.open_nursery() as nursery:
                     for _ in range(10):
                         nursery.start_soon(one)
@@ -188,3 +193,7 @@ async def test_the_whole_fetch_has_one_deadline_and_concurrent_needs_share_it() 
     assert seen == ["/jwks"]
     assert max(refused) < deadline * 20
     assert min(refused) >= deadline * 0.9
+    # (A deadline's exception has no message: the line names its type, not nothing.)
+    assert [r.getMessage() for r in caplog.records if "JWKS" in r.getMessage()] == [
+        "could not fetch the JWKS: TooSlowError"
+    ]
