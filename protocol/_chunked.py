@@ -20,6 +20,12 @@ from typing import Final
 
 _HEX: Final = {c: int(chr(c), 16) for c in b"0123456789abcdefABCDEF"}
 _MAX_SIZE_DIGITS: Final = 20  # (h11 refuses a longer chunk size)
+#: A chunk costs its parsing whatever its size, so a body of one-byte chunks would
+#: buy seconds of CPU within the byte limit (4 MiB of them: about 4 s).  A body may
+#: have at most ``max(MIN_CHUNKS, max_body // BYTES_PER_CHUNK)`` chunks (8,192 at
+#: the default 4 MiB): more is refused as too large, like too many bytes.
+BYTES_PER_CHUNK: Final = 512
+MIN_CHUNKS: Final = 64
 _CR: Final = 0x0D
 _LF: Final = 0x0A
 
@@ -32,15 +38,19 @@ class ChunkedCheck:
     field), or obs-fold (a trailer line starting with SP or HTAB) have been fed,
     and never for bytes past the body's end (:attr:`done`: those are the next
     request's).  :attr:`too_large` is set, in the same order, as soon as a
-    chunk-size line takes the declared sizes past ``max_body`` (so a fault and an
-    oversized body are told apart the same way however the bytes are split).
+    chunk-size line takes the declared sizes past ``max_body`` or the chunks past
+    the chunk bound above (so a fault and an oversized body are told apart the same
+    way however the bytes are split, and a body of tiny chunks is bounded in chunks,
+    not only in bytes).
     Anything else wrong is left to h11.
     """
 
     __slots__ = (
+        "_chunks",
         "_cr",
         "_line_len",
         "_max",
+        "_max_chunks",
         "_size",
         "_sizing",
         "_skip",
@@ -56,6 +66,8 @@ class ChunkedCheck:
         self.too_large = False
         self.done = False
         self._max = max_body
+        self._max_chunks = max(MIN_CHUNKS, max_body // BYTES_PER_CHUNK)
+        self._chunks = 0  # the chunks so far (the last, empty one not counted)
         self._total = 0  # the sizes of the chunks so far
         self._skip = 0  # data bytes (and their CRLF) still to pass over
         self._trailer = False  # in the trailer section
@@ -115,7 +127,8 @@ class ChunkedCheck:
             self.done = length == 0  # (a size line with no digits: h11 refuses it)
             return
         self._total += self._size
-        self.too_large = self._total > self._max
+        self._chunks += 1
+        self.too_large = self._total > self._max or self._chunks > self._max_chunks
         self._skip = self._size + 2  # the data and its CRLF (h11 checks that)
         self._size = 0
         self._sizing = True

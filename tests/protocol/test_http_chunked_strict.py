@@ -83,3 +83,16 @@ def test_an_oversized_chunk_before_a_fault_is_413_however_split() -> None:
     *events, _ = run_all(data + SMUGGLED, limits=limits, eof=False)
     err = events[0]
     assert isinstance(err, HttpError) and err.status == 413, events
+
+
+def test_a_body_of_too_many_tiny_chunks_is_413_however_split() -> None:
+    # Each chunk costs its parsing: at most max_body // 512 of them (64 at least).
+    limits = HttpLimits(max_body_bytes=100 * 512)
+    ok = HEAD + b"1\r\n \r\n" * 100 + b"0\r\n\r\n"
+    *events, _ = run_all(ok + HEAD + b"0\r\n\r\n", limits=limits)
+    assert [type(e) for e in events] == [HttpRequest, HttpRequest, ConnectionClosed]
+    too_many = HEAD + b"1\r\n \r\n" * 101 + b"0\r\n\r\n"
+    *events, _ = run_all(too_many + SMUGGLED, limits=limits, eof=False)
+    err = events[0]
+    assert isinstance(err, HttpError) and err.status == 413, events
+    assert err.reason == Reason.PAYLOAD_TOO_LARGE
