@@ -23,10 +23,16 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
+import trio
+
 from weir.app import App, exception_chain
 
 #: How many exceptions :func:`explain` looks at before giving up.
 MAX_LINKS = 64
+
+
+#: Seconds an app's lifespan may take to start (``weir serve --startup-timeout``).
+STARTUP_TIMEOUT = 60.0
 
 
 class StartupError(Exception):
@@ -37,9 +43,11 @@ class LifespanFailed(Exception):
     """The app's lifespan raised while the server started (``__cause__``)."""
 
 
-def guard_lifespan(app: App) -> None:
+def guard_lifespan(app: App, timeout: float = STARTUP_TIMEOUT) -> None:
     """Mark what ``app``'s lifespan raises on entry as :class:`LifespanFailed`
-    (what it raises later, on exit, is left alone)."""
+    (what it raises later, on exit, is left alone), and give its entry ``timeout``
+    seconds: a lifespan still starting then is cancelled and the start fails with
+    one line (:class:`StartupError`) instead of waiting silently forever."""
     inner = app.lifespan_fn
     if inner is None:
         return
@@ -47,10 +55,17 @@ def guard_lifespan(app: App) -> None:
     @contextlib.asynccontextmanager
     async def guarded(served: App) -> AsyncIterator[Any]:
         async with contextlib.AsyncExitStack() as stack:
-            try:
-                state = await stack.enter_async_context(inner(served))
-            except Exception as exc:
-                raise LifespanFailed(describe(exc)) from exc
+            state: Any = None
+            with trio.move_on_after(timeout) as waited:
+                try:
+                    state = await stack.enter_async_context(inner(served))
+                except Exception as exc:
+                    raise LifespanFailed(describe(exc)) from exc
+            if waited.cancelled_caught:
+                raise StartupError(
+                    f"weir: the app's lifespan did not finish starting within {timeout:g} s;"
+                    " find what it waits for, or give it longer with --startup-timeout"
+                )
             yield state
 
     app.lifespan(guarded)

@@ -40,10 +40,28 @@ from ._jwks import screen_keys
 from ._memory import tune_allocator
 from ._sealed import parse_key
 from ._server import Server, ServerConfig
-from ._startup import StartupError, describe, explain, guard_lifespan, store_failure
+from ._startup import (
+    STARTUP_TIMEOUT,
+    StartupError,
+    describe,
+    explain,
+    guard_lifespan,
+    store_failure,
+)
 from ._store import MemoryStore, SessionStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
+
+
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be above 0 seconds, not {text}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,6 +81,13 @@ def _parser() -> argparse.ArgumentParser:
         default=".",
         metavar="DIR",
         help="import APP's module from DIR first (default: the working directory)",
+    )
+    s.add_argument(
+        "--startup-timeout",
+        type=_positive_seconds,
+        default=STARTUP_TIMEOUT,
+        metavar="SECONDS",
+        help=f"how long the app's lifespan may take to start (default {STARTUP_TIMEOUT:g})",
     )
     s.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     s.add_argument(
@@ -641,7 +666,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         _warn_if_open(config)
         return run_workers(args, config, sys.argv[1:] if argv is None else argv)
-    guard_lifespan(app)
+    guard_lifespan(app, args.startup_timeout)
     progress = _Progress()
     try:
         trio.run(_run, app, config, args.store, progress)

@@ -205,3 +205,32 @@ def test_a_jwks_file_without_a_usable_key_is_refused_at_start(
     line = one_line_failure(done)
     assert line.startswith("weir: --auth-jwks-file holds no key that can verify "), line
     assert why in line
+
+
+def test_a_lifespan_that_never_finishes_starting_is_cut_and_named(tmp_path: Path) -> None:
+    (tmp_path / "stuck.py").write_text(
+        textwrap.dedent(
+            """
+            import contextlib
+            import trio
+            from weir.app import App
+
+            app = App("stuck")
+
+            @app.lifespan
+            @contextlib.asynccontextmanager
+            async def opened(served):
+                await trio.sleep_forever()  # a database that never answers
+                yield
+            """
+        )
+    )
+    done = weir(tmp_path, "serve", "stuck:app", "--port", "0", "--startup-timeout", "0.5")
+    line = one_line_failure(done)
+    assert line.startswith("weir: the app's lifespan did not finish starting within 0.5 s")
+    assert "--startup-timeout" in line
+
+
+def test_a_startup_timeout_must_be_a_positive_number(tmp_path: Path) -> None:
+    done = weir(tmp_path, "serve", "demo", "--port", "0", "--startup-timeout", "0")
+    assert done.returncode == 2 and "must be above 0 seconds" in done.stderr
