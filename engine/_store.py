@@ -48,9 +48,11 @@ from typing import Any, Protocol
 
 import msgspec
 
+from weir.protocol import Reason, RemoteProtocolError
 from weir.protocol.binding import ChannelVerdict, channel_verdict
 from weir.protocol.budget import RetentionBudget
-from weir.protocol.gate import CallLedger, CallStart
+from weir.protocol.gate import CallLedger, CallStart, entry_size
+from weir.protocol.jsonrpc import SERVER_ERROR
 from weir.protocol.lifecycle import CLIENT_INFO_KEPT, MAX_CLIENT_CAPABILITIES, MAX_CLIENT_INFO_FIELD
 
 #: The format of every session id weir mints: 22 to 128 characters of the base64url
@@ -420,6 +422,18 @@ def _budget_owner(principal: str, session_id: str) -> str:
     return session_id
 
 
+def _no_room_for_keys() -> RemoteProtocolError:
+    """A new gate key cannot be remembered: the budget is full of keys that must stay
+    (tombstones, running claims), and forgetting one could run its call again."""
+    return RemoteProtocolError(
+        "the server's memory budget is full of finished calls' keys; nothing was executed",
+        http_status=503,
+        reason=Reason.OVERLOADED,
+        code=SERVER_ERROR,
+        retry_after_ms=1000,
+    )
+
+
 class MemoryStore:
     """Process-local store: the embedded default (see the module docstring).
 
@@ -516,11 +530,18 @@ class MemoryStore:
         verdict = check_channel(s.record, token)
         if verdict is not ChannelVerdict.OK:
             raise ChannelRejected(verdict)
+        owner_name = _budget_owner(principal, session_id)
+        if (
+            self.budget is not None
+            and not s.calls.knows(key)
+            and not self.budget.room_for(owner_name, entry_size(key))
+        ):
+            raise _no_room_for_keys()
         epoch = s.next_epoch()
         before = s.calls.held
         outcome, payload = s.calls.begin(key, fingerprint)
         if self.budget is not None and s.calls.held != before:
-            self.budget.charge(_budget_owner(principal, session_id), s.calls.held - before)
+            self.budget.charge(owner_name, s.calls.held - before)
         return CallStart(outcome, epoch, payload)
 
     async def renew_claims(

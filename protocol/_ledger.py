@@ -21,6 +21,12 @@ Everything a client can make it hold is bounded, and eviction is never silent:
   forgotten whole;
 * a running claim is never dropped.
 
+A wider budget's :meth:`CallLedger.shed` (memory pressure from other owners) only
+ever turns stored responses into tombstones: it never forgets a key, so what is
+left of an evicted outcome is its key and fingerprint, charged at
+``len(key) + ENTRY_OVERHEAD``.  Only the two bounds above, this ledger's own
+client's volume, forget keys.
+
 :attr:`CallLedger.held` is exact after every operation, so an owner can charge the
 difference to a wider budget.  No clock, no I/O: a claim lives until its owner
 finishes it (a single process's claims die with it, so they need no lease).
@@ -40,7 +46,8 @@ ENTRY_OVERHEAD: Final = 128
 _EVICTED: Final = b""
 
 
-def _entry_size(key: str) -> int:
+def entry_size(key: str) -> int:
+    """Bytes a remembered key is charged (claim or tombstone): ``len(key) + ENTRY_OVERHEAD``."""
     return len(key) + ENTRY_OVERHEAD
 
 
@@ -69,7 +76,7 @@ class CallLedger:
         found = self._calls.get(key)
         if found is None:
             self._calls[key] = (fingerprint, None)
-            self.held += _entry_size(key)
+            self.held += entry_size(key)
             return CallOutcome.EXECUTE, None
         fp, payload = found
         if fp != fingerprint:
@@ -99,17 +106,21 @@ class CallLedger:
             self._forget_for(self.held - self.max_bytes)
 
     def shed(self, nbytes: int) -> int:
-        """Free about ``nbytes`` (a wider budget asks): stored responses first, oldest
-        first, each leaving a tombstone; then, only if that can cover the rest, the
-        oldest finished calls whole.  Returns the bytes freed."""
+        """Free about ``nbytes`` (a wider budget asks): stored responses, oldest first,
+        each leaving a tombstone.  Returns the bytes freed, which may be less than
+        asked: keys -- running claims and tombstones alike -- are never forgotten
+        here, so memory pressure never lets a retry run a finished call again."""
         before = self.held
         for key, (_, stored) in list(self._calls.items()):
             if before - self.held >= nbytes:
                 break
             if stored:
                 self._tombstone(key)
-        self._forget_for(nbytes - (before - self.held))
         return before - self.held
+
+    def knows(self, key: str) -> bool:
+        """Whether ``key`` is claimed, finished, or a tombstone (a claim adds nothing)."""
+        return key in self._calls
 
     def recent(self, n: int) -> list[bytes]:
         """The stored responses of the ``n`` most recently finished calls, oldest first."""
@@ -125,7 +136,7 @@ class CallLedger:
             self.held -= len(found[1])  # finished twice: the newer outcome replaces it
         if payload is None:
             del self._calls[key]
-            self.held -= _entry_size(key)
+            self.held -= entry_size(key)
         else:
             self._calls[key] = (found[0], payload)
             self.held += len(payload)
@@ -142,7 +153,7 @@ class CallLedger:
         # what is wanted (when running claims hold the bytes, it would free nothing).
         if wanted <= 0:
             return
-        finished = sum(_entry_size(k) for k, (_, p) in self._calls.items() if p is not None)
+        finished = sum(entry_size(k) for k, (_, p) in self._calls.items() if p is not None)
         if finished < wanted:
             return
         target = self.held - wanted

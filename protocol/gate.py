@@ -33,7 +33,7 @@ from ._gate import (
     gate_decision,
     replay_as,
 )
-from ._ledger import ENTRY_OVERHEAD, CallLedger
+from ._ledger import ENTRY_OVERHEAD, CallLedger, entry_size
 
 __all__ = [
     "ENTRY_OVERHEAD",
@@ -58,6 +58,7 @@ __all__ = [
     "Wait",
     "WindowKey",
     "call_key",
+    "entry_size",
     "fingerprint",
     "gate_decision",
     "interrupted",

@@ -166,9 +166,12 @@ async def test_memory_store_tombstones_evicted_results_and_never_reexecutes() ->
     assert budget.owner_held("s") <= 500
     done = await store.begin_call("p", "s", "d", b"fp", None)
     assert done.outcome is CallOutcome.DONE and done.payload == b"x" * 60
-    # ... and past the count (3 finished calls), the oldest key is forgotten.
+    # ... and past the count (3 finished calls), the oldest key is forgotten: the
+    # only way a key goes (the session's own volume; memory pressure never does it).
     forgotten = await store.begin_call("p", "s", "a", b"fp", None)
     assert forgotten.outcome is CallOutcome.EXECUTE
+    assert (await store.begin_call("p", "s", "b", b"fp", None)).outcome is CallOutcome.EVICTED
+    await store.finish_call("p", "s", "a", b"x" * 60)
     assert budget.owner_held("s") <= 500  # claims count too: many small calls are bounded
     await store.delete_session("p", "s")
     assert budget.held == 0
