@@ -28,11 +28,12 @@ retry is told the outcome is gone instead of running again.
 
 Tombstones and running claims are never shed: a shed frees results and history
 only, so under pressure an owner may free less than asked and ``held`` may stay
-over ``total`` by what such keys hold.  That excess is bounded because an owner
-that keeps them asks :meth:`~RetentionBudget.room_for` before it remembers one more
-key, and refuses the new call (503, nothing run) when the budget has no room even
-after shedding -- so a key is never forgotten to make room, and ``held`` goes over
-``total`` only by the frames of live streams that are not yet acknowledged.
+over ``total`` by what such keys hold.  That excess is bounded by the owner: one
+that keeps such keys charges a new one, and if the budget is still over ``total``
+after the sheds that charge caused, gives it back and refuses the new call (the
+memory store answers 503 ``overloaded``; nothing runs).  So a key is never
+forgotten to make room, and ``held`` goes over ``total`` only by what cannot be
+shed at all: the unacknowledged frames of live streams.
 
 The bookkeeping is per owner, not per item: one small record and one ordered
 dictionary entry per session, O(1) per charge.  No clock, no I/O.
@@ -117,18 +118,6 @@ class RetentionBudget:
         self._owners.move_to_end(owner)
         if entry.held > self.per_owner or self.held > self.total:
             self._enforce(owner, entry)
-
-    def room_for(self, owner: str, nbytes: int) -> bool:
-        """Whether ``owner`` can keep ``nbytes`` more within ``total``, after asking
-        owners to shed (as a charge would: itself past ``per_owner``, then the oldest).
-        Nothing is charged: the caller charges what it then keeps, or refuses what it
-        cannot keep.  (What one owner's own keys hold is bounded by the owner's own
-        rules -- a gate's count of remembered calls -- not by ``per_owner``.)"""
-        if nbytes <= 0:
-            return True
-        self.charge(owner, nbytes)  # sheds, if need be, to make the room
-        self.charge(owner, -nbytes)
-        return self.held + nbytes <= self.total
 
     def release_owner(self, owner: str) -> int:
         """Forget ``owner`` (it is gone, and so is all it kept); return the bytes freed."""

@@ -46,8 +46,7 @@ ENTRY_OVERHEAD: Final = 128
 _EVICTED: Final = b""
 
 
-def entry_size(key: str) -> int:
-    """Bytes a remembered key is charged (claim or tombstone): ``len(key) + ENTRY_OVERHEAD``."""
+def _entry_size(key: str) -> int:
     return len(key) + ENTRY_OVERHEAD
 
 
@@ -76,7 +75,7 @@ class CallLedger:
         found = self._calls.get(key)
         if found is None:
             self._calls[key] = (fingerprint, None)
-            self.held += entry_size(key)
+            self.held += _entry_size(key)
             return CallOutcome.EXECUTE, None
         fp, payload = found
         if fp != fingerprint:
@@ -118,10 +117,6 @@ class CallLedger:
                 self._tombstone(key)
         return before - self.held
 
-    def knows(self, key: str) -> bool:
-        """Whether ``key`` is claimed, finished, or a tombstone (a claim adds nothing)."""
-        return key in self._calls
-
     def recent(self, n: int) -> list[bytes]:
         """The stored responses of the ``n`` most recently finished calls, oldest first."""
         out = [p for _, p in reversed(self._calls.values()) if p]
@@ -136,7 +131,7 @@ class CallLedger:
             self.held -= len(found[1])  # finished twice: the newer outcome replaces it
         if payload is None:
             del self._calls[key]
-            self.held -= entry_size(key)
+            self.held -= _entry_size(key)
         else:
             self._calls[key] = (found[0], payload)
             self.held += len(payload)
@@ -153,7 +148,7 @@ class CallLedger:
         # what is wanted (when running claims hold the bytes, it would free nothing).
         if wanted <= 0:
             return
-        finished = sum(entry_size(k) for k, (_, p) in self._calls.items() if p is not None)
+        finished = sum(_entry_size(k) for k, (_, p) in self._calls.items() if p is not None)
         if finished < wanted:
             return
         target = self.held - wanted

@@ -33,7 +33,7 @@ from ._gate import (
     gate_decision,
     replay_as,
 )
-from ._ledger import ENTRY_OVERHEAD, CallLedger, entry_size
+from ._ledger import ENTRY_OVERHEAD, CallLedger
 
 __all__ = [
     "ENTRY_OVERHEAD",
@@ -58,7 +58,6 @@ __all__ = [
     "Wait",
     "WindowKey",
     "call_key",
-    "entry_size",
     "fingerprint",
     "gate_decision",
     "interrupted",
