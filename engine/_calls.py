@@ -55,11 +55,12 @@ from weir.protocol.states import SessionInput, StreamInput, StreamState
 from ._channel import raise_channel
 from ._connection import Connection
 from ._requester import Requester
-from ._server_base import _ServerBase, _store_unavailable, log, wait_for_claim
+from ._server_base import _ServerBase, _store_unavailable, log, retention_full, wait_for_claim
 from ._session import JsonCharge, Session, SessionClosed
 from ._store import (
     ChannelRejected,
     MemoryStore,
+    RetentionFull,
     SessionGone,
     StoreUnavailable,
     check_channel,
@@ -365,6 +366,8 @@ class _Calls(_ServerBase):
             except SessionGone:
                 await self._end_session(session)
                 raise session_refusal(session.session_id, req.id) from None
+            except RetentionFull:
+                raise retention_full(self.config, req.id) from None
             except ChannelRejected as exc:
                 raise_channel(exc.verdict, req.id)
                 raise  # unreachable: raise_channel raises

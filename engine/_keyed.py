@@ -41,8 +41,8 @@ from weir.protocol.gate import (
     Run,
 )
 
-from ._server_base import _ServerBase, log, wait_for_claim
-from ._store import InternalId, SessionGone, SessionRecord, StoreUnavailable
+from ._server_base import _ServerBase, log, retention_full, wait_for_claim
+from ._store import InternalId, RetentionFull, SessionGone, SessionRecord, StoreUnavailable
 
 #: The record under which a principal's sessionless gate records live (a keyspace of
 #: its own in every store: no client-sent session id can name it).
@@ -109,6 +109,8 @@ class _KeyedCalls(_ServerBase):
                     )
             except SessionGone:
                 self._known_namespaces.pop(principal, None)  # expired: create it again
+            except RetentionFull:
+                raise retention_full(self.config, req.id) from None
         raise StoreUnavailable("the gate's namespace could not be created")
 
     async def _namespace(self, principal: str) -> None:

@@ -244,6 +244,19 @@ async def wait_for_claim(
             await trio.sleep_forever()
 
 
+def retention_full(config: ServerConfig, request_id: RequestId) -> RemoteProtocolError:
+    """The refusal of a call whose key the memory budget has no room for (see
+    :class:`~._store.RetentionFull`): 503 ``overloaded``, nothing executed."""
+    return RemoteProtocolError(
+        "the server's memory budget is full of finished calls' keys; nothing was executed",
+        http_status=503,
+        reason=Reason.OVERLOADED,
+        code=SERVER_ERROR,
+        request_id=request_id,
+        retry_after_ms=config.retry_ms,
+    )
+
+
 def _store_unavailable(config: ServerConfig) -> RemoteProtocolError:
     return RemoteProtocolError(
         "the session store is unavailable; nothing was executed",

@@ -50,7 +50,7 @@ import msgspec
 
 from weir.protocol.binding import ChannelVerdict, channel_verdict
 from weir.protocol.budget import RetentionBudget
-from weir.protocol.gate import CallLedger, CallStart
+from weir.protocol.gate import CallLedger, CallOutcome, CallStart
 from weir.protocol.lifecycle import CLIENT_INFO_KEPT, MAX_CLIENT_CAPABILITIES, MAX_CLIENT_INFO_FIELD
 
 #: The format of every session id weir mints: 22 to 128 characters of the base64url
@@ -149,6 +149,12 @@ class StoreUnavailable(Exception):
     """The store could not be reached; callers fail closed (503 ``store_unavailable``)."""
 
 
+class RetentionFull(Exception):
+    """A new gate key was refused: the memory budget is full of keys that must stay
+    (tombstones, running claims) even after shedding, and forgetting one could run
+    its call again.  Nothing was claimed; callers answer 503 ``overloaded``."""
+
+
 class SessionGone(Exception):
     """The session is unknown or was deleted (404)."""
 
@@ -207,7 +213,9 @@ class Retention:
             oldest responses are dropped and leave a tombstone (a retry is told the
             outcome is gone, and nothing re-runs); only if the keys themselves hold
             the bytes are the oldest finished keys forgotten whole.  Across sessions
-            the server's retention budget applies as well.
+            the server's retention budget applies as well: it drops responses only,
+            never a key; a new key it has no room for is refused
+            (:class:`RetentionFull`).
     """
 
     events_per_stream: int = 4096
@@ -462,7 +470,7 @@ class MemoryStore:
         table[key] = _MemSession(record, ledger)
         if isinstance(record.session_id, InternalId) and self.budget is not None:
             # No session sheds for an internal record: the budget asks it directly,
-            # and a record shed empty is dropped (its user creates it again).
+            # and a record that holds no key at all is dropped (its user creates it again).
             shed = partial(self._shed_internal, record.principal, record.session_id)
             self.budget.register(_budget_owner(record.principal, record.session_id), shed)
 
@@ -519,8 +527,18 @@ class MemoryStore:
         epoch = s.next_epoch()
         before = s.calls.held
         outcome, payload = s.calls.begin(key, fingerprint)
-        if self.budget is not None and s.calls.held != before:
-            self.budget.charge(_budget_owner(principal, session_id), s.calls.held - before)
+        budget = self.budget
+        if budget is not None and s.calls.held != before:
+            owner = _budget_owner(principal, session_id)
+            budget.charge(owner, s.calls.held - before)  # sheds others' results first
+            if outcome is CallOutcome.EXECUTE and budget.held > budget.total:
+                # No room even after shedding: what is left is keys that must stay.
+                # Give this claim back rather than keep it over the budget.
+                claimed = s.calls.held
+                s.calls.finish(key, None)
+                budget.charge(owner, s.calls.held - claimed)
+                self._drop_if_empty(principal, session_id)
+                raise RetentionFull(key)
         return CallStart(outcome, epoch, payload)
 
     async def renew_claims(
@@ -557,9 +575,9 @@ class MemoryStore:
 
     def shed_results(self, principal: str, session_id: str, nbytes: int) -> None:
         """Drop stored responses, oldest first, until ``nbytes`` are freed (the budget
-        asks).  Each leaves a tombstone: a retry is told the outcome is gone; only
-        then, if still over, the oldest finished calls are forgotten whole (see
-        :class:`~weir.protocol.gate.CallLedger`).  Running claims always stay."""
+        asks).  Each leaves a tombstone: a retry is told the outcome is gone.  Keys --
+        tombstones and running claims -- always stay, so this may free less than
+        asked (see :class:`~weir.protocol.gate.CallLedger`)."""
         s = self._table(session_id).get((principal, session_id))
         if s is None:
             return

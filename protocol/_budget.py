@@ -26,6 +26,15 @@ dropped replay history makes a later cursor into it ``409 cursor_unknown`` (neve
 a resume from somewhere else); a dropped call result leaves a tombstone, so a
 retry is told the outcome is gone instead of running again.
 
+Tombstones and running claims are never shed: a shed frees results and history
+only, so under pressure an owner may free less than asked and ``held`` may stay
+over ``total`` by what such keys hold.  That excess is bounded by the owner: one
+that keeps such keys charges a new one, and if the budget is still over ``total``
+after the sheds that charge caused, gives it back and refuses the new call (the
+memory store answers 503 ``overloaded``; nothing runs).  So a key is never
+forgotten to make room, and ``held`` goes over ``total`` only by what cannot be
+shed at all: the unacknowledged frames of live streams.
+
 The bookkeeping is per owner, not per item: one small record and one ordered
 dictionary entry per session, O(1) per charge.  No clock, no I/O.
 """

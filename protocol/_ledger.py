@@ -21,6 +21,12 @@ Everything a client can make it hold is bounded, and eviction is never silent:
   forgotten whole;
 * a running claim is never dropped.
 
+A wider budget's :meth:`CallLedger.shed` (memory pressure from other owners) only
+ever turns stored responses into tombstones: it never forgets a key, so what is
+left of an evicted outcome is its key and fingerprint, charged at
+``len(key) + ENTRY_OVERHEAD``.  Only the two bounds above, this ledger's own
+client's volume, forget keys.
+
 :attr:`CallLedger.held` is exact after every operation, so an owner can charge the
 difference to a wider budget.  No clock, no I/O: a claim lives until its owner
 finishes it (a single process's claims die with it, so they need no lease).
@@ -99,16 +105,16 @@ class CallLedger:
             self._forget_for(self.held - self.max_bytes)
 
     def shed(self, nbytes: int) -> int:
-        """Free about ``nbytes`` (a wider budget asks): stored responses first, oldest
-        first, each leaving a tombstone; then, only if that can cover the rest, the
-        oldest finished calls whole.  Returns the bytes freed."""
+        """Free about ``nbytes`` (a wider budget asks): stored responses, oldest first,
+        each leaving a tombstone.  Returns the bytes freed, which may be less than
+        asked: keys -- running claims and tombstones alike -- are never forgotten
+        here, so memory pressure never lets a retry run a finished call again."""
         before = self.held
         for key, (_, stored) in list(self._calls.items()):
             if before - self.held >= nbytes:
                 break
             if stored:
                 self._tombstone(key)
-        self._forget_for(nbytes - (before - self.held))
         return before - self.held
 
     def recent(self, n: int) -> list[bytes]:

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from functools import partial
 
+import pytest
 import trio
 import trio.testing
 
 from weir.engine import App, MemoryStore, Server, ServerConfig
 from weir.engine._store import (
     Retention,
+    RetentionFull,
     SessionRecord,
 )
 from weir.protocol import CreditLimits
 from weir.protocol.budget import RetentionBudget
-from weir.protocol.gate import CallOutcome
+from weir.protocol.gate import ENTRY_OVERHEAD, CallOutcome
 
 from .helpers import Reply, SseReply, connect, open_session, running_server
 
@@ -166,12 +168,41 @@ async def test_memory_store_tombstones_evicted_results_and_never_reexecutes() ->
     assert budget.owner_held("s") <= 500
     done = await store.begin_call("p", "s", "d", b"fp", None)
     assert done.outcome is CallOutcome.DONE and done.payload == b"x" * 60
-    # ... and past the count (3 finished calls), the oldest key is forgotten.
+    # ... and past the count (3 finished calls), the oldest key is forgotten: the
+    # only way a key goes (the session's own volume; memory pressure never does it).
     forgotten = await store.begin_call("p", "s", "a", b"fp", None)
     assert forgotten.outcome is CallOutcome.EXECUTE
+    assert (await store.begin_call("p", "s", "b", b"fp", None)).outcome is CallOutcome.EVICTED
+    await store.finish_call("p", "s", "a", b"x" * 60)
     assert budget.owner_held("s") <= 500  # claims count too: many small calls are bounded
     await store.delete_session("p", "s")
     assert budget.held == 0
+
+
+async def test_memory_store_refuses_a_new_key_rather_than_forget_a_tombstone() -> None:
+    """When the budget is full of keys that must stay, a new call is refused 503
+    (nothing run) instead of another session's finished call being forgotten."""
+    budget = RetentionBudget(total=400, per_owner=400)
+    store = MemoryStore(budget=budget)
+    for sid in ("s1", "s2"):
+        await store.create_session(
+            SessionRecord(session_id=sid, principal="p", protocol_version="v", created_at=0.0)
+        )
+        budget.register(sid, partial(store.shed_results, "p", sid))  # as the server does
+    old = "k" * 100
+    assert (await store.begin_call("p", "s1", old, b"fp", None)).outcome is CallOutcome.EXECUTE
+    await store.finish_call("p", "s1", old, b"x" * 50)
+    with pytest.raises(RetentionFull):
+        await store.begin_call("p", "s2", "j" * 200, b"fp", None)
+    assert (
+        budget.held == len(old) + ENTRY_OVERHEAD <= budget.total
+    )  # the answer went, the key stayed
+    again = await store.begin_call("p", "s1", old, b"fp", None)
+    assert again.outcome is CallOutcome.EVICTED  # never run again
+    await store.delete_session("p", "s1")  # room again: the new call is accepted
+    assert (await store.begin_call("p", "s2", "j" * 200, b"fp", None)).outcome is (
+        CallOutcome.EXECUTE
+    )
 
 
 async def test_server_retention_is_bounded_per_session(

@@ -17,7 +17,7 @@ import trio
 from weir.engine import App, Context, Server, ServerConfig
 from weir.engine._store import MemoryStore
 
-from .rawhttp import Client, Reply
+from .rawhttp import Client, Reply, call, initialize
 from .test_auth import jwt_authorization, token
 
 V = "2026-07-28"
@@ -38,6 +38,13 @@ async def big(label: str) -> str:
     """An answer of ``ANSWER`` bytes (counted per label)."""
     runs[label] = runs.get(label, 0) + 1
     return label + "x" * ANSWER
+
+
+@app.tool()
+async def small(label: str) -> str:
+    """A short answer (counted per label)."""
+    runs[label] = runs.get(label, 0) + 1
+    return label
 
 
 @app.tool()
@@ -64,7 +71,16 @@ def keyed(sub: str, rid: int, tool: str = "big") -> tuple[dict[str, Any], dict[s
     return message, headers
 
 
+def replayed_or_evicted(reply: Reply, label: str) -> bool:
+    """A retry's only two allowed answers: the stored result, or 409 ``outcome_evicted``."""
+    if reply.status == 409:
+        return reply.reason == "outcome_evicted"
+    body = reply.json()
+    return reply.status == 200 and body["result"]["content"][0]["text"].startswith(label)
+
+
 async def test_a_flood_of_principals_keyed_answers_stays_inside_the_budget() -> None:
+    runs.clear()
     store = MemoryStore()
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
@@ -86,14 +102,21 @@ async def test_a_flood_of_principals_keyed_answers_stays_inside_the_budget() -> 
                 message, headers = keyed(f"flood-{PRINCIPALS - 1}", 10_000)
                 again = await client.request("POST", "/mcp", message, headers=headers)
                 assert again.status == 200, again
+                # Every principal's retry is replayed or refused, never run again.
+                for n in range(PRINCIPALS):
+                    sub = f"flood-{n}"
+                    message, headers = keyed(sub, 20_000 + n)
+                    retry = await client.request("POST", "/mcp", message, headers=headers)
+                    assert replayed_or_evicted(retry, sub), (n, retry.status, retry.body[:300])
+                    assert server.budget.held <= BUDGET, (n, server.budget.held)
             finally:
                 await client.aclose()
                 server.shutdown()
                 await server.stopped.wait()
                 nursery.cancel_scope.cancel()
-    assert all(count == 1 for count in runs.values()), runs
-    # The gates emptied by shedding are dropped, not kept as empty records.
-    assert len(store._internal) < PRINCIPALS
+    assert sum(runs.values()) == PRINCIPALS and all(c == 1 for c in runs.values()), runs
+    # Shedding dropped answers, never a gate: each keeps its key (as a tombstone).
+    assert len(store._internal) == PRINCIPALS
 
 
 async def test_a_flood_of_principals_whose_keyed_calls_gave_their_key_back_leaves_nothing() -> None:
@@ -120,3 +143,136 @@ async def test_a_flood_of_principals_whose_keyed_calls_gave_their_key_back_leave
                 await server.stopped.wait()
                 nursery.cancel_scope.cancel()
     assert len(store._internal) == 0
+
+
+SESSIONS = 40  # 40 sessions x 2 answers of 4 KiB: well over the budget
+
+
+async def test_a_flood_of_sessions_never_runs_a_finished_call_again() -> None:
+    """The session era under the same pressure: every session's finished calls --
+    one gated by its JSON-RPC id, one by an ``Idempotency-Key`` -- are replayed or
+    refused ``outcome_evicted`` on retry, never run again, and the budget holds."""
+    runs.clear()
+    store = MemoryStore()
+    config = ServerConfig(port=0, memory_budget=BUDGET, session_retain_bytes=BUDGET // 4)
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(Server(app, config, store=store).run)
+            client = await Client.connect(server.port)
+            sessions: list[str] = []
+            version = {"mcp-protocol-version": "2025-06-18"}
+            keyed_headers = version | {"idempotency-key": "k"}
+            try:
+                for n in range(SESSIONS):
+                    sid = await initialize(client)
+                    sessions.append(sid)
+                    for label, headers in ((f"id-{n}", version), (f"key-{n}", keyed_headers)):
+                        msg = call(7 if label.startswith("id") else 8, "big", {"label": label})
+                        reply = await client.request(
+                            "POST", "/mcp", msg, session=sid, headers=headers
+                        )
+                        assert reply.status == 200, (n, reply.status, reply.body[:300])
+                        assert server.budget.held <= BUDGET, (n, server.budget.held)
+                for n, sid in enumerate(sessions):
+                    for label, headers in ((f"id-{n}", version), (f"key-{n}", keyed_headers)):
+                        msg = call(7 if label.startswith("id") else 8, "big", {"label": label})
+                        retry = await client.request(
+                            "POST", "/mcp", msg, session=sid, headers=headers
+                        )
+                        assert replayed_or_evicted(retry, label), (
+                            label,
+                            retry.status,
+                            retry.body[:300],
+                        )
+                        assert server.budget.held <= BUDGET, (n, server.budget.held)
+            finally:
+                await client.aclose()
+                server.shutdown()
+                await server.stopped.wait()
+                nursery.cancel_scope.cancel()
+    assert sum(runs.values()) == 2 * SESSIONS and all(c == 1 for c in runs.values()), runs
+
+
+TINY_FLOOD = 80
+
+
+async def test_a_budget_full_of_tombstones_refuses_new_keyed_calls_and_runs_nothing_twice() -> None:
+    """A budget too small for every principal's key: once the tombstones fill it, a
+    new keyed call is refused 503 ``overloaded`` (nothing run) -- no earlier key is
+    forgotten to make room, so every earlier retry is still refused, not run."""
+    runs.clear()
+    tiny = 8192  # room for a few dozen keys of 142 bytes
+    store = MemoryStore()
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            auth = await jwt_authorization(nursery)
+            config = ServerConfig(port=0, auth=auth, memory_budget=tiny, session_retain_bytes=tiny)
+            server = await nursery.start(Server(app, config, store=store).run)
+            client = await Client.connect(server.port)
+            admitted: list[str] = []
+            try:
+                for n in range(TINY_FLOOD):
+                    sub = f"tiny-{n}"
+                    message, headers = keyed(sub, n, "small")
+                    reply: Reply = await client.request("POST", "/mcp", message, headers=headers)
+                    if reply.status == 503:
+                        assert reply.reason == "overloaded", reply.body[:300]
+                        assert "retry-after" in reply.headers
+                    else:
+                        assert reply.status == 200, (reply.status, reply.body[:300])
+                        admitted.append(sub)
+                    # Keys stay within the budget; over it only the frames of the
+                    # response just sent (a live stream's, unsheddable until it closes).
+                    streams = sum(server.budget.owner_held(o.session_id) for o in server.owners)
+                    gates = sum(s.calls.held for s in store._internal.values())
+                    assert gates <= server.budget.held - streams <= tiny, (n, gates, streams)
+                assert 0 < len(admitted) < TINY_FLOOD
+                for n, sub in enumerate(admitted):
+                    message, headers = keyed(sub, 100 + n, "small")
+                    retry = await client.request("POST", "/mcp", message, headers=headers)
+                    assert replayed_or_evicted(retry, sub), (sub, retry.status, retry.body[:300])
+            finally:
+                await client.aclose()
+                server.shutdown()
+                await server.stopped.wait()
+                nursery.cancel_scope.cancel()
+    assert sorted(runs) == sorted(admitted) and all(c == 1 for c in runs.values()), runs
+    assert len(store._internal) == len(admitted)  # a refused call leaves no record
+
+
+async def test_a_session_full_of_tombstones_refuses_new_calls_and_runs_nothing_twice() -> None:
+    """The session era at the same limit: its calls' keys (their JSON-RPC ids) fill
+    the budget; the next call is refused 503 ``overloaded`` and each earlier id's
+    retry is replayed or refused, never run again."""
+    runs.clear()
+    tiny = 8192
+    config = ServerConfig(port=0, memory_budget=tiny, session_retain_bytes=tiny)
+    version = {"mcp-protocol-version": "2025-06-18"}
+    admitted: list[int] = []
+    refused: Reply | None = None
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(Server(app, config, store=MemoryStore()).run)
+            client = await Client.connect(server.port)
+            try:
+                sid = await initialize(client)
+                for rid in range(1, TINY_FLOOD + 1):
+                    msg = call(rid, "small", {"label": f"s-{rid}"})
+                    reply = await client.request("POST", "/mcp", msg, session=sid, headers=version)
+                    if reply.status != 200 or "error" in reply.json():
+                        refused = reply
+                        break
+                    admitted.append(rid)
+                for rid in admitted:
+                    msg = call(rid, "small", {"label": f"s-{rid}"})
+                    retry = await client.request("POST", "/mcp", msg, session=sid, headers=version)
+                    assert replayed_or_evicted(retry, f"s-{rid}"), (rid, retry.body[:300])
+            finally:
+                await client.aclose()
+                server.shutdown()
+                await server.stopped.wait()
+                nursery.cancel_scope.cancel()
+    assert refused is not None and admitted, admitted
+    assert refused.reason == "overloaded", (refused.status, refused.body[:300])
+    assert sorted(runs) == sorted(f"s-{rid}" for rid in admitted), runs
+    assert all(c == 1 for c in runs.values()), runs

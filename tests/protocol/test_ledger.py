@@ -75,6 +75,20 @@ def test_shed_frees_what_it_says_oldest_responses_first() -> None:
     assert ledger.recent(5) == [b"y" * 100]
 
 
+def test_shed_never_forgets_a_key_however_much_is_asked() -> None:
+    """Memory pressure leaves tombstones: a second shed, with only keys left, frees
+    nothing rather than forget a finished call (whose retry would then run again)."""
+    ledger = CallLedger()
+    for key in ("a", "b"):
+        ledger.begin(key, b"fp")
+        ledger.finish(key, b"y" * 100)
+    assert ledger.shed(10_000) == 200  # both responses, no more
+    assert ledger.shed(10) == 0  # only tombstones left: they stay
+    assert len(ledger) == 2 and ledger.held == 2 * (1 + ENTRY_OVERHEAD)
+    assert ledger.begin("a", b"fp") == (CallOutcome.EVICTED, None)
+    assert ledger.begin("b", b"fp") == (CallOutcome.EVICTED, None)
+
+
 KEYS = st.sampled_from([f"k{n}" for n in range(6)])
 
 
@@ -118,9 +132,10 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(nbytes=st.integers(0, 2000))
     def shed(self, nbytes: int) -> None:
-        before = self.ledger.held
+        before, keys = self.ledger.held, len(self.ledger)
         freed = self.ledger.shed(nbytes)
         assert freed == before - self.ledger.held >= 0
+        assert len(self.ledger) == keys  # a shed only tombstones: no key is forgotten
 
     @invariant()
     def held_is_never_negative_and_zero_when_empty(self) -> None:
