@@ -16,9 +16,10 @@ whole.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Final
 
-_HEX: Final = {c: int(chr(c), 16) for c in b"0123456789abcdefABCDEF"}
+_HEX: Final = MappingProxyType({c: int(chr(c), 16) for c in b"0123456789abcdefABCDEF"})
 _MAX_SIZE_DIGITS: Final = 20  # (h11 refuses a longer chunk size)
 #: A chunk costs its parsing whatever its size, so a body of one-byte chunks would
 #: buy seconds of CPU within the byte limit (4 MiB of them: about 4 s).  A body may
