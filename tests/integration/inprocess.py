@@ -1,4 +1,4 @@
-"""In-process replicas: several :class:`Server` objects sharing one Valkey key prefix."""
+"""In-process replicas: several :class:`Server` objects, and stopping them together."""
 
 from __future__ import annotations
 
@@ -28,9 +28,15 @@ async def valkey_replicas(
         try:
             yield servers, stores[0]
         finally:
-            for server in servers:
-                server.shutdown()
-            for server in servers:
-                await server.stopped.wait()
+            await stop_servers(servers)
             for store in stores:
                 await store.aclose()
+
+
+async def stop_servers(servers: list[Server], timeout: float = 30.0) -> None:
+    """Shut every server down at once, then wait (at most ``timeout`` s) until all stopped."""
+    for server in servers:
+        server.shutdown()
+    with trio.fail_after(timeout):
+        for server in servers:
+            await server.stopped.wait()

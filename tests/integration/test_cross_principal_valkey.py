@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from tests.integration.inprocess import stop_servers
 from weir.engine import App, Server, ServerConfig
 from weir.engine._redis_store import RedisStore
 
@@ -82,11 +83,7 @@ async def replicas(valkey_url: str) -> AsyncIterator[Pair]:
                 servers.append(await nursery.start(Server(app, config, store=store).run))
             yield Pair(servers[0].port, servers[1].port)
         finally:
-            for server in servers:
-                server.shutdown()
-            with trio.fail_after(30):
-                for server in servers:
-                    await server.stopped.wait()
+            await stop_servers(servers)
             with trio.CancelScope(shield=True):
                 for store in stores:
                     await store.aclose()

@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from tests.integration.inprocess import stop_servers
 from weir.engine import App, Authorization, Context, Server, ServerConfig
 from weir.engine._sealed import STATE_TTL, StateSealer, new_key
 
@@ -80,11 +81,7 @@ async def replicas() -> AsyncIterator[Replicas]:
             a, b, c, anon = (s.port for s in servers)
             yield Replicas(a=a, b=b, c=c, anon=anon, key=key)
         finally:
-            for server in servers:
-                server.shutdown()
-            with trio.fail_after(30):
-                for server in servers:
-                    await server.stopped.wait()
+            await stop_servers(servers)
             nursery.cancel_scope.cancel()
 
 
