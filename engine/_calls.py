@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Awaitable, Callable, Hashable
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -46,112 +47,171 @@ from weir.protocol import (
     encode_result,
     session_refusal,
 )
-from weir.protocol.binding import ChannelVerdict, fenced, parse_channel_token
-from weir.protocol.gate import Answer, CallCourse, CallStart, Claim, ClaimAgain, Run
+from weir.protocol.binding import fenced
+from weir.protocol.gate import CallCourse, CallStart
 from weir.protocol.lifecycle import parse_initialize, primes_streams
 from weir.protocol.messages import absorb, route_mail
+from weir.protocol.post import (
+    ACCEPTED,
+    ATTACH_WRITER,
+    ENTER_REQUEST,
+    MARK_BOUND,
+    REBIND_METHOD,
+    AdmitRequests,
+    AllocateEpoch,
+    AnswerJson,
+    ClaimCall,
+    Effect,
+    Finished,
+    GiveBack,
+    HoldCall,
+    LoadSession,
+    Mail,
+    OpenRequestStream,
+    PostCourse,
+    Rebind,
+    RunBatch,
+    RunCalls,
+    WaitForCall,
+)
 from weir.protocol.states import SessionInput, StreamInput, StreamState
 
 from ._channel import raise_channel
 from ._connection import Connection
 from ._requester import Requester
-from ._server_base import _ServerBase, _store_unavailable, log, retention_full, wait_for_claim
-from ._session import JsonCharge, Session, SessionClosed
+from ._server_base import (
+    _ServerBase,
+    _store_unavailable,
+    log,
+    retention_full,
+    run_gate,
+    wait_for_claim,
+)
+from ._session import JsonCharge, Session, SessionClosed, StreamHandle
 from ._store import (
     ChannelRejected,
     MemoryStore,
     RetentionFull,
     SessionGone,
     StoreUnavailable,
-    check_channel,
     client_record,
 )
 from ._writer import SSE_HEADERS, PeerGone, write_stream
 
-#: The explicit rebind handshake (fencing), advertised in ``capabilities.experimental``.
-REBIND_METHOD = "weir/rebind"
+__all__ = ["REBIND_METHOD"]  # (re-exported: weir.engine names it too)
 
 
 class _Calls(_ServerBase):
     """POST: admission, the idempotency gate, JSON mode, initialize and rebind."""
 
     async def _post(self, conn: Connection, post: PostMessages, who: Requester) -> None:
+        """Carry out a POST's :class:`~weir.protocol.post.PostCourse`: the core decides
+        the order, this performs each effect it asks for."""
         if post.is_initialize:
             await self._initialize(conn, post, who)
             return
-        first = post.messages[0]
-        rid = first.id if isinstance(first, Request) else None
-        # A lone tools/call is checked by the store in begin_call (one round trip).
-        lone_call = (
-            len(post.messages) == 1 and isinstance(first, Request) and first.method == "tools/call"
-        )
-        session = await self._session(who.principal, post.ctx.session_id, rid, verify=not lone_call)
-        rebind = (
-            len(post.messages) == 1 and isinstance(first, Request) and first.method == REBIND_METHOD
-        )
-        raw_token = post.ctx.headers.get("mcp-channel-token")
-        if rebind:
-            self._check_rebind(session, raw_token, rid)
-            token = None
-        else:
-            token = parse_channel_token(raw_token, rid)
-        if not lone_call and not rebind:
-            raise_channel(check_channel(session.record, token), rid)
-        if (
-            token is not None
-            and not session.record.bound
-            and check_channel(session.record, token) is ChannelVerdict.OK
-        ):
-            await self._mark_bound(session)  # only a token that proves the channel counts
-        requests = await self._absorb(session, post.messages)
-        if not requests:
-            await conn.send(conn.http.send_response(202, ()))
-            return
-        if len(requests) == 1 and requests[0].method == REBIND_METHOD:
-            session.credit.admit(trio.current_time(), requests[0].id)
-            await self._rebind(conn, session, requests[0])
-            return
-        session.handle(SessionInput.REQUEST)
-        primes = self._primes(session, post.ctx.protocol_version) and self.config.resume != "off"
-        if len(requests) > 1:
-            await self._post_batch(conn, session, requests, token, primes=primes)
-            return
-        key = post.ctx.headers.get("idempotency-key")
-        # The request reserves room for its result before its stream exists: under a
-        # key of its own, which the stream takes over once it is opened.
-        lane = object()
-        plans = await self._admit_and_plan(session, requests, key, token, lane)
-        if self.config.json_response:
-            is_batch = post.is_batch
-            post.messages.clear()
-            del first, requests
-            await self._post_json(conn, session, plans, is_batch, lane)
-            return
-        epoch = plans[0].epoch
-        if epoch is None:
-            try:
-                epoch = await self.store.allocate_epoch(
-                    session.record.principal, session.session_id, token[0] if token else 0
-                )
-            except BaseException:
-                session.done(len(plans), lane)
-                await self._release_unstarted(session, plans)
-                raise
-        handle = self._open_stream(session, epoch, StreamKind.REQUEST, token)
-        session.move_reservations(lane, epoch)
-        handle.outstanding = 1
+        course = PostCourse(post, self.post_rules)
+        clock = trio.current_time
+        effect = course.start(clock())
+        session: Session | None = None
+        handle: StreamHandle | None = None
+        try:
+            while effect is not None:
+                try:
+                    if session is None:
+                        assert isinstance(effect, LoadSession)
+                        session = await self._session(
+                            who.principal,
+                            post.ctx.session_id,
+                            effect.request_id,
+                            verify=effect.verify,
+                        )
+                        answer: object = session
+                    elif isinstance(effect, OpenRequestStream):
+                        handle = self._open_stream(
+                            session, effect.epoch, StreamKind.REQUEST, effect.token
+                        )
+                        session.move_reservations(effect.lane, effect.epoch)
+                        handle.outstanding = effect.outstanding
+                        answer = None
+                    elif effect is ATTACH_WRITER:
+                        assert handle is not None
+                        headers = (*SSE_HEADERS, ("mcp-session-id", session.session_id))
+                        keepalive = self.config.sse_keepalive
+                        await write_stream(conn, session, handle, 0, headers, keepalive=keepalive)
+                        answer = None
+                    elif isinstance(effect, RunCalls):
+                        assert handle is not None
+                        await self._run_calls(session, handle, effect.courses, effect.primes)
+                        answer = None
+                    else:
+                        answer = await self._post_effect(conn, session, effect)
+                except BaseException as exc:
+                    effect = course.fail(exc, clock())
+                else:
+                    effect = course.deliver(answer, clock())
+        except RemoteProtocolError as exc:
+            if exc.reason is Reason.IN_PROGRESS:
+                self.metrics.duplicates_in_progress += 1
+            raise
+
+    async def _run_calls(
+        self, session: Session, handle: StreamHandle, courses: list[CallCourse], primes: bool
+    ) -> None:
+        """Start a stream's calls: right here when they never suspend (so the writer
+        finds the answer on its first look), else as handler tasks (after the
+        priming event, if the stream has one)."""
         assert self._handlers is not None
-        if await self._run_now(session, plans[0], handle, primes=primes):
-            pass
-        elif primes:
-            self._handlers.start_soon(self._prime_then_run, session, handle, plans)
+        course = courses[0]
+        if course.replay is not None:
+            self.metrics.duplicates_replayed += 1
+        if len(courses) == 1 and await self._run_now(session, course, handle, primes=primes):
+            return
+        if primes:
+            self._handlers.start_soon(self._prime_then_run, session, handle, courses)
         else:
-            self._handlers.start_soon(self._run_request, session, plans[0], handle)
-        # The handlers own the requests now; the stream may outlive them by far.
-        post.messages.clear()
-        del first, requests, plans
-        headers = (*SSE_HEADERS, ("mcp-session-id", session.session_id))
-        await write_stream(conn, session, handle, 0, headers, keepalive=self.config.sse_keepalive)
+            self._handlers.start_soon(self._run_request, session, course, handle)
+
+    async def _post_effect(self, conn: Connection, session: Session, effect: Effect) -> object:
+        """Perform one of a POST course's less frequent effects; its answer."""
+        if isinstance(effect, ClaimCall | WaitForCall | HoldCall):
+            return await self._gate_effect(session, effect)
+        if effect is ENTER_REQUEST:
+            session.handle(SessionInput.REQUEST)
+        elif isinstance(effect, AdmitRequests):
+            try:
+                await session.admit(effect.n, effect.request_id, effect.lane)
+            except SessionClosed:
+                raise session_refusal(session.session_id, effect.request_id) from None
+            self.metrics.admissions += effect.n
+        elif isinstance(effect, AllocateEpoch):
+            principal, sid = session.record.principal, session.session_id
+            return await self.store.allocate_epoch(principal, sid, effect.generation)
+        elif isinstance(effect, Finished):
+            session.done(effect.n, effect.lane)
+        elif isinstance(effect, GiveBack):
+            await self._finish_call(session, effect.key, None)
+        elif isinstance(effect, AnswerJson):
+            for course in effect.courses:
+                if course.replay is not None:
+                    self.metrics.duplicates_replayed += 1
+            await self._post_json(conn, session, effect.courses, effect.is_batch, effect.lane)
+        elif isinstance(effect, Mail):
+            await self._mail(session, effect)
+        elif effect is MARK_BOUND:
+            await self._mark_bound(session)
+        elif effect is ACCEPTED:
+            await conn.send(conn.http.send_response(202, ()))
+        elif isinstance(effect, Rebind):
+            session.credit.admit(trio.current_time(), effect.request.id)
+            await self._rebind(conn, session, effect.request)
+        elif isinstance(effect, RunBatch):
+            await self._post_batch(
+                conn, session, effect.requests, effect.token, primes=effect.primes
+            )
+        else:
+            raise AssertionError(f"a POST course asked for {effect!r} out of turn")
+        return None
 
     async def _post_batch(
         self,
@@ -239,33 +299,41 @@ class _Calls(_ServerBase):
                 nursery.start_soon(run, i, plan)
 
     async def _absorb(self, session: Session, messages: list[Any]) -> list[Request]:
-        """Handle notifications and responses at once; return the requests.
-
-        With a shared store, an answer to another replica's request and a
-        cancellation of a request running elsewhere are forwarded through the
-        session's mailboxes (see :meth:`_relay_mail`).
-        """
+        """Handle notifications and responses at once; return the requests (the
+        legacy transport's order; a session-era POST's is its course's)."""
         absorbed = absorb(messages)
-        if absorbed.initialized:
+        if absorbed.cancels or absorbed.answers or absorbed.notes or absorbed.initialized:
+            routed = route_mail(
+                absorbed, running=session.running, pending=session.pending, shared=self.store.shared
+            )
+            mail = Mail(
+                absorbed.initialized,
+                absorbed.notes,
+                routed.cancel_here,
+                routed.answer_here,
+                routed.post,
+            )
+            await self._mail(session, mail)
+        return absorbed.requests
+
+    async def _mail(self, session: Session, mail: Mail) -> None:
+        """Handle a POST's notifications, answers and cancellations: here, or (with a
+        shared store) forwarded through the session's mailboxes to the replica that
+        waits for them (see :meth:`_relay_mail`)."""
+        if mail.initialized:
             session.handle(SessionInput.INITIALIZED)
-        if absorbed.notes and self.app.notification_fns:
-            self._hand_notes(session, absorbed.notes)
-        if not absorbed.cancels and not absorbed.answers:
-            return absorbed.requests
-        routed = route_mail(
-            absorbed, running=session.running, pending=session.pending, shared=self.store.shared
-        )
-        for rid in routed.cancel_here:
+        if mail.notes and self.app.notification_fns:
+            self._hand_notes(session, mail.notes)
+        for rid in mail.cancel_here:
             session.running[rid].cancel()
-        for answer in routed.answer_here:
+        for answer in mail.answer_here:
             assert answer.id is not None  # absorb keeps only answers with an id
             pending = session.pending[answer.id]
             pending.answer = answer
             pending.done.set()
-        for post in routed.post:
+        for post in mail.forward:
             principal, sid = session.record.principal, session.session_id
             await self.store.post_message(principal, sid, post.box, post.data)
-        return absorbed.requests
 
     def _hand_notes(self, session: Session, notes: list[Notification]) -> None:
         """The app's notifications, each to its hooks in a background task of its own,
@@ -327,6 +395,9 @@ class _Calls(_ServerBase):
     ) -> CallCourse:
         """Pass the idempotency gate (in the store): does ``req`` execute, or replay?
 
+        The loop is the core's (:func:`weir.protocol.post.gate`); this performs its
+        store round trips and waits.
+
         Raises:
             RemoteProtocolError: 409 ``in_progress`` (still running after the bounded
                 wait), 422 ``idempotency_key_reused`` (same key, different request), or
@@ -339,45 +410,47 @@ class _Calls(_ServerBase):
             wait=self.config.in_progress_wait,
             retry_ms=self.config.retry_ms,
         )
-        step: Claim | ClaimAgain | Run | Answer = course.first()
-        ours = False  # the delivery running the call is in this process
-        while True:
-            if isinstance(step, Run):
-                if course.key is not None:
-                    session.calls[course.key] = None  # an Event only once a duplicate waits
-                return course
-            if isinstance(step, Answer):
-                self.metrics.duplicates_replayed += 1
-                return course
-            if isinstance(step, ClaimAgain):
-                await wait_for_claim(session.calls, step.claim.key, step.until, ours)
-                step = step.claim
-            try:
-                if self.store.shared:  # a claim another replica may have to interrupt
-                    start = await self._claim(session, req, step.key, step.fingerprint, token)
-                else:
-                    start = await self.store.begin_call(
-                        session.record.principal,
-                        session.session_id,
-                        step.key,
-                        step.fingerprint,
-                        token,
-                    )
-            except SessionGone:
-                await self._end_session(session)
-                raise session_refusal(session.session_id, req.id) from None
-            except RetentionFull:
-                raise retention_full(self.config, req.id) from None
-            except ChannelRejected as exc:
-                raise_channel(exc.verdict, req.id)
-                raise  # unreachable: raise_channel raises
-            ours = step.key in session.calls
-            try:
-                step = course.claimed(start, trio.current_time(), local=ours)
-            except RemoteProtocolError as exc:
-                if exc.reason is Reason.IN_PROGRESS:
-                    self.metrics.duplicates_in_progress += 1
-                raise
+        try:
+            await run_gate(course, token, partial(self._gate_effect, session))
+        except RemoteProtocolError as exc:
+            if exc.reason is Reason.IN_PROGRESS:
+                self.metrics.duplicates_in_progress += 1
+            raise
+        if course.replay is not None:
+            self.metrics.duplicates_replayed += 1
+        return course
+
+    async def _gate_effect(
+        self, session: Session, effect: ClaimCall | WaitForCall | HoldCall
+    ) -> object:
+        """Perform one step of the core's gate loop for ``session``."""
+        if isinstance(effect, HoldCall):
+            session.calls[effect.key] = None  # an Event only once a duplicate waits
+            return None
+        if isinstance(effect, WaitForCall):
+            await wait_for_claim(session.calls, effect.key, effect.until, effect.local)
+            return None
+        claim, req = effect.claim, effect.request
+        try:
+            if self.store.shared:  # a claim another replica may have to interrupt
+                start = await self._claim(session, req, claim.key, claim.fingerprint, effect.token)
+            else:
+                start = await self.store.begin_call(
+                    session.record.principal,
+                    session.session_id,
+                    claim.key,
+                    claim.fingerprint,
+                    effect.token,
+                )
+        except SessionGone:
+            await self._end_session(session)
+            raise session_refusal(session.session_id, req.id) from None
+        except RetentionFull:
+            raise retention_full(self.config, req.id) from None
+        except ChannelRejected as exc:
+            raise_channel(exc.verdict, req.id)
+            raise  # unreachable: raise_channel raises
+        return start, claim.key in session.calls
 
     async def _claim(
         self, session: Session, req: Request, key: str, fp: bytes, token: tuple[int, str] | None

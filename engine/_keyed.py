@@ -13,7 +13,8 @@ the store (a record named :data:`NAMESPACE`, created on first use and again if t
 store let it expire).  It is an :class:`~._store.InternalId`: stores keep it in a
 keyspace no ``Mcp-Session-Id`` reaches.
 
-The order of the steps is the core's :class:`~weir.protocol.gate.CallCourse`.  What
+The order of the steps is the core's :class:`~weir.protocol.gate.CallCourse`, and
+the loop around its claims the core's :func:`~weir.protocol.post.gate`.  What
 is recorded differs from the session era in one way: an ``input_required`` answer
 is not an outcome (the call has not finished; its next round, with the same key,
 must run it), so it gives the key back.  Without the header nothing is gated: with
@@ -30,18 +31,10 @@ import msgspec
 import trio
 
 from weir.protocol import Reason, RemoteProtocolError, Request
-from weir.protocol.gate import (
-    Answer,
-    AppendRecords,
-    CallCourse,
-    CallStart,
-    Claim,
-    ClaimAgain,
-    Record,
-    Run,
-)
+from weir.protocol.gate import AppendRecords, CallCourse, CallStart, Claim, Record
+from weir.protocol.post import ClaimCall, HoldCall, WaitForCall
 
-from ._server_base import _ServerBase, log, retention_full, wait_for_claim
+from ._server_base import _ServerBase, log, retention_full, run_gate, wait_for_claim
 from ._store import InternalId, RetentionFull, SessionGone, SessionRecord, StoreUnavailable
 
 #: The record under which a principal's sessionless gate records live (a keyspace of
@@ -66,29 +59,29 @@ class _KeyedCalls(_ServerBase):
         course = CallCourse(
             req, header_key, now=now, wait=cfg.in_progress_wait, retry_ms=cfg.retry_ms
         )
-        step: Claim | ClaimAgain | Run | Answer = course.first()
-        ours = False
-        while True:
-            if isinstance(step, Run):
-                assert course.key is not None
-                self.keyed_calls[principal, course.key] = None
-                self.metrics.executions += 1
-                return course
-            if isinstance(step, Answer):
-                self.metrics.duplicates_replayed += 1
-                return course
-            if isinstance(step, ClaimAgain):
-                where = (principal, step.claim.key)
-                await wait_for_claim(self.keyed_calls, where, step.until, ours)
-                step = step.claim
-            start = await self._keyed_claim(principal, req, step)
-            ours = (principal, step.key) in self.keyed_calls
-            try:
-                step = course.claimed(start, trio.current_time(), local=ours)
-            except RemoteProtocolError as exc:
-                if exc.reason is Reason.IN_PROGRESS:
-                    self.metrics.duplicates_in_progress += 1
-                raise
+
+        async def perform(effect: ClaimCall | WaitForCall | HoldCall) -> object:
+            if isinstance(effect, HoldCall):
+                self.keyed_calls[principal, effect.key] = None
+                return None
+            if isinstance(effect, WaitForCall):
+                where = (principal, effect.key)
+                await wait_for_claim(self.keyed_calls, where, effect.until, effect.local)
+                return None
+            start = await self._keyed_claim(principal, req, effect.claim)
+            return start, (principal, effect.claim.key) in self.keyed_calls
+
+        try:
+            await run_gate(course, None, perform)
+        except RemoteProtocolError as exc:
+            if exc.reason is Reason.IN_PROGRESS:
+                self.metrics.duplicates_in_progress += 1
+            raise
+        if course.replay is not None:
+            self.metrics.duplicates_replayed += 1
+        else:
+            self.metrics.executions += 1
+        return course
 
     async def _keyed_claim(self, principal: str, req: Request, claim: Claim) -> CallStart:
         """One claim in the principal's namespace (created first, if need be)."""

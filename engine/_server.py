@@ -63,6 +63,7 @@ from weir.protocol import ReadTimeouts, Reason, RemoteProtocolError, RequestId, 
 from weir.protocol.budget import RetentionBudget
 from weir.protocol.http import HeadCache
 from weir.protocol.jsonrpc import SERVER_ERROR
+from weir.protocol.post import PostRules
 from weir.protocol.states import CreditState, SessionInput
 
 from ._acks import AckPoller
@@ -148,6 +149,15 @@ class Server(
         if isinstance(self.store, MemoryStore) and self.store.budget is None:
             self.store.budget = self.budget
         self._endpoint = self.config.endpoint()
+        #: What a session-era POST's course needs to know of this server's setup.
+        self.post_rules = PostRules(
+            json_response=self.config.json_response,
+            shared=self.store.shared,
+            priming=self.config.resume != "off",
+            authorized=self.config.auth is not None,
+            in_progress_wait=self.config.in_progress_wait,
+            retry_ms=self.config.retry_ms,
+        )
         self._new_session_id = session_id_factory or (lambda: secrets.token_urlsafe(32))
         self.replica_id = self.config.replica_id or secrets.token_hex(4)
         self.sessions: dict[str, Session] = {}

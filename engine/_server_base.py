@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -47,6 +47,7 @@ from weir.protocol.gate import AppendRecords, CallCourse, Record
 from weir.protocol.http import HeadCache
 from weir.protocol.jsonrpc import SERVER_ERROR
 from weir.protocol.legacy import LegacyMessages
+from weir.protocol.post import ClaimCall, HoldCall, PostRules, WaitForCall, gate
 from weir.protocol.sessionless import SessionlessMessage
 
 from ._acks import AckPoller
@@ -75,6 +76,7 @@ class _ServerBase:
     app: App
     config: ServerConfig
     store: SessionStore
+    post_rules: PostRules
     budget: RetentionBudget
     replica_id: str
     sessions: dict[str, Session]
@@ -242,6 +244,39 @@ async def wait_for_claim(
             await done.wait()
         else:
             await trio.sleep_forever()
+
+
+class _Now:
+    """The clock the core's gate loop reads: set before each answer."""
+
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now = trio.current_time()
+
+
+async def run_gate(
+    course: CallCourse,
+    token: tuple[int, str] | None,
+    perform: Callable[[ClaimCall | WaitForCall | HoldCall], Awaitable[object]],
+) -> None:
+    """Drive the core's gate loop (:func:`weir.protocol.post.gate`) for ``course``,
+    ``perform``-ing each of its steps, until the course may run or has its answer.
+
+    Raises:
+        RemoteProtocolError: the gate's refusal (or whatever ``perform`` raises).
+    """
+    clock = _Now()
+    steps = gate(course, token, clock)
+    effect = next(steps, None)
+    while effect is not None:
+        assert isinstance(effect, ClaimCall | WaitForCall | HoldCall)
+        answer = await perform(effect)
+        clock.now = trio.current_time()
+        try:
+            effect = steps.send(answer)
+        except StopIteration:
+            return
 
 
 def retention_full(config: ServerConfig, request_id: RequestId) -> RemoteProtocolError:

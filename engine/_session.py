@@ -438,6 +438,16 @@ class Session:
         return self.record.session_id
 
     @property
+    def channel(self) -> SessionRecord:
+        """The channel binding (generation, secret, bound) the course checks tokens on."""
+        return self.record
+
+    @property
+    def protocol_version(self) -> str:
+        """The revision ``initialize`` negotiated."""
+        return self.record.protocol_version
+
+    @property
     def closed(self) -> bool:
         """True once deleted or torn down."""
         return self.state is SessionState.CLOSED

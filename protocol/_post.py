@@ -1,0 +1,500 @@
+"""The course of a session-era POST: every decision, in order, as effects.
+
+Theory of operation
+-------------------
+A POST to a session (not ``initialize``) is decided in one order, whatever runtime
+carries it.  :class:`PostCourse` owns that order; the runtime performs each
+*effect* it asks for and delivers the answer back, until the course says it is
+over (``None``)::
+
+    effect = course.start(now)
+    while effect is not None:
+        try:
+            answer = await perform(effect)          # the runtime's own I/O
+        except BaseException as exc:
+            effect = course.fail(exc, now)          # cleanup effects, or re-raised
+        else:
+            effect = course.deliver(answer, now)
+
+The order, and what each step may refuse:
+
+1. :class:`LoadSession` -- the principal's live session (the runtime answers with
+   it, or raises the 404).  A lone ``tools/call`` needs no fresh read of a shared
+   record: its claim in the store checks the session in the same round trip.
+2. The channel token (fencing), when the runtime binds channels: a malformed,
+   stale or foreign token is refused 409 before anything is absorbed; the first
+   token that proves the channel binds the session (:data:`MARK_BOUND`).  The
+   rebind handshake is checked here too (who may fence whom).
+3. :class:`Mail` -- notifications and the client's answers and cancellations are
+   handled at once, routed here or, with a shared store, to the replica that waits
+   for them.  A POST with no request ends here: :data:`ACCEPTED` (202).
+4. :class:`Rebind` (the handshake) ends the course; otherwise
+   :data:`ENTER_REQUEST` moves the session's lifecycle, and a batch of several
+   requests is handed over whole (:class:`RunBatch`: its entries are admitted one
+   by one while its response is open).
+5. :class:`AdmitRequests` -- admission for the lone request, which reserves room for its
+   result under the POST's own :attr:`PostCourse.lane` (429 once half-open).
+6. The idempotency gate, for a ``tools/call``: :class:`ClaimCall` (the store's
+   :class:`~._gate.CallStart`), :class:`HoldCall` once the key is this delivery's,
+   :class:`WaitForCall` while another delivery runs it.  The rules are
+   :class:`~._course.CallCourse`'s; the loop around them lives only here.
+7. The answer: :class:`AnswerJson` in JSON response mode; otherwise the stream --
+   :class:`AllocateEpoch` (unless the claim brought one), :class:`OpenRequestStream`
+   (which takes over the lane's reservation), :class:`RunCalls` (the runtime runs
+   the handler, in a task or inline) and :data:`ATTACH_WRITER`.
+
+If a step fails between admission and the stream's opening -- a refusal of the
+gate, a store outage, the connection dropping -- the course first asks for
+:class:`Finished` (the admitted request is accounted for: its reservation ends)
+and :class:`GiveBack` for a key it claimed but never started (nothing ran, so a
+retry may run it), then re-raises.  After :class:`OpenRequestStream` the handler owns
+the request and the runtime accounts for it.
+
+The course does no I/O, reads no clock (``now`` comes with every answer) and
+holds nothing global.  Effects without fields are preallocated singletons.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Generator
+from dataclasses import dataclass
+from typing import Final, Protocol, cast
+
+from ._binding import (
+    ChannelVerdict,
+    channel_refusal,
+    channel_verdict,
+    check_rebind,
+    parse_channel_token,
+)
+from ._course import Answer, CallCourse, Claim, ClaimAgain, Run
+from ._endpoint import PostMessages
+from ._errors import RemoteProtocolError
+from ._gate import CallStart
+from ._jsonrpc import ErrorResponse, Notification, Request, RequestId, Response
+from ._lifecycle import primes_streams
+from ._mail import Post, route_mail
+from ._messages import absorb
+
+#: The explicit rebind handshake (fencing), advertised in ``capabilities.experimental``.
+REBIND_METHOD: Final = "weir/rebind"
+
+
+class ChannelRecord(Protocol):
+    """What the course reads of a session's channel binding (fencing)."""
+
+    @property
+    def generation(self) -> int: ...
+    @property
+    def secret(self) -> str: ...
+    @property
+    def bound(self) -> bool: ...
+
+
+class PostSession(Protocol):
+    """What the course reads of the session a runtime loaded (:class:`LoadSession`)."""
+
+    @property
+    def running(self) -> Container[RequestId]:
+        """Ids of the session's requests running in this process."""
+
+    @property
+    def pending(self) -> Container[RequestId]:
+        """Ids of this process's server-to-client requests awaiting an answer."""
+
+    @property
+    def channel(self) -> ChannelRecord | None:
+        """The session's channel binding; None where the runtime binds no channels."""
+
+    @property
+    def protocol_version(self) -> str:
+        """The revision ``initialize`` negotiated."""
+
+
+@dataclass(frozen=True, slots=True)
+class PostRules:
+    """How a runtime is configured, as far as the course's decisions go (one per server)."""
+
+    #: Answer requests with one ``application/json`` body instead of an SSE stream.
+    json_response: bool = False
+    #: Other replicas may exist (a shared store): mail not for here is forwarded.
+    shared: bool = False
+    #: Request streams start with a priming event where the revision asks for one.
+    priming: bool = True
+    #: Authorization is on (the principal may rebind without the channel token).
+    authorized: bool = False
+    #: How long a duplicate delivery waits for a running call before 409 ``in_progress``.
+    in_progress_wait: float = 10.0
+    #: The ``Retry-After`` (ms) a gate refusal suggests.
+    retry_ms: int = 1000
+
+
+# ---------------------------------------------------------------- effects
+@dataclass(frozen=True, slots=True)
+class LoadSession:
+    """Answer with the request's session (a :class:`PostSession`), or raise its 404.
+
+    ``verify``: with a shared store, re-read the record (a lone ``tools/call`` does
+    not need to: its claim checks the session)."""
+
+    verify: bool
+    #: The id a refusal answers (the POST's first message's, if a request).
+    request_id: RequestId | None
+
+
+class _Singleton:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class MarkBound(_Singleton):
+    """Record that the session is bound to its channel token (answer: None)."""
+
+
+class Accepted(_Singleton):
+    """Answer the POST ``202 Accepted`` with no body; the course is over."""
+
+
+class EnterRequest(_Singleton):
+    """The session's lifecycle takes a request (``SessionInput.REQUEST``; answer: None)."""
+
+
+class AttachWriter(_Singleton):
+    """Write the opened stream on this connection until it ends; the course is over."""
+
+
+MARK_BOUND: Final = MarkBound("MARK_BOUND")
+ACCEPTED: Final = Accepted("ACCEPTED")
+ENTER_REQUEST: Final = EnterRequest("ENTER_REQUEST")
+ATTACH_WRITER: Final = AttachWriter("ATTACH_WRITER")
+
+
+@dataclass(frozen=True, slots=True)
+class Mail:
+    """Handle a POST's notifications, answers and cancellations now (answer: None).
+
+    ``initialized``: the session's lifecycle takes ``notifications/initialized``;
+    ``notes``: the application's notifications; ``cancel_here`` / ``answer_here``:
+    for requests of this process; ``forward``: for another replica, through the
+    store (the session's mailboxes)."""
+
+    initialized: bool
+    notes: list[Notification]
+    cancel_here: list[RequestId]
+    answer_here: list[Response | ErrorResponse]
+    forward: list[Post]
+
+
+@dataclass(frozen=True, slots=True)
+class Rebind:
+    """Perform the rebind handshake for ``request`` and answer it; the course is over."""
+
+    request: Request
+
+
+@dataclass(frozen=True, slots=True)
+class RunBatch:
+    """Answer a batch (2025-03-26) whose entries are admitted, gated and run one by
+    one while its response is open; the course is over."""
+
+    requests: list[Request]
+    token: tuple[int, str] | None
+    primes: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitRequests:
+    """Wait for admission of ``n`` requests, reserving room for their results under
+    ``lane`` (answer: None; raise 429 ``stream_half_open`` or the session's 404)."""
+
+    n: int
+    request_id: RequestId | None
+    lane: object
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimCall:
+    """Ask the store to claim ``claim.key`` for ``request`` (under ``token``).
+
+    Answer: ``(CallStart, local)`` -- the store's answer, and whether a delivery of
+    this key runs in this process.  Raise the refusal for a store that refuses
+    (the session is gone, no room for the key, a fenced channel)."""
+
+    claim: Claim
+    request: Request
+    token: tuple[int, str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class HoldCall:
+    """``key`` is this delivery's: note that it runs here (answer: None)."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class WaitForCall:
+    """Wait until ``until`` at most for the delivery running ``key`` (its end, if
+    ``local``); answer: None.  The course then claims again."""
+
+    key: str
+    until: float
+    local: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """``n`` admitted requests of ``lane`` will never send a response (answer: None)."""
+
+    n: int
+    lane: object
+
+
+@dataclass(frozen=True, slots=True)
+class GiveBack:
+    """Release ``key``, claimed by a call that never started (answer: None)."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerJson:
+    """Run ``courses`` and answer with one JSON body (an array for a batch) drawing
+    on ``lane``'s reservations; the course is over."""
+
+    courses: list[CallCourse]
+    is_batch: bool
+    lane: object
+
+
+@dataclass(frozen=True, slots=True)
+class AllocateEpoch:
+    """Answer with a fresh stream epoch for channel ``generation`` (0: no token)."""
+
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRequestStream:
+    """Open the request stream ``epoch`` for ``outstanding`` responses; it takes over
+    what ``lane`` reserved (answer: None).  From here the runtime accounts for
+    every request (each ends its reservation once its response is enqueued)."""
+
+    epoch: str
+    token: tuple[int, str] | None
+    lane: object
+    outstanding: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunCalls:
+    """Run ``courses`` on the opened stream (their answers are its frames), after a
+    priming event if ``primes`` (answer: None)."""
+
+    courses: list[CallCourse]
+    primes: bool
+
+
+Effect = (
+    LoadSession
+    | MarkBound
+    | Mail
+    | Accepted
+    | Rebind
+    | EnterRequest
+    | RunBatch
+    | AdmitRequests
+    | ClaimCall
+    | HoldCall
+    | WaitForCall
+    | Finished
+    | GiveBack
+    | AnswerJson
+    | AllocateEpoch
+    | OpenRequestStream
+    | RunCalls
+    | AttachWriter
+)
+
+_Steps = Generator[Effect, object, None]
+
+
+class PostCourse:
+    """One session-era POST's course (see the module docstring)."""
+
+    __slots__ = ("_steps", "lane", "now", "post", "rules")
+
+    def __init__(self, post: PostMessages, rules: PostRules) -> None:
+        if post.is_initialize:
+            raise ValueError("initialize opens a session; it has no session-era POST course")
+        self.post = post
+        self.rules = rules
+        #: The key the lone request's result is reserved under until its stream opens.
+        self.lane = object()
+        #: The runtime's clock, as of the last answer.
+        self.now = 0.0
+        self._steps: _Steps = _course(self)
+
+    def start(self, now: float) -> Effect | None:
+        """The first effect."""
+        self.now = now
+        return next(self._steps, None)
+
+    def deliver(self, answer: object, now: float) -> Effect | None:
+        """The answer to the last effect; the next effect, or None when the POST is over."""
+        self.now = now
+        try:
+            return self._steps.send(answer)
+        except StopIteration:
+            return None
+
+    def fail(self, exc: BaseException, now: float) -> Effect | None:
+        """The last effect raised ``exc``: the cleanup effects it needs, then ``exc`` again."""
+        self.now = now
+        try:
+            return self._steps.throw(exc)
+        except StopIteration:
+            return None
+
+
+def _course(c: PostCourse) -> _Steps:
+    post, rules = c.post, c.rules
+    messages = post.messages
+    first = messages[0]
+    rid = first.id if isinstance(first, Request) else None
+    lone = len(messages) == 1 and isinstance(first, Request)
+    lone_call = lone and cast(Request, first).method == "tools/call"
+    rebind = lone and cast(Request, first).method == REBIND_METHOD
+    del first  # (the frame lives as long as the stream: it holds no request)
+    session = cast(PostSession, (yield LoadSession(not lone_call, rid)))
+
+    token: tuple[int, str] | None = None
+    channel = session.channel
+    if channel is not None:
+        raw = post.ctx.headers.get("mcp-channel-token")
+        if rebind:
+            try:
+                verdict = channel_verdict(
+                    channel.generation, channel.secret, parse_channel_token(raw)
+                )
+            except RemoteProtocolError:
+                verdict = ChannelVerdict.UNBOUND
+            check_rebind(verdict, raw is not None, authorized=rules.authorized, request_id=rid)
+        else:
+            token = parse_channel_token(raw, rid)
+            verdict = channel_verdict(channel.generation, channel.secret, token)
+            if not lone_call and verdict is not ChannelVerdict.OK:
+                raise channel_refusal(verdict, rid)  # (a lone call's claim checks it)
+            if token is not None and not channel.bound and verdict is ChannelVerdict.OK:
+                yield MARK_BOUND  # only a token that proves the channel counts
+
+    absorbed = absorb(messages)
+    if absorbed.cancels or absorbed.answers or absorbed.notes or absorbed.initialized:
+        routed = route_mail(
+            absorbed, running=session.running, pending=session.pending, shared=rules.shared
+        )
+        yield Mail(
+            absorbed.initialized,
+            absorbed.notes,
+            routed.cancel_here,
+            routed.answer_here,
+            routed.post,
+        )
+    requests = absorbed.requests
+    if not requests:
+        yield ACCEPTED
+        return
+    if len(requests) == 1 and requests[0].method == REBIND_METHOD:
+        yield Rebind(requests[0])
+        return
+    yield ENTER_REQUEST
+    primes = rules.priming and primes_streams(session.protocol_version, post.ctx.protocol_version)
+    if len(requests) > 1:
+        yield RunBatch(requests, token, primes)
+        return
+
+    req = requests[0]
+    lane = c.lane
+    yield AdmitRequests(1, req.id, lane)
+    try:
+        course = CallCourse(
+            req,
+            post.ctx.headers.get("idempotency-key"),
+            now=c.now,
+            wait=rules.in_progress_wait,
+            retry_ms=rules.retry_ms,
+        )
+    except GeneratorExit:
+        raise  # abandoned by its runtime: nothing more may be asked
+    except BaseException:
+        yield Finished(1, lane)
+        raise
+    try:
+        yield from gate(course, token, c)
+        epoch = course.epoch
+        if epoch is None and not rules.json_response:
+            epoch = cast(str, (yield AllocateEpoch(token[0] if token else 0)))
+    except GeneratorExit:
+        raise
+    except BaseException:
+        yield Finished(1, lane)
+        given = course.give_back()
+        if given is not None:
+            yield GiveBack(given.key)
+        raise
+    courses = [course]
+    if rules.json_response:
+        # The body's writer accounts for the request from here.
+        del requests, req, course, absorbed
+        messages.clear()
+        answer = AnswerJson(courses, post.is_batch, lane)
+        del courses
+        yield answer
+        return
+    assert epoch is not None
+    yield OpenRequestStream(epoch, token, lane, 1)
+    # The handler owns the request now; the stream may outlive it by far.
+    del requests, req, course, absorbed
+    messages.clear()
+    run = RunCalls(courses, primes)
+    del courses
+    yield run
+    del run
+    yield ATTACH_WRITER
+
+
+class _Clock(Protocol):
+    @property
+    def now(self) -> float: ...
+
+
+def gate(course: CallCourse, token: tuple[int, str] | None, clock: _Clock) -> _Steps:
+    """The idempotency gate's loop as effects: claim, wait while another delivery
+    runs the call, claim again -- until the course may run or has its answer.
+
+    The one place the loop around :meth:`CallCourse.claimed` is written; every
+    course that gates a call (session-era and sessionless) delegates to it.
+
+    Raises:
+        RemoteProtocolError: the gate's refusal (409 ``in_progress`` past the wait,
+            422 ``idempotency_key_reused``, 409 ``outcome_evicted``, …).
+    """
+    step: Claim | ClaimAgain | Run | Answer = course.first()
+    local = False  # the delivery running the call is in this process
+    while True:
+        if isinstance(step, Run):
+            if course.key is not None:
+                yield HoldCall(course.key)
+            return
+        if isinstance(step, Answer):
+            return
+        if isinstance(step, ClaimAgain):
+            yield WaitForCall(step.claim.key, step.until, local)
+            step = step.claim
+        start, local = cast(tuple[CallStart, bool], (yield ClaimCall(step, course.request, token)))
+        step = course.claimed(start, clock.now, local=local)

@@ -1,0 +1,71 @@
+"""The course of a session-era POST, for runtimes: :class:`PostCourse` decides the
+order, the runtime performs each effect it asks for and delivers the answer.
+
+See :mod:`weir.protocol._post` for the theory of operation and the effect list.
+"""
+
+from __future__ import annotations
+
+from ._post import (
+    ACCEPTED,
+    ATTACH_WRITER,
+    ENTER_REQUEST,
+    MARK_BOUND,
+    REBIND_METHOD,
+    Accepted,
+    AdmitRequests,
+    AllocateEpoch,
+    AnswerJson,
+    AttachWriter,
+    ChannelRecord,
+    ClaimCall,
+    Effect,
+    EnterRequest,
+    Finished,
+    GiveBack,
+    HoldCall,
+    LoadSession,
+    Mail,
+    MarkBound,
+    OpenRequestStream,
+    PostCourse,
+    PostRules,
+    PostSession,
+    Rebind,
+    RunBatch,
+    RunCalls,
+    WaitForCall,
+    gate,
+)
+
+__all__ = [
+    "ACCEPTED",
+    "ATTACH_WRITER",
+    "ENTER_REQUEST",
+    "MARK_BOUND",
+    "REBIND_METHOD",
+    "Accepted",
+    "AdmitRequests",
+    "AllocateEpoch",
+    "AnswerJson",
+    "AttachWriter",
+    "ChannelRecord",
+    "ClaimCall",
+    "Effect",
+    "EnterRequest",
+    "Finished",
+    "GiveBack",
+    "HoldCall",
+    "LoadSession",
+    "Mail",
+    "MarkBound",
+    "OpenRequestStream",
+    "PostCourse",
+    "PostRules",
+    "PostSession",
+    "Rebind",
+    "RunBatch",
+    "RunCalls",
+    "WaitForCall",
+    "gate",
+]

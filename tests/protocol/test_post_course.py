@@ -1,0 +1,402 @@
+"""A session-era POST's course, driven step by step with no runtime: every effect
+sequence asserted as data (admitted, refused, waiting, replayed, store down,
+client gone, JSON mode, notifications only, fencing, batches)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from weir.protocol import (
+    Headers,
+    Notification,
+    PostMessages,
+    Reason,
+    RemoteProtocolError,
+    Request,
+    RequestContext,
+    Response,
+)
+from weir.protocol.gate import CallOutcome, CallStart
+from weir.protocol.post import (
+    ACCEPTED,
+    ATTACH_WRITER,
+    ENTER_REQUEST,
+    MARK_BOUND,
+    REBIND_METHOD,
+    AdmitRequests,
+    AllocateEpoch,
+    AnswerJson,
+    ClaimCall,
+    Effect,
+    Finished,
+    GiveBack,
+    HoldCall,
+    LoadSession,
+    Mail,
+    OpenRequestStream,
+    PostCourse,
+    PostRules,
+    Rebind,
+    RunBatch,
+    RunCalls,
+    WaitForCall,
+)
+
+SID = "s" * 22
+
+
+@dataclass(frozen=True)
+class Channel:
+    generation: int = 1
+    secret: str = "sekrit"
+    bound: bool = False
+
+
+@dataclass
+class FakeSession:
+    """A session as a runtime would answer :class:`LoadSession` with (plain data)."""
+
+    running: set[Any] = field(default_factory=set)
+    pending: set[Any] = field(default_factory=set)
+    channel: Channel | None = None
+    protocol_version: str = "2025-11-25"
+
+
+def post(*messages: Any, batch: bool = False, **headers: str) -> PostMessages:
+    ctx = RequestContext(
+        session_id=SID, protocol_version="2025-11-25", headers=Headers.of(**headers)
+    )
+    return PostMessages(ctx=ctx, messages=list(messages), is_batch=batch)
+
+
+def call(rid: int = 1, name: str = "echo") -> Request:
+    return Request(id=rid, method="tools/call", params={"name": name, "arguments": {}})
+
+
+def started(outcome: CallOutcome, payload: bytes | None = None) -> tuple[CallStart, bool]:
+    return CallStart(outcome, "ep1", payload), False
+
+
+def kinds(effects: list[Effect]) -> list[str]:
+    return [type(e).__name__ for e in effects]
+
+
+class Driver:
+    """Delivers scripted answers; records every effect the course asks for."""
+
+    def __init__(self, course: PostCourse, session: FakeSession | None = None) -> None:
+        self.course = course
+        self.session = session or FakeSession()
+        self.effects: list[Effect] = []
+        self.now = 0.0
+        self.effect = course.start(self.now)
+
+    def step(self, answer: object = None) -> Effect | None:
+        assert self.effect is not None
+        self.effects.append(self.effect)
+        self.effect = self.course.deliver(answer, self.now)
+        return self.effect
+
+    def fail(self, exc: BaseException) -> Effect | None:
+        assert self.effect is not None
+        self.effects.append(self.effect)
+        self.effect = self.course.fail(exc, self.now)
+        return self.effect
+
+    def run(self, answers: dict[type, object] | None = None) -> list[Effect]:
+        """Answer every effect (a session for LoadSession) until the course ends."""
+        answers = answers or {}
+        for _ in range(64):
+            e = self.effect
+            if e is None:
+                return self.effects
+            if isinstance(e, LoadSession):
+                self.step(self.session)
+            elif type(e) in answers:
+                self.step(answers[type(e)])
+            else:
+                self.step(None)
+        raise AssertionError("the course did not end within 64 effects")
+
+
+RULES = PostRules()
+
+
+def test_admitted_call_on_an_sse_stream() -> None:
+    d = Driver(PostCourse(post(call()), RULES))
+    effects = d.run({ClaimCall: started(CallOutcome.EXECUTE), AllocateEpoch: "ep9"})
+    assert kinds(effects) == [
+        "LoadSession",
+        "EnterRequest",
+        "AdmitRequests",
+        "ClaimCall",
+        "HoldCall",
+        "OpenRequestStream",
+        "RunCalls",
+        "AttachWriter",
+    ]
+    load, admit, stream, run = effects[0], effects[2], effects[5], effects[6]
+    assert load == LoadSession(verify=False, request_id=1)  # a lone call: its claim checks
+    assert isinstance(admit, AdmitRequests) and admit.n == 1 and admit.lane is d.course.lane
+    # The claim brought the epoch: no separate allocation; the stream takes the lane.
+    assert isinstance(stream, OpenRequestStream)
+    assert (stream.epoch, stream.lane, stream.outstanding) == ("ep1", d.course.lane, 1)
+    assert isinstance(run, RunCalls) and run.courses[0].key is not None and run.primes
+
+
+def test_an_ungated_request_allocates_its_epoch_and_is_verified() -> None:
+    d = Driver(PostCourse(post(Request(id=7, method="tools/list")), RULES))
+    effects = d.run({AllocateEpoch: "ep9"})
+    assert kinds(effects) == [
+        "LoadSession",
+        "EnterRequest",
+        "AdmitRequests",
+        "AllocateEpoch",
+        "OpenRequestStream",
+        "RunCalls",
+        "AttachWriter",
+    ]
+    assert effects[0] == LoadSession(verify=True, request_id=7)
+    assert effects[3] == AllocateEpoch(0)
+    stream = effects[4]
+    assert isinstance(stream, OpenRequestStream) and stream.epoch == "ep9"
+
+
+def test_half_open_refusal_at_admission_undoes_nothing() -> None:
+    d = Driver(PostCourse(post(call()), RULES))
+    d.step(d.session)
+    d.step()  # ENTER_REQUEST
+    assert isinstance(d.effect, AdmitRequests)
+    refusal = RemoteProtocolError(
+        "half-open", http_status=429, reason=Reason.STREAM_HALF_OPEN, request_id=1
+    )
+    with pytest.raises(RemoteProtocolError) as err:
+        d.fail(refusal)
+    assert err.value is refusal  # nothing was admitted, so nothing to give back
+
+
+def test_waiting_for_credit_is_just_a_later_answer() -> None:
+    # Admission that waits is the runtime's business: the course's next step is
+    # the same whenever the answer comes.
+    d = Driver(PostCourse(post(call()), RULES))
+    d.step(d.session)
+    d.step()
+    d.now = 30.0
+    assert isinstance(d.step(), ClaimCall)
+
+
+def test_gate_replay_runs_nothing() -> None:
+    stored = b'{"jsonrpc":"2.0","id":99,"result":{"content":[]}}'
+    d = Driver(PostCourse(post(call(rid=5)), RULES))
+    effects = d.run({ClaimCall: started(CallOutcome.DONE, stored)})
+    assert "HoldCall" not in kinds(effects)
+    run = next(e for e in effects if isinstance(e, RunCalls))
+    course = run.courses[0]
+    assert course.replay is not None and b'"id":5' in course.replay  # re-addressed
+    assert course.key is None
+
+
+def test_gate_wait_then_replay() -> None:
+    d = Driver(PostCourse(post(call()), PostRules(in_progress_wait=10.0)))
+    d.step(d.session)
+    d.step()
+    d.step()  # admitted
+    assert isinstance(d.effect, ClaimCall)
+    waited = d.step((CallStart(CallOutcome.RUNNING, "ep1"), True))
+    assert isinstance(waited, WaitForCall) and waited.local and waited.until == 10.0
+    d.now = 2.0
+    again = d.step()
+    assert isinstance(again, ClaimCall) and again.claim.key == waited.key
+    after = d.step(started(CallOutcome.DONE, b'{"jsonrpc":"2.0","id":1,"result":{}}'))
+    assert isinstance(after, OpenRequestStream)
+
+
+def test_gate_wait_runs_out_refuses_409_and_ends_the_reservation() -> None:
+    d = Driver(PostCourse(post(call()), PostRules(in_progress_wait=1.0)))
+    d.step(d.session)
+    d.step()
+    d.step()
+    d.step((CallStart(CallOutcome.RUNNING, "ep1"), False))  # -> WaitForCall
+    d.now = 5.0
+    d.step()  # -> ClaimCall again
+    cleanup = d.step((CallStart(CallOutcome.RUNNING, "ep1"), False))
+    assert cleanup == Finished(1, d.course.lane)
+    with pytest.raises(RemoteProtocolError) as err:
+        d.step()
+    assert err.value.reason is Reason.IN_PROGRESS and err.value.http_status == 409
+
+
+def test_store_down_during_the_claim() -> None:
+    d = Driver(PostCourse(post(call()), RULES))
+    d.step(d.session)
+    d.step()
+    assert isinstance(d.step(), ClaimCall)
+    down = OSError("store unavailable")
+    assert d.fail(down) == Finished(1, d.course.lane)
+    with pytest.raises(OSError) as err:
+        d.step()
+    assert err.value is down  # no key was claimed: nothing to give back
+
+
+def test_a_failure_after_the_claim_gives_the_key_back() -> None:
+    d = Driver(PostCourse(post(call()), RULES))
+    d.step(d.session)
+    d.step()
+    d.step()
+    hold = d.step(started(CallOutcome.EXECUTE))
+    assert isinstance(hold, HoldCall)
+    # Whatever fails between the claim and the stream (here: the runtime's own
+    # step), nothing ran: the reservation ends and the key goes back for a retry.
+    boom = RuntimeError("the runtime could not note the call")
+    assert d.fail(boom) == Finished(1, d.course.lane)
+    assert d.step() == GiveBack(hold.key)
+    with pytest.raises(RuntimeError) as err:
+        d.step()
+    assert err.value is boom
+
+
+def test_connection_lost_before_the_stream_releases_the_key() -> None:
+    d = Driver(PostCourse(post(Request(id=4, method="tools/list")), RULES))
+    d.step(d.session)
+    d.step()
+    d.step()
+    assert isinstance(d.effect, AllocateEpoch)
+    gone = ConnectionResetError()
+    assert d.fail(gone) == Finished(1, d.course.lane)
+    with pytest.raises(ConnectionResetError):
+        d.step()
+
+
+def test_json_mode_answers_with_one_body() -> None:
+    d = Driver(PostCourse(post(call()), PostRules(json_response=True)))
+    effects = d.run({ClaimCall: started(CallOutcome.EXECUTE)})
+    assert kinds(effects)[-1] == "AnswerJson"
+    answer = effects[-1]
+    assert isinstance(answer, AnswerJson) and not answer.is_batch
+    assert answer.lane is d.course.lane and len(answer.courses) == 1
+    assert "OpenRequestStream" not in kinds(effects)
+
+
+def test_notifications_only_is_202_after_the_mail() -> None:
+    note = Notification(method="notifications/roots/list_changed")
+    d = Driver(PostCourse(post(Notification(method="notifications/initialized"), note), RULES))
+    effects = d.run()
+    assert kinds(effects) == ["LoadSession", "Mail", "Accepted"]
+    mail = effects[1]
+    assert isinstance(mail, Mail) and mail.initialized and mail.notes == [note]
+    assert effects[-1] is ACCEPTED
+
+
+def test_answers_and_cancellations_are_routed_here_or_forwarded() -> None:
+    session = FakeSession(running={10}, pending={"weir:r1:1"})
+    msgs = [
+        Notification(method="notifications/cancelled", params={"requestId": 10}),
+        Notification(method="notifications/cancelled", params={"requestId": 11}),
+        Response(id="weir:r1:1", result={}),
+        Response(id="weir:r2:1", result={}),
+    ]
+    d = Driver(PostCourse(post(*msgs, batch=True), PostRules(shared=True)), session)
+    effects = d.run()
+    mail = effects[1]
+    assert isinstance(mail, Mail)
+    assert mail.cancel_here == [10] and [a.id for a in mail.answer_here] == ["weir:r1:1"]
+    assert len(mail.forward) == 2  # the cancel of 11 and the answer for replica r2
+    # Without a shared store, what is not here is dropped rather than forwarded.
+    d = Driver(PostCourse(post(*msgs, batch=True), RULES), FakeSession(running={10}))
+    mail = d.run()[1]
+    assert isinstance(mail, Mail) and mail.forward == []
+
+
+def test_a_stale_channel_token_is_refused_before_anything_is_absorbed() -> None:
+    session = FakeSession(channel=Channel(generation=3))
+    p = post(Request(id=1, method="tools/list"), mcp_channel_token="2.sekrit")
+    d = Driver(PostCourse(p, RULES), session)
+    with pytest.raises(RemoteProtocolError) as err:
+        d.step(session)
+    assert err.value.reason is Reason.CURSOR_STALE and d.effects == [LoadSession(True, 1)]
+
+
+def test_the_first_proving_token_binds_the_session() -> None:
+    session = FakeSession(channel=Channel(generation=1, bound=False))
+    p = post(Request(id=1, method="tools/list"), mcp_channel_token="1.sekrit")
+    d = Driver(PostCourse(p, RULES), session)
+    effects = d.run({AllocateEpoch: "e"})
+    assert effects[1] is MARK_BOUND
+    alloc = next(e for e in effects if isinstance(e, AllocateEpoch))
+    assert alloc.generation == 1  # the stream is opened under the token's generation
+
+
+def test_a_lone_call_leaves_a_wrong_token_to_its_claim() -> None:
+    # The store's claim checks the channel in the same round trip (one fewer).
+    session = FakeSession(channel=Channel(generation=1, bound=True))
+    p = post(call(), mcp_channel_token="1.wrong")
+    d = Driver(PostCourse(p, RULES), session)
+    assert isinstance(d.step(session), ENTER_REQUEST.__class__)
+
+
+def test_rebind_without_proof_is_refused_when_unauthorized() -> None:
+    session = FakeSession(channel=Channel(bound=True))
+    d = Driver(PostCourse(post(Request(id=1, method=REBIND_METHOD)), RULES), session)
+    with pytest.raises(RemoteProtocolError) as err:
+        d.step(session)
+    assert err.value.reason is Reason.CHANNEL_UNBOUND
+
+
+def test_rebind_with_proof_is_handed_over() -> None:
+    session = FakeSession(channel=Channel())
+    p = post(Request(id=1, method=REBIND_METHOD), mcp_channel_token="1.sekrit")
+    effects = Driver(PostCourse(p, RULES), session).run()
+    assert kinds(effects) == ["LoadSession", "Rebind"]
+    assert isinstance(effects[1], Rebind) and effects[1].request.id == 1
+
+
+def test_a_batch_is_handed_over_whole() -> None:
+    p = post(Request(id=1, method="tools/list"), call(rid=2), batch=True)
+    effects = Driver(PostCourse(p, RULES)).run()
+    assert kinds(effects) == ["LoadSession", "EnterRequest", "RunBatch"]
+    batch = effects[-1]
+    assert isinstance(batch, RunBatch) and [r.id for r in batch.requests] == [1, 2]
+
+
+def test_a_malformed_idempotency_key_after_admission_ends_the_reservation() -> None:
+    d = Driver(PostCourse(post(call(), idempotency_key="k" * 10_000), RULES))
+    d.step(d.session)
+    d.step()
+    assert d.step() == Finished(1, d.course.lane)
+    with pytest.raises(RemoteProtocolError) as err:
+        d.step()
+    assert err.value.http_status == 400
+
+
+def test_priming_follows_the_rules_and_the_revision() -> None:
+    old = FakeSession(protocol_version="2025-03-26")
+    p = post(Request(id=1, method="tools/list"))
+    p = PostMessages(
+        ctx=RequestContext(session_id=SID, protocol_version="2025-03-26", headers=Headers.of()),
+        messages=p.messages,
+        is_batch=False,
+    )
+    run = next(
+        e
+        for e in Driver(PostCourse(p, RULES), old).run({AllocateEpoch: "e"})
+        if isinstance(e, RunCalls)
+    )
+    assert not run.primes
+    off = Driver(PostCourse(post(Request(id=1, method="tools/list")), PostRules(priming=False)))
+    run = next(e for e in off.run({AllocateEpoch: "e"}) if isinstance(e, RunCalls))
+    assert not run.primes
+
+
+def test_initialize_has_no_post_course() -> None:
+    with pytest.raises(ValueError):
+        PostCourse(post(Request(id=1, method="initialize", params={})), RULES)
+
+
+def test_effects_without_fields_are_singletons() -> None:
+    d = Driver(PostCourse(post(Request(id=1, method="tools/list")), RULES))
+    effects = d.run({AllocateEpoch: "e"})
+    assert effects[1] is ENTER_REQUEST and effects[-1] is ATTACH_WRITER
+    assert isinstance(GiveBack("k"), GiveBack)
