@@ -43,7 +43,6 @@ from weir.protocol import (
     RemoteProtocolError,
     Request,
     StreamKind,
-    encode_error,
     encode_result,
     session_refusal,
 )
@@ -60,7 +59,9 @@ from weir.protocol.post import (
     AdmitRequests,
     AllocateEpoch,
     AnswerJson,
+    BatchEntries,
     ClaimCall,
+    CountIn,
     Effect,
     Finished,
     GiveBack,
@@ -72,6 +73,7 @@ from weir.protocol.post import (
     Rebind,
     RunBatch,
     RunCalls,
+    StartEntry,
     WaitForCall,
 )
 from weir.protocol.states import SessionInput, StreamInput, StreamState
@@ -172,6 +174,15 @@ class _Calls(_ServerBase):
         else:
             self._handlers.start_soon(self._run_request, session, course, handle)
 
+    async def _admit(self, session: Session, effect: AdmitRequests) -> bool:
+        """Admission (the core's :class:`AdmitRequests`): False if the session ended."""
+        try:
+            await session.admit(effect.n, effect.request_id, effect.lane)
+        except SessionClosed:
+            return False
+        self.metrics.admissions += effect.n
+        return True
+
     async def _post_effect(self, conn: Connection, session: Session, effect: Effect) -> object:
         """Perform one of a POST course's less frequent effects; its answer."""
         if isinstance(effect, ClaimCall | WaitForCall | HoldCall):
@@ -179,11 +190,7 @@ class _Calls(_ServerBase):
         if effect is ENTER_REQUEST:
             session.handle(SessionInput.REQUEST)
         elif isinstance(effect, AdmitRequests):
-            try:
-                await session.admit(effect.n, effect.request_id, effect.lane)
-            except SessionClosed:
-                raise session_refusal(session.session_id, effect.request_id) from None
-            self.metrics.admissions += effect.n
+            return await self._admit(session, effect)
         elif isinstance(effect, AllocateEpoch):
             principal, sid = session.record.principal, session.session_id
             return await self.store.allocate_epoch(principal, sid, effect.generation)
@@ -277,26 +284,33 @@ class _Calls(_ServerBase):
         that refusal as its JSON-RPC error in the batch's response and executes
         nothing; ``run`` accounts for it like any other (:meth:`Session.done`).
         """
+        entries = BatchEntries(requests, token, lane, self.post_rules)
+        clock = trio.current_time
         async with trio.open_nursery() as nursery:
-            for i, req in enumerate(requests):
+            effect = entries.start(clock())
+            while effect is not None:
+                answer: object = None
                 try:
-                    await session.admit(1, req.id, lane)
-                except SessionClosed:
-                    return  # the session ended: its streams are gone with it
-                except RemoteProtocolError as exc:
-                    self.metrics.refused(str(exc.reason))
-                    session.flow.count_in(1, lane)  # accounted like an admitted entry
-                    nursery.start_soon(run, i, CallCourse.answered(req, _error_of(req, exc)))
-                    continue
-                self.metrics.admissions += 1
-                try:
-                    plan = await self._plan(session, req, None, token)
-                except RemoteProtocolError as exc:
-                    self.metrics.refused(str(exc.reason))
-                    plan = CallCourse.answered(req, _error_of(req, exc))
-                except StoreUnavailable:
-                    plan = CallCourse.answered(req, _error_of(req, _store_unavailable(self.config)))
-                nursery.start_soon(run, i, plan)
+                    if isinstance(effect, StartEntry):
+                        if effect.refused is not None:
+                            self.metrics.refused(str(effect.refused.reason))
+                        elif effect.course.replay is not None:
+                            self.metrics.duplicates_replayed += 1
+                        nursery.start_soon(run, effect.index, effect.course)
+                    elif isinstance(effect, AdmitRequests):
+                        answer = await self._admit(session, effect)
+                    elif isinstance(effect, CountIn):
+                        session.flow.count_in(1, effect.lane)
+                    else:
+                        assert isinstance(effect, ClaimCall | WaitForCall | HoldCall)
+                        try:
+                            answer = await self._gate_effect(session, effect)
+                        except StoreUnavailable:
+                            raise _store_unavailable(self.config) from None
+                except BaseException as exc:
+                    effect = entries.fail(exc, clock())
+                else:
+                    effect = entries.deliver(answer, clock())
 
     async def _absorb(self, session: Session, messages: list[Any]) -> list[Request]:
         """Handle notifications and responses at once; return the requests (the
@@ -682,8 +696,3 @@ class _Calls(_ServerBase):
             ("mcp-channel-token", record.channel_token),
         ]
         await conn.send(conn.http.send_response(200, headers, body))
-
-
-def _error_of(req: Request, exc: RemoteProtocolError) -> bytes:
-    """A refusal as the JSON-RPC error answering ``req`` (inside a batch's response)."""
-    return encode_error(req.id, exc.code, exc.message, exc.error_data())

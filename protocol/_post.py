@@ -68,10 +68,10 @@ from ._binding import (
     parse_channel_token,
 )
 from ._course import Answer, CallCourse, Claim, ClaimAgain, Run
-from ._endpoint import PostMessages
+from ._endpoint import PostMessages, session_refusal
 from ._errors import RemoteProtocolError
 from ._gate import CallStart
-from ._jsonrpc import ErrorResponse, Notification, Request, RequestId, Response
+from ._jsonrpc import ErrorResponse, Notification, Request, RequestId, Response, encode_error
 from ._lifecycle import primes_streams
 from ._mail import Post, route_mail
 from ._messages import absorb
@@ -210,7 +210,8 @@ class RunBatch:
 @dataclass(frozen=True, slots=True)
 class AdmitRequests:
     """Wait for admission of ``n`` requests, reserving room for their results under
-    ``lane`` (answer: None; raise 429 ``stream_half_open`` or the session's 404)."""
+    ``lane``.  Answer True once admitted, False if the session ended meanwhile;
+    raise 429 ``stream_half_open`` when it is (or becomes) half-open."""
 
     n: int
     request_id: RequestId | None
@@ -300,6 +301,24 @@ class RunCalls:
     primes: bool
 
 
+@dataclass(frozen=True, slots=True)
+class CountIn:
+    """A batch entry refused admission is accounted for like an admitted one
+    (:meth:`~weir.protocol.SessionFlow.count_in` under ``lane``; answer: None)."""
+
+    lane: object
+
+
+@dataclass(frozen=True, slots=True)
+class StartEntry:
+    """Run batch entry ``index`` by ``course`` now (answer: None).  ``refused``:
+    the entry was refused on the way, and its course answers with that error."""
+
+    index: int
+    course: CallCourse
+    refused: RemoteProtocolError | None = None
+
+
 Effect = (
     LoadSession
     | MarkBound
@@ -319,6 +338,8 @@ Effect = (
     | OpenRequestStream
     | RunCalls
     | AttachWriter
+    | CountIn
+    | StartEntry
 )
 
 _Steps = Generator[Effect, object, None]
@@ -420,7 +441,8 @@ def _course(c: PostCourse) -> _Steps:
 
     req = requests[0]
     lane = c.lane
-    yield AdmitRequests(1, req.id, lane)
+    if not (yield AdmitRequests(1, req.id, lane)):
+        raise session_refusal(post.ctx.session_id or "", req.id)
     try:
         course = CallCourse(
             req,
@@ -466,6 +488,86 @@ def _course(c: PostCourse) -> _Steps:
     yield run
     del run
     yield ATTACH_WRITER
+
+
+class BatchEntries:
+    """A batch's entries, admitted, gated and started one at a time, in order
+    (2025-03-26 batches; driven like :class:`PostCourse`).
+
+    Each entry waits for admission as a lone request would (so the in-flight and
+    credit limits hold for every entry), reserving room for its result under
+    ``lane`` (the batch's stream or its one JSON body), then passes the gate, then
+    :class:`StartEntry`.  An entry refused on the way gets the refusal as its
+    JSON-RPC error in the batch's response and executes nothing; the others go
+    on.  If the session ends while an entry waits, the rest are never started
+    (their stream is gone with the session).
+    """
+
+    __slots__ = ("_steps", "now")
+
+    def __init__(
+        self,
+        requests: list[Request],
+        token: tuple[int, str] | None,
+        lane: object,
+        rules: PostRules,
+    ) -> None:
+        self.now = 0.0
+        self._steps: _Steps = _entries(self, requests, token, lane, rules)
+
+    def start(self, now: float) -> Effect | None:
+        """The first effect."""
+        self.now = now
+        return next(self._steps, None)
+
+    def deliver(self, answer: object, now: float) -> Effect | None:
+        """The answer to the last effect; the next effect, or None when all started."""
+        self.now = now
+        try:
+            return self._steps.send(answer)
+        except StopIteration:
+            return None
+
+    def fail(self, exc: BaseException, now: float) -> Effect | None:
+        """The last effect raised ``exc``: a refusal becomes the entry's answer;
+        anything else ends the batch's course (raised again)."""
+        self.now = now
+        try:
+            return self._steps.throw(exc)
+        except StopIteration:
+            return None
+
+
+def _refused(req: Request, exc: RemoteProtocolError) -> CallCourse:
+    body = encode_error(req.id, exc.code, exc.message, exc.error_data())
+    return CallCourse.answered(req, body)
+
+
+def _entries(
+    c: BatchEntries,
+    requests: list[Request],
+    token: tuple[int, str] | None,
+    lane: object,
+    rules: PostRules,
+) -> _Steps:
+    for i, req in enumerate(requests):
+        try:
+            admitted = yield AdmitRequests(1, req.id, lane)
+        except RemoteProtocolError as exc:
+            yield CountIn(lane)
+            yield StartEntry(i, _refused(req, exc), exc)
+            continue
+        if not admitted:
+            return  # the session ended: its streams are gone with it
+        try:
+            course = CallCourse(
+                req, None, now=c.now, wait=rules.in_progress_wait, retry_ms=rules.retry_ms
+            )
+            yield from gate(course, token, c)
+        except RemoteProtocolError as exc:
+            yield StartEntry(i, _refused(req, exc), exc)
+            continue
+        yield StartEntry(i, course)
 
 
 class _Clock(Protocol):

@@ -29,6 +29,7 @@ from weir.protocol.post import (
     AdmitRequests,
     AllocateEpoch,
     AnswerJson,
+    BatchEntries,
     ClaimCall,
     Effect,
     Finished,
@@ -42,6 +43,7 @@ from weir.protocol.post import (
     Rebind,
     RunBatch,
     RunCalls,
+    StartEntry,
     WaitForCall,
 )
 
@@ -117,6 +119,8 @@ class Driver:
                 self.step(self.session)
             elif type(e) in answers:
                 self.step(answers[type(e)])
+            elif isinstance(e, AdmitRequests):
+                self.step(True)
             else:
                 self.step(None)
         raise AssertionError("the course did not end within 64 effects")
@@ -185,7 +189,7 @@ def test_waiting_for_credit_is_just_a_later_answer() -> None:
     d.step(d.session)
     d.step()
     d.now = 30.0
-    assert isinstance(d.step(), ClaimCall)
+    assert isinstance(d.step(True), ClaimCall)
 
 
 def test_gate_replay_runs_nothing() -> None:
@@ -203,7 +207,7 @@ def test_gate_wait_then_replay() -> None:
     d = Driver(PostCourse(post(call()), PostRules(in_progress_wait=10.0)))
     d.step(d.session)
     d.step()
-    d.step()  # admitted
+    d.step(True)  # admitted
     assert isinstance(d.effect, ClaimCall)
     waited = d.step((CallStart(CallOutcome.RUNNING, "ep1"), True))
     assert isinstance(waited, WaitForCall) and waited.local and waited.until == 10.0
@@ -218,7 +222,7 @@ def test_gate_wait_runs_out_refuses_409_and_ends_the_reservation() -> None:
     d = Driver(PostCourse(post(call()), PostRules(in_progress_wait=1.0)))
     d.step(d.session)
     d.step()
-    d.step()
+    d.step(True)  # admitted
     d.step((CallStart(CallOutcome.RUNNING, "ep1"), False))  # -> WaitForCall
     d.now = 5.0
     d.step()  # -> ClaimCall again
@@ -233,7 +237,7 @@ def test_store_down_during_the_claim() -> None:
     d = Driver(PostCourse(post(call()), RULES))
     d.step(d.session)
     d.step()
-    assert isinstance(d.step(), ClaimCall)
+    assert isinstance(d.step(True), ClaimCall)
     down = OSError("store unavailable")
     assert d.fail(down) == Finished(1, d.course.lane)
     with pytest.raises(OSError) as err:
@@ -245,7 +249,7 @@ def test_a_failure_after_the_claim_gives_the_key_back() -> None:
     d = Driver(PostCourse(post(call()), RULES))
     d.step(d.session)
     d.step()
-    d.step()
+    d.step(True)  # admitted
     hold = d.step(started(CallOutcome.EXECUTE))
     assert isinstance(hold, HoldCall)
     # Whatever fails between the claim and the stream (here: the runtime's own
@@ -262,7 +266,7 @@ def test_connection_lost_before_the_stream_releases_the_key() -> None:
     d = Driver(PostCourse(post(Request(id=4, method="tools/list")), RULES))
     d.step(d.session)
     d.step()
-    d.step()
+    d.step(True)  # admitted
     assert isinstance(d.effect, AllocateEpoch)
     gone = ConnectionResetError()
     assert d.fail(gone) == Finished(1, d.course.lane)
@@ -365,7 +369,7 @@ def test_a_malformed_idempotency_key_after_admission_ends_the_reservation() -> N
     d = Driver(PostCourse(post(call(), idempotency_key="k" * 10_000), RULES))
     d.step(d.session)
     d.step()
-    assert d.step() == Finished(1, d.course.lane)
+    assert d.step(True) == Finished(1, d.course.lane)
     with pytest.raises(RemoteProtocolError) as err:
         d.step()
     assert err.value.http_status == 400
@@ -400,3 +404,95 @@ def test_effects_without_fields_are_singletons() -> None:
     effects = d.run({AllocateEpoch: "e"})
     assert effects[1] is ENTER_REQUEST and effects[-1] is ATTACH_WRITER
     assert isinstance(GiveBack("k"), GiveBack)
+
+
+def test_a_session_ended_while_waiting_for_admission_is_404() -> None:
+    d = Driver(PostCourse(post(call()), RULES))
+    d.step(d.session)
+    d.step()
+    with pytest.raises(RemoteProtocolError) as err:
+        d.step(False)  # the runtime: the session closed while the request waited
+    assert err.value.http_status == 404 and err.value.reason is Reason.SESSION_NOT_FOUND
+
+
+# ------------------------------------------------------------------ batch entries
+
+
+def entries_run(requests: list[Request], admit: list[object], claims: list[object]) -> list[Effect]:
+    """Drive BatchEntries: ``admit`` answers (True/False, or an exception to raise),
+    ``claims`` the gate's claim answers, in order."""
+    lane = object()
+    entries = BatchEntries(requests, None, lane, RULES)
+    out: list[Effect] = []
+    effect = entries.start(0.0)
+    for _ in range(64):
+        if effect is None:
+            return out
+        out.append(effect)
+        answer: object = None
+        if isinstance(effect, AdmitRequests):
+            answer = admit.pop(0)
+        elif isinstance(effect, ClaimCall):
+            answer = claims.pop(0)
+        if isinstance(answer, BaseException):
+            effect = entries.fail(answer, 0.0)
+        else:
+            effect = entries.deliver(answer, 0.0)
+    raise AssertionError("the batch did not end within 64 effects")
+
+
+def test_batch_entries_are_admitted_gated_and_started_in_order() -> None:
+    half_open = RemoteProtocolError(
+        "half-open", http_status=429, reason=Reason.STREAM_HALF_OPEN, request_id=2
+    )
+    effects = entries_run(
+        [Request(id=1, method="tools/list"), call(rid=2), call(rid=3)],
+        admit=[True, half_open, True],
+        claims=[started(CallOutcome.EXECUTE)],
+    )
+    assert kinds(effects) == [
+        "AdmitRequests",
+        "StartEntry",
+        "AdmitRequests",
+        "CountIn",  # the refused entry is accounted for like an admitted one
+        "StartEntry",
+        "AdmitRequests",
+        "ClaimCall",
+        "HoldCall",
+        "StartEntry",
+    ]
+    starts = [e for e in effects if isinstance(e, StartEntry)]
+    assert [e.index for e in starts] == [0, 1, 2]
+    refused = starts[1]
+    assert refused.refused is half_open
+    assert refused.course.replay is not None and b"stream_half_open" in refused.course.replay
+    assert starts[2].refused is None and starts[2].course.key is not None
+
+
+def test_a_gate_refusal_answers_its_entry_and_the_rest_go_on() -> None:
+    effects = entries_run(
+        [call(rid=1), Request(id=2, method="ping")],
+        admit=[True, True],
+        claims=[started(CallOutcome.MISMATCH)],
+    )
+    starts = [e for e in effects if isinstance(e, StartEntry)]
+    assert starts[0].refused is not None
+    assert starts[0].refused.reason is Reason.IDEMPOTENCY_KEY_REUSED
+    assert "CountIn" not in kinds(effects)  # it was admitted: no extra count
+    assert starts[1].refused is None and starts[1].index == 1
+
+
+def test_the_session_ending_stops_the_batch() -> None:
+    effects = entries_run(
+        [Request(id=1, method="ping"), Request(id=2, method="ping")], admit=[False], claims=[]
+    )
+    assert kinds(effects) == ["AdmitRequests"]
+
+
+def test_a_store_outage_in_a_batch_is_the_entry_s_refusal() -> None:
+    down = RemoteProtocolError(
+        "store down", http_status=503, reason=Reason.STORE_UNAVAILABLE, request_id=1
+    )
+    effects = entries_run([call(rid=1)], admit=[True], claims=[down])
+    start = effects[-1]
+    assert isinstance(start, StartEntry) and start.refused is down
