@@ -15,7 +15,7 @@ its key (``Idempotency-Key`` or the JSON-RPC id) in the store: a second delivery
 while it runs waits a bounded time and then gets 409 ``in_progress``; after it
 finished, the stored response is replayed and nothing executes again.  Each
 request's steps -- claim, run, record -- are ordered by its
-:class:`~weir.protocol.gate.CallCourse` (the core's), which this module starts and
+:class:`~weir.protocol.course.CallCourse` (the core's), which this module starts and
 ``engine._execution`` carries on; the store round trips are made here.
 
 A POST's requests are answered on a REQUEST stream (``engine._streams``) or, in JSON
@@ -47,7 +47,8 @@ from weir.protocol import (
     session_refusal,
 )
 from weir.protocol.binding import ChannelVerdict, fenced, parse_channel_token
-from weir.protocol.gate import Answer, CallCourse, CallStart, Claim, ClaimAgain, Run
+from weir.protocol.course import Answer, CallCourse, Claim, ClaimAgain, Run
+from weir.protocol.gate import CallStart
 from weir.protocol.lifecycle import parse_initialize, primes_streams
 from weir.protocol.messages import absorb, route_mail
 from weir.protocol.states import SessionInput, StreamInput, StreamState

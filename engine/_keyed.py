@@ -13,7 +13,7 @@ the store (a record named :data:`NAMESPACE`, created on first use and again if t
 store let it expire).  It is an :class:`~._store.InternalId`: stores keep it in a
 keyspace no ``Mcp-Session-Id`` reaches.
 
-The order of the steps is the core's :class:`~weir.protocol.gate.CallCourse`.  What
+The order of the steps is the core's :class:`~weir.protocol.course.CallCourse`.  What
 is recorded differs from the session era in one way: an ``input_required`` answer
 is not an outcome (the call has not finished; its next round, with the same key,
 must run it), so it gives the key back.  Without the header nothing is gated: with
@@ -30,16 +30,8 @@ import msgspec
 import trio
 
 from weir.protocol import Reason, RemoteProtocolError, Request
-from weir.protocol.gate import (
-    Answer,
-    AppendRecords,
-    CallCourse,
-    CallStart,
-    Claim,
-    ClaimAgain,
-    Record,
-    Run,
-)
+from weir.protocol.course import Answer, AppendRecords, CallCourse, Claim, ClaimAgain, Record, Run
+from weir.protocol.gate import CallStart
 
 from ._server_base import _ServerBase, log, retention_full, wait_for_claim
 from ._store import InternalId, RetentionFull, SessionGone, SessionRecord, StoreUnavailable

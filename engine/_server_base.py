@@ -43,7 +43,7 @@ from weir.protocol import (
     StreamKind,
 )
 from weir.protocol.budget import RetentionBudget
-from weir.protocol.gate import AppendRecords, CallCourse, Record
+from weir.protocol.course import AppendRecords, CallCourse, Record
 from weir.protocol.http import HeadCache
 from weir.protocol.jsonrpc import SERVER_ERROR
 from weir.protocol.legacy import LegacyMessages

@@ -81,7 +81,8 @@ from weir.protocol import (
     encode_notification,
     encode_result,
 )
-from weir.protocol.gate import CallCourse, WindowKey
+from weir.protocol.course import CallCourse
+from weir.protocol.gate import WindowKey
 from weir.protocol.jsonrpc import (
     INVALID_PARAMS,
     METHOD_NOT_FOUND,

@@ -92,7 +92,7 @@ class SessionRecord:
         created_at: engine clock time of creation.
         generation: starts at 1 and only grows (channel rebinds).
         secret: the secret half of the current channel token.
-        salt: keys the session's epoch permutation (:func:`weir.protocol.scramble_epoch`),
+        salt: keys the session's epoch permutation (:func:`weir.protocol.event_ids.scramble_epoch`),
             so stream epochs cannot be guessed; never sent to the client.
         bound: the client has presented its channel token at least once: from then
             on a ``DELETE``, a rebind or a stream of the session needs the token

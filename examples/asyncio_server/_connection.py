@@ -57,7 +57,7 @@ from weir.protocol import (
     session_refusal,
     writer_step,
 )
-from weir.protocol.gate import CallCourse
+from weir.protocol.course import CallCourse
 from weir.protocol.jsonrpc import error_body
 from weir.protocol.lifecycle import SUPPORTED_VERSIONS, parse_initialize, primes_streams
 from weir.protocol.messages import absorb, route_mail

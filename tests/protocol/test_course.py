@@ -17,20 +17,18 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from weir.protocol import LocalProtocolError, Reason, RemoteProtocolError, Request
-from weir.protocol.gate import (
+from weir.protocol.course import (
     INTERRUPTED_MESSAGE,
     Answer,
     AppendRecords,
     CallCourse,
-    CallLedger,
-    CallOutcome,
-    CallStart,
     Claim,
     ClaimAgain,
     CoursePhase,
     Record,
     Run,
 )
+from weir.protocol.gate import CallLedger, CallOutcome, CallStart
 
 CALL = {"name": "echo", "arguments": {"text": "hi"}}
 
