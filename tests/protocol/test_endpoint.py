@@ -23,18 +23,17 @@ from weir.protocol import (
     route,
     session_refusal,
 )
-from weir.protocol.endpoint import check_host_and_origin, host_of
-from weir.protocol.event_ids import EventId
-from weir.protocol.jsonrpc import INVALID_REQUEST, PARSE_ERROR
-from weir.protocol.lifecycle import (
-    ALL_VERSIONS,
+from weir.protocol._lifecycle import (
     DEFAULT_VERSION,
     LATEST_VERSION,
     NEGOTIABLE_VERSIONS,
-    SUPPORTED_VERSIONS,
     negotiate_version,
     version_at_least,
 )
+from weir.protocol.endpoint import check_host_and_origin, host_of
+from weir.protocol.event_ids import EventId
+from weir.protocol.jsonrpc import INVALID_REQUEST, PARSE_ERROR
+from weir.protocol.lifecycle import ALL_VERSIONS, SUPPORTED_VERSIONS
 from weir.protocol.sessionless import UNSUPPORTED_VERSION
 
 from .helpers import INIT, PING, SESSION, delete, get, http_request, post

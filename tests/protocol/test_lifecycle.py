@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from weir.protocol import Reason, RemoteProtocolError, Request
+from weir.protocol._lifecycle import LATEST_VERSION, NEGOTIABLE_VERSIONS
 from weir.protocol.binding import (
     ChannelVerdict,
     channel_refusal,
@@ -21,10 +22,8 @@ from weir.protocol.binding import (
 )
 from weir.protocol.jsonrpc import INVALID_PARAMS
 from weir.protocol.lifecycle import (
-    LATEST_VERSION,
     MAX_CLIENT_CAPABILITIES,
     MAX_CLIENT_INFO_FIELD,
-    NEGOTIABLE_VERSIONS,
     initialize_result,
     parse_initialize,
     primes_streams,
