@@ -35,23 +35,15 @@ import msgspec
 import trio
 
 from weir.app import MAX_NOTES_RUNNING, NOTE_WAIT, Caller, initialize_result_for
-from weir.protocol import (
-    Notification,
-    PostMessages,
-    Reason,
-    RemoteProtocolError,
-    Request,
-    StreamKind,
-    encode_error,
-    encode_result,
-    session_refusal,
-)
+from weir.protocol import PostMessages, Reason, RemoteProtocolError, session_refusal
 from weir.protocol.binding import ChannelVerdict, fenced, parse_channel_token
 from weir.protocol.course import Answer, CallCourse, Claim, ClaimAgain, Run
 from weir.protocol.gate import CallStart
+from weir.protocol.jsonrpc import Notification, Request, encode_error, encode_result
 from weir.protocol.lifecycle import parse_initialize, primes_streams
 from weir.protocol.messages import absorb, route_mail
 from weir.protocol.states import SessionInput, StreamInput, StreamState
+from weir.protocol.streams import StreamKind
 
 from ._channel import raise_channel
 from ._connection import Connection

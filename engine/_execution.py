@@ -26,9 +26,10 @@ import contextlib
 import trio
 
 from weir.app import Context, call_tool_now, dispatch, failure, id_in_use, inline_tool
-from weir.protocol import Reason, Request, encode_result
+from weir.protocol import Reason
 from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
 from weir.protocol.course import AppendRecords, CallCourse, CoursePhase, Record, interrupted
+from weir.protocol.jsonrpc import Request, encode_result
 from weir.protocol.states import StreamInput, StreamState
 
 from ._auth import REQUEST_ACCESS

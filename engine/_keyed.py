@@ -29,9 +29,10 @@ from typing import Final
 import msgspec
 import trio
 
-from weir.protocol import Reason, RemoteProtocolError, Request
+from weir.protocol import Reason, RemoteProtocolError
 from weir.protocol.course import Answer, AppendRecords, CallCourse, Claim, ClaimAgain, Record, Run
 from weir.protocol.gate import CallStart
+from weir.protocol.jsonrpc import Request
 
 from ._server_base import _ServerBase, log, retention_full, wait_for_claim
 from ._store import InternalId, RetentionFull, SessionGone, SessionRecord, StoreUnavailable

@@ -21,16 +21,11 @@ import contextlib
 
 import trio
 
-from weir.protocol import (
-    RemoteProtocolError,
-    Request,
-    StreamKind,
-    encode_error,
-    encode_result,
-    session_refusal,
-)
+from weir.protocol import RemoteProtocolError, session_refusal
 from weir.protocol.course import CallCourse
+from weir.protocol.jsonrpc import Request, encode_error, encode_result
 from weir.protocol.legacy import LegacyMessages
+from weir.protocol.streams import StreamKind
 
 from ._connection import Connection
 from ._requester import Requester

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-:class:`~weir.protocol.SessionCredit` is the arithmetic of one session's drain
+:class:`~weir.protocol._credit.SessionCredit` is the arithmetic of one session's drain
 credit.  :class:`SessionFlow` is what a driver builds on it, in one place so that
 every driver admits and grants identically:
 

@@ -21,7 +21,7 @@
 * ``tests/protocol`` never imports trio.
 * ``protocol/`` keeps no module-level mutable state: no module-level dict, list,
   set, bytearray, deque or other container is bound at import time (caches are
-  objects their owners pass in, such as :class:`weir.protocol.http.HeadCache`).
+  objects their owners pass in, such as :class:`weir.protocol.HeadCache`).
 """
 
 from __future__ import annotations

@@ -29,20 +29,20 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from weir.app import App, Caller, Context, McpError, dispatch, failure, id_in_use
-from weir.protocol import (
+from weir.protocol import INTERNAL_ERROR
+from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
+from weir.protocol.course import Answer, AppendRecords, CallCourse, Claim, ClaimAgain, Record, Run
+from weir.protocol.gate import CallStart
+from weir.protocol.jsonrpc import (
     ErrorResponse,
     Request,
     RequestId,
     Response,
-    StreamLog,
     encode_request,
     encode_result,
 )
-from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
-from weir.protocol.course import Answer, AppendRecords, CallCourse, Claim, ClaimAgain, Record, Run
-from weir.protocol.gate import CallStart
-from weir.protocol.jsonrpc import INTERNAL_ERROR
 from weir.protocol.states import StreamState
+from weir.protocol.streams import StreamLog
 
 from ._session import Gone, Session
 

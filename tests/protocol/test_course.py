@@ -16,7 +16,8 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from weir.protocol import LocalProtocolError, Reason, RemoteProtocolError, Request
+from weir.protocol import Reason, RemoteProtocolError
+from weir.protocol._errors import LocalProtocolError
 from weir.protocol.course import (
     INTERRUPTED_MESSAGE,
     Answer,
@@ -29,6 +30,7 @@ from weir.protocol.course import (
     Run,
 )
 from weir.protocol.gate import CallLedger, CallOutcome, CallStart
+from weir.protocol.jsonrpc import Request
 
 CALL = {"name": "echo", "arguments": {"text": "hi"}}
 

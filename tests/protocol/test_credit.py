@@ -16,15 +16,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from weir.protocol import (
-    CreditLimits,
-    DrainTracker,
-    LocalProtocolError,
-    Reason,
-    RemoteProtocolError,
-    SessionCredit,
-)
-from weir.protocol.jsonrpc import SERVER_ERROR
+from weir.protocol import SERVER_ERROR, CreditLimits, DrainTracker, Reason, RemoteProtocolError
+from weir.protocol._credit import SessionCredit
+from weir.protocol._errors import LocalProtocolError
 from weir.protocol.states import CREDIT_TRANSITIONS, CreditInput, CreditState, credit_transition
 
 CS, CI = CreditState, CreditInput

@@ -6,9 +6,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from weir.protocol import ErrorResponse, Response
+from weir.protocol._jsonrpc import decode_body
 from weir.protocol._messages import CANCEL_AFTER, Absorbed, Post, answers_box
-from weir.protocol.jsonrpc import decode_body
+from weir.protocol.jsonrpc import ErrorResponse, Response
 from weir.protocol.messages import (
     CANCEL_BOX,
     absorb,

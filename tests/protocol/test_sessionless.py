@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from weir.protocol import EndpointConfig, Notification, Reason, RemoteProtocolError, Request, route
+from weir.protocol import EndpointConfig, Reason, RemoteProtocolError, route
+from weir.protocol.jsonrpc import Notification, Request
 from weir.protocol.lifecycle import ALL_VERSIONS
 from weir.protocol.sessionless import (
     HEADER_MISMATCH,

@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 
-from weir.protocol import LocalProtocolError
+from weir.protocol._errors import LocalProtocolError
 from weir.protocol.states import (
     SESSION_TRANSITIONS,
     STREAM_TRANSITIONS,
