@@ -13,7 +13,7 @@ with its own ``__all__`` and each drawing from one private module:
 
 * :mod:`weir.protocol.jsonrpc` -- JSON-RPC messages, their encoders, a refusal's body;
 * :mod:`weir.protocol.streams` -- a session's SSE stream logs, the writer's next move;
-* :mod:`weir.protocol.states` -- the transition tables of sessions, streams, credit;
+* :mod:`weir.protocol.states` -- the states of sessions, streams and credit;
 * :mod:`weir.protocol.lifecycle` -- protocol revisions, ``initialize``, priming;
 * :mod:`weir.protocol.messages` -- a POST's messages sorted; server-request ids;
   mail between replicas;

@@ -253,7 +253,7 @@ def _route_sessionless(request: HttpRequest, config: EndpointConfig) -> Sessionl
 
     Raises:
         RemoteProtocolError: 405 (GET, DELETE), 415, 406, 400 (see
-            :func:`~weir.protocol.sessionless.check_sessionless`).
+            :func:`~weir.protocol._sessionless.check_sessionless`).
     """
     check_method(request.method, "POST")
     headers = request.headers
