@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from weir.protocol import ErrorResponse, RequestId, Response, encode_notification
+from weir.protocol.jsonrpc import ErrorResponse, RequestId, Response, encode_notification
 
 from ._hooks import _change_method
 from ._input import InputRequired, check_capabilities, valid_answer

@@ -21,14 +21,15 @@ from typing import Any, cast
 
 import msgspec
 
-from weir.protocol import Reason, Request, RequestId, encode_error
-from weir.protocol.jsonrpc import (
+from weir.protocol import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     RESOURCE_NOT_FOUND,
+    Reason,
 )
+from weir.protocol.jsonrpc import Request, RequestId, encode_error
 from weir.protocol.lifecycle import initialize_result
 
 from ._context import LOG_LEVELS, Context

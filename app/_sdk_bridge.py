@@ -49,8 +49,8 @@ from mcp.shared.transport_context import TransportContext
 from mcp_types import ClientCapabilities, InitializeRequestParams
 from pydantic import AnyHttpUrl, BaseModel, ValidationError
 
-from weir.protocol import encode_notification
-from weir.protocol.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS
+from weir.protocol import INTERNAL_ERROR, INVALID_PARAMS
+from weir.protocol.jsonrpc import encode_notification
 from weir.protocol.sessionless import SESSIONLESS_VERSIONS
 
 from ._context import AccessToken, Context, SessionChannel

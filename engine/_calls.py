@@ -15,7 +15,7 @@ its key (``Idempotency-Key`` or the JSON-RPC id) in the store: a second delivery
 while it runs waits a bounded time and then gets 409 ``in_progress``; after it
 finished, the stored response is replayed and nothing executes again.  Each
 request's steps -- claim, run, record -- are ordered by its
-:class:`~weir.protocol.gate.CallCourse` (the core's), which this module starts and
+:class:`~weir.protocol.course.CallCourse` (the core's), which this module starts and
 ``engine._execution`` carries on; the store round trips are made here.
 
 A POST's requests are answered on a REQUEST stream (``engine._streams``) or, in JSON
@@ -36,18 +36,11 @@ import msgspec
 import trio
 
 from weir.app import MAX_NOTES_RUNNING, NOTE_WAIT, Caller, initialize_result_for
-from weir.protocol import (
-    Notification,
-    PostMessages,
-    Reason,
-    RemoteProtocolError,
-    Request,
-    StreamKind,
-    encode_result,
-    session_refusal,
-)
+from weir.protocol import PostMessages, Reason, RemoteProtocolError, session_refusal
 from weir.protocol.binding import fenced
-from weir.protocol.gate import CallCourse, CallStart
+from weir.protocol.course import CallCourse
+from weir.protocol.gate import CallStart
+from weir.protocol.jsonrpc import Notification, Request, encode_result
 from weir.protocol.lifecycle import parse_initialize, primes_streams
 from weir.protocol.messages import absorb, route_mail
 from weir.protocol.post import (
@@ -77,6 +70,7 @@ from weir.protocol.post import (
     WaitForCall,
 )
 from weir.protocol.states import SessionInput, StreamInput, StreamState
+from weir.protocol.streams import StreamKind
 
 from ._channel import raise_channel
 from ._connection import Connection

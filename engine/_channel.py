@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from weir.protocol import RequestId
 from weir.protocol.binding import ChannelVerdict, channel_refusal
+from weir.protocol.jsonrpc import RequestId
 
 
 def raise_channel(verdict: ChannelVerdict, request_id: RequestId | None = None) -> None:

@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from weir.protocol import DrainTracker, HttpConnection, HttpLimits
-from weir.protocol.http import HeadCache
+from weir.protocol import DrainTracker, HeadCache, HttpConnection, HttpLimits
 
 from ._acks import MIN_POLL, AckPoller
 from ._drain import DrainMeter

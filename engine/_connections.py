@@ -34,6 +34,7 @@ import trio
 
 from weir.protocol import (
     NEED_DATA,
+    SERVER_ERROR,
     ConnectionClosed,
     DeleteSession,
     HttpError,
@@ -44,13 +45,13 @@ from weir.protocol import (
     ReadClock,
     Reason,
     RemoteProtocolError,
+    check_host_and_origin,
+    check_method,
     closing_refusal,
     refusal,
     route,
     session_refusal,
 )
-from weir.protocol.endpoint import check_host_and_origin, check_method
-from weir.protocol.jsonrpc import SERVER_ERROR
 from weir.protocol.legacy import LegacyOpen, route_legacy
 
 from ._auth import (

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from weir.app import Caller, McpError
-from weir.protocol import ErrorResponse, RequestId, Response, encode_request
+from weir.protocol.jsonrpc import ErrorResponse, RequestId, Response, encode_request
 from weir.protocol.states import StreamState
 
 from ._session import PendingRequest, SessionClosed, StreamLost

@@ -12,7 +12,7 @@ on its first step, so it runs right in the connection's task
 anything -- and its response goes out in the same write as the head.
 
 What is stored in the gate, and when, is the request's
-:class:`~weir.protocol.gate.CallCourse`'s to say; this module performs it
+:class:`~weir.protocol.course.CallCourse`'s to say; this module performs it
 (:meth:`Server._finish_call`).  A cancelled call releases its key.  A call this
 process abandons at shutdown is never released (it may have had effects): its
 outcome becomes an ``interrupted`` error, stored in the gate and, where the stream
@@ -26,9 +26,10 @@ import contextlib
 import trio
 
 from weir.app import Context, call_tool_now, dispatch, failure, id_in_use, inline_tool
-from weir.protocol import Reason, Request, encode_result
+from weir.protocol import Reason
 from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
-from weir.protocol.gate import AppendRecords, CallCourse, CoursePhase, Record, interrupted
+from weir.protocol.course import AppendRecords, CallCourse, CoursePhase, Record, interrupted
+from weir.protocol.jsonrpc import Request, encode_result
 from weir.protocol.states import StreamInput, StreamState
 
 from ._auth import REQUEST_ACCESS

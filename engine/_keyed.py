@@ -13,7 +13,7 @@ the store (a record named :data:`NAMESPACE`, created on first use and again if t
 store let it expire).  It is an :class:`~._store.InternalId`: stores keep it in a
 keyspace no ``Mcp-Session-Id`` reaches.
 
-The order of the steps is the core's :class:`~weir.protocol.gate.CallCourse`, and
+The order of the steps is the core's :class:`~weir.protocol.course.CallCourse`, and
 the loop around its claims the core's :func:`~weir.protocol.post.gate`.  What
 is recorded differs from the session era in one way: an ``input_required`` answer
 is not an outcome (the call has not finished; its next round, with the same key,
@@ -30,8 +30,10 @@ from typing import Final
 import msgspec
 import trio
 
-from weir.protocol import Reason, RemoteProtocolError, Request
-from weir.protocol.gate import AppendRecords, CallCourse, CallStart, Claim, Record
+from weir.protocol import Reason, RemoteProtocolError
+from weir.protocol.course import AppendRecords, CallCourse, Claim, Record
+from weir.protocol.gate import CallStart
+from weir.protocol.jsonrpc import Request
 from weir.protocol.post import ClaimCall, HoldCall, WaitForCall
 
 from ._server_base import _ServerBase, log, retention_full, run_gate, wait_for_claim

@@ -7,7 +7,7 @@ no resumption) carries every response; its first event, ``endpoint``, names the
 URL to POST to.  The session lives exactly as long as that stream.
 
 Which requests are served, and every refusal that needs no state, is
-:func:`weir.protocol.route_legacy`'s.  ``POST /messages?session_id=`` answers
+:func:`weir.protocol.legacy.route_legacy`'s.  ``POST /messages?session_id=`` answers
 202; its requests are admitted and gated
 like those of the current transport (``engine._calls``) -- a lone request before
 the 202, a batch's entries one by one after it -- and their responses go out on
@@ -21,16 +21,11 @@ import contextlib
 
 import trio
 
-from weir.protocol import (
-    RemoteProtocolError,
-    Request,
-    StreamKind,
-    encode_error,
-    encode_result,
-    session_refusal,
-)
-from weir.protocol.gate import CallCourse
+from weir.protocol import RemoteProtocolError, session_refusal
+from weir.protocol.course import CallCourse
+from weir.protocol.jsonrpc import Request, encode_error, encode_result
 from weir.protocol.legacy import LegacyMessages
+from weir.protocol.streams import StreamKind
 
 from ._connection import Connection
 from ._requester import Requester

@@ -8,7 +8,7 @@ renewing and expiring claim leases, allocating an epoch -- is one script, run wi
 ``EVALSHA`` on the server that holds the session's keys, so no other client's
 command interleaves with it.  The scripts share a prelude (the session's fixed
 keys, its TTL, and the epoch permutation, a Lua twin of
-:func:`weir.protocol.scramble_epoch` that must agree with it bit for bit; the store
+:func:`weir.protocol._event_ids.scramble_epoch` that must agree with it bit for bit; the store
 contract tests check that).  Statuses come back as plain strings; the Python side
 in ``_redis_store`` turns them into the store interface's types and errors.
 

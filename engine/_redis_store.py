@@ -106,7 +106,8 @@ from coredis.tokens import PureToken
 from coredis.typing import ResponseType
 
 from weir.protocol.binding import ChannelVerdict
-from weir.protocol.gate import INTERRUPTED_MESSAGE, CallOutcome, CallStart
+from weir.protocol.course import INTERRUPTED_MESSAGE
+from weir.protocol.gate import CallOutcome, CallStart
 
 from ._redis_lua import (
     _ALLOCATE,

@@ -59,10 +59,16 @@ from typing import Any
 import trio
 
 from weir.app import SESSION_CLOSE_WAIT, App, Caller
-from weir.protocol import ReadTimeouts, Reason, RemoteProtocolError, RequestId, session_refusal
+from weir.protocol import (
+    SERVER_ERROR,
+    HeadCache,
+    ReadTimeouts,
+    Reason,
+    RemoteProtocolError,
+    session_refusal,
+)
 from weir.protocol.budget import RetentionBudget
-from weir.protocol.http import HeadCache
-from weir.protocol.jsonrpc import SERVER_ERROR
+from weir.protocol.jsonrpc import RequestId
 from weir.protocol.post import PostRules
 from weir.protocol.states import CreditState, SessionInput
 

@@ -31,24 +31,23 @@ import trio
 
 from weir.app import App
 from weir.protocol import (
+    SERVER_ERROR,
     DeleteSession,
     EndpointConfig,
+    HeadCache,
     OpenStream,
     PostMessages,
     ReadTimeouts,
     Reason,
     RemoteProtocolError,
-    Request,
-    RequestId,
-    StreamKind,
 )
 from weir.protocol.budget import RetentionBudget
-from weir.protocol.gate import AppendRecords, CallCourse, Record
-from weir.protocol.http import HeadCache
-from weir.protocol.jsonrpc import SERVER_ERROR
+from weir.protocol.course import AppendRecords, CallCourse, Record
+from weir.protocol.jsonrpc import Request, RequestId
 from weir.protocol.legacy import LegacyMessages
 from weir.protocol.post import ClaimCall, HoldCall, PostRules, WaitForCall, gate
 from weir.protocol.sessionless import SessionlessMessage
+from weir.protocol.streams import StreamKind
 
 from ._acks import AckPoller
 from ._config import ServerConfig

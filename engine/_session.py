@@ -7,14 +7,14 @@ A :class:`Session` is the in-process half of a session whose record lives in the
 store.  Its state changes go through the tables in :mod:`weir.protocol` (here only
 :meth:`Session.handle`).  It owns:
 
-* one :class:`StreamHandle` per SSE stream: the pure :class:`weir.protocol.StreamLog`
+* one :class:`StreamHandle` per SSE stream: the pure :class:`weir.protocol.streams.StreamLog`
   plus a Trio wake-up so the attached writer (a connection task) notices appends;
   messages are only ever *appended* to a log, writers only ever *read* it;
 * the cancel scope of every running request handler, by JSON-RPC id, so
   ``notifications/cancelled`` and teardown can cancel them;
 * the pending server-to-client requests (sampling, elicitation, roots), by the id
   the server gave them, whose answers arrive later in a POST;
-* its drain credit (:class:`weir.protocol.SessionCredit`) and the frames waiting
+* its drain credit (:class:`weir.protocol._credit.SessionCredit`) and the frames waiting
   for credit.  Every frame enters a log through :meth:`StreamHandle.send`, which
   first takes credit for its exact encoded size, waiting when there is none --
   behind earlier frames of *its own stream* only (the stream is its lane in
@@ -34,22 +34,16 @@ import math
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import trio
 
 from weir.app import Caller
-from weir.protocol import (
-    Admit,
-    CreditLimits,
-    Message,
-    RequestId,
-    SessionFlow,
-    StreamKind,
-    StreamLog,
-    StreamTable,
-)
+from weir.protocol import Admit, CreditLimits, SessionFlow
 from weir.protocol.budget import RetentionBudget
+from weir.protocol.jsonrpc import Message, RequestId
 from weir.protocol.messages import server_request_id
+from weir.protocol.post import ChannelRecord, PostSession
 from weir.protocol.states import (
     CreditState,
     SessionInput,
@@ -58,8 +52,14 @@ from weir.protocol.states import (
     StreamState,
     session_transition,
 )
+from weir.protocol.streams import StreamKind, StreamLog, StreamTable
 
 from ._store import SessionRecord
+
+if TYPE_CHECKING:
+    # The core's POST course reads a session through PostSession: this one is.
+    def _reads_as_post_session(session: Session) -> PostSession:
+        return session
 
 
 def _closed(log: StreamLog) -> bool:
@@ -438,7 +438,7 @@ class Session:
         return self.record.session_id
 
     @property
-    def channel(self) -> SessionRecord:
+    def channel(self) -> ChannelRecord:
         """The channel binding (generation, secret, bound) the course checks tokens on."""
         return self.record
 

@@ -72,20 +72,20 @@ from weir.app import (
     failure,
 )
 from weir.protocol import (
-    Notification,
-    Reason,
-    RemoteProtocolError,
-    Request,
-    StreamKind,
-    accepts,
-    encode_notification,
-    encode_result,
-)
-from weir.protocol.gate import CallCourse, WindowKey
-from weir.protocol.jsonrpc import (
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
     RESOURCE_NOT_FOUND,
+    Reason,
+    RemoteProtocolError,
+    accepts,
+)
+from weir.protocol.course import CallCourse
+from weir.protocol.gate import WindowKey
+from weir.protocol.jsonrpc import (
+    Notification,
+    Request,
+    encode_notification,
+    encode_result,
     error_body,
 )
 from weir.protocol.lifecycle import ALL_VERSIONS
@@ -102,6 +102,7 @@ from weir.protocol.sessionless import (
     param_headers,
 )
 from weir.protocol.states import StreamInput, StreamState
+from weir.protocol.streams import StreamKind
 
 from ._auth import REQUEST_ACCESS
 from ._connection import Connection

@@ -92,8 +92,9 @@ class SessionRecord:
         created_at: engine clock time of creation.
         generation: starts at 1 and only grows (channel rebinds).
         secret: the secret half of the current channel token.
-        salt: keys the session's epoch permutation (:func:`weir.protocol.scramble_epoch`),
-            so stream epochs cannot be guessed; never sent to the client.
+        salt: keys the session's epoch permutation
+            (:func:`weir.protocol._event_ids.scramble_epoch`), so stream epochs cannot
+            be guessed; never sent to the client.
         bound: the client has presented its channel token at least once: from then
             on a ``DELETE``, a rebind or a stream of the session needs the token
             (unless authorization is on, where the principal is the proof).
@@ -380,7 +381,7 @@ class _KeyedMixer:
     another key); every step is invertible, so epochs stay unique in the session,
     and without the keys (drawn from the session's secret salt) one epoch tells
     nothing useful about the next.  About a microsecond, against ~10 for the SHA-1
-    Feistel network that shared stores use (:class:`weir.protocol.event_ids.EpochPermutation`):
+    Feistel network that shared stores use (:class:`weir.protocol._event_ids.EpochPermutation`):
     only this process ever allocates a memory store's epochs, so the two need not
     agree.
     """

@@ -36,14 +36,7 @@ from typing import Any
 
 import trio
 
-from weir.protocol import (
-    DeleteSession,
-    OpenStream,
-    RemoteProtocolError,
-    RequestContext,
-    RequestId,
-    StreamKind,
-)
+from weir.protocol import DeleteSession, OpenStream, RemoteProtocolError, RequestContext
 from weir.protocol.binding import (
     ChannelVerdict,
     check_rebind,
@@ -51,6 +44,7 @@ from weir.protocol.binding import (
     prove_channel,
 )
 from weir.protocol.event_ids import EventId
+from weir.protocol.jsonrpc import RequestId
 from weir.protocol.resume import (
     StoreTail,
     TailPause,
@@ -62,6 +56,7 @@ from weir.protocol.resume import (
     standalone_plan,
 )
 from weir.protocol.states import SessionInput, StreamInput
+from weir.protocol.streams import StreamKind
 
 from ._channel import raise_channel
 from ._connection import Connection

@@ -32,7 +32,7 @@ from typing import Any, Final
 
 import trio
 
-from weir.protocol import Request, encode_notification, encode_result
+from weir.protocol.jsonrpc import Request, encode_notification, encode_result
 from weir.protocol.sessionless import META_SUBSCRIPTION_ID
 
 from ._session import SessionClosed, StreamHandle, StreamLost

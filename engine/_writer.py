@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A writer is nothing but a cursor into a :class:`weir.protocol.StreamLog` and the
+A writer is nothing but a cursor into a :class:`weir.protocol.streams.StreamLog` and the
 connection holding the HTTP response: it copies frames in log order, marks where
 each frame's last byte lies (so the frame's credit comes back when the peer
 acknowledges it), and ends the response when the stream is finished, closed, or
@@ -20,10 +20,11 @@ import logging
 
 import trio
 
-from weir.protocol import RemoteProtocolError, WriterStep, completes, writer_step
+from weir.protocol import RemoteProtocolError
 from weir.protocol.resume import KEEPALIVE
 from weir.protocol.sse import encode_retry
 from weir.protocol.states import StreamInput, StreamState
+from weir.protocol.streams import WriterStep, completes, writer_step
 
 from ._connection import Connection
 from ._session import Session, StreamHandle

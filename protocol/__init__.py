@@ -3,29 +3,32 @@
 No I/O, no clock, no randomness: bytes, events and ``now`` go in; bytes, events
 and deadlines come out.
 
-This module exports what a driver of the session-era endpoint needs on every
-request: HTTP framing (:class:`HttpConnection`), the endpoint's routing and
-refusals (:func:`route`, :func:`refusal`), JSON-RPC messages and their encoders,
-the errors, stream logs and the writer's next move, drain credit and admission,
-and read deadlines.  Everything else public lives in a module named for its topic,
-each with its own ``__all__``:
+This module exports what a driver of the endpoint needs on every request and every
+connection: HTTP framing (:class:`HttpConnection`, its limits and head cache), the
+endpoint's routing, single checks and refusals (:func:`route`, :func:`refusal`),
+the error every refusal is (:class:`RemoteProtocolError`, its :class:`Reason` and the
+JSON-RPC error codes), read deadlines, and a session's drain credit and admission
+(:class:`SessionFlow`).  Everything else public lives in one module per topic, each
+with its own ``__all__`` and each drawing from one private module:
 
-* :mod:`weir.protocol.gate` -- idempotency: the gate's rules and in-process records;
-* :mod:`weir.protocol.binding` -- channel tokens (fencing);
-* :mod:`weir.protocol.resume` -- GET streams and resumption;
-* :mod:`weir.protocol.lifecycle` -- ``initialize``, protocol revisions, priming;
-* :mod:`weir.protocol.legacy` -- the 2024-11-05 HTTP+SSE transport's two endpoints;
+* :mod:`weir.protocol.jsonrpc` -- JSON-RPC messages, their encoders, a refusal's body;
+* :mod:`weir.protocol.streams` -- a session's SSE stream logs, the writer's next move;
+* :mod:`weir.protocol.states` -- the states of sessions, streams and credit;
+* :mod:`weir.protocol.lifecycle` -- protocol revisions, ``initialize``, priming;
 * :mod:`weir.protocol.messages` -- a POST's messages sorted; server-request ids;
-* :mod:`weir.protocol.states` -- the transition tables of sessions, streams, credit;
-* :mod:`weir.protocol.event_ids` -- the ``<epoch>:<seq>`` grammar, epoch permutation;
+  mail between replicas;
+* :mod:`weir.protocol.gate` -- idempotency records: what a store implementer needs;
+* :mod:`weir.protocol.course` -- one call's course through the gate (claim, run, record);
+* :mod:`weir.protocol.binding` -- channel tokens (fencing);
+* :mod:`weir.protocol.resume` -- GET streams and resumption, also from a shared store;
 * :mod:`weir.protocol.budget` -- byte budgets for retained history and results;
+* :mod:`weir.protocol.event_ids` -- the ``<epoch>:<seq>`` event id;
 * :mod:`weir.protocol.sse` -- Server-Sent Events framing and a client-side decoder;
-* :mod:`weir.protocol.jsonrpc` -- JSON-RPC error codes, decoding, generic encoding;
-* :mod:`weir.protocol.endpoint` -- the endpoint's single checks (Host/Origin, …);
-* :mod:`weir.protocol.http` -- HTTP framing extras (the head cache).
+* :mod:`weir.protocol.sessionless` -- the sessionless era's checks and fields;
+* :mod:`weir.protocol.legacy` -- the 2024-11-05 HTTP+SSE transport's two endpoints.
 
-Names that start with ``_`` (modules included) are private; ``engine`` imports
-nothing from them.
+Every public name has exactly one home.  Names that start with ``_`` (modules
+included) are private; ``engine`` and ``app`` import nothing from them.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from __future__ import annotations
 from ._credit import (
     CreditLimits,
     DrainTracker,
-    SessionCredit,
 )
 from ._deadlines import (
     ReadClock,
@@ -43,19 +45,24 @@ from ._endpoint import (
     LOOPBACK_HOSTS,
     DeleteSession,
     EndpointConfig,
-    McpRequest,
     OpenStream,
     PostMessages,
     RequestContext,
     accepts,
+    check_host_and_origin,
+    check_method,
     closing_refusal,
     refusal,
     route,
     session_refusal,
 )
 from ._errors import (
-    LocalProtocolError,
-    ProtocolError,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    RESOURCE_NOT_FOUND,
+    SERVER_ERROR,
     Reason,
     RemoteProtocolError,
 )
@@ -66,86 +73,50 @@ from ._flow import (
 from ._http import (
     NEED_DATA,
     ConnectionClosed,
-    Headers,
+    HeadCache,
     HttpConnection,
     HttpError,
-    HttpEvent,
     HttpLimits,
     HttpRequest,
     Inbound,
     raw_error_response,
 )
-from ._jsonrpc import (
-    ErrorObject,
-    ErrorResponse,
-    Message,
-    Notification,
-    Request,
-    RequestId,
-    Response,
-    encode_error,
-    encode_notification,
-    encode_request,
-    encode_result,
-)
-from ._streams import (
-    StreamKind,
-    StreamLog,
-    StreamTable,
-    WriterStep,
-    completes,
-    writer_step,
-)
 
 __all__ = [
+    "INTERNAL_ERROR",
+    "INVALID_PARAMS",
+    "INVALID_REQUEST",
     "LOOPBACK_HOSTS",
+    "METHOD_NOT_FOUND",
     "NEED_DATA",
+    "RESOURCE_NOT_FOUND",
+    "SERVER_ERROR",
     "Admit",
     "ConnectionClosed",
     "CreditLimits",
     "DeleteSession",
     "DrainTracker",
     "EndpointConfig",
-    "ErrorObject",
-    "ErrorResponse",
-    "Headers",
+    "HeadCache",
     "HttpConnection",
     "HttpError",
-    "HttpEvent",
     "HttpLimits",
     "HttpRequest",
     "Inbound",
-    "LocalProtocolError",
-    "McpRequest",
-    "Message",
-    "Notification",
     "OpenStream",
     "PostMessages",
-    "ProtocolError",
     "ReadClock",
     "ReadTimeouts",
     "Reason",
     "RemoteProtocolError",
-    "Request",
     "RequestContext",
-    "RequestId",
-    "Response",
-    "SessionCredit",
     "SessionFlow",
-    "StreamKind",
-    "StreamLog",
-    "StreamTable",
-    "WriterStep",
     "accepts",
+    "check_host_and_origin",
+    "check_method",
     "closing_refusal",
-    "completes",
-    "encode_error",
-    "encode_notification",
-    "encode_request",
-    "encode_result",
     "raw_error_response",
     "refusal",
     "route",
     "session_refusal",
-    "writer_step",
 ]

@@ -37,12 +37,22 @@ shed at all: the unacknowledged frames of live streams.
 
 The bookkeeping is per owner, not per item: one small record and one ordered
 dictionary entry per session, O(1) per charge.  No clock, no I/O.
+
+A result larger than credit
+---------------------------
+A response bigger than a session's whole byte credit could never be sent within
+it, so :func:`fit_result` replaces it with a ``result_too_large`` error (sizes in
+``data``); a JSON body is measured with :data:`HEAD_ALLOWANCE` bytes for its head.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Final
+
+from ._errors import INTERNAL_ERROR, Reason
+from ._jsonrpc import RequestId, encode_error
 
 #: Asked to free at least ``n`` bytes, oldest first; reports what it frees by charging.
 Shed = Callable[[int], object]
@@ -152,4 +162,24 @@ class RetentionBudget:
             self.evicted_bytes += freed
 
 
-__all__ = ["RetentionBudget", "Shed"]
+#: Bytes set aside for a JSON response's HTTP head when fitting its body into credit.
+HEAD_ALLOWANCE: Final = 256
+
+
+def fit_result(request_id: RequestId, payload: bytes, size: int, limit: int) -> bytes:
+    """``payload``, if its response -- ``size`` bytes as sent: the SSE frame, or the
+    JSON body plus :data:`HEAD_ALLOWANCE` -- fits a byte credit of ``limit``; else
+    the ``result_too_large`` error answering ``request_id`` (``data`` has both sizes).
+    """
+    if size <= limit:
+        return payload
+    return encode_error(
+        request_id,
+        INTERNAL_ERROR,
+        f"the result ({size} bytes) is larger than this server's per-session credit "
+        f"({limit} bytes); the server's operator can raise --credit-bytes",
+        {"reason": str(Reason.RESULT_TOO_LARGE), "size": size, "limit": limit},
+    )
+
+
+__all__ = ["HEAD_ALLOWANCE", "RetentionBudget", "Shed", "fit_result"]

@@ -40,41 +40,19 @@ from ._errors import INVALID_REQUEST, Reason, RemoteProtocolError
 from ._event_ids import EventId, parse_event_id
 from ._http import Headers, HttpRequest, raw_error_response
 from ._jsonrpc import Message, Request, RequestId, decode_body, error_body
+from ._lifecycle import ALL_VERSIONS, DEFAULT_VERSION, SUPPORTED_VERSIONS
 from ._sessionless import (
-    SESSIONLESS_VERSIONS,
     SessionlessMessage,
     check_sessionless,
     is_sessionless,
     unsupported_version,
 )
 
-#: Revisions served on the Streamable HTTP endpoint, newest first.
-SUPPORTED_VERSIONS: Final = ("2025-11-25", "2025-06-18", "2025-03-26")
-#: The revision assumed when a request has no ``MCP-Protocol-Version`` header.
-DEFAULT_VERSION: Final = "2025-03-26"
-LATEST_VERSION: Final = SUPPORTED_VERSIONS[0]
-#: Revisions an ``initialize`` may ask for and get echoed back.
-NEGOTIABLE_VERSIONS: Final = (*SUPPORTED_VERSIONS, "2024-11-05")
-#: Every revision the endpoint serves, either era, newest first.
-ALL_VERSIONS: Final = (*SESSIONLESS_VERSIONS, *SUPPORTED_VERSIONS)
-
 LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 ALLOWED_METHODS: Final = "GET, POST, DELETE"
 
 _SESSION_ID_MAX: Final = 256
 _SESSION_ID: Final = re.compile(rf"[!-~]{{1,{_SESSION_ID_MAX}}}")
-
-
-def negotiate_version(requested: object) -> str:
-    """Echo the client's revision if served, else answer with the latest."""
-    if isinstance(requested, str) and requested in NEGOTIABLE_VERSIONS:
-        return requested
-    return LATEST_VERSION
-
-
-def version_at_least(version: str, minimum: str) -> bool:
-    """True if revision ``version`` is ``minimum`` or newer (dates compare as text)."""
-    return version >= minimum
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

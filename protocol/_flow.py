@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-:class:`~weir.protocol.SessionCredit` is the arithmetic of one session's drain
+:class:`~weir.protocol._credit.SessionCredit` is the arithmetic of one session's drain
 credit.  :class:`SessionFlow` is what a driver builds on it, in one place so that
 every driver admits and grants identically:
 
@@ -63,10 +63,10 @@ every driver admits and grants identically:
   ``False`` if it had been granted (it then owns credit it must :meth:`release`).
 * **Ending** (:meth:`close`): every queued ticket is returned so that the driver
   wakes its waiter, which then finds the flow closed.
-* **Too large** (:func:`fit_result`).  A response bigger than the session's whole
-  byte credit could only be sent by exceeding the bound, so it is replaced by a
-  ``result_too_large`` error -- which is also the call's recorded outcome, so a
-  retry does not run the call again to the same end.
+* **Too large** (:func:`~weir.protocol.budget.fit_result`).  A response bigger than
+  the session's whole byte credit could only be sent by exceeding the bound, so it
+  is replaced by a ``result_too_large`` error -- which is also the call's recorded
+  outcome, so a retry does not run the call again to the same end.
 
 No clock is read: every method that can start or stop a timer takes ``now``,
 and :meth:`deadline` is the credit's next instant of interest.
@@ -79,11 +79,9 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Hashable
-from typing import Final
 
 from ._credit import CreditLimits, SessionCredit
-from ._errors import INTERNAL_ERROR, Reason
-from ._jsonrpc import RequestId, encode_error
+from ._jsonrpc import RequestId
 from ._states import CreditState
 
 #: The starting guess of a session's frame size, before any frame was sent.
@@ -377,23 +375,3 @@ class SessionFlow:
     def deadline(self) -> float:
         """The credit's next instant of interest (``inf``: none)."""
         return self.credit.deadline()
-
-
-#: Bytes set aside for a JSON response's HTTP head when fitting its body into credit.
-HEAD_ALLOWANCE: Final = 256
-
-
-def fit_result(request_id: RequestId, payload: bytes, size: int, limit: int) -> bytes:
-    """``payload``, if its response -- ``size`` bytes as sent: the SSE frame, or the
-    JSON body plus :data:`HEAD_ALLOWANCE` -- fits a byte credit of ``limit``; else
-    the ``result_too_large`` error answering ``request_id`` (``data`` has both sizes).
-    """
-    if size <= limit:
-        return payload
-    return encode_error(
-        request_id,
-        INTERNAL_ERROR,
-        f"the result ({size} bytes) is larger than this server's per-session credit "
-        f"({limit} bytes); the server's operator can raise --credit-bytes",
-        {"reason": str(Reason.RESULT_TOO_LARGE), "size": size, "limit": limit},
-    )

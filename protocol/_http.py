@@ -72,7 +72,7 @@ complete.  Every refusal closes the connection: the core writes the error respon
 into :meth:`data_to_send` itself, emits :class:`HttpError`, and then
 :class:`ConnectionClosed`.  Each answer depends on the bytes alone, never on how
 they were split into chunks.  No exception other than
-:class:`~weir.protocol.LocalProtocolError` (API misuse) leaves this class.
+:class:`~weir.protocol._errors.LocalProtocolError` (API misuse) leaves this class.
 
 Two paths
 ---------

@@ -1,7 +1,13 @@
-"""The session-era lifecycle rules: what ``initialize`` must carry and what it answers.
+"""The session-era lifecycle rules: the protocol revisions served, what ``initialize``
+must carry and what it answers.
 
 Theory of operation
 -------------------
+The revisions are named here once: :data:`SUPPORTED_VERSIONS` (the session era,
+newest first), :data:`ALL_VERSIONS` (both eras), the revision a request without an
+``MCP-Protocol-Version`` header is taken to speak (:data:`DEFAULT_VERSION`) and the
+ones ``initialize`` may negotiate (:func:`negotiate_version`).
+
 ``initialize`` is the one request that needs no session; the driver creates the
 session (it owns the store and the id generator) between the two halves here:
 
@@ -29,9 +35,32 @@ from typing import Any, Final
 
 import msgspec
 
-from ._endpoint import negotiate_version, version_at_least
 from ._errors import INVALID_PARAMS, Reason, RemoteProtocolError
 from ._jsonrpc import Request
+from ._sessionless import SESSIONLESS_VERSIONS
+
+#: Revisions served on the Streamable HTTP endpoint, newest first.
+SUPPORTED_VERSIONS: Final = ("2025-11-25", "2025-06-18", "2025-03-26")
+#: The revision assumed when a request has no ``MCP-Protocol-Version`` header.
+DEFAULT_VERSION: Final = "2025-03-26"
+LATEST_VERSION: Final = SUPPORTED_VERSIONS[0]
+#: Revisions an ``initialize`` may ask for and get echoed back.
+NEGOTIABLE_VERSIONS: Final = (*SUPPORTED_VERSIONS, "2024-11-05")
+#: Every revision the endpoint serves, either era, newest first.
+ALL_VERSIONS: Final = (*SESSIONLESS_VERSIONS, *SUPPORTED_VERSIONS)
+
+
+def negotiate_version(requested: object) -> str:
+    """Echo the client's revision if served, else answer with the latest."""
+    if isinstance(requested, str) and requested in NEGOTIABLE_VERSIONS:
+        return requested
+    return LATEST_VERSION
+
+
+def version_at_least(version: str, minimum: str) -> bool:
+    """True if revision ``version`` is ``minimum`` or newer (dates compare as text)."""
+    return version >= minimum
+
 
 #: The first revision whose SSE streams open with a priming event.
 PRIMING_SINCE = "2025-11-25"

@@ -13,13 +13,54 @@ nothing from the transport; they are kept, in order, for the application.
 Server-to-client request ids are ``weir:<replica>:<n>`` (:func:`server_request_id`):
 they name the process that waits for the answer, so an answer that reaches another
 replica can be forwarded there (:func:`answer_owner`).
+
+Mail between replicas
+---------------------
+What replicas sharing a store tell each other, and when they look.  Behind a load
+balancer, a session's POSTs reach any replica, but a running call, and a
+server-to-client request waiting for the client's answer, live in the one process
+that started them.  Two things must therefore travel between replicas, through
+mailboxes the store keeps per session:
+
+* a client's **answer** to a server-to-client request: the request's id names the
+  replica waiting (:func:`answer_owner`), so the answer goes to that replica's box,
+  :func:`answers_box`;
+* a **cancellation** of a request running elsewhere: the replica does not know
+  who runs it, so it goes to the session's shared :data:`CANCEL_BOX`, which every
+  replica reads without emptying.
+
+:func:`route_mail` sorts what a POST absorbed into what this replica does itself and
+what it posts.  :func:`boxes_due` says which boxes a replica reads on a poll: only
+sessions that wait for an answer, or run a request for longer than
+:data:`CANCEL_AFTER` (a client rarely cancels a request it just sent, and a short
+one is over before the mail would arrive), so idle and fast traffic cost no
+store round trip.  :func:`read_answer` and :func:`read_cancel` decode mail,
+dropping what does not parse (mail is written by replicas, but a store is no
+place to trust blindly).
+
+The leases of running calls are renewed every :func:`renew_interval`: a third of
+the lease, so two renewals can be lost before a live call's claim runs out.
 """
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
+from typing import Final
 
-from ._jsonrpc import ErrorResponse, Message, Notification, Request, RequestId, Response
+import msgspec
+
+from ._errors import RemoteProtocolError
+from ._jsonrpc import (
+    ErrorResponse,
+    Message,
+    Notification,
+    Request,
+    RequestId,
+    Response,
+    decode_message,
+    encode,
+)
 
 _PREFIX = "weir:"
 
@@ -71,3 +112,98 @@ def answer_owner(request_id: RequestId | None) -> str | None:
         return None
     replica, sep, n = request_id[len(_PREFIX) :].rpartition(":")
     return replica if sep and replica and n.isdigit() else None
+
+
+#: The session's mailbox of cancellations (read by every replica, never emptied).
+CANCEL_BOX: Final = "cancel"
+#: Seconds between two polls of the mailboxes.
+POLL_INTERVAL: Final = 0.1
+#: A request running longer than this is worth checking for a cancellation.
+CANCEL_AFTER: Final = 1.0
+
+
+def answers_box(replica: str) -> str:
+    """The mailbox of answers for ``replica``'s server-to-client requests."""
+    return f"answers:{replica}"
+
+
+def renew_interval(lease: float) -> float:
+    """How often a replica renews the leases of the calls it runs."""
+    return lease / 3
+
+
+@dataclass(frozen=True, slots=True)
+class Post:
+    """Leave ``data`` in the session's mailbox ``box``."""
+
+    box: str
+    data: bytes
+
+
+@dataclass(slots=True)
+class Routed:
+    """A POST's answers and cancellations: handled here, or posted for another replica."""
+
+    cancel_here: list[RequestId] = field(default_factory=list)
+    answer_here: list[Response | ErrorResponse] = field(default_factory=list)
+    post: list[Post] = field(default_factory=list)
+
+
+def route_mail(
+    absorbed: Absorbed,
+    *,
+    running: Container[RequestId],
+    pending: Container[RequestId],
+    shared: bool,
+) -> Routed:
+    """Sort ``absorbed``'s cancellations and answers (see the module docstring).
+
+    ``running``: request ids running in this process; ``pending``: ids of this
+    process's server-to-client requests awaiting an answer; ``shared``: other
+    replicas may exist (without a shared store, what is not here is dropped).
+    """
+    out = Routed()
+    for rid in absorbed.cancels:
+        if rid in running:
+            out.cancel_here.append(rid)
+        elif shared:  # perhaps running on another replica
+            out.post.append(Post(CANCEL_BOX, msgspec.json.encode(rid)))
+    for answer in absorbed.answers:
+        if answer.id in pending:
+            out.answer_here.append(answer)
+        elif shared and (replica := answer_owner(answer.id)) is not None:
+            out.post.append(Post(answers_box(replica), encode(answer)))
+    return out
+
+
+def boxes_due(
+    replica: str, *, awaiting_answers: bool, started: Iterable[float], now: float
+) -> list[str]:
+    """The mailboxes one session's poll reads on ``replica`` (often none).
+
+    ``started``: when this replica's running requests of the session started.
+    """
+    boxes = [answers_box(replica)] if awaiting_answers else []
+    if any(now - t > CANCEL_AFTER for t in started):
+        boxes.append(CANCEL_BOX)
+    return boxes
+
+
+def read_answer(raw: bytes) -> Response | ErrorResponse | None:
+    """A forwarded answer, or ``None`` if ``raw`` is not one."""
+    try:
+        msg = decode_message(raw)
+    except RemoteProtocolError:  # mail that does not parse is dropped
+        return None
+    if isinstance(msg, Response | ErrorResponse) and msg.id is not None:
+        return msg
+    return None
+
+
+def read_cancel(raw: bytes) -> RequestId | None:
+    """A forwarded cancellation's request id, or ``None`` if ``raw`` is not one."""
+    try:
+        rid = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    return rid if isinstance(rid, int | str) and not isinstance(rid, bool) else None

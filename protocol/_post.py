@@ -73,8 +73,7 @@ from ._errors import RemoteProtocolError
 from ._gate import CallStart
 from ._jsonrpc import ErrorResponse, Notification, Request, RequestId, Response, encode_error
 from ._lifecycle import primes_streams
-from ._mail import Post, route_mail
-from ._messages import absorb
+from ._messages import Post, absorb, route_mail
 
 #: The explicit rebind handshake (fencing), advertised in ``capabilities.experimental``.
 REBIND_METHOD: Final = "weir/rebind"

@@ -6,7 +6,7 @@ Rule (after h11's ``_state.py``): everything that changes the state of a session
 of one of its SSE streams goes through :func:`session_transition` or
 :func:`stream_transition`, which look the change up in :data:`SESSION_TRANSITIONS`
 or :data:`STREAM_TRANSITIONS`.  A pair missing from a table is illegal: the
-functions raise :class:`~weir.protocol.LocalProtocolError` and the state is unchanged.
+functions raise :class:`~weir.protocol._errors.LocalProtocolError` and the state is unchanged.
 
 A stream is two facts at once -- is its final message written to the log yet
 (LIVE vs FINAL), and is a writer attached to a connection (ATTACHED vs

@@ -1,4 +1,4 @@
-"""Event ids: the ``<epoch>:<seq>`` grammar and the keyed epoch permutation.
+"""Event ids: a parsed ``<epoch>:<seq>`` id (:class:`EventId`) and an epoch's text form.
 
 (Public; see :mod:`weir.protocol`.)
 """
@@ -6,19 +6,11 @@
 from __future__ import annotations
 
 from ._event_ids import (
-    EpochPermutation,
     EventId,
-    epoch_number,
     format_epoch,
-    parse_event_id,
-    scramble_epoch,
 )
 
 __all__ = [
-    "EpochPermutation",
     "EventId",
-    "epoch_number",
     "format_epoch",
-    "parse_event_id",
-    "scramble_epoch",
 ]

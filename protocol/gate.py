@@ -1,65 +1,20 @@
-"""Idempotency: the gate's rules, a call's course through it, its in-process records.
+"""Idempotency: the gate's records, what a store answers about a call key, and the
+in-process ledger that both drivers use when there is no shared store.
+
+A store implementer needs these: :class:`CallStart` (what a claim found),
+:class:`CallOutcome` (how a recorded call ended), :class:`CallLedger` (the bounded
+in-memory records) and :class:`WindowKey` (a sessionless call's key).
 
 (Public; see :mod:`weir.protocol`.)
 """
 
 from __future__ import annotations
 
-from ._course import (
-    INTERRUPTED_MESSAGE,
-    Answer,
-    AppendRecords,
-    CallCourse,
-    Claim,
-    ClaimAgain,
-    CoursePhase,
-    Record,
-    Run,
-    interrupted,
-)
-from ._gate import (
-    MAX_IDEMPOTENCY_KEY,
-    CallOutcome,
-    CallStart,
-    Execute,
-    GateDecision,
-    GatePass,
-    Refuse,
-    Replay,
-    Wait,
-    WindowKey,
-    call_key,
-    fingerprint,
-    gate_decision,
-    replay_as,
-)
-from ._ledger import ENTRY_OVERHEAD, CallLedger
+from ._gate import CallLedger, CallOutcome, CallStart, WindowKey
 
 __all__ = [
-    "ENTRY_OVERHEAD",
-    "INTERRUPTED_MESSAGE",
-    "MAX_IDEMPOTENCY_KEY",
-    "Answer",
-    "AppendRecords",
-    "CallCourse",
     "CallLedger",
     "CallOutcome",
     "CallStart",
-    "Claim",
-    "ClaimAgain",
-    "CoursePhase",
-    "Execute",
-    "GateDecision",
-    "GatePass",
-    "Record",
-    "Refuse",
-    "Replay",
-    "Run",
-    "Wait",
     "WindowKey",
-    "call_key",
-    "fingerprint",
-    "gate_decision",
-    "interrupted",
-    "replay_as",
 ]

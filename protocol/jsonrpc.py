@@ -1,31 +1,35 @@
-"""JSON-RPC 2.0: error codes, decoding, generic encoding (messages: the top level).
+"""JSON-RPC 2.0 messages and their encoders: the typed messages a route yields,
+encoders that write exact bytes, and the error body of a refusal.
 
 (Public; see :mod:`weir.protocol`.)
 """
 
 from __future__ import annotations
 
-from ._errors import (
-    INTERNAL_ERROR,
-    INVALID_PARAMS,
-    INVALID_REQUEST,
-    METHOD_NOT_FOUND,
-    PARSE_ERROR,
-    RESOURCE_NOT_FOUND,
-    SERVER_ERROR,
+from ._jsonrpc import (
+    ErrorResponse,
+    Message,
+    Notification,
+    Request,
+    RequestId,
+    Response,
+    encode_error,
+    encode_notification,
+    encode_request,
+    encode_result,
+    error_body,
 )
-from ._jsonrpc import decode_body, decode_message, encode, error_body
 
 __all__ = [
-    "INTERNAL_ERROR",
-    "INVALID_PARAMS",
-    "INVALID_REQUEST",
-    "METHOD_NOT_FOUND",
-    "PARSE_ERROR",
-    "RESOURCE_NOT_FOUND",
-    "SERVER_ERROR",
-    "decode_body",
-    "decode_message",
-    "encode",
+    "ErrorResponse",
+    "Message",
+    "Notification",
+    "Request",
+    "RequestId",
+    "Response",
+    "encode_error",
+    "encode_notification",
+    "encode_request",
+    "encode_result",
     "error_body",
 ]

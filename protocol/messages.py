@@ -6,31 +6,22 @@ replicas sharing a store exchange.
 
 from __future__ import annotations
 
-from ._mail import (
-    CANCEL_AFTER,
+from ._messages import (
     CANCEL_BOX,
     POLL_INTERVAL,
-    Post,
-    Routed,
-    answers_box,
+    absorb,
     boxes_due,
     read_answer,
     read_cancel,
     renew_interval,
     route_mail,
+    server_request_id,
 )
-from ._messages import Absorbed, absorb, answer_owner, server_request_id
 
 __all__ = [
-    "CANCEL_AFTER",
     "CANCEL_BOX",
     "POLL_INTERVAL",
-    "Absorbed",
-    "Post",
-    "Routed",
     "absorb",
-    "answer_owner",
-    "answers_box",
     "boxes_due",
     "read_answer",
     "read_cancel",

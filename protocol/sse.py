@@ -8,7 +8,6 @@ from ._sse import (
     SseDecoder,
     SseEvent,
     encode_comment,
-    encode_event,
     encode_retry,
 )
 
@@ -18,6 +17,5 @@ __all__ = [
     "SseDecoder",
     "SseEvent",
     "encode_comment",
-    "encode_event",
     "encode_retry",
 ]

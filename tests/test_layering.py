@@ -7,12 +7,17 @@
 * Importing ``weir.protocol`` does not import trio or the engine.
 * ``engine/`` and ``app/`` import from the core only public names: ``weir.protocol``'s
   ``__all__`` (what most drivers need) or a public topic module's (``weir.protocol.gate``
-  and the like); never a ``_`` module.  Every public name has exactly one home.
+  and the like); never a ``_`` module.
+* The core's public surface stays small and plain: the top level exports at most 40
+  names; every public name has exactly one home; each topic module ``weir.protocol.T``
+  exports only names defined in itself or in its one private module ``_T``, and no
+  private module backs two public modules; every public name is used by a driver
+  (``engine/``, ``app/``, ``examples/``, ``benchmarks/``), not only by tests.
 * Nothing in the repository imports the source folders by their bare names
   (``protocol``, ``engine``): one module, one name, never two copies of a class.
 * ``app/`` (``weir.app``, the application API) runs on any event loop: it imports the
   standard library (no event loop, socket, thread or clock modules), ``msgspec``, and
-  the core through ``weir.protocol.__all__``; never trio, asyncio or the engine.
+  the core's public names; never trio, asyncio or the engine.
   The SDK bridge (``app/sdk.py``, ``app/_sdk_bridge.py``) may also import the SDK
   and what it runs on (``mcp``, ``mcp_types``, ``pydantic``, ``anyio``: anyio runs on
   the serving loop, Trio or asyncio); ``import weir.app`` never loads them.
@@ -326,7 +331,81 @@ def test_every_public_name_has_one_home() -> None:
 
 def test_the_top_level_surface_stays_small() -> None:
     # What a driver needs on every request, no more (h11 exports about 25 names).
-    assert len(weir.protocol.__all__) <= 55, len(weir.protocol.__all__)
+    assert len(weir.protocol.__all__) <= 40, len(weir.protocol.__all__)
+
+
+def _defined_names(path: Path) -> set[str]:
+    """The names a module binds at its top level by definition (not by import)."""
+    names: set[str] = set()
+    for node in _parse(path).body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def _private_home(module: str, name: str) -> str:
+    """The private core module that defines ``module``'s public ``name``."""
+    import importlib
+
+    obj = getattr(importlib.import_module(module), name)
+    homes = [
+        f"weir.protocol.{p.stem}"
+        for p in sorted(PROTOCOL.glob("_*.py"))
+        if p.stem != "__init__" and name in _defined_names(p)
+    ]
+    assert len(homes) == 1, f"{module}.{name} is defined in {homes or 'no private module'}"
+    if isinstance(obj, type) or callable(obj):
+        assert obj.__module__ == homes[0], f"{module}.{name} comes from {obj.__module__}"
+    return homes[0]
+
+
+@pytest.mark.parametrize("topic", TOPIC_MODULES)
+def test_a_topic_module_draws_from_its_one_private_module(topic: str) -> None:
+    # Following a public name leads to one place: weir.protocol.T's names are
+    # defined in T itself or in _T, the private module of the same topic.
+    module = f"weir.protocol.{topic}"
+    own = _defined_names(PROTOCOL / f"{topic}.py")
+    bad = {
+        name: home
+        for name in sorted(PUBLIC[module])
+        if name not in own and (home := _private_home(module, name)) != f"weir.protocol._{topic}"
+    }
+    assert not bad, f"{module} re-exports from outside _{topic}: {bad}"
+
+
+def test_no_private_module_backs_two_public_modules() -> None:
+    backs: dict[str, set[str]] = {}
+    for module, names in PUBLIC.items():
+        for name in names:
+            backs.setdefault(_private_home(module, name), set()).add(module)
+    shared = {home: sorted(mods) for home, mods in backs.items() if len(mods) > 1}
+    assert not shared, shared
+
+
+#: Where the core's drivers live: every public name must be used by one of them.
+DRIVER_FOLDERS = [
+    ROOT / f for f in ("engine", "app", "examples", "benchmarks", "aio") if (ROOT / f).is_dir()
+]
+
+
+def _names_drivers_import() -> set[tuple[str, str]]:
+    used: set[tuple[str, str]] = set()
+    for path in (p for folder in DRIVER_FOLDERS for p in _py_files(folder)):
+        for _, module, names in _absolute_imports(_parse(path)):
+            if module in PUBLIC:
+                used.update((module, name) for name in names)
+    return used
+
+
+def test_every_public_name_is_used_by_a_driver() -> None:
+    # A name only tests import is an internal: tests import it from its private module.
+    used = _names_drivers_import()
+    unused = sorted(f"{m}.{n}" for m, names in PUBLIC.items() for n in names if (m, n) not in used)
+    assert not unused, unused
 
 
 @pytest.mark.parametrize("path", _py_files(ROOT / "tests" / "protocol"), ids=_rel)

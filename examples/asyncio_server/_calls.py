@@ -14,7 +14,7 @@ handler's :class:`~weir.app.Context` its asyncio half, :class:`Backend`:
   JSON-RPC response) resolves; teardown fails it;
 * ``notifications/cancelled`` cancels the handler's task: it sends no response;
 * a ``tools/call`` runs only after passing the idempotency gate (:func:`plan`): the
-  core's :class:`~weir.protocol.gate.CallCourse` orders claim, run and record over
+  core's :class:`~weir.protocol.course.CallCourse` orders claim, run and record over
   the session's :class:`~weir.protocol.gate.CallLedger` -- the same steps, rules and
   records as the Trio engine's.  A retry of a call (same ``Idempotency-Key``, or
   same id) replays its response instead of running it again.
@@ -29,28 +29,20 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from weir.app import App, Caller, Context, McpError, dispatch, failure, id_in_use
-from weir.protocol import (
+from weir.protocol import INTERNAL_ERROR
+from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
+from weir.protocol.course import Answer, AppendRecords, CallCourse, Claim, ClaimAgain, Record, Run
+from weir.protocol.gate import CallStart
+from weir.protocol.jsonrpc import (
     ErrorResponse,
     Request,
     RequestId,
     Response,
-    StreamLog,
     encode_request,
     encode_result,
 )
-from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
-from weir.protocol.gate import (
-    Answer,
-    AppendRecords,
-    CallCourse,
-    CallStart,
-    Claim,
-    ClaimAgain,
-    Record,
-    Run,
-)
-from weir.protocol.jsonrpc import INTERNAL_ERROR
 from weir.protocol.states import StreamState
+from weir.protocol.streams import StreamLog
 
 from ._session import Gone, Session
 

@@ -11,7 +11,7 @@ a refused connection whose peer is still sending lingers (half-closed, discardin
 so the refusal is read, not reset away.
 
 Every SSE message is appended to its stream's log first and written from the log by
-whichever connection is attached (:func:`~weir.protocol.writer_step` decides each
+whichever connection is attached (:func:`~weir.protocol.streams.writer_step` decides each
 move), so a resumption (``GET`` + ``Last-Event-ID``) sends exactly what follows its
 cursor, and the newest reader of a stream displaces an older one.  Each frame's last
 byte is marked in a :class:`~weir.protocol.DrainTracker`; the kernel's send queue
@@ -45,26 +45,21 @@ from weir.protocol import (
     ReadClock,
     Reason,
     RemoteProtocolError,
-    Request,
-    StreamKind,
-    StreamLog,
-    WriterStep,
     accepts,
     closing_refusal,
-    encode_result,
     refusal,
     route,
     session_refusal,
-    writer_step,
 )
-from weir.protocol.gate import CallCourse
-from weir.protocol.jsonrpc import error_body
+from weir.protocol.course import CallCourse
+from weir.protocol.jsonrpc import Request, encode_result, error_body
 from weir.protocol.lifecycle import SUPPORTED_VERSIONS, parse_initialize, primes_streams
 from weir.protocol.messages import absorb, route_mail
 from weir.protocol.resume import check_resume_policy, displaces_writer, standalone_plan
 from weir.protocol.sessionless import SessionlessMessage, unsupported_version
 from weir.protocol.sse import encode_comment, encode_retry
 from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
+from weir.protocol.streams import StreamKind, StreamLog, WriterStep, writer_step
 
 from ._calls import execute, give_back, plan
 from ._session import Gone, Session

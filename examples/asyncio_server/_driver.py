@@ -21,18 +21,15 @@ from typing import Any
 from weir.app import MAX_NOTES_RUNNING, NOTE_WAIT, SESSION_CLOSE_WAIT, App, load_app
 from weir.protocol import (
     LOOPBACK_HOSTS,
+    SERVER_ERROR,
     CreditLimits,
     EndpointConfig,
-    Notification,
     ReadTimeouts,
     Reason,
     RemoteProtocolError,
-    RequestId,
-    encode_error,
-    encode_notification,
     raw_error_response,
 )
-from weir.protocol.jsonrpc import SERVER_ERROR
+from weir.protocol.jsonrpc import Notification, RequestId, encode_error, encode_notification
 from weir.protocol.states import StreamState
 
 from ._connection import Connection

@@ -5,7 +5,7 @@ Theory of operation
 A :class:`Session` owns everything a client's session makes the driver hold, and
 each piece is bounded: one :class:`~weir.protocol.SessionFlow` (requests are admitted,
 and frames enter a log, only within the session's drain credit; waiters are granted
-strictly in order), a :class:`~weir.protocol.StreamTable` of logs (a live stream keeps
+strictly in order), a :class:`~weir.protocol.streams.StreamTable` of logs (a live stream keeps
 its last ``MAX_EVENTS`` frames, at most ``MAX_CLOSED_STREAMS`` closed ones are known),
 the handler tasks it admitted (teardown cancels them; a dropped connection does not),
 and the server-to-client requests those handlers wait on.
@@ -25,19 +25,10 @@ from collections.abc import Coroutine, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from weir.app import Caller
-from weir.protocol import (
-    Admit,
-    CreditLimits,
-    ErrorResponse,
-    RequestId,
-    Response,
-    SessionFlow,
-    StreamKind,
-    StreamLog,
-    StreamTable,
-)
+from weir.protocol import Admit, CreditLimits, SessionFlow
 from weir.protocol.event_ids import format_epoch
 from weir.protocol.gate import CallLedger
+from weir.protocol.jsonrpc import ErrorResponse, RequestId, Response
 from weir.protocol.messages import server_request_id
 from weir.protocol.states import (
     CreditState,
@@ -47,6 +38,7 @@ from weir.protocol.states import (
     StreamState,
     session_transition,
 )
+from weir.protocol.streams import StreamKind, StreamLog, StreamTable
 
 if TYPE_CHECKING:
     from ._driver import AsyncioDriver

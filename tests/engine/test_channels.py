@@ -24,7 +24,7 @@ from weir.engine._store import (
     StreamInfo,
 )
 from weir.protocol import CreditLimits, HttpLimits
-from weir.protocol.event_ids import epoch_number
+from weir.protocol._event_ids import epoch_number
 from weir.protocol.gate import CallStart
 from weir.protocol.sse import SseComment, SseDecoder, SseEvent
 

@@ -2,7 +2,7 @@
 
 Hypothesis drives deliveries of keyed calls (same or different request), their
 completions and their releases against :class:`~weir.engine.MemoryStore` (the
-atomic claim) and :func:`~weir.protocol.gate_decision` (what a delivery does),
+atomic claim) and :func:`~weir.protocol._gate.gate_decision` (what a delivery does),
 and checks them against a model of the guarantee: a key executes at most once at
 a time, a finished call is replayed with exactly its stored response and never
 runs again, a released call may run again, and another request under a used key
@@ -23,7 +23,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from weir.engine import MemoryStore, SessionRecord
 from weir.protocol import Reason
-from weir.protocol.gate import CallStart, Execute, Refuse, Replay, Wait, call_key, gate_decision
+from weir.protocol._gate import Execute, Refuse, Replay, Wait, call_key, gate_decision
+from weir.protocol.gate import CallStart
 
 T = TypeVar("T")
 KEYS = st.sampled_from(["pay-1", "pay-2", "pay-3"])

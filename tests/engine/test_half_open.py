@@ -27,8 +27,10 @@ import trio.testing
 
 from weir.engine import App, Context, Server, ServerConfig
 from weir.engine._session import StreamHandle
-from weir.protocol import CreditLimits, SessionCredit, StreamKind
+from weir.protocol import CreditLimits
+from weir.protocol._credit import SessionCredit
 from weir.protocol.states import CreditState
+from weir.protocol.streams import StreamKind
 
 from .helpers import H11Client, Reply, SseReply, connect, open_session, running_server
 

@@ -49,9 +49,11 @@ from weir.app import never_suspends
 from weir.engine import App, Context, McpError, MemoryStore, Server, ServerConfig, ToolError
 from weir.engine._session import Session, StreamHandle
 from weir.engine._store import SessionRecord
-from weir.protocol import CreditLimits, SessionCredit, StreamKind
+from weir.protocol import CreditLimits
+from weir.protocol._credit import SessionCredit
 from weir.protocol.sse import SseEvent
 from weir.protocol.states import CreditState, StreamInput, StreamState
+from weir.protocol.streams import StreamKind
 
 from .helpers import H11Client, Reply, SseReply, connect, open_session, running_server
 from .test_half_open import connect_stalling

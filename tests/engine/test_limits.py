@@ -15,8 +15,9 @@ from weir.engine._store import (
     SessionRecord,
 )
 from weir.protocol import CreditLimits
+from weir.protocol._gate import ENTRY_OVERHEAD
 from weir.protocol.budget import RetentionBudget
-from weir.protocol.gate import ENTRY_OVERHEAD, CallOutcome
+from weir.protocol.gate import CallOutcome
 
 from .helpers import Reply, SseReply, connect, open_session, running_server
 

@@ -1,7 +1,7 @@
 """The asyncio driver keeps weir's guarantees on real loopback sockets.
 
 The same core (:class:`~weir.protocol.SessionFlow`, :class:`~weir.protocol.DrainTracker`,
-:class:`~weir.protocol.StreamLog`) driven by asyncio instead of Trio, checked where
+:class:`~weir.protocol.streams.StreamLog`) driven by asyncio instead of Trio, checked where
 the guarantees live -- in the kernel's send queue:
 
 1. ``test_a_response_lost_with_its_connection_is_replayed_after_the_cursor`` -- a

@@ -20,7 +20,7 @@ from weir.app import Context
 from weir.engine import App, Server, ServerConfig
 from weir.engine._client_sessionless import header_value
 from weir.engine.client import ClientSession, SessionlessClient, open_client
-from weir.protocol.sessionless import decode_header_value
+from weir.protocol._sessionless import decode_header_value
 
 from .test_asyncio_driver import running_driver
 

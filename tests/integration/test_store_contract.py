@@ -37,8 +37,8 @@ from weir.engine._store import (
     client_of,
     client_record,
 )
+from weir.protocol._event_ids import epoch_number, scramble_epoch
 from weir.protocol.binding import ChannelVerdict
-from weir.protocol.event_ids import epoch_number, scramble_epoch
 from weir.protocol.gate import CallOutcome, CallStart
 
 EPOCH = re.compile(r"[0-9a-f]{8}")

@@ -22,12 +22,12 @@ import msgspec
 from weir.protocol import (
     NEED_DATA,
     ConnectionClosed,
-    Headers,
     HttpConnection,
     HttpError,
     HttpRequest,
     RemoteProtocolError,
 )
+from weir.protocol._http import Headers
 
 Event = HttpRequest | HttpError | ConnectionClosed
 Answer = Callable[[HttpConnection, HttpRequest], bytes]

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weir.protocol import StreamKind, StreamLog
 from weir.protocol.budget import RetentionBudget
+from weir.protocol.streams import StreamKind, StreamLog
 
 
 class Owner:

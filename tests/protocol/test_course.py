@@ -16,21 +16,21 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from weir.protocol import LocalProtocolError, Reason, RemoteProtocolError, Request
-from weir.protocol.gate import (
+from weir.protocol import Reason, RemoteProtocolError
+from weir.protocol._errors import LocalProtocolError
+from weir.protocol.course import (
     INTERRUPTED_MESSAGE,
     Answer,
     AppendRecords,
     CallCourse,
-    CallLedger,
-    CallOutcome,
-    CallStart,
     Claim,
     ClaimAgain,
     CoursePhase,
     Record,
     Run,
 )
+from weir.protocol.gate import CallLedger, CallOutcome, CallStart
+from weir.protocol.jsonrpc import Request
 
 CALL = {"name": "echo", "arguments": {"text": "hi"}}
 

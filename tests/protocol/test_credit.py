@@ -16,16 +16,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from weir.protocol import (
-    CreditLimits,
-    DrainTracker,
-    LocalProtocolError,
-    Reason,
-    RemoteProtocolError,
-    SessionCredit,
-)
-from weir.protocol.jsonrpc import SERVER_ERROR
-from weir.protocol.states import CREDIT_TRANSITIONS, CreditInput, CreditState, credit_transition
+from weir.protocol import SERVER_ERROR, CreditLimits, DrainTracker, Reason, RemoteProtocolError
+from weir.protocol._credit import SessionCredit
+from weir.protocol._errors import LocalProtocolError
+from weir.protocol._states import CREDIT_TRANSITIONS, CreditInput, credit_transition
+from weir.protocol.states import CreditState
 
 CS, CI = CreditState, CreditInput
 LIMITS = CreditLimits(frames=3, bytes=100, drain_window=5.0, liveness_timeout=20.0)

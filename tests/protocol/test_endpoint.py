@@ -8,34 +8,34 @@ import msgspec
 import pytest
 
 from weir.protocol import (
+    INVALID_REQUEST,
     DeleteSession,
     EndpointConfig,
-    Headers,
     HttpRequest,
-    Notification,
     OpenStream,
     PostMessages,
     Reason,
     RemoteProtocolError,
-    Request,
     accepts,
+    check_host_and_origin,
     refusal,
     route,
     session_refusal,
 )
-from weir.protocol.endpoint import check_host_and_origin, host_of
-from weir.protocol.event_ids import EventId
-from weir.protocol.jsonrpc import INVALID_REQUEST, PARSE_ERROR
-from weir.protocol.lifecycle import (
-    ALL_VERSIONS,
+from weir.protocol._endpoint import host_of
+from weir.protocol._errors import PARSE_ERROR
+from weir.protocol._http import Headers
+from weir.protocol._lifecycle import (
     DEFAULT_VERSION,
     LATEST_VERSION,
     NEGOTIABLE_VERSIONS,
-    SUPPORTED_VERSIONS,
     negotiate_version,
     version_at_least,
 )
-from weir.protocol.sessionless import UNSUPPORTED_VERSION
+from weir.protocol._sessionless import UNSUPPORTED_VERSION
+from weir.protocol.event_ids import EventId
+from weir.protocol.jsonrpc import Notification, Request
+from weir.protocol.lifecycle import ALL_VERSIONS, SUPPORTED_VERSIONS
 
 from .helpers import INIT, PING, SESSION, delete, get, http_request, post
 

@@ -9,11 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from weir.protocol import Reason, RemoteProtocolError, Request, RequestId, encode_result
-from weir.protocol.gate import (
+from weir.protocol import Reason, RemoteProtocolError
+from weir.protocol._gate import (
     MAX_IDEMPOTENCY_KEY,
-    CallOutcome,
-    CallStart,
     Execute,
     GatePass,
     Refuse,
@@ -24,6 +22,8 @@ from weir.protocol.gate import (
     gate_decision,
     replay_as,
 )
+from weir.protocol.gate import CallOutcome, CallStart
+from weir.protocol.jsonrpc import Request, RequestId, encode_result
 
 ids = st.one_of(st.integers(-(2**53), 2**53), st.text(max_size=20))
 json_values = st.recursive(

@@ -12,14 +12,14 @@ import pytest
 from weir.protocol import (
     NEED_DATA,
     ConnectionClosed,
-    Headers,
     HttpConnection,
     HttpError,
     HttpLimits,
     HttpRequest,
-    LocalProtocolError,
     Reason,
 )
+from weir.protocol._errors import LocalProtocolError
+from weir.protocol._http import Headers
 
 from .helpers import (
     bytewise,

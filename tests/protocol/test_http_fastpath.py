@@ -29,8 +29,8 @@ from weir.protocol import (
     HttpError,
     HttpLimits,
     HttpRequest,
-    LocalProtocolError,
 )
+from weir.protocol._errors import LocalProtocolError
 
 from .helpers import bytewise, parse_response, parse_responses, request_bytes, split_at
 

@@ -7,26 +7,19 @@ from typing import Any
 import msgspec
 import pytest
 
-from weir.protocol import (
-    ErrorObject,
+from weir.protocol import INVALID_REQUEST, Reason, RemoteProtocolError
+from weir.protocol._errors import PARSE_ERROR
+from weir.protocol._jsonrpc import ErrorObject, decode_body, decode_message, encode
+from weir.protocol.jsonrpc import (
     ErrorResponse,
     Message,
     Notification,
-    Reason,
-    RemoteProtocolError,
     Request,
     Response,
     encode_error,
     encode_notification,
     encode_request,
     encode_result,
-)
-from weir.protocol.jsonrpc import (
-    INVALID_REQUEST,
-    PARSE_ERROR,
-    decode_body,
-    decode_message,
-    encode,
     error_body,
 )
 

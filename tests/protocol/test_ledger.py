@@ -12,7 +12,8 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from weir.protocol.gate import ENTRY_OVERHEAD, CallLedger, CallOutcome
+from weir.protocol._gate import ENTRY_OVERHEAD
+from weir.protocol.gate import CallLedger, CallOutcome
 
 
 def test_claim_run_record_replay() -> None:

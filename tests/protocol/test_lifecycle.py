@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from weir.protocol import Reason, RemoteProtocolError, Request
+from weir.protocol import INVALID_PARAMS, Reason, RemoteProtocolError
+from weir.protocol._lifecycle import LATEST_VERSION, NEGOTIABLE_VERSIONS
 from weir.protocol.binding import (
     ChannelVerdict,
     channel_refusal,
@@ -19,12 +20,10 @@ from weir.protocol.binding import (
     parse_channel_token,
     prove_channel,
 )
-from weir.protocol.jsonrpc import INVALID_PARAMS
+from weir.protocol.jsonrpc import Request
 from weir.protocol.lifecycle import (
-    LATEST_VERSION,
     MAX_CLIENT_CAPABILITIES,
     MAX_CLIENT_INFO_FIELD,
-    NEGOTIABLE_VERSIONS,
     initialize_result,
     parse_initialize,
     primes_streams,

@@ -6,15 +6,12 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from weir.protocol import ErrorResponse, Response
-from weir.protocol.jsonrpc import decode_body
+from weir.protocol._jsonrpc import decode_body
+from weir.protocol._messages import CANCEL_AFTER, Absorbed, Post, answers_box
+from weir.protocol.jsonrpc import ErrorResponse, Response
 from weir.protocol.messages import (
-    CANCEL_AFTER,
     CANCEL_BOX,
-    Absorbed,
-    Post,
     absorb,
-    answers_box,
     boxes_due,
     read_answer,
     read_cancel,

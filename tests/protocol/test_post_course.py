@@ -10,16 +10,14 @@ from typing import Any
 import pytest
 
 from weir.protocol import (
-    Headers,
-    Notification,
     PostMessages,
     Reason,
     RemoteProtocolError,
-    Request,
     RequestContext,
-    Response,
 )
+from weir.protocol._http import Headers
 from weir.protocol.gate import CallOutcome, CallStart
+from weir.protocol.jsonrpc import Notification, Request, Response
 from weir.protocol.post import (
     ACCEPTED,
     ATTACH_WRITER,

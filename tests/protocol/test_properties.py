@@ -26,11 +26,10 @@ from weir.protocol import (
     HttpRequest,
     PostMessages,
     RemoteProtocolError,
-    StreamKind,
-    StreamLog,
     route,
 )
 from weir.protocol.event_ids import EventId
+from weir.protocol.streams import StreamKind, StreamLog
 
 from .helpers import (
     PING,

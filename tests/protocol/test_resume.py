@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from weir.protocol import Reason, RemoteProtocolError, StreamKind, StreamLog
+from weir.protocol import Reason, RemoteProtocolError
 from weir.protocol.event_ids import EventId
 from weir.protocol.resume import (
     check_cursor_channel,
@@ -13,6 +13,7 @@ from weir.protocol.resume import (
     standalone_plan,
 )
 from weir.protocol.states import StreamInput
+from weir.protocol.streams import StreamKind, StreamLog
 
 
 def _stream(*inputs: StreamInput, kind: StreamKind = StreamKind.STANDALONE) -> StreamLog:

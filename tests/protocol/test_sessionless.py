@@ -17,18 +17,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from weir.protocol import EndpointConfig, Notification, Reason, RemoteProtocolError, Request, route
-from weir.protocol.lifecycle import ALL_VERSIONS
-from weir.protocol.sessionless import (
+from weir.protocol import EndpointConfig, Reason, RemoteProtocolError, route
+from weir.protocol._sessionless import (
     HEADER_MISMATCH,
     META_SERVER_INFO,
     UNSUPPORTED_VERSION,
+    decode_header_value,
+    is_sessionless,
+)
+from weir.protocol.jsonrpc import Notification, Request
+from weir.protocol.lifecycle import ALL_VERSIONS
+from weir.protocol.sessionless import (
     SessionlessMessage,
     check_param_headers,
     complete,
-    decode_header_value,
     discover_result,
-    is_sessionless,
     param_headers,
 )
 

@@ -11,16 +11,14 @@ import itertools
 
 import pytest
 
-from weir.protocol import LocalProtocolError
+from weir.protocol._errors import LocalProtocolError
+from weir.protocol._states import SESSION_TRANSITIONS, STREAM_TRANSITIONS, stream_transition
 from weir.protocol.states import (
-    SESSION_TRANSITIONS,
-    STREAM_TRANSITIONS,
     SessionInput,
     SessionState,
     StreamInput,
     StreamState,
     session_transition,
-    stream_transition,
 )
 
 S, SIN = StreamState, StreamInput

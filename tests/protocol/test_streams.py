@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from weir.protocol import (
-    LocalProtocolError,
-    Reason,
-    RemoteProtocolError,
+from weir.protocol import Reason, RemoteProtocolError
+from weir.protocol._errors import LocalProtocolError
+from weir.protocol.event_ids import EventId
+from weir.protocol.sse import SseDecoder, SseEvent
+from weir.protocol.states import StreamInput, StreamState
+from weir.protocol.streams import (
     StreamKind,
     StreamLog,
     StreamTable,
@@ -15,9 +17,6 @@ from weir.protocol import (
     completes,
     writer_step,
 )
-from weir.protocol.event_ids import EventId
-from weir.protocol.sse import SseDecoder, SseEvent
-from weir.protocol.states import StreamInput, StreamState
 
 EPOCH = "0000abcd"
 
