@@ -73,7 +73,12 @@ if TYPE_CHECKING:
     from ._driver import AsyncioDriver
 
 log = logging.getLogger("weir.asyncio")
-_SSE_HEADERS = (("content-type", "text/event-stream"), ("cache-control", "no-cache"))
+#: (``x-accel-buffering: no``: a buffering proxy, nginx's say, passes frames on at once.)
+_SSE_HEADERS = (
+    ("content-type", "text/event-stream"),
+    ("cache-control", "no-cache"),
+    ("x-accel-buffering", "no"),
+)
 #: ``ioctl(SIOCOUTQ)``: bytes in a TCP socket's send queue not yet acknowledged (Linux).
 _SIOCOUTQ = 0x5411
 #: How often a connection with unacknowledged frames asks the kernel (seconds).
