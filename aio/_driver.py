@@ -97,6 +97,8 @@ class AsyncioDriver:
         #: Session-close hooks still running (kept referenced until they end).
         self._closing: set[asyncio.Task[None]] = set()
         self._notes: set[asyncio.Task[None]] = set()
+        #: The connection handlers running (shutdown ends them).
+        self._handlers: set[asyncio.Task[Any]] = set()
         #: ``app.changed(...)`` from outside a request reaches this driver's sessions.
         self.detach = app.attach_changes(self.changed)
 
@@ -170,14 +172,18 @@ class AsyncioDriver:
 
     async def close_all(self) -> None:
         """End every session (their handlers are cancelled, their streams end) and
-        wait for the app's session-close hooks, each bounded by ``SESSION_CLOSE_WAIT``."""
+        every connection, and wait for the app's session-close hooks, each bounded by
+        ``SESSION_CLOSE_WAIT``.  (The caller has stopped accepting connections.)"""
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
         for session in list(self.sessions.values()):
             self.end(session)
-        if self._closing:
-            await asyncio.wait(set(self._closing))
+        for handler in self._handlers:
+            handler.cancel()
+        waiting = self._closing | self._handlers
+        if waiting:
+            await asyncio.wait(waiting)
         self.detach()
 
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -195,10 +201,20 @@ class AsyncioDriver:
             writer.transport.abort()
             return
         self.connections += 1
+        me = asyncio.current_task()
+        if me is not None:
+            self._handlers.add(me)
         try:
             await Connection(self, writer).run(reader)
+        except asyncio.CancelledError:
+            # The connection is over (shutdown, or its session ended while it wrote a
+            # stream); the handler ends quietly, not cancelled -- Python 3.11's
+            # start_server would log a cancelled handler as an unhandled error.
+            writer.transport.abort()
         finally:
             self.connections -= 1
+            if me is not None:
+                self._handlers.discard(me)
 
 
 async def serve(

@@ -117,6 +117,41 @@ TRIO_ONLY: dict[str, TrioOnly] = {
     "auth_server": TrioOnly("--auth-server", _AUTH),
 }
 
+#: ``serve`` options the asyncio runtime serves as the Trio path does (every option is
+#: here or in :data:`TRIO_ONLY`; a test keeps it so, so that a new option is never
+#: silently ignored by the asyncio runtime).
+SERVED: frozenset[str] = frozenset(
+    {
+        "app",
+        "runtime",
+        "app_dir",
+        "startup_timeout",
+        "host",
+        "port",
+        "path",
+        "json_response",
+        "allow_host",
+        "log_level",
+        "credit_frames",
+        "credit_bytes",
+        "drain_window",
+        "liveness_timeout",
+        "max_connections",
+        "keepalive_timeout",
+        "head_timeout",
+        "body_timeout",
+        "linger_timeout",
+        "max_body_bytes",
+        "max_header_bytes",
+        "max_header_fields",
+        "max_target_bytes",
+        "max_sessions",
+        "session_idle_timeout",
+        "max_batch",
+        "sse_keepalive",
+    }
+)
+
 _TAIL = "it is served by the Trio runtime only for now (drop it, or serve with --runtime trio)"
 
 
