@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib.util
 import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -92,19 +91,24 @@ class AsyncioConfig:
         )
 
 
+def _uvloop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop constructor, if uvloop can be imported."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
 def event_loop_name() -> str:
     """``"uvloop"`` if :func:`run` will use it (it can be imported), else ``"asyncio"``."""
-    return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+    return "uvloop" if _uvloop_factory() is not None else "asyncio"
 
 
 def _runner(main: Coroutine[Any, Any, None]) -> None:
-    if event_loop_name() == "uvloop":
-        import uvloop
-
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(main)
-    else:
-        asyncio.run(main)
+    with asyncio.Runner(loop_factory=_uvloop_factory()) as runner:
+        runner.run(main)
 
 
 def run(

@@ -222,7 +222,8 @@ def serve_on_asyncio(app: App, config: AsyncioConfig, warn: Iterable[str] = ()) 
         nonlocal serving
         serving = True
         print(f"weir: serving {url}", flush=True)
-        print(f"weir: runtime asyncio, event loop {loop_name}", file=sys.stderr, flush=True)
+        hint = "" if loop_name == "uvloop" else " (uvloop is not installed: weir[asyncio])"
+        print(f"weir: runtime asyncio, event loop {loop_name}{hint}", file=sys.stderr, flush=True)
         for line in warn:
             print(line, file=sys.stderr, flush=True)
 

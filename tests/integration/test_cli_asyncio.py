@@ -10,6 +10,7 @@ in-process through ``main`` as well as once through the console script.
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 import socket
 import tempfile
@@ -181,7 +182,9 @@ async def test_it_serves_the_options_it_accepts_and_stops_cleanly_on_a_signal() 
             server.proc.send_signal(signal.SIGTERM)
             assert server.proc.wait(10) == 0
             stderr = server.stderr()
-            assert "weir: runtime asyncio, event loop" in stderr, stderr
+            # uvloop when it can be imported (the 'asyncio' extra), asyncio's own otherwise.
+            loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+            assert f"weir: runtime asyncio, event loop {loop}" in stderr, stderr
             assert "Traceback" not in stderr, stderr
         finally:
             server.stop()
