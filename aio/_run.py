@@ -134,27 +134,36 @@ async def _serve(
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     main = asyncio.current_task()
+    forced = False
 
     def on_signal() -> None:
-        if stop.is_set() and main is not None:
+        nonlocal forced
+        if stop.is_set() and main is not None and not forced:
+            forced = True
             main.cancel()  # a second signal: stop waiting for anything
         stop.set()
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal)
-    async with contextlib.AsyncExitStack() as stack:
-        state = await _enter_lifespan(app, stack, config.startup_timeout)
-        driver = config.driver(app, state)
-        server = await asyncio.start_server(driver.connection, config.host, config.port)
-        try:
-            if started is not None:
-                host, port = server.sockets[0].getsockname()[:2]
-                shown = f"[{host}]" if ":" in host else host
-                started(f"http://{shown}:{port}{config.endpoint.path}", event_loop_name())
-            await stop.wait()
-        finally:
-            server.close()  # (not wait_closed: open streams end with their sessions)
-            await driver.close_all()
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            state = await _enter_lifespan(app, stack, config.startup_timeout)
+            driver = config.driver(app, state)
+            server = await asyncio.start_server(driver.connection, config.host, config.port)
+            try:
+                if started is not None:
+                    host, port = server.sockets[0].getsockname()[:2]
+                    shown = f"[{host}]" if ":" in host else host
+                    started(f"http://{shown}:{port}{config.endpoint.path}", event_loop_name())
+                await stop.wait()
+            finally:
+                server.close()  # (not wait_closed: open streams end with their sessions)
+                await driver.close_all()
+    except asyncio.CancelledError:
+        if not forced:
+            raise
+        # The second signal cut the shutdown short (a hook or the lifespan's exit still
+        # running was cancelled); the process exits now, as asked.
 
 
 async def _enter_lifespan(app: App, stack: contextlib.AsyncExitStack, timeout: float) -> Any:

@@ -14,6 +14,7 @@ import importlib.util
 import signal
 import socket
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,27 @@ def test_serve_help_names_the_runtimes() -> None:
     text = " ".join(sub.choices["serve"].format_help().split())  # type: ignore[index]
     assert "--runtime {trio,asyncio}" in text
     assert "refuses the options it does not serve" in text
+
+
+def test_a_second_signal_cuts_a_stuck_shutdown_short(tmp_path: Path) -> None:
+    (tmp_path / "stuck.py").write_text(
+        "import asyncio, contextlib\nfrom weir.app import App\napp = App('stuck')\n\n"
+        "@app.lifespan\n@contextlib.asynccontextmanager\nasync def opened(served):\n"
+        "    yield\n    print('weir-test: lifespan exiting', flush=True)\n"
+        "    await asyncio.Event().wait()  # never finishes on its own\n"
+    )
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        server = WeirProcess("stuck:app", out, err, ("--app-dir", str(tmp_path)), driver="asyncio")
+        try:
+            server.proc.send_signal(signal.SIGTERM)
+            for _ in range(200):  # until the lifespan's exit has begun (bounded: 10 s)
+                if "weir-test: lifespan exiting" in server.output():
+                    break
+                time.sleep(0.05)
+            assert "weir-test: lifespan exiting" in server.output()
+            assert server.proc.poll() is None  # stuck, as the app wants
+            server.proc.send_signal(signal.SIGTERM)
+            assert server.proc.wait(10) == 0
+            assert "Traceback" not in server.stderr(), server.stderr()
+        finally:
+            server.stop()
