@@ -4,9 +4,10 @@ An :class:`App` records decorated functions; :func:`dispatch` turns one MCP requ
 into its result by calling them with a :class:`Context`.  Nothing here does I/O or
 depends on an event loop: a handler reaches the client only through its context,
 whose :class:`ContextBackend` the driver provides.  The Trio engine
-(:mod:`weir.engine`) and the asyncio driver (``examples/asyncio_server/``) both
-serve the same :class:`App` this way, so an app written once runs on either --
-provided its handlers await only their context (``ctx.sleep``, not ``trio.sleep``).
+(:mod:`weir.engine`) and the asyncio runtime (:mod:`weir.asyncio`) both serve
+the same :class:`App` this way, so an app written once runs on either -- provided
+its handlers await only their context (``ctx.sleep``, not ``trio.sleep``); a
+handler that awaits asyncio itself needs the asyncio runtime.
 """
 
 from __future__ import annotations

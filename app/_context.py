@@ -7,7 +7,7 @@ progress, log, ask the client (sampling, elicitation, roots), end its stream ear
 sleep.  It holds the MCP rules for those messages -- their shapes, the progress token,
 the ``logging/setLevel`` threshold, what a client's error answer becomes -- and
 nothing about I/O.  How a message reaches the client is the driver's business,
-behind a :class:`ContextBackend`: the Trio engine and the asyncio driver each give
+behind a :class:`ContextBackend`: the Trio engine and the asyncio runtime each give
 one, so a handler written against :class:`Context` runs unchanged on either.
 
 A driver's backend guarantees that everything a handler says during a call goes onto

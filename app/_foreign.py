@@ -83,7 +83,7 @@ def asyncio_only_hint(what: str) -> str:
         "aiosqlite, ...), which does not run on Trio, the loop this server ran it on. "
         "Decorate the function with @weir.engine.asyncio_bridge.on_asyncio (below the "
         "@app.tool() line) to run it on a shared asyncio loop, or serve the app with "
-        "weir's asyncio driver; see docs/asyncio-libraries.md"
+        "weir serve --runtime asyncio; see docs/asyncio-libraries.md"
     )
 
 

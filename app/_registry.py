@@ -5,7 +5,7 @@ Theory of operation
 An :class:`App` is a registry, nothing more: decorators record functions together
 with the metadata MCP lists (names, descriptions, JSON Schemas, annotations).  It
 has no I/O and no knowledge of sessions or of an event loop; a driver (the Trio
-engine, the asyncio driver) looks handlers up here, through :func:`weir.app.dispatch`,
+engine, the asyncio runtime) looks handlers up here, through :func:`weir.app.dispatch`,
 and calls them with a :class:`~weir.app.Context`.
 
 * A tool's ``inputSchema`` is derived from its type hints with msgspec (a Struct is

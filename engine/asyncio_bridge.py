@@ -33,7 +33,7 @@ failures and names this module as the fix).  ``@on_asyncio`` on such an
   thread while the loop thread waits.  So ``await ctx.info(...)``,
   ``ctx.report_progress``, ``ctx.sample`` and the rest work in a bridged tool.
 * **Already on asyncio.**  Called where an asyncio loop runs and no Trio task does (the
-  asyncio driver, or a bridged function calling another), the wrapper just awaits the
+  asyncio runtime, or a bridged function calling another), the wrapper just awaits the
   function: the decorator changes nothing there.
 * **Process exit.**  An ``atexit`` hook stops the loop: it cancels the tasks still on
   it, waits for them, for async generators and for the default executor (each at most

@@ -1,6 +1,7 @@
 """The ``weir`` command line.
 
-``weir serve [APP] [--host H] [--port P] [--path /mcp] [--json-response] [--log-level L]``
+``weir serve [APP] [--runtime trio|asyncio] [--host H] [--port P] [--path /mcp]
+[--json-response] [--log-level L]``
 
 APP is ``module:attribute`` naming an :class:`weir.engine.App` (or a zero-argument
 callable returning one, or a server written with the official MCP SDK, which
@@ -13,6 +14,10 @@ With ``--port 0`` a free port is chosen; the first line on stdout is always
 line on stderr and exits with status 1 (see :mod:`weir.engine._startup`).
 SIGINT/SIGTERM shut down gracefully (see ``engine.Server.shutdown``); a second
 signal exits at once.
+
+``--runtime asyncio`` serves the app with :mod:`weir.asyncio` instead of Trio (see
+:mod:`weir.engine._cli_asyncio`, imported only then): the options that runtime does
+not serve yet are refused at start-up, each with its reason.
 """
 
 from __future__ import annotations
@@ -75,6 +80,15 @@ def _parser() -> argparse.ArgumentParser:
         default="demo",
         help="'demo' (default), 'conformance', or module:attribute (a weir App, a factory"
         " of one, or an official-SDK MCPServer / low-level Server)",
+    )
+    s.add_argument(
+        "--runtime",
+        default="trio",
+        choices=["trio", "asyncio"],
+        help="the event loop that serves the app: 'trio' (default: every option below) "
+        "or 'asyncio' (weir.asyncio, on uvloop when installed: for apps whose tools need "
+        "asyncio; serves the session era in one process, with no store or authorization "
+        "yet, and refuses the options it does not serve)",
     )
     s.add_argument(
         "--app-dir",
@@ -595,15 +609,9 @@ async def _wait_then_cancel(server: Server, nursery: trio.Nursery) -> None:
 
 def _warn_if_open(config: ServerConfig) -> None:
     """Warn that a server reachable from other machines has no authorization."""
-    if config.auth is None and not _is_loopback(config.host):
-        print(
-            f"weir: WARNING: serving on {config.host} without --auth-*: anyone who can reach "
-            "this port can use every session whose id they learn, and open sessions up to "
-            "the server's limit. Configure authorization, or serve on 127.0.0.1 behind a "
-            "proxy that authenticates.",
-            file=sys.stderr,
-            flush=True,
-        )
+    warning = _open_warning(config)
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
 
 
 def _is_loopback(host: str) -> bool:
@@ -655,10 +663,52 @@ def _with_app_security(app: App, config: ServerConfig, *, warn: bool = True) -> 
     return dataclasses.replace(config, auth=declared)
 
 
+def _given_options(argv: Sequence[str]) -> dict[str, object]:
+    """The ``serve`` options on the command line itself (argparse ``dest`` -> value),
+    without the defaults of the others."""
+    parser = _parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                for option in sub._actions:
+                    option.default = argparse.SUPPRESS
+    return {k: v for k, v in vars(parser.parse_args(argv)).items() if k != "command"}
+
+
+def _open_warning(config: ServerConfig) -> str | None:
+    """The warning for a server reachable from other machines with no authorization."""
+    if config.auth is None and not _is_loopback(config.host):
+        return (
+            f"weir: WARNING: serving on {config.host} without --auth-*: anyone who can reach "
+            "this port can use every session whose id they learn, and open sessions up to "
+            "the server's limit. Configure authorization, or serve on 127.0.0.1 behind a "
+            "proxy that authenticates."
+        )
+    return None
+
+
+def _main_asyncio(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``weir serve --runtime asyncio``: refuse what it does not serve, then serve."""
+    from ._cli_asyncio import asyncio_config, check_app, refusals, serve_on_asyncio
+
+    refused = refusals(_given_options(argv))
+    if refused:
+        raise SystemExit("\n".join(refused))
+    app = _load(args.app, args.app_dir)
+    check_app(app)
+    config = config_from_args(args)
+    warning = _open_warning(config)
+    return serve_on_asyncio(
+        app, asyncio_config(config, args.startup_timeout), [warning] if warning else []
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``weir`` console script."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if args.runtime == "asyncio":
+        return _main_asyncio(args, sys.argv[1:] if argv is None else argv)
     app = _load(args.app, args.app_dir)
     config = _with_app_security(app, config_from_args(args), warn=not args.reuse_port)
     if args.workers > 1:

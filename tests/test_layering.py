@@ -14,15 +14,17 @@
   private module backs two public modules; every public name is used by a driver
   (``engine/``, ``app/``, ``examples/``, ``benchmarks/``), not only by tests.
 * Nothing in the repository imports the source folders by their bare names
-  (``protocol``, ``engine``): one module, one name, never two copies of a class.
+  (``protocol``, ``engine``, ``aio``): one module, one name, never two copies of a class.
 * ``app/`` (``weir.app``, the application API) runs on any event loop: it imports the
   standard library (no event loop, socket, thread or clock modules), ``msgspec``, and
   the core's public names; never trio, asyncio or the engine.
   The SDK bridge (``app/sdk.py``, ``app/_sdk_bridge.py``) may also import the SDK
   and what it runs on (``mcp``, ``mcp_types``, ``pydantic``, ``anyio``: anyio runs on
   the serving loop, Trio or asyncio); ``import weir.app`` never loads them.
-* ``examples/`` use only public names (no ``weir.engine._*`` or ``weir.protocol._*``),
-  and the asyncio driver imports neither trio nor the engine at all.
+* ``aio/`` (installed as ``weir.asyncio``, the asyncio runtime) uses the core only
+  through its public surface, as the engine does, and imports neither trio, anyio
+  nor the engine at all; importing it loads none of them (nor the CLI).
+* ``examples/`` use only public names (no ``weir.engine._*`` or ``weir.protocol._*``).
 * ``tests/protocol`` never imports trio.
 * ``protocol/`` keeps no module-level mutable state: no module-level dict, list,
   set, bytearray, deque or other container is bound at import time (caches are
@@ -61,6 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL = ROOT / "protocol"
 ENGINE = ROOT / "engine"
 APP = ROOT / "app"
+AIO = ROOT / "aio"
 
 FORBIDDEN_IN_PROTOCOL = frozenset(
     {
@@ -120,6 +123,7 @@ def _forbidden(module: str) -> bool:
 PROTOCOL_FILES = _py_files(PROTOCOL)
 ENGINE_FILES = _py_files(ENGINE)
 APP_FILES = _py_files(APP)
+AIO_FILES = _py_files(AIO)
 
 #: What the application layer may not import: the core's list, minus ``logging``
 #: (a tool's failure is logged, not sent) and with the core added back.
@@ -193,14 +197,33 @@ def test_the_app_names_from_weir_itself_load_no_trio() -> None:
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("path", _py_files(ROOT / "examples" / "asyncio_server"), ids=_rel)
-def test_the_asyncio_driver_imports_neither_trio_nor_the_engine(path: Path) -> None:
+def test_the_asyncio_runtime_is_there_to_scan() -> None:
+    assert AIO / "__init__.py" in AIO_FILES and len(AIO_FILES) >= 5
+    assert (ROOT / "weir" / "asyncio").resolve() == AIO
+
+
+@pytest.mark.parametrize("path", AIO_FILES, ids=_rel)
+def test_the_asyncio_runtime_imports_neither_trio_nor_the_engine(path: Path) -> None:
     bad = [
         f"{_rel(path)}:{line}: {module}"
         for line, module, _ in _absolute_imports(_parse(path))
         if module.split(".", 1)[0] in {"trio", "anyio"} or module.startswith("weir.engine")
     ]
     assert not bad, "\n".join(bad)
+
+
+def test_importing_the_asyncio_runtime_loads_no_trio_and_no_engine() -> None:
+    code = (
+        "import weir.asyncio, sys, asyncio\n"
+        "assert weir.asyncio.run and asyncio.run  # the package, and the stdlib unshadowed\n"
+        "bad = sorted(m for m in ('trio', 'anyio', 'weir.engine', 'weir.engine.cli')"
+        " if m in sys.modules)\n"
+        "assert not bad, bad\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.parametrize("path", PROTOCOL_FILES, ids=_rel)
@@ -298,7 +321,7 @@ def _private_core_imports(path: Path) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("path", [*ENGINE_FILES, *APP_FILES], ids=_rel)
+@pytest.mark.parametrize("path", [*ENGINE_FILES, *APP_FILES, *AIO_FILES], ids=_rel)
 def test_engine_and_app_use_the_core_only_through_its_public_surface(path: Path) -> None:
     bad = _private_core_imports(path)
     assert not bad, "\n".join(bad)
@@ -419,11 +442,12 @@ def test_pure_core_tests_never_import_trio(path: Path) -> None:
     assert not bad, "\n".join(bad)
 
 
-# weir/protocol, weir/app and weir/engine are symlinks to the source folders: scan once.
+# weir/protocol, weir/app, weir/engine and weir/asyncio are symlinks to the source
+# folders: scan once.
 REPO_FILES = [
     *(
         p
-        for f in ("protocol", "app", "engine", "tests", "benchmarks", "examples")
+        for f in ("protocol", "app", "engine", "aio", "tests", "benchmarks", "examples")
         for p in _py_files(ROOT / f)
     ),
     *sorted((ROOT / "weir").glob("*.py")),
@@ -433,9 +457,9 @@ REPO_FILES = [
 @pytest.mark.parametrize("path", REPO_FILES, ids=_rel)
 def test_nothing_imports_the_source_folders_by_their_bare_names(path: Path) -> None:
     bad = [
-        f"{_rel(path)}:{line}: import {module} (use weir.{module})"
+        f"{_rel(path)}:{line}: import {module} (use weir.{module.replace('aio', 'asyncio', 1)})"
         for line, module, _ in _absolute_imports(_parse(path))
-        if module.split(".", 1)[0] in {"protocol", "app", "engine"}
+        if module.split(".", 1)[0] in {"protocol", "app", "engine", "aio"}
     ]
     assert not bad, "\n".join(bad)
 

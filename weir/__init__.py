@@ -1,12 +1,14 @@
 """weir: an MCP-over-HTTP transport, a sans-io core and the Trio server built on it.
 
-Three layers, installed as three subpackages:
+Three layers and a second runtime, installed as subpackages:
 
 * :mod:`weir.protocol` -- the sans-io core: bytes in, events and bytes out; no
   sockets, clocks or runtime.  Importing it imports neither Trio nor the server.
 * :mod:`weir.app` -- the application API (``App``, ``Context``) and the MCP methods,
   on any event loop.  Importing it imports no Trio either.
 * :mod:`weir.engine` -- the Trio server and the stores.
+* :mod:`weir.asyncio` -- a second server, on asyncio (``weir serve --runtime
+  asyncio``); importing it imports no Trio.
 
 The names below are the everyday public surface, re-exported on first use from
 :mod:`weir.app` (``App``, ``Context``, ``McpError``, ``ToolError``: no Trio) or

@@ -16,7 +16,7 @@ a local HTTP server on 127.0.0.1:
   task has finished (or ``cancel_grace`` has passed: logged, the task left running).
 * Exceptions propagate as themselves (aiohttp's own included); a task cancelled on the
   asyncio side raises :class:`AsyncioBridgeError`, not ``CancelledError``.
-* Where asyncio already runs (``asyncio.run``, weir's asyncio driver) the decorator
+* Where asyncio already runs (``asyncio.run``, weir's asyncio runtime) the decorator
   awaits the function directly, on that loop.
 * At process exit the shared loop's remaining tasks are cancelled and unwound.
 

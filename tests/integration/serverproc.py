@@ -2,7 +2,7 @@
 
 Shared by the integration tests that need a real server process (the official
 conformance suite, the official SDK client).  ``driver="asyncio"`` runs the same app
-on the asyncio driver instead (``python -m examples.asyncio_server``).
+on the asyncio runtime instead (``python -m weir serve --runtime asyncio``).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVER_START_TIMEOUT = 20.0
 SERVER_STOP_TIMEOUT = 10.0
-_SERVING = re.compile(r"^(?:asyncio-weir|weir|sdk): serving (?P<url>https?://\S+)")
+_SERVING = re.compile(r"^(?:weir|sdk): serving (?P<url>https?://\S+)")
 #: The command line each driver is started with (then APP, host, port, extra args).
 #: ``sdk``: APP is a module that serves itself with the official SDK's own transport
 #: (``python -m APP``), the peer weir's SDK bridge is compared with.
 DRIVERS = {
     "trio": ("-m", "weir", "serve"),
-    "asyncio": ("-m", "examples.asyncio_server"),
+    "asyncio": ("-m", "weir", "serve", "--runtime", "asyncio"),
     "sdk": ("-m",),
 }
 

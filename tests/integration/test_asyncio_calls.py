@@ -1,4 +1,4 @@
-"""Calls on the asyncio driver that the conformance suite does not reach: client
+"""Calls on the asyncio runtime (weir.asyncio) that the conformance suite does not reach: client
 cancellation, a request id reused while it runs, the subscription bound, and the
 idempotency gate (retries replay, never run twice).
 

@@ -1,4 +1,4 @@
-"""The asyncio example driver (examples/asyncio_server/) over real loopback HTTP.
+"""The asyncio runtime (aio/, installed as weir.asyncio) over real loopback HTTP.
 
 The server runs in a background thread's asyncio event loop; the client is h11 over
 a plain blocking socket, so neither side uses Trio.  These are plain sync tests
@@ -26,8 +26,8 @@ import h11
 import pytest
 import sniffio
 
-from examples.asyncio_server import AsyncioDriver
 from weir.app.samples.demo import app as demo_app
+from weir.asyncio import AsyncioDriver
 from weir.engine import App
 from weir.protocol import LOOPBACK_HOSTS, CreditLimits, EndpointConfig
 from weir.protocol.sse import SseDecoder, SseEvent
@@ -333,7 +333,7 @@ def test_tools_run_on_the_asyncio_loop() -> None:
 
 def test_cli_prints_the_url_and_serves() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "examples.asyncio_server", "--port", "0"],
+        [sys.executable, "-m", "weir", "serve", "--runtime", "asyncio", "--port", "0"],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -342,7 +342,7 @@ def test_cli_prints_the_url_and_serves() -> None:
     try:
         assert proc.stdout is not None
         line = reader.submit(proc.stdout.readline).result(TIMEOUT)
-        found = re.fullmatch(r"asyncio-weir: serving http://127\.0\.0\.1:(\d+)/mcp\n", line)
+        found = re.fullmatch(r"weir: serving http://127\.0\.0\.1:(\d+)/mcp\n", line)
         assert found, line
         with Client(int(found[1])) as c:
             assert c.initialize()["serverInfo"]["name"] == "weir-demo"

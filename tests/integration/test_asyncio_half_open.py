@@ -1,4 +1,4 @@
-"""The asyncio driver keeps weir's guarantees on real loopback sockets.
+"""The asyncio runtime (weir.asyncio) keeps weir's guarantees on real loopback sockets.
 
 The same core (:class:`~weir.protocol.SessionFlow`, :class:`~weir.protocol.DrainTracker`,
 :class:`~weir.protocol.streams.StreamLog`) driven by asyncio instead of Trio, checked where

@@ -1,7 +1,7 @@
 """weir's client on the sessionless revision, against the real server on loopback.
 
 ``open_client`` in ``auto`` mode must pick 2026-07-28 on ``weir``'s Trio engine and
-fall back to the session era on a server without it (the asyncio driver); on
+fall back to the session era on a server without it (the asyncio runtime); on
 2026-07-28 it must answer input-required rounds through its handlers, make every
 ``tools/call`` exactly-once with an ``Idempotency-Key``, and hold listen streams.
 Real sockets, real time; every wait bounded.

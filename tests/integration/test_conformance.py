@@ -1,8 +1,8 @@
 """The official MCP conformance suite against the ``conformance`` app, on both drivers.
 
 Each session-era suite runs against ``python -m weir serve conformance`` (the Trio
-engine) and against ``python -m examples.asyncio_server conformance --sse-only`` (the
-asyncio driver): one app, one core, two event loops, the same score required of both.
+engine) and against ``python -m weir serve --runtime asyncio conformance`` (the
+asyncio runtime): one app, one core, two event loops, the same score required of both.
 The sessionless revision (``--spec-version 2026-07-28``) is the Trio engine's alone.
 
 The suite is installed from npm on first use (see tests/conformance_runner.py).
@@ -58,10 +58,7 @@ def weir_servers() -> Iterator[Callable[[str], WeirProcess]]:
             if driver not in started:
                 stdout = stack.enter_context(tempfile.TemporaryFile())
                 stderr = stack.enter_context(tempfile.TemporaryFile())
-                # The asyncio driver answers a JSON-only Accept with JSON unless told
-                # not to; the suite expects weir serve's behaviour (406): --sse-only.
-                args = ("--sse-only",) if driver == "asyncio" else ()
-                server = WeirProcess("conformance", stdout, stderr, args, driver=driver)
+                server = WeirProcess("conformance", stdout, stderr, driver=driver)
                 stack.callback(server.stop)
                 started[driver] = server
             return started[driver]

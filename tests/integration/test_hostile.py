@@ -7,6 +7,11 @@ says -- and that a polite client is still served during or right after the
 attack.  Every test is bounded in time; limits are set small where the default
 would make the test slow, and the defaults themselves are asserted where they
 matter (a trickled head is cut within 60 s by default).
+
+The tests of what the asyncio runtime serves too (HTTP framing and limits, read
+deadlines, JSON answers' credit, SSE keep-alives) run against both runtimes
+(``weir serve --runtime asyncio``); those that read ``/metrics`` or use an option it
+refuses run on the Trio engine only.
 """
 
 from __future__ import annotations
@@ -42,16 +47,23 @@ MiB = 1024 * 1024
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT_PARAMS}
 
 
+#: The runtimes a test parametrised with ``runtime`` runs against.
+RUNTIMES = pytest.mark.parametrize("runtime", ["trio", "asyncio"])
+
+
 @contextmanager
 def weir(
-    tmp_path: Path, *args: str, preexec_fn: Callable[[], None] | None = None
+    tmp_path: Path,
+    *args: str,
+    preexec_fn: Callable[[], None] | None = None,
+    runtime: str = "trio",
 ) -> Iterator[WeirProcess]:
     """``weir serve demo ARGS`` on a free loopback port, stopped afterwards."""
     with (
         (tmp_path / "stdout").open("w+b") as out,
         (tmp_path / "stderr").open("w+b") as err,
     ):
-        server = WeirProcess("demo", out, err, args, preexec_fn=preexec_fn)
+        server = WeirProcess("demo", out, err, args, preexec_fn=preexec_fn, driver=runtime)
         try:
             yield server
         finally:
@@ -256,8 +268,9 @@ async def test_trickled_head_is_cut_and_waiting_clients_are_then_served(tmp_path
         assert metric(text, "weir_refusals_total", '{reason="request_timeout"}') == limit
 
 
-async def test_trickled_body_is_cut(tmp_path: Path) -> None:
-    with weir(tmp_path, "--body-timeout", "1") as server, trio.fail_after(30):
+@RUNTIMES
+async def test_trickled_body_is_cut(tmp_path: Path, runtime: str) -> None:
+    with weir(tmp_path, "--body-timeout", "1", runtime=runtime) as server, trio.fail_after(30):
         async with connected(server.port) as c:
             head = raw_request("POST", "/mcp", body=b"{" * 100)[:-100]
             await c.send_raw(head + b"{")
@@ -312,10 +325,12 @@ async def test_a_refused_request_still_arriving_is_answered_not_reset(tmp_path: 
         assert metric(text, "weir_refusals_total", '{reason="headers_too_large"}') == 1
 
 
+@RUNTIMES
 async def test_a_refused_client_that_never_stops_sending_is_cut_at_the_linger_timeout(
-    tmp_path: Path,
+    tmp_path: Path, runtime: str
 ) -> None:
-    with weir(tmp_path, "--linger-timeout", "1", "--max-body-bytes", "1000") as server:
+    args = ("--linger-timeout", "1", "--max-body-bytes", "1000")
+    with weir(tmp_path, *args, runtime=runtime) as server:
         c = await Client.connect(server.port)
         head = raw_request("POST", "/mcp", headers={"content-length": str(10**9)})
         await c.send_raw(head)
@@ -377,8 +392,11 @@ async def test_out_of_descriptors_is_back_pressure_not_a_log_flood(tmp_path: Pat
 # ----------------------------------------------------------------- HTTP hygiene
 
 
-async def test_content_length_with_transfer_encoding_is_refused_and_closed(tmp_path: Path) -> None:
-    with weir(tmp_path) as server, trio.fail_after(20):
+@RUNTIMES
+async def test_content_length_with_transfer_encoding_is_refused_and_closed(
+    tmp_path: Path, runtime: str
+) -> None:
+    with weir(tmp_path, runtime=runtime) as server, trio.fail_after(20):
         async with connected(server.port) as c:
             smuggled = raw_request("GET", "/metrics")
             body = b"0\r\n\r\n" + smuggled
@@ -399,8 +417,11 @@ async def test_content_length_with_transfer_encoding_is_refused_and_closed(tmp_p
             assert await c.closed_by_peer()  # the smuggled request is never answered
 
 
-async def test_expect_100_continue_is_answered_before_the_body(tmp_path: Path) -> None:
-    with weir(tmp_path) as server, trio.fail_after(20):
+@RUNTIMES
+async def test_expect_100_continue_is_answered_before_the_body(
+    tmp_path: Path, runtime: str
+) -> None:
+    with weir(tmp_path, runtime=runtime) as server, trio.fail_after(20):
         async with connected(server.port) as c:
             body = json.dumps(
                 {
@@ -429,8 +450,9 @@ async def test_expect_100_continue_is_answered_before_the_body(tmp_path: Path) -
             assert reply.status == 417 and reply.reason == "expectation_failed"
 
 
-async def test_overlong_target_and_too_many_headers(tmp_path: Path) -> None:
-    with weir(tmp_path) as server, trio.fail_after(20):
+@RUNTIMES
+async def test_overlong_target_and_too_many_headers(tmp_path: Path, runtime: str) -> None:
+    with weir(tmp_path, runtime=runtime) as server, trio.fail_after(20):
         async with connected(server.port) as c:
             await c.send_raw(b"GET /" + b"a" * 10_000 + b" HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
             reply = await c.read_reply()
@@ -515,9 +537,10 @@ async def test_stalled_sessions_are_torn_down_and_memory_comes_back(
             assert (await polite.request("POST", "/mcp", ping, session=sid)).status == 200
 
 
-async def test_json_mode_half_open_session_gets_429(tmp_path: Path) -> None:
+@RUNTIMES
+async def test_json_mode_half_open_session_gets_429(tmp_path: Path, runtime: str) -> None:
     args = ("--json-response", "--drain-window", "1", "--liveness-timeout", "30")
-    with weir(tmp_path, *args) as server, trio.fail_after(60):
+    with weir(tmp_path, *args, runtime=runtime) as server, trio.fail_after(60):
         async with connected(server.port) as c:
             sid = await initialize(c)
         stalled = []
@@ -544,8 +567,9 @@ async def test_json_mode_half_open_session_gets_429(tmp_path: Path) -> None:
 # ----------------------------------------------------------------- keep-alive comments
 
 
-async def test_quiet_sse_streams_carry_keepalive_comments(tmp_path: Path) -> None:
-    with weir(tmp_path, "--sse-keepalive", "0.5") as server, trio.fail_after(20):
+@RUNTIMES
+async def test_quiet_sse_streams_carry_keepalive_comments(tmp_path: Path, runtime: str) -> None:
+    with weir(tmp_path, "--sse-keepalive", "0.5", runtime=runtime) as server, trio.fail_after(20):
         async with connected(server.port) as c:
             sid = await initialize(c)
             await c.send_raw(

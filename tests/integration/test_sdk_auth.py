@@ -192,17 +192,18 @@ async def test_an_sdk_tool_that_needs_asyncio_gets_the_hint(served: WeirProcess)
     assert "@weir.engine.asyncio_bridge.on_asyncio" in log
 
 
-def test_the_asyncio_driver_refuses_rather_than_serve_it_open() -> None:
+def test_the_asyncio_runtime_refuses_rather_than_serve_it_open() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "examples.asyncio_server", APP, "--port", "0"],
+        [sys.executable, "-m", "weir", "serve", "--runtime", "asyncio", APP, "--port", "0"],
         cwd=REPO_ROOT,
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert done.returncode != 0 and "asyncio-weir: serving" not in done.stdout
+    assert done.returncode != 0 and "weir: serving" not in done.stdout
     assert "declares its own authorization" in done.stderr
+    assert "--runtime trio" in done.stderr and "Traceback" not in done.stderr
 
 
 class TableVerifier:

@@ -4,7 +4,7 @@ The server is ``python -m weir serve tests.integration.sdk_bridge_app:server`` (
 bridge, :func:`weir.app.sdk.from_sdk`, found by ``weir serve`` itself); the client is
 the SDK's ``Client`` in ``auto`` mode (it discovers 2026-07-28 and speaks it) and in
 ``legacy`` mode (the ``initialize`` handshake, 2025-11-25; also against the asyncio
-driver, ``python -m examples.asyncio_server``, where the SDK's anyio code runs on
+runtime, ``python -m weir serve --runtime asyncio``, where the SDK's anyio code runs on
 asyncio instead of Trio).  The same SDK tools serve
 both: progress and logs ride the request's stream; elicitation and sampling are
 server-to-client requests on the session era and input-required rounds on
@@ -131,7 +131,7 @@ async def test_the_sdk_client_drives_an_sdk_app_through_weir(
             log_level="debug",
         ) as client,
     ):
-        # (The asyncio driver serves the session era only: auto would fall back.)
+        # (The asyncio runtime serves the session era only: auto would fall back.)
         assert client.protocol_version == VERSION[mode]
         names = {t.name for t in (await client.list_tools()).tools}
         assert {"state", "steps", "greet", "compute", "wait"} <= names

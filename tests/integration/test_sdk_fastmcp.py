@@ -3,7 +3,9 @@ SDK client in ``auto`` (2026-07-28) and ``legacy`` (2025-11-25) mode.
 
 FastMCP 4 builds on the official SDK 2.x and holds an SDK low-level ``Server``;
 ``weir serve tests.integration.fastmcp_app:mcp`` recognises it and wraps that server
-with :func:`weir.app.sdk.from_sdk`.  Needs the ``fastmcp`` extra; skipped without it
+with :func:`weir.app.sdk.from_sdk`.  The same runs on the asyncio runtime
+(``weir serve --runtime asyncio``), which serves the session era only, so there the
+``auto`` mode falls back to 2025-11-25 too.  Needs the ``fastmcp`` extra; skipped without it
 unless ``WEIR_REQUIRE_FASTMCP=1`` (CI sets it).
 """
 
@@ -32,13 +34,11 @@ from tests.integration.test_sdk_interop import (
 
 pytestmark = pytest.mark.interop
 
-VERSION = {"auto": SESSIONLESS_VERSION, "legacy": NEGOTIATED_VERSION}
 
-
-@pytest.fixture(scope="module")
-def fastmcp_server() -> Iterator[WeirProcess]:
+@pytest.fixture(scope="module", params=["trio", "asyncio"])
+def fastmcp_server(request: pytest.FixtureRequest) -> Iterator[WeirProcess]:
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        server = WeirProcess("tests.integration.fastmcp_app:mcp", out, err)
+        server = WeirProcess("tests.integration.fastmcp_app:mcp", out, err, driver=request.param)
         try:
             yield server
         finally:
@@ -48,13 +48,16 @@ def fastmcp_server() -> Iterator[WeirProcess]:
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 @on_asyncio
 async def test_a_fastmcp_server_is_served_unchanged(fastmcp_server: WeirProcess, mode: Any) -> None:
+    sessionless = mode == "auto" and fastmcp_server.driver == "trio"
     steps: list[float] = []
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         steps.append(progress)
 
     async with Client(fastmcp_server.url, mode=mode) as client:
-        assert client.protocol_version == VERSION[mode]
+        assert client.protocol_version == (
+            SESSIONLESS_VERSION if sessionless else NEGOTIATED_VERSION
+        )
         assert {t.name for t in (await client.list_tools()).tools} == {"add", "count"}
         assert text_of(await client.call_tool("add", {"a": 2, "b": 40})) == "42"
         done = await client.call_tool("count", {"n": 3}, progress_callback=on_progress)
@@ -63,7 +66,7 @@ async def test_a_fastmcp_server_is_served_unchanged(fastmcp_server: WeirProcess,
         assert isinstance(motto, types.TextResourceContents) and motto.text == "small and sharp"
         bad = await client.call_tool("add", {"a": "two", "b": 1})
         assert bad.is_error  # FastMCP's own validation, as FastMCP answers it
-        if mode == "legacy":  # what initialize said is FastMCP's own description
+        if not sessionless:  # what initialize said is FastMCP's own description
             init = client.session.initialize_result
             assert init is not None and init.server_info.name == "fastmcp-test"
             assert init.instructions == "adds numbers"

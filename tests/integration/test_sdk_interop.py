@@ -1,9 +1,9 @@
 """The official MCP Python SDK (``mcp==2.3.0``) as a client of ``weir serve``, and of
-the asyncio driver.
+the asyncio runtime.
 
 Each app (``demo``, ``conformance``) runs once per module and driver, as ``python -m
-weir serve APP --host 127.0.0.1 --port 0`` and as ``python -m examples.asyncio_server
-APP --port 0``, in a subprocess, stopped with SIGINT (then killed).  The 2024-11-05
+weir serve APP --host 127.0.0.1 --port 0`` and as ``python -m weir serve --runtime
+asyncio APP ...``, in a subprocess, stopped with SIGINT (then killed).  The 2024-11-05
 transport and authorization are the Trio engine's alone, so those tests run on it only.
 
 Event loop: the tests are written as ``async def`` bodies, but :func:`on_asyncio`
@@ -20,7 +20,7 @@ server runs in its own process either way, so weir itself is exercised identical
 The client is the SDK's ``Client(...)`` in its default ``mode="auto"``: it first
 probes ``server/discover`` at protocol 2026-07-28.  ``weir serve`` answers it, so the
 SDK speaks the sessionless revision (input-required results instead of
-server-to-client requests, ``subscriptions/listen``); the asyncio driver serves the
+server-to-client requests, ``subscriptions/listen``); the asyncio runtime serves the
 session era only and refuses the probe with -32022, so the SDK falls back to the
 ``initialize`` handshake at 2025-11-25.  Tests of session-era behaviour (resumption,
 ``DELETE``) pin ``mode="legacy"`` and run on both drivers.  Most tests give the SDK's

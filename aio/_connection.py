@@ -1,4 +1,4 @@
-"""One TCP connection of the asyncio driver: HTTP in, responses and SSE streams out.
+"""One TCP connection of the asyncio runtime: HTTP in, responses and SSE streams out.
 
 Theory of operation
 -------------------
@@ -68,14 +68,17 @@ if TYPE_CHECKING:
     from ._driver import AsyncioDriver
 
 log = logging.getLogger("weir.asyncio")
-_SSE_HEADERS = (("content-type", "text/event-stream"), ("cache-control", "no-cache"))
+#: (``x-accel-buffering: no``: a buffering proxy, nginx's say, passes frames on at once.)
+_SSE_HEADERS = (
+    ("content-type", "text/event-stream"),
+    ("cache-control", "no-cache"),
+    ("x-accel-buffering", "no"),
+)
 #: ``ioctl(SIOCOUTQ)``: bytes in a TCP socket's send queue not yet acknowledged (Linux).
 _SIOCOUTQ = 0x5411
 #: How often a connection with unacknowledged frames asks the kernel (seconds).
 _ACK_POLL_S = 0.002
 _ACK_POLL_MAX_S = 0.05
-#: A comment on an idle stream this often, so proxies do not cut it.
-_SSE_KEEPALIVE_S = 15.0
 _TCP = (socket.AF_INET, socket.AF_INET6)
 
 
@@ -84,7 +87,7 @@ class Connection:
     and the acknowledgement tracking of every frame it writes."""
 
     def __init__(self, driver: AsyncioDriver, writer: asyncio.StreamWriter) -> None:
-        self.driver, self.writer, self.conn = driver, writer, HttpConnection()
+        self.driver, self.writer, self.conn = driver, writer, HttpConnection(driver.limits)
         # A mark's token: (session, stream, seq after the frame), or (session, None,
         # bytes) for a JSON body, whose credit comes back whole when it is acknowledged.
         self.acks: DrainTracker[tuple[Session, StreamLog | None, int]] = DrainTracker()
@@ -276,7 +279,8 @@ class Connection:
             await self.send(self.conn.send_response(202, ()))
             return
         session.state = session_transition(session.state, SessionInput.REQUEST)
-        sse = accepts(post.ctx.headers.get("accept"), "text/event-stream")
+        always_json = self.driver.always_json
+        sse = not always_json and accepts(post.ctx.headers.get("accept"), "text/event-stream")
         # Each request reserves room for its result before its stream exists: under
         # a key of the POST's own, which its stream takes over once it is opened.
         lane = object()
@@ -521,9 +525,9 @@ class Connection:
                 break
             if step is not WriterStep.WAIT:
                 break  # aborted, a replay of a delivered stream, or the session ended
-            before = stream.next_seq
-            await session.wait_for_frames(stream, _SSE_KEEPALIVE_S)
-            if stream.next_seq == before and not stream.finished:
+            before, keepalive = stream.next_seq, self.driver.sse_keepalive
+            await session.wait_for_frames(stream, keepalive)
+            if keepalive is not None and stream.next_seq == before and not stream.finished:
                 await self.send(self.conn.send_stream_data(encode_comment()))
         await self.send(self.conn.end_stream())
 

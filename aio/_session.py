@@ -1,4 +1,4 @@
-"""One session of the asyncio driver: its credit, streams, handler tasks and timer.
+"""One session of the asyncio runtime: its credit, streams, handler tasks and timer.
 
 Theory of operation
 -------------------
@@ -264,7 +264,7 @@ class Session:
         if event is not None:
             event.set()
 
-    async def wait_for_frames(self, stream: StreamLog, timeout: float) -> None:
+    async def wait_for_frames(self, stream: StreamLog, timeout: float | None) -> None:
         event = self._wakeups.setdefault(stream.epoch, asyncio.Event())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout)

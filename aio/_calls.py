@@ -1,4 +1,4 @@
-"""Running one request on the asyncio driver: the app's handler and its way to the client.
+"""Running one request on the asyncio runtime: the app's handler and its way to the client.
 
 Theory of operation
 -------------------

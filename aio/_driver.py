@@ -1,17 +1,16 @@
-"""The asyncio driver's server object, its limits, and its command line.
+"""The asyncio runtime's server object and its limits.
 
 Theory of operation
 -------------------
 :class:`AsyncioDriver` holds the sessions and counts the connections; everything a
 client can make it hold has a limit (sessions, connections, idle time, each session's
-credit and history).  :func:`serve` starts an ``asyncio`` server around it; :func:`main`
-is ``python -m examples.asyncio_server``, which also runs the app's lifespan around
-serving, as ``weir serve`` does.
+credit and history).  :func:`serve` starts an ``asyncio`` server around it;
+:func:`weir.asyncio.run` (``weir serve --runtime asyncio``) also runs the app's
+lifespan around serving and stops on a signal.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -24,6 +23,7 @@ from weir.protocol import (
     SERVER_ERROR,
     CreditLimits,
     EndpointConfig,
+    HttpLimits,
     ReadTimeouts,
     Reason,
     RemoteProtocolError,
@@ -56,17 +56,25 @@ class AsyncioDriver:
         *,
         max_sessions: int = 1000,
         max_connections: int = 1000,
-        idle_timeout: float = 600.0,
+        idle_timeout: float | None = 600.0,
         read_timeouts: ReadTimeouts | None = None,
         state: Any = None,
         in_progress_wait: float = 5.0,
+        limits: HttpLimits | None = None,
+        always_json: bool = False,
+        sse_keepalive: float | None = 15.0,
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
         ``overloaded``, then close), a session unused for ``idle_timeout`` seconds
-        (and running nothing) is forgotten, and each session holds at most its
-        ``credit`` in unacknowledged frames.  Reads have the core's deadlines
-        (``read_timeouts``: idle keep-alive, a whole head, a body; 408 past the last two).
+        (and running nothing) is forgotten (``None``: never), and each session holds
+        at most its ``credit`` in unacknowledged frames.  Reads have the core's
+        deadlines (``read_timeouts``: idle keep-alive, a whole head, a body; 408 past
+        the last two) and the core's size limits (``limits``: 413, 431, 414).
+        With ``always_json`` every request is answered with one JSON body, whatever
+        the client's ``Accept`` also lists (``weir serve --json-response``); without
+        it a client that accepts SSE gets a stream.  A quiet SSE stream gets a ``:``
+        comment every ``sse_keepalive`` seconds (``None``: never).
         A retried ``tools/call`` that finds its first delivery still running waits up
         to ``in_progress_wait`` seconds to replay its response, then gets 409
         ``in_progress``.  ``state`` is what handlers see as ``Context.state`` (what the
@@ -77,6 +85,8 @@ class AsyncioDriver:
         self.max_sessions, self.max_connections = max_sessions, max_connections
         self.idle_timeout = idle_timeout
         self.read_timeouts = read_timeouts or ReadTimeouts()
+        self.limits = limits or HttpLimits()
+        self.always_json, self.sse_keepalive = always_json, sse_keepalive
         self.in_progress_wait = in_progress_wait
         self.sessions: dict[str, Session] = {}
         self.connections = 0
@@ -84,6 +94,8 @@ class AsyncioDriver:
         #: Session-close hooks still running (kept referenced until they end).
         self._closing: set[asyncio.Task[None]] = set()
         self._notes: set[asyncio.Task[None]] = set()
+        #: The connection handlers running (shutdown ends them).
+        self._handlers: set[asyncio.Task[Any]] = set()
         #: ``app.changed(...)`` from outside a request reaches this driver's sessions.
         self.detach = app.attach_changes(self.changed)
 
@@ -125,7 +137,7 @@ class AsyncioDriver:
     def add_session(self, session: Session) -> None:
         """Register a new session (the caller checked :meth:`check_room`)."""
         self.sessions[session.sid] = session
-        if self._sweeper is None:
+        if self._sweeper is None and self.idle_timeout is not None:
             self._sweeper = session.loop.call_later(self.idle_timeout / 4, self._sweep)
 
     def check_room(self, request_id: RequestId | None) -> None:
@@ -144,6 +156,8 @@ class AsyncioDriver:
     def _sweep(self) -> None:
         """Forget sessions idle for ``idle_timeout`` that run and write nothing."""
         self._sweeper = None
+        if self.idle_timeout is None:
+            return
         loop = asyncio.get_running_loop()
         now = loop.time()
         for session in list(self.sessions.values()):
@@ -152,6 +166,22 @@ class AsyncioDriver:
                 self.end(session)
         if self.sessions:
             self._sweeper = loop.call_later(self.idle_timeout / 4, self._sweep)
+
+    async def close_all(self) -> None:
+        """End every session (their handlers are cancelled, their streams end) and
+        every connection, and wait for the app's session-close hooks, each bounded by
+        ``SESSION_CLOSE_WAIT``.  (The caller has stopped accepting connections.)"""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for session in list(self.sessions.values()):
+            self.end(session)
+        for handler in self._handlers:
+            handler.cancel()
+        waiting = self._closing | self._handlers
+        if waiting:
+            await asyncio.wait(waiting)
+        self.detach()
 
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """The ``start_server`` callback: serve one connection until it closes."""
@@ -168,10 +198,20 @@ class AsyncioDriver:
             writer.transport.abort()
             return
         self.connections += 1
+        me = asyncio.current_task()
+        if me is not None:
+            self._handlers.add(me)
         try:
             await Connection(self, writer).run(reader)
+        except asyncio.CancelledError:
+            # The connection is over (shutdown, or its session ended while it wrote a
+            # stream); the handler ends quietly, not cancelled -- Python 3.11's
+            # start_server would log a cancelled handler as an unhandled error.
+            writer.transport.abort()
         finally:
             self.connections -= 1
+            if me is not None:
+                self._handlers.discard(me)
 
 
 async def serve(
@@ -196,47 +236,3 @@ async def serve(
     endpoint = EndpointConfig(path=path, allowed_hosts=hosts, json_response=json_only_clients)
     driver = AsyncioDriver(app or load_app("demo"), endpoint, credit, state=state)
     return await asyncio.start_server(driver.connection, host, port)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m examples.asyncio_server [APP] [--host H] [--port N] [--sse-only]``.
-
-    ``APP`` is ``demo`` (the default), ``conformance`` or ``module:attribute``, as for
-    ``weir serve``.  Ctrl-C stops it.
-    """
-    parser = argparse.ArgumentParser(prog="python -m examples.asyncio_server")
-    parser.add_argument("app", nargs="?", default="demo", help="demo, conformance or module:attr")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument(
-        "--sse-only",
-        action="store_true",
-        help="406 for a POST whose Accept lacks text/event-stream (weir serve's default)",
-    )
-    args = parser.parse_args(argv)
-    try:
-        app = load_app(args.app)
-    except LookupError as exc:
-        parser.error(str(exc))
-    if getattr(app, "security", None) is not None:
-        # An SDK app's own token verifier: this driver has no authorization to run it
-        # with, and serving the app open instead would be silently wrong.
-        parser.error(
-            f"the app {app.name!r} declares its own authorization, which this driver "
-            "does not serve: use weir serve"
-        )
-
-    async def run() -> None:
-        async with app.lifespan_context() as state:
-            server = await serve(
-                args.host, args.port, app=app, json_only_clients=not args.sse_only, state=state
-            )
-            host, port = server.sockets[0].getsockname()[:2]
-            shown = f"[{host}]" if ":" in host else host
-            print(f"asyncio-weir: serving http://{shown}:{port}/mcp", flush=True)
-            async with server:
-                await server.serve_forever()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run())
-    return 0

@@ -1,0 +1,73 @@
+"""weir's asyncio runtime: the sans-io core and the app layer on stdlib ``asyncio``.
+
+``weir serve --runtime asyncio APP`` serves an app with it; :func:`run` is the same
+thing as a function, :func:`serve` starts a server inside a running loop, and
+:class:`AsyncioDriver` is the ``asyncio.start_server`` callback for embedding.
+
+Theory of operation
+-------------------
+:mod:`weir.protocol` does no I/O and reads no clock, and :mod:`weir.app` awaits
+nothing but what its driver gives it, so any event loop can drive them.  This
+package is such a driver: an asyncio server around the same core and the same app
+layer the Trio engine (:mod:`weir.engine`) drives, with the same guarantees about a
+client that stops reading.  It imports neither trio nor :mod:`weir.engine`, so an
+app's tools run as plain asyncio tasks: ``asyncio.sleep``, ``asyncio.Event``,
+``loop.run_in_executor`` and asyncio-only libraries work in them unchanged, as do
+apps written with the official MCP SDK (through :mod:`weir.app.sdk`; its anyio code
+runs on asyncio here).
+
+* **Process** (:mod:`._run`).  :func:`run` picks the loop (``uvloop`` when it can be
+  imported, else the standard library's), enters the app's lifespan within its
+  start-up timeout, listens, and on SIGINT/SIGTERM stops listening, ends every
+  session (running calls are cancelled: no drain), runs the session-close hooks and
+  exits the lifespan.
+* **HTTP and the endpoint** (:mod:`._connection`).  The core's
+  :class:`~weir.protocol.HttpConnection` (with its size limits),
+  :func:`~weir.protocol.route`, :func:`~weir.protocol.refusal`, ``initialize`` checks
+  and result, and read deadlines; GET streams, ``Last-Event-ID`` resumption from this
+  process's own logs, the newest reader wins.  A request of the sessionless revision
+  (2026-07-28) is refused: 400, JSON-RPC -32022 with ``data.reason``
+  ``unsupported_protocol_version`` and ``data.supported`` listing the session-era
+  revisions (a client that can fall back to ``initialize`` does so).
+* **Credit and timers** (:mod:`._session`).  Each session has one
+  :class:`~weir.protocol.SessionFlow`; credit comes back when the *peer's kernel has
+  acknowledged* a frame's last byte (``ioctl(SIOCOUTQ)``, Linux).  A JSON body holds
+  credit the same way.  One ``loop.call_at`` per session: half-open means 429
+  ``stream_half_open`` for new requests, and past the liveness timeout teardown.
+* **Calls** (:mod:`._calls`).  Every MCP method is :func:`weir.app.dispatch`'s;
+  handlers get a :class:`weir.app.Context` (progress, logging, sampling, elicitation,
+  roots, ``close_stream``) backed by this driver, run as tasks owned by the session
+  (a dropped connection does not cancel a call) and stop on
+  ``notifications/cancelled``.  A ``tools/call`` passes the idempotency gate first --
+  the core's rules over a :class:`~weir.protocol.gate.CallLedger`, as in the Trio
+  engine's memory store -- so a retry replays its response and never runs it twice.
+* **Limits** (:mod:`._driver`).  Sessions (503 ``session_limit``), connections (503
+  ``overloaded``), idle sessions (forgotten after ``idle_timeout`` unless busy), each
+  session's credit and replay history (a live stream's last 256 frames; a closed
+  stream keeps only its unacknowledged ones; at most 16 closed streams), and its gate
+  records (256 finished calls, 256 KiB of keys and results; beyond, the oldest
+  results become tombstones).  What ``initialize`` declares and what
+  ``resources/subscribe`` asks are bounded by the core and the app layer.
+
+Not here yet (the Trio engine has them, and ``weir serve --runtime asyncio`` refuses
+their options rather than ignore them): the sessionless revision, the 2024-11-05
+HTTP+SSE transport, shared session stores (replicas, shared replay, several
+workers), authorization, a budget on what all connections buffer, a memory budget
+for replay history and results, inline execution, metrics and a graceful drain of
+running calls at shutdown.
+"""
+
+from __future__ import annotations
+
+from ._driver import AsyncioDriver, serve
+from ._run import STARTUP_TIMEOUT, AsyncioConfig, StartupFailed, event_loop_name, run
+
+__all__ = [
+    "STARTUP_TIMEOUT",
+    "AsyncioConfig",
+    "AsyncioDriver",
+    "StartupFailed",
+    "event_loop_name",
+    "run",
+    "serve",
+]

@@ -1,0 +1,200 @@
+"""Running the asyncio runtime as a server process: :func:`run` and its settings.
+
+Theory of operation
+-------------------
+:func:`run` is what ``weir serve --runtime asyncio`` calls once it has parsed and
+checked its options (the command line lives with the Trio engine, which this package
+never imports).  It blocks:
+
+1. **The loop.**  ``uvloop`` when it can be imported (``pip install 'weir[asyncio]'``),
+   the standard library's loop otherwise; :func:`event_loop_name` says which, and
+   ``started`` is told.
+2. **The lifespan.**  The app's lifespan is entered within ``startup_timeout``
+   seconds; what it raises on entry, or its overrunning, is a :class:`StartupFailed`
+   whose message is one line saying so.
+3. **Serving.**  ``asyncio.start_server`` around an :class:`AsyncioDriver`; then
+   ``started(url, loop_name)`` (the command line prints the ``weir: serving`` line).
+   A failure to listen (a port in use, a host that does not resolve) raises the
+   ``OSError`` itself, before ``started``.
+4. **Stopping.**  SIGINT or SIGTERM: the listener closes, every session ends (its
+   handlers are cancelled, its streams end; there is no drain of running calls), the
+   app's session-close hooks run (bounded), the lifespan exits, and :func:`run`
+   returns.  A second signal cancels whatever is still running at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import signal
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from weir.app import App
+from weir.protocol import CreditLimits, EndpointConfig, HttpLimits, ReadTimeouts
+
+from ._driver import AsyncioDriver
+
+#: Seconds an app's lifespan may take to start, by default.
+STARTUP_TIMEOUT = 60.0
+
+
+class StartupFailed(Exception):
+    """The server did not start; the message is one line saying why (``weir: ...``)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class AsyncioConfig:
+    """What :func:`run` serves and how much it lets clients hold.
+
+    Attributes:
+        host, port: where to listen (port 0: a free one).
+        endpoint: the path, the accepted Host/Origin names, JSON answers, batch size.
+        limits: request sizes (413, 431, 414).
+        read_timeouts: idle keep-alive, head and body deadlines (408), linger.
+        credit: each session's drain credit and timers.
+        max_connections: connections served at once (503 ``overloaded`` beyond).
+        max_sessions: live sessions (503 ``session_limit`` beyond).
+        idle_timeout: a session unused this long, running nothing, is forgotten
+            (``None``: never).
+        sse_keepalive: a ``:`` comment on a quiet SSE stream this often (``None``: never).
+        startup_timeout: how long the app's lifespan may take to start.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    endpoint: EndpointConfig = dataclasses.field(default_factory=EndpointConfig)
+    limits: HttpLimits = dataclasses.field(default_factory=HttpLimits)
+    read_timeouts: ReadTimeouts = dataclasses.field(default_factory=ReadTimeouts)
+    credit: CreditLimits = dataclasses.field(default_factory=CreditLimits)
+    max_connections: int = 1000
+    max_sessions: int = 1000
+    idle_timeout: float | None = 600.0
+    sse_keepalive: float | None = 15.0
+    startup_timeout: float = STARTUP_TIMEOUT
+
+    def driver(self, app: App, state: Any = None) -> AsyncioDriver:
+        """An :class:`AsyncioDriver` serving ``app`` with these settings."""
+        return AsyncioDriver(
+            app,
+            self.endpoint,
+            self.credit,
+            max_sessions=self.max_sessions,
+            max_connections=self.max_connections,
+            idle_timeout=self.idle_timeout,
+            read_timeouts=self.read_timeouts,
+            state=state,
+            limits=self.limits,
+            always_json=self.endpoint.json_response,
+            sse_keepalive=self.sse_keepalive,
+        )
+
+
+def _uvloop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop constructor, if uvloop can be imported."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def event_loop_name() -> str:
+    """``"uvloop"`` if :func:`run` will use it (it can be imported), else ``"asyncio"``."""
+    return "uvloop" if _uvloop_factory() is not None else "asyncio"
+
+
+def _runner(main: Coroutine[Any, Any, None]) -> None:
+    with asyncio.Runner(loop_factory=_uvloop_factory()) as runner:
+        runner.run(main)
+
+
+def run(
+    app: App,
+    config: AsyncioConfig,
+    *,
+    started: Callable[[str, str], None] | None = None,
+) -> None:
+    """Serve ``app`` until SIGINT or SIGTERM (see the module's theory of operation).
+
+    ``started(url, loop_name)`` is called once the server listens.
+
+    Raises:
+        StartupFailed: the app's lifespan raised on entry or overran ``startup_timeout``.
+        OSError: the server could not listen.
+    """
+    _runner(_serve(app, config, started))
+
+
+async def _serve(
+    app: App, config: AsyncioConfig, started: Callable[[str, str], None] | None
+) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    main = asyncio.current_task()
+    forced = False
+
+    def on_signal() -> None:
+        nonlocal forced
+        if stop.is_set() and main is not None and not forced:
+            forced = True
+            main.cancel()  # a second signal: stop waiting for anything
+        stop.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            state = await _enter_lifespan(app, stack, config.startup_timeout)
+            driver = config.driver(app, state)
+            server = await asyncio.start_server(driver.connection, config.host, config.port)
+            try:
+                if started is not None:
+                    host, port = server.sockets[0].getsockname()[:2]
+                    shown = f"[{host}]" if ":" in host else host
+                    started(f"http://{shown}:{port}{config.endpoint.path}", event_loop_name())
+                await stop.wait()
+            finally:
+                server.close()  # (not wait_closed: open streams end with their sessions)
+                await driver.close_all()
+    except asyncio.CancelledError:
+        if not forced:
+            raise
+        # The second signal cut the shutdown short (a hook or the lifespan's exit still
+        # running was cancelled); the process exits now, as asked.
+
+
+async def _enter_lifespan(app: App, stack: contextlib.AsyncExitStack, timeout: float) -> Any:
+    """Enter ``app``'s lifespan within ``timeout`` seconds; its state.
+
+    Raises:
+        StartupFailed: it raised, or did not finish starting in time.
+    """
+    deadline = asyncio.timeout(timeout)
+    try:
+        async with deadline:
+            return await stack.enter_async_context(app.lifespan_context())
+    except TimeoutError as exc:
+        if not deadline.expired():  # the lifespan's own TimeoutError
+            raise StartupFailed(
+                f"weir: the app's lifespan failed at start-up: {_one_line(exc)}"
+            ) from exc
+        raise StartupFailed(
+            f"weir: the app's lifespan did not finish starting within {timeout:g} s;"
+            " find what it waits for, or give it longer with --startup-timeout"
+        ) from None
+    except Exception as exc:
+        raise StartupFailed(
+            f"weir: the app's lifespan failed at start-up: {_one_line(exc)}"
+        ) from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` of ``exc`` (of its first leaf, for a group), on one line."""
+    first = exc
+    while isinstance(first, BaseExceptionGroup) and first.exceptions:
+        first = first.exceptions[0]
+    text = " ".join(str(first).split())
+    return f"{type(first).__name__}: {text}" if text else type(first).__name__

@@ -1,0 +1,245 @@
+"""``weir serve --runtime asyncio``: the command line's side of the asyncio runtime.
+
+Theory of operation
+-------------------
+The command line is the Trio engine's (:mod:`weir.engine.cli`); :mod:`weir.asyncio`
+imports neither it nor Trio, and is imported from here only when asked for.  With
+``--runtime asyncio`` the CLI:
+
+1. **Refuses what the asyncio runtime does not serve yet** (:func:`refusals`): every
+   option given on the command line is looked up in :data:`TRIO_ONLY`; one given with
+   a value the asyncio runtime cannot honour is refused, one line each, naming the
+   option, what the asyncio runtime does instead, and that the Trio runtime serves it
+   -- never silently ignored.  So is ``$WEIR_STATE_KEYS``, and an app that declares
+   its own authorization (served open it would be silently wrong).
+2. **Checks the rest as the Trio path does** (the same :func:`config_from_args`), and
+   turns the :class:`~weir.engine.ServerConfig` into a
+   :class:`~weir.asyncio.AsyncioConfig` (:func:`asyncio_config`).
+3. **Runs** :func:`weir.asyncio.run`, printing ``weir: serving URL`` first on stdout
+   and the event loop on stderr; a start-up failure is one line on stderr, status 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterable
+
+from weir.app import App
+from weir.asyncio import AsyncioConfig, StartupFailed, run
+from weir.protocol import ReadTimeouts
+
+from ._config import ServerConfig
+from ._startup import describe, explain
+
+log = logging.getLogger(__name__)
+
+_AUTH = "the asyncio runtime has no authorization"
+
+
+def _never(value: object) -> bool:
+    return False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TrioOnly:
+    """An option the asyncio runtime serves only with values ``served`` accepts."""
+
+    flag: str
+    why: str
+    served: Callable[[object], bool] = _never
+
+
+#: ``serve`` options (by argparse ``dest``) the asyncio runtime does not serve yet,
+#: or serves with one value only.  Every other option it serves as the Trio path does.
+TRIO_ONLY: dict[str, TrioOnly] = {
+    "shutdown_grace": TrioOnly(
+        "--shutdown-grace",
+        "the asyncio runtime cancels running calls at shutdown, with no drain (only 0 is served)",
+        lambda v: v == 0,
+    ),
+    "store": TrioOnly(
+        "--store",
+        "the asyncio runtime keeps sessions in this process only (only 'memory' is served)",
+        lambda v: v == "memory",
+    ),
+    "resume": TrioOnly(
+        "--resume",
+        "the asyncio runtime resumes streams from this process's own logs "
+        "(only 'pinned' is served)",
+        lambda v: v == "pinned",
+    ),
+    "replica_id": TrioOnly("--replica-id", "the asyncio runtime has no replicas to name"),
+    "retry_window": TrioOnly(
+        "--retry-window",
+        "the asyncio runtime serves neither the 2026-07-28 revision nor authorization "
+        "(only 0 is served)",
+        lambda v: v == 0,
+    ),
+    "state_key_file": TrioOnly(
+        "--state-key-file",
+        "the asyncio runtime does not serve the 2026-07-28 revision, whose request "
+        "state these keys seal",
+    ),
+    "workers": TrioOnly(
+        "--workers",
+        "the asyncio runtime runs one process and has no shared store (only 1 is served)",
+        lambda v: v == 1,
+    ),
+    "reuse_port": TrioOnly("--reuse-port", "the asyncio runtime runs one process"),
+    "max_inbound_bytes": TrioOnly(
+        "--max-inbound-bytes",
+        "the asyncio runtime has no budget on what all connections buffer together",
+    ),
+    "max_sessions_per_principal": TrioOnly(
+        "--max-sessions-per-principal", f"{_AUTH}, so no principals"
+    ),
+    "initialize_timeout": TrioOnly(
+        "--initialize-timeout",
+        "the asyncio runtime forgets a silent new session after --session-idle-timeout only",
+    ),
+    "session_retain_bytes": TrioOnly(
+        "--session-retain-bytes",
+        "the asyncio runtime bounds each session's history by count (256 frames a "
+        "stream; 256 calls and 256 KiB of results)",
+    ),
+    "memory_budget": TrioOnly(
+        "--memory-budget", "the asyncio runtime has no budget across all sessions"
+    ),
+    "claim_lease": TrioOnly("--claim-lease", "the asyncio runtime has no shared store"),
+    "auth_issuer": TrioOnly("--auth-issuer", _AUTH),
+    "auth_resource": TrioOnly("--auth-resource", _AUTH),
+    "auth_jwks_url": TrioOnly("--auth-jwks-url", _AUTH),
+    "auth_jwks_file": TrioOnly("--auth-jwks-file", _AUTH),
+    "auth_scope": TrioOnly("--auth-scope", _AUTH),
+    "auth_server": TrioOnly("--auth-server", _AUTH),
+}
+
+#: ``serve`` options the asyncio runtime serves as the Trio path does (every option is
+#: here or in :data:`TRIO_ONLY`; a test keeps it so, so that a new option is never
+#: silently ignored by the asyncio runtime).
+SERVED: frozenset[str] = frozenset(
+    {
+        "app",
+        "runtime",
+        "app_dir",
+        "startup_timeout",
+        "host",
+        "port",
+        "path",
+        "json_response",
+        "allow_host",
+        "log_level",
+        "credit_frames",
+        "credit_bytes",
+        "drain_window",
+        "liveness_timeout",
+        "max_connections",
+        "keepalive_timeout",
+        "head_timeout",
+        "body_timeout",
+        "linger_timeout",
+        "max_body_bytes",
+        "max_header_bytes",
+        "max_header_fields",
+        "max_target_bytes",
+        "max_sessions",
+        "session_idle_timeout",
+        "max_batch",
+        "sse_keepalive",
+    }
+)
+
+_TAIL = "it is served by the Trio runtime only for now (drop it, or serve with --runtime trio)"
+
+
+def refusals(given: dict[str, object], environ: dict[str, str] | None = None) -> list[str]:
+    """One line for each option in ``given`` (argparse ``dest`` -> value, the options
+    on the command line only) that the asyncio runtime would not honour."""
+    lines = []
+    for dest, value in given.items():
+        rule = TRIO_ONLY.get(dest)
+        if rule is not None and not rule.served(value):
+            lines.append(f"weir: --runtime asyncio refuses {rule.flag}: {rule.why}; {_TAIL}")
+    env = os.environ if environ is None else environ
+    if env.get("WEIR_STATE_KEYS", "").strip():
+        lines.append(
+            "weir: --runtime asyncio refuses $WEIR_STATE_KEYS: the asyncio runtime does not "
+            f"serve the 2026-07-28 revision, whose request state these keys seal; {_TAIL}"
+        )
+    return lines
+
+
+def check_app(app: App) -> None:
+    """Refuse an app the asyncio runtime would serve wrongly; warn about what it leaves out.
+
+    Raises:
+        SystemExit: the app declares its own authorization (a token verifier).
+    """
+    for route in getattr(app, "unserved_routes", ()):
+        log.warning("the app's route %s is not served by weir (serve it elsewhere)", route)
+    if getattr(app, "security", None) is not None:  # an SDK app's own token verifier
+        raise SystemExit(
+            f"weir: --runtime asyncio refuses the app {app.name!r}: it declares its own "
+            "authorization, which the asyncio runtime does not serve (served open it "
+            "would be silently wrong); serve it with --runtime trio"
+        )
+
+
+def asyncio_config(config: ServerConfig, startup_timeout: float) -> AsyncioConfig:
+    """The asyncio runtime's settings for what ``config`` (checked, from the command
+    line) asks, every field of it that the asyncio runtime serves."""
+    return AsyncioConfig(
+        host=config.host,
+        port=config.port,
+        endpoint=config.endpoint(),
+        limits=config.limits,
+        read_timeouts=ReadTimeouts(
+            keepalive=config.keepalive_timeout,
+            head=config.head_timeout,
+            body=config.body_timeout,
+            linger=config.linger_timeout,
+        ),
+        credit=config.credit,
+        max_connections=config.connection_limit,
+        max_sessions=config.max_sessions,
+        idle_timeout=config.session_idle_timeout,
+        sse_keepalive=config.sse_keepalive,
+        startup_timeout=startup_timeout,
+    )
+
+
+def serve_on_asyncio(app: App, config: AsyncioConfig, warn: Iterable[str] = ()) -> int:
+    """Run the asyncio runtime until a signal; the process's exit status.
+
+    ``warn``: lines printed to stderr once the server listens.
+    """
+    serving = False
+
+    def started(url: str, loop_name: str) -> None:
+        nonlocal serving
+        serving = True
+        print(f"weir: serving {url}", flush=True)
+        hint = "" if loop_name == "uvloop" else " (uvloop is not installed: weir[asyncio])"
+        print(f"weir: runtime asyncio, event loop {loop_name}{hint}", file=sys.stderr, flush=True)
+        for line in warn:
+            print(line, file=sys.stderr, flush=True)
+
+    try:
+        run(app, config, started=started)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if serving:
+            raise  # not a start-up failure: a bug, with its traceback
+        log.debug("start-up failed", exc_info=exc)
+        line = (
+            str(exc)
+            if isinstance(exc, StartupFailed)
+            else explain(exc, config.host, config.port) or f"weir: could not start: {describe(exc)}"
+        )
+        print(line, file=sys.stderr, flush=True)
+        return 1
+    return 0

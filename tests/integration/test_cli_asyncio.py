@@ -1,0 +1,238 @@
+"""``weir serve --runtime asyncio``: it serves what it says it serves, and refuses the rest.
+
+Every ``serve`` option is either served by the asyncio runtime as the Trio path
+serves it, or refused at start-up in one line that names it and says the Trio
+runtime serves it (never silently ignored); a test keeps that partition complete.
+The server runs as a real process on a loopback port (``weir serve --runtime
+asyncio``); the refusals happen before anything is served, so they are checked
+in-process through ``main`` as well as once through the console script.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from weir.engine._cli_asyncio import SERVED, TRIO_ONLY
+from weir.engine.cli import _parser, main
+
+from .rawhttp import INIT_PARAMS, Client, call, initialize
+from .serverproc import WeirProcess
+from .test_cli_startup import MYAPP, one_line_failure, weir
+
+#: A command-line value for each Trio-only option that the asyncio runtime refuses.
+REFUSED_ARGS: dict[str, list[str]] = {
+    "shutdown_grace": ["--shutdown-grace", "5"],
+    "store": ["--store", "redis://127.0.0.1:6379/0"],
+    "resume": ["--resume", "shared"],
+    "replica_id": ["--replica-id", "a"],
+    "retry_window": ["--retry-window", "30"],
+    "state_key_file": ["--state-key-file", "/nonexistent/keys"],
+    "workers": ["--workers", "2"],
+    "reuse_port": ["--reuse-port"],
+    "max_inbound_bytes": ["--max-inbound-bytes", "1000000"],
+    "max_sessions_per_principal": ["--max-sessions-per-principal", "4"],
+    "initialize_timeout": ["--initialize-timeout", "5"],
+    "session_retain_bytes": ["--session-retain-bytes", "100000"],
+    "memory_budget": ["--memory-budget", "100000000"],
+    "claim_lease": ["--claim-lease", "5"],
+    "auth_issuer": ["--auth-issuer", "https://issuer.test"],
+    "auth_resource": ["--auth-resource", "https://mcp.test/mcp"],
+    "auth_jwks_url": ["--auth-jwks-url", "https://issuer.test/jwks"],
+    "auth_jwks_file": ["--auth-jwks-file", "/nonexistent/jwks.json"],
+    "auth_scope": ["--auth-scope", "mcp"],
+    "auth_server": ["--auth-server", "https://issuer.test"],
+}
+
+
+def _serve_dests() -> set[str]:
+    parser = _parser()
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    serve = sub.choices["serve"]  # type: ignore[index]
+    return {a.dest for a in serve._actions if a.dest != "help"}
+
+
+def test_every_serve_option_is_served_or_refused_by_the_asyncio_runtime() -> None:
+    dests = _serve_dests()
+    assert not SERVED & set(TRIO_ONLY)
+    assert dests == SERVED | set(TRIO_ONLY), (
+        f"unclassified: {sorted(dests - SERVED - set(TRIO_ONLY))}; "
+        f"gone: {sorted((SERVED | set(TRIO_ONLY)) - dests)}"
+    )
+    assert set(REFUSED_ARGS) == set(TRIO_ONLY)
+
+
+@pytest.mark.parametrize("dest", sorted(TRIO_ONLY))
+def test_each_option_it_does_not_serve_is_refused_with_its_reason(
+    dest: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("WEIR_STATE_KEYS", raising=False)
+    flag = TRIO_ONLY[dest].flag
+    with pytest.raises(SystemExit) as refused:
+        main(["serve", "--runtime", "asyncio", "--port", "0", *REFUSED_ARGS[dest]])
+    message = str(refused.value.code)
+    assert message.count("\n") == 0, message
+    assert message.startswith(f"weir: --runtime asyncio refuses {flag}: "), message
+    assert "served by the Trio runtime only for now" in message
+    assert "--runtime trio" in message
+
+
+def test_the_state_keys_variable_is_refused_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WEIR_STATE_KEYS", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=")
+    with pytest.raises(SystemExit) as refused:
+        main(["serve", "--runtime", "asyncio", "--port", "0"])
+    assert "refuses $WEIR_STATE_KEYS" in str(refused.value.code)
+
+
+def test_through_the_console_script_a_refusal_is_one_line_and_status_1(tmp_path: Path) -> None:
+    done = weir(tmp_path, "serve", "--runtime", "asyncio", "--store", "redis://127.0.0.1/0")
+    assert done.returncode == 1
+    line = one_line_failure(done)
+    assert line.startswith("weir: --runtime asyncio refuses --store: ")
+
+
+def test_start_up_failures_are_one_line_as_on_trio(tmp_path: Path) -> None:
+    (tmp_path / "myapp.py").write_text(MYAPP)
+    done = weir(tmp_path, "serve", "--runtime", "asyncio", "myapp:app", "--port", "0")
+    assert one_line_failure(done) == (
+        "weir: the app's lifespan failed at start-up: RuntimeError: myapp's database is unreachable"
+    )
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = weir(tmp_path, "serve", "--runtime", "asyncio", "--port", str(port))
+    line = one_line_failure(done)
+    assert line.startswith(f"weir: cannot listen on 127.0.0.1:{port}: the port is in use")
+
+
+def test_a_lifespan_that_never_finishes_starting_is_cut_and_named(tmp_path: Path) -> None:
+    (tmp_path / "slow.py").write_text(
+        "import asyncio, contextlib\nfrom weir.app import App\napp = App('slow')\n\n"
+        "@app.lifespan\n@contextlib.asynccontextmanager\nasync def opened(served):\n"
+        "    await asyncio.Event().wait()\n    yield\n"
+    )
+    done = weir(tmp_path, "serve", "--runtime", "asyncio", "slow:app", "--startup-timeout", "0.5")
+    line = one_line_failure(done)
+    assert "did not finish starting within 0.5 s" in line and "--startup-timeout" in line
+
+
+#: Options the asyncio runtime serves, and Trio-only ones given the one value it serves.
+SERVED_ARGS = (
+    "--path", "/x",
+    "--max-sessions", "2",
+    "--json-response",
+    "--allow-host", "mcp.example.test",
+    "--max-batch", "2",
+    "--session-idle-timeout", "0",
+    "--max-body-bytes", "4096",
+    "--store", "memory", "--workers", "1", "--resume", "pinned",
+    "--retry-window", "0", "--shutdown-grace", "0",
+)  # fmt: skip
+
+
+async def test_it_serves_the_options_it_accepts_and_stops_cleanly_on_a_signal() -> None:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        server = WeirProcess("demo", out, err, SERVED_ARGS, driver="asyncio")
+        try:
+            assert server.url.endswith("/x")
+            with trio.fail_after(30):
+                c = await Client.connect(server.port)
+                try:
+                    sid = await initialize(c, "/x")
+                    # --json-response: JSON, though the client accepts SSE too.
+                    echo = await c.request(
+                        "POST", "/x", call(1, "echo", {"text": "hi"}), session=sid
+                    )
+                    assert echo.status == 200, echo
+                    assert echo.headers["content-type"] == "application/json"
+                    assert echo.json()["result"]["content"][0]["text"] == "hi"
+                    # --max-batch 2 (2025-03-26 allows batches).
+                    ping = {"jsonrpc": "2.0", "method": "ping"}
+                    batch = [{**ping, "id": i} for i in range(3)]
+                    hdr = {"mcp-protocol-version": "2025-03-26"}
+                    too_many = await c.request("POST", "/x", batch, session=sid, headers=hdr)
+                    assert too_many.status == 400 and too_many.reason == "batch_too_large"
+                    # --max-body-bytes 4096
+                    big = await c.request("POST", "/x", call(2, "echo", {"text": "a" * 5000}))
+                    assert big.status == 413
+                finally:
+                    await c.aclose()
+                # --max-sessions 2: the second fits, the third is 503 session_limit.
+                c = await Client.connect(server.port)
+                try:
+                    await initialize(c, "/x")
+                    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize"}
+                    third = await c.request("POST", "/x", {**init, "params": INIT_PARAMS})
+                    assert third.status == 503 and third.reason == "session_limit"
+                finally:
+                    await c.aclose()
+                # --allow-host: a Host named there passes the check, another is 403.
+                for host, refused in (("mcp.example.test", False), ("evil.test", True)):
+                    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+                        s.sendall(f"GET /x HTTP/1.1\r\nhost: {host}\r\n\r\n".encode())
+                        status = s.recv(65536).split(b" ", 2)[1]
+                    assert (status == b"403") is refused, (host, status)
+            # A keep-alive connection still open at the signal ends with the server,
+            # quietly (no handler left to be cancelled by the loop's teardown).
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as idle:
+                idle.sendall(b"GET /x HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+                assert idle.recv(65536).startswith(b"HTTP/1.1 4")
+                server.proc.send_signal(signal.SIGTERM)
+                assert server.proc.wait(10) == 0
+            stderr = server.stderr()
+            # uvloop when it can be imported (the 'asyncio' extra), asyncio's own otherwise.
+            loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+            assert f"weir: runtime asyncio, event loop {loop}" in stderr, stderr
+            assert "Traceback" not in stderr, stderr
+        finally:
+            server.stop()
+
+
+def test_sigint_stops_it_cleanly() -> None:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        server = WeirProcess("demo", out, err, driver="asyncio")
+        try:
+            server.proc.send_signal(signal.SIGINT)
+            assert server.proc.wait(10) == 0
+            assert "Traceback" not in server.stderr()
+        finally:
+            server.stop()
+
+
+def test_serve_help_names_the_runtimes() -> None:
+    (sub,) = [a for a in _parser()._actions if a.dest == "command"]
+    text = " ".join(sub.choices["serve"].format_help().split())  # type: ignore[index]
+    assert "--runtime {trio,asyncio}" in text
+    assert "refuses the options it does not serve" in text
+
+
+def test_a_second_signal_cuts_a_stuck_shutdown_short(tmp_path: Path) -> None:
+    (tmp_path / "stuck.py").write_text(
+        "import asyncio, contextlib\nfrom weir.app import App\napp = App('stuck')\n\n"
+        "@app.lifespan\n@contextlib.asynccontextmanager\nasync def opened(served):\n"
+        "    yield\n    print('weir-test: lifespan exiting', flush=True)\n"
+        "    await asyncio.Event().wait()  # never finishes on its own\n"
+    )
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        server = WeirProcess("stuck:app", out, err, ("--app-dir", str(tmp_path)), driver="asyncio")
+        try:
+            server.proc.send_signal(signal.SIGTERM)
+            for _ in range(200):  # until the lifespan's exit has begun (bounded: 10 s)
+                if "weir-test: lifespan exiting" in server.output():
+                    break
+                time.sleep(0.05)
+            assert "weir-test: lifespan exiting" in server.output()
+            assert server.proc.poll() is None  # stuck, as the app wants
+            server.proc.send_signal(signal.SIGTERM)
+            assert server.proc.wait(10) == 0
+            assert "Traceback" not in server.stderr(), server.stderr()
+        finally:
+            server.stop()
