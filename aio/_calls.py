@@ -31,7 +31,7 @@ from typing import Any
 from weir.app import App, Caller, Context, McpError, dispatch, failure, id_in_use
 from weir.protocol import INTERNAL_ERROR
 from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
-from weir.protocol.course import Answer, AppendRecords, CallCourse, Claim, ClaimAgain, Record, Run
+from weir.protocol.course import AppendRecords, CallCourse, Record
 from weir.protocol.gate import CallStart
 from weir.protocol.jsonrpc import (
     ErrorResponse,
@@ -41,6 +41,7 @@ from weir.protocol.jsonrpc import (
     encode_request,
     encode_result,
 )
+from weir.protocol.post import ClaimCall, HoldCall, WaitForCall
 from weir.protocol.states import StreamState
 from weir.protocol.streams import StreamLog
 
@@ -123,35 +124,27 @@ async def _send_on_session(session: Session, payload: bytes) -> None:
             await session.append(stream, payload.decode())
 
 
-async def plan(
-    session: Session, req: Request, header_key: str | None, *, wait: float, retry_ms: int
-) -> CallCourse:
-    """Pass the idempotency gate: does this delivery of ``req`` run, or replay?
-
-    Only ``tools/call`` is gated, keyed by ``Idempotency-Key`` (``header_key``) or the
-    JSON-RPC id.  A delivery of a call that is running waits (for at most ``wait``
-    seconds) for it to finish, then replays its response.
+async def gate_step(session: Session, effect: ClaimCall | WaitForCall | HoldCall) -> object:
+    """Perform one step of the core's gate loop (:func:`weir.protocol.post.gate`) on
+    the session's in-process ledger: every delivery of a call runs in this process,
+    so a running one can be awaited.
 
     Raises:
-        RemoteProtocolError: 409 ``in_progress`` past the wait, 422
-            ``idempotency_key_reused``, 409 ``outcome_evicted``, or 400 for a bad key.
-        Gone: the session ended while it waited.
+        Gone: the session ended while the step waited.
     """
-    loop = session.loop
-    course = CallCourse(req, header_key, now=loop.time(), wait=wait, retry_ms=retry_ms)
-    step: Claim | ClaimAgain | Run | Answer = course.first()
-    while not isinstance(step, Run | Answer):
-        if isinstance(step, ClaimAgain):
-            finished = session.call_done.setdefault(step.claim.key, asyncio.Event())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(finished.wait(), max(0.0, step.until - loop.time()))
-            if session.closed:
-                raise Gone
-            step = step.claim
-        outcome, payload = session.ledger.begin(step.key, step.fingerprint)
-        # Every delivery of a call runs in this process: a running one can be awaited.
-        step = course.claimed(CallStart(outcome, "", payload), loop.time(), local=True)
-    return course
+    if isinstance(effect, HoldCall):
+        return None  # (a waiter makes the call's wake-up on first need)
+    if isinstance(effect, WaitForCall):
+        finished = session.call_done.setdefault(effect.key, asyncio.Event())
+        wait = max(0.0, effect.until - session.loop.time())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(finished.wait(), wait)
+        if session.closed:
+            raise Gone
+        return None
+    claim = effect.claim
+    outcome, payload = session.ledger.begin(claim.key, claim.fingerprint)
+    return CallStart(outcome, "", payload), True
 
 
 async def execute(

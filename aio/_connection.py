@@ -45,23 +45,45 @@ from weir.protocol import (
     ReadClock,
     Reason,
     RemoteProtocolError,
-    accepts,
     closing_refusal,
     refusal,
     route,
     session_refusal,
 )
 from weir.protocol.course import CallCourse
-from weir.protocol.jsonrpc import Request, encode_result, error_body
-from weir.protocol.lifecycle import SUPPORTED_VERSIONS, parse_initialize, primes_streams
-from weir.protocol.messages import absorb, route_mail
+from weir.protocol.jsonrpc import Request, encode_result
+from weir.protocol.lifecycle import SUPPORTED_VERSIONS, parse_initialize
+from weir.protocol.post import (
+    ACCEPTED,
+    ATTACH_WRITER,
+    ENTER_REQUEST,
+    AdmitRequests,
+    AllocateEpoch,
+    AnswerJson,
+    BatchEntries,
+    ClaimCall,
+    CountIn,
+    Effect,
+    Finished,
+    GiveBack,
+    HoldCall,
+    LoadSession,
+    Mail,
+    OpenRequestStream,
+    PostCourse,
+    PostRules,
+    RunBatch,
+    RunCalls,
+    StartEntry,
+    WaitForCall,
+)
 from weir.protocol.resume import check_resume_policy, displaces_writer, standalone_plan
 from weir.protocol.sessionless import SessionlessMessage, unsupported_version
 from weir.protocol.sse import encode_comment, encode_retry
 from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
 from weir.protocol.streams import StreamKind, StreamLog, WriterStep, writer_step
 
-from ._calls import execute, give_back, plan
+from ._calls import execute, gate_step, give_back
 from ._session import Gone, Session
 
 if TYPE_CHECKING:
@@ -100,6 +122,10 @@ class Connection:
         self._reader: asyncio.StreamReader | None = None
         self._early = b""  # bytes the peer sent while a stream was being written
         self._peer_gone = False
+        #: The request stream a POST's course opened, until its writer attaches, and
+        #: how many responses it is opened for.
+        self._stream: StreamLog | None = None
+        self._outstanding = 0
         #: The streams this connection wrote (their credit comes back when it ends).
         self._wrote: set[tuple[Session, StreamLog]] = set()
 
@@ -261,85 +287,81 @@ class Connection:
             await self.send(self.conn.send_response(status, headers, body))
 
     async def _post(self, session: Session, post: PostMessages) -> None:
-        messages = absorb(post.messages)
-        if messages.initialized:
-            session.state = session_transition(session.state, SessionInput.INITIALIZED)
-        if messages.notes:
-            session.driver.hand_notes(session.sid, messages.notes)
-        # No shared store: what is not for this process is dropped, not forwarded.
-        routed = route_mail(
-            messages, running=session.running, pending=session.pending, shared=False
-        )
-        for answer in routed.answer_here:
-            session.answer(answer)  # to a server-to-client request
-        for rid in routed.cancel_here:
-            session.cancel(rid)
-        requests = messages.requests
-        if not requests:
+        """Carry out the POST's :class:`~weir.protocol.post.PostCourse`: the core
+        decides the order, this performs each effect it asks for."""
+        course = PostCourse(post, self.driver.post_rules)
+        clock = session.loop.time
+        effect = course.start(clock())
+        while effect is not None:
+            try:
+                answer = await self._post_effect(session, post, effect)
+            except BaseException as exc:
+                effect = course.fail(exc, clock())
+            else:
+                effect = course.deliver(answer, clock())
+
+    async def _post_effect(self, session: Session, post: PostMessages, effect: Effect) -> object:
+        """Perform one effect of a POST's course; its answer."""
+        if isinstance(effect, LoadSession):
+            return session  # (looked up by :meth:`respond`, which answers the 404)
+        if isinstance(effect, ClaimCall | WaitForCall | HoldCall):
+            return await gate_step(session, effect)
+        if isinstance(effect, AdmitRequests):
+            try:
+                await session.admit(effect.n, effect.request_id, effect.lane)  # 429 if half-open
+            except Gone:
+                return False
+            return True
+        if isinstance(effect, Mail):
+            if effect.initialized:
+                session.state = session_transition(session.state, SessionInput.INITIALIZED)
+            if effect.notes:
+                session.driver.hand_notes(session.sid, effect.notes)
+            for answer in effect.answer_here:
+                session.answer(answer)  # to a server-to-client request
+            for rid in effect.cancel_here:
+                session.cancel(rid)
+            # (No shared store: nothing is ever forwarded.)
+        elif effect is ENTER_REQUEST:
+            session.state = session_transition(session.state, SessionInput.REQUEST)
+        elif effect is ACCEPTED:
             await self.send(self.conn.send_response(202, ()))
-            return
-        session.state = session_transition(session.state, SessionInput.REQUEST)
-        always_json = self.driver.always_json
-        sse = not always_json and accepts(post.ctx.headers.get("accept"), "text/event-stream")
-        # Each request reserves room for its result before its stream exists: under
-        # a key of the POST's own, which its stream takes over once it is opened.
-        lane = object()
-        if len(requests) == 1:
-            # Admission and the gate before the head: a refusal is this POST's status.
-            await session.admit(1, requests[0].id, lane)  # 429 once half-open
-            lone = await self._plan_lone(session, post, requests[0], lane)
-            feed: Feed = _given(lone)
+        elif isinstance(effect, Finished):
+            for _ in range(effect.n):
+                session.done(effect.lane)
+        elif isinstance(effect, GiveBack):
+            session.finish_call(effect.key, None)
+        elif isinstance(effect, AllocateEpoch):
+            return session.allocate_epoch()
+        elif isinstance(effect, OpenRequestStream):
+            self._stream = session.open_stream(StreamKind.REQUEST, effect.epoch)
+            session.flow.move(effect.lane, effect.epoch)
+            self._outstanding = effect.outstanding
+        elif isinstance(effect, RunCalls):
+            assert self._stream is not None
+            self._run_on_stream(session, self._stream, _given(effect.courses), effect.primes)
+        elif effect is ATTACH_WRITER:
+            stream, self._stream = self._stream, None
+            assert stream is not None
+            await self._write_stream(session, stream, 0)
+        elif isinstance(effect, AnswerJson):
+            await self._post_json(session, effect.is_batch, _given(effect.courses), effect.lane)
+        elif isinstance(effect, RunBatch):
+            feed = _entries(session, effect.requests, self.driver.post_rules)
+            lane = object()
+            if effect.json:
+                await self._post_json(session, True, feed, lane)
+            else:
+                stream = session.open_stream(StreamKind.REQUEST)
+                self._outstanding = len(effect.requests)
+                self._run_on_stream(session, stream, feed, effect.primes)
+                await self._write_stream(session, stream, 0)
         else:
-            feed = self._admit_each(session, requests)
-        if sse:
-            await self._post_sse(session, post, len(requests), feed, lane)
-        else:
-            await self._post_json(session, post, feed, lane)
-
-    async def _plan_lone(
-        self, session: Session, post: PostMessages, req: Request, lane: Hashable
-    ) -> CallCourse:
-        """A lone request through the idempotency gate; a refusal refuses the POST
-        (its HTTP status says why), and gives back what the request was admitted with."""
-        try:
-            return await plan(
-                session,
-                req,
-                post.ctx.headers.get("idempotency-key"),
-                wait=self.driver.in_progress_wait,
-                retry_ms=1000,
-            )
-        except BaseException:
-            session.done(lane)
-            raise
-
-    def _admit_each(self, session: Session, requests: list[Request]) -> Feed:
-        """A batch (2025-03-26): each entry admitted, gated and started on its own, in
-        order, as the Trio engine does.  An entry refused on the way (half-open, the
-        gate) gets its refusal as its JSON-RPC error; the others go on."""
-        wait = self.driver.in_progress_wait
-
-        async def feed(start: Callable[[CallCourse], object], lane: Hashable) -> None:
-            for req in requests:
-                try:
-                    await session.admit(1, req.id, lane)
-                except RemoteProtocolError as exc:
-                    session.flow.count_in(1, lane)  # accounted like an admitted entry
-                    start(CallCourse.answered(req, error_body(exc)))
-                    continue
-                try:
-                    planned = await plan(session, req, None, wait=wait, retry_ms=1000)
-                except RemoteProtocolError as exc:
-                    planned = CallCourse.answered(req, error_body(exc))
-                except BaseException:
-                    session.done(lane)
-                    raise
-                start(planned)
-
-        return feed
+            raise AssertionError(f"a POST course asked for {effect!r} out of turn")
+        return None
 
     async def _post_json(
-        self, session: Session, post: PostMessages, feed: Feed, lane: Hashable
+        self, session: Session, is_batch: bool, feed: Feed, lane: Hashable
     ) -> None:
         """Run the requests as session tasks; one body (a batch's array) when all end.
 
@@ -360,7 +382,7 @@ class Connection:
             if not answered:
                 await self.send(self.conn.send_response(202, ()))
                 return
-            body = b"[" + b",".join(answered) + b"]" if post.is_batch else answered[0]
+            body = b"[" + b",".join(answered) + b"]" if is_batch else answered[0]
             await session.take_credit(len(body), lane)  # JSON bodies hold credit like frames
         finally:
             # A request is in flight until its handler ended and its answer holds
@@ -373,17 +395,12 @@ class Connection:
         headers = [("content-type", "application/json"), ("mcp-session-id", session.sid)]
         await self.send(self.conn.send_response(200, headers, body), (session, None, len(body)))
 
-    async def _post_sse(
-        self, session: Session, post: PostMessages, n: int, feed: Feed, lane: Hashable
-    ) -> None:
-        """One response stream for ``n`` requests: each handler appends to its log.
-        The head goes out at once; a batch's entries are admitted while it is open.
-        The stream takes over what a lone request reserved under ``lane``."""
+    def _run_on_stream(self, session: Session, stream: StreamLog, feed: Feed, primes: bool) -> None:
+        """Run the requests ``feed`` gives as session tasks, each appending its answer
+        to ``stream`` (after the priming event, if ``primes``); the head is not held
+        back for them.  The stream has already taken over what they reserved."""
         app, state = self.driver.app, self.driver.state
-        stream = session.open_stream(StreamKind.REQUEST)
-        session.flow.move(lane, stream.epoch)
-        primes = primes_streams(session.version, post.ctx.protocol_version)
-        remaining = [n]
+        remaining = [self._outstanding]
 
         async def run(p: CallCourse) -> None:
             try:
@@ -415,7 +432,6 @@ class Connection:
                 await feed(lambda p: session.spawn(run(p)), stream.epoch)
 
         session.spawn(prime_then_run())  # the session owns them: a hang-up is no cancel
-        await self._write_stream(session, stream, 0)
 
     async def _get(self, session: Session, get: OpenStream) -> None:
         cursor = get.last_event_id
@@ -550,11 +566,44 @@ class Connection:
 Feed = Callable[[Callable[[CallCourse], object], Hashable], Awaitable[None]]
 
 
-def _given(planned: CallCourse) -> Feed:
+def _given(courses: list[CallCourse]) -> Feed:
     """The feed of a lone request, admitted and gated before the response began."""
 
     async def feed(start: Callable[[CallCourse], object], lane: Hashable) -> None:
-        start(planned)
+        for course in courses:
+            start(course)
+
+    return feed
+
+
+def _entries(session: Session, requests: list[Request], rules: PostRules) -> Feed:
+    """The feed of a batch (2025-03-26): the core's :class:`BatchEntries` admits,
+    gates and starts each entry in order; this performs its effects."""
+
+    async def feed(start: Callable[[CallCourse], object], lane: Hashable) -> None:
+        entries = BatchEntries(requests, None, lane, rules)
+        clock = session.loop.time
+        effect = entries.start(clock())
+        while effect is not None:
+            answer: object = None
+            try:
+                if isinstance(effect, StartEntry):
+                    start(effect.course)
+                elif isinstance(effect, AdmitRequests):
+                    try:
+                        await session.admit(1, effect.request_id, effect.lane)
+                        answer = True
+                    except Gone:
+                        answer = False
+                elif isinstance(effect, CountIn):
+                    session.flow.count_in(1, effect.lane)
+                else:
+                    assert isinstance(effect, ClaimCall | WaitForCall | HoldCall)
+                    answer = await gate_step(session, effect)
+            except BaseException as exc:
+                effect = entries.fail(exc, clock())
+            else:
+                effect = entries.deliver(answer, clock())
 
     return feed
 

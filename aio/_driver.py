@@ -30,6 +30,7 @@ from weir.protocol import (
     raw_error_response,
 )
 from weir.protocol.jsonrpc import Notification, RequestId, encode_error, encode_notification
+from weir.protocol.post import PostRules
 from weir.protocol.states import StreamState
 
 from ._connection import Connection
@@ -88,6 +89,14 @@ class AsyncioDriver:
         self.limits = limits or HttpLimits()
         self.always_json, self.sse_keepalive = always_json, sse_keepalive
         self.in_progress_wait = in_progress_wait
+        #: What a POST's course needs to know of this runtime: no shared store, no
+        #: channel binding, JSON for a client that does not accept SSE (where the
+        #: endpoint admits one) or for every client with ``always_json``.
+        self.post_rules = PostRules(
+            json_response=always_json,
+            json_unless_sse=True,
+            in_progress_wait=in_progress_wait,
+        )
         self.sessions: dict[str, Session] = {}
         self.connections = 0
         self._sweeper: asyncio.TimerHandle | None = None

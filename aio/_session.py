@@ -108,6 +108,16 @@ class Session:
     def closed(self) -> bool:
         return self.state is SessionState.CLOSED
 
+    @property
+    def channel(self) -> None:
+        """No channel binding here: the POST course checks no tokens."""
+        return None
+
+    @property
+    def protocol_version(self) -> str:
+        """The revision ``initialize`` negotiated."""
+        return self.version
+
     # ------------------------------------------------------------------ timers
     def arm_timer(self) -> None:
         """(Re)schedule the one timer at the credit's next deadline."""
@@ -253,11 +263,15 @@ class Session:
             stream.trim_drained()
 
     # ----------------------------------------------------------------- streams
-    def open_stream(self, kind: StreamKind) -> StreamLog:
-        log = StreamLog(format_epoch(self.epochs), kind, max_events=MAX_EVENTS)
-        stream = self.streams.add(log)
+    def allocate_epoch(self) -> str:
+        """A fresh stream epoch (this process's own count: streams never outlive it)."""
+        epoch = format_epoch(self.epochs)
         self.epochs += 1
-        return stream
+        return epoch
+
+    def open_stream(self, kind: StreamKind, epoch: str | None = None) -> StreamLog:
+        log = StreamLog(epoch or self.allocate_epoch(), kind, max_events=MAX_EVENTS)
+        return self.streams.add(log)
 
     def wake(self, stream: StreamLog) -> None:
         event = self._wakeups.pop(stream.epoch, None)

@@ -68,7 +68,7 @@ from ._binding import (
     parse_channel_token,
 )
 from ._course import Answer, CallCourse, Claim, ClaimAgain, Run
-from ._endpoint import PostMessages, session_refusal
+from ._endpoint import PostMessages, accepts, session_refusal
 from ._errors import RemoteProtocolError
 from ._gate import CallStart
 from ._jsonrpc import ErrorResponse, Notification, Request, RequestId, Response, encode_error
@@ -116,6 +116,9 @@ class PostRules:
 
     #: Answer requests with one ``application/json`` body instead of an SSE stream.
     json_response: bool = False
+    #: Answer with JSON a client whose ``Accept`` does not list ``text/event-stream``
+    #: (where the endpoint admits such clients at all).
+    json_unless_sse: bool = False
     #: Other replicas may exist (a shared store): mail not for here is forwarded.
     shared: bool = False
     #: Request streams start with a priming event where the revision asks for one.
@@ -204,6 +207,8 @@ class RunBatch:
     requests: list[Request]
     token: tuple[int, str] | None
     primes: bool
+    #: Answer with one JSON array instead of a stream.
+    json: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,13 +434,16 @@ def _course(c: PostCourse) -> _Steps:
     if not requests:
         yield ACCEPTED
         return
-    if len(requests) == 1 and requests[0].method == REBIND_METHOD:
+    if channel is not None and len(requests) == 1 and requests[0].method == REBIND_METHOD:
         yield Rebind(requests[0])
         return
     yield ENTER_REQUEST
     primes = rules.priming and primes_streams(session.protocol_version, post.ctx.protocol_version)
+    json = rules.json_response or (
+        rules.json_unless_sse and not accepts(post.ctx.headers.get("accept"), "text/event-stream")
+    )
     if len(requests) > 1:
-        yield RunBatch(requests, token, primes)
+        yield RunBatch(requests, token, primes, json)
         return
 
     req = requests[0]
@@ -457,8 +465,8 @@ def _course(c: PostCourse) -> _Steps:
         raise
     try:
         yield from gate(course, token, c)
-        epoch = course.epoch
-        if epoch is None and not rules.json_response:
+        epoch = course.epoch  # (a claim on a shared store brings its stream's epoch)
+        if not epoch and not json:
             epoch = cast(str, (yield AllocateEpoch(token[0] if token else 0)))
     except GeneratorExit:
         raise
@@ -469,7 +477,7 @@ def _course(c: PostCourse) -> _Steps:
             yield GiveBack(given.key)
         raise
     courses = [course]
-    if rules.json_response:
+    if json:
         # The body's writer accounts for the request from here.
         del requests, req, course, absorbed
         messages.clear()
@@ -477,7 +485,7 @@ def _course(c: PostCourse) -> _Steps:
         del courses
         yield answer
         return
-    assert epoch is not None
+    assert epoch
     yield OpenRequestStream(epoch, token, lane, 1)
     # The handler owns the request now; the stream may outlive it by far.
     del requests, req, course, absorbed
