@@ -1,8 +1,8 @@
 """One request's course through the idempotency gate: claim, run, record.
 
-:class:`CallCourse` orders the steps; the driver performs each one it asks for
-(:class:`Claim`, :class:`ClaimAgain`, :class:`Run`, :class:`Answer`,
-:class:`Record`, :class:`AppendRecords`) and reports back.
+:class:`CallCourse` orders the steps of one delivery; the loop around its claims
+is :func:`weir.protocol.post.gate`'s, and the runtime performs what the course
+asks for after the gate (:class:`Record`, :class:`AppendRecords`) and reports back.
 
 (Public; see :mod:`weir.protocol`.)
 """
@@ -11,26 +11,20 @@ from __future__ import annotations
 
 from ._course import (
     INTERRUPTED_MESSAGE,
-    Answer,
     AppendRecords,
     CallCourse,
     Claim,
-    ClaimAgain,
     CoursePhase,
     Record,
-    Run,
     interrupted,
 )
 
 __all__ = [
     "INTERRUPTED_MESSAGE",
-    "Answer",
     "AppendRecords",
     "CallCourse",
     "Claim",
-    "ClaimAgain",
     "CoursePhase",
     "Record",
-    "Run",
     "interrupted",
 ]

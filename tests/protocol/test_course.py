@@ -17,17 +17,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from weir.protocol import Reason, RemoteProtocolError
+from weir.protocol._course import Answer, ClaimAgain, Run
 from weir.protocol._errors import LocalProtocolError
 from weir.protocol.course import (
     INTERRUPTED_MESSAGE,
-    Answer,
     AppendRecords,
     CallCourse,
     Claim,
-    ClaimAgain,
     CoursePhase,
     Record,
-    Run,
 )
 from weir.protocol.gate import CallLedger, CallOutcome, CallStart
 from weir.protocol.jsonrpc import Request
