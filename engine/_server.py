@@ -64,6 +64,7 @@ from weir.protocol.budget import RetentionBudget
 from weir.protocol.http import HeadCache
 from weir.protocol.jsonrpc import SERVER_ERROR
 from weir.protocol.post import PostRules
+from weir.protocol.sessionless_post import SessionlessRules
 from weir.protocol.states import CreditState, SessionInput
 
 from ._acks import AckPoller
@@ -155,6 +156,13 @@ class Server(
             shared=self.store.shared,
             priming=self.config.resume != "off",
             authorized=self.config.auth is not None,
+            in_progress_wait=self.config.in_progress_wait,
+            retry_ms=self.config.retry_ms,
+        )
+        #: ... and a sessionless one's (the app's fallback is read again per request).
+        self.sessionless_rules = SessionlessRules(
+            json_response=self.config.json_response,
+            retry_window=self.config.retry_window,
             in_progress_wait=self.config.in_progress_wait,
             retry_ms=self.config.retry_ms,
         )

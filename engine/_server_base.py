@@ -43,12 +43,13 @@ from weir.protocol import (
     StreamKind,
 )
 from weir.protocol.budget import RetentionBudget
-from weir.protocol.gate import AppendRecords, CallCourse, Record
+from weir.protocol.gate import CallCourse
 from weir.protocol.http import HeadCache
 from weir.protocol.jsonrpc import SERVER_ERROR
 from weir.protocol.legacy import LegacyMessages
 from weir.protocol.post import ClaimCall, HoldCall, PostRules, WaitForCall, gate
 from weir.protocol.sessionless import SessionlessMessage
+from weir.protocol.sessionless_post import SessionlessRules
 
 from ._acks import AckPoller
 from ._config import ServerConfig
@@ -77,6 +78,7 @@ class _ServerBase:
     config: ServerConfig
     store: SessionStore
     post_rules: PostRules
+    sessionless_rules: SessionlessRules
     budget: RetentionBudget
     replica_id: str
     sessions: dict[str, Session]
@@ -204,12 +206,10 @@ class _ServerBase:
         def _release_owner(self, conn: Connection) -> None: ...
 
         # the sessionless gate (engine._keyed)
-        async def _keyed_course(
-            self, principal: str, req: Request, header_key: str
-        ) -> CallCourse: ...
-        async def _keyed_record(
-            self, principal: str, course: CallCourse, step: Record | AppendRecords | None
-        ) -> None: ...
+        async def _keyed_effect(
+            self, principal: str, effect: ClaimCall | WaitForCall | HoldCall
+        ) -> object: ...
+        async def _keyed_record(self, principal: str, key: str, payload: bytes | None) -> None: ...
 
         # JSON mode (engine._calls) and result size (engine._execution)
         async def _send_json(
