@@ -70,6 +70,7 @@ from weir.protocol.states import CreditState, SessionInput
 from ._acks import AckPoller
 from ._calls import REBIND_METHOD as REBIND_METHOD
 from ._calls import _Calls
+from ._changes import _Changes
 from ._config import ServerConfig, _open_listeners
 from ._connection import Connection
 from ._connections import _Connections
@@ -111,6 +112,7 @@ class Server(
     _Legacy,
     _Replicas,
     _Sessionless,
+    _Changes,
     _Owners,
     _KeyedCalls,
 ):
