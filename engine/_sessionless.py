@@ -227,7 +227,9 @@ class _Sessionless(_ServerBase):
         if effect is ACCEPTED:
             await conn.send(conn.http.send_response(202, ()))
         elif effect is ANSWER_DISCOVER:
-            found = encode_result(msg.message.id, self._discover())  # type: ignore[union-attr]
+            req = msg.message
+            assert isinstance(req, Request)
+            found = encode_result(req.id, self._discover())
             await conn.send(conn.http.send_response(200, _JSON, found))
         else:
             raise AssertionError(f"a sessionless course asked for {effect!r} out of turn")
@@ -251,7 +253,7 @@ class _Sessionless(_ServerBase):
 
     def _count_execution(self, run: SessionlessRun) -> None:
         if run.request.method == "tools/call":
-            self.metrics.executions += 1  # (a replay is counted as one)
+            self.metrics.executions += 1  # (a replay never gets here: AnswerReplay)
 
     async def _respond_json(
         self,

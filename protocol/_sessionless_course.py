@@ -41,14 +41,22 @@ The order, and what each step may refuse:
 7. The answer: :class:`OpenAnswerStream`, :class:`RunOnStream` and
    :data:`~._post.ATTACH_WRITER` for a method that may stream, when the client
    accepts SSE and the server is not in JSON mode; else :class:`RespondJson`.
-   Either carries a :class:`SessionlessRun`: the handler's own course (run it,
-   seal a new request state, encode, record a keyed call's outcome, respond),
-   which the runtime drives where the handler runs.
+   :class:`RunOnStream` and :class:`RespondJson` carry a :class:`SessionlessRun`,
+   the handler's own course, which the runtime drives where the handler runs:
+   :data:`RUN_HANDLER`; :class:`SealState` for an ``input_required`` answer (the
+   keys are the runtime's); :class:`EncodeResult`; for a keyed call
+   :class:`RecordOutcome` or, when nothing finished (an ``input_required``
+   answer, a refusal, the client's cancellation), :class:`~._post.GiveBack`;
+   ``interrupted`` recorded for a run the process abandons; :class:`Respond`.
 
 Between admission and the answer, a failure first asks for
 :class:`~._post.Finished` (the reservation ends) and :class:`~._post.GiveBack` for
 a key claimed but never run, then re-raises.  Once the answer is under way the
 run and the stream account for the request.
+
+The courses do no I/O, read no clock (``now`` comes with every answer; the wall
+clock the retry window's bucket needs comes in once, as ``wall``) and hold nothing
+global.  Effects without fields are preallocated singletons.
 """
 
 from __future__ import annotations
