@@ -122,7 +122,7 @@ class SessionlessBackend(CallBackend):
     ``on_output`` is told when the handler first puts a message on its stream.
     """
 
-    __slots__ = ("_caller", "_on_output", "asked", "detached", "run_key")
+    __slots__ = ("_caller", "_on_output", "detached", "run_key")
 
     def __init__(
         self,
@@ -134,8 +134,6 @@ class SessionlessBackend(CallBackend):
         super().__init__(session, stream)
         self._caller = caller
         self._on_output = on_output
-        #: The handler asked the client for input: the answer is ``input_required``.
-        self.asked = False
         #: A keyed call outlives its response (see ``engine._sessionless``): once the
         #: stream is gone, its messages go nowhere instead of ending the handler.
         self.detached = False

@@ -13,8 +13,10 @@ the store (a record named :data:`NAMESPACE`, created on first use and again if t
 store let it expire).  It is an :class:`~._store.InternalId`: stores keep it in a
 keyspace no ``Mcp-Session-Id`` reaches.
 
-The order of the steps is the core's :class:`~weir.protocol.course.CallCourse`, and
-the loop around its claims the core's :func:`~weir.protocol.post.gate`.  What
+The order of the steps is the core's :class:`~weir.protocol.course.CallCourse`, the
+loop around its claims the core's :func:`~weir.protocol.post.gate`, both asked for
+by the request's :class:`~weir.protocol.sessionless_post.SessionlessCourse`; this
+module performs the store's side of them.  What
 is recorded differs from the session era in one way: an ``input_required`` answer
 is not an outcome (the call has not finished; its next round, with the same key,
 must run it), so it gives the key back.  Without the header nothing is gated: with
@@ -30,13 +32,12 @@ from typing import Final
 import msgspec
 import trio
 
-from weir.protocol import Reason, RemoteProtocolError
-from weir.protocol.course import AppendRecords, CallCourse, Claim, Record
+from weir.protocol.course import Claim
 from weir.protocol.gate import CallStart
 from weir.protocol.jsonrpc import Request
 from weir.protocol.post import ClaimCall, HoldCall, WaitForCall
 
-from ._server_base import _ServerBase, log, retention_full, run_gate, wait_for_claim
+from ._server_base import _ServerBase, log, retention_full, wait_for_claim
 from ._store import InternalId, RetentionFull, SessionGone, SessionRecord, StoreUnavailable
 
 #: The record under which a principal's sessionless gate records live (a keyspace of
@@ -49,41 +50,25 @@ MAX_KNOWN_NAMESPACES: Final = 4096
 class _KeyedCalls(_ServerBase):
     """The idempotency gate for sessionless ``tools/call`` (see the module docstring)."""
 
-    async def _keyed_course(self, principal: str, req: Request, header_key: str) -> CallCourse:
-        """Pass the gate: the course says whether this delivery runs or replays.
+    async def _keyed_effect(
+        self, principal: str, effect: ClaimCall | WaitForCall | HoldCall
+    ) -> object:
+        """Perform one of the gate's steps in ``principal``'s namespace; its answer.
 
         Raises:
-            RemoteProtocolError: 400 for a malformed key, 409 ``in_progress`` past the
-                wait, 422 ``idempotency_key_reused``, 409 ``outcome_evicted``.
+            RemoteProtocolError: 503 ``overloaded`` when the memory budget has no room
+                for the key.
+            StoreUnavailable: the store is down (nothing was claimed).
         """
-        cfg = self.config
-        now = trio.current_time()
-        course = CallCourse(
-            req, header_key, now=now, wait=cfg.in_progress_wait, retry_ms=cfg.retry_ms
-        )
-
-        async def perform(effect: ClaimCall | WaitForCall | HoldCall) -> object:
-            if isinstance(effect, HoldCall):
-                self.keyed_calls[principal, effect.key] = None
-                return None
-            if isinstance(effect, WaitForCall):
-                where = (principal, effect.key)
-                await wait_for_claim(self.keyed_calls, where, effect.until, effect.local)
-                return None
-            start = await self._keyed_claim(principal, req, effect.claim)
-            return start, (principal, effect.claim.key) in self.keyed_calls
-
-        try:
-            await run_gate(course, None, perform)
-        except RemoteProtocolError as exc:
-            if exc.reason is Reason.IN_PROGRESS:
-                self.metrics.duplicates_in_progress += 1
-            raise
-        if course.replay is not None:
-            self.metrics.duplicates_replayed += 1
-        else:
-            self.metrics.executions += 1
-        return course
+        if isinstance(effect, HoldCall):
+            self.keyed_calls[principal, effect.key] = None
+            return None
+        if isinstance(effect, WaitForCall):
+            where = (principal, effect.key)
+            await wait_for_claim(self.keyed_calls, where, effect.until, effect.local)
+            return None
+        start = await self._keyed_claim(principal, effect.request, effect.claim)
+        return start, (principal, effect.claim.key) in self.keyed_calls
 
     async def _keyed_claim(self, principal: str, req: Request, claim: Claim) -> CallStart:
         """One claim in the principal's namespace (created first, if need be)."""
@@ -127,19 +112,15 @@ class _KeyedCalls(_ServerBase):
         if len(known) > MAX_KNOWN_NAMESPACES:
             known.popitem(last=False)
 
-    async def _keyed_record(
-        self, principal: str, course: CallCourse, step: Record | AppendRecords | None
-    ) -> None:
-        """Store what the course says (bounded and shielded on a shared store)."""
-        key = step.key if step is not None else None
+    async def _keyed_record(self, principal: str, key: str, payload: bytes | None) -> None:
+        """Store ``payload`` as the outcome of ``key`` (None: give the key back),
+        bounded and shielded on a shared store; whoever waits for it here is woken."""
         try:
-            if isinstance(step, Record | AppendRecords):
-                with trio.CancelScope(shield=True), trio.move_on_after(5):
-                    await self.store.finish_call(principal, NAMESPACE, step.key, step.payload)
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await self.store.finish_call(principal, NAMESPACE, key, payload)
         except (StoreUnavailable, SessionGone):
             log.warning("could not record the outcome of sessionless call %s", key)
         finally:
-            if key is not None:
-                done = self.keyed_calls.pop((principal, key), None)
-                if done is not None:
-                    done.set()
+            done = self.keyed_calls.pop((principal, key), None)
+            if done is not None:
+                done.set()

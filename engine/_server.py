@@ -70,11 +70,13 @@ from weir.protocol import (
 from weir.protocol.budget import RetentionBudget
 from weir.protocol.jsonrpc import RequestId
 from weir.protocol.post import PostRules
+from weir.protocol.sessionless_post import SessionlessRules
 from weir.protocol.states import CreditState, SessionInput
 
 from ._acks import AckPoller
 from ._calls import REBIND_METHOD as REBIND_METHOD
 from ._calls import _Calls
+from ._changes import _Changes
 from ._config import ServerConfig, _open_listeners
 from ._connection import Connection
 from ._connections import _Connections
@@ -116,6 +118,7 @@ class Server(
     _Legacy,
     _Replicas,
     _Sessionless,
+    _Changes,
     _Owners,
     _KeyedCalls,
 ):
@@ -161,6 +164,13 @@ class Server(
             shared=self.store.shared,
             priming=self.config.resume != "off",
             authorized=self.config.auth is not None,
+            in_progress_wait=self.config.in_progress_wait,
+            retry_ms=self.config.retry_ms,
+        )
+        #: ... and a sessionless one's (the app's fallback is read again per request).
+        self.sessionless_rules = SessionlessRules(
+            json_response=self.config.json_response,
+            retry_window=self.config.retry_window,
             in_progress_wait=self.config.in_progress_wait,
             retry_ms=self.config.retry_ms,
         )

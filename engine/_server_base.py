@@ -42,11 +42,12 @@ from weir.protocol import (
     RemoteProtocolError,
 )
 from weir.protocol.budget import RetentionBudget
-from weir.protocol.course import AppendRecords, CallCourse, Record
+from weir.protocol.course import CallCourse
 from weir.protocol.jsonrpc import Request, RequestId
 from weir.protocol.legacy import LegacyMessages
 from weir.protocol.post import ClaimCall, HoldCall, PostRules, WaitForCall, gate
 from weir.protocol.sessionless import SessionlessMessage
+from weir.protocol.sessionless_post import SessionlessRules
 from weir.protocol.streams import StreamKind
 
 from ._acks import AckPoller
@@ -76,6 +77,7 @@ class _ServerBase:
     config: ServerConfig
     store: SessionStore
     post_rules: PostRules
+    sessionless_rules: SessionlessRules
     budget: RetentionBudget
     replica_id: str
     sessions: dict[str, Session]
@@ -194,6 +196,13 @@ class _ServerBase:
         async def _sessionless(
             self, conn: Connection, msg: SessionlessMessage, who: Requester
         ) -> None: ...
+        def _capabilities(self, described: dict[str, Any] | None = None) -> dict[str, Any]: ...
+        def _open_answer_stream(self, owner: Session) -> StreamHandle: ...
+
+        # listen and the change bus (engine._changes)
+        async def _listen(
+            self, conn: Connection, owner: Session, req: Request, lane: Hashable
+        ) -> None: ...
         def _changed(self, method: str, uri: str | None = None) -> None: ...
         async def _relay_changes(self) -> None: ...
         def _end_subscriptions(self) -> None: ...
@@ -203,12 +212,10 @@ class _ServerBase:
         def _release_owner(self, conn: Connection) -> None: ...
 
         # the sessionless gate (engine._keyed)
-        async def _keyed_course(
-            self, principal: str, req: Request, header_key: str
-        ) -> CallCourse: ...
-        async def _keyed_record(
-            self, principal: str, course: CallCourse, step: Record | AppendRecords | None
-        ) -> None: ...
+        async def _keyed_effect(
+            self, principal: str, effect: ClaimCall | WaitForCall | HoldCall
+        ) -> object: ...
+        async def _keyed_record(self, principal: str, key: str, payload: bytes | None) -> None: ...
 
         # JSON mode (engine._calls) and result size (engine._execution)
         async def _send_json(

@@ -4,7 +4,11 @@ Theory of operation
 -------------------
 A request of this era carries its client's version, capabilities, info and log
 level itself (checked by the core's :func:`~weir.protocol.route`), so nothing is
-looked up and nothing outlives the response:
+looked up and nothing outlives the response.  The order of a request's decisions
+is the core's :class:`~weir.protocol.sessionless_post.SessionlessCourse` (and its
+handler run's, :class:`~weir.protocol.sessionless_post.SessionlessRun`): this module
+performs the effects they ask for, and decides nothing about their order.
+
 
 * **Credit** still bounds what a client can make the server hold.  Every response
   takes the credit of its request's owner (:mod:`engine._owners`): the principal's
@@ -46,18 +50,16 @@ looked up and nothing outlives the response:
   ``resources/subscribe``, anything unknown) is 404 with -32601; an unknown
   resource is -32602 (with ``data.uri``), as this revision numbers it.
 
-``subscriptions/listen`` is :mod:`engine._subscriptions`'s.
+``subscriptions/listen`` and the change bus are :mod:`engine._changes`'s.
 """
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import secrets
 import time
-from collections.abc import Hashable
 from typing import Any, Final
 
-import msgspec
 import trio
 
 from weir.app import (
@@ -77,29 +79,52 @@ from weir.protocol import (
     RESOURCE_NOT_FOUND,
     Reason,
     RemoteProtocolError,
-    accepts,
 )
-from weir.protocol.course import CallCourse
-from weir.protocol.gate import WindowKey
 from weir.protocol.jsonrpc import (
-    Notification,
     Request,
-    encode_notification,
     encode_result,
     error_body,
 )
 from weir.protocol.lifecycle import ALL_VERSIONS
+from weir.protocol.post import (
+    ACCEPTED,
+    ATTACH_WRITER,
+    AdmitRequests,
+    ClaimCall,
+    Finished,
+    GiveBack,
+    HoldCall,
+    WaitForCall,
+)
 from weir.protocol.sessionless import (
     MISSING_CAPABILITY,
-    NAMED_TARGET,
     SESSIONLESS_VERSIONS,
     SessionlessMessage,
-    check_param_headers,
     complete,
     discover_result,
     method_not_found,
     missing_capability,
-    param_headers,
+)
+from weir.protocol.sessionless_post import (
+    ANSWER_DISCOVER,
+    CHOOSE_OWNER,
+    RUN_HANDLER,
+    AnswerReplay,
+    EncodeResult,
+    InputAsked,
+    Listen,
+    OpenAnswerStream,
+    OpenRequestState,
+    RecordOutcome,
+    Respond,
+    RespondJson,
+    RunOnStream,
+    SealState,
+    SessionlessCourse,
+    SessionlessEffect,
+    SessionlessRules,
+    SessionlessRun,
+    ToolSchema,
 )
 from weir.protocol.states import StreamInput, StreamState
 from weir.protocol.streams import StreamKind
@@ -108,114 +133,142 @@ from ._auth import REQUEST_ACCESS
 from ._connection import Connection
 from ._context import SessionlessBackend
 from ._requester import Requester
-from ._server_base import _ServerBase, log
+from ._server_base import _ServerBase
 from ._session import Session, SessionClosed, StreamHandle, StreamLost
-from ._store import StoreUnavailable
-from ._subscriptions import Listener, honoured
 from ._writer import SSE_HEADERS, PeerGone, write_stream
 
 #: The revision this module serves.
 VERSION: Final = SESSIONLESS_VERSIONS[-1]
-#: The methods this era serves.
-METHODS: Final = frozenset(
-    {
-        "server/discover",
-        "subscriptions/listen",
-        "tools/list",
-        "tools/call",
-        "prompts/list",
-        "prompts/get",
-        "resources/list",
-        "resources/read",
-        "resources/templates/list",
-        "completion/complete",
-    }
-)
-#: Methods of the session era only: 404 on this one, even for an app's fallback.
-NOT_THIS_ERA: Final = frozenset(
-    {"initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"}
-)
-#: Methods that may answer ``input_required``, and stream notifications first.
-INPUT_METHODS: Final = frozenset(NAMED_TARGET)
-#: Seconds between two reads of the store's change bus (shared stores only).
-CHANGE_POLL: Final = 0.1
-#: How far back a replica's first read of the bus goes (clock skew between hosts).
-CHANGE_LOOKBACK: Final = 5.0
 #: Seconds a streamed answer's head waits for the handler's first message.
 FIRST_OUTPUT_WAIT: Final = 1.0
-#: Params that are the round's, not the request's (left out of its digest).
-_ROUND_PARAMS: Final = ("_meta", "inputResponses", "requestState")
 
 
 class _Sessionless(_ServerBase):
     """Requests of the sessionless era (see the module docstring)."""
 
     async def _sessionless(self, conn: Connection, msg: SessionlessMessage, who: Requester) -> None:
-        message = msg.message
-        if isinstance(message, Notification):
+        """Carry out a request's :class:`~weir.protocol.sessionless_post.SessionlessCourse`:
+        the core decides the order, this performs each effect it asks for."""
+        course = SessionlessCourse(
+            msg, who.principal, who.authorized, self._sessionless_rules(), wall=time.time()
+        )
+        clock = trio.current_time
+        effect = course.start(clock())
+        owner: Session | None = None
+        answering: _Answering | None = None
+        try:
+            while effect is not None:
+                try:
+                    answer: object = None
+                    if owner is None:  # (the steps before the owner is chosen)
+                        if effect is CHOOSE_OWNER:
+                            owner = self._owner(conn, who)
+                        else:
+                            answer = await self._before_owner(conn, msg, effect)
+                    elif isinstance(effect, AdmitRequests):
+                        try:  # 429 once this connection's peer stopped reading
+                            await owner.admit(effect.n, effect.request_id, effect.lane)
+                        except SessionClosed:
+                            raise PeerGone from None
+                        self.metrics.admissions += effect.n
+                    elif isinstance(effect, ClaimCall | WaitForCall | HoldCall):
+                        answer = await self._keyed_effect(who.principal, effect)
+                    elif isinstance(effect, RespondJson):
+                        self._count_execution(effect.run)
+                        await self._respond_json(conn, owner, msg, who, effect)
+                    elif isinstance(effect, OpenAnswerStream):
+                        handle = self._open_answer_stream(owner)
+                        owner.move_reservations(effect.lane, handle.log.epoch)
+                        answering = _Answering(handle)
+                    elif isinstance(effect, RunOnStream):
+                        assert answering is not None
+                        self._count_execution(effect.run)
+                        await self._run_on_stream(owner, msg, who, effect.run, answering)
+                    elif effect is ATTACH_WRITER:
+                        assert answering is not None
+                        keepalive = self.config.sse_keepalive
+                        handle = answering.handle
+                        await write_stream(conn, owner, handle, 0, SSE_HEADERS, keepalive=keepalive)
+                    else:
+                        await self._sessionless_effect(conn, owner, who, effect)
+                except BaseException as exc:
+                    effect = course.fail(exc, clock())
+                else:
+                    effect = course.deliver(answer, clock())
+        except RemoteProtocolError as exc:
+            if exc.reason is Reason.IN_PROGRESS:
+                self.metrics.duplicates_in_progress += 1
+            raise
+        finally:
+            if answering is not None:
+                assert owner is not None
+                _end(owner, answering)
+
+    def _sessionless_rules(self) -> SessionlessRules:
+        """The course's rules: the server's, and whether the app has a fallback (an
+        app may register one after the server was made)."""
+        rules, app = self.sessionless_rules, self.app
+        fallback = app.fallback_fn is not None
+        if rules.fallback != fallback or rules.fallback_every_method != app.fallback_every_method:
+            rules = dataclasses.replace(
+                rules, fallback=fallback, fallback_every_method=app.fallback_every_method
+            )
+            self.sessionless_rules = rules
+        return rules
+
+    async def _before_owner(
+        self, conn: Connection, msg: SessionlessMessage, effect: SessionlessEffect
+    ) -> object:
+        """Perform one of the steps before the credit owner is chosen; its answer."""
+        if isinstance(effect, ToolSchema):
+            return self.app.input_schema(effect.name)
+        if isinstance(effect, OpenRequestState):
+            return self.sealer.open(effect.state)
+        if effect is ACCEPTED:
             await conn.send(conn.http.send_response(202, ()))
-            return
-        assert msg.meta is not None
-        req = message
-        if req.method not in METHODS and (
-            self.app.fallback_fn is None or req.method in NOT_THIS_ERA
-        ):
-            raise method_not_found(req.method, req.id)
-        if req.method == "server/discover":
+        elif effect is ANSWER_DISCOVER:
+            req = msg.message
+            assert isinstance(req, Request)
             found = encode_result(req.id, self._discover())
             await conn.send(conn.http.send_response(200, _JSON, found))
-            return
-        if req.method == "tools/call":
-            self._check_param_headers(msg, req)
-        inputs = None
-        if req.method in INPUT_METHODS:
-            if self.app.fallback_every_method:  # the app keeps its own rounds' state
-                req = self._open_app_state(who, req)
-            else:
-                inputs = self._inputs(who, req)
-        owner = self._owner(conn, who)
-        meta = msg.meta
-        caller = Caller(
-            meta.capabilities,
-            meta.client_info or {},
-            log_level=meta.log_level or NO_LOGS,
-            protocol_version=meta.version,
-        )
-        # The request reserves room for its answer under a key of its own, which its
-        # stream (if it has one) takes over: the owner is shared by connections.
-        lane = object()
-        try:
-            await owner.admit(1, req.id, lane)  # 429 once this connection's peer stopped reading
-        except SessionClosed:
-            raise PeerGone from None
-        self.metrics.admissions += 1
-        if req.method == "subscriptions/listen":
-            await self._listen(conn, owner, req, lane)
-            return
-        course = None
-        header_key = msg.headers.get("idempotency-key")
-        if header_key is None and req.method == "tools/call":
-            header_key = self._same_request_key(req)
-        if req.method == "tools/call" and header_key is not None:
-            try:
-                course = await self._keyed_course(who.principal, req, header_key)
-            except BaseException:
-                owner.done(1, lane)
-                raise
-            if course.replay is not None:  # it ran: its stored answer, nothing runs
-                owner.done(1, lane)
-                await self._send_json(conn, owner, list(_JSON), course.replay)
-                return
-        if req.method == "tools/call" and course is None:
-            self.metrics.executions += 1  # (a keyed call is counted at its gate)
-        sse = req.method in INPUT_METHODS and not self.config.json_response
-        if sse and accepts(msg.headers.get("accept"), "text/event-stream"):
-            await self._sessionless_sse(conn, owner, who, req, inputs, caller, course, lane)
-            return
+        else:
+            raise AssertionError(f"a sessionless course asked for {effect!r} out of turn")
+        return None
+
+    async def _sessionless_effect(
+        self, conn: Connection, owner: Session, who: Requester, effect: SessionlessEffect
+    ) -> None:
+        """Perform one of a sessionless course's less frequent effects."""
+        if isinstance(effect, Finished):
+            owner.done(effect.n, effect.lane)
+        elif isinstance(effect, GiveBack):
+            await self._keyed_record(who.principal, effect.key, None)
+        elif isinstance(effect, AnswerReplay):
+            self.metrics.duplicates_replayed += 1
+            await self._send_json(conn, owner, list(_JSON), effect.payload)
+        elif isinstance(effect, Listen):
+            await self._listen(conn, owner, effect.request, effect.lane)
+        else:
+            raise AssertionError(f"a sessionless course asked for {effect!r} out of turn")
+
+    def _count_execution(self, run: SessionlessRun) -> None:
+        if run.request.method == "tools/call":
+            self.metrics.executions += 1  # (a replay never gets here: AnswerReplay)
+
+    async def _respond_json(
+        self,
+        conn: Connection,
+        owner: Session,
+        msg: SessionlessMessage,
+        who: Requester,
+        effect: RespondJson,
+    ) -> None:
+        """Run the handler here and answer with one JSON body."""
+        lane = effect.lane
         try:
             try:
-                backend = SessionlessBackend(owner, None, caller)
-                body = await self._answer_recorded(owner, who, req, None, inputs, backend, course)
+                backend = SessionlessBackend(owner, None, _caller(msg))
+                body = await self._drive_run(owner, who, effect.run, None, backend)
             finally:
                 owner.done(1, lane, keep=True)  # the reservation is the body's
             if body is None:
@@ -224,99 +277,139 @@ class _Sessionless(_ServerBase):
         finally:
             owner.settle(lane)
 
-    # ---------------------------------------------------------------- the checks
-    def _same_request_key(self, req: Request) -> str | None:
-        """With ``retry_window`` set: a key for an unkeyed call that the same request
-        (same id, method and params) gets again within the window -- a gateway's
-        retry of the same bytes.  Off by default: two clients of one principal that
-        send the same request would share one answer (see ``ServerConfig``)."""
-        window = self.config.retry_window
-        if window <= 0:
-            return None
-        canonical = msgspec.json.encode([req.id, req.method, req.params], order="sorted")
-        bucket = int(time.time() // window)
-        # (a WindowKey: no client's Idempotency-Key can name this record)
-        return WindowKey(f"same:{hashlib.sha256(canonical).hexdigest()[:32]}:{bucket}")
+    async def _run_on_stream(
+        self,
+        owner: Session,
+        msg: SessionlessMessage,
+        who: Requester,
+        run: SessionlessRun,
+        answering: _Answering,
+    ) -> None:
+        """Start the handler on the answer's stream; return once it has output (or
+        after :data:`FIRST_OUTPUT_WAIT`), raising its refusal if it was refused first.
+        The handler is cancelled if the client goes away (:func:`_end`)."""
+        handle = answering.handle
+        first = trio.Event()
+        backend = answering.backend = SessionlessBackend(
+            owner, handle, _caller(msg), on_output=first.set
+        )
 
-    def _check_param_headers(self, msg: SessionlessMessage, req: Request) -> None:
-        """``Mcp-Param-*`` headers, against the called tool's ``x-mcp-header`` annotations."""
-        params = req.params if isinstance(req.params, dict) else {}
-        name = params.get("name")
-        schema = self.app.input_schema(name) if isinstance(name, str) else None
-        arguments = params.get("arguments")
-        if schema is None or not isinstance(arguments, dict):
-            return
-        annotated = param_headers(schema)
-        if annotated:
-            check_param_headers(msg.headers, annotated, arguments, req.id)
+        async def run_it() -> None:
+            try:
+                try:
+                    body = await self._drive_run(owner, who, run, handle, backend)
+                except RemoteProtocolError as exc:
+                    if not answering.started:
+                        answering.refused.append(exc)  # answered as this POST's status
+                        return
+                    body = error_body(exc)
+                first.set()
+                await handle.respond(body.decode() if body is not None else None)
+            except StreamLost:
+                pass
+            finally:
+                first.set()
+                owner.done(1, handle.log.epoch)
 
-    def _inputs(self, who: Requester, req: Request) -> dict[str, Any]:
-        """The answers this round carries: the sealed state's, then ``inputResponses``.
+        self._handlers_start(run_it)
+        with trio.move_on_after(FIRST_OUTPUT_WAIT):
+            await first.wait()
+        if answering.refused:
+            raise answering.refused[0]
+        answering.started = True
+
+    # ---------------------------------------------------------------- one run
+    async def _drive_run(
+        self,
+        owner: Session,
+        who: Requester,
+        run: SessionlessRun,
+        handle: StreamHandle | None,
+        backend: SessionlessBackend,
+    ) -> bytes | None:
+        """Carry out a :class:`~weir.protocol.sessionless_post.SessionlessRun`: run the
+        handler, seal, encode and record as it asks; the body it responds with."""
+        backend.detached = run.detached  # a keyed call is not cancelled with its response
+        req = run.request
+        body: bytes | None = None
+        clock = trio.current_time
+        effect = run.start(clock())
+        while effect is not None:
+            try:
+                answer: object = None
+                if effect is RUN_HANDLER:
+                    answer = await self._run_handler(owner, run, backend)
+                elif isinstance(effect, EncodeResult):
+                    answer = self._encode_result(req, effect.result, handle)
+                elif isinstance(effect, SealState):
+                    answer = self.sealer.seal(dict(effect.claims))
+                elif isinstance(effect, RecordOutcome):
+                    await self._keyed_record(who.principal, effect.key, effect.payload)
+                elif isinstance(effect, GiveBack):
+                    await self._keyed_record(who.principal, effect.key, None)
+                else:
+                    assert isinstance(effect, Respond)
+                    body = effect.body
+            except BaseException as exc:
+                effect = run.fail(exc, clock())
+            else:
+                effect = run.deliver(answer, clock())
+        return body
+
+    async def _run_handler(
+        self, owner: Session, run: SessionlessRun, backend: SessionlessBackend
+    ) -> object:
+        """Run one request's handler: its result, :class:`InputAsked`, an error body,
+        or None if cancelled.
 
         Raises:
-            RemoteProtocolError: 400, -32602 for a state that does not open or is
-                another request's.
+            RemoteProtocolError: 404 -32601 for a method an app's fallback does not
+                serve; 400, -32021 when the handler needs a capability the request
+                did not declare.
         """
-        params = req.params if isinstance(req.params, dict) else {}
-        inputs: dict[str, Any] = {}
-        claims = self._open_state(who, req)
-        if claims is not None:
-            answers = claims.get("a")
-            if isinstance(answers, dict):
-                inputs.update(answers)
-        responses = params.get("inputResponses")
-        if isinstance(responses, dict):
-            inputs.update(responses)
-        return inputs
+        req = run.request
+        ctx = Context(
+            backend,
+            req.id,
+            _meta(req),
+            state=self.state,
+            inputs=run.inputs,
+            access_token=REQUEST_ACCESS.get(),
+        )
+        with trio.CancelScope() as scope:
+            if not backend.detached:  # a keyed call is not cancelled with its response
+                owner.running[backend.run_key] = scope
+            try:
+                try:
+                    return await dispatch(self.app, req, ctx)
+                except InputRequired as asked:
+                    return InputAsked(asked.requests, ctx.answered)
+            except StreamLost:
+                return None
+            except McpError as exc:
+                if exc.code == METHOD_NOT_FOUND:  # an app's fallback does not serve it
+                    raise method_not_found(req.method, req.id) from None
+                if exc.code == MISSING_CAPABILITY:
+                    needed = (exc.data or {}).get("requiredCapabilities") or {}
+                    raise missing_capability(needed, req.id) from None
+                if exc.code == RESOURCE_NOT_FOUND:  # this revision says -32602 for it
+                    exc = McpError(INVALID_PARAMS, exc.message, exc.data)
+                return failure(req, exc)
+            except Exception as exc:
+                return failure(req, exc)
+            finally:
+                owner.running.pop(backend.run_key, None)
+        return None
 
-    def _open_state(self, who: Requester, req: Request) -> dict[str, Any] | None:
-        """The claims of the request state this round carries (None without one).
-
-        Raises:
-            RemoteProtocolError: 400, -32602 for a state that does not open or is
-                another request's.
-        """
-        state = (req.params or {}).get("requestState")
-        if state is None:
-            return None
-        claims = self.sealer.open(state) if isinstance(state, str) else None
-        if claims is None or claims.get("b") != _binding(who, req):
-            raise RemoteProtocolError(
-                "requestState is invalid, expired, or not this request's",
-                http_status=400,
-                reason=Reason.REQUEST_STATE_INVALID,
-                code=INVALID_PARAMS,
-                request_id=req.id,
-            )
-        return claims
-
-    def _open_app_state(self, who: Requester, req: Request) -> Request:
-        """An app that runs its own input rounds (a fallback for every method) gets
-        back the ``requestState`` it minted, once weir's seal around it opens: so a
-        state is bound to its principal and request and expires, whatever the app
-        does with it."""
-        claims = self._open_state(who, req)
-        if claims is None:
-            return req
-        params = dict(req.params or {})
-        inner = claims.get("x")
-        if isinstance(inner, str):
-            params["requestState"] = inner
-        else:
-            params.pop("requestState", None)
-        return msgspec.structs.replace(req, params=params)
-
-    def _seal_app_state(self, who: Requester, req: Request, result: dict[str, Any]) -> None:
-        """An app's ``input_required`` result: its ``requestState`` goes out sealed
-        (see :meth:`_open_app_state`)."""
-        claims: dict[str, Any] = {"b": _binding(who, req)}
-        inner = result.get("requestState")
-        if isinstance(inner, str):
-            claims["x"] = inner
+    def _encode_result(
+        self, req: Request, result: dict[str, Any], handle: StreamHandle | None
+    ) -> bytes:
+        """A result stamped with this era's fields, encoded within the size limit."""
         try:
-            result["requestState"] = self.sealer.seal(claims)
-        except ValueError as exc:
-            raise McpError(INVALID_PARAMS, str(exc)) from None
+            decorated = complete(req.method, result, self._server_info())
+            return self._fit(req, encode_result(req.id, decorated), handle)
+        except Exception as exc:
+            return failure(req, exc)
 
     # ---------------------------------------------------------------- results
     def _discover(self) -> dict[str, Any]:
@@ -351,162 +444,7 @@ class _Sessionless(_ServerBase):
             self.described_info = dict(describe(self.app, VERSION)["serverInfo"])
         return self.described_info
 
-    async def _answer_recorded(
-        self,
-        owner: Session,
-        who: Requester,
-        req: Request,
-        handle: StreamHandle | None,
-        inputs: dict[str, Any] | None,
-        backend: SessionlessBackend,
-        course: CallCourse | None,
-    ) -> bytes | None:
-        """:meth:`_sessionless_answer`, and for a keyed call its outcome in the gate.
-
-        A finished call records its answer; an ``input_required`` answer, a refusal
-        or the client's cancellation gives the key back (nothing finished); a call
-        the process abandons is recorded ``interrupted``.
-        """
-        if course is None:
-            return await self._sessionless_answer(owner, who, req, handle, inputs, backend)
-        principal = who.principal
-        backend.detached = True
-        course.started()
-        try:
-            body = await self._sessionless_answer(owner, who, req, handle, inputs, backend)
-        except RemoteProtocolError:
-            await self._keyed_record(principal, course, course.finished(None, final_append=False))
-            raise
-        except BaseException:
-            await self._keyed_record(principal, course, course.abandoned())
-            raise
-        outcome = body if body is not None and not backend.asked else None
-        await self._keyed_record(principal, course, course.finished(outcome, final_append=False))
-        return body
-
-    async def _sessionless_answer(
-        self,
-        owner: Session,
-        who: Requester,
-        req: Request,
-        handle: StreamHandle | None,
-        inputs: dict[str, Any] | None,
-        backend: SessionlessBackend,
-    ) -> bytes | None:
-        """Run one request's handler; its encoded answer (``None`` if cancelled).
-
-        Raises:
-            RemoteProtocolError: 400, -32021 when the handler needs a capability the
-                request did not declare.
-        """
-        ctx = Context(
-            backend,
-            req.id,
-            _meta(req),
-            state=self.state,
-            inputs=inputs,
-            access_token=REQUEST_ACCESS.get(),
-        )
-        with trio.CancelScope() as scope:
-            if not backend.detached:  # a keyed call is not cancelled with its response
-                owner.running[backend.run_key] = scope
-            try:
-                try:
-                    result = await dispatch(self.app, req, ctx)
-                    if result.get("resultType") == "input_required":  # the app's own round
-                        backend.asked = True  # (not an outcome a keyed call records)
-                        if self.app.fallback_every_method and req.method in INPUT_METHODS:
-                            self._seal_app_state(who, req, result)
-                except InputRequired as asked:
-                    backend.asked = True
-                    result = self._input_required(who, req, asked, ctx)
-                decorated = complete(req.method, result, self._server_info())
-                return self._fit(req, encode_result(req.id, decorated), handle)
-            except StreamLost:
-                return None
-            except McpError as exc:
-                if exc.code == METHOD_NOT_FOUND:  # an app's fallback does not serve it
-                    raise method_not_found(req.method, req.id) from None
-                if exc.code == MISSING_CAPABILITY:
-                    needed = (exc.data or {}).get("requiredCapabilities") or {}
-                    raise missing_capability(needed, req.id) from None
-                if exc.code == RESOURCE_NOT_FOUND:  # this revision says -32602 for it
-                    exc = McpError(INVALID_PARAMS, exc.message, exc.data)
-                return failure(req, exc)
-            except Exception as exc:
-                return failure(req, exc)
-            finally:
-                owner.running.pop(backend.run_key, None)
-        return None
-
-    def _input_required(
-        self, who: Requester, req: Request, asked: InputRequired, ctx: Context
-    ) -> dict[str, Any]:
-        """The ``input_required`` result: what is asked, and the answers so far, sealed."""
-        claims = {"b": _binding(who, req), "a": ctx.answered}
-        try:
-            state = self.sealer.seal(claims)
-        except ValueError as exc:
-            raise McpError(INVALID_PARAMS, str(exc)) from None
-        return {
-            "resultType": "input_required",
-            "inputRequests": asked.requests,
-            "requestState": state,
-        }
-
     # ---------------------------------------------------------------- streams
-    async def _sessionless_sse(
-        self,
-        conn: Connection,
-        owner: Session,
-        who: Requester,
-        req: Request,
-        inputs: dict[str, Any] | None,
-        caller: Caller,
-        course: CallCourse | None,
-        lane: Hashable,
-    ) -> None:
-        """Answer on an SSE stream; the handler is cancelled if the client goes away.
-
-        The stream takes over what the request reserved under ``lane``."""
-        handle = self._open_answer_stream(owner)
-        owner.move_reservations(lane, handle.log.epoch)
-        first = trio.Event()
-        refused: list[RemoteProtocolError] = []
-        started = False
-        backend = SessionlessBackend(owner, handle, caller, on_output=first.set)
-
-        async def run() -> None:
-            try:
-                try:
-                    body = await self._answer_recorded(
-                        owner, who, req, handle, inputs, backend, course
-                    )
-                except RemoteProtocolError as exc:
-                    if not started:
-                        refused.append(exc)  # answered as this POST's status
-                        return
-                    body = error_body(exc)
-                first.set()
-                await handle.respond(body.decode() if body is not None else None)
-            except StreamLost:
-                pass
-            finally:
-                first.set()
-                owner.done(1, handle.log.epoch)
-
-        self._handlers_start(run)
-        try:
-            with trio.move_on_after(FIRST_OUTPUT_WAIT):
-                await first.wait()
-            if refused:
-                raise refused[0]
-            started = True
-            keepalive = self.config.sse_keepalive
-            await write_stream(conn, owner, handle, 0, SSE_HEADERS, keepalive=keepalive)
-        finally:
-            _end(owner, backend, handle)
-
     def _open_answer_stream(self, owner: Session) -> StreamHandle:
         """A stream for one request's answer: no event ids (nothing resumes).  Its
         epoch is drawn afresh until it names none of the owner's streams (open or
@@ -523,128 +461,44 @@ class _Sessionless(_ServerBase):
         handle.outstanding = 1
         return handle
 
-    async def _listen(self, conn: Connection, owner: Session, req: Request, lane: Hashable) -> None:
-        """``subscriptions/listen``: acknowledge, then stream changes until the end."""
-        params = req.params if isinstance(req.params, dict) else {}
-        flags, kinds, uris = honoured(params.get("notifications"), self._capabilities())
-        handle = self._open_answer_stream(owner)
-        owner.move_reservations(lane, handle.log.epoch)
-        listener = Listener(req, handle, kinds, uris)
-        if not handle.try_send_now(listener.ack(flags)):
-            self._handlers_start(handle.send, listener.ack(flags))
-        owner.done(1, handle.log.epoch)  # its "answer" (the acknowledgement) is enqueued
-        self.subscribers.add(listener)
-        sender = trio.CancelScope()
-
-        async def send_changes() -> None:
-            with sender:
-                await listener.run()
-
-        # The sender is a handler task, not a child of this one: the writer's own
-        # errors (a peer gone) then reach the connection loop as they are.
-        self._handlers_start(send_changes)
-        try:
-            keepalive = self.config.sse_keepalive
-            await write_stream(conn, owner, handle, 0, SSE_HEADERS, keepalive=keepalive)
-        finally:
-            sender.cancel()
-            self.subscribers.discard(listener)
-            if handle.log.state is not StreamState.CLOSED:
-                handle.handle(StreamInput.ABORT)
-
-    def _changed(self, method: str, uri: str | None = None) -> None:
-        """A handler announced a change: deliver it here and, with a shared store, put
-        it on the store's bus for the other replicas (:meth:`_relay_changes`)."""
-        self._deliver_change(method, uri)
-        if self.store.shared:
-            change = msgspec.json.encode({"m": method, "u": uri, "r": self.replica_id})
-            self._handlers_start(self._publish_change, change)
-
-    async def _publish_change(self, change: bytes) -> None:
-        try:
-            await self.store.publish_change(change)
-        except StoreUnavailable:
-            log.warning("could not put an announced change on the store's bus")
-
-    async def _relay_changes(self) -> None:
-        """Shared stores only: deliver the changes other replicas announced.
-
-        Reads the bus every :data:`CHANGE_POLL` seconds while anyone here listens, so
-        an idle replica costs the store nothing.  Once someone starts to listen, the
-        first read goes :data:`CHANGE_LOOKBACK` seconds back (the bus's ids are the
-        store's clock in milliseconds), so a change announced elsewhere just as the
-        listener arrived is not lost; a listener may hear a notice a few seconds
-        old, which only asks it to fetch a list again.
-        """
-        cursor: str | None = None
-        while True:
-            await trio.sleep(CHANGE_POLL)
-            if not self.subscribers and not self.sessions:
-                cursor = None
-                continue
-            if cursor is None:
-                cursor = f"{int((time.time() - CHANGE_LOOKBACK) * 1000)}-0"
-            try:
-                cursor, changes = await self.store.read_changes(cursor)
-            except StoreUnavailable:
-                continue
-            for raw in changes:
-                try:
-                    change = msgspec.json.decode(raw)
-                except msgspec.DecodeError:
-                    continue
-                if not isinstance(change, dict) or change.get("r") == self.replica_id:
-                    continue
-                method, uri = change.get("m"), change.get("u")
-                if isinstance(method, str) and (uri is None or isinstance(uri, str)):
-                    self._deliver_change(method, uri)
-
-    def _deliver_change(self, method: str, uri: str | None) -> None:
-        """Tell every client here that wants it that a list changed, or resource
-        ``uri`` did: sessionless listeners, and session-era GET streams (resource
-        updates only where the session subscribed).  Never waits: a GET stream
-        without credit for the notice right now misses it (its peer is not reading)."""
-        for listener in list(self.subscribers):
-            listener.notify(method, uri)
-        params = {"uri": uri} if uri is not None else None
-        payload = encode_notification(method, params).decode()
-        for session in self.sessions.values():
-            standalone = session.standalone
-            if standalone is None or standalone.log.state is StreamState.CLOSED:
-                continue
-            if uri is None or uri in session.caller.subscriptions:
-                standalone.try_send_now(payload)
-
-    def _end_subscriptions(self) -> None:
-        """At shutdown: end each subscription gracefully (its final result)."""
-        for listener in list(self.subscribers):
-            if not listener.handle.try_respond_now(listener.closing()):
-                self._handlers_start(listener.handle.respond, listener.closing())
-
 
 _JSON: Final = (("content-type", "application/json"),)
 
 
-def _end(owner: Session, backend: SessionlessBackend, handle: StreamHandle) -> None:
+class _Answering:
+    """A streamed answer under way: its stream, its handler's backend, and whether
+    the head went out (a refusal after that is the stream's last frame)."""
+
+    __slots__ = ("backend", "handle", "refused", "started")
+
+    def __init__(self, handle: StreamHandle) -> None:
+        self.handle = handle
+        self.backend: SessionlessBackend | None = None
+        self.refused: list[RemoteProtocolError] = []
+        self.started = False
+
+
+def _caller(msg: SessionlessMessage) -> Caller:
+    """The client as its request describes itself (``params._meta``)."""
+    meta = msg.meta
+    assert meta is not None
+    return Caller(
+        meta.capabilities,
+        meta.client_info or {},
+        log_level=meta.log_level or NO_LOGS,
+        protocol_version=meta.version,
+    )
+
+
+def _end(owner: Session, answering: _Answering) -> None:
     """Closing the response is cancellation in this era: nothing is resumed.  (Of
     this request's handler: another client of the principal may use the same id.)"""
-    scope = owner.running.get(backend.run_key)
+    backend, handle = answering.backend, answering.handle
+    scope = owner.running.get(backend.run_key) if backend is not None else None
     if scope is not None:
         scope.cancel()
     if handle.log.state is not StreamState.CLOSED:
         handle.handle(StreamInput.ABORT)
-
-
-def _binding(who: Requester, req: Request) -> str:
-    """What a request state is bound to: the request's principal (and whether a token
-    vouched for it), its method, and its params other than the round's own (a
-    digest).  Not the connection: clients send the next round on whichever connection
-    (and replica) they have -- see the module docstring."""
-    params = req.params if isinstance(req.params, dict) else {}
-    kept = {k: v for k, v in params.items() if k not in _ROUND_PARAMS}
-    bound = [who.principal, who.authorized, req.method, kept]
-    canonical = msgspec.json.encode(bound, order="sorted")
-    return hashlib.sha256(canonical).hexdigest()
 
 
 def _meta(req: Request) -> dict[str, Any] | None:

@@ -9,7 +9,14 @@ endpoint's routing, single checks and refusals (:func:`route`, :func:`refusal`),
 the error every refusal is (:class:`RemoteProtocolError`, its :class:`Reason` and the
 JSON-RPC error codes), read deadlines, and a session's drain credit and admission
 (:class:`SessionFlow`).  Everything else public lives in one module per topic, each
-with its own ``__all__`` and each drawing from one private module:
+with its own ``__all__`` and each drawing from one private module.  The order of
+each kind of request's decisions is a *course* the runtime drives, performing the
+effects it asks for:
+
+* :mod:`weir.protocol.post` -- a session-era POST's course (and a batch's entries);
+* :mod:`weir.protocol.sessionless_post` -- a 2026-07-28 request's course;
+
+and the pieces the courses and runtimes share:
 
 * :mod:`weir.protocol.jsonrpc` -- JSON-RPC messages, their encoders, a refusal's body;
 * :mod:`weir.protocol.streams` -- a session's SSE stream logs, the writer's next move;
@@ -48,7 +55,6 @@ from ._endpoint import (
     OpenStream,
     PostMessages,
     RequestContext,
-    accepts,
     check_host_and_origin,
     check_method,
     closing_refusal,
@@ -111,7 +117,6 @@ __all__ = [
     "RemoteProtocolError",
     "RequestContext",
     "SessionFlow",
-    "accepts",
     "check_host_and_origin",
     "check_method",
     "closing_refusal",

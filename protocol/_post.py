@@ -582,7 +582,9 @@ class _Clock(Protocol):
     def now(self) -> float: ...
 
 
-def gate(course: CallCourse, token: tuple[int, str] | None, clock: _Clock) -> _Steps:
+def gate(
+    course: CallCourse, token: tuple[int, str] | None, clock: _Clock
+) -> Generator[ClaimCall | WaitForCall | HoldCall, object, None]:
     """The idempotency gate's loop as effects: claim, wait while another delivery
     runs the call, claim again -- until the course may run or has its answer.
 

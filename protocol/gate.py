@@ -3,18 +3,17 @@ in-process ledger that both drivers use when there is no shared store.
 
 A store implementer needs these: :class:`CallStart` (what a claim found),
 :class:`CallOutcome` (how a recorded call ended), :class:`CallLedger` (the bounded
-in-memory records) and :class:`WindowKey` (a sessionless call's key).
+in-memory records).
 
 (Public; see :mod:`weir.protocol`.)
 """
 
 from __future__ import annotations
 
-from ._gate import CallLedger, CallOutcome, CallStart, WindowKey
+from ._gate import CallLedger, CallOutcome, CallStart
 
 __all__ = [
     "CallLedger",
     "CallOutcome",
     "CallStart",
-    "WindowKey",
 ]

@@ -8,29 +8,23 @@ from __future__ import annotations
 from ._sessionless import (
     META_SUBSCRIPTION_ID,
     MISSING_CAPABILITY,
-    NAMED_TARGET,
     SESSIONLESS_VERSIONS,
     SessionlessMessage,
-    check_param_headers,
     complete,
     discover_result,
     method_not_found,
     missing_capability,
-    param_headers,
     unsupported_version,
 )
 
 __all__ = [
     "META_SUBSCRIPTION_ID",
     "MISSING_CAPABILITY",
-    "NAMED_TARGET",
     "SESSIONLESS_VERSIONS",
     "SessionlessMessage",
-    "check_param_headers",
     "complete",
     "discover_result",
     "method_not_found",
     "missing_capability",
-    "param_headers",
     "unsupported_version",
 ]

@@ -16,13 +16,12 @@ from weir.protocol import (
     PostMessages,
     Reason,
     RemoteProtocolError,
-    accepts,
     check_host_and_origin,
     refusal,
     route,
     session_refusal,
 )
-from weir.protocol._endpoint import host_of
+from weir.protocol._endpoint import accepts, host_of
 from weir.protocol._errors import PARSE_ERROR
 from weir.protocol._http import Headers
 from weir.protocol._lifecycle import (

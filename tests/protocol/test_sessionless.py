@@ -22,18 +22,14 @@ from weir.protocol._sessionless import (
     HEADER_MISMATCH,
     META_SERVER_INFO,
     UNSUPPORTED_VERSION,
+    check_param_headers,
     decode_header_value,
     is_sessionless,
+    param_headers,
 )
 from weir.protocol.jsonrpc import Notification, Request
 from weir.protocol.lifecycle import ALL_VERSIONS
-from weir.protocol.sessionless import (
-    SessionlessMessage,
-    check_param_headers,
-    complete,
-    discover_result,
-    param_headers,
-)
+from weir.protocol.sessionless import SessionlessMessage, complete, discover_result
 
 from .helpers import http_request
 

@@ -1,0 +1,137 @@
+"""``subscriptions/listen`` and the change bus of the sessionless era (2026-07-28).
+
+Theory of operation
+-------------------
+A listener is a :class:`~._subscriptions.Listener` on an answer stream of its
+request's credit owner: acknowledged at once, then fed the changes it asked for
+until the client goes or the server shuts down (each gets its final result).  A
+handler's announced change is delivered here at once and, with a shared store, put
+on the store's bus, which a replica with listeners reads every :data:`CHANGE_POLL`
+seconds; session-era GET streams hear the same notices.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable
+from typing import Final
+
+import msgspec
+import trio
+
+from weir.protocol.jsonrpc import Request, encode_notification
+from weir.protocol.states import StreamInput, StreamState
+
+from ._connection import Connection
+from ._server_base import _ServerBase, log
+from ._session import Session
+from ._store import StoreUnavailable
+from ._subscriptions import Listener, honoured
+from ._writer import SSE_HEADERS, write_stream
+
+#: Seconds between two reads of the store's change bus (shared stores only).
+CHANGE_POLL: Final = 0.1
+#: How far back a replica's first read of the bus goes (clock skew between hosts).
+CHANGE_LOOKBACK: Final = 5.0
+
+
+class _Changes(_ServerBase):
+    """Listeners and announced changes (see the module docstring)."""
+
+    async def _listen(self, conn: Connection, owner: Session, req: Request, lane: Hashable) -> None:
+        """``subscriptions/listen``: acknowledge, then stream changes until the end."""
+        params = req.params if isinstance(req.params, dict) else {}
+        flags, kinds, uris = honoured(params.get("notifications"), self._capabilities())
+        handle = self._open_answer_stream(owner)
+        owner.move_reservations(lane, handle.log.epoch)
+        listener = Listener(req, handle, kinds, uris)
+        if not handle.try_send_now(listener.ack(flags)):
+            self._handlers_start(handle.send, listener.ack(flags))
+        owner.done(1, handle.log.epoch)  # its "answer" (the acknowledgement) is enqueued
+        self.subscribers.add(listener)
+        sender = trio.CancelScope()
+
+        async def send_changes() -> None:
+            with sender:
+                await listener.run()
+
+        # The sender is a handler task, not a child of this one: the writer's own
+        # errors (a peer gone) then reach the connection loop as they are.
+        self._handlers_start(send_changes)
+        try:
+            keepalive = self.config.sse_keepalive
+            await write_stream(conn, owner, handle, 0, SSE_HEADERS, keepalive=keepalive)
+        finally:
+            sender.cancel()
+            self.subscribers.discard(listener)
+            if handle.log.state is not StreamState.CLOSED:
+                handle.handle(StreamInput.ABORT)
+
+    def _changed(self, method: str, uri: str | None = None) -> None:
+        """A handler announced a change: deliver it here and, with a shared store, put
+        it on the store's bus for the other replicas (:meth:`_relay_changes`)."""
+        self._deliver_change(method, uri)
+        if self.store.shared:
+            change = msgspec.json.encode({"m": method, "u": uri, "r": self.replica_id})
+            self._handlers_start(self._publish_change, change)
+
+    async def _publish_change(self, change: bytes) -> None:
+        try:
+            await self.store.publish_change(change)
+        except StoreUnavailable:
+            log.warning("could not put an announced change on the store's bus")
+
+    async def _relay_changes(self) -> None:
+        """Shared stores only: deliver the changes other replicas announced.
+
+        Reads the bus every :data:`CHANGE_POLL` seconds while anyone here listens, so
+        an idle replica costs the store nothing.  Once someone starts to listen, the
+        first read goes :data:`CHANGE_LOOKBACK` seconds back (the bus's ids are the
+        store's clock in milliseconds), so a change announced elsewhere just as the
+        listener arrived is not lost; a listener may hear a notice a few seconds
+        old, which only asks it to fetch a list again.
+        """
+        cursor: str | None = None
+        while True:
+            await trio.sleep(CHANGE_POLL)
+            if not self.subscribers and not self.sessions:
+                cursor = None
+                continue
+            if cursor is None:
+                cursor = f"{int((time.time() - CHANGE_LOOKBACK) * 1000)}-0"
+            try:
+                cursor, changes = await self.store.read_changes(cursor)
+            except StoreUnavailable:
+                continue
+            for raw in changes:
+                try:
+                    change = msgspec.json.decode(raw)
+                except msgspec.DecodeError:
+                    continue
+                if not isinstance(change, dict) or change.get("r") == self.replica_id:
+                    continue
+                method, uri = change.get("m"), change.get("u")
+                if isinstance(method, str) and (uri is None or isinstance(uri, str)):
+                    self._deliver_change(method, uri)
+
+    def _deliver_change(self, method: str, uri: str | None) -> None:
+        """Tell every client here that wants it that a list changed, or resource
+        ``uri`` did: sessionless listeners, and session-era GET streams (resource
+        updates only where the session subscribed).  Never waits: a GET stream
+        without credit for the notice right now misses it (its peer is not reading)."""
+        for listener in list(self.subscribers):
+            listener.notify(method, uri)
+        params = {"uri": uri} if uri is not None else None
+        payload = encode_notification(method, params).decode()
+        for session in self.sessions.values():
+            standalone = session.standalone
+            if standalone is None or standalone.log.state is StreamState.CLOSED:
+                continue
+            if uri is None or uri in session.caller.subscriptions:
+                standalone.try_send_now(payload)
+
+    def _end_subscriptions(self) -> None:
+        """At shutdown: end each subscription gracefully (its final result)."""
+        for listener in list(self.subscribers):
+            if not listener.handle.try_respond_now(listener.closing()):
+                self._handlers_start(listener.handle.respond, listener.closing())

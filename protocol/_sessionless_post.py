@@ -1,0 +1,582 @@
+"""The course of a sessionless (2026-07-28) POST: every decision, in order, as effects.
+
+Theory of operation
+-------------------
+A request of this era carries everything a session used to remember, so its course
+needs no session: :class:`SessionlessCourse` owns the order of its decisions, and
+the runtime performs each *effect* it asks for and delivers the answer back, as for
+the session era's :class:`~._post.PostCourse` (the same loop, and the same effects
+where they mean the same thing)::
+
+    effect = course.start(now)
+    while effect is not None:
+        try:
+            answer = await perform(effect)
+        except BaseException as exc:
+            effect = course.fail(exc, now)
+        else:
+            effect = course.deliver(answer, now)
+
+The order, and what each step may refuse:
+
+1. A notification is :data:`~._post.ACCEPTED` (202).  A method this era does not
+   serve is 404, -32601 (an app's fallback serves unknown methods, never the
+   session era's own); ``server/discover`` is :data:`ANSWER_DISCOVER`.
+2. A ``tools/call``'s ``Mcp-Param-*`` headers against its tool's annotations
+   (:class:`ToolSchema`; 400, -32020 on a mismatch).
+3. The request state (MRTR) of a method that may ask for input: a
+   ``requestState`` is opened by the runtime, which holds the keys
+   (:class:`OpenRequestState`), and must be bound to this principal, method and
+   arguments (400, -32602 ``request_state_invalid``).  Its answers and the
+   round's ``inputResponses`` are the handler's inputs; an app that keeps its own
+   rounds' state (a fallback for every method) gets its inner state back instead.
+4. :data:`CHOOSE_OWNER` -- the credit owner the request's answer draws on, then
+   :class:`~._post.AdmitRequests` under :attr:`SessionlessCourse.lane` (429 once
+   the owner's peer stopped reading).
+5. ``subscriptions/listen`` is handed over (:class:`Listen`).
+6. A ``tools/call`` with an ``Idempotency-Key`` (or, with a retry window, the key
+   of the same request's bytes) passes the gate in the principal's namespace:
+   :func:`~._post.gate`'s :class:`~._post.ClaimCall`, :class:`~._post.WaitForCall`,
+   :class:`~._post.HoldCall`.  A call that ran is replayed (:class:`AnswerReplay`).
+7. The answer: :class:`OpenAnswerStream`, :class:`RunOnStream` and
+   :data:`~._post.ATTACH_WRITER` for a method that may stream, when the client
+   accepts SSE and the server is not in JSON mode; else :class:`RespondJson`.
+   :class:`RunOnStream` and :class:`RespondJson` carry a :class:`SessionlessRun`,
+   the handler's own course, which the runtime drives where the handler runs:
+   :data:`RUN_HANDLER`; :class:`SealState` for an ``input_required`` answer (the
+   keys are the runtime's); :class:`EncodeResult`; for a keyed call
+   :class:`RecordOutcome` or, when nothing finished (an ``input_required``
+   answer, a refusal, the client's cancellation), :class:`~._post.GiveBack`;
+   ``interrupted`` recorded for a run the process abandons; :class:`Respond`.
+
+Between admission and the answer, a failure first asks for
+:class:`~._post.Finished` (the reservation ends) and :class:`~._post.GiveBack` for
+a key claimed but never run, then re-raises.  Once the answer is under way the
+run and the stream account for the request.
+
+The courses do no I/O, read no clock (``now`` comes with every answer; the wall
+clock the retry window's bucket needs comes in once, as ``wall``) and hold nothing
+global.  Effects without fields are preallocated singletons.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, cast
+
+import msgspec
+
+from ._course import CallCourse
+from ._endpoint import accepts
+from ._errors import INVALID_PARAMS, Reason, RemoteProtocolError
+from ._gate import WindowKey
+from ._jsonrpc import Notification, Request, encode_error
+from ._post import (
+    ACCEPTED,
+    ATTACH_WRITER,
+    Accepted,
+    AdmitRequests,
+    AttachWriter,
+    ClaimCall,
+    Finished,
+    GiveBack,
+    HoldCall,
+    WaitForCall,
+    _Singleton,
+    gate,
+)
+from ._sessionless import (
+    NAMED_TARGET,
+    SessionlessMessage,
+    check_param_headers,
+    method_not_found,
+    param_headers,
+)
+
+#: The methods this era serves.
+SESSIONLESS_METHODS: Final = frozenset(
+    {
+        "server/discover",
+        "subscriptions/listen",
+        "tools/list",
+        "tools/call",
+        "prompts/list",
+        "prompts/get",
+        "resources/list",
+        "resources/read",
+        "resources/templates/list",
+        "completion/complete",
+    }
+)
+#: Methods of the session era only: 404 on this one, even for an app's fallback.
+SESSION_ERA_ONLY: Final = frozenset(
+    {"initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"}
+)
+#: Methods that may answer ``input_required``, and stream notifications first.
+INPUT_METHODS: Final = frozenset(NAMED_TARGET)
+#: Params that are the round's, not the request's (left out of a state's binding).
+_ROUND_PARAMS: Final = ("_meta", "inputResponses", "requestState")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionlessRules:
+    """How a runtime is configured, as far as the course's decisions go (one per server)."""
+
+    #: Answer with one ``application/json`` body, never an SSE stream.
+    json_response: bool = False
+    #: The app has a fallback handler (it may serve methods this era does not name).
+    fallback: bool = False
+    #: The app's fallback serves every method and keeps its own rounds' state.
+    fallback_every_method: bool = False
+    #: Seconds of the retry window (an unkeyed call's bytes as its key); 0: off.
+    retry_window: float = 0.0
+    #: How long a duplicate delivery waits for a running call before 409 ``in_progress``.
+    in_progress_wait: float = 10.0
+    #: The ``Retry-After`` (ms) a gate refusal suggests.
+    retry_ms: int = 1000
+
+
+# ---------------------------------------------------------------- effects
+class AnswerDiscover(_Singleton):
+    """Answer ``server/discover`` (200, the server's description); the course is over."""
+
+
+class ChooseOwner(_Singleton):
+    """Choose the credit owner of the request's answer (answer: None)."""
+
+
+class RunHandler(_Singleton):
+    """Run the handler of :attr:`SessionlessRun.request` with its inputs.
+
+    Answer: the result (a dict), :class:`InputAsked`, an encoded error body (the
+    app's failure), or None (cancelled); raise the refusal of a handler that needs
+    what this request cannot give (404 -32601, 400 -32021)."""
+
+
+ANSWER_DISCOVER: Final = AnswerDiscover("ANSWER_DISCOVER")
+CHOOSE_OWNER: Final = ChooseOwner("CHOOSE_OWNER")
+RUN_HANDLER: Final = RunHandler("RUN_HANDLER")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSchema:
+    """Answer with tool ``name``'s input schema (a mapping), or None if unknown."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRequestState:
+    """Open the sealed ``state``: answer with its claims (a dict), or None when it
+    does not open (forged, tampered with, expired)."""
+
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    """Serve ``subscriptions/listen`` for ``request``: its stream takes over what
+    ``lane`` reserved; the course is over."""
+
+    request: Request
+    lane: object
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerReplay:
+    """Answer 200 with ``payload`` (a keyed call's stored answer, re-addressed), with
+    nothing reserved for it; the course is over."""
+
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RespondJson:
+    """Drive ``run`` here and answer with its body as one JSON response, drawing on
+    ``lane``'s reservation; the course is over."""
+
+    run: SessionlessRun
+    lane: object
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAnswerStream:
+    """Open a stream for the request's answer (no event ids: nothing resumes); it
+    takes over what ``lane`` reserved (answer: None)."""
+
+    lane: object
+
+
+@dataclass(frozen=True, slots=True)
+class RunOnStream:
+    """Drive ``run`` where handlers run, its answer the stream's last frame; answer
+    None once it has output or a moment has passed, or raise its refusal if it was
+    refused before any output (the POST's own status)."""
+
+    run: SessionlessRun
+
+
+@dataclass(frozen=True, slots=True)
+class InputAsked:
+    """A handler's answer to :data:`RUN_HANDLER`: it asked the client for input.
+
+    ``requests``: what it asks (``inputRequests``); ``answered``: the answers it was
+    given so far (they go into the new request state)."""
+
+    requests: Mapping[str, Any]
+    answered: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SealState:
+    """Seal ``claims`` as a request state: answer with the token, or raise
+    ``ValueError`` (too large to seal)."""
+
+    claims: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class EncodeResult:
+    """Stamp ``result`` with this era's fields (:func:`~._sessionless.complete`) and
+    encode it, within the result size limit: answer with the body."""
+
+    result: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordOutcome:
+    """Store ``payload`` as the keyed call's outcome under ``key`` (answer: None)."""
+
+    key: str
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Respond:
+    """The run's answer: send ``body`` (None: cancelled, nothing to send); the run is over."""
+
+    body: bytes | None
+
+
+SessionlessEffect = (
+    Accepted
+    | AnswerDiscover
+    | ToolSchema
+    | OpenRequestState
+    | ChooseOwner
+    | AdmitRequests
+    | Listen
+    | ClaimCall
+    | WaitForCall
+    | HoldCall
+    | Finished
+    | GiveBack
+    | AnswerReplay
+    | RespondJson
+    | OpenAnswerStream
+    | RunOnStream
+    | AttachWriter
+)
+RunEffect = RunHandler | SealState | EncodeResult | RecordOutcome | GiveBack | Respond
+
+_Steps = Generator[SessionlessEffect, object, None]
+_RunSteps = Generator[RunEffect, object, None]
+
+
+class _Driven:
+    """``start``/``deliver``/``fail`` over a generator of effects."""
+
+    __slots__ = ("_steps", "now")
+
+    def __init__(self, steps: Generator[Any, object, None]) -> None:
+        #: The runtime's clock, as of the last answer.
+        self.now = 0.0
+        self._steps = steps
+
+    def _step(self, now: float, answer: object, exc: BaseException | None) -> Any:
+        self.now = now
+        try:
+            if exc is not None:
+                return self._steps.throw(exc)
+            return self._steps.send(answer)
+        except StopIteration:
+            return None
+
+
+class SessionlessCourse(_Driven):
+    """One sessionless POST's course (see the module docstring).
+
+    ``principal`` and ``authorized``: who the request speaks for (a request state is
+    bound to them); ``wall``: the wall clock (seconds) as the request arrived, for
+    the retry window's bucket (shared by replicas, so not the runtime's clock).
+    """
+
+    __slots__ = ("authorized", "lane", "msg", "principal", "rules", "wall")
+
+    def __init__(
+        self,
+        msg: SessionlessMessage,
+        principal: str,
+        authorized: bool,
+        rules: SessionlessRules,
+        *,
+        wall: float,
+    ) -> None:
+        self.msg = msg
+        self.principal = principal
+        self.authorized = authorized
+        self.rules = rules
+        self.wall = wall
+        #: The key the request's answer is reserved under until its stream opens.
+        self.lane = object()
+        super().__init__(_course(self))
+
+    def start(self, now: float) -> SessionlessEffect | None:
+        """The first effect."""
+        return cast(SessionlessEffect | None, self._step(now, None, None))
+
+    def deliver(self, answer: object, now: float) -> SessionlessEffect | None:
+        """The answer to the last effect; the next effect, or None when the POST is over."""
+        return cast(SessionlessEffect | None, self._step(now, answer, None))
+
+    def fail(self, exc: BaseException, now: float) -> SessionlessEffect | None:
+        """The last effect raised ``exc``: the cleanup effects it needs, then ``exc`` again."""
+        return cast(SessionlessEffect | None, self._step(now, None, exc))
+
+
+class SessionlessRun(_Driven):
+    """One run of a sessionless request's handler: run it, seal the state of an
+    ``input_required`` answer, encode the result, record a keyed call's outcome,
+    and respond -- in that order, whatever happens to the handler.
+
+    ``call``: the gate's course of a keyed ``tools/call`` (None: not keyed; the
+    handler then ends with its response).  A keyed call records its answer; an
+    ``input_required`` answer, a refusal or the client's cancellation gives the
+    key back (nothing finished); a run the process abandons is recorded
+    ``interrupted``.
+    """
+
+    __slots__ = ("app_rounds", "binding", "call", "inputs", "request")
+
+    def __init__(
+        self,
+        request: Request,
+        inputs: dict[str, Any] | None,
+        call: CallCourse | None,
+        *,
+        binding: str,
+        app_rounds: bool,
+    ) -> None:
+        self.request = request
+        #: The answers this round carries, for the handler (None: the app's own rounds).
+        self.inputs = inputs
+        self.call = call
+        #: What a new request state is bound to (:func:`state_binding`).
+        self.binding = binding
+        #: The app keeps its own rounds' state: its ``requestState`` goes out sealed.
+        self.app_rounds = app_rounds
+        super().__init__(_run(self))
+
+    @property
+    def detached(self) -> bool:
+        """A keyed call outlives its response: it is not cancelled when it goes."""
+        return self.call is not None
+
+    def start(self, now: float) -> RunEffect | None:
+        """The first effect (:data:`RUN_HANDLER`)."""
+        return cast(RunEffect | None, self._step(now, None, None))
+
+    def deliver(self, answer: object, now: float) -> RunEffect | None:
+        """The answer to the last effect; the next effect, or None after :class:`Respond`."""
+        return cast(RunEffect | None, self._step(now, answer, None))
+
+    def fail(self, exc: BaseException, now: float) -> RunEffect | None:
+        """The last effect raised ``exc``: the records it needs, then ``exc`` again."""
+        return cast(RunEffect | None, self._step(now, None, exc))
+
+
+def state_binding(principal: str, authorized: bool, req: Request) -> str:
+    """What a request state is bound to: the request's principal (and whether a token
+    vouched for it), its method, and its params other than the round's own (a
+    digest).  Not the connection: clients send the next round on whichever
+    connection (and replica) they have."""
+    params = req.params if isinstance(req.params, dict) else {}
+    kept = {k: v for k, v in params.items() if k not in _ROUND_PARAMS}
+    bound = [principal, authorized, req.method, kept]
+    canonical = msgspec.json.encode(bound, order="sorted")
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def same_request_key(req: Request, window: float, wall: float) -> WindowKey | None:
+    """With a retry window (``window`` seconds > 0): the key an unkeyed call gets,
+    the same for the same request (id, method and params) within the window -- a
+    gateway's retry of the same bytes.  No client's ``Idempotency-Key`` names it."""
+    if window <= 0:
+        return None
+    canonical = msgspec.json.encode([req.id, req.method, req.params], order="sorted")
+    bucket = int(wall // window)
+    return WindowKey(f"same:{hashlib.sha256(canonical).hexdigest()[:32]}:{bucket}")
+
+
+def _state_refusal(req: Request) -> RemoteProtocolError:
+    return RemoteProtocolError(
+        "requestState is invalid, expired, or not this request's",
+        http_status=400,
+        reason=Reason.REQUEST_STATE_INVALID,
+        code=INVALID_PARAMS,
+        request_id=req.id,
+    )
+
+
+def _course(c: SessionlessCourse) -> _Steps:
+    msg, rules = c.msg, c.rules
+    message = msg.message
+    if isinstance(message, Notification):
+        yield ACCEPTED
+        return
+    req = message
+    method = req.method
+    if method not in SESSIONLESS_METHODS and (not rules.fallback or method in SESSION_ERA_ONLY):
+        raise method_not_found(method, req.id)
+    if method == "server/discover":
+        yield ANSWER_DISCOVER
+        return
+    params = req.params if isinstance(req.params, dict) else {}
+    if method == "tools/call":
+        name = params.get("name")
+        arguments = params.get("arguments")
+        if isinstance(name, str):
+            schema = cast(Mapping[str, Any] | None, (yield ToolSchema(name)))
+            if schema is not None and isinstance(arguments, dict):
+                annotated = param_headers(schema)
+                if annotated:
+                    check_param_headers(msg.headers, annotated, arguments, req.id)
+    binding = ""  # (only a method that may ask for input has a state to bind)
+    inputs: dict[str, Any] | None = None
+    app_rounds = rules.fallback_every_method and method in INPUT_METHODS
+    if method in INPUT_METHODS:
+        binding = state_binding(c.principal, c.authorized, req)
+        claims: dict[str, Any] | None = None
+        state = params.get("requestState")
+        if state is not None:
+            opened = (yield OpenRequestState(state)) if isinstance(state, str) else None
+            claims = cast(dict[str, Any] | None, opened)
+            if claims is None or claims.get("b") != binding:
+                raise _state_refusal(req)
+        if app_rounds:
+            if claims is not None:  # the app's inner state, once weir's seal opened
+                params = dict(params)
+                inner = claims.get("x")
+                if isinstance(inner, str):
+                    params["requestState"] = inner
+                else:
+                    params.pop("requestState", None)
+                req = msgspec.structs.replace(req, params=params)
+        else:
+            inputs = {}
+            if claims is not None:
+                answers = claims.get("a")
+                if isinstance(answers, dict):
+                    inputs.update(answers)
+            responses = params.get("inputResponses")
+            if isinstance(responses, dict):
+                inputs.update(responses)
+    yield CHOOSE_OWNER
+    lane = c.lane
+    yield AdmitRequests(1, req.id, lane)
+    if method == "subscriptions/listen":
+        yield Listen(req, lane)
+        return
+    call: CallCourse | None = None
+    if method == "tools/call":
+        key = msg.headers.get("idempotency-key")
+        if key is None:
+            key = same_request_key(req, rules.retry_window, c.wall)
+        if key is not None:
+            try:
+                call = CallCourse(
+                    req, key, now=c.now, wait=rules.in_progress_wait, retry_ms=rules.retry_ms
+                )
+                yield from gate(call, None, c)
+            except GeneratorExit:
+                raise  # abandoned by its runtime: nothing more may be asked
+            except BaseException:
+                yield Finished(1, lane)
+                raise
+            if call.replay is not None:  # it ran: its stored answer, nothing runs
+                yield Finished(1, lane)
+                yield AnswerReplay(call.replay)
+                return
+    run = SessionlessRun(req, inputs, call, binding=binding, app_rounds=app_rounds)
+    sse = method in INPUT_METHODS and not rules.json_response
+    if not (sse and accepts(msg.headers.get("accept"), "text/event-stream")):
+        yield RespondJson(run, lane)
+        return
+    try:
+        yield OpenAnswerStream(lane)
+    except GeneratorExit:
+        raise
+    except BaseException:
+        yield Finished(1, lane)
+        given = call.give_back() if call is not None else None
+        if given is not None:
+            yield GiveBack(given.key)
+        raise
+    yield RunOnStream(run)
+    yield ATTACH_WRITER
+
+
+def _run(r: SessionlessRun) -> _RunSteps:
+    req, call = r.request, r.call
+    if call is not None:
+        call.started()
+    try:
+        outcome = yield RUN_HANDLER
+        asked = isinstance(outcome, InputAsked)
+        body: bytes | None = None
+        if outcome is None or isinstance(outcome, bytes):
+            body = outcome
+        else:
+            result: dict[str, Any]
+            if isinstance(outcome, InputAsked):
+                claims: dict[str, Any] = {"b": r.binding, "a": dict(outcome.answered)}
+                result = {"resultType": "input_required", "inputRequests": outcome.requests}
+            else:
+                result = cast(dict[str, Any], outcome)
+                claims = {"b": r.binding}
+                asked = result.get("resultType") == "input_required"  # the app's own round
+                inner = result.get("requestState")
+                if isinstance(inner, str):
+                    claims["x"] = inner
+            if asked and (r.app_rounds or isinstance(outcome, InputAsked)):
+                try:
+                    state = cast(str, (yield SealState(claims)))
+                except ValueError as exc:  # too large to seal: the call's own error
+                    body = encode_error(req.id, INVALID_PARAMS, str(exc))
+                else:
+                    result["requestState"] = state
+            if body is None:
+                body = cast(bytes, (yield EncodeResult(result)))
+    except GeneratorExit:
+        raise
+    except RemoteProtocolError:
+        if call is not None:
+            step = call.finished(None, final_append=False)  # a refusal: nothing finished
+            if step is not None:
+                yield GiveBack(step.key)
+        raise
+    except BaseException:
+        if call is not None:
+            abandoned = call.abandoned()
+            if abandoned is not None and abandoned.payload is not None:
+                yield RecordOutcome(abandoned.key, abandoned.payload)
+        raise
+    if call is not None:
+        step = call.finished(body if body is not None and not asked else None, final_append=False)
+        if step is not None and step.payload is not None:
+            yield RecordOutcome(step.key, step.payload)
+        elif step is not None:
+            yield GiveBack(step.key)
+    yield Respond(body)
