@@ -113,6 +113,8 @@ class _Calls(_ServerBase):
         handle: StreamHandle | None = None
         try:
             while effect is not None:
+                # (Most frequent first: this loop runs for every POST.)
+                answer: object = None
                 try:
                     if session is None:
                         assert isinstance(effect, LoadSession)
@@ -122,24 +124,31 @@ class _Calls(_ServerBase):
                             effect.request_id,
                             verify=effect.verify,
                         )
-                        answer: object = session
+                        answer = session
+                    elif effect is ENTER_REQUEST:
+                        session.handle(SessionInput.REQUEST)
+                    elif isinstance(effect, AdmitRequests):
+                        answer = await self._admit(session, effect)
+                    elif isinstance(effect, ClaimCall):
+                        answer = await self._claim_call(session, effect)
+                    elif isinstance(effect, HoldCall):
+                        session.calls[effect.key] = None  # an Event only once a duplicate waits
                     elif isinstance(effect, OpenRequestStream):
                         handle = self._open_stream(
                             session, effect.epoch, StreamKind.REQUEST, effect.token
                         )
                         session.move_reservations(effect.lane, effect.epoch)
                         handle.outstanding = effect.outstanding
-                        answer = None
+                    elif isinstance(effect, RunCalls):
+                        assert handle is not None
+                        await self._run_calls(session, handle, effect.courses, effect.primes)
                     elif effect is ATTACH_WRITER:
                         assert handle is not None
                         headers = (*SSE_HEADERS, ("mcp-session-id", session.session_id))
                         keepalive = self.config.sse_keepalive
                         await write_stream(conn, session, handle, 0, headers, keepalive=keepalive)
-                        answer = None
-                    elif isinstance(effect, RunCalls):
-                        assert handle is not None
-                        await self._run_calls(session, handle, effect.courses, effect.primes)
-                        answer = None
+                    elif isinstance(effect, WaitForCall):
+                        answer = await self._gate_effect(session, effect)
                     else:
                         answer = await self._post_effect(conn, session, effect)
                 except BaseException as exc:
@@ -179,13 +188,7 @@ class _Calls(_ServerBase):
 
     async def _post_effect(self, conn: Connection, session: Session, effect: Effect) -> object:
         """Perform one of a POST course's less frequent effects; its answer."""
-        if isinstance(effect, ClaimCall | WaitForCall | HoldCall):
-            return await self._gate_effect(session, effect)
-        if effect is ENTER_REQUEST:
-            session.handle(SessionInput.REQUEST)
-        elif isinstance(effect, AdmitRequests):
-            return await self._admit(session, effect)
-        elif isinstance(effect, AllocateEpoch):
+        if isinstance(effect, AllocateEpoch):
             principal, sid = session.record.principal, session.session_id
             return await self.store.allocate_epoch(principal, sid, effect.generation)
         elif isinstance(effect, Finished):
@@ -438,6 +441,11 @@ class _Calls(_ServerBase):
         if isinstance(effect, WaitForCall):
             await wait_for_claim(session.calls, effect.key, effect.until, effect.local)
             return None
+        return await self._claim_call(session, effect)
+
+    async def _claim_call(self, session: Session, effect: ClaimCall) -> tuple[CallStart, bool]:
+        """Claim a call's key in the store: its answer, and whether the delivery that
+        runs the call (if one does) is in this process."""
         claim, req = effect.claim, effect.request
         try:
             if self.store.shared:  # a claim another replica may have to interrupt

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from collections.abc import Container, Generator
 from dataclasses import dataclass
-from typing import Final, Protocol, cast
+from typing import Any, Final, Protocol
 
 from ._binding import (
     ChannelVerdict,
@@ -132,7 +132,7 @@ class PostRules:
 
 
 # ---------------------------------------------------------------- effects
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LoadSession:
     """Answer with the request's session (a :class:`PostSession`), or raise its 404.
 
@@ -176,7 +176,7 @@ ENTER_REQUEST: Final = EnterRequest("ENTER_REQUEST")
 ATTACH_WRITER: Final = AttachWriter("ATTACH_WRITER")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Mail:
     """Handle a POST's notifications, answers and cancellations now (answer: None).
 
@@ -192,14 +192,14 @@ class Mail:
     forward: list[Post]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Rebind:
     """Perform the rebind handshake for ``request`` and answer it; the course is over."""
 
     request: Request
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RunBatch:
     """Answer a batch (2025-03-26) whose entries are admitted, gated and run one by
     one while its response is open; the course is over."""
@@ -211,7 +211,7 @@ class RunBatch:
     json: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AdmitRequests:
     """Wait for admission of ``n`` requests, reserving room for their results under
     ``lane``.  Answer True once admitted, False if the session ended meanwhile;
@@ -222,7 +222,7 @@ class AdmitRequests:
     lane: object
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ClaimCall:
     """Ask the store to claim ``claim.key`` for ``request`` (under ``token``).
 
@@ -235,14 +235,14 @@ class ClaimCall:
     token: tuple[int, str] | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class HoldCall:
     """``key`` is this delivery's: note that it runs here (answer: None)."""
 
     key: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WaitForCall:
     """Wait until ``until`` at most for the delivery running ``key`` (its end, if
     ``local``); answer: None.  The course then claims again."""
@@ -252,7 +252,7 @@ class WaitForCall:
     local: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Finished:
     """``n`` admitted requests of ``lane`` will never send a response (answer: None)."""
 
@@ -260,14 +260,14 @@ class Finished:
     lane: object
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GiveBack:
     """Release ``key``, claimed by a call that never started (answer: None)."""
 
     key: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AnswerJson:
     """Run ``courses`` and answer with one JSON body (an array for a batch) drawing
     on ``lane``'s reservations; the course is over."""
@@ -277,14 +277,14 @@ class AnswerJson:
     lane: object
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AllocateEpoch:
     """Answer with a fresh stream epoch for channel ``generation`` (0: no token)."""
 
     generation: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class OpenRequestStream:
     """Open the request stream ``epoch`` for ``outstanding`` responses; it takes over
     what ``lane`` reserved (answer: None).  From here the runtime accounts for
@@ -296,7 +296,7 @@ class OpenRequestStream:
     outstanding: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RunCalls:
     """Run ``courses`` on the opened stream (their answers are its frames), after a
     priming event if ``primes`` (answer: None)."""
@@ -305,7 +305,7 @@ class RunCalls:
     primes: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CountIn:
     """A batch entry refused admission is accounted for like an admitted one
     (:meth:`~weir.protocol.SessionFlow.count_in` under ``lane``; answer: None)."""
@@ -313,7 +313,7 @@ class CountIn:
     lane: object
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StartEntry:
     """Run batch entry ``index`` by ``course`` now (answer: None).  ``refused``:
     the entry was refused on the way, and its course answers with that error."""
@@ -346,7 +346,8 @@ Effect = (
     | StartEntry
 )
 
-_Steps = Generator[Effect, object, None]
+#: (Answers come back as whatever the effect promises: typed where they are read.)
+_Steps = Generator[Effect, Any, None]
 
 
 class PostCourse:
@@ -393,10 +394,11 @@ def _course(c: PostCourse) -> _Steps:
     first = messages[0]
     rid = first.id if isinstance(first, Request) else None
     lone = len(messages) == 1 and isinstance(first, Request)
-    lone_call = lone and cast(Request, first).method == "tools/call"
-    rebind = lone and cast(Request, first).method == REBIND_METHOD
+    method = first.method if lone and isinstance(first, Request) else None
+    lone_call = method == "tools/call"
+    rebind = method == REBIND_METHOD
     del first  # (the frame lives as long as the stream: it holds no request)
-    session = cast(PostSession, (yield LoadSession(not lone_call, rid)))
+    session: PostSession = yield LoadSession(not lone_call, rid)
 
     token: tuple[int, str] | None = None
     channel = session.channel
@@ -464,10 +466,11 @@ def _course(c: PostCourse) -> _Steps:
         yield Finished(1, lane)
         raise
     try:
-        yield from gate(course, token, c)
+        if course.gated:
+            yield from gate(course, token, c)
         epoch = course.epoch  # (a claim on a shared store brings its stream's epoch)
         if not epoch and not json:
-            epoch = cast(str, (yield AllocateEpoch(token[0] if token else 0)))
+            epoch = yield AllocateEpoch(token[0] if token else 0)
     except GeneratorExit:
         raise
     except BaseException:
@@ -584,7 +587,7 @@ class _Clock(Protocol):
 
 def gate(
     course: CallCourse, token: tuple[int, str] | None, clock: _Clock
-) -> Generator[ClaimCall | WaitForCall | HoldCall, object, None]:
+) -> Generator[ClaimCall | WaitForCall | HoldCall, Any, None]:
     """The idempotency gate's loop as effects: claim, wait while another delivery
     runs the call, claim again -- until the course may run or has its answer.
 
@@ -607,5 +610,6 @@ def gate(
         if isinstance(step, ClaimAgain):
             yield WaitForCall(step.claim.key, step.until, local)
             step = step.claim
-        start, local = cast(tuple[CallStart, bool], (yield ClaimCall(step, course.request, token)))
+        start: CallStart
+        start, local = yield ClaimCall(step, course.request, token)
         step = course.claimed(start, clock.now, local=local)
