@@ -57,16 +57,15 @@ from weir.protocol.post import (
     ACCEPTED,
     ATTACH_WRITER,
     ENTER_REQUEST,
+    GATE_STEPS,
     AdmitRequests,
     AllocateEpoch,
     AnswerJson,
     BatchEntries,
-    ClaimCall,
     CountIn,
     Effect,
     Finished,
     GiveBack,
-    HoldCall,
     LoadSession,
     Mail,
     OpenRequestStream,
@@ -75,7 +74,6 @@ from weir.protocol.post import (
     RunBatch,
     RunCalls,
     StartEntry,
-    WaitForCall,
 )
 from weir.protocol.resume import check_resume_policy, displaces_writer, standalone_plan
 from weir.protocol.sessionless import SessionlessMessage, unsupported_version
@@ -304,7 +302,7 @@ class Connection:
         """Perform one effect of a POST's course; its answer."""
         if isinstance(effect, LoadSession):
             return session  # (looked up by :meth:`respond`, which answers the 404)
-        if isinstance(effect, ClaimCall | WaitForCall | HoldCall):
+        if isinstance(effect, GATE_STEPS):
             return await gate_step(session, effect)
         if isinstance(effect, AdmitRequests):
             try:
@@ -598,7 +596,7 @@ def _entries(session: Session, requests: list[Request], rules: PostRules) -> Fee
                 elif isinstance(effect, CountIn):
                     session.flow.count_in(1, effect.lane)
                 else:
-                    assert isinstance(effect, ClaimCall | WaitForCall | HoldCall)
+                    assert isinstance(effect, GATE_STEPS)
                     answer = await gate_step(session, effect)
             except BaseException as exc:
                 effect = entries.fail(exc, clock())

@@ -47,6 +47,7 @@ from weir.protocol.post import (
     ACCEPTED,
     ATTACH_WRITER,
     ENTER_REQUEST,
+    GATE_STEPS,
     MARK_BOUND,
     REBIND_METHOD,
     AdmitRequests,
@@ -108,7 +109,10 @@ class _Calls(_ServerBase):
             return
         course = PostCourse(post, self.post_rules)
         clock = trio.current_time
-        effect = course.start(clock())
+        # The clock is read again only after a step that may wait: the course reads
+        # it for the gate's deadlines, and every read costs on this path.
+        now = clock()
+        effect = course.start(now)
         session: Session | None = None
         handle: StreamHandle | None = None
         try:
@@ -129,8 +133,10 @@ class _Calls(_ServerBase):
                         session.handle(SessionInput.REQUEST)
                     elif isinstance(effect, AdmitRequests):
                         answer = await self._admit(session, effect)
+                        now = clock()
                     elif isinstance(effect, ClaimCall):
                         answer = await self._claim_call(session, effect)
+                        now = clock()
                     elif isinstance(effect, HoldCall):
                         session.calls[effect.key] = None  # an Event only once a duplicate waits
                     elif isinstance(effect, OpenRequestStream):
@@ -149,12 +155,13 @@ class _Calls(_ServerBase):
                         await write_stream(conn, session, handle, 0, headers, keepalive=keepalive)
                     elif isinstance(effect, WaitForCall):
                         answer = await self._gate_effect(session, effect)
+                        now = clock()
                     else:
                         answer = await self._post_effect(conn, session, effect)
                 except BaseException as exc:
                     effect = course.fail(exc, clock())
                 else:
-                    effect = course.deliver(answer, clock())
+                    effect = course.deliver(answer, now)
         except RemoteProtocolError as exc:
             if exc.reason is Reason.IN_PROGRESS:
                 self.metrics.duplicates_in_progress += 1
@@ -299,7 +306,7 @@ class _Calls(_ServerBase):
                     elif isinstance(effect, CountIn):
                         session.flow.count_in(1, effect.lane)
                     else:
-                        assert isinstance(effect, ClaimCall | WaitForCall | HoldCall)
+                        assert isinstance(effect, GATE_STEPS)
                         try:
                             answer = await self._gate_effect(session, effect)
                         except StoreUnavailable:

@@ -45,7 +45,7 @@ from weir.protocol.budget import RetentionBudget
 from weir.protocol.course import CallCourse
 from weir.protocol.jsonrpc import Request, RequestId
 from weir.protocol.legacy import LegacyMessages
-from weir.protocol.post import ClaimCall, HoldCall, PostRules, WaitForCall, gate
+from weir.protocol.post import GATE_STEPS, ClaimCall, HoldCall, PostRules, WaitForCall, gate
 from weir.protocol.sessionless import SessionlessMessage
 from weir.protocol.sessionless_post import SessionlessRules
 from weir.protocol.streams import StreamKind
@@ -276,7 +276,7 @@ async def run_gate(
     steps = gate(course, token, clock)
     effect = next(steps, None)
     while effect is not None:
-        assert isinstance(effect, ClaimCall | WaitForCall | HoldCall)
+        assert isinstance(effect, GATE_STEPS)
         answer = await perform(effect)
         clock.now = trio.current_time()
         try:

@@ -89,12 +89,10 @@ from weir.protocol.lifecycle import ALL_VERSIONS
 from weir.protocol.post import (
     ACCEPTED,
     ATTACH_WRITER,
+    GATE_STEPS,
     AdmitRequests,
-    ClaimCall,
     Finished,
     GiveBack,
-    HoldCall,
-    WaitForCall,
 )
 from weir.protocol.sessionless import (
     MISSING_CAPABILITY,
@@ -153,7 +151,10 @@ class _Sessionless(_ServerBase):
             msg, who.principal, who.authorized, self._sessionless_rules(), wall=time.time()
         )
         clock = trio.current_time
-        effect = course.start(clock())
+        # The clock is read again only after a step that may wait (the gate's
+        # deadlines are the course's only use of it).
+        now = clock()
+        effect = course.start(now)
         owner: Session | None = None
         answering: _Answering | None = None
         try:
@@ -171,11 +172,13 @@ class _Sessionless(_ServerBase):
                         except SessionClosed:
                             raise PeerGone from None
                         self.metrics.admissions += effect.n
-                    elif isinstance(effect, ClaimCall | WaitForCall | HoldCall):
-                        answer = await self._keyed_effect(who.principal, effect)
+                        now = clock()
                     elif isinstance(effect, RespondJson):
                         self._count_execution(effect.run)
                         await self._respond_json(conn, owner, msg, who, effect)
+                    elif isinstance(effect, GATE_STEPS):
+                        answer = await self._keyed_effect(who.principal, effect)
+                        now = clock()
                     elif isinstance(effect, OpenAnswerStream):
                         handle = self._open_answer_stream(owner)
                         owner.move_reservations(effect.lane, handle.log.epoch)
@@ -194,7 +197,7 @@ class _Sessionless(_ServerBase):
                 except BaseException as exc:
                     effect = course.fail(exc, clock())
                 else:
-                    effect = course.deliver(answer, clock())
+                    effect = course.deliver(answer, now)
         except RemoteProtocolError as exc:
             if exc.reason is Reason.IN_PROGRESS:
                 self.metrics.duplicates_in_progress += 1
@@ -333,7 +336,8 @@ class _Sessionless(_ServerBase):
         req = run.request
         body: bytes | None = None
         clock = trio.current_time
-        effect = run.start(clock())
+        now = clock()  # (a run reads no clock: it records and responds in order)
+        effect = run.start(now)
         while effect is not None:
             try:
                 answer: object = None
@@ -351,9 +355,9 @@ class _Sessionless(_ServerBase):
                     assert isinstance(effect, Respond)
                     body = effect.body
             except BaseException as exc:
-                effect = run.fail(exc, clock())
+                effect = run.fail(exc, now)
             else:
-                effect = run.deliver(answer, clock())
+                effect = run.deliver(answer, now)
         return body
 
     async def _run_handler(

@@ -349,6 +349,9 @@ Effect = (
 #: (Answers come back as whatever the effect promises: typed where they are read.)
 _Steps = Generator[Effect, Any, None]
 
+#: The gate loop's steps (:func:`gate`), for a runtime's ``isinstance`` dispatch.
+GATE_STEPS: Final = (ClaimCall, WaitForCall, HoldCall)
+
 
 class PostCourse:
     """One session-era POST's course (see the module docstring)."""

@@ -160,14 +160,14 @@ CHOOSE_OWNER: Final = ChooseOwner("CHOOSE_OWNER")
 RUN_HANDLER: Final = RunHandler("RUN_HANDLER")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ToolSchema:
     """Answer with tool ``name``'s input schema (a mapping), or None if unknown."""
 
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class OpenRequestState:
     """Open the sealed ``state``: answer with its claims (a dict), or None when it
     does not open (forged, tampered with, expired)."""
@@ -175,7 +175,7 @@ class OpenRequestState:
     state: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Listen:
     """Serve ``subscriptions/listen`` for ``request``: its stream takes over what
     ``lane`` reserved; the course is over."""
@@ -184,7 +184,7 @@ class Listen:
     lane: object
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AnswerReplay:
     """Answer 200 with ``payload`` (a keyed call's stored answer, re-addressed), with
     nothing reserved for it; the course is over."""
@@ -192,7 +192,7 @@ class AnswerReplay:
     payload: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RespondJson:
     """Drive ``run`` here and answer with its body as one JSON response, drawing on
     ``lane``'s reservation; the course is over."""
@@ -201,7 +201,7 @@ class RespondJson:
     lane: object
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class OpenAnswerStream:
     """Open a stream for the request's answer (no event ids: nothing resumes); it
     takes over what ``lane`` reserved (answer: None)."""
@@ -209,7 +209,7 @@ class OpenAnswerStream:
     lane: object
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RunOnStream:
     """Drive ``run`` where handlers run, its answer the stream's last frame; answer
     None once it has output or a moment has passed, or raise its refusal if it was
@@ -218,7 +218,7 @@ class RunOnStream:
     run: SessionlessRun
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class InputAsked:
     """A handler's answer to :data:`RUN_HANDLER`: it asked the client for input.
 
@@ -229,7 +229,7 @@ class InputAsked:
     answered: Mapping[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SealState:
     """Seal ``claims`` as a request state: answer with the token, or raise
     ``ValueError`` (too large to seal)."""
@@ -237,7 +237,7 @@ class SealState:
     claims: Mapping[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EncodeResult:
     """Stamp ``result`` with this era's fields (:func:`~._sessionless.complete`) and
     encode it, within the result size limit: answer with the body."""
@@ -245,7 +245,7 @@ class EncodeResult:
     result: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RecordOutcome:
     """Store ``payload`` as the keyed call's outcome under ``key`` (answer: None)."""
 
@@ -253,7 +253,7 @@ class RecordOutcome:
     payload: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Respond:
     """The run's answer: send ``body`` (None: cancelled, nothing to send); the run is over."""
 
@@ -358,7 +358,7 @@ class SessionlessRun(_Driven):
     ``interrupted``.
     """
 
-    __slots__ = ("app_rounds", "binding", "call", "inputs", "request")
+    __slots__ = ("_binding", "app_rounds", "authorized", "call", "inputs", "principal", "request")
 
     def __init__(
         self,
@@ -366,18 +366,29 @@ class SessionlessRun(_Driven):
         inputs: dict[str, Any] | None,
         call: CallCourse | None,
         *,
-        binding: str,
+        principal: str,
+        authorized: bool,
         app_rounds: bool,
     ) -> None:
         self.request = request
         #: The answers this round carries, for the handler (None: the app's own rounds).
         self.inputs = inputs
         self.call = call
-        #: What a new request state is bound to (:func:`state_binding`).
-        self.binding = binding
+        #: Who the request speaks for (a new request state is bound to them).
+        self.principal = principal
+        self.authorized = authorized
+        self._binding: str | None = None
         #: The app keeps its own rounds' state: its ``requestState`` goes out sealed.
         self.app_rounds = app_rounds
         super().__init__(_run(self))
+
+    @property
+    def binding(self) -> str:
+        """What a new request state is bound to (:func:`state_binding`; computed once,
+        and only when a state is sealed)."""
+        if self._binding is None:
+            self._binding = state_binding(self.principal, self.authorized, self.request)
+        return self._binding
 
     @property
     def detached(self) -> bool:
@@ -453,17 +464,15 @@ def _course(c: SessionlessCourse) -> _Steps:
                 annotated = param_headers(schema)
                 if annotated:
                     check_param_headers(msg.headers, annotated, arguments, req.id)
-    binding = ""  # (only a method that may ask for input has a state to bind)
     inputs: dict[str, Any] | None = None
     app_rounds = rules.fallback_every_method and method in INPUT_METHODS
     if method in INPUT_METHODS:
-        binding = state_binding(c.principal, c.authorized, req)
         claims: dict[str, Any] | None = None
         state = params.get("requestState")
         if state is not None:
             opened = (yield OpenRequestState(state)) if isinstance(state, str) else None
             claims = cast(dict[str, Any] | None, opened)
-            if claims is None or claims.get("b") != binding:
+            if claims is None or claims.get("b") != state_binding(c.principal, c.authorized, req):
                 raise _state_refusal(req)
         if app_rounds:
             if claims is not None:  # the app's inner state, once weir's seal opened
@@ -509,7 +518,9 @@ def _course(c: SessionlessCourse) -> _Steps:
                 yield Finished(1, lane)
                 yield AnswerReplay(call.replay)
                 return
-    run = SessionlessRun(req, inputs, call, binding=binding, app_rounds=app_rounds)
+    run = SessionlessRun(
+        req, inputs, call, principal=c.principal, authorized=c.authorized, app_rounds=app_rounds
+    )
     sse = method in INPUT_METHODS and not rules.json_response
     if not (sse and accepts(msg.headers.get("accept"), "text/event-stream")):
         yield RespondJson(run, lane)
@@ -541,16 +552,18 @@ def _run(r: SessionlessRun) -> _RunSteps:
         else:
             result: dict[str, Any]
             if isinstance(outcome, InputAsked):
-                claims: dict[str, Any] = {"b": r.binding, "a": dict(outcome.answered)}
                 result = {"resultType": "input_required", "inputRequests": outcome.requests}
+                seal = True
             else:
                 result = cast(dict[str, Any], outcome)
-                claims = {"b": r.binding}
                 asked = result.get("resultType") == "input_required"  # the app's own round
-                inner = result.get("requestState")
-                if isinstance(inner, str):
+                seal = asked and r.app_rounds
+            if seal:  # (the binding's digest is computed only for a state to seal)
+                claims: dict[str, Any] = {"b": r.binding}
+                if isinstance(outcome, InputAsked):
+                    claims["a"] = dict(outcome.answered)
+                elif isinstance(inner := result.get("requestState"), str):
                     claims["x"] = inner
-            if asked and (r.app_rounds or isinstance(outcome, InputAsked)):
                 try:
                     state = cast(str, (yield SealState(claims)))
                 except ValueError as exc:  # too large to seal: the call's own error

@@ -161,9 +161,13 @@ def test_a_plain_call_admitted_and_answered_as_json() -> None:
 
 
 def test_a_cancelled_or_failed_handler_responds_as_the_runtime_answered() -> None:
-    r = Driver(SessionlessRun(call(), {}, None, binding="", app_rounds=False))
+    r = Driver(
+        SessionlessRun(call(), {}, None, principal="alice", authorized=False, app_rounds=False)
+    )
     assert r.step(None) == Respond(None)  # cancelled: nothing to send
-    r = Driver(SessionlessRun(call(), {}, None, binding="", app_rounds=False))
+    r = Driver(
+        SessionlessRun(call(), {}, None, principal="alice", authorized=False, app_rounds=False)
+    )
     assert r.step(b"error body") == Respond(b"error body")  # the app's failure, as is
 
 
@@ -271,7 +275,9 @@ def test_an_input_required_round_and_the_next() -> None:
 
 
 def test_a_state_too_large_to_seal_is_the_calls_own_error() -> None:
-    r = Driver(SessionlessRun(call(), {}, None, binding="b", app_rounds=False))
+    r = Driver(
+        SessionlessRun(call(), {}, None, principal="alice", authorized=False, app_rounds=False)
+    )
     r.step(InputAsked({}, {}))
     assert isinstance(r.effect, SealState)
     respond = r.fail(ValueError("too large"))
