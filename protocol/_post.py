@@ -356,7 +356,7 @@ GATE_STEPS: Final = (ClaimCall, WaitForCall, HoldCall)
 class PostCourse:
     """One session-era POST's course (see the module docstring)."""
 
-    __slots__ = ("_steps", "lane", "now", "post", "rules")
+    __slots__ = ("_send", "_steps", "lane", "now", "post", "rules")
 
     def __init__(self, post: PostMessages, rules: PostRules) -> None:
         if post.is_initialize:
@@ -368,6 +368,7 @@ class PostCourse:
         #: The runtime's clock, as of the last answer.
         self.now = 0.0
         self._steps: _Steps = _course(self)
+        self._send = self._steps.send
 
     def start(self, now: float) -> Effect | None:
         """The first effect."""
@@ -378,7 +379,7 @@ class PostCourse:
         """The answer to the last effect; the next effect, or None when the POST is over."""
         self.now = now
         try:
-            return self._steps.send(answer)
+            return self._send(answer)
         except StopIteration:
             return None
 
@@ -415,12 +416,12 @@ def _course(c: PostCourse) -> _Steps:
             except RemoteProtocolError:
                 verdict = ChannelVerdict.UNBOUND
             check_rebind(verdict, raw is not None, authorized=rules.authorized, request_id=rid)
-        else:
+        elif raw is not None:  # (no token: nothing to check, nothing to bind)
             token = parse_channel_token(raw, rid)
             verdict = channel_verdict(channel.generation, channel.secret, token)
             if not lone_call and verdict is not ChannelVerdict.OK:
                 raise channel_refusal(verdict, rid)  # (a lone call's claim checks it)
-            if token is not None and not channel.bound and verdict is ChannelVerdict.OK:
+            if not channel.bound and verdict is ChannelVerdict.OK:
                 yield MARK_BOUND  # only a token that proves the channel counts
 
     absorbed = absorb(messages)
