@@ -147,9 +147,9 @@ class _Sessionless(_ServerBase):
     async def _sessionless(self, conn: Connection, msg: SessionlessMessage, who: Requester) -> None:
         """Carry out a request's :class:`~weir.protocol.sessionless_post.SessionlessCourse`:
         the core decides the order, this performs each effect it asks for."""
-        course = SessionlessCourse(
-            msg, who.principal, who.authorized, self._sessionless_rules(), wall=time.time()
-        )
+        rules = self._sessionless_rules()
+        wall = time.time() if rules.retry_window > 0 else 0.0  # (only the window reads it)
+        course = SessionlessCourse(msg, who.principal, who.authorized, rules, wall=wall)
         clock = trio.current_time
         # The clock is read again only after a step that may wait (the gate's
         # deadlines are the course's only use of it).
@@ -335,8 +335,7 @@ class _Sessionless(_ServerBase):
         backend.detached = run.detached  # a keyed call is not cancelled with its response
         req = run.request
         body: bytes | None = None
-        clock = trio.current_time
-        now = clock()  # (a run reads no clock: it records and responds in order)
+        now = run.now  # (a run reads no clock: it records and responds in order)
         effect = run.start(now)
         while effect is not None:
             try:

@@ -64,7 +64,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final, Generic, TypeVar, cast
 
 import msgspec
 
@@ -281,31 +281,44 @@ SessionlessEffect = (
 )
 RunEffect = RunHandler | SealState | EncodeResult | RecordOutcome | GiveBack | Respond
 
-_Steps = Generator[SessionlessEffect, object, None]
-_RunSteps = Generator[RunEffect, object, None]
+_Steps = Generator[SessionlessEffect, Any, None]
+_RunSteps = Generator[RunEffect, Any, None]
 
 
-class _Driven:
+_E = TypeVar("_E")
+
+
+class _Driven(Generic[_E]):
     """``start``/``deliver``/``fail`` over a generator of effects."""
 
-    __slots__ = ("_steps", "now")
+    __slots__ = ("_send", "_steps", "now")
 
-    def __init__(self, steps: Generator[Any, object, None]) -> None:
+    def __init__(self, steps: Generator[_E, Any, None]) -> None:
         #: The runtime's clock, as of the last answer.
         self.now = 0.0
         self._steps = steps
+        self._send = steps.send
 
-    def _step(self, now: float, answer: object, exc: BaseException | None) -> Any:
+    def _start(self, now: float) -> _E | None:
+        self.now = now
+        return next(self._steps, None)
+
+    def _deliver(self, answer: object, now: float) -> _E | None:
         self.now = now
         try:
-            if exc is not None:
-                return self._steps.throw(exc)
-            return self._steps.send(answer)
+            return self._send(answer)
+        except StopIteration:
+            return None
+
+    def _fail(self, exc: BaseException, now: float) -> _E | None:
+        self.now = now
+        try:
+            return self._steps.throw(exc)
         except StopIteration:
             return None
 
 
-class SessionlessCourse(_Driven):
+class SessionlessCourse(_Driven[SessionlessEffect]):
     """One sessionless POST's course (see the module docstring).
 
     ``principal`` and ``authorized``: who the request speaks for (a request state is
@@ -335,18 +348,18 @@ class SessionlessCourse(_Driven):
 
     def start(self, now: float) -> SessionlessEffect | None:
         """The first effect."""
-        return cast(SessionlessEffect | None, self._step(now, None, None))
+        return self._start(now)
 
     def deliver(self, answer: object, now: float) -> SessionlessEffect | None:
         """The answer to the last effect; the next effect, or None when the POST is over."""
-        return cast(SessionlessEffect | None, self._step(now, answer, None))
+        return self._deliver(answer, now)
 
     def fail(self, exc: BaseException, now: float) -> SessionlessEffect | None:
         """The last effect raised ``exc``: the cleanup effects it needs, then ``exc`` again."""
-        return cast(SessionlessEffect | None, self._step(now, None, exc))
+        return self._fail(exc, now)
 
 
-class SessionlessRun(_Driven):
+class SessionlessRun(_Driven[RunEffect]):
     """One run of a sessionless request's handler: run it, seal the state of an
     ``input_required`` answer, encode the result, record a keyed call's outcome,
     and respond -- in that order, whatever happens to the handler.
@@ -397,15 +410,15 @@ class SessionlessRun(_Driven):
 
     def start(self, now: float) -> RunEffect | None:
         """The first effect (:data:`RUN_HANDLER`)."""
-        return cast(RunEffect | None, self._step(now, None, None))
+        return self._start(now)
 
     def deliver(self, answer: object, now: float) -> RunEffect | None:
         """The answer to the last effect; the next effect, or None after :class:`Respond`."""
-        return cast(RunEffect | None, self._step(now, answer, None))
+        return self._deliver(answer, now)
 
     def fail(self, exc: BaseException, now: float) -> RunEffect | None:
         """The last effect raised ``exc``: the records it needs, then ``exc`` again."""
-        return cast(RunEffect | None, self._step(now, None, exc))
+        return self._fail(exc, now)
 
 
 def state_binding(principal: str, authorized: bool, req: Request) -> str:
@@ -459,7 +472,7 @@ def _course(c: SessionlessCourse) -> _Steps:
         name = params.get("name")
         arguments = params.get("arguments")
         if isinstance(name, str):
-            schema = cast(Mapping[str, Any] | None, (yield ToolSchema(name)))
+            schema: Mapping[str, Any] | None = yield ToolSchema(name)
             if schema is not None and isinstance(arguments, dict):
                 annotated = param_headers(schema)
                 if annotated:
@@ -555,7 +568,7 @@ def _run(r: SessionlessRun) -> _RunSteps:
                 result = {"resultType": "input_required", "inputRequests": outcome.requests}
                 seal = True
             else:
-                result = cast(dict[str, Any], outcome)
+                result = outcome
                 asked = result.get("resultType") == "input_required"  # the app's own round
                 seal = asked and r.app_rounds
             if seal:  # (the binding's digest is computed only for a state to seal)
@@ -565,13 +578,13 @@ def _run(r: SessionlessRun) -> _RunSteps:
                 elif isinstance(inner := result.get("requestState"), str):
                     claims["x"] = inner
                 try:
-                    state = cast(str, (yield SealState(claims)))
+                    state: str = yield SealState(claims)
                 except ValueError as exc:  # too large to seal: the call's own error
                     body = encode_error(req.id, INVALID_PARAMS, str(exc))
                 else:
                     result["requestState"] = state
             if body is None:
-                body = cast(bytes, (yield EncodeResult(result)))
+                body = yield EncodeResult(result)
     except GeneratorExit:
         raise
     except RemoteProtocolError:
