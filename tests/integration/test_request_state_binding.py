@@ -22,8 +22,8 @@ from typing import Any
 import trio
 
 from tests.integration.inprocess import stop_servers
+from weir.common import STATE_TTL, StateSealer, new_key
 from weir.engine import App, Authorization, Context, Server, ServerConfig
-from weir.engine._sealed import STATE_TTL, StateSealer, new_key
 
 from .rawhttp import Client, Reply
 from .test_auth import jwt_authorization, token
