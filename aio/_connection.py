@@ -52,7 +52,7 @@ from weir.protocol import (
 )
 from weir.protocol.course import CallCourse
 from weir.protocol.jsonrpc import Request, encode_result
-from weir.protocol.lifecycle import SUPPORTED_VERSIONS, parse_initialize
+from weir.protocol.lifecycle import parse_initialize
 from weir.protocol.post import (
     ACCEPTED,
     ATTACH_WRITER,
@@ -78,13 +78,14 @@ from weir.protocol.post import (
     WaitForCall,
 )
 from weir.protocol.resume import check_resume_policy, displaces_writer, standalone_plan
-from weir.protocol.sessionless import SessionlessMessage, unsupported_version
+from weir.protocol.sessionless import SessionlessMessage
 from weir.protocol.sse import encode_comment, encode_retry
 from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
 from weir.protocol.streams import StreamKind, StreamLog, WriterStep, writer_step
 
 from ._calls import execute, gate_step, give_back
 from ._session import Gone, Session
+from ._sessionless import SessionlessPosts
 
 if TYPE_CHECKING:
     from ._driver import AsyncioDriver
@@ -128,6 +129,8 @@ class Connection:
         self._outstanding = 0
         #: The streams this connection wrote (their credit comes back when it ends).
         self._wrote: set[tuple[Session, StreamLog]] = set()
+        #: Its sessionless requests and their credit owner (made on first use).
+        self._sessionless: SessionlessPosts | None = None
 
     # ----------------------------------------------------------- bytes out, acks in
     async def send(
@@ -232,6 +235,8 @@ class Connection:
             for session, stream in self._wrote:
                 session.let_go(stream)
             self._wrote.clear()
+            if self._sessionless is not None:
+                self._sessionless.close()  # its owner ends with it
             if self._watcher is not None:
                 self._watcher.cancel()
             if self.writer.transport.get_write_buffer_size():
@@ -257,10 +262,10 @@ class Connection:
         try:
             mcp = route(request, self.driver.endpoint)
             if isinstance(mcp, SessionlessMessage):
-                # This driver serves the session era only (the Trio engine serves both).
-                rid = mcp.message.id if isinstance(mcp.message, Request) else None
-                header = mcp.headers.get("mcp-protocol-version") or ""
-                raise unsupported_version(header.strip(), SUPPORTED_VERSIONS, rid)
+                if self._sessionless is None:
+                    self._sessionless = SessionlessPosts(self)
+                await self._sessionless.serve(mcp)
+                return
             if isinstance(mcp, PostMessages) and mcp.is_initialize:
                 await self._initialize(mcp)
                 return
@@ -343,7 +348,7 @@ class Connection:
         elif effect is ATTACH_WRITER:
             stream, self._stream = self._stream, None
             assert stream is not None
-            await self._write_stream(session, stream, 0)
+            await self.write_stream(session, stream, 0)
         elif isinstance(effect, AnswerJson):
             await self._post_json(session, effect.is_batch, _given(effect.courses), effect.lane)
         elif isinstance(effect, RunBatch):
@@ -355,7 +360,7 @@ class Connection:
                 stream = session.open_stream(StreamKind.REQUEST)
                 self._outstanding = len(effect.requests)
                 self._run_on_stream(session, stream, feed, effect.primes)
-                await self._write_stream(session, stream, 0)
+                await self.write_stream(session, stream, 0)
         else:
             raise AssertionError(f"a POST course asked for {effect!r} out of turn")
         return None
@@ -449,18 +454,19 @@ class Connection:
                 standalone = session.open_stream(StreamKind.STANDALONE)
             assert standalone is not None
             stream, start = standalone, standalone.next_seq
-        await self._write_stream(session, stream, start)
+        await self.write_stream(session, stream, start)
 
-    async def _write_stream(self, session: Session, stream: StreamLog, start: int) -> None:
-        """Write ``stream`` from seq ``start``: what the log holds, then live, to its end."""
+    async def write_stream(self, session: Session, stream: StreamLog, start: int) -> None:
+        """Write ``stream`` from seq ``start``: what the log holds, then live, to its end
+        (the head names the session, unless it is a sessionless owner)."""
         if displaces_writer(stream):  # the displaced writer did not let go in time
             raise RemoteProtocolError(
                 "this stream is already being written to another connection",
                 http_status=409,
                 reason=Reason.STREAM_CONFLICT,
             )
-        headers = (*_SSE_HEADERS, ("mcp-session-id", session.sid))
-        await self.send(self.conn.start_stream(200, headers))
+        sid = () if session.sessionless else (("mcp-session-id", session.sid),)
+        await self.send(self.conn.start_stream(200, (*_SSE_HEADERS, *sid)))
         if stream.state is not StreamState.CLOSED:  # a closed one is replayed, no more
             stream.handle(StreamInput.ATTACH)
         session.abandoned.discard(stream.epoch)  # a reader again: frames hold credit

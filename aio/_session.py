@@ -103,6 +103,9 @@ class Session:
         self.call_done: dict[str, asyncio.Event] = {}
         #: Streams a handler asked to end early (``Context.close_stream``): epoch -> retry ms.
         self.close_requests: dict[str, int] = {}
+        #: A sessionless credit owner (never in the session table): its streams'
+        #: heads name no session.
+        self.sessionless = False
 
     @property
     def closed(self) -> bool:
@@ -269,8 +272,14 @@ class Session:
         self.epochs += 1
         return epoch
 
-    def open_stream(self, kind: StreamKind, epoch: str | None = None) -> StreamLog:
-        log = StreamLog(epoch or self.allocate_epoch(), kind, max_events=MAX_EVENTS)
+    def open_stream(
+        self, kind: StreamKind, epoch: str | None = None, *, emit_ids: bool = True
+    ) -> StreamLog:
+        """A new stream of this session (``emit_ids`` False: its frames carry no
+        event ids, as nothing resumes a sessionless answer)."""
+        log = StreamLog(
+            epoch or self.allocate_epoch(), kind, max_events=MAX_EVENTS, emit_ids=emit_ids
+        )
         return self.streams.add(log)
 
     def wake(self, stream: StreamLog) -> None:
