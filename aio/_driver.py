@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from weir.app import MAX_NOTES_RUNNING, NOTE_WAIT, SESSION_CLOSE_WAIT, App, load_app
-from weir.common import StateSealer, new_key, server_identity
+from weir.common import StateSealer, listen_closing, new_key, server_identity
 from weir.protocol import (
     LOOPBACK_HOSTS,
     SERVER_ERROR,
@@ -42,6 +42,8 @@ from ._sessionless import KeyedCalls, Listener
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+#: Seconds a listen stream's peer has at shutdown to take its final result.
+LISTEN_CLOSE_WAIT = 1.0
 
 
 async def _bounded(hook: Awaitable[Any], wait: float = SESSION_CLOSE_WAIT) -> None:
@@ -70,7 +72,6 @@ class AsyncioDriver:
         always_json: bool = False,
         sse_keepalive: float | None = 15.0,
         state_keys: Sequence[bytes] = (),
-        retry_window: float = 0.0,
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
@@ -90,8 +91,8 @@ class AsyncioDriver:
 
         The sessionless revision's request state is sealed with ``state_keys`` (the
         first seals, all open; none: one drawn now, so states do not outlive the
-        process), and an unkeyed sessionless ``tools/call`` repeated within
-        ``retry_window`` seconds (0: off) is answered from the first.
+        process).  (No retry window: every client here is the one anonymous
+        principal, so one client's retry could not be told from another's call.)
         """
         self.app, self.endpoint, self.state = app, endpoint, state
         self.credit = credit or CreditLimits()
@@ -112,7 +113,6 @@ class AsyncioDriver:
         #: ... and a sessionless one's (the app's fallback is read again per request).
         self.sessionless_rules = SessionlessRules(
             json_response=always_json,
-            retry_window=retry_window,
             in_progress_wait=in_progress_wait,
         )
         self.sealer = StateSealer(tuple(state_keys) or (new_key(),))
@@ -231,12 +231,14 @@ class AsyncioDriver:
             self._sweeper = loop.call_later(self.idle_timeout / 4, self._sweep)
 
     async def close_all(self) -> None:
-        """End every session (their handlers are cancelled, their streams end) and
-        every connection, and wait for the app's session-close hooks, each bounded by
-        ``SESSION_CLOSE_WAIT``.  (The caller has stopped accepting connections.)"""
+        """End every listen stream (its final result first), every session (their
+        handlers are cancelled, their streams end) and every connection, and wait for
+        the app's session-close hooks, each bounded by ``SESSION_CLOSE_WAIT``.  (The
+        caller has stopped accepting connections.)"""
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        await self._end_subscriptions()
         for session in list(self.sessions.values()):
             self.end(session)
         for task in (*self._handlers, *self._runs):
@@ -245,6 +247,22 @@ class AsyncioDriver:
         if waiting:
             await asyncio.wait(waiting)
         self.detach()
+
+    async def _end_subscriptions(self) -> None:
+        """End each ``subscriptions/listen`` stream gracefully: its final result, then
+        the end of the stream, if its peer takes them within ``LISTEN_CLOSE_WAIT``
+        (one whose peer does not read is cut with the rest)."""
+        ending = [
+            listener
+            for listener in list(self.listeners)
+            if listener.owner.try_append(
+                listener.stream, listen_closing(listener.request.id), final=True
+            )
+        ]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LISTEN_CLOSE_WAIT
+        while any(listener in self.listeners for listener in ending) and loop.time() < deadline:
+            await asyncio.sleep(0.01)
 
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """The ``start_server`` callback: serve one connection until it closes."""

@@ -62,8 +62,6 @@ class AsyncioConfig:
         startup_timeout: how long the app's lifespan may take to start.
         state_keys: the keys that seal sessionless request state (the first seals,
             all open; none: one drawn at start).
-        retry_window: seconds within which an unkeyed sessionless ``tools/call``
-            repeated byte for byte is answered from the first (0: off).
     """
 
     host: str = "127.0.0.1"
@@ -78,7 +76,6 @@ class AsyncioConfig:
     sse_keepalive: float | None = 15.0
     startup_timeout: float = STARTUP_TIMEOUT
     state_keys: tuple[bytes, ...] = dataclasses.field(default=(), repr=False)
-    retry_window: float = 0.0
 
     def driver(self, app: App, state: Any = None) -> AsyncioDriver:
         """An :class:`AsyncioDriver` serving ``app`` with these settings."""
@@ -95,7 +92,6 @@ class AsyncioConfig:
             always_json=self.endpoint.json_response,
             sse_keepalive=self.sse_keepalive,
             state_keys=self.state_keys,
-            retry_window=self.retry_window,
         )
 
 

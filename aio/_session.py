@@ -179,7 +179,7 @@ class Session:
         stream.append(payload, final=final, encoded=encoded)
         self._appended(stream)
 
-    def try_append(self, stream: StreamLog, payload: str) -> bool:
+    def try_append(self, stream: StreamLog, payload: str, *, final: bool = False) -> bool:
         """:meth:`append` if it needs no wait (credit now, nothing of this stream queued);
         True if done."""
         encoded = stream.encode_next(payload)
@@ -190,7 +190,7 @@ class Session:
             return False
         if self.flow.credit.frames_in_use == 1:
             self.arm_timer()
-        stream.append(payload, encoded=encoded)
+        stream.append(payload, final=final, encoded=encoded)
         self._appended(stream)
         return True
 

@@ -11,8 +11,8 @@ imports neither it nor Trio, and is imported from here only when asked for.  Wit
    a value the asyncio runtime cannot honour is refused, one line each, naming the
    option, what the asyncio runtime does instead, and that the Trio runtime serves it
    -- never silently ignored.  So is an app that declares its own authorization
-   (served open it would be silently wrong).  The sessionless revision's options
-   (``--state-key-file``/``$WEIR_STATE_KEYS``, ``--retry-window``) are served.
+   (served open it would be silently wrong).  The sessionless revision's keys
+   (``--state-key-file``/``$WEIR_STATE_KEYS``) are served.
 2. **Checks the rest as the Trio path does** (the same :func:`config_from_args`), and
    turns the :class:`~weir.engine.ServerConfig` into a
    :class:`~weir.asyncio.AsyncioConfig` (:func:`asyncio_config`).
@@ -72,6 +72,11 @@ TRIO_ONLY: dict[str, TrioOnly] = {
         lambda v: v == "pinned",
     ),
     "replica_id": TrioOnly("--replica-id", "the asyncio runtime has no replicas to name"),
+    "retry_window": TrioOnly(
+        "--retry-window",
+        f"{_AUTH}, which a retry window needs (only 0 is served)",
+        lambda v: v == 0,
+    ),
     "workers": TrioOnly(
         "--workers",
         "the asyncio runtime runs one process and has no shared store (only 1 is served)",
@@ -138,7 +143,6 @@ SERVED: frozenset[str] = frozenset(
         "session_idle_timeout",
         "max_batch",
         "sse_keepalive",
-        "retry_window",
         "state_key_file",
     }
 )
@@ -194,7 +198,6 @@ def asyncio_config(config: ServerConfig, startup_timeout: float) -> AsyncioConfi
         sse_keepalive=config.sse_keepalive,
         startup_timeout=startup_timeout,
         state_keys=config.state_keys,
-        retry_window=config.retry_window,
     )
 
 

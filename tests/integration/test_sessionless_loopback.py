@@ -1,6 +1,6 @@
 """The sessionless revision (2026-07-28) on real loopback sockets.
 
-The in-process Trio server, real TCP, real time (no ``MockClock``): what is under
+In-process servers, real TCP, real time (no ``MockClock``): what is under
 test lives in the kernel (a peer's receive window, acknowledgements) or in the
 server's own timers.  Each test waits for replies and events; where only the
 server's timers can make a condition true it polls it, bounded in time and count.
@@ -14,6 +14,10 @@ server's timers can make a condition true it polls it, bounded in time and count
   is 400, -32602, and never runs the handler with forged answers;
 * with authorization, a principal that stops reading is refused 429 on its other
   connections.
+
+What the wire alone shows runs on both runtimes (the ``runtime`` fixture: the Trio
+engine, and the asyncio runtime in a thread of its own); what reads the Trio
+engine's owners and credit, or needs authorization, runs on the Trio engine.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import math
 import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -34,6 +39,7 @@ from weir.engine import App, Server, ServerConfig
 from weir.protocol import CreditLimits
 from weir.protocol.sessionless import META_SUBSCRIPTION_ID
 
+from .test_asyncio_driver import running_driver
 from .test_auth import jwt_authorization, token
 
 V = "2026-07-28"
@@ -56,11 +62,11 @@ async def bulk(size: int) -> str:
 
 
 @app.tool()
-async def slow(label: str) -> str:
+async def slow(ctx: Context, label: str) -> str:
     """Waits an hour, recording that it started and that it unwound."""
     ran.append(label)
     try:
-        await trio.sleep(3600)
+        await ctx.sleep(3600)
     finally:
         unwound.append(label)
     return "woke"
@@ -86,11 +92,11 @@ finished: list[str] = []
 
 
 @app.tool()
-async def charge(label: str) -> str:
+async def charge(ctx: Context, label: str) -> str:
     """Not idempotent and slow: counts its runs, finishes after 0.5 s."""
     ran.append(label)
     try:
-        await trio.sleep(0.5)
+        await ctx.sleep(0.5)
     finally:
         unwound.append(label)
     finished.append(label)
@@ -165,6 +171,35 @@ async def serving(config: ServerConfig | None = None) -> AsyncIterator[Server]:
                 await server.stopped.wait()
 
 
+@dataclass
+class Served:
+    """The app served by one runtime: its port, and its open listen streams."""
+
+    port: int
+    listeners: Callable[[], int]
+    #: The Trio engine's server (its metrics), when it is the one serving.
+    trio_server: Server | None = None
+
+
+@pytest.fixture(params=["trio", "asyncio"])
+def runtime(request: pytest.FixtureRequest) -> str:
+    """The runtime serving a test that runs on both: the Trio engine, or asyncio's."""
+    return str(request.param)
+
+
+@asynccontextmanager
+async def served_by(runtime: str) -> AsyncIterator[Served]:
+    """The app on ``runtime`` with the tests' credit (a test that reads the Trio
+    engine's own state uses :func:`serving`)."""
+    if runtime == "asyncio":
+        with running_driver(app, CREDIT) as running:
+            driver = running.driver
+            yield Served(running.port, lambda: len(driver.listeners))
+        return
+    async with serving() as server:
+        yield Served(server.port, lambda: len(server.subscribers), server)
+
+
 async def ask(port: int, message: dict[str, Any], **extra: str) -> Any:
     client = await Client.connect(port)
     try:
@@ -212,8 +247,8 @@ async def test_a_stalled_streamed_answer_is_bounded_then_torn_down() -> None:
         await stalled.aclose()
 
 
-async def test_a_listen_stream_is_acknowledged_tagged_filtered_and_fed() -> None:
-    async with serving() as server:
+async def test_a_listen_stream_is_acknowledged_tagged_filtered_and_fed(runtime: str) -> None:
+    async with served_by(runtime) as server:
         listen = rpc(
             "listen-1",
             "subscriptions/listen",
@@ -250,7 +285,7 @@ async def test_a_listen_stream_is_acknowledged_tagged_filtered_and_fed() -> None
         for msg in (ack, changed):
             assert msg["params"]["_meta"][META_SUBSCRIPTION_ID] == "listen-1"
         await client.aclose()
-        assert await eventually(lambda: not server.subscribers, timeout=SLACK)
+        assert await eventually(lambda: not server.listeners(), timeout=SLACK)
 
 
 async def test_a_listen_stream_whose_client_stops_reading_is_torn_down() -> None:
@@ -277,8 +312,8 @@ async def test_a_listen_stream_whose_client_stops_reading_is_torn_down() -> None
         await stalled.aclose()
 
 
-async def test_closing_a_streamed_response_cancels_its_handler() -> None:
-    async with serving() as server:
+async def test_closing_a_streamed_response_cancels_its_handler(runtime: str) -> None:
+    async with served_by(runtime) as server:
         message = call(1, "slow", {"label": "a"})
         client = await Client.connect(server.port)
         await client.send_raw(
@@ -289,8 +324,8 @@ async def test_closing_a_streamed_response_cancels_its_handler() -> None:
         assert await eventually(lambda: unwound == ["a"], timeout=SLACK)
 
 
-async def test_request_state_continues_a_round_and_a_forged_one_is_refused() -> None:
-    async with serving() as server:
+async def test_request_state_continues_a_round_and_a_forged_one_is_refused(runtime: str) -> None:
+    async with served_by(runtime) as server:
         first = (await ask(server.port, call(1, "greet"))).json()["result"]
         assert first["resultType"] == "input_required"
         assert first["inputRequests"]["name"]["method"] == "elicitation/create"
@@ -351,8 +386,8 @@ async def test_a_principal_that_stops_reading_is_refused_on_its_other_connection
         nursery.cancel_scope.cancel()
 
 
-async def test_an_idempotency_key_makes_a_reissued_call_replay_not_run() -> None:
-    async with serving() as server:
+async def test_an_idempotency_key_makes_a_reissued_call_replay_not_run(runtime: str) -> None:
+    async with served_by(runtime) as server:
         key = {"idempotency-key": "order-17"}
         first = await ask(server.port, call(1, "bump"), **key)
         # The revision's advice after a lost stream: the same request with a new id.
@@ -367,12 +402,14 @@ async def test_an_idempotency_key_makes_a_reissued_call_replay_not_run() -> None
         assert fresh.json()["result"]["content"][0]["text"] == "run 2"
         unkeyed = [await ask(server.port, call(5, "bump")) for _ in range(2)]
         assert [r.status for r in unkeyed] == [200, 200] and len(bumps) == 4  # no key: no gate
-        # What the metrics say: four executions (two keyed, two not), one replay.
-        assert (server.metrics.executions, server.metrics.duplicates_replayed) == (4, 1)
+        if server.trio_server is not None:
+            # What the metrics say: four executions (two keyed, two not), one replay.
+            metrics = server.trio_server.metrics
+            assert (metrics.executions, metrics.duplicates_replayed) == (4, 1)
 
 
-async def test_a_keyed_call_that_asks_for_input_is_not_its_outcome_yet() -> None:
-    async with serving() as server:
+async def test_a_keyed_call_that_asks_for_input_is_not_its_outcome_yet(runtime: str) -> None:
+    async with served_by(runtime) as server:
         key = {"idempotency-key": "greet-1"}
         first = (await ask(server.port, call(1, "greet"), **key)).json()["result"]
         assert first["resultType"] == "input_required"
@@ -386,8 +423,8 @@ async def test_a_keyed_call_that_asks_for_input_is_not_its_outcome_yet() -> None
         assert ran == ["greet", "greet"]
 
 
-async def test_a_keyed_call_outlives_a_lost_stream_and_its_reissue_replays() -> None:
-    async with serving() as server:
+async def test_a_keyed_call_outlives_a_lost_stream_and_its_reissue_replays(runtime: str) -> None:
+    async with served_by(runtime) as server:
         key = {"idempotency-key": "pay-1"}
         message = call(1, "charge", {"label": "p"})
         client = await Client.connect(server.port)
@@ -404,8 +441,8 @@ async def test_a_keyed_call_outlives_a_lost_stream_and_its_reissue_replays() -> 
         assert ran == ["p"] and finished == ["p"]  # ran once, to its end
 
 
-async def test_a_watched_resource_update_reaches_its_listener_only() -> None:
-    async with serving() as server:
+async def test_a_watched_resource_update_reaches_its_listener_only(runtime: str) -> None:
+    async with served_by(runtime) as server:
         listen = rpc(
             "watch",
             "subscriptions/listen",
@@ -431,7 +468,7 @@ async def test_a_watched_resource_update_reaches_its_listener_only() -> None:
         assert messages[1]["params"]["_meta"][META_SUBSCRIPTION_ID] == "watch"
         await client.aclose()
         # A listener that hangs up is the connection's business, not the server's.
-        assert await eventually(lambda: not server.subscribers, timeout=SLACK)
+        assert await eventually(lambda: not server.listeners(), timeout=SLACK)
         assert (await ask(server.port, call(3, "touch"))).status == 200
 
 
