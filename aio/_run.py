@@ -16,8 +16,10 @@ never imports).  It blocks:
    ``started(url, loop_name)`` (the command line prints the ``weir: serving`` line).
    A failure to listen (a port in use, a host that does not resolve) raises the
    ``OSError`` itself, before ``started``.
-4. **Stopping.**  SIGINT or SIGTERM: the listener closes, every session ends (its
-   handlers are cancelled, its streams end; there is no drain of running calls), the
+4. **Stopping.**  SIGINT or SIGTERM: the listener closes, each
+   ``subscriptions/listen`` stream gets its final result (bounded), every session
+   ends (its handlers are cancelled, its streams end; there is no drain of running
+   calls, keyed sessionless ones included: they are recorded ``interrupted``), the
    app's session-close hooks run (bounded), the lifespan exits, and :func:`run`
    returns.  A second signal cancels whatever is still running at once.
 """
