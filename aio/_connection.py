@@ -30,7 +30,7 @@ import logging
 import secrets
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 from weir.app import Caller, initialize_result_for
@@ -60,9 +60,7 @@ from weir.protocol.post import (
     AdmitRequests,
     AllocateEpoch,
     AnswerJson,
-    BatchEntries,
     ClaimCall,
-    CountIn,
     Effect,
     Finished,
     GiveBack,
@@ -71,10 +69,8 @@ from weir.protocol.post import (
     Mail,
     OpenRequestStream,
     PostCourse,
-    PostRules,
     RunBatch,
     RunCalls,
-    StartEntry,
     WaitForCall,
 )
 from weir.protocol.resume import check_resume_policy, displaces_writer, standalone_plan
@@ -83,7 +79,8 @@ from weir.protocol.sse import encode_comment, encode_retry
 from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
 from weir.protocol.streams import StreamKind, StreamLog, WriterStep, writer_step
 
-from ._calls import execute, gate_step, give_back
+from ._calls import execute, gate_step
+from ._feeds import Feed, entries, given, never_run
 from ._session import Gone, Session
 from ._sessionless import SessionlessPosts
 
@@ -344,15 +341,15 @@ class Connection:
             self._outstanding = effect.outstanding
         elif isinstance(effect, RunCalls):
             assert self._stream is not None
-            self._run_on_stream(session, self._stream, _given(effect.courses), effect.primes)
+            self._run_on_stream(session, self._stream, given(effect.courses), effect.primes)
         elif effect is ATTACH_WRITER:
             stream, self._stream = self._stream, None
             assert stream is not None
             await self.write_stream(session, stream, 0)
         elif isinstance(effect, AnswerJson):
-            await self._post_json(session, effect.is_batch, _given(effect.courses), effect.lane)
+            await self._post_json(session, effect.is_batch, given(effect.courses), effect.lane)
         elif isinstance(effect, RunBatch):
-            feed = _entries(session, effect.requests, self.driver.post_rules)
+            feed = entries(session, effect.requests, self.driver.post_rules)
             lane = object()
             if effect.json:
                 await self._post_json(session, True, feed, lane)
@@ -431,7 +428,7 @@ class Connection:
                 # Nothing will run: give back what a lone request was admitted with
                 # (a batch's entries, not admitted yet, stop at the closed session).
                 with contextlib.suppress(Gone):
-                    await feed(lambda p: _never_run(session, p, stream.epoch), stream.epoch)
+                    await feed(lambda p: never_run(session, p, stream.epoch), stream.epoch)
                 return
             with contextlib.suppress(Gone):
                 await feed(lambda p: session.spawn(run(p)), stream.epoch)
@@ -564,60 +561,6 @@ class Connection:
         result = initialize_result_for(driver.app, asked.version)
         headers = [("content-type", "application/json"), ("mcp-session-id", sid)]
         await self.send(self.conn.send_response(200, headers, encode_result(req.id, result)))
-
-
-#: How a POST's requests reach the runner: ``await feed(start, lane)`` calls
-#: ``start(plan)`` once per request, in order, each admitted (reserving room for its
-#: result in ``lane``) and past the gate.
-Feed = Callable[[Callable[[CallCourse], object], Hashable], Awaitable[None]]
-
-
-def _given(courses: list[CallCourse]) -> Feed:
-    """The feed of a lone request, admitted and gated before the response began."""
-
-    async def feed(start: Callable[[CallCourse], object], lane: Hashable) -> None:
-        for course in courses:
-            start(course)
-
-    return feed
-
-
-def _entries(session: Session, requests: list[Request], rules: PostRules) -> Feed:
-    """The feed of a batch (2025-03-26): the core's :class:`BatchEntries` admits,
-    gates and starts each entry in order; this performs its effects."""
-
-    async def feed(start: Callable[[CallCourse], object], lane: Hashable) -> None:
-        entries = BatchEntries(requests, None, lane, rules)
-        clock = session.loop.time
-        effect = entries.start(clock())
-        while effect is not None:
-            answer: object = None
-            try:
-                if isinstance(effect, StartEntry):
-                    start(effect.course)
-                elif isinstance(effect, AdmitRequests):
-                    try:
-                        await session.admit(1, effect.request_id, effect.lane)
-                        answer = True
-                    except Gone:
-                        answer = False
-                elif isinstance(effect, CountIn):
-                    session.flow.count_in(1, effect.lane)
-                else:
-                    assert isinstance(effect, ClaimCall | WaitForCall | HoldCall)
-                    answer = await gate_step(session, effect)
-            except BaseException as exc:
-                effect = entries.fail(exc, clock())
-            else:
-                effect = entries.deliver(answer, clock())
-
-    return feed
-
-
-def _never_run(session: Session, planned: CallCourse, lane: Hashable) -> None:
-    """Account for an admitted request that will never run (its session ended)."""
-    session.done(lane)
-    give_back(session, planned)
 
 
 def _may_hold(stream: StreamLog) -> bool:

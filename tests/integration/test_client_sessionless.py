@@ -164,8 +164,9 @@ async def test_a_listen_stream_yields_the_ack_then_changes(runtime: str) -> None
 async def test_auto_mode_falls_back_to_the_session_era(monkeypatch: pytest.MonkeyPatch) -> None:
     from weir.app.samples.demo import app as demo
     from weir.asyncio._sessionless import SessionlessPosts
-    from weir.protocol.lifecycle import SUPPORTED_VERSIONS
-    from weir.protocol.sessionless import SessionlessMessage, unsupported_version
+    from weir.protocol._lifecycle import SUPPORTED_VERSIONS
+    from weir.protocol._sessionless import unsupported_version
+    from weir.protocol.sessionless import SessionlessMessage
 
     async def refuse(self: SessionlessPosts, msg: SessionlessMessage) -> None:
         raise unsupported_version("2026-07-28", SUPPORTED_VERSIONS, 0)
