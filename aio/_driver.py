@@ -120,6 +120,9 @@ class AsyncioDriver:
         #: keyed call outlives its response and its connection; shutdown ends it).
         self.keyed = KeyedCalls()
         self.listeners: set[Listener] = set()
+        #: The sessionless credit owners, one per connection that sent such a request
+        #: (each ends with its connection, or is torn down when its peer stalls).
+        self.owners: set[Session] = set()
         self._runs: set[asyncio.Task[Any]] = set()
         self._identity: dict[str, Any] | None = None
         self.sessions: dict[str, Session] = {}
@@ -163,6 +166,7 @@ class AsyncioDriver:
         """Tear a session down; it is 404 from now on.  The app's session-close
         hooks run in the background, each cancelled after ``SESSION_CLOSE_WAIT``."""
         session.close()
+        self.owners.discard(session)  # (a sessionless owner: no hooks, never in the table)
         if self.sessions.pop(session.sid, None) is not None:
             for hook in self.app.session_close_fns:
                 task = session.loop.create_task(_bounded(hook(session.sid)))

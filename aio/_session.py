@@ -104,8 +104,10 @@ class Session:
         #: Streams a handler asked to end early (``Context.close_stream``): epoch -> retry ms.
         self.close_requests: dict[str, int] = {}
         #: A sessionless credit owner (never in the session table): its streams'
-        #: heads name no session.
+        #: heads name no session, and ``carrier`` is its connection's task, which
+        #: its teardown ends (a stalled peer's connection goes with its owner).
         self.sessionless = False
+        self.carrier: asyncio.Task[Any] | None = None
 
     @property
     def closed(self) -> bool:
@@ -331,7 +333,9 @@ class Session:
 
     # -------------------------------------------------------------------- end
     def close(self) -> None:
-        """Cancel handlers, abort streams, wake every waiter (which then finds it gone)."""
+        """Cancel handlers, abort streams and release the credit their frames hold
+        (as the Trio engine's teardown does), wake every waiter (which then finds it
+        gone)."""
         if self.closed:
             return
         self.state = session_transition(self.state, SessionInput.TEARDOWN)
@@ -342,9 +346,13 @@ class Session:
             if not future.done():
                 future.set_result(None)
         self._grants.clear()
+        now = self.loop.time()
         for stream in self.streams:
             if stream.state is not StreamState.CLOSED:
                 stream.handle(StreamInput.ABORT)
+            frames, nbytes = stream.drain_all()  # its frames hold no credit any more
+            if frames or nbytes:
+                self.flow.credit.release(frames, nbytes, now)
             self.wake(stream)
         for answer in self.pending.values():
             if not answer.done():
@@ -353,4 +361,6 @@ class Session:
             finished.set()  # the waiters find the session closed
         for task in (*self.tasks, *self.writers):
             task.cancel()
+        if self.carrier is not None:
+            self.carrier.cancel()
         self._pulse()

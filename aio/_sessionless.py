@@ -15,7 +15,7 @@ frames, sealed request state) is :mod:`weir.common`'s, shared with the Trio engi
   owner, a private :class:`~._session.Session` (never in the session table), as the
   Trio engine does for anonymous requests.  A peer that stops reading is refused
   429 ``stream_half_open`` before anything runs, and its owner is torn down after
-  the liveness timeout; the owner ends with its connection.
+  the liveness timeout, closing its connection; the owner ends with its connection.
 * **Closing the response is cancellation** -- unless the call carries an
   ``Idempotency-Key``: such a call runs to its end as a task of the runtime, not of
   the owner, its outcome is recorded, and the re-issued call replays it.  The gate's
@@ -278,18 +278,24 @@ class SessionlessPosts:
     def close(self) -> None:
         """The connection is gone: its owner ends (its handlers are cancelled; a
         keyed call is the runtime's, and runs on)."""
-        if self.owner is not None:
-            self.owner.close()
-            self.owner = None
+        owner, self.owner = self.owner, None
+        if owner is not None:
+            owner.carrier = None  # (the connection is ending already)
+            owner.close()
+            self.driver.owners.discard(owner)
 
     def _owner(self) -> Session:
         owner = self.owner
         if owner is None or owner.closed:  # (torn down after the liveness timeout)
             driver = self.driver
+            if owner is not None:
+                driver.owners.discard(owner)
             sid = f"connection-{id(self):x}"
             owner = Session(sid, VERSION, driver.credit, driver, Caller({}, {}))
             owner.sessionless = True
+            owner.carrier = asyncio.current_task()  # (the connection's: it ends with it)
             self.owner = owner
+            driver.owners.add(owner)
         return owner
 
     async def serve(self, msg: SessionlessMessage) -> None:
