@@ -87,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=["trio", "asyncio"],
         help="the event loop that serves the app: 'trio' (default: every option below) "
         "or 'asyncio' (weir.asyncio, on uvloop when installed: for apps whose tools need "
-        "asyncio; serves the session era in one process, with no store or authorization "
+        "asyncio; serves both eras in one process, with no store or authorization "
         "yet, and refuses the options it does not serve)",
     )
     s.add_argument(
