@@ -533,3 +533,41 @@ async def test_an_answer_streams_epoch_already_in_use_is_drawn_again(
                 assert "text/event-stream" in reply.headers["content-type"], reply.headers
         finally:
             await client.aclose()
+
+
+async def test_both_runtimes_answer_alike() -> None:
+    """The same requests get the same status and the same bytes from both runtimes:
+    what the answers say is the core's and ``weir.common``'s, not a runtime's."""
+    bare = {"io.modelcontextprotocol/protocolVersion": V}  # declares no capability
+    asks: list[dict[str, Any]] = [
+        rpc(1, "server/discover"),
+        rpc(2, "tools/list"),
+        rpc(3, "prompts/get", {"name": "hello"}),
+        rpc(4, "ping"),
+        rpc(5, "initialize"),
+        call(6, "greet", requestState="w1.forged"),
+        {**call(7, "greet"), "params": {"name": "greet", "arguments": {}, "_meta": bare}},
+        call(8, "bulk", {"size": "not a number"}),
+        rpc(9, "resources/read", {"uri": "note://nope"}),
+    ]
+    answers: dict[str, list[tuple[int, bytes]]] = {}
+    for runtime in ("trio", "asyncio"):
+        async with served_by(runtime) as server:
+            got = answers[runtime] = []
+            for message in asks:
+                extra = {"mcp-name": "note://nope"} if message["method"] == "resources/read" else {}
+                reply = await ask(server.port, message, **extra)
+                got.append((reply.status, reply.body))
+    for message, on_trio, on_asyncio in zip(asks, answers["trio"], answers["asyncio"], strict=True):
+        assert on_trio == on_asyncio, (message["method"], on_trio, on_asyncio)
+    assert [status for status, _ in answers["trio"]] == [
+        200,
+        200,
+        200,
+        404,
+        404,
+        400,
+        400,
+        200,
+        200,
+    ]
