@@ -18,17 +18,20 @@ runs on asyncio here).
 
 * **Process** (:mod:`._run`).  :func:`run` picks the loop (``uvloop`` when it can be
   imported, else the standard library's), enters the app's lifespan within its
-  start-up timeout, listens, and on SIGINT/SIGTERM stops listening, ends every
-  session (running calls are cancelled: no drain), runs the session-close hooks and
-  exits the lifespan.
+  start-up timeout, listens, and on SIGINT/SIGTERM stops listening, ends each
+  listen stream with its final result, ends every session (running calls are
+  cancelled: no drain), runs the session-close hooks and exits the lifespan.
 * **HTTP and the endpoint** (:mod:`._connection`).  The core's
   :class:`~weir.protocol.HttpConnection` (with its size limits),
   :func:`~weir.protocol.route`, :func:`~weir.protocol.refusal`, ``initialize`` checks
   and result, and read deadlines; GET streams, ``Last-Event-ID`` resumption from this
-  process's own logs, the newest reader wins.  A request of the sessionless revision
-  (2026-07-28) is refused: 400, JSON-RPC -32022 with ``data.reason``
-  ``unsupported_protocol_version`` and ``data.supported`` listing the session-era
-  revisions (a client that can fall back to ``initialize`` does so).
+  process's own logs, the newest reader wins.
+* **The sessionless revision** (2026-07-28, :mod:`._sessionless`).  The core's
+  :class:`~weir.protocol.sessionless_post.SessionlessCourse` and its handler run,
+  carried out as the Trio engine does: ``server/discover``, ``Mcp-Param-*`` checks,
+  input-required rounds with sealed request state (:class:`weir.common.StateSealer`),
+  the ``Idempotency-Key`` gate in the principal's namespace (in-process), answers as
+  JSON or SSE under the connection's credit owner, ``subscriptions/listen``.
 * **Credit and timers** (:mod:`._session`).  Each session has one
   :class:`~weir.protocol.SessionFlow`; credit comes back when the *peer's kernel has
   acknowledged* a frame's last byte (``ioctl(SIOCOUTQ)``, Linux).  A JSON body holds
@@ -50,7 +53,7 @@ runs on asyncio here).
   ``resources/subscribe`` asks are bounded by the core and the app layer.
 
 Not here yet (the Trio engine has them, and ``weir serve --runtime asyncio`` refuses
-their options rather than ignore them): the sessionless revision, the 2024-11-05
+their options rather than ignore them): the 2024-11-05
 HTTP+SSE transport, shared session stores (replicas, shared replay, several
 workers), authorization, a budget on what all connections buffer, a memory budget
 for replay history and results, inline execution, metrics and a graceful drain of

@@ -30,7 +30,7 @@ import logging
 import secrets
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 from weir.app import Caller, initialize_result_for
@@ -52,7 +52,7 @@ from weir.protocol import (
 )
 from weir.protocol.course import CallCourse
 from weir.protocol.jsonrpc import Request, encode_result
-from weir.protocol.lifecycle import SUPPORTED_VERSIONS, parse_initialize
+from weir.protocol.lifecycle import parse_initialize
 from weir.protocol.post import (
     ACCEPTED,
     ATTACH_WRITER,
@@ -61,8 +61,6 @@ from weir.protocol.post import (
     AdmitRequests,
     AllocateEpoch,
     AnswerJson,
-    BatchEntries,
-    CountIn,
     Effect,
     Finished,
     GiveBack,
@@ -70,19 +68,19 @@ from weir.protocol.post import (
     Mail,
     OpenRequestStream,
     PostCourse,
-    PostRules,
     RunBatch,
     RunCalls,
-    StartEntry,
 )
 from weir.protocol.resume import check_resume_policy, displaces_writer, standalone_plan
-from weir.protocol.sessionless import SessionlessMessage, unsupported_version
+from weir.protocol.sessionless import SessionlessMessage
 from weir.protocol.sse import encode_comment, encode_retry
 from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
 from weir.protocol.streams import StreamKind, StreamLog, WriterStep, writer_step
 
-from ._calls import execute, gate_step, give_back
+from ._calls import execute, gate_step
+from ._feeds import Feed, entries, given, never_run
 from ._session import Gone, Session
+from ._sessionless import SessionlessPosts
 
 if TYPE_CHECKING:
     from ._driver import AsyncioDriver
@@ -126,6 +124,8 @@ class Connection:
         self._outstanding = 0
         #: The streams this connection wrote (their credit comes back when it ends).
         self._wrote: set[tuple[Session, StreamLog]] = set()
+        #: Its sessionless requests and their credit owner (made on first use).
+        self._sessionless: SessionlessPosts | None = None
 
     # ----------------------------------------------------------- bytes out, acks in
     async def send(
@@ -230,6 +230,8 @@ class Connection:
             for session, stream in self._wrote:
                 session.let_go(stream)
             self._wrote.clear()
+            if self._sessionless is not None:
+                self._sessionless.close()  # its owner ends with it
             if self._watcher is not None:
                 self._watcher.cancel()
             if self.writer.transport.get_write_buffer_size():
@@ -255,10 +257,10 @@ class Connection:
         try:
             mcp = route(request, self.driver.endpoint)
             if isinstance(mcp, SessionlessMessage):
-                # This driver serves the session era only (the Trio engine serves both).
-                rid = mcp.message.id if isinstance(mcp.message, Request) else None
-                header = mcp.headers.get("mcp-protocol-version") or ""
-                raise unsupported_version(header.strip(), SUPPORTED_VERSIONS, rid)
+                if self._sessionless is None:
+                    self._sessionless = SessionlessPosts(self)
+                await self._sessionless.serve(mcp)
+                return
             if isinstance(mcp, PostMessages) and mcp.is_initialize:
                 await self._initialize(mcp)
                 return
@@ -337,15 +339,15 @@ class Connection:
             self._outstanding = effect.outstanding
         elif isinstance(effect, RunCalls):
             assert self._stream is not None
-            self._run_on_stream(session, self._stream, _given(effect.courses), effect.primes)
+            self._run_on_stream(session, self._stream, given(effect.courses), effect.primes)
         elif effect is ATTACH_WRITER:
             stream, self._stream = self._stream, None
             assert stream is not None
-            await self._write_stream(session, stream, 0)
+            await self.write_stream(session, stream, 0)
         elif isinstance(effect, AnswerJson):
-            await self._post_json(session, effect.is_batch, _given(effect.courses), effect.lane)
+            await self._post_json(session, effect.is_batch, given(effect.courses), effect.lane)
         elif isinstance(effect, RunBatch):
-            feed = _entries(session, effect.requests, self.driver.post_rules)
+            feed = entries(session, effect.requests, self.driver.post_rules)
             lane = object()
             if effect.json:
                 await self._post_json(session, True, feed, lane)
@@ -353,7 +355,7 @@ class Connection:
                 stream = session.open_stream(StreamKind.REQUEST)
                 self._outstanding = len(effect.requests)
                 self._run_on_stream(session, stream, feed, effect.primes)
-                await self._write_stream(session, stream, 0)
+                await self.write_stream(session, stream, 0)
         else:
             raise AssertionError(f"a POST course asked for {effect!r} out of turn")
         return None
@@ -424,7 +426,7 @@ class Connection:
                 # Nothing will run: give back what a lone request was admitted with
                 # (a batch's entries, not admitted yet, stop at the closed session).
                 with contextlib.suppress(Gone):
-                    await feed(lambda p: _never_run(session, p, stream.epoch), stream.epoch)
+                    await feed(lambda p: never_run(session, p, stream.epoch), stream.epoch)
                 return
             with contextlib.suppress(Gone):
                 await feed(lambda p: session.spawn(run(p)), stream.epoch)
@@ -447,18 +449,19 @@ class Connection:
                 standalone = session.open_stream(StreamKind.STANDALONE)
             assert standalone is not None
             stream, start = standalone, standalone.next_seq
-        await self._write_stream(session, stream, start)
+        await self.write_stream(session, stream, start)
 
-    async def _write_stream(self, session: Session, stream: StreamLog, start: int) -> None:
-        """Write ``stream`` from seq ``start``: what the log holds, then live, to its end."""
+    async def write_stream(self, session: Session, stream: StreamLog, start: int) -> None:
+        """Write ``stream`` from seq ``start``: what the log holds, then live, to its end
+        (the head names the session, unless it is a sessionless owner)."""
         if displaces_writer(stream):  # the displaced writer did not let go in time
             raise RemoteProtocolError(
                 "this stream is already being written to another connection",
                 http_status=409,
                 reason=Reason.STREAM_CONFLICT,
             )
-        headers = (*_SSE_HEADERS, ("mcp-session-id", session.sid))
-        await self.send(self.conn.start_stream(200, headers))
+        sid = () if session.sessionless else (("mcp-session-id", session.sid),)
+        await self.send(self.conn.start_stream(200, (*_SSE_HEADERS, *sid)))
         if stream.state is not StreamState.CLOSED:  # a closed one is replayed, no more
             stream.handle(StreamInput.ATTACH)
         session.abandoned.discard(stream.epoch)  # a reader again: frames hold credit
@@ -556,60 +559,6 @@ class Connection:
         result = initialize_result_for(driver.app, asked.version)
         headers = [("content-type", "application/json"), ("mcp-session-id", sid)]
         await self.send(self.conn.send_response(200, headers, encode_result(req.id, result)))
-
-
-#: How a POST's requests reach the runner: ``await feed(start, lane)`` calls
-#: ``start(plan)`` once per request, in order, each admitted (reserving room for its
-#: result in ``lane``) and past the gate.
-Feed = Callable[[Callable[[CallCourse], object], Hashable], Awaitable[None]]
-
-
-def _given(courses: list[CallCourse]) -> Feed:
-    """The feed of a lone request, admitted and gated before the response began."""
-
-    async def feed(start: Callable[[CallCourse], object], lane: Hashable) -> None:
-        for course in courses:
-            start(course)
-
-    return feed
-
-
-def _entries(session: Session, requests: list[Request], rules: PostRules) -> Feed:
-    """The feed of a batch (2025-03-26): the core's :class:`BatchEntries` admits,
-    gates and starts each entry in order; this performs its effects."""
-
-    async def feed(start: Callable[[CallCourse], object], lane: Hashable) -> None:
-        entries = BatchEntries(requests, None, lane, rules)
-        clock = session.loop.time
-        effect = entries.start(clock())
-        while effect is not None:
-            answer: object = None
-            try:
-                if isinstance(effect, StartEntry):
-                    start(effect.course)
-                elif isinstance(effect, AdmitRequests):
-                    try:
-                        await session.admit(1, effect.request_id, effect.lane)
-                        answer = True
-                    except Gone:
-                        answer = False
-                elif isinstance(effect, CountIn):
-                    session.flow.count_in(1, effect.lane)
-                else:
-                    assert isinstance(effect, GATE_STEPS)
-                    answer = await gate_step(session, effect)
-            except BaseException as exc:
-                effect = entries.fail(exc, clock())
-            else:
-                effect = entries.deliver(answer, clock())
-
-    return feed
-
-
-def _never_run(session: Session, planned: CallCourse, lane: Hashable) -> None:
-    """Account for an admitted request that will never run (its session ended)."""
-    session.done(lane)
-    give_back(session, planned)
 
 
 def _may_hold(stream: StreamLog) -> bool:

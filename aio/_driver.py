@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from weir.app import MAX_NOTES_RUNNING, NOTE_WAIT, SESSION_CLOSE_WAIT, App, load_app
+from weir.common import StateSealer, listen_closing, new_key, server_identity
 from weir.protocol import (
     LOOPBACK_HOSTS,
     SERVER_ERROR,
@@ -31,12 +33,17 @@ from weir.protocol import (
 )
 from weir.protocol.jsonrpc import Notification, RequestId, encode_error, encode_notification
 from weir.protocol.post import PostRules
+from weir.protocol.sessionless_post import SessionlessRules
 from weir.protocol.states import StreamState
 
 from ._connection import Connection
 from ._session import Session
+from ._sessionless import KeyedCalls, Listener
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+#: Seconds a listen stream's peer has at shutdown to take its final result.
+LISTEN_CLOSE_WAIT = 1.0
 
 
 async def _bounded(hook: Awaitable[Any], wait: float = SESSION_CLOSE_WAIT) -> None:
@@ -64,6 +71,7 @@ class AsyncioDriver:
         limits: HttpLimits | None = None,
         always_json: bool = False,
         sse_keepalive: float | None = 15.0,
+        state_keys: Sequence[bytes] = (),
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
@@ -80,6 +88,11 @@ class AsyncioDriver:
         to ``in_progress_wait`` seconds to replay its response, then gets 409
         ``in_progress``.  ``state`` is what handlers see as ``Context.state`` (what the
         app's lifespan yielded, when :func:`main` runs one).
+
+        The sessionless revision's request state is sealed with ``state_keys`` (the
+        first seals, all open; none: one drawn now, so states do not outlive the
+        process).  (No retry window: every client here is the one anonymous
+        principal, so one client's retry could not be told from another's call.)
         """
         self.app, self.endpoint, self.state = app, endpoint, state
         self.credit = credit or CreditLimits()
@@ -97,6 +110,21 @@ class AsyncioDriver:
             json_unless_sse=True,
             in_progress_wait=in_progress_wait,
         )
+        #: ... and a sessionless one's (the app's fallback is read again per request).
+        self.sessionless_rules = SessionlessRules(
+            json_response=always_json,
+            in_progress_wait=in_progress_wait,
+        )
+        self.sealer = StateSealer(tuple(state_keys) or (new_key(),))
+        #: The sessionless idempotency gate, listeners, and keyed calls' runs (a
+        #: keyed call outlives its response and its connection; shutdown ends it).
+        self.keyed = KeyedCalls()
+        self.listeners: set[Listener] = set()
+        #: The sessionless credit owners, one per connection that sent such a request
+        #: (each ends with its connection, or is torn down when its peer stalls).
+        self.owners: set[Session] = set()
+        self._runs: set[asyncio.Task[Any]] = set()
+        self._identity: dict[str, Any] | None = None
         self.sessions: dict[str, Session] = {}
         self.connections = 0
         self._sweeper: asyncio.TimerHandle | None = None
@@ -108,10 +136,37 @@ class AsyncioDriver:
         #: ``app.changed(...)`` from outside a request reaches this driver's sessions.
         self.detach = app.attach_changes(self.changed)
 
+    def sessionless(self) -> SessionlessRules:
+        """The sessionless course's rules: the runtime's, and whether the app has a
+        fallback (an app may register one after the driver was made)."""
+        rules, app = self.sessionless_rules, self.app
+        fallback = app.fallback_fn is not None
+        if rules.fallback != fallback or rules.fallback_every_method != app.fallback_every_method:
+            rules = dataclasses.replace(
+                rules, fallback=fallback, fallback_every_method=app.fallback_every_method
+            )
+            self.sessionless_rules = rules
+        return rules
+
+    def identity(self) -> dict[str, Any]:
+        """The identity stamped on every sessionless result (asked of the app once)."""
+        if self._identity is None:
+            self._identity = server_identity(self.app)
+        return self._identity
+
+    def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Run ``work`` as the runtime's task (shutdown cancels it; no connection's
+        or owner's end does)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._runs.add(task)
+        task.add_done_callback(self._runs.discard)
+        return task
+
     def end(self, session: Session) -> None:
         """Tear a session down; it is 404 from now on.  The app's session-close
         hooks run in the background, each cancelled after ``SESSION_CLOSE_WAIT``."""
         session.close()
+        self.owners.discard(session)  # (a sessionless owner: no hooks, never in the table)
         if self.sessions.pop(session.sid, None) is not None:
             for hook in self.app.session_close_fns:
                 task = session.loop.create_task(_bounded(hook(session.sid)))
@@ -133,8 +188,11 @@ class AsyncioDriver:
             task.add_done_callback(self._notes.discard)
 
     def changed(self, method: str, uri: str | None) -> None:
-        """A handler announced a change: tell every session's open GET stream (a
-        resource update only where the session subscribed), without waiting."""
+        """A handler announced a change: tell every ``subscriptions/listen`` stream
+        that asked for it, and every session's open GET stream (a resource update
+        only where the session subscribed), without waiting."""
+        for listener in list(self.listeners):
+            listener.notify(method, uri)
         payload = encode_notification(method, {"uri": uri} if uri is not None else None)
         for session in list(self.sessions.values()):
             stream = session.streams.standalone
@@ -177,20 +235,38 @@ class AsyncioDriver:
             self._sweeper = loop.call_later(self.idle_timeout / 4, self._sweep)
 
     async def close_all(self) -> None:
-        """End every session (their handlers are cancelled, their streams end) and
-        every connection, and wait for the app's session-close hooks, each bounded by
-        ``SESSION_CLOSE_WAIT``.  (The caller has stopped accepting connections.)"""
+        """End every listen stream (its final result first), every session (their
+        handlers are cancelled, their streams end) and every connection, and wait for
+        the app's session-close hooks, each bounded by ``SESSION_CLOSE_WAIT``.  (The
+        caller has stopped accepting connections.)"""
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        await self._end_subscriptions()
         for session in list(self.sessions.values()):
             self.end(session)
-        for handler in self._handlers:
-            handler.cancel()
-        waiting = self._closing | self._handlers
+        for task in (*self._handlers, *self._runs):
+            task.cancel()
+        waiting = self._closing | self._handlers | self._runs
         if waiting:
             await asyncio.wait(waiting)
         self.detach()
+
+    async def _end_subscriptions(self) -> None:
+        """End each ``subscriptions/listen`` stream gracefully: its final result, then
+        the end of the stream, if its peer takes them within ``LISTEN_CLOSE_WAIT``
+        (one whose peer does not read is cut with the rest)."""
+        ending = [
+            listener
+            for listener in list(self.listeners)
+            if listener.owner.try_append(
+                listener.stream, listen_closing(listener.request.id), final=True
+            )
+        ]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LISTEN_CLOSE_WAIT
+        while any(listener in self.listeners for listener in ending) and loop.time() < deadline:
+            await asyncio.sleep(0.01)
 
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """The ``start_server`` callback: serve one connection until it closes."""

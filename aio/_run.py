@@ -16,8 +16,10 @@ never imports).  It blocks:
    ``started(url, loop_name)`` (the command line prints the ``weir: serving`` line).
    A failure to listen (a port in use, a host that does not resolve) raises the
    ``OSError`` itself, before ``started``.
-4. **Stopping.**  SIGINT or SIGTERM: the listener closes, every session ends (its
-   handlers are cancelled, its streams end; there is no drain of running calls), the
+4. **Stopping.**  SIGINT or SIGTERM: the listener closes, each
+   ``subscriptions/listen`` stream gets its final result (bounded), every session
+   ends (its handlers are cancelled, its streams end; there is no drain of running
+   calls, keyed sessionless ones included: they are recorded ``interrupted``), the
    app's session-close hooks run (bounded), the lifespan exits, and :func:`run`
    returns.  A second signal cancels whatever is still running at once.
 """
@@ -60,6 +62,8 @@ class AsyncioConfig:
             (``None``: never).
         sse_keepalive: a ``:`` comment on a quiet SSE stream this often (``None``: never).
         startup_timeout: how long the app's lifespan may take to start.
+        state_keys: the keys that seal sessionless request state (the first seals,
+            all open; none: one drawn at start).
     """
 
     host: str = "127.0.0.1"
@@ -73,6 +77,7 @@ class AsyncioConfig:
     idle_timeout: float | None = 600.0
     sse_keepalive: float | None = 15.0
     startup_timeout: float = STARTUP_TIMEOUT
+    state_keys: tuple[bytes, ...] = dataclasses.field(default=(), repr=False)
 
     def driver(self, app: App, state: Any = None) -> AsyncioDriver:
         """An :class:`AsyncioDriver` serving ``app`` with these settings."""
@@ -88,6 +93,7 @@ class AsyncioConfig:
             limits=self.limits,
             always_json=self.endpoint.json_response,
             sse_keepalive=self.sse_keepalive,
+            state_keys=self.state_keys,
         )
 
 

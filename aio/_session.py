@@ -103,6 +103,11 @@ class Session:
         self.call_done: dict[str, asyncio.Event] = {}
         #: Streams a handler asked to end early (``Context.close_stream``): epoch -> retry ms.
         self.close_requests: dict[str, int] = {}
+        #: A sessionless credit owner (never in the session table): its streams'
+        #: heads name no session, and ``carrier`` is its connection's task, which
+        #: its teardown ends (a stalled peer's connection goes with its owner).
+        self.sessionless = False
+        self.carrier: asyncio.Task[Any] | None = None
 
     @property
     def closed(self) -> bool:
@@ -176,7 +181,7 @@ class Session:
         stream.append(payload, final=final, encoded=encoded)
         self._appended(stream)
 
-    def try_append(self, stream: StreamLog, payload: str) -> bool:
+    def try_append(self, stream: StreamLog, payload: str, *, final: bool = False) -> bool:
         """:meth:`append` if it needs no wait (credit now, nothing of this stream queued);
         True if done."""
         encoded = stream.encode_next(payload)
@@ -187,7 +192,7 @@ class Session:
             return False
         if self.flow.credit.frames_in_use == 1:
             self.arm_timer()
-        stream.append(payload, encoded=encoded)
+        stream.append(payload, final=final, encoded=encoded)
         self._appended(stream)
         return True
 
@@ -269,8 +274,14 @@ class Session:
         self.epochs += 1
         return epoch
 
-    def open_stream(self, kind: StreamKind, epoch: str | None = None) -> StreamLog:
-        log = StreamLog(epoch or self.allocate_epoch(), kind, max_events=MAX_EVENTS)
+    def open_stream(
+        self, kind: StreamKind, epoch: str | None = None, *, emit_ids: bool = True
+    ) -> StreamLog:
+        """A new stream of this session (``emit_ids`` False: its frames carry no
+        event ids, as nothing resumes a sessionless answer)."""
+        log = StreamLog(
+            epoch or self.allocate_epoch(), kind, max_events=MAX_EVENTS, emit_ids=emit_ids
+        )
         return self.streams.add(log)
 
     def wake(self, stream: StreamLog) -> None:
@@ -322,7 +333,9 @@ class Session:
 
     # -------------------------------------------------------------------- end
     def close(self) -> None:
-        """Cancel handlers, abort streams, wake every waiter (which then finds it gone)."""
+        """Cancel handlers, abort streams and release the credit their frames hold
+        (as the Trio engine's teardown does), wake every waiter (which then finds it
+        gone)."""
         if self.closed:
             return
         self.state = session_transition(self.state, SessionInput.TEARDOWN)
@@ -333,9 +346,13 @@ class Session:
             if not future.done():
                 future.set_result(None)
         self._grants.clear()
+        now = self.loop.time()
         for stream in self.streams:
             if stream.state is not StreamState.CLOSED:
                 stream.handle(StreamInput.ABORT)
+            frames, nbytes = stream.drain_all()  # its frames hold no credit any more
+            if frames or nbytes:
+                self.flow.credit.release(frames, nbytes, now)
             self.wake(stream)
         for answer in self.pending.values():
             if not answer.done():
@@ -344,4 +361,6 @@ class Session:
             finished.set()  # the waiters find the session closed
         for task in (*self.tasks, *self.writers):
             task.cancel()
+        if self.carrier is not None:
+            self.carrier.cancel()
         self._pulse()

@@ -19,6 +19,7 @@ from typing import Final
 import msgspec
 import trio
 
+from weir.common import honoured
 from weir.protocol.jsonrpc import Request, encode_notification
 from weir.protocol.states import StreamInput, StreamState
 
@@ -26,7 +27,7 @@ from ._connection import Connection
 from ._server_base import _ServerBase, log
 from ._session import Session
 from ._store import StoreUnavailable
-from ._subscriptions import Listener, honoured
+from ._subscriptions import Listener
 from ._writer import SSE_HEADERS, write_stream
 
 #: Seconds between two reads of the store's change bus (shared stores only).

@@ -10,8 +10,9 @@ imports neither it nor Trio, and is imported from here only when asked for.  Wit
    option given on the command line is looked up in :data:`TRIO_ONLY`; one given with
    a value the asyncio runtime cannot honour is refused, one line each, naming the
    option, what the asyncio runtime does instead, and that the Trio runtime serves it
-   -- never silently ignored.  So is ``$WEIR_STATE_KEYS``, and an app that declares
-   its own authorization (served open it would be silently wrong).
+   -- never silently ignored.  So is an app that declares its own authorization
+   (served open it would be silently wrong).  The sessionless revision's keys
+   (``--state-key-file``/``$WEIR_STATE_KEYS``) are served.
 2. **Checks the rest as the Trio path does** (the same :func:`config_from_args`), and
    turns the :class:`~weir.engine.ServerConfig` into a
    :class:`~weir.asyncio.AsyncioConfig` (:func:`asyncio_config`).
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import sys
 from collections.abc import Callable, Iterable
 
@@ -74,14 +74,8 @@ TRIO_ONLY: dict[str, TrioOnly] = {
     "replica_id": TrioOnly("--replica-id", "the asyncio runtime has no replicas to name"),
     "retry_window": TrioOnly(
         "--retry-window",
-        "the asyncio runtime serves neither the 2026-07-28 revision nor authorization "
-        "(only 0 is served)",
+        f"{_AUTH}, which a retry window needs (only 0 is served)",
         lambda v: v == 0,
-    ),
-    "state_key_file": TrioOnly(
-        "--state-key-file",
-        "the asyncio runtime does not serve the 2026-07-28 revision, whose request "
-        "state these keys seal",
     ),
     "workers": TrioOnly(
         "--workers",
@@ -149,13 +143,14 @@ SERVED: frozenset[str] = frozenset(
         "session_idle_timeout",
         "max_batch",
         "sse_keepalive",
+        "state_key_file",
     }
 )
 
 _TAIL = "it is served by the Trio runtime only for now (drop it, or serve with --runtime trio)"
 
 
-def refusals(given: dict[str, object], environ: dict[str, str] | None = None) -> list[str]:
+def refusals(given: dict[str, object]) -> list[str]:
     """One line for each option in ``given`` (argparse ``dest`` -> value, the options
     on the command line only) that the asyncio runtime would not honour."""
     lines = []
@@ -163,12 +158,6 @@ def refusals(given: dict[str, object], environ: dict[str, str] | None = None) ->
         rule = TRIO_ONLY.get(dest)
         if rule is not None and not rule.served(value):
             lines.append(f"weir: --runtime asyncio refuses {rule.flag}: {rule.why}; {_TAIL}")
-    env = os.environ if environ is None else environ
-    if env.get("WEIR_STATE_KEYS", "").strip():
-        lines.append(
-            "weir: --runtime asyncio refuses $WEIR_STATE_KEYS: the asyncio runtime does not "
-            f"serve the 2026-07-28 revision, whose request state these keys seal; {_TAIL}"
-        )
     return lines
 
 
@@ -208,6 +197,7 @@ def asyncio_config(config: ServerConfig, startup_timeout: float) -> AsyncioConfi
         idle_timeout=config.session_idle_timeout,
         sse_keepalive=config.sse_keepalive,
         startup_timeout=startup_timeout,
+        state_keys=config.state_keys,
     )
 
 

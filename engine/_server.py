@@ -59,6 +59,7 @@ from typing import Any
 import trio
 
 from weir.app import SESSION_CLOSE_WAIT, App, Caller
+from weir.common import StateSealer, new_key
 from weir.protocol import (
     SERVER_ERROR,
     HeadCache,
@@ -89,7 +90,6 @@ from ._memory import trim
 from ._metrics import Metrics, redact
 from ._owners import _Owners
 from ._replicas import _Replicas
-from ._sealed import StateSealer, new_key
 from ._server_base import log
 from ._session import Session, StreamLost
 from ._sessionless import _Sessionless

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from weir.app import App
+from weir.common import StateSealer
 from weir.protocol import (
     SERVER_ERROR,
     DeleteSession,
@@ -56,7 +57,6 @@ from ._connection import Connection
 from ._listen import AcceptGate
 from ._metrics import Metrics
 from ._requester import Requester
-from ._sealed import StateSealer
 from ._session import Session, StreamHandle
 from ._store import SessionStore
 from ._subscriptions import Listener
@@ -196,7 +196,7 @@ class _ServerBase:
         async def _sessionless(
             self, conn: Connection, msg: SessionlessMessage, who: Requester
         ) -> None: ...
-        def _capabilities(self, described: dict[str, Any] | None = None) -> dict[str, Any]: ...
+        def _capabilities(self) -> dict[str, Any]: ...
         def _open_answer_stream(self, owner: Session) -> StreamHandle: ...
 
         # listen and the change bus (engine._changes)

@@ -28,7 +28,7 @@ performs the effects they ask for, and decides nothing about their order.
 * **Input-required results.**  A handler that asks the client for something
   (``ctx.elicit``, ``ctx.sample``, ``ctx.list_roots``, ``ctx.input``) gets the
   answer if the request carries it (``inputResponses``, and the earlier rounds'
-  answers sealed in ``requestState``, :mod:`engine._sealed`); otherwise the answer
+  answers sealed in ``requestState``, :mod:`weir.common`); otherwise the answer
   is ``resultType: "input_required"`` with the asks and a new sealed state, and the
   client's next round runs the handler again.  A state that does not open -- forged,
   tampered with, expired, or another request's -- is 400, -32602
@@ -63,20 +63,21 @@ from typing import Any, Final
 import trio
 
 from weir.app import (
-    NO_LOGS,
-    Caller,
     Context,
     InputRequired,
     McpError,
-    capabilities,
-    describe,
     dispatch,
     failure,
 )
+from weir.common import (
+    caller_for,
+    discover_for,
+    era_capabilities,
+    handler_error,
+    request_meta,
+    server_identity,
+)
 from weir.protocol import (
-    INVALID_PARAMS,
-    METHOD_NOT_FOUND,
-    RESOURCE_NOT_FOUND,
     Reason,
     RemoteProtocolError,
 )
@@ -85,7 +86,6 @@ from weir.protocol.jsonrpc import (
     encode_result,
     error_body,
 )
-from weir.protocol.lifecycle import ALL_VERSIONS
 from weir.protocol.post import (
     ACCEPTED,
     ATTACH_WRITER,
@@ -95,13 +95,9 @@ from weir.protocol.post import (
     GiveBack,
 )
 from weir.protocol.sessionless import (
-    MISSING_CAPABILITY,
     SESSIONLESS_VERSIONS,
     SessionlessMessage,
     complete,
-    discover_result,
-    method_not_found,
-    missing_capability,
 )
 from weir.protocol.sessionless_post import (
     ANSWER_DISCOVER,
@@ -270,7 +266,7 @@ class _Sessionless(_ServerBase):
         lane = effect.lane
         try:
             try:
-                backend = SessionlessBackend(owner, None, _caller(msg))
+                backend = SessionlessBackend(owner, None, caller_for(msg))
                 body = await self._drive_run(owner, who, effect.run, None, backend)
             finally:
                 owner.done(1, lane, keep=True)  # the reservation is the body's
@@ -294,7 +290,7 @@ class _Sessionless(_ServerBase):
         handle = answering.handle
         first = trio.Event()
         backend = answering.backend = SessionlessBackend(
-            owner, handle, _caller(msg), on_output=first.set
+            owner, handle, caller_for(msg), on_output=first.set
         )
 
         async def run_it() -> None:
@@ -374,7 +370,7 @@ class _Sessionless(_ServerBase):
         ctx = Context(
             backend,
             req.id,
-            _meta(req),
+            request_meta(req),
             state=self.state,
             inputs=run.inputs,
             access_token=REQUEST_ACCESS.get(),
@@ -390,14 +386,7 @@ class _Sessionless(_ServerBase):
             except StreamLost:
                 return None
             except McpError as exc:
-                if exc.code == METHOD_NOT_FOUND:  # an app's fallback does not serve it
-                    raise method_not_found(req.method, req.id) from None
-                if exc.code == MISSING_CAPABILITY:
-                    needed = (exc.data or {}).get("requiredCapabilities") or {}
-                    raise missing_capability(needed, req.id) from None
-                if exc.code == RESOURCE_NOT_FOUND:  # this revision says -32602 for it
-                    exc = McpError(INVALID_PARAMS, exc.message, exc.data)
-                return failure(req, exc)
+                return handler_error(req, exc)
             except Exception as exc:
                 return failure(req, exc)
             finally:
@@ -416,35 +405,19 @@ class _Sessionless(_ServerBase):
 
     # ---------------------------------------------------------------- results
     def _discover(self) -> dict[str, Any]:
-        described = describe(self.app, VERSION)
-        return discover_result(
-            ALL_VERSIONS,
-            self._capabilities(described),
-            self._server_info(),
-            described.get("instructions"),
-        )
+        return discover_for(self.app, self._server_info())
 
-    def _capabilities(self, described: dict[str, Any] | None = None) -> dict[str, Any]:
-        """This era's capabilities: the app's, with list changes and resource
-        updates announced on ``subscriptions/listen`` (an app describing itself
-        says so itself; ``described`` is its description, if already asked for)."""
-        if self.app.describe_fn is not None:
-            return dict((described or describe(self.app, VERSION))["capabilities"])
-        caps = capabilities(self.app)
-        for name in ("tools", "prompts"):
-            if name in caps:
-                caps[name] = {"listChanged": True}
-        if "resources" in caps:
-            caps["resources"] = {"subscribe": True, "listChanged": True}
-        return caps
+    def _capabilities(self) -> dict[str, Any]:
+        """This era's capabilities (:func:`weir.common.era_capabilities`)."""
+        return era_capabilities(self.app)
 
     def _server_info(self) -> dict[str, Any]:
-        """The identity stamped on every result: the app's name and version, or what
-        its ``describe`` hook says (asked once: an identity does not change)."""
+        """The identity stamped on every result (asked once: an identity does not
+        change)."""
         if self.app.describe_fn is None:
-            return {"name": self.app.name, "version": self.app.version}
+            return server_identity(self.app)
         if self.described_info is None:
-            self.described_info = dict(describe(self.app, VERSION)["serverInfo"])
+            self.described_info = server_identity(self.app)
         return self.described_info
 
     # ---------------------------------------------------------------- streams
@@ -481,18 +454,6 @@ class _Answering:
         self.started = False
 
 
-def _caller(msg: SessionlessMessage) -> Caller:
-    """The client as its request describes itself (``params._meta``)."""
-    meta = msg.meta
-    assert meta is not None
-    return Caller(
-        meta.capabilities,
-        meta.client_info or {},
-        log_level=meta.log_level or NO_LOGS,
-        protocol_version=meta.version,
-    )
-
-
 def _end(owner: Session, answering: _Answering) -> None:
     """Closing the response is cancellation in this era: nothing is resumed.  (Of
     this request's handler: another client of the principal may use the same id.)"""
@@ -502,8 +463,3 @@ def _end(owner: Session, answering: _Answering) -> None:
         scope.cancel()
     if handle.log.state is not StreamState.CLOSED:
         handle.handle(StreamInput.ABORT)
-
-
-def _meta(req: Request) -> dict[str, Any] | None:
-    meta = (req.params or {}).get("_meta") if isinstance(req.params, dict) else None
-    return meta if isinstance(meta, dict) else None

@@ -5,8 +5,8 @@ Theory of operation
 A client that wants to hear about changes (tool, prompt or resource lists; updates
 of given resources) POSTs ``subscriptions/listen`` and keeps the response open.
 The server answers with an SSE stream whose first message acknowledges what it will
-send (:func:`honoured`: the kinds asked for that this app can change, and at most
-:data:`MAX_URIS` resource URIs), and every message on it carries the request's id as
+send (:func:`weir.common.honoured`: the kinds asked for that this app can change, and at most
+:data:`~weir.common.MAX_URIS` resource URIs), and every message on it carries the request's id as
 ``_meta["io.modelcontextprotocol/subscriptionId"]``.
 
 * **Fan-out never blocks the notifier.**  :meth:`Server._changed` (a tool calling
@@ -22,32 +22,20 @@ send (:func:`honoured`: the kinds asked for that this app can change, and at mos
   "complete"`` and the subscription id), then the end of the stream.
 * **Bounds.**  One listen stream per connection at a time (a connection carries one
   request at a time), so listeners are bounded by the connection limit; each holds
-  at most :data:`MAX_URIS` URIs and one pending mark per kind and URI.
+  at most :data:`~weir.common.MAX_URIS` URIs and one pending mark per kind and URI.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 import trio
 
-from weir.protocol.jsonrpc import Request, encode_notification, encode_result
-from weir.protocol.sessionless import META_SUBSCRIPTION_ID
+from weir.common import listen_ack, listen_closing, listen_frame
+from weir.protocol.jsonrpc import Request
 
 from ._session import SessionClosed, StreamHandle, StreamLost
-
-#: The most resource URIs one subscription may watch (more are not acknowledged).
-MAX_URIS: Final = 256
-#: The longest resource URI a subscription may watch.
-MAX_URI: Final = 2048
-
-#: Listen flag -> the notification it asks for.
-KINDS: Final = {
-    "toolsListChanged": "notifications/tools/list_changed",
-    "promptsListChanged": "notifications/prompts/list_changed",
-    "resourcesListChanged": "notifications/resources/list_changed",
-}
 
 
 @dataclass(eq=False, slots=True)
@@ -74,22 +62,14 @@ class Listener:
             return
         self.wake.set()
 
-    def _meta(self) -> dict[str, Any]:
-        return {META_SUBSCRIPTION_ID: self.request.id}
-
     def frame(self, method: str, params: dict[str, Any] | None = None) -> str:
-        body = {**(params or {}), "_meta": self._meta()}
-        return encode_notification(method, body).decode()
+        return listen_frame(self.request.id, method, params)
 
     def ack(self, honoured_flags: dict[str, Any]) -> str:
-        return self.frame(
-            "notifications/subscriptions/acknowledged", {"notifications": honoured_flags}
-        )
+        return listen_ack(self.request.id, honoured_flags)
 
     def closing(self) -> str:
-        return encode_result(
-            self.request.id, {"resultType": "complete", "_meta": self._meta()}
-        ).decode()
+        return listen_closing(self.request.id)
 
     async def run(self) -> None:
         """Send what is pending, in credit, until the stream ends."""
@@ -107,34 +87,3 @@ class Listener:
                     )
         except (StreamLost, SessionClosed):
             return
-
-
-def honoured(
-    asked: object, capabilities: dict[str, Any]
-) -> tuple[dict[str, Any], frozenset[str], frozenset[str]]:
-    """What a listen request asked for that the server will send: the acknowledged
-    flags (as the client spelled them), the notification methods, the URIs."""
-    flags: dict[str, Any] = {}
-    kinds: set[str] = set()
-    uris: list[str] = []
-    if not isinstance(asked, dict):
-        return flags, frozenset(), frozenset()
-    changes = {
-        "toolsListChanged": "tools",
-        "promptsListChanged": "prompts",
-        "resourcesListChanged": "resources",
-    }
-    for flag, cap in changes.items():
-        if asked.get(flag) is True and isinstance(capabilities.get(cap), dict):
-            flags[flag] = True
-            kinds.add(KINDS[flag])
-    wanted = asked.get("resourceSubscriptions")
-    if isinstance(wanted, list) and isinstance(capabilities.get("resources"), dict):
-        for uri in wanted:
-            if isinstance(uri, str) and 0 < len(uri) <= MAX_URI and uri not in uris:
-                uris.append(uri)
-            if len(uris) >= MAX_URIS:
-                break
-        if uris:
-            flags["resourceSubscriptions"] = uris
-    return flags, frozenset(kinds), frozenset(uris)

@@ -30,7 +30,8 @@ import time
 from collections.abc import Sequence
 from typing import IO
 
-from ._sealed import new_key
+from weir.common import new_key
+
 from ._server import ServerConfig
 
 _START_TIMEOUT = 30.0

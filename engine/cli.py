@@ -37,13 +37,13 @@ import trio
 
 import weir
 from weir.app import App, load_app
+from weir.common import parse_key
 from weir.protocol import CreditLimits, HttpLimits
 
 from ._auth import DEFAULT_ALGORITHMS, Authorization, JwtVerifier
 from ._declared_auth import declared_authorization
 from ._jwks import screen_keys
 from ._memory import tune_allocator
-from ._sealed import parse_key
 from ._server import Server, ServerConfig
 from ._startup import (
     STARTUP_TIMEOUT,
@@ -87,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=["trio", "asyncio"],
         help="the event loop that serves the app: 'trio' (default: every option below) "
         "or 'asyncio' (weir.asyncio, on uvloop when installed: for apps whose tools need "
-        "asyncio; serves the session era in one process, with no store or authorization "
+        "asyncio; serves both eras in one process, with no store or authorization "
         "yet, and refuses the options it does not serve)",
     )
     s.add_argument(

@@ -14,7 +14,6 @@ from ._sessionless import (
     discover_result,
     method_not_found,
     missing_capability,
-    unsupported_version,
 )
 
 __all__ = [
@@ -26,5 +25,4 @@ __all__ = [
     "discover_result",
     "method_not_found",
     "missing_capability",
-    "unsupported_version",
 ]

@@ -24,6 +24,8 @@
 * ``aio/`` (installed as ``weir.asyncio``, the asyncio runtime) uses the core only
   through its public surface, as the engine does, and imports neither trio, anyio
   nor the engine at all; importing it loads none of them (nor the CLI).
+* ``common/`` (installed as ``weir.common``, what both runtimes share) imports
+  neither trio, anyio, asyncio nor either runtime; importing it loads none of them.
 * ``examples/`` use only public names (no ``weir.engine._*`` or ``weir.protocol._*``).
 * ``tests/protocol`` never imports trio.
 * ``protocol/`` keeps no module-level mutable state: no module-level dict, list,
@@ -64,6 +66,7 @@ PROTOCOL = ROOT / "protocol"
 ENGINE = ROOT / "engine"
 APP = ROOT / "app"
 AIO = ROOT / "aio"
+COMMON = ROOT / "common"
 
 FORBIDDEN_IN_PROTOCOL = frozenset(
     {
@@ -124,6 +127,7 @@ PROTOCOL_FILES = _py_files(PROTOCOL)
 ENGINE_FILES = _py_files(ENGINE)
 APP_FILES = _py_files(APP)
 AIO_FILES = _py_files(AIO)
+COMMON_FILES = _py_files(COMMON)
 
 #: What the application layer may not import: the core's list, minus ``logging``
 #: (a tool's failure is logged, not sent) and with the core added back.
@@ -217,6 +221,35 @@ def test_importing_the_asyncio_runtime_loads_no_trio_and_no_engine() -> None:
         "import weir.asyncio, sys, asyncio\n"
         "assert weir.asyncio.run and asyncio.run  # the package, and the stdlib unshadowed\n"
         "bad = sorted(m for m in ('trio', 'anyio', 'weir.engine', 'weir.engine.cli')"
+        " if m in sys.modules)\n"
+        "assert not bad, bad\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_shared_package_is_there_to_scan() -> None:
+    assert COMMON / "__init__.py" in COMMON_FILES
+    assert (ROOT / "weir" / "common").resolve() == COMMON
+
+
+@pytest.mark.parametrize("path", COMMON_FILES, ids=_rel)
+def test_the_shared_package_imports_no_event_loop_and_no_runtime(path: Path) -> None:
+    bad = [
+        f"{_rel(path)}:{line}: {module}"
+        for line, module, _ in _absolute_imports(_parse(path))
+        if module.split(".", 1)[0] in {"trio", "anyio", "asyncio"}
+        or module.startswith(("weir.engine", "weir.asyncio"))
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_importing_the_shared_package_loads_no_event_loop_and_no_runtime() -> None:
+    code = (
+        "import weir.common, sys\n"
+        "bad = sorted(m for m in ('trio', 'anyio', 'asyncio', 'weir.engine', 'weir.asyncio')"
         " if m in sys.modules)\n"
         "assert not bad, bad\n"
     )
@@ -321,7 +354,7 @@ def _private_core_imports(path: Path) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("path", [*ENGINE_FILES, *APP_FILES, *AIO_FILES], ids=_rel)
+@pytest.mark.parametrize("path", [*ENGINE_FILES, *APP_FILES, *AIO_FILES, *COMMON_FILES], ids=_rel)
 def test_engine_and_app_use_the_core_only_through_its_public_surface(path: Path) -> None:
     bad = _private_core_imports(path)
     assert not bad, "\n".join(bad)
@@ -411,7 +444,9 @@ def test_no_private_module_backs_two_public_modules() -> None:
 
 #: Where the core's drivers live: every public name must be used by one of them.
 DRIVER_FOLDERS = [
-    ROOT / f for f in ("engine", "app", "examples", "benchmarks", "aio") if (ROOT / f).is_dir()
+    ROOT / f
+    for f in ("engine", "app", "examples", "benchmarks", "aio", "common")
+    if (ROOT / f).is_dir()
 ]
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from weir.engine._sealed import MAX_STATE, StateSealer, new_key, parse_key
+from weir.common import MAX_STATE, StateSealer, new_key, parse_key
 
 CLAIMS = {"b": "binding", "a": {"user_name": {"action": "accept", "content": {"name": "Ada"}}}}
 

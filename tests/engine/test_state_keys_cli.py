@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from weir.engine._sealed import new_key
+from weir.common import new_key
 from weir.engine.cli import _parser, config_from_args
 
 

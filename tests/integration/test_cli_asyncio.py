@@ -10,7 +10,9 @@ in-process through ``main`` as well as once through the console script.
 
 from __future__ import annotations
 
+import base64
 import importlib.util
+import json
 import signal
 import socket
 import tempfile
@@ -20,6 +22,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from weir.common import StateSealer, new_key
 from weir.engine._cli_asyncio import SERVED, TRIO_ONLY
 from weir.engine.cli import _parser, main
 
@@ -34,7 +37,6 @@ REFUSED_ARGS: dict[str, list[str]] = {
     "resume": ["--resume", "shared"],
     "replica_id": ["--replica-id", "a"],
     "retry_window": ["--retry-window", "30"],
-    "state_key_file": ["--state-key-file", "/nonexistent/keys"],
     "workers": ["--workers", "2"],
     "reuse_port": ["--reuse-port"],
     "max_inbound_bytes": ["--max-inbound-bytes", "1000000"],
@@ -84,11 +86,47 @@ def test_each_option_it_does_not_serve_is_refused_with_its_reason(
     assert "--runtime trio" in message
 
 
-def test_the_state_keys_variable_is_refused_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WEIR_STATE_KEYS", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=")
-    with pytest.raises(SystemExit) as refused:
-        main(["serve", "--runtime", "asyncio", "--port", "0"])
-    assert "refuses $WEIR_STATE_KEYS" in str(refused.value.code)
+@pytest.mark.parametrize("given", ["env", "file"])
+async def test_the_state_keys_it_is_given_seal_its_request_state(
+    given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$WEIR_STATE_KEYS and --state-key-file are served: a sessionless round's
+    ``requestState`` opens with the key given (so replicas sharing it could open it)."""
+    key = new_key()
+    text = base64.b64encode(key).decode()
+    args: list[str] = []
+    monkeypatch.delenv("WEIR_STATE_KEYS", raising=False)
+    if given == "env":
+        monkeypatch.setenv("WEIR_STATE_KEYS", text)
+    else:
+        (tmp_path / "keys").write_text(text + "\n")
+        args = ["--state-key-file", str(tmp_path / "keys")]
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+    }
+    params = {"name": "test_elicitation", "arguments": {"message": "ok?"}, "_meta": meta}
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+    headers = {
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/call",
+        "mcp-name": "test_elicitation",
+    }
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        server = WeirProcess("conformance", out, err, args, driver="asyncio")
+        try:
+            with trio.fail_after(30):
+                c = await Client.connect(server.port)
+                try:
+                    reply = await c.request("POST", "/mcp", message, headers=headers)
+                finally:
+                    await c.aclose()
+        finally:
+            server.stop()
+    result = reply.json()["result"]
+    assert result["resultType"] == "input_required", result
+    assert StateSealer([key]).open(result["requestState"]) is not None
+    assert StateSealer([new_key()]).open(result["requestState"]) is None
 
 
 def test_through_the_console_script_a_refusal_is_one_line_and_status_1(tmp_path: Path) -> None:
@@ -194,6 +232,48 @@ async def test_it_serves_the_options_it_accepts_and_stops_cleanly_on_a_signal() 
             assert "Traceback" not in stderr, stderr
         finally:
             server.stop()
+
+
+def test_at_a_signal_a_listen_stream_gets_its_final_result() -> None:
+    """A ``subscriptions/listen`` stream open at SIGTERM ends as on the Trio engine:
+    the subscription's final result (``resultType: complete``, its id), then the end
+    of the stream -- not a cut connection."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    params = {"notifications": {"toolsListChanged": True}, "_meta": meta}
+    body = json.dumps(
+        {"jsonrpc": "2.0", "id": "sub-1", "method": "subscriptions/listen", "params": params}
+    ).encode()
+    head = (
+        "POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        "accept: application/json, text/event-stream\r\nmcp-protocol-version: 2026-07-28\r\n"
+        f"mcp-method: subscriptions/listen\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        server = WeirProcess("conformance", out, err, driver="asyncio")
+        try:
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+                s.sendall(head.encode() + body)
+                seen = b""
+                for _ in range(100):
+                    if b"acknowledged" in seen:
+                        break
+                    seen += s.recv(65536)
+                assert b"acknowledged" in seen, seen
+                server.proc.send_signal(signal.SIGTERM)
+                for _ in range(100):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    seen += chunk
+            assert server.proc.wait(10) == 0
+        finally:
+            server.stop()
+    assert b'"resultType":"complete"' in seen, seen
+    assert b'"io.modelcontextprotocol/subscriptionId":"sub-1"' in seen, seen
+    assert seen.endswith(b"0\r\n\r\n"), seen  # the chunked stream's end
 
 
 def test_sigint_stops_it_cleanly() -> None:

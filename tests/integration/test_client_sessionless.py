@@ -1,10 +1,11 @@
 """weir's client on the sessionless revision, against the real server on loopback.
 
-``open_client`` in ``auto`` mode must pick 2026-07-28 on ``weir``'s Trio engine and
-fall back to the session era on a server without it (the asyncio runtime); on
-2026-07-28 it must answer input-required rounds through its handlers, make every
-``tools/call`` exactly-once with an ``Idempotency-Key``, and hold listen streams.
-Real sockets, real time; every wait bounded.
+``open_client`` in ``auto`` mode must pick 2026-07-28 on both of weir's runtimes (the
+Trio engine and the asyncio runtime: each test runs on both) and fall back to the
+session era on a server without it; on 2026-07-28 it must answer input-required
+rounds through its handlers, make every ``tools/call`` exactly-once with an
+``Idempotency-Key``, and hold listen streams.  Real sockets, real time; every wait
+bounded.
 """
 
 from __future__ import annotations
@@ -71,8 +72,18 @@ async def announce(ctx: Context) -> str:
     return "announced"
 
 
+@pytest.fixture(params=["trio", "asyncio"])
+def runtime(request: pytest.FixtureRequest) -> str:
+    """The runtime serving the test's app: the Trio engine, or the asyncio runtime."""
+    return str(request.param)
+
+
 @asynccontextmanager
-async def serving() -> AsyncIterator[str]:
+async def serving(runtime: str) -> AsyncIterator[str]:
+    if runtime == "asyncio":
+        with running_driver(app, always_json=False) as running:
+            yield f"http://127.0.0.1:{running.port}/mcp"
+        return
     async with trio.open_nursery() as nursery:
         server: Server = await nursery.start(Server(app, ServerConfig(port=0)).run)
         try:
@@ -88,8 +99,8 @@ def _reset() -> None:
     runs.clear()
 
 
-async def test_auto_mode_picks_the_sessionless_revision_and_calls() -> None:
-    async with serving() as url, open_client(url) as client:
+async def test_auto_mode_picks_the_sessionless_revision_and_calls(runtime: str) -> None:
+    async with serving(runtime) as url, open_client(url) as client:
         assert isinstance(client, SessionlessClient)
         assert client.protocol_version == "2026-07-28" and client.session_id is None
         assert "2026-07-28" in client.server_info["supportedVersions"]
@@ -98,7 +109,7 @@ async def test_auto_mode_picks_the_sessionless_revision_and_calls() -> None:
         assert {t["name"] for t in await client.list_tools()} >= {"add", "once", "who"}
 
 
-async def test_input_required_rounds_go_to_the_handlers() -> None:
+async def test_input_required_rounds_go_to_the_handlers(runtime: str) -> None:
     asked: list[str] = []
 
     async def elicit(params: dict[str, Any]) -> dict[str, Any]:
@@ -109,14 +120,17 @@ async def test_input_required_rounds_go_to_the_handlers() -> None:
         asked.append("sample")
         return {"role": "assistant", "content": {"type": "text", "text": "fine"}, "model": "m"}
 
-    async with serving() as url, open_client(url, elicitation=elicit, sampling=sample) as client:
+    async with (
+        serving(runtime) as url,
+        open_client(url, elicitation=elicit, sampling=sample) as client,
+    ):
         result = await client.call_tool("who")
     assert result["content"][0]["text"] == "Ada / fine"
     assert sorted(asked) == ["Name?", "sample"]  # one round, both asks
 
 
-async def test_a_reissued_call_with_its_key_runs_once() -> None:
-    async with serving() as url, open_client(url) as client:
+async def test_a_reissued_call_with_its_key_runs_once(runtime: str) -> None:
+    async with serving(runtime) as url, open_client(url) as client:
         first = await client.call_tool("once", {"label": "x"}, idempotency_key="k-1")
         again = await client.call_tool("once", {"label": "x"}, idempotency_key="k-1")
         fresh = await client.call_tool("once", {"label": "x"})
@@ -124,19 +138,19 @@ async def test_a_reissued_call_with_its_key_runs_once() -> None:
     assert fresh["content"][0]["text"] == "x ran 2 time(s)"
 
 
-async def test_progress_reaches_its_callback_before_the_result() -> None:
+async def test_progress_reaches_its_callback_before_the_result(runtime: str) -> None:
     seen: list[float] = []
 
     async def progress(value: float, total: float | None, message: str | None) -> None:
         seen.append(value)
 
-    async with serving() as url, open_client(url) as client:
+    async with serving(runtime) as url, open_client(url) as client:
         result = await client.call_tool("steps", on_progress=progress)
     assert seen == [1.0, 2.0, 3.0] and result["content"][0]["text"] == "stepped"
 
 
-async def test_a_listen_stream_yields_the_ack_then_changes() -> None:
-    async with serving() as url, open_client(url) as client:
+async def test_a_listen_stream_yields_the_ack_then_changes(runtime: str) -> None:
+    async with serving(runtime) as url, open_client(url) as client:
         assert isinstance(client, SessionlessClient)
         async with client.listen(toolsListChanged=True) as messages:
             with trio.fail_after(10):
@@ -147,9 +161,18 @@ async def test_a_listen_stream_yields_the_ack_then_changes() -> None:
         assert change["method"] == "notifications/tools/list_changed"
 
 
-async def test_auto_mode_falls_back_to_the_session_era() -> None:
+async def test_auto_mode_falls_back_to_the_session_era(monkeypatch: pytest.MonkeyPatch) -> None:
     from weir.app.samples.demo import app as demo
+    from weir.asyncio._sessionless import SessionlessPosts
+    from weir.protocol._lifecycle import SUPPORTED_VERSIONS
+    from weir.protocol._sessionless import unsupported_version
+    from weir.protocol.sessionless import SessionlessMessage
 
+    async def refuse(self: SessionlessPosts, msg: SessionlessMessage) -> None:
+        raise unsupported_version("2026-07-28", SUPPORTED_VERSIONS, 0)
+
+    # A server of the session era only: the asyncio runtime, made to refuse 2026-07-28.
+    monkeypatch.setattr(SessionlessPosts, "serve", refuse)
     with running_driver(demo) as running:
         url = f"http://127.0.0.1:{running.port}/mcp"
         async with open_client(url) as client:

@@ -3,7 +3,7 @@
 Each session-era suite runs against ``python -m weir serve conformance`` (the Trio
 engine) and against ``python -m weir serve --runtime asyncio conformance`` (the
 asyncio runtime): one app, one core, two event loops, the same score required of both.
-The sessionless revision (``--spec-version 2026-07-28``) is the Trio engine's alone.
+The sessionless revision (``--spec-version 2026-07-28``) runs against both as well.
 
 The suite is installed from npm on first use (see tests/conformance_runner.py).
 When it cannot be installed or run, these tests skip, unless
@@ -159,9 +159,12 @@ def test_conformance_0_2_0_alpha_12_all_2025_11_25(
     )
 
 
-def test_conformance_0_2_0_alpha_12_all_2026_07_28(request: pytest.FixtureRequest) -> None:
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_conformance_0_2_0_alpha_12_all_2026_07_28(
+    request: pytest.FixtureRequest, driver: str
+) -> None:
     report, server = _run_suite(
-        request, "0.2.0-alpha.12", "trio", suite="all", spec_version="2026-07-28", leg=True
+        request, "0.2.0-alpha.12", driver, suite="all", spec_version="2026-07-28", leg=True
     )
     _check(
         report,

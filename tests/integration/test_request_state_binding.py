@@ -6,7 +6,9 @@ method, by another principal, late, on a replica that does not hold the seal key
 or without a token on a replica that does, it is refused 400, -32602
 ``request_state_invalid`` -- and the handler does not run (its execution counter is
 asserted).  The same state continues Alice's round on a replica that shares the key
-(one seal key configured on two servers, as replicas behind one balancer are).
+(one seal key configured on two servers, as replicas behind one balancer are).  The
+asyncio runtime, which has no authorization, refuses Alice's state as an anonymous
+Trio server does; an anonymous round continues from either runtime on the other.
 
 Real JWTs (keys served as a JWKS on loopback), real sockets, real AES-GCM.
 """
@@ -19,13 +21,15 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 import trio
 
 from tests.integration.inprocess import stop_servers
+from weir.common import STATE_TTL, StateSealer, new_key
 from weir.engine import App, Authorization, Context, Server, ServerConfig
-from weir.engine._sealed import STATE_TTL, StateSealer, new_key
 
 from .rawhttp import Client, Reply
+from .test_asyncio_driver import running_driver
 from .test_auth import jwt_authorization, token
 
 V = "2026-07-28"
@@ -56,18 +60,27 @@ def confirm_prompt(item: str) -> str:
 @dataclass
 class Replicas:
     """Servers on loopback: ``a`` and ``b`` share the seal key, ``c`` has its own,
-    ``anon`` shares it but has no authorization."""
+    ``anon`` shares it but has no authorization, nor has ``aio``: the asyncio runtime
+    (which has none), sharing the key."""
 
     a: int
     b: int
     c: int
     anon: int
+    aio: int
     key: bytes
 
 
 @asynccontextmanager
 async def replicas() -> AsyncIterator[Replicas]:
     key = new_key()
+    with running_driver(app, state_keys=(key,)) as aio:
+        async with _trio_replicas(key, aio.port) as r:
+            yield r
+
+
+@asynccontextmanager
+async def _trio_replicas(key: bytes, aio: int) -> AsyncIterator[Replicas]:
     async with trio.open_nursery() as nursery:
         auth: Authorization = await jwt_authorization(nursery)
         configs = [
@@ -79,7 +92,7 @@ async def replicas() -> AsyncIterator[Replicas]:
         servers: list[Server] = [await nursery.start(Server(app, c).run) for c in configs]
         try:
             a, b, c, anon = (s.port for s in servers)
-            yield Replicas(a=a, b=b, c=c, anon=anon, key=key)
+            yield Replicas(a=a, b=b, c=c, anon=anon, aio=aio, key=key)
         finally:
             await stop_servers(servers)
             nursery.cancel_scope.cancel()
@@ -165,6 +178,7 @@ async def test_a_request_state_opens_only_for_its_own_request() -> None:
                     state,
                 ),
                 ("anonymous client", r.anon, None, "tools/call", "confirm", {"item": "x"}, state),
+                ("asyncio runtime", r.aio, None, "tools/call", "confirm", {"item": "x"}, state),
             ]
             for rid, (case, port, sub, method, name, arguments, presented) in enumerate(cases, 10):
                 reply = await send(
@@ -185,3 +199,31 @@ async def test_a_request_state_opens_only_for_its_own_request() -> None:
             assert done.status == 200, done.body[:300]
             assert done.json()["result"]["content"][0]["text"] == "x: accept"
             assert runs == {"confirm": 2, "confirm_prompt": 0}
+
+
+@pytest.mark.parametrize(("first", "then"), [("anon", "aio"), ("aio", "anon")])
+async def test_an_anonymous_round_continues_on_the_other_runtime(first: str, then: str) -> None:
+    """Both runtimes seal and bind a request state alike: an anonymous client's round
+    begun on one continues on the other when they share the key (replicas of either
+    kind behind one balancer), and runs the handler once per round."""
+    with trio.fail_after(60):
+        async with replicas() as r:
+            ports = {"anon": r.anon, "aio": r.aio}
+            before = runs["confirm"]
+            asked = await send(ports[first], None, 1, "tools/call", "confirm", {"item": "z"})
+            result = asked.json()["result"]
+            assert result["resultType"] == "input_required", result
+            state = result["requestState"]
+            round2 = {"inputResponses": ANSWER, "requestState": state}
+            done = await send(
+                ports[then], None, 2, "tools/call", "confirm", {"item": "z"}, **round2
+            )
+            assert done.status == 200, done.body[:300]
+            assert done.json()["result"]["content"][0]["text"] == "z: accept"
+            assert runs["confirm"] == before + 2
+            # Another request's arguments: refused alike on the other runtime.
+            other = await send(
+                ports[then], None, 3, "tools/call", "confirm", {"item": "w"}, **round2
+            )
+            assert_refused(other, 3, f"{first} -> {then}, other arguments")
+            assert runs["confirm"] == before + 2

@@ -8,10 +8,9 @@ asyncio runtime (through :mod:`weir.app.sdk`'s bridge, whose anyio code runs on 
 serving loop) it answers, with progress on the way; served by the Trio engine the same
 call fails and the client is told it needs an asyncio event loop.
 
-The asyncio runtime serves the session era only.  The SDK client's default ``auto``
-mode probes 2026-07-28 first, is refused, and falls back to ``initialize``; a client
-pinned to 2026-07-28 gets the refusal itself: HTTP 400, JSON-RPC -32022 with
-``data.reason`` ``unsupported_protocol_version`` and the revisions that are served.
+The asyncio runtime serves both eras: the SDK client's default ``auto`` mode
+discovers 2026-07-28 and speaks it (progress on the call's own stream, no session);
+pinned to ``legacy`` it does the ``initialize`` handshake at 2025-11-25.
 """
 
 from __future__ import annotations
@@ -19,9 +18,10 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
-from mcp import Client, MCPError
+from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.integration.serverproc import WeirProcess
@@ -56,9 +56,10 @@ def servers() -> Iterator[Callable[[str], WeirProcess]]:
         yield start
 
 
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
 @on_asyncio
 async def test_an_asyncio_only_sdk_tool_runs_unchanged_on_the_asyncio_runtime(
-    servers: Callable[[str], WeirProcess],
+    servers: Callable[[str], WeirProcess], mode: Any
 ) -> None:
     server = servers("asyncio")
     steps: list[tuple[float, float | None, str | None]] = []
@@ -69,14 +70,23 @@ async def test_an_asyncio_only_sdk_tool_runs_unchanged_on_the_asyncio_runtime(
     wire = WireLog()
     async with (
         http_client(wire) as hc,
-        Client(streamable_http_client(server.url, http_client=hc)) as client,
+        Client(streamable_http_client(server.url, http_client=hc), mode=mode) as client,
     ):
-        assert client.protocol_version == NEGOTIATED_VERSION  # auto fell back
+        expected = SESSIONLESS_VERSION if mode == "auto" else NEGOTIATED_VERSION
+        assert client.protocol_version == expected
         result = await client.call_tool("crunch", {"n": 12}, progress_callback=on_progress)
         assert text_of(result) == "144 on asyncio, executor thread True"
     assert steps == [(0.0, 1.0, "squaring"), (1.0, 1.0, "squared")]
-    (probe,) = wire.posts_of("server/discover")
-    assert probe.status == 400, wire.describe()
+    if mode == "auto":  # discovered, then self-contained POSTs: no session at all
+        (probe,) = wire.posts_of("server/discover")
+        assert probe.status == 200, wire.describe()
+        assert not wire.posts_of("initialize"), wire.describe()
+        for ex in wire.exchanges:
+            assert "mcp-session-id" not in ex.response_headers, wire.describe()
+            assert ex.request_headers.get("mcp-protocol-version") == SESSIONLESS_VERSION
+    else:
+        assert not wire.posts_of("server/discover"), wire.describe()
+        assert wire.posts_of("initialize"), wire.describe()
 
 
 @on_asyncio
@@ -91,28 +101,20 @@ async def test_on_the_trio_engine_the_same_tool_fails_and_says_why(
 
 
 @on_asyncio
-async def test_a_client_pinned_to_the_sessionless_revision_is_refused_clearly(
+async def test_a_client_pinned_to_the_sessionless_revision_is_served(
     servers: Callable[[str], WeirProcess],
 ) -> None:
     wire = WireLog()
-    with pytest.raises(BaseException) as raised:  # (an MCPError, in the SDK's task groups)
-        async with (
-            http_client(wire) as hc,
-            Client(
-                streamable_http_client(servers("asyncio").url, http_client=hc),
-                mode=SESSIONLESS_VERSION,
-            ) as client,
-        ):
-            await client.call_tool("crunch", {"n": 1})
-    errors = [raised.value]
-    while isinstance(errors[-1], BaseExceptionGroup) and len(errors) < 10:
-        errors.append(errors[-1].exceptions[0])
-    error = errors[-1]
-    assert isinstance(error, MCPError), raised.value
-    assert error.code == -32022
-    data = error.error.data
-    assert data["reason"] == "unsupported_protocol_version"
-    assert SESSIONLESS_VERSION not in data["supported"]
-    assert NEGOTIATED_VERSION in data["supported"]
+    async with (
+        http_client(wire) as hc,
+        Client(
+            streamable_http_client(servers("asyncio").url, http_client=hc),
+            mode=SESSIONLESS_VERSION,
+        ) as client,
+    ):
+        assert client.protocol_version == SESSIONLESS_VERSION
+        result = await client.call_tool("crunch", {"n": 3})
+        assert text_of(result) == "9 on asyncio, executor thread True"
     (call,) = wire.posts_of("tools/call")
-    assert call.status == 400, wire.describe()
+    assert call.status == 200, wire.describe()
+    assert call.request_headers.get("mcp-name") == "crunch", wire.describe()

@@ -3,9 +3,9 @@
 The server is ``python -m weir serve tests.integration.sdk_bridge_app:server`` (the
 bridge, :func:`weir.app.sdk.from_sdk`, found by ``weir serve`` itself); the client is
 the SDK's ``Client`` in ``auto`` mode (it discovers 2026-07-28 and speaks it) and in
-``legacy`` mode (the ``initialize`` handshake, 2025-11-25; also against the asyncio
-runtime, ``python -m weir serve --runtime asyncio``, where the SDK's anyio code runs on
-asyncio instead of Trio).  The same SDK tools serve
+``legacy`` mode (the ``initialize`` handshake, 2025-11-25); both also against the
+asyncio runtime, ``python -m weir serve --runtime asyncio``, where the SDK's anyio
+code runs on asyncio instead of Trio.  The same SDK tools serve
 both: progress and logs ride the request's stream; elicitation and sampling are
 server-to-client requests on the session era and input-required rounds on
 2026-07-28 (the SDK chooses, weir seals the state); a cancelled call cancels the SDK
@@ -103,7 +103,8 @@ async def _eventually(url: str, key: str, at_least: int) -> dict[str, int]:
 
 
 @pytest.mark.parametrize(
-    ("mode", "driver"), [("auto", "trio"), ("legacy", "trio"), ("legacy", "asyncio")]
+    ("mode", "driver"),
+    [("auto", "trio"), ("legacy", "trio"), ("auto", "asyncio"), ("legacy", "asyncio")],
 )
 @on_asyncio
 async def test_the_sdk_client_drives_an_sdk_app_through_weir(
@@ -131,7 +132,6 @@ async def test_the_sdk_client_drives_an_sdk_app_through_weir(
             log_level="debug",
         ) as client,
     ):
-        # (The asyncio runtime serves the session era only: auto would fall back.)
         assert client.protocol_version == VERSION[mode]
         names = {t.name for t in (await client.list_tools()).tools}
         assert {"state", "steps", "greet", "compute", "wait"} <= names

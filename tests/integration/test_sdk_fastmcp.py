@@ -4,9 +4,8 @@ SDK client in ``auto`` (2026-07-28) and ``legacy`` (2025-11-25) mode.
 FastMCP 4 builds on the official SDK 2.x and holds an SDK low-level ``Server``;
 ``weir serve tests.integration.fastmcp_app:mcp`` recognises it and wraps that server
 with :func:`weir.app.sdk.from_sdk`.  The same runs on the asyncio runtime
-(``weir serve --runtime asyncio``), which serves the session era only, so there the
-``auto`` mode falls back to 2025-11-25 too.  Needs the ``fastmcp`` extra; skipped without it
-unless ``WEIR_REQUIRE_FASTMCP=1`` (CI sets it).
+(``weir serve --runtime asyncio``), in both modes.  Needs the ``fastmcp`` extra;
+skipped without it unless ``WEIR_REQUIRE_FASTMCP=1`` (CI sets it).
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ def fastmcp_server(request: pytest.FixtureRequest) -> Iterator[WeirProcess]:
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 @on_asyncio
 async def test_a_fastmcp_server_is_served_unchanged(fastmcp_server: WeirProcess, mode: Any) -> None:
-    sessionless = mode == "auto" and fastmcp_server.driver == "trio"
+    sessionless = mode == "auto"  # (both runtimes answer the sessionless probe)
     steps: list[float] = []
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:

@@ -18,12 +18,11 @@ run and finalizes those generators silently, so it is the reliable choice. The
 server runs in its own process either way, so weir itself is exercised identically.
 
 The client is the SDK's ``Client(...)`` in its default ``mode="auto"``: it first
-probes ``server/discover`` at protocol 2026-07-28.  ``weir serve`` answers it, so the
+probes ``server/discover`` at protocol 2026-07-28.  Both runtimes answer it, so the
 SDK speaks the sessionless revision (input-required results instead of
-server-to-client requests, ``subscriptions/listen``); the asyncio runtime serves the
-session era only and refuses the probe with -32022, so the SDK falls back to the
-``initialize`` handshake at 2025-11-25.  Tests of session-era behaviour (resumption,
-``DELETE``) pin ``mode="legacy"`` and run on both drivers.  Most tests give the SDK's
+server-to-client requests, ``subscriptions/listen``).  Tests of session-era behaviour
+(the ``initialize`` handshake at 2025-11-25, resumption, ``DELETE``) pin
+``mode="legacy"``; both kinds run on both drivers.  Most tests give the SDK's
 ``streamable_http_client`` an ``httpx2.AsyncClient`` (the SDK's HTTP client) whose
 response hook records every HTTP exchange, so they can check the SDK's wire behaviour
 too: the session id, the ``Last-Event-ID`` resumption, the closing ``DELETE``.
@@ -72,8 +71,6 @@ TEST_TIMEOUT = 30.0
 NEGOTIATED_VERSION = "2025-11-25"
 #: The sessionless revision, which ``weir serve`` serves and the SDK's auto mode adopts.
 SESSIONLESS_VERSION = "2026-07-28"
-#: What the SDK's auto mode ends up speaking with each driver.
-AUTO_VERSION = {"trio": SESSIONLESS_VERSION, "asyncio": NEGOTIATED_VERSION}
 _SERVING = re.compile(r"^weir: serving (?P<url>http://\S+)")
 
 _P = ParamSpec("_P")
@@ -245,17 +242,20 @@ def text_of(result: types.CallToolResult) -> str:
 # ---------------------------------------------------------------- (1) handshake and listings
 
 
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
 @on_asyncio
-async def test_initialize_lists_and_echo(demo_server: WeirProcess) -> None:
+async def test_initialize_lists_and_echo(demo_server: WeirProcess, mode: str) -> None:
     wire = WireLog()
     async with (
         http_client(wire) as hc,
-        Client(streamable_http_client(demo_server.url, http_client=hc)) as client,
+        Client(streamable_http_client(demo_server.url, http_client=hc), mode=mode) as client,
     ):
-        # The Trio engine answers the auto mode's server/discover probe; the asyncio
-        # driver refuses the sessionless revision, so the SDK falls back to initialize.
-        assert client.protocol_version == AUTO_VERSION[demo_server.driver]
-        sessionless = demo_server.driver == "trio"
+        # Both runtimes answer the auto mode's server/discover probe: the SDK speaks
+        # the sessionless revision; pinned to legacy it does the initialize handshake.
+        sessionless = mode == "auto"
+        assert client.protocol_version == (
+            SESSIONLESS_VERSION if sessionless else NEGOTIATED_VERSION
+        )
         assert (client.session.initialize_result is None) is sessionless
         info = client.server_info
         assert info is not None
@@ -288,9 +288,9 @@ async def test_initialize_lists_and_echo(demo_server: WeirProcess) -> None:
         result = await client.call_tool("echo", {"text": "héllo, wörld"})
         assert text_of(result) == "héllo, wörld"
 
-    (probe,) = wire.posts_of("server/discover")
-    assert wire.exchanges.index(probe) == 0, wire.describe()
     if sessionless:
+        (probe,) = wire.posts_of("server/discover")
+        assert wire.exchanges.index(probe) == 0, wire.describe()
         # On the wire: the answered probe, then self-contained POSTs -- no session
         # id, no GET stream, no DELETE -- each naming its method and revision.
         assert probe.status == 200, wire.describe()
@@ -302,9 +302,10 @@ async def test_initialize_lists_and_echo(demo_server: WeirProcess) -> None:
             assert ex.request_headers.get("mcp-protocol-version") == SESSIONLESS_VERSION
             assert ex.request_headers.get("mcp-method") == ex.body["method"], wire.describe()
         return
-    # On the wire: the refused probe, then the handshake the SDK fell back to.
-    assert probe.status == 400, wire.describe()
+    # On the wire: no probe, the handshake first.
+    assert not wire.posts_of("server/discover"), wire.describe()
     (init,) = wire.posts_of("initialize")
+    assert wire.exchanges.index(init) == 0, wire.describe()
     assert init.body["params"]["protocolVersion"] == NEGOTIATED_VERSION
     # Every request after initialize named the session and the negotiated version.
     sid = wire.session_id()
@@ -653,15 +654,9 @@ async def test_sdk_client_with_a_bearer_token(tmp_path: Any) -> None:
 # ---------------------------------------------------------------- (8) the sessionless revision
 
 
-@pytest.fixture
-def trio_conformance_server(weir_servers: Callable[[str, str], WeirProcess]) -> WeirProcess:
-    """For what only the Trio engine serves (the sessionless revision)."""
-    return weir_servers("conformance", "trio")
-
-
 @on_asyncio
 async def test_elicitation_rides_an_input_required_result(
-    trio_conformance_server: WeirProcess,
+    conformance_server: WeirProcess,
 ) -> None:
     asked: list[types.ElicitRequestParams] = []
 
@@ -675,7 +670,7 @@ async def test_elicitation_rides_an_input_required_result(
     async with (
         http_client(wire) as hc,
         Client(
-            streamable_http_client(trio_conformance_server.url, http_client=hc),
+            streamable_http_client(conformance_server.url, http_client=hc),
             elicitation_callback=elicitation,
         ) as client,
     ):
@@ -697,9 +692,9 @@ async def test_elicitation_rides_an_input_required_result(
 
 @on_asyncio
 async def test_a_listen_stream_hears_a_change_made_by_another_request(
-    trio_conformance_server: WeirProcess,
+    conformance_server: WeirProcess,
 ) -> None:
-    async with Client(trio_conformance_server.url) as client:
+    async with Client(conformance_server.url) as client:
         async with client.listen(tools_list_changed=True) as sub:
             assert sub.honored.tools_list_changed is True
             await client.call_tool("test_trigger_tool_change", {})
@@ -709,8 +704,8 @@ async def test_a_listen_stream_hears_a_change_made_by_another_request(
 
 
 @on_asyncio
-async def test_legacy_mode_still_gets_the_session_era(trio_demo_server: WeirProcess) -> None:
-    async with Client(trio_demo_server.url, mode="legacy") as client:
+async def test_legacy_mode_still_gets_the_session_era(demo_server: WeirProcess) -> None:
+    async with Client(demo_server.url, mode="legacy") as client:
         assert client.protocol_version == NEGOTIATED_VERSION
         assert client.session.initialize_result is not None
         assert text_of(await client.call_tool("echo", {"text": "old"})) == "old"

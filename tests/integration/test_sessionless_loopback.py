@@ -1,6 +1,6 @@
 """The sessionless revision (2026-07-28) on real loopback sockets.
 
-The in-process Trio server, real TCP, real time (no ``MockClock``): what is under
+In-process servers, real TCP, real time (no ``MockClock``): what is under
 test lives in the kernel (a peer's receive window, acknowledgements) or in the
 server's own timers.  Each test waits for replies and events; where only the
 server's timers can make a condition true it polls it, bounded in time and count.
@@ -14,16 +14,22 @@ server's timers can make a condition true it polls it, bounded in time and count
   is 400, -32602, and never runs the handler with forged answers;
 * with authorization, a principal that stops reading is refused 429 on its other
   connections.
+
+Each test runs on both runtimes (the ``runtime`` fixture: the Trio engine, and the
+asyncio runtime in a thread of its own, whose state is read on its own loop), except
+what needs authorization, metrics or the Trio engine's epoch draws.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import pytest
 import trio
@@ -34,9 +40,11 @@ from weir.engine import App, Server, ServerConfig
 from weir.protocol import CreditLimits
 from weir.protocol.sessionless import META_SUBSCRIPTION_ID
 
+from .test_asyncio_driver import running_driver
 from .test_auth import jwt_authorization, token
 
 V = "2026-07-28"
+T = TypeVar("T")
 DRAIN_WINDOW = 0.5
 LIVENESS = 2.0
 SLACK = 3.0
@@ -56,11 +64,11 @@ async def bulk(size: int) -> str:
 
 
 @app.tool()
-async def slow(label: str) -> str:
+async def slow(ctx: Context, label: str) -> str:
     """Waits an hour, recording that it started and that it unwound."""
     ran.append(label)
     try:
-        await trio.sleep(3600)
+        await ctx.sleep(3600)
     finally:
         unwound.append(label)
     return "woke"
@@ -86,11 +94,11 @@ finished: list[str] = []
 
 
 @app.tool()
-async def charge(label: str) -> str:
+async def charge(ctx: Context, label: str) -> str:
     """Not idempotent and slow: counts its runs, finishes after 0.5 s."""
     ran.append(label)
     try:
-        await trio.sleep(0.5)
+        await ctx.sleep(0.5)
     finally:
         unwound.append(label)
     finished.append(label)
@@ -165,6 +173,60 @@ async def serving(config: ServerConfig | None = None) -> AsyncIterator[Server]:
                 await server.stopped.wait()
 
 
+@dataclass
+class Served:
+    """The app served by one runtime: its port, its open listen streams, its credit
+    owners and what each holds (frames, bytes)."""
+
+    port: int
+    listeners: Callable[[], int]
+    owners: Callable[[], list[Any]]
+    held: Callable[[Any], tuple[int, int]]
+    #: The Trio engine's server (its metrics), when it is the one serving.
+    trio_server: Server | None = None
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, read: Callable[[], T]) -> T:
+    """``read()`` run on the asyncio runtime's own loop (its state is that loop's)."""
+
+    async def call() -> T:
+        return read()
+
+    return asyncio.run_coroutine_threadsafe(call(), loop).result(5)
+
+
+@pytest.fixture(params=["trio", "asyncio"])
+def runtime(request: pytest.FixtureRequest) -> str:
+    """The runtime serving a test that runs on both: the Trio engine, or asyncio's."""
+    return str(request.param)
+
+
+@asynccontextmanager
+async def served_by(runtime: str) -> AsyncIterator[Served]:
+    """The app on ``runtime`` with the tests' credit (a test that reads the Trio
+    engine's own state uses :func:`serving`)."""
+    if runtime == "asyncio":
+        with running_driver(app, CREDIT) as running:
+            driver, loop = running.driver, running.loop
+            yield Served(
+                running.port,
+                lambda: _on_loop(loop, lambda: len(driver.listeners)),
+                lambda: _on_loop(loop, lambda: list(driver.owners)),
+                lambda o: _on_loop(
+                    loop, lambda: (o.flow.credit.frames_in_use, o.flow.credit.bytes_in_use)
+                ),
+            )
+        return
+    async with serving() as server:
+        yield Served(
+            server.port,
+            lambda: len(server.subscribers),
+            lambda: list(server.owners),
+            lambda o: (o.credit.frames_in_use, o.credit.bytes_in_use),
+            server,
+        )
+
+
 async def ask(port: int, message: dict[str, Any], **extra: str) -> Any:
     client = await Client.connect(port)
     try:
@@ -190,30 +252,30 @@ def _reset() -> None:
     finished.clear()
 
 
-async def test_a_stalled_streamed_answer_is_bounded_then_torn_down() -> None:
-    async with serving() as server:
+async def test_a_stalled_streamed_answer_is_bounded_then_torn_down(runtime: str) -> None:
+    async with served_by(runtime) as server:
         stalled = await Client.connect(server.port, rcvbuf=4096)
         big = call(1, "bulk", {"size": CREDIT.bytes - 2000})
         await stalled.send_raw(
             raw_request("POST", "/mcp", body=json.dumps(big).encode(), headers=headers(big))
         )
-        assert await eventually(lambda: bool(server.owners), timeout=5)
-        (owner,) = server.owners
+        assert await eventually(lambda: bool(server.owners()), timeout=5)
+        (owner,) = server.owners()
         held = []
         started = trio.current_time()
         # Another client is served meanwhile, on its own connection and credit.
         assert (await ask(server.port, call(2, "bulk", {"size": 10}))).status == 200
-        held.append(owner.credit.bytes_in_use)
+        held.append(server.held(owner)[1])
         assert await eventually(lambda: owner.closed, timeout=LIVENESS + SLACK)
         assert trio.current_time() - started >= LIVENESS * 0.9 - 0.1
         assert max(held) <= CREDIT.bytes
-        assert owner.credit.bytes_in_use == 0  # released with the teardown
+        assert server.held(owner)[1] == 0  # released with the teardown
         assert await stalled.closed_by_peer(timeout=SLACK)
         await stalled.aclose()
 
 
-async def test_a_listen_stream_is_acknowledged_tagged_filtered_and_fed() -> None:
-    async with serving() as server:
+async def test_a_listen_stream_is_acknowledged_tagged_filtered_and_fed(runtime: str) -> None:
+    async with served_by(runtime) as server:
         listen = rpc(
             "listen-1",
             "subscriptions/listen",
@@ -250,35 +312,36 @@ async def test_a_listen_stream_is_acknowledged_tagged_filtered_and_fed() -> None
         for msg in (ack, changed):
             assert msg["params"]["_meta"][META_SUBSCRIPTION_ID] == "listen-1"
         await client.aclose()
-        assert await eventually(lambda: not server.subscribers, timeout=SLACK)
+        assert await eventually(lambda: not server.listeners(), timeout=SLACK)
 
 
-async def test_a_listen_stream_whose_client_stops_reading_is_torn_down() -> None:
-    async with serving() as server:
+async def test_a_listen_stream_whose_client_stops_reading_is_torn_down(runtime: str) -> None:
+    async with served_by(runtime) as server:
         listen = rpc(7, "subscriptions/listen", {"notifications": {"toolsListChanged": True}})
         stalled = await Client.connect(server.port, rcvbuf=4096)
         await stalled.send_raw(
             raw_request("POST", "/mcp", body=json.dumps(listen).encode(), headers=headers(listen))
         )
-        assert await eventually(lambda: bool(server.subscribers), timeout=5)
-        (owner,) = server.owners
+        assert await eventually(lambda: bool(server.listeners()), timeout=5)
+        (owner,) = server.owners()
         # Fill its credit with something else it never reads: a big answer on the same
         # owner is impossible (one request at a time), so the notices pile up instead.
         for i in range(40):
             assert (await ask(server.port, call(i, "touch"))).status == 200
             await trio.sleep(0.005)
-        assert owner.credit.frames_in_use <= CREDIT.frames
-        assert owner.credit.bytes_in_use <= CREDIT.bytes
-        metrics = await Client.connect(server.port)
-        page = (await metrics.request("GET", "/metrics")).body.decode()
-        await metrics.aclose()
-        assert "weir_listen_streams 1" in page and "weir_sessionless_owners " in page
-        assert await eventually(lambda: not server.subscribers, timeout=LIVENESS + SLACK + 2)
+        frames, nbytes = server.held(owner)
+        assert frames <= CREDIT.frames and nbytes <= CREDIT.bytes
+        if server.trio_server is not None:  # (the asyncio runtime has no /metrics)
+            metrics = await Client.connect(server.port)
+            page = (await metrics.request("GET", "/metrics")).body.decode()
+            await metrics.aclose()
+            assert "weir_listen_streams 1" in page and "weir_sessionless_owners " in page
+        assert await eventually(lambda: not server.listeners(), timeout=LIVENESS + SLACK + 2)
         await stalled.aclose()
 
 
-async def test_closing_a_streamed_response_cancels_its_handler() -> None:
-    async with serving() as server:
+async def test_closing_a_streamed_response_cancels_its_handler(runtime: str) -> None:
+    async with served_by(runtime) as server:
         message = call(1, "slow", {"label": "a"})
         client = await Client.connect(server.port)
         await client.send_raw(
@@ -289,8 +352,8 @@ async def test_closing_a_streamed_response_cancels_its_handler() -> None:
         assert await eventually(lambda: unwound == ["a"], timeout=SLACK)
 
 
-async def test_request_state_continues_a_round_and_a_forged_one_is_refused() -> None:
-    async with serving() as server:
+async def test_request_state_continues_a_round_and_a_forged_one_is_refused(runtime: str) -> None:
+    async with served_by(runtime) as server:
         first = (await ask(server.port, call(1, "greet"))).json()["result"]
         assert first["resultType"] == "input_required"
         assert first["inputRequests"]["name"]["method"] == "elicitation/create"
@@ -351,8 +414,8 @@ async def test_a_principal_that_stops_reading_is_refused_on_its_other_connection
         nursery.cancel_scope.cancel()
 
 
-async def test_an_idempotency_key_makes_a_reissued_call_replay_not_run() -> None:
-    async with serving() as server:
+async def test_an_idempotency_key_makes_a_reissued_call_replay_not_run(runtime: str) -> None:
+    async with served_by(runtime) as server:
         key = {"idempotency-key": "order-17"}
         first = await ask(server.port, call(1, "bump"), **key)
         # The revision's advice after a lost stream: the same request with a new id.
@@ -367,12 +430,14 @@ async def test_an_idempotency_key_makes_a_reissued_call_replay_not_run() -> None
         assert fresh.json()["result"]["content"][0]["text"] == "run 2"
         unkeyed = [await ask(server.port, call(5, "bump")) for _ in range(2)]
         assert [r.status for r in unkeyed] == [200, 200] and len(bumps) == 4  # no key: no gate
-        # What the metrics say: four executions (two keyed, two not), one replay.
-        assert (server.metrics.executions, server.metrics.duplicates_replayed) == (4, 1)
+        if server.trio_server is not None:
+            # What the metrics say: four executions (two keyed, two not), one replay.
+            metrics = server.trio_server.metrics
+            assert (metrics.executions, metrics.duplicates_replayed) == (4, 1)
 
 
-async def test_a_keyed_call_that_asks_for_input_is_not_its_outcome_yet() -> None:
-    async with serving() as server:
+async def test_a_keyed_call_that_asks_for_input_is_not_its_outcome_yet(runtime: str) -> None:
+    async with served_by(runtime) as server:
         key = {"idempotency-key": "greet-1"}
         first = (await ask(server.port, call(1, "greet"), **key)).json()["result"]
         assert first["resultType"] == "input_required"
@@ -386,8 +451,8 @@ async def test_a_keyed_call_that_asks_for_input_is_not_its_outcome_yet() -> None
         assert ran == ["greet", "greet"]
 
 
-async def test_a_keyed_call_outlives_a_lost_stream_and_its_reissue_replays() -> None:
-    async with serving() as server:
+async def test_a_keyed_call_outlives_a_lost_stream_and_its_reissue_replays(runtime: str) -> None:
+    async with served_by(runtime) as server:
         key = {"idempotency-key": "pay-1"}
         message = call(1, "charge", {"label": "p"})
         client = await Client.connect(server.port)
@@ -404,8 +469,8 @@ async def test_a_keyed_call_outlives_a_lost_stream_and_its_reissue_replays() -> 
         assert ran == ["p"] and finished == ["p"]  # ran once, to its end
 
 
-async def test_a_watched_resource_update_reaches_its_listener_only() -> None:
-    async with serving() as server:
+async def test_a_watched_resource_update_reaches_its_listener_only(runtime: str) -> None:
+    async with served_by(runtime) as server:
         listen = rpc(
             "watch",
             "subscriptions/listen",
@@ -431,7 +496,7 @@ async def test_a_watched_resource_update_reaches_its_listener_only() -> None:
         assert messages[1]["params"]["_meta"][META_SUBSCRIPTION_ID] == "watch"
         await client.aclose()
         # A listener that hangs up is the connection's business, not the server's.
-        assert await eventually(lambda: not server.subscribers, timeout=SLACK)
+        assert await eventually(lambda: not server.listeners(), timeout=SLACK)
         assert (await ask(server.port, call(3, "touch"))).status == 200
 
 
@@ -468,3 +533,41 @@ async def test_an_answer_streams_epoch_already_in_use_is_drawn_again(
                 assert "text/event-stream" in reply.headers["content-type"], reply.headers
         finally:
             await client.aclose()
+
+
+async def test_both_runtimes_answer_alike() -> None:
+    """The same requests get the same status and the same bytes from both runtimes:
+    what the answers say is the core's and ``weir.common``'s, not a runtime's."""
+    bare = {"io.modelcontextprotocol/protocolVersion": V}  # declares no capability
+    asks: list[dict[str, Any]] = [
+        rpc(1, "server/discover"),
+        rpc(2, "tools/list"),
+        rpc(3, "prompts/get", {"name": "hello"}),
+        rpc(4, "ping"),
+        rpc(5, "initialize"),
+        call(6, "greet", requestState="w1.forged"),
+        {**call(7, "greet"), "params": {"name": "greet", "arguments": {}, "_meta": bare}},
+        call(8, "bulk", {"size": "not a number"}),
+        rpc(9, "resources/read", {"uri": "note://nope"}),
+    ]
+    answers: dict[str, list[tuple[int, bytes]]] = {}
+    for runtime in ("trio", "asyncio"):
+        async with served_by(runtime) as server:
+            got = answers[runtime] = []
+            for message in asks:
+                extra = {"mcp-name": "note://nope"} if message["method"] == "resources/read" else {}
+                reply = await ask(server.port, message, **extra)
+                got.append((reply.status, reply.body))
+    for message, on_trio, on_asyncio in zip(asks, answers["trio"], answers["asyncio"], strict=True):
+        assert on_trio == on_asyncio, (message["method"], on_trio, on_asyncio)
+    assert [status for status, _ in answers["trio"]] == [
+        200,
+        200,
+        200,
+        404,
+        404,
+        400,
+        400,
+        200,
+        200,
+    ]

@@ -28,13 +28,14 @@ from weir.protocol._lifecycle import (
     DEFAULT_VERSION,
     LATEST_VERSION,
     NEGOTIABLE_VERSIONS,
+    SUPPORTED_VERSIONS,
     negotiate_version,
     version_at_least,
 )
 from weir.protocol._sessionless import UNSUPPORTED_VERSION
 from weir.protocol.event_ids import EventId
 from weir.protocol.jsonrpc import Notification, Request
-from weir.protocol.lifecycle import ALL_VERSIONS, SUPPORTED_VERSIONS
+from weir.protocol.lifecycle import ALL_VERSIONS
 
 from .helpers import INIT, PING, SESSION, delete, get, http_request, post
 

@@ -1,0 +1,554 @@
+"""The sessionless era (MCP 2026-07-28) on the asyncio runtime: one POST, one answer.
+
+Theory of operation
+-------------------
+The order of a request's decisions is the core's
+:class:`~weir.protocol.sessionless_post.SessionlessCourse` (and its handler run's,
+:class:`~weir.protocol.sessionless_post.SessionlessRun`), as on the Trio engine; this
+module performs each effect they ask for and decides nothing about their order.
+What the answers say (``server/discover``, capabilities, an app's errors, listen
+frames, sealed request state) is :mod:`weir.common`'s, shared with the Trio engine.
+
+* **Credit owner.**  This runtime has no authorization, so every request speaks for
+  the one principal (``anonymous``) and anonymous clients are told apart only by
+  their connections: a request's answer takes the credit of its *connection's*
+  owner, a private :class:`~._session.Session` (never in the session table), as the
+  Trio engine does for anonymous requests.  A peer that stops reading is refused
+  429 ``stream_half_open`` before anything runs, and its owner is torn down after
+  the liveness timeout, closing its connection; the owner ends with its connection.
+* **Closing the response is cancellation** -- unless the call carries an
+  ``Idempotency-Key``: such a call runs to its end as a task of the runtime, not of
+  the owner, its outcome is recorded, and the re-issued call replays it.  The gate's
+  records live in the principal's namespace of an in-process
+  :class:`~weir.protocol.gate.CallLedger` (:class:`KeyedCalls`), bounded as a
+  session's are.
+* **Input-required results**: answers carried in ``inputResponses`` and in the
+  sealed ``requestState`` (:class:`weir.common.StateSealer`; its keys are the
+  runtime's, ``--state-key-file``/``$WEIR_STATE_KEYS``, or one drawn at start).
+* **Refusals before the head.**  A streamed answer's head waits for the handler's
+  first message or its end (at most :data:`FIRST_OUTPUT_WAIT`), so -32021 is still
+  a 400 with a JSON body.
+* **``subscriptions/listen``**: acknowledged at once, then fed the changes it asked
+  for (:meth:`AsyncioDriver.changed`), within its owner's credit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, Final
+
+from weir.app import Caller, Context, InputRequired, McpError, dispatch, failure
+from weir.common import (
+    VERSION,
+    caller_for,
+    discover_for,
+    era_capabilities,
+    handler_error,
+    honoured,
+    listen_ack,
+    listen_frame,
+    request_meta,
+)
+from weir.protocol import RemoteProtocolError
+from weir.protocol.gate import CallLedger, CallStart
+from weir.protocol.jsonrpc import ErrorResponse, Request, RequestId, Response, encode_result
+from weir.protocol.jsonrpc import error_body as encode_refusal
+from weir.protocol.post import (
+    ACCEPTED,
+    ATTACH_WRITER,
+    GATE_STEPS,
+    AdmitRequests,
+    ClaimCall,
+    Finished,
+    GiveBack,
+    HoldCall,
+    WaitForCall,
+)
+from weir.protocol.sessionless import SessionlessMessage, complete
+from weir.protocol.sessionless_post import (
+    ANSWER_DISCOVER,
+    CHOOSE_OWNER,
+    RUN_HANDLER,
+    AnswerReplay,
+    EncodeResult,
+    InputAsked,
+    Listen,
+    OpenAnswerStream,
+    OpenRequestState,
+    RecordOutcome,
+    Respond,
+    RespondJson,
+    RunOnStream,
+    SealState,
+    SessionlessCourse,
+    SessionlessEffect,
+    SessionlessRun,
+    ToolSchema,
+)
+from weir.protocol.states import StreamInput, StreamState
+from weir.protocol.streams import StreamKind, StreamLog
+
+from ._calls import _fit
+from ._session import MAX_CALL_BYTES, MAX_CALLS, Gone, Session
+
+if TYPE_CHECKING:
+    from ._connection import Connection
+    from ._driver import AsyncioDriver
+
+#: Who every request speaks for (this runtime has no authorization).
+PRINCIPAL: Final = "anonymous"
+#: Seconds a streamed answer's head waits for the handler's first message.
+FIRST_OUTPUT_WAIT: Final = 1.0
+_JSON: Final = (("content-type", "application/json"),)
+
+
+class KeyedCalls:
+    """The idempotency gate of sessionless ``tools/call``: per principal, one
+    in-process :class:`CallLedger` (bounded like a session's), and the wake-ups of
+    deliveries waiting for a running call."""
+
+    def __init__(self) -> None:
+        self.ledgers: dict[str, CallLedger] = {}
+        self.done: dict[tuple[str, str], asyncio.Event] = {}
+
+    def _ledger(self, principal: str) -> CallLedger:
+        ledger = self.ledgers.get(principal)
+        if ledger is None:
+            ledger = self.ledgers[principal] = CallLedger(
+                max_calls=MAX_CALLS, max_bytes=MAX_CALL_BYTES
+            )
+        return ledger
+
+    async def step(self, principal: str, effect: ClaimCall | WaitForCall | HoldCall) -> object:
+        """Perform one step of the core's gate loop; its answer (every delivery of a
+        call runs in this process, so a running one can be awaited)."""
+        if isinstance(effect, HoldCall):
+            return None  # (a waiter makes the call's wake-up on first need)
+        if isinstance(effect, WaitForCall):
+            finished = self.done.setdefault((principal, effect.key), asyncio.Event())
+            wait = max(0.0, effect.until - asyncio.get_running_loop().time())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(finished.wait(), wait)
+            return None
+        claim = effect.claim
+        outcome, payload = self._ledger(principal).begin(claim.key, claim.fingerprint)
+        return CallStart(outcome, "", payload), True
+
+    def record(self, principal: str, key: str, payload: bytes | None) -> None:
+        """Store ``payload`` as the outcome of ``key`` (None: give the key back)."""
+        self._ledger(principal).finish(key, payload)
+        finished = self.done.pop((principal, key), None)
+        if finished is not None:
+            finished.set()
+
+
+class Listener:
+    """One open ``subscriptions/listen`` response: the changes it waits to send."""
+
+    def __init__(
+        self,
+        req: Request,
+        owner: Session,
+        stream: StreamLog,
+        kinds: frozenset[str],
+        uris: frozenset[str],
+    ) -> None:
+        self.request, self.owner, self.stream = req, owner, stream
+        self.kinds, self.uris = kinds, uris
+        self.pending: set[str] = set()
+        self.updated: set[str] = set()
+        self.wake = asyncio.Event()
+
+    def notify(self, method: str, uri: str | None) -> None:
+        """Mark a change this listener wants (coalesced) and wake its task."""
+        if uri is not None:
+            if uri not in self.uris:
+                return
+            self.updated.add(uri)
+        elif method in self.kinds:
+            self.pending.add(method)
+        else:
+            return
+        self.wake.set()
+
+    async def run(self) -> None:
+        """Send what is pending, in credit, until the stream ends."""
+        rid = self.request.id
+        with contextlib.suppress(Gone):
+            while True:
+                await self.wake.wait()
+                self.wake.clear()
+                methods, self.pending = sorted(self.pending), set()
+                uris, self.updated = sorted(self.updated), set()
+                for method in methods:
+                    await self.owner.append(self.stream, listen_frame(rid, method))
+                for uri in uris:
+                    frame = listen_frame(rid, "notifications/resources/updated", {"uri": uri})
+                    await self.owner.append(self.stream, frame)
+
+
+class SessionlessBackend:
+    """:class:`weir.app.ContextBackend` for one sessionless call: its owner's credit,
+    its stream (None: a JSON answer), and the caller its request describes."""
+
+    __slots__ = ("_caller", "_driver", "_on_output", "_owner", "_stream", "detached")
+
+    def __init__(
+        self,
+        owner: Session,
+        stream: StreamLog | None,
+        caller: Caller,
+        driver: AsyncioDriver,
+        on_output: Callable[[], object] | None = None,
+    ) -> None:
+        self._owner, self._stream, self._caller = owner, stream, caller
+        self._driver, self._on_output = driver, on_output
+        #: A keyed call outlives its response: once the stream is gone, its messages
+        #: go nowhere instead of ending the handler.
+        self.detached = False
+
+    @property
+    def session_id(self) -> None:
+        return None
+
+    @property
+    def caller(self) -> Caller:
+        return self._caller
+
+    @property
+    def protocol_version(self) -> str:
+        return self._caller.protocol_version or VERSION
+
+    async def send(self, payload: bytes) -> None:
+        if self._on_output is not None:
+            self._on_output()
+        if self._stream is None:
+            return
+        try:
+            await self._owner.append(self._stream, payload.decode())
+        except Gone:
+            if not self.detached:
+                raise
+
+    async def request(
+        self, method: str, params: dict[str, Any] | None, timeout: float
+    ) -> Response | ErrorResponse | None:
+        raise McpError(-32603, f"cannot send {method}: this revision has no server requests")
+
+    def close_stream(self, retry_ms: int) -> None:
+        return None  # nothing is resumable on this era: the stream stays open
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    def changed(self, method: str, uri: str | None) -> None:
+        self._driver.changed(method, uri)
+
+    def cancel_requested(self, request_id: RequestId) -> bool:
+        task = asyncio.current_task()
+        return self._owner.closed or (task is not None and task.cancelling() > 0)
+
+    def session_channel(self) -> None:
+        return None  # no session on this era
+
+
+class _Answering:
+    """A streamed answer under way: its stream, its run's task, and whether the head
+    went out (a refusal after that is the stream's last frame)."""
+
+    __slots__ = ("detached", "refused", "started", "stream", "task")
+
+    def __init__(self, stream: StreamLog) -> None:
+        self.stream = stream
+        self.detached = False
+        self.task: asyncio.Task[None] | None = None
+        self.refused: list[RemoteProtocolError] = []
+        self.started = False
+
+
+class SessionlessPosts:
+    """The sessionless requests of one connection, and the credit owner they share."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn, self.driver = conn, conn.driver
+        self.owner: Session | None = None
+
+    def close(self) -> None:
+        """The connection is gone: its owner ends (its handlers are cancelled; a
+        keyed call is the runtime's, and runs on)."""
+        owner, self.owner = self.owner, None
+        if owner is not None:
+            owner.carrier = None  # (the connection is ending already)
+            owner.close()
+            self.driver.owners.discard(owner)
+
+    def _owner(self) -> Session:
+        owner = self.owner
+        if owner is None or owner.closed:  # (torn down after the liveness timeout)
+            driver = self.driver
+            if owner is not None:
+                driver.owners.discard(owner)
+            sid = f"connection-{id(self):x}"
+            owner = Session(sid, VERSION, driver.credit, driver, Caller({}, {}))
+            owner.sessionless = True
+            owner.carrier = asyncio.current_task()  # (the connection's: it ends with it)
+            self.owner = owner
+            driver.owners.add(owner)
+        return owner
+
+    async def serve(self, msg: SessionlessMessage) -> None:
+        """Carry out the request's :class:`SessionlessCourse`: the core decides the
+        order, this performs each effect it asks for."""
+        driver = self.driver
+        course = SessionlessCourse(msg, PRINCIPAL, False, driver.sessionless(), wall=time.time())
+        clock = asyncio.get_running_loop().time
+        effect = course.start(clock())
+        owner: Session | None = None
+        answering: _Answering | None = None
+        try:
+            while effect is not None:
+                try:
+                    answer: object = None
+                    if owner is None:  # (the steps before the owner is chosen)
+                        if effect is CHOOSE_OWNER:
+                            owner = self._owner()
+                        else:
+                            answer = await self._before_owner(msg, effect)
+                    elif isinstance(effect, AdmitRequests):
+                        try:  # 429 once this connection's peer stopped reading
+                            await owner.admit(effect.n, effect.request_id, effect.lane)
+                        except Gone:
+                            raise ConnectionResetError from None
+                    elif isinstance(effect, GATE_STEPS):
+                        answer = await driver.keyed.step(PRINCIPAL, effect)
+                    elif isinstance(effect, RespondJson):
+                        await self._respond_json(owner, msg, effect)
+                    elif isinstance(effect, OpenAnswerStream):
+                        stream = owner.open_stream(StreamKind.REQUEST, emit_ids=False)
+                        owner.flow.move(effect.lane, stream.epoch)
+                        answering = _Answering(stream)
+                    elif isinstance(effect, RunOnStream):
+                        assert answering is not None
+                        await self._run_on_stream(owner, msg, effect.run, answering)
+                    elif effect is ATTACH_WRITER:
+                        assert answering is not None
+                        await self.conn.write_stream(owner, answering.stream, 0)
+                    else:
+                        await self._effect(owner, effect)
+                except BaseException as exc:
+                    effect = course.fail(exc, clock())
+                else:
+                    effect = course.deliver(answer, clock())
+        finally:
+            if answering is not None:
+                _end(answering)
+
+    async def _before_owner(self, msg: SessionlessMessage, effect: SessionlessEffect) -> object:
+        """Perform one of the steps before the credit owner is chosen; its answer."""
+        conn, driver = self.conn, self.driver
+        if isinstance(effect, ToolSchema):
+            return driver.app.input_schema(effect.name)
+        if isinstance(effect, OpenRequestState):
+            return driver.sealer.open(effect.state)
+        if effect is ACCEPTED:
+            await conn.send(conn.conn.send_response(202, ()))
+        elif effect is ANSWER_DISCOVER:
+            req = msg.message
+            assert isinstance(req, Request)
+            found = encode_result(req.id, discover_for(driver.app, driver.identity()))
+            await conn.send(conn.conn.send_response(200, _JSON, found))
+        else:
+            raise AssertionError(f"a sessionless course asked for {effect!r} out of turn")
+        return None
+
+    async def _effect(self, owner: Session, effect: SessionlessEffect) -> None:
+        """Perform one of a sessionless course's less frequent effects."""
+        if isinstance(effect, Finished):
+            for _ in range(effect.n):
+                owner.done(effect.lane)
+        elif isinstance(effect, GiveBack):
+            self.driver.keyed.record(PRINCIPAL, effect.key, None)
+        elif isinstance(effect, AnswerReplay):
+            await self._send_json(owner, effect.payload, None)
+        elif isinstance(effect, Listen):
+            await self._listen(owner, effect.request, effect.lane)
+        else:
+            raise AssertionError(f"a sessionless course asked for {effect!r} out of turn")
+
+    async def _send_json(self, owner: Session, body: bytes, lane: Hashable | None) -> None:
+        """One JSON body, holding the owner's credit until the peer acknowledges it."""
+        try:
+            await owner.take_credit(len(body), lane)
+        except Gone:
+            raise ConnectionResetError from None
+        finally:
+            if lane is not None:
+                owner.done(lane)  # the body holds credit of its own now
+        response = self.conn.conn.send_response(200, _JSON, body)
+        await self.conn.send(response, (owner, None, len(body)))
+
+    async def _respond_json(
+        self, owner: Session, msg: SessionlessMessage, effect: RespondJson
+    ) -> None:
+        """Run the handler here and answer with one JSON body."""
+        backend = SessionlessBackend(owner, None, caller_for(msg), self.driver)
+        try:
+            body = await self._drive_run(owner, effect.run, None, backend)
+        except BaseException:
+            owner.done(effect.lane)
+            raise
+        if body is None:
+            owner.done(effect.lane)
+            raise ConnectionResetError  # cancelled with the server going away
+        await self._send_json(owner, body, effect.lane)
+
+    async def _run_on_stream(
+        self, owner: Session, msg: SessionlessMessage, run: SessionlessRun, answering: _Answering
+    ) -> None:
+        """Start the handler on the answer's stream; return once it has output (or
+        after :data:`FIRST_OUTPUT_WAIT`), raising its refusal if it was refused first.
+        The handler is cancelled if the client goes away (:func:`_end`), unless the
+        call is keyed: then it is the runtime's task, and runs to its end."""
+        stream = answering.stream
+        first = asyncio.Event()
+        backend = SessionlessBackend(owner, stream, caller_for(msg), self.driver, first.set)
+
+        async def run_it() -> None:
+            try:
+                try:
+                    body = await self._drive_run(owner, run, stream, backend)
+                except RemoteProtocolError as exc:
+                    if not answering.started:
+                        answering.refused.append(exc)  # answered as this POST's status
+                        return
+                    body = encode_refusal(exc)
+                first.set()
+                if body is not None:
+                    await owner.append(stream, body.decode(), final=True)
+                elif stream.state is not StreamState.CLOSED:
+                    stream.handle(StreamInput.ABORT)  # cancelled: nothing to send
+                    owner.wake(stream)
+            except Gone:
+                pass
+            finally:
+                first.set()
+                owner.done(stream.epoch)
+
+        answering.detached = run.detached
+        spawn = self.driver.spawn if run.detached else owner.spawn
+        answering.task = spawn(run_it())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(first.wait(), FIRST_OUTPUT_WAIT)
+        if answering.refused:
+            raise answering.refused[0]
+        answering.started = True
+
+    # ---------------------------------------------------------------- one run
+    async def _drive_run(
+        self,
+        owner: Session,
+        run: SessionlessRun,
+        stream: StreamLog | None,
+        backend: SessionlessBackend,
+    ) -> bytes | None:
+        """Carry out a :class:`SessionlessRun`: run the handler, seal, encode and
+        record as it asks; the body it responds with."""
+        backend.detached = run.detached  # a keyed call is not cancelled with its response
+        driver, req = self.driver, run.request
+        body: bytes | None = None
+        clock = asyncio.get_running_loop().time
+        effect = run.start(clock())
+        while effect is not None:
+            try:
+                answer: object = None
+                if effect is RUN_HANDLER:
+                    answer = await self._run_handler(run, backend)
+                elif isinstance(effect, EncodeResult):
+                    answer = self._encode_result(owner, req, effect.result, stream)
+                elif isinstance(effect, SealState):
+                    answer = driver.sealer.seal(dict(effect.claims))
+                elif isinstance(effect, RecordOutcome):
+                    driver.keyed.record(PRINCIPAL, effect.key, effect.payload)
+                elif isinstance(effect, GiveBack):
+                    driver.keyed.record(PRINCIPAL, effect.key, None)
+                else:
+                    assert isinstance(effect, Respond)
+                    body = effect.body
+            except BaseException as exc:
+                effect = run.fail(exc, clock())
+            else:
+                effect = run.deliver(answer, clock())
+        return body
+
+    async def _run_handler(self, run: SessionlessRun, backend: SessionlessBackend) -> object:
+        """Run one request's handler: its result, :class:`InputAsked`, an error body,
+        or None if its stream went away.
+
+        Raises:
+            RemoteProtocolError: 404 -32601 for a method an app's fallback does not
+                serve; 400, -32021 when the handler needs a capability the request
+                did not declare.
+        """
+        req, driver = run.request, self.driver
+        ctx = Context(backend, req.id, request_meta(req), state=driver.state, inputs=run.inputs)
+        try:
+            try:
+                return await dispatch(driver.app, req, ctx)
+            except InputRequired as asked:
+                return InputAsked(asked.requests, ctx.answered)
+        except Gone:
+            return None
+        except McpError as exc:
+            return handler_error(req, exc)
+        except Exception as exc:
+            return failure(req, exc)
+
+    def _encode_result(
+        self, owner: Session, req: Request, result: dict[str, Any], stream: StreamLog | None
+    ) -> bytes:
+        """A result stamped with this era's fields, encoded within the size limit."""
+        try:
+            decorated = complete(req.method, result, self.driver.identity())
+            return _fit(req, encode_result(req.id, decorated), owner, stream)
+        except Exception as exc:
+            return failure(req, exc)
+
+    # ---------------------------------------------------------------- listen
+    async def _listen(self, owner: Session, req: Request, lane: Hashable) -> None:
+        """``subscriptions/listen``: acknowledge, then stream changes until the end."""
+        driver = self.driver
+        params = req.params if isinstance(req.params, dict) else {}
+        flags, kinds, uris = honoured(params.get("notifications"), era_capabilities(driver.app))
+        stream = owner.open_stream(StreamKind.REQUEST, emit_ids=False)
+        owner.flow.move(lane, stream.epoch)
+        listener = Listener(req, owner, stream, kinds, uris)
+        ack = listen_ack(req.id, flags)
+        if not owner.try_append(stream, ack):
+            owner.spawn(_append_quietly(owner, stream, ack))
+        owner.done(stream.epoch)  # its "answer" (the acknowledgement) is enqueued
+        driver.listeners.add(listener)
+        sender = owner.spawn(listener.run())
+        try:
+            await self.conn.write_stream(owner, stream, 0)
+        finally:
+            sender.cancel()
+            driver.listeners.discard(listener)
+            if stream.state is not StreamState.CLOSED:
+                stream.handle(StreamInput.ABORT)
+
+
+async def _append_quietly(owner: Session, stream: StreamLog, payload: str) -> None:
+    with contextlib.suppress(Gone):
+        await owner.append(stream, payload)
+
+
+def _end(answering: _Answering) -> None:
+    """Closing the response is cancellation in this era: nothing is resumed (a keyed
+    call's run is the runtime's task, and runs on)."""
+    if answering.task is not None and not answering.detached:
+        answering.task.cancel()
+    if answering.stream.state is not StreamState.CLOSED:
+        answering.stream.handle(StreamInput.ABORT)

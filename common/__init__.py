@@ -1,0 +1,66 @@
+"""What both of weir's runtimes share that is neither the sans-io core nor the app layer.
+
+Theory of operation
+-------------------
+:mod:`weir.protocol` decides the order of every request's steps and does no I/O;
+:mod:`weir.app` is the application API.  Between them and a runtime
+(:mod:`weir.engine` on Trio, :mod:`weir.asyncio` on asyncio) sit a few pieces that
+do no waiting of their own, and that both runtimes must do the same way for a
+client to see the same server on either:
+
+* **Sealed request state** (:class:`StateSealer`): the ``requestState`` of a
+  sessionless ``input_required`` answer, AES-256-GCM under keys that rotate
+  (``cryptography``; it reads the wall clock and draws nonces, which is why it is
+  not in the core).
+* **What the sessionless era answers** (:func:`discover_for`,
+  :func:`era_capabilities`, :func:`server_identity`, :func:`caller_for`,
+  :func:`handler_error`).
+* **What a ``subscriptions/listen`` stream says** (:func:`honoured`,
+  :func:`listen_ack`, :func:`listen_frame`, :func:`listen_closing`).
+
+It imports neither trio nor asyncio (a layering test keeps it so).
+"""
+
+from __future__ import annotations
+
+from ._era import (
+    VERSION,
+    caller_for,
+    discover_for,
+    era_capabilities,
+    handler_error,
+    request_meta,
+    server_identity,
+)
+from ._listen import (
+    KINDS,
+    MAX_URI,
+    MAX_URIS,
+    honoured,
+    listen_ack,
+    listen_closing,
+    listen_frame,
+)
+from ._sealed import MAX_STATE, STATE_TTL, StateSealer, new_key, parse_key
+
+__all__ = [
+    "KINDS",
+    "MAX_STATE",
+    "MAX_URI",
+    "MAX_URIS",
+    "STATE_TTL",
+    "VERSION",
+    "StateSealer",
+    "caller_for",
+    "discover_for",
+    "era_capabilities",
+    "handler_error",
+    "honoured",
+    "listen_ack",
+    "listen_closing",
+    "listen_frame",
+    "new_key",
+    "parse_key",
+    "request_meta",
+    "server_identity",
+]
