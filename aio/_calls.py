@@ -31,7 +31,7 @@ from typing import Any
 from weir.app import App, Caller, Context, McpError, dispatch, failure, id_in_use
 from weir.protocol import INTERNAL_ERROR
 from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
-from weir.protocol.course import AppendRecords, CallCourse, Record
+from weir.protocol.course import AppendRecords, CallCourse, ClaimCall, HoldCall, Record, WaitForCall
 from weir.protocol.gate import CallStart
 from weir.protocol.jsonrpc import (
     ErrorResponse,
@@ -41,7 +41,6 @@ from weir.protocol.jsonrpc import (
     encode_request,
     encode_result,
 )
-from weir.protocol.post import ClaimCall, HoldCall, WaitForCall
 from weir.protocol.states import StreamState
 from weir.protocol.streams import StreamLog
 

@@ -50,14 +50,13 @@ from weir.protocol import (
     route,
     session_refusal,
 )
-from weir.protocol.course import CallCourse
+from weir.protocol.course import GATE_STEPS, CallCourse
 from weir.protocol.jsonrpc import Request, encode_result
 from weir.protocol.lifecycle import parse_initialize
 from weir.protocol.post import (
     ACCEPTED,
     ATTACH_WRITER,
     ENTER_REQUEST,
-    GATE_STEPS,
     AdmitRequests,
     AllocateEpoch,
     AnswerJson,

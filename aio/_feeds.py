@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Hashable
 
-from weir.protocol.course import CallCourse
+from weir.protocol.course import GATE_STEPS, CallCourse
 from weir.protocol.jsonrpc import Request
 from weir.protocol.post import (
-    GATE_STEPS,
     AdmitRequests,
     BatchEntries,
     CountIn,

@@ -53,19 +53,16 @@ from weir.common import (
     request_meta,
 )
 from weir.protocol import RemoteProtocolError
+from weir.protocol.course import GATE_STEPS, ClaimCall, HoldCall, WaitForCall
 from weir.protocol.gate import CallLedger, CallStart
 from weir.protocol.jsonrpc import ErrorResponse, Request, RequestId, Response, encode_result
 from weir.protocol.jsonrpc import error_body as encode_refusal
 from weir.protocol.post import (
     ACCEPTED,
     ATTACH_WRITER,
-    GATE_STEPS,
     AdmitRequests,
-    ClaimCall,
     Finished,
     GiveBack,
-    HoldCall,
-    WaitForCall,
 )
 from weir.protocol.sessionless import SessionlessMessage, complete
 from weir.protocol.sessionless_post import (

@@ -38,7 +38,7 @@ import trio
 from weir.app import MAX_NOTES_RUNNING, NOTE_WAIT, Caller, initialize_result_for
 from weir.protocol import PostMessages, Reason, RemoteProtocolError, session_refusal
 from weir.protocol.binding import fenced
-from weir.protocol.course import CallCourse
+from weir.protocol.course import GATE_STEPS, CallCourse, ClaimCall, HoldCall, WaitForCall
 from weir.protocol.gate import CallStart
 from weir.protocol.jsonrpc import Notification, Request, encode_result
 from weir.protocol.lifecycle import parse_initialize, primes_streams
@@ -47,19 +47,16 @@ from weir.protocol.post import (
     ACCEPTED,
     ATTACH_WRITER,
     ENTER_REQUEST,
-    GATE_STEPS,
     MARK_BOUND,
     REBIND_METHOD,
     AdmitRequests,
     AllocateEpoch,
     AnswerJson,
     BatchEntries,
-    ClaimCall,
     CountIn,
     Effect,
     Finished,
     GiveBack,
-    HoldCall,
     LoadSession,
     Mail,
     OpenRequestStream,
@@ -68,7 +65,6 @@ from weir.protocol.post import (
     RunBatch,
     RunCalls,
     StartEntry,
-    WaitForCall,
 )
 from weir.protocol.states import SessionInput, StreamInput, StreamState
 from weir.protocol.streams import StreamKind

@@ -32,10 +32,9 @@ from typing import Final
 import msgspec
 import trio
 
-from weir.protocol.course import Claim
+from weir.protocol.course import Claim, ClaimCall, HoldCall, WaitForCall
 from weir.protocol.gate import CallStart
 from weir.protocol.jsonrpc import Request
-from weir.protocol.post import ClaimCall, HoldCall, WaitForCall
 
 from ._server_base import _ServerBase, log, retention_full, wait_for_claim
 from ._store import InternalId, RetentionFull, SessionGone, SessionRecord, StoreUnavailable

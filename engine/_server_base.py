@@ -43,10 +43,12 @@ from weir.protocol import (
     RemoteProtocolError,
 )
 from weir.protocol.budget import RetentionBudget
-from weir.protocol.course import CallCourse
+from weir.protocol.course import GATE_STEPS, CallCourse, ClaimCall, HoldCall, WaitForCall, gate
 from weir.protocol.jsonrpc import Request, RequestId
 from weir.protocol.legacy import LegacyMessages
-from weir.protocol.post import GATE_STEPS, ClaimCall, HoldCall, PostRules, WaitForCall, gate
+from weir.protocol.post import (
+    PostRules,
+)
 from weir.protocol.sessionless import SessionlessMessage
 from weir.protocol.sessionless_post import SessionlessRules
 from weir.protocol.streams import StreamKind

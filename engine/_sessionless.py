@@ -81,6 +81,7 @@ from weir.protocol import (
     Reason,
     RemoteProtocolError,
 )
+from weir.protocol.course import GATE_STEPS
 from weir.protocol.jsonrpc import (
     Request,
     encode_result,
@@ -89,7 +90,6 @@ from weir.protocol.jsonrpc import (
 from weir.protocol.post import (
     ACCEPTED,
     ATTACH_WRITER,
-    GATE_STEPS,
     AdmitRequests,
     Finished,
     GiveBack,

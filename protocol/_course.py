@@ -37,8 +37,9 @@ otherwise, so a driver that skips a step finds out at once.  Time comes in as
 from __future__ import annotations
 
 import enum
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Final, NoReturn
+from typing import Any, Final, NoReturn, Protocol
 
 from ._errors import SERVER_ERROR, LocalProtocolError, Reason
 from ._gate import CallStart, Execute, GatePass, Refuse, Replay, replay_as
@@ -270,3 +271,73 @@ def interrupted(req: Request) -> bytes:
     return encode_error(
         req.id, SERVER_ERROR, INTERRUPTED_MESSAGE, {"reason": str(Reason.INTERRUPTED)}
     )
+
+
+# ---------------------------------------------------------------- the gate's loop
+@dataclass(slots=True)
+class ClaimCall:
+    """Ask the store to claim ``claim.key`` for ``request`` (under ``token``).
+
+    Answer: ``(CallStart, local)`` -- the store's answer, and whether a delivery of
+    this key runs in this process.  Raise the refusal for a store that refuses
+    (the session is gone, no room for the key, a fenced channel)."""
+
+    claim: Claim
+    request: Request
+    token: tuple[int, str] | None
+
+
+@dataclass(slots=True)
+class HoldCall:
+    """``key`` is this delivery's: note that it runs here (answer: None)."""
+
+    key: str
+
+
+@dataclass(slots=True)
+class WaitForCall:
+    """Wait until ``until`` at most for the delivery running ``key`` (its end, if
+    ``local``); answer: None.  The course then claims again."""
+
+    key: str
+    until: float
+    local: bool
+
+
+#: The gate loop's steps (:func:`gate`), for a runtime's ``isinstance`` dispatch.
+GATE_STEPS: Final = (ClaimCall, WaitForCall, HoldCall)
+
+
+class _Clock(Protocol):
+    @property
+    def now(self) -> float: ...
+
+
+def gate(
+    course: CallCourse, token: tuple[int, str] | None, clock: _Clock
+) -> Generator[ClaimCall | WaitForCall | HoldCall, Any, None]:
+    """The idempotency gate's loop as effects: claim, wait while another delivery
+    runs the call, claim again -- until the course may run or has its answer.
+
+    The one place the loop around :meth:`CallCourse.claimed` is written; every
+    course that gates a call (session-era and sessionless) delegates to it.
+
+    Raises:
+        RemoteProtocolError: the gate's refusal (409 ``in_progress`` past the wait,
+            422 ``idempotency_key_reused``, 409 ``outcome_evicted``, …).
+    """
+    step: Claim | ClaimAgain | Run | Answer = course.first()
+    local = False  # the delivery running the call is in this process
+    while True:
+        if isinstance(step, Run):
+            if course.key is not None:
+                yield HoldCall(course.key)
+            return
+        if isinstance(step, Answer):
+            return
+        if isinstance(step, ClaimAgain):
+            yield WaitForCall(step.claim.key, step.until, local)
+            step = step.claim
+        start: CallStart
+        start, local = yield ClaimCall(step, course.request, token)
+        step = course.claimed(start, clock.now, local=local)

@@ -67,13 +67,12 @@ from ._binding import (
     check_rebind,
     parse_channel_token,
 )
-from ._course import Answer, CallCourse, Claim, ClaimAgain, Run
+from ._course import CallCourse, ClaimCall, HoldCall, WaitForCall, gate
 from ._endpoint import PostMessages, accepts, session_refusal
 from ._errors import RemoteProtocolError
-from ._gate import CallStart
 from ._jsonrpc import ErrorResponse, Notification, Request, RequestId, Response, encode_error
 from ._lifecycle import primes_streams
-from ._messages import Post, absorb, route_mail
+from ._messages import Absorbed, Post, absorb, route_mail
 
 #: The explicit rebind handshake (fencing), advertised in ``capabilities.experimental``.
 REBIND_METHOD: Final = "weir/rebind"
@@ -223,36 +222,6 @@ class AdmitRequests:
 
 
 @dataclass(slots=True)
-class ClaimCall:
-    """Ask the store to claim ``claim.key`` for ``request`` (under ``token``).
-
-    Answer: ``(CallStart, local)`` -- the store's answer, and whether a delivery of
-    this key runs in this process.  Raise the refusal for a store that refuses
-    (the session is gone, no room for the key, a fenced channel)."""
-
-    claim: Claim
-    request: Request
-    token: tuple[int, str] | None
-
-
-@dataclass(slots=True)
-class HoldCall:
-    """``key`` is this delivery's: note that it runs here (answer: None)."""
-
-    key: str
-
-
-@dataclass(slots=True)
-class WaitForCall:
-    """Wait until ``until`` at most for the delivery running ``key`` (its end, if
-    ``local``); answer: None.  The course then claims again."""
-
-    key: str
-    until: float
-    local: bool
-
-
-@dataclass(slots=True)
 class Finished:
     """``n`` admitted requests of ``lane`` will never send a response (answer: None)."""
 
@@ -349,9 +318,6 @@ Effect = (
 #: (Answers come back as whatever the effect promises: typed where they are read.)
 _Steps = Generator[Effect, Any, None]
 
-#: The gate loop's steps (:func:`gate`), for a runtime's ``isinstance`` dispatch.
-GATE_STEPS: Final = (ClaimCall, WaitForCall, HoldCall)
-
 
 class PostCourse:
     """One session-era POST's course (see the module docstring)."""
@@ -392,6 +358,50 @@ class PostCourse:
             return None
 
 
+def _channel(
+    channel: ChannelRecord,
+    post: PostMessages,
+    rid: RequestId | None,
+    *,
+    rebind: bool,
+    lone_call: bool,
+    rules: PostRules,
+) -> tuple[tuple[int, str] | None, bool]:
+    """The POST's channel token checked against the session (fencing): the token,
+    and whether it is the first to prove the channel (the session becomes bound).
+
+    Raises:
+        RemoteProtocolError: 409 for a malformed, stale or foreign token (a lone
+            ``tools/call``'s token is checked by its claim, in the same round trip),
+            or for a rebind this request may not make.
+    """
+    raw = post.ctx.headers.get("mcp-channel-token")
+    if rebind:
+        try:
+            verdict = channel_verdict(channel.generation, channel.secret, parse_channel_token(raw))
+        except RemoteProtocolError:
+            verdict = ChannelVerdict.UNBOUND
+        check_rebind(verdict, raw is not None, authorized=rules.authorized, request_id=rid)
+        return None, False
+    if raw is None:
+        return None, False  # nothing to check, nothing to bind
+    token = parse_channel_token(raw, rid)
+    verdict = channel_verdict(channel.generation, channel.secret, token)
+    if not lone_call and verdict is not ChannelVerdict.OK:
+        raise channel_refusal(verdict, rid)
+    return token, not channel.bound and verdict is ChannelVerdict.OK
+
+
+def _mail(absorbed: Absorbed, session: PostSession, rules: PostRules) -> Mail:
+    """What to do now with a POST's notifications, answers and cancellations."""
+    routed = route_mail(
+        absorbed, running=session.running, pending=session.pending, shared=rules.shared
+    )
+    return Mail(
+        absorbed.initialized, absorbed.notes, routed.cancel_here, routed.answer_here, routed.post
+    )
+
+
 def _course(c: PostCourse) -> _Steps:
     post, rules = c.post, c.rules
     messages = post.messages
@@ -404,38 +414,15 @@ def _course(c: PostCourse) -> _Steps:
     del first  # (the frame lives as long as the stream: it holds no request)
     session: PostSession = yield LoadSession(not lone_call, rid)
 
-    token: tuple[int, str] | None = None
     channel = session.channel
+    token: tuple[int, str] | None = None
     if channel is not None:
-        raw = post.ctx.headers.get("mcp-channel-token")
-        if rebind:
-            try:
-                verdict = channel_verdict(
-                    channel.generation, channel.secret, parse_channel_token(raw)
-                )
-            except RemoteProtocolError:
-                verdict = ChannelVerdict.UNBOUND
-            check_rebind(verdict, raw is not None, authorized=rules.authorized, request_id=rid)
-        elif raw is not None:  # (no token: nothing to check, nothing to bind)
-            token = parse_channel_token(raw, rid)
-            verdict = channel_verdict(channel.generation, channel.secret, token)
-            if not lone_call and verdict is not ChannelVerdict.OK:
-                raise channel_refusal(verdict, rid)  # (a lone call's claim checks it)
-            if not channel.bound and verdict is ChannelVerdict.OK:
-                yield MARK_BOUND  # only a token that proves the channel counts
-
+        token, binds = _channel(channel, post, rid, rebind=rebind, lone_call=lone_call, rules=rules)
+        if binds:
+            yield MARK_BOUND  # only a token that proves the channel counts
     absorbed = absorb(messages)
     if absorbed.cancels or absorbed.answers or absorbed.notes or absorbed.initialized:
-        routed = route_mail(
-            absorbed, running=session.running, pending=session.pending, shared=rules.shared
-        )
-        yield Mail(
-            absorbed.initialized,
-            absorbed.notes,
-            routed.cancel_here,
-            routed.answer_here,
-            routed.post,
-        )
+        yield _mail(absorbed, session, rules)
     requests = absorbed.requests
     if not requests:
         yield ACCEPTED
@@ -582,38 +569,3 @@ def _entries(
             yield StartEntry(i, _refused(req, exc), exc)
             continue
         yield StartEntry(i, course)
-
-
-class _Clock(Protocol):
-    @property
-    def now(self) -> float: ...
-
-
-def gate(
-    course: CallCourse, token: tuple[int, str] | None, clock: _Clock
-) -> Generator[ClaimCall | WaitForCall | HoldCall, Any, None]:
-    """The idempotency gate's loop as effects: claim, wait while another delivery
-    runs the call, claim again -- until the course may run or has its answer.
-
-    The one place the loop around :meth:`CallCourse.claimed` is written; every
-    course that gates a call (session-era and sessionless) delegates to it.
-
-    Raises:
-        RemoteProtocolError: the gate's refusal (409 ``in_progress`` past the wait,
-            422 ``idempotency_key_reused``, 409 ``outcome_evicted``, …).
-    """
-    step: Claim | ClaimAgain | Run | Answer = course.first()
-    local = False  # the delivery running the call is in this process
-    while True:
-        if isinstance(step, Run):
-            if course.key is not None:
-                yield HoldCall(course.key)
-            return
-        if isinstance(step, Answer):
-            return
-        if isinstance(step, ClaimAgain):
-            yield WaitForCall(step.claim.key, step.until, local)
-            step = step.claim
-        start: CallStart
-        start, local = yield ClaimCall(step, course.request, token)
-        step = course.claimed(start, clock.now, local=local)

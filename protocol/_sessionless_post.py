@@ -68,7 +68,7 @@ from typing import Any, Final, Generic, TypeVar, cast
 
 import msgspec
 
-from ._course import CallCourse
+from ._course import CallCourse, ClaimCall, HoldCall, WaitForCall, gate
 from ._endpoint import accepts
 from ._errors import INVALID_PARAMS, Reason, RemoteProtocolError
 from ._gate import WindowKey
@@ -79,13 +79,9 @@ from ._post import (
     Accepted,
     AdmitRequests,
     AttachWriter,
-    ClaimCall,
     Finished,
     GiveBack,
-    HoldCall,
-    WaitForCall,
     _Singleton,
-    gate,
 )
 from ._sessionless import (
     NAMED_TARGET,

@@ -10,21 +10,31 @@ asks for after the gate (:class:`Record`, :class:`AppendRecords`) and reports ba
 from __future__ import annotations
 
 from ._course import (
+    GATE_STEPS,
     INTERRUPTED_MESSAGE,
     AppendRecords,
     CallCourse,
     Claim,
+    ClaimCall,
     CoursePhase,
+    HoldCall,
     Record,
+    WaitForCall,
+    gate,
     interrupted,
 )
 
 __all__ = [
+    "GATE_STEPS",
     "INTERRUPTED_MESSAGE",
     "AppendRecords",
     "CallCourse",
     "Claim",
+    "ClaimCall",
     "CoursePhase",
+    "HoldCall",
     "Record",
+    "WaitForCall",
+    "gate",
     "interrupted",
 ]

@@ -16,6 +16,7 @@ from weir.protocol import (
     RequestContext,
 )
 from weir.protocol._http import Headers
+from weir.protocol.course import ClaimCall, HoldCall, WaitForCall
 from weir.protocol.gate import CallOutcome, CallStart
 from weir.protocol.jsonrpc import Notification, Request, Response
 from weir.protocol.post import (
@@ -28,11 +29,9 @@ from weir.protocol.post import (
     AllocateEpoch,
     AnswerJson,
     BatchEntries,
-    ClaimCall,
     Effect,
     Finished,
     GiveBack,
-    HoldCall,
     LoadSession,
     Mail,
     OpenRequestStream,
@@ -42,7 +41,6 @@ from weir.protocol.post import (
     RunBatch,
     RunCalls,
     StartEntry,
-    WaitForCall,
 )
 
 SID = "s" * 22

@@ -13,17 +13,15 @@ from weir.protocol._gate import WindowKey
 from weir.protocol._http import Headers
 from weir.protocol._sessionless import HEADER_MISMATCH, RequestMeta
 from weir.protocol._sessionless_post import same_request_key, state_binding
+from weir.protocol.course import ClaimCall, HoldCall, WaitForCall
 from weir.protocol.gate import CallOutcome, CallStart
 from weir.protocol.jsonrpc import Notification, Request
 from weir.protocol.post import (
     ACCEPTED,
     ATTACH_WRITER,
     AdmitRequests,
-    ClaimCall,
     Finished,
     GiveBack,
-    HoldCall,
-    WaitForCall,
 )
 from weir.protocol.sessionless import SessionlessMessage
 from weir.protocol.sessionless_post import (
