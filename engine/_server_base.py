@@ -44,6 +44,7 @@ from weir.protocol import (
 )
 from weir.protocol.budget import RetentionBudget
 from weir.protocol.course import GATE_STEPS, CallCourse, ClaimCall, HoldCall, WaitForCall, gate
+from weir.protocol.get import StreamRules
 from weir.protocol.jsonrpc import Request, RequestId
 from weir.protocol.legacy import LegacyMessages
 from weir.protocol.post import (
@@ -80,6 +81,7 @@ class _ServerBase:
     store: SessionStore
     post_rules: PostRules
     sessionless_rules: SessionlessRules
+    stream_rules: StreamRules
     budget: RetentionBudget
     replica_id: str
     sessions: dict[str, Session]
@@ -188,9 +190,6 @@ class _ServerBase:
         async def _get(self, conn: Connection, get: OpenStream, who: Requester) -> None: ...
         async def _delete(
             self, conn: Connection, delete: DeleteSession, who: Requester
-        ) -> None: ...
-        def _check_rebind(
-            self, session: Session, raw_token: str | None, rid: RequestId | None
         ) -> None: ...
         async def _mark_bound(self, session: Session) -> None: ...
 
