@@ -48,6 +48,8 @@ from weir.protocol.get import StreamRules
 from weir.protocol.jsonrpc import Request, RequestId
 from weir.protocol.legacy import LegacyMessages
 from weir.protocol.post import (
+    AdmitRequests,
+    Effect,
     PostRules,
 )
 from weir.protocol.sessionless import SessionlessMessage
@@ -137,7 +139,13 @@ class _ServerBase:
 
         # POST, admission and the gate (engine._calls)
         async def _post(self, conn: Connection, post: PostMessages, who: Requester) -> None: ...
-        async def _absorb(self, session: Session, messages: list[Any]) -> list[Request]: ...
+        async def _post_effect(
+            self, conn: Connection, session: Session, effect: Effect
+        ) -> object: ...
+        async def _admit(self, session: Session, effect: AdmitRequests) -> bool: ...
+        async def _gate_effect(
+            self, session: Session, effect: ClaimCall | WaitForCall | HoldCall
+        ) -> object: ...
         async def _admit_each(
             self,
             session: Session,
@@ -146,14 +154,6 @@ class _ServerBase:
             run: Callable[[int, CallCourse], Any],
             lane: Hashable,
         ) -> None: ...
-        async def _admit_and_plan(
-            self,
-            session: Session,
-            requests: list[Request],
-            key: str | None,
-            token: tuple[int, str] | None,
-            lane: Hashable,
-        ) -> list[CallCourse]: ...
         async def _release_unstarted(self, session: Session, plans: list[CallCourse]) -> None: ...
         async def _initialize_session(
             self, req: Request, session: Session | None, principal: str
