@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Awaitable, Callable, Hashable
-from functools import partial
 from typing import Any
 
 import msgspec
@@ -42,7 +41,6 @@ from weir.protocol.course import GATE_STEPS, CallCourse, ClaimCall, HoldCall, Wa
 from weir.protocol.gate import CallStart
 from weir.protocol.jsonrpc import Notification, Request, encode_result
 from weir.protocol.lifecycle import parse_initialize, primes_streams
-from weir.protocol.messages import absorb, route_mail
 from weir.protocol.post import (
     ACCEPTED,
     ATTACH_WRITER,
@@ -77,7 +75,6 @@ from ._server_base import (
     _store_unavailable,
     log,
     retention_full,
-    run_gate,
     wait_for_claim,
 )
 from ._session import JsonCharge, Session, SessionClosed, StreamHandle
@@ -312,24 +309,6 @@ class _Calls(_ServerBase):
                 else:
                     effect = entries.deliver(answer, clock())
 
-    async def _absorb(self, session: Session, messages: list[Any]) -> list[Request]:
-        """Handle notifications and responses at once; return the requests (the
-        legacy transport's order; a session-era POST's is its course's)."""
-        absorbed = absorb(messages)
-        if absorbed.cancels or absorbed.answers or absorbed.notes or absorbed.initialized:
-            routed = route_mail(
-                absorbed, running=session.running, pending=session.pending, shared=self.store.shared
-            )
-            mail = Mail(
-                absorbed.initialized,
-                absorbed.notes,
-                routed.cancel_here,
-                routed.answer_here,
-                routed.post,
-            )
-            await self._mail(session, mail)
-        return absorbed.requests
-
     async def _mail(self, session: Session, mail: Mail) -> None:
         """Handle a POST's notifications, answers and cancellations: here, or (with a
         shared store) forwarded through the session's mailboxes to the replica that
@@ -370,70 +349,6 @@ class _Calls(_ServerBase):
             self.notes_running -= 1
 
     # ---------------------------------------------------------------- the gate
-    async def _admit_and_plan(
-        self,
-        session: Session,
-        requests: list[Request],
-        key: str | None,
-        token: tuple[int, str] | None,
-        lane: Hashable,
-    ) -> list[CallCourse]:
-        """Admission (half-open), then the idempotency gate (fencing), before any dispatch.
-
-        Every request admitted here reserves room for its result in ``lane`` and is
-        accounted for exactly once later (:meth:`Session.done`), whether it
-        executes, replays or is cancelled.
-        """
-        try:
-            await session.admit(len(requests), requests[0].id, lane)
-        except SessionClosed:
-            raise session_refusal(session.session_id, requests[0].id) from None
-        self.metrics.admissions += len(requests)
-        plans: list[CallCourse] = []
-        try:
-            for req in requests:
-                one_key = key if len(requests) == 1 else None
-                plans.append(await self._plan(session, req, one_key, token))
-        except BaseException:
-            session.done(len(requests), lane)
-            await self._release_unstarted(session, plans)  # keys this refused POST claimed
-            raise
-        return plans
-
-    async def _plan(
-        self,
-        session: Session,
-        req: Request,
-        header_key: str | None,
-        token: tuple[int, str] | None,
-    ) -> CallCourse:
-        """Pass the idempotency gate (in the store): does ``req`` execute, or replay?
-
-        The loop is the core's (:func:`weir.protocol.post.gate`); this performs its
-        store round trips and waits.
-
-        Raises:
-            RemoteProtocolError: 409 ``in_progress`` (still running after the bounded
-                wait), 422 ``idempotency_key_reused`` (same key, different request), or
-                a channel refusal.
-        """
-        course = CallCourse(
-            req,
-            header_key,
-            now=trio.current_time(),
-            wait=self.config.in_progress_wait,
-            retry_ms=self.config.retry_ms,
-        )
-        try:
-            await run_gate(course, token, partial(self._gate_effect, session))
-        except RemoteProtocolError as exc:
-            if exc.reason is Reason.IN_PROGRESS:
-                self.metrics.duplicates_in_progress += 1
-            raise
-        if course.replay is not None:
-            self.metrics.duplicates_replayed += 1
-        return course
-
     async def _gate_effect(
         self, session: Session, effect: ClaimCall | WaitForCall | HoldCall
     ) -> object:

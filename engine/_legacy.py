@@ -8,23 +8,29 @@ URL to POST to.  The session lives exactly as long as that stream.
 
 Which requests are served, and every refusal that needs no state, is
 :func:`weir.protocol.legacy.route_legacy`'s.  ``POST /messages?session_id=`` answers
-202; its requests are admitted and gated
-like those of the current transport (``engine._calls``) -- a lone request before
-the 202, a batch's entries one by one after it -- and their responses go out on
-the LEGACY stream.  ``initialize`` arrives as one of those messages, on
-the session the stream already opened.
+202; its requests are admitted and gated like those of the current transport --
+a lone request before the 202, a batch's entries one by one after it -- and their
+responses go out on the LEGACY stream.  ``initialize`` arrives as one of those
+messages, on the session the stream already opened.
+
+**The order of a POST is the core's**
+(:class:`~weir.protocol.legacy.LegacyPostCourse`): this module performs the
+effects it asks for, the ones it shares with a session-era POST through
+``engine._calls``'s :meth:`~weir.engine._calls._Calls._post_effect`.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
 
 import trio
 
-from weir.protocol import RemoteProtocolError, session_refusal
-from weir.protocol.course import CallCourse
+from weir.protocol import Reason, RemoteProtocolError
+from weir.protocol.course import GATE_STEPS, CallCourse
 from weir.protocol.jsonrpc import Request, encode_error, encode_result
-from weir.protocol.legacy import LegacyMessages
+from weir.protocol.legacy import AdmitLegacyBatch, LegacyMessages, LegacyPostCourse, RunOnLegacy
+from weir.protocol.post import AdmitRequests, LoadSession
 from weir.protocol.streams import StreamKind
 
 from ._connection import Connection
@@ -55,15 +61,55 @@ class _Legacy(_ServerBase):
                     await self._end_session(session)
 
     async def _legacy_post(self, conn: Connection, post: LegacyMessages, who: Requester) -> None:
-        """Messages for a legacy session (already checked by ``route_legacy``)."""
-        headers, sid, messages = post.headers, post.session_id, post.messages
-        session = await self._session(who.principal, sid)
-        legacy = next(
-            (h for h in session.handles.values() if h.log.kind is StreamKind.LEGACY), None
-        )
-        if legacy is None:
-            raise session_refusal(sid)
-        requests = await self._absorb(session, messages)
+        """Carry out a legacy POST's :class:`~weir.protocol.legacy.LegacyPostCourse`
+        (its messages already checked by ``route_legacy``): the core decides the
+        order, this performs each effect it asks for."""
+        course = LegacyPostCourse(post, self.post_rules)
+        clock = trio.current_time
+        now = clock()  # read again only after a step that may wait (the gate's deadlines)
+        effect = course.start(now)
+        session: Session | None = None
+        try:
+            while effect is not None:
+                try:
+                    if session is None:
+                        assert isinstance(effect, LoadSession)
+                        session = await self._session(who.principal, post.session_id)
+                        answer: object = session
+                    elif isinstance(effect, RunOnLegacy):
+                        if effect.course.replay is not None:
+                            self.metrics.duplicates_replayed += 1
+                        run = self._legacy_runner(session, effect.epoch)
+                        self._handlers_start(run, 0, effect.course)
+                        answer = None
+                    elif isinstance(effect, AdmitLegacyBatch):
+                        # Every entry waits for admission on its own, after the 202.
+                        run = self._legacy_runner(session, effect.epoch)
+                        requests, epoch = effect.requests, effect.epoch
+                        self._handlers_start(self._admit_each, session, requests, None, run, epoch)
+                        answer = None
+                    elif isinstance(effect, AdmitRequests):
+                        answer = await self._admit(session, effect)
+                        now = clock()
+                    elif isinstance(effect, GATE_STEPS):
+                        answer = await self._gate_effect(session, effect)
+                        now = clock()
+                    else:  # Mail, Finished, GiveBack, ACCEPTED: as for a session-era POST
+                        answer = await self._post_effect(conn, session, effect)
+                except BaseException as exc:
+                    effect = course.fail(exc, clock())
+                else:
+                    effect = course.deliver(answer, now)
+        except RemoteProtocolError as exc:
+            if exc.reason is Reason.IN_PROGRESS:
+                self.metrics.duplicates_in_progress += 1
+            raise
+
+    def _legacy_runner(
+        self, session: Session, epoch: str
+    ) -> Callable[[int, CallCourse], Awaitable[None]]:
+        """How a legacy request runs: its answer goes out on the LEGACY stream."""
+        legacy = session.handles[epoch]
 
         async def run(_: int, plan: CallCourse) -> None:
             if plan.request.method == "initialize" and plan.replay is None:
@@ -72,15 +118,7 @@ class _Legacy(_ServerBase):
                 legacy.outstanding += 1
                 await self._run_request(session, plan, legacy)
 
-        if len(requests) == 1:
-            plans = await self._admit_and_plan(
-                session, requests, headers.get("idempotency-key"), None, legacy.log.epoch
-            )
-            self._handlers_start(run, 0, plans[0])
-        elif requests:
-            # Every entry waits for admission on its own, after the 202.
-            self._handlers_start(self._admit_each, session, requests, None, run, legacy.log.epoch)
-        await conn.send(conn.http.send_response(202, ()))
+        return run
 
     async def _legacy_initialize(
         self, session: Session, req: Request, handle: StreamHandle

@@ -11,7 +11,7 @@ as long as the server does:
   ``in_progress``, never a second run.
 * :meth:`Server._relay_mail` delivers the answers (to server-to-client requests)
   and the cancellations that a client sent to another replica, forwarded through
-  the session's mailboxes in the store (see :meth:`Server._absorb`).  Which boxes
+  the session's mailboxes in the store (see :meth:`Server._mail`).  Which boxes
   to read, how often, and how mail is decoded are the core's rules
   (:mod:`weir.protocol.messages`).
 

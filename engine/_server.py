@@ -69,6 +69,7 @@ from weir.protocol import (
     session_refusal,
 )
 from weir.protocol.budget import RetentionBudget
+from weir.protocol.get import StreamRules
 from weir.protocol.jsonrpc import RequestId
 from weir.protocol.post import PostRules
 from weir.protocol.sessionless_post import SessionlessRules
@@ -176,6 +177,16 @@ class Server(
         )
         self._new_session_id = session_id_factory or (lambda: secrets.token_urlsafe(32))
         self.replica_id = self.config.replica_id or secrets.token_hex(4)
+        #: What a GET's and a DELETE's courses need to know of this server's setup.
+        self.stream_rules = StreamRules(
+            resume=self.config.resume,
+            shared=self.store.shared,
+            authorized=self.config.auth is not None,
+            keepalive=self.config.sse_keepalive,
+            lease=self.config.claim_lease,
+            give_up_after=self.config.credit.liveness_timeout * 10,
+            replica=self.replica_id,
+        )
         self.sessions: dict[str, Session] = {}
         self.metrics = Metrics()
         #: Read deadlines by what a connection's peer owes (idle, head, body).

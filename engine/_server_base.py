@@ -44,9 +44,12 @@ from weir.protocol import (
 )
 from weir.protocol.budget import RetentionBudget
 from weir.protocol.course import GATE_STEPS, CallCourse, ClaimCall, HoldCall, WaitForCall, gate
+from weir.protocol.get import StreamRules
 from weir.protocol.jsonrpc import Request, RequestId
 from weir.protocol.legacy import LegacyMessages
 from weir.protocol.post import (
+    AdmitRequests,
+    Effect,
     PostRules,
 )
 from weir.protocol.sessionless import SessionlessMessage
@@ -80,6 +83,7 @@ class _ServerBase:
     store: SessionStore
     post_rules: PostRules
     sessionless_rules: SessionlessRules
+    stream_rules: StreamRules
     budget: RetentionBudget
     replica_id: str
     sessions: dict[str, Session]
@@ -135,7 +139,13 @@ class _ServerBase:
 
         # POST, admission and the gate (engine._calls)
         async def _post(self, conn: Connection, post: PostMessages, who: Requester) -> None: ...
-        async def _absorb(self, session: Session, messages: list[Any]) -> list[Request]: ...
+        async def _post_effect(
+            self, conn: Connection, session: Session, effect: Effect
+        ) -> object: ...
+        async def _admit(self, session: Session, effect: AdmitRequests) -> bool: ...
+        async def _gate_effect(
+            self, session: Session, effect: ClaimCall | WaitForCall | HoldCall
+        ) -> object: ...
         async def _admit_each(
             self,
             session: Session,
@@ -144,14 +154,6 @@ class _ServerBase:
             run: Callable[[int, CallCourse], Any],
             lane: Hashable,
         ) -> None: ...
-        async def _admit_and_plan(
-            self,
-            session: Session,
-            requests: list[Request],
-            key: str | None,
-            token: tuple[int, str] | None,
-            lane: Hashable,
-        ) -> list[CallCourse]: ...
         async def _release_unstarted(self, session: Session, plans: list[CallCourse]) -> None: ...
         async def _initialize_session(
             self, req: Request, session: Session | None, principal: str
@@ -188,9 +190,6 @@ class _ServerBase:
         async def _get(self, conn: Connection, get: OpenStream, who: Requester) -> None: ...
         async def _delete(
             self, conn: Connection, delete: DeleteSession, who: Requester
-        ) -> None: ...
-        def _check_rebind(
-            self, session: Session, raw_token: str | None, rid: RequestId | None
         ) -> None: ...
         async def _mark_bound(self, session: Session) -> None: ...
 

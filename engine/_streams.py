@@ -25,45 +25,56 @@ refused (409 ``cursor_unknown``) -- never a resume from the head.
 **Channel tokens** (fencing): a request's ``Mcp-Channel-Token`` is checked against
 the session's record; once a session's client has presented its token, DELETE and
 GET streams need it too (without authorization, a session id alone is not enough).
+
+**The order is the core's.**  Every decision of a GET and a DELETE -- loading the
+session, the channel proof, the resumption rules, which stream and from which event,
+displacing an older writer, replaying from the store and tailing it -- is made by
+:class:`~weir.protocol.get.GetCourse` / :class:`~weir.protocol.get.DeleteCourse`;
+this module only performs the effects they ask for (:meth:`_Streams._carry`), and
+opens streams for every course (:meth:`_Streams._open_stream`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import trio
 
-from weir.protocol import DeleteSession, OpenStream, RemoteProtocolError, RequestContext
-from weir.protocol.binding import (
-    ChannelVerdict,
-    check_rebind,
-    parse_channel_token,
-    prove_channel,
+from weir.protocol import DeleteSession, OpenStream
+from weir.protocol.get import (
+    DELETED,
+    END_REPLAY,
+    END_SESSION,
+    KEEP_TAILING,
+    ClaimReader,
+    DeleteCourse,
+    DeleteEffect,
+    DetachStream,
+    ExpireClaim,
+    GetCourse,
+    GetEffect,
+    LookUpStream,
+    OpenStandalone,
+    PrimeStream,
+    ReadEvents,
+    StartReplay,
+    TailCut,
+    WriteStream,
 )
-from weir.protocol.event_ids import EventId
-from weir.protocol.jsonrpc import RequestId
-from weir.protocol.resume import (
-    StoreTail,
-    TailPause,
-    TailSend,
-    TailStep,
-    check_cursor_channel,
-    check_resume_policy,
-    displaces_writer,
-    standalone_plan,
-)
+from weir.protocol.post import MARK_BOUND, AllocateEpoch, LoadSession
+from weir.protocol.resume import TailPause, TailSend
 from weir.protocol.states import SessionInput, StreamInput
 from weir.protocol.streams import StreamKind
 
-from ._channel import raise_channel
 from ._connection import Connection
 from ._requester import Requester
 from ._server_base import _ServerBase
 from ._session import Session, StreamHandle, StreamLost
-from ._store import ChannelRejected, SessionGone, StoreUnavailable, check_channel
+from ._store import ChannelRejected, SessionGone, StoreUnavailable
 from ._writer import SSE_HEADERS, write_stream
 
 
@@ -117,153 +128,101 @@ class _Streams(_ServerBase):
         return sink
 
     async def _get(self, conn: Connection, get: OpenStream, who: Requester) -> None:
-        session = await self._session(who.principal, get.ctx.session_id)
-        token = self._channel(session, get.ctx)
-        await self._prove_channel(session, token, "a GET stream")
-        cursor = get.last_event_id
-        headers = (*SSE_HEADERS, ("mcp-session-id", session.session_id))
-        check_resume_policy(cursor, self.config.resume)
-        if cursor is None:
-            handle = session.standalone
-            if standalone_plan(handle.log if handle is not None else None):
-                # None yet, or the old one ended (e.g. fenced by a rebind): a new one.
-                epoch = await self.store.allocate_epoch(
-                    session.record.principal, session.session_id, token[0] if token else 0
-                )
-                handle = self._open_stream(session, epoch, StreamKind.STANDALONE, token)
-            assert handle is not None
-            next_seq = handle.log.next_seq
-            if self._primes(session, get.ctx.protocol_version) and self.config.resume != "off":
-                self._handlers_start(handle.send, "")
-        else:
-            try:
-                log_ = session.streams.get(cursor)
-            except RemoteProtocolError:
-                if not (self.store.shared and self.config.resume == "shared"):
-                    raise
-                await self._replay_from_store(conn, session, cursor, token, headers)
-                return
-            check_cursor_channel(log_.binding, token)
-            handle = session.handle_for(log_)
-            next_seq = log_.cursor_after(cursor)
-            handle.close_retry_ms = None  # a close asked of an earlier connection is done with
-            if handle.writer_scope is not None:
-                # The old connection is presumed dead: the newest reader wins.
-                handle.writer_scope.cancel()
-                handle.writer_scope = None
-                if displaces_writer(handle.log):
-                    handle.handle(StreamInput.DETACH)
-        await write_stream(
-            conn, session, handle, next_seq, headers, keepalive=self.config.sse_keepalive
-        )
-
-    async def _replay_from_store(
-        self,
-        conn: Connection,
-        session: Session,
-        cursor: EventId,
-        token: tuple[int, str] | None,
-        headers: tuple[tuple[str, str], ...],
-    ) -> None:
-        """Serve a cursor of a stream another replica produced: replay, then tail.
-
-        The core's :class:`~weir.protocol.resume.StoreTail` decides what to send,
-        when to poll and when to ask the store about a silent producer; this
-        performs its steps.  Unknown or trimmed cursors are refused (409
-        ``cursor_unknown``) -- never a resume from head.
-        """
-        store, principal, sid = self.store, session.record.principal, session.session_id
-        info = await store.stream_info(principal, sid, cursor.epoch)
-        tail = StoreTail(
-            cursor,
-            binding=info.binding if info is not None else None,
-            last_seq=info.last_seq if info is not None else -1,
-            finished=info.finished if info is not None else False,
-            token=token,
-            now=trio.current_time(),
-            keepalive=self.config.sse_keepalive,
-            lease=self.config.claim_lease,
-            give_up_after=self.config.credit.liveness_timeout * 10,
-            replica=self.replica_id,
-        )
-        events = await store.read_events(principal, sid, cursor.epoch, cursor.seq)
-        steps = tail.feed(events, trio.current_time())  # may refuse: before the head
-        http = conn.http
-        await conn.send(http.start_stream(200, headers))
-        # The tail's own bound, also over writes to a peer that stopped reading.
-        with trio.move_on_after(self.config.credit.liveness_timeout * 10):
-            await self._tail(conn, session, tail, steps)
-        await conn.send(http.end_stream())
-
-    async def _tail(
-        self, conn: Connection, session: Session, tail: StoreTail, steps: list[TailStep]
-    ) -> None:
-        store, principal, sid = self.store, session.record.principal, session.session_id
-        epoch = tail.cursor.epoch
-        while True:
-            for step in steps:
-                if isinstance(step, TailSend):
-                    await conn.send(conn.http.send_stream_data(step.data))
-                elif isinstance(step, TailPause):
-                    await trio.sleep_until(step.until)
-                else:
-                    with contextlib.suppress(StoreUnavailable):
-                        await store.expire_claim(principal, sid, epoch)
-            if tail.ended or self._closing or session.closed:
-                return
-            events = await store.read_events(principal, sid, epoch, tail.after)
-            steps = tail.feed(events, trio.current_time())
+        """Carry out a GET's :class:`~weir.protocol.get.GetCourse`."""
+        await self._carry(conn, GetCourse(get, self.stream_rules), get.ctx.session_id, who)
 
     async def _delete(self, conn: Connection, delete: DeleteSession, who: Requester) -> None:
-        session = await self._session(who.principal, delete.ctx.session_id)
-        await self._prove_channel(session, self._channel(session, delete.ctx), "DELETE")
-        session.handle(SessionInput.DELETE)
-        await self._end_session(session)
-        await conn.send(conn.http.send_response(200, ()))
+        """Carry out a DELETE's :class:`~weir.protocol.get.DeleteCourse`."""
+        await self._carry(conn, DeleteCourse(delete, self.stream_rules), delete.ctx.session_id, who)
 
-    # ---------------------------------------------------------------- channel tokens
-    def _check_rebind(self, session: Session, raw_token: str | None, rid: RequestId | None) -> None:
-        """Who may rebind (:func:`~weir.protocol.binding.check_rebind`).
-
-        Raises:
-            RemoteProtocolError: 409 ``cursor_stale`` or ``channel_unbound``.
-        """
-        try:
-            verdict = check_channel(session.record, parse_channel_token(raw_token))
-        except RemoteProtocolError:
-            verdict = ChannelVerdict.UNBOUND
-        check_rebind(
-            verdict, raw_token is not None, authorized=self.config.auth is not None, request_id=rid
-        )
-
-    async def _prove_channel(
-        self, session: Session, token: tuple[int, str] | None, what: str
+    async def _carry(
+        self, conn: Connection, course: GetCourse | DeleteCourse, sid: str | None, who: Requester
     ) -> None:
-        """A session whose client has presented its token needs it from then on
-        (:func:`~weir.protocol.binding.prove_channel`); the first token binds it.
+        """The core decides the order; this performs each effect it asks for.
 
-        Raises:
-            RemoteProtocolError: 409 ``channel_unbound``.
+        A replay's tail is bounded (:class:`~weir.protocol.get.StartReplay`): an
+        effect still running at the bound is cancelled and failed with
+        :class:`~weir.protocol.get.TailCut`, and the course ends the stream.
         """
-        if prove_channel(
-            bound=session.record.bound,
-            presented=token is not None,
-            authorized=self.config.auth is not None,
-            what=what,
-        ):
+        clock = trio.current_time
+        effect: GetEffect | DeleteEffect | None = course.start(clock())
+        session: Session | None = None
+        cut_at = math.inf  # the replay's bound, once it started
+        while effect is not None:
+            try:
+                if session is None:
+                    assert isinstance(effect, LoadSession)
+                    session = await self._session(who.principal, sid)
+                    answer: object = session
+                else:
+                    with trio.CancelScope(deadline=cut_at) as cut:
+                        answer = await self._stream_effect(conn, session, effect)
+                    if cut.cancelled_caught:
+                        raise TailCut
+                    if isinstance(effect, StartReplay):
+                        cut_at = clock() + effect.bound
+                    elif effect is END_REPLAY:
+                        cut_at = math.inf
+            except BaseException as exc:
+                effect = course.fail(exc, clock())
+            else:
+                effect = course.deliver(answer, clock())
+
+    async def _stream_effect(
+        self, conn: Connection, session: Session, effect: GetEffect | DeleteEffect
+    ) -> object:
+        """Perform one effect of a GET's or DELETE's course; its answer."""
+        store, principal, sid = self.store, session.record.principal, session.session_id
+        if isinstance(effect, TailSend):
+            await conn.send(conn.http.send_stream_data(effect.data))
+        elif isinstance(effect, TailPause):
+            await trio.sleep_until(effect.until)
+        elif isinstance(effect, ReadEvents):
+            return await store.read_events(principal, sid, effect.epoch, effect.after)
+        elif effect is KEEP_TAILING:
+            return not (self._closing or session.closed)
+        elif isinstance(effect, ExpireClaim):
+            with contextlib.suppress(StoreUnavailable):
+                await store.expire_claim(principal, sid, effect.epoch)
+        elif isinstance(effect, WriteStream):
+            headers = (*SSE_HEADERS, ("mcp-session-id", sid))
+            handle = session.handles[effect.epoch]
+            keepalive = self.config.sse_keepalive
+            await write_stream(conn, session, handle, effect.seq, headers, keepalive=keepalive)
+        elif isinstance(effect, ClaimReader):
+            handle = session.handles[effect.epoch]
+            handle.close_retry_ms = None  # a close asked of an earlier connection is done with
+            if handle.writer_scope is None:
+                return False
+            handle.writer_scope.cancel()
+            handle.writer_scope = None
+            return True
+        elif isinstance(effect, DetachStream):
+            session.handles[effect.epoch].handle(StreamInput.DETACH)
+        elif isinstance(effect, AllocateEpoch):
+            return await store.allocate_epoch(principal, sid, effect.generation)
+        elif isinstance(effect, OpenStandalone):
+            return self._open_stream(session, effect.epoch, StreamKind.STANDALONE, effect.token).log
+        elif isinstance(effect, PrimeStream):
+            self._handlers_start(session.handles[effect.epoch].send, "")
+        elif effect is MARK_BOUND:
             await self._mark_bound(session)
+        elif isinstance(effect, LookUpStream):
+            return await store.stream_info(principal, sid, effect.epoch)
+        elif isinstance(effect, StartReplay):
+            headers = (*SSE_HEADERS, ("mcp-session-id", sid))
+            await conn.send(conn.http.start_stream(200, headers))
+        elif effect is END_REPLAY:
+            await conn.send(conn.http.end_stream())
+        elif effect is END_SESSION:
+            session.handle(SessionInput.DELETE)
+            await self._end_session(session)
+        elif effect is DELETED:
+            await conn.send(conn.http.send_response(200, ()))
+        else:
+            raise AssertionError(f"a GET or DELETE course asked for {effect!r} out of turn")
+        return None
 
     async def _mark_bound(self, session: Session) -> None:
         await self.store.mark_bound(session.record.principal, session.session_id)
         session.record = replace(session.record, bound=True)
-
-    def _channel(self, session: Session, ctx: RequestContext) -> tuple[int, str] | None:
-        """Parse and check ``Mcp-Channel-Token`` against the session (fencing).
-
-        Raises:
-            RemoteProtocolError: 409 ``cursor_stale`` (older generation) or
-                ``channel_unbound`` (wrong secret, future generation, malformed).
-        """
-        token = parse_channel_token(ctx.headers.get("mcp-channel-token"))
-        raise_channel(check_channel(session.record, token))
-        return token

@@ -1,4 +1,4 @@
-"""The endpoint rules of the 2024-11-05 HTTP+SSE transport.
+"""The 2024-11-05 HTTP+SSE transport: its endpoint rules, and the course of its POST.
 
 Theory of operation
 -------------------
@@ -12,13 +12,49 @@ the stream (406), ``Content-Type: application/json`` for messages (415), the
 ``session_id`` parameter (400 ``session_required``) and the JSON-RPC body (400,
 batches allowed: 2024-11-05 has them) -- and returns :class:`LegacyOpen` or
 :class:`LegacyMessages`.  Whether the session exists is the driver's question.
+
+The course of its POST
+----------------------
+``POST <messages path>?session_id=`` delivers messages for a session whose one
+LEGACY stream (opened by ``GET <sse path>``) carries every response; the POST
+itself is answered 202.  :class:`LegacyPostCourse` owns its order, exactly as
+:class:`~._post.PostCourse` owns a session-era POST's, and asks for the same
+effects where the steps are the same:
+
+1. :class:`~._post.LoadSession` -- the principal's live session (re-read from a
+   shared store); a session without a LEGACY stream (it is not a legacy session,
+   or its stream is gone) is 404, like an unknown one.
+2. :class:`~._post.Mail` -- notifications, the client's answers and cancellations
+   are handled at once (routed here or, with a shared store, forwarded).
+3. A lone request: :class:`~._post.AdmitRequests` (429 ``stream_half_open`` once
+   the session's credit is half-open, 404 if the session ends meanwhile), then the
+   idempotency gate for a ``tools/call`` (:func:`~._course.gate`: ``ClaimCall``,
+   ``HoldCall``, ``WaitForCall``), then :class:`RunOnLegacy`.  A refusal on the way is the
+   POST's answer (nothing runs); after admission the course first asks for
+   :class:`~._post.Finished` and :class:`~._post.GiveBack` (a key claimed but
+   never started), then re-raises.
+4. A batch (2024-11-05 has them): :class:`AdmitLegacyBatch` -- its entries are
+   admitted, gated and run one by one in the background, each refusal becoming
+   that entry's error on the stream.
+5. :data:`~._post.ACCEPTED` (202); the course is over.
+
+Every request is admitted and accounted for under the LEGACY stream's epoch (its
+*lane*): its result is enqueued on that stream.  ``initialize`` arrives as one of
+these requests, on the session the stream already opened; running it is the
+runtime's (it initializes the session instead of calling a handler).
+
+The course does no I/O, reads no clock (``now`` comes with every answer) and
+holds nothing global.
 """
 
 from __future__ import annotations
 
+from collections.abc import Container, Generator
 from dataclasses import dataclass
+from typing import Protocol, cast
 from urllib.parse import parse_qs
 
+from ._course import CallCourse, ClaimCall, HoldCall, WaitForCall, gate
 from ._endpoint import (
     EndpointConfig,
     _refuse,
@@ -26,10 +62,23 @@ from ._endpoint import (
     check_host_and_origin,
     check_json_body,
     check_method,
+    session_refusal,
 )
 from ._errors import Reason
 from ._http import Headers, HttpRequest
-from ._jsonrpc import Message, decode_body
+from ._jsonrpc import Message, Request, RequestId, decode_body
+from ._messages import absorb, route_mail
+from ._post import (
+    ACCEPTED,
+    Accepted,
+    AdmitRequests,
+    Finished,
+    GiveBack,
+    LoadSession,
+    Mail,
+    PostRules,
+)
+from ._streams import StreamKind, StreamTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +129,151 @@ def route_legacy(
         raise _refuse(400, Reason.SESSION_REQUIRED, "session_id query parameter is required")
     messages, is_batch = decode_body(request.body, allow_batch=True, max_batch=config.max_batch)
     return LegacyMessages(sid, messages, is_batch, headers)
+
+
+# ---------------------------------------------------------------- the course of a POST
+class LegacySession(Protocol):
+    """What the course reads of the session a runtime loaded (:class:`LoadSession`)."""
+
+    @property
+    def running(self) -> Container[RequestId]:
+        """Ids of the session's requests running in this process."""
+
+    @property
+    def pending(self) -> Container[RequestId]:
+        """Ids of this process's server-to-client requests awaiting an answer."""
+
+    @property
+    def streams(self) -> StreamTable:
+        """The session's streams held in this process (its LEGACY one among them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunOnLegacy:
+    """Run ``course`` in the background, its answer going out on the LEGACY stream
+    ``epoch``; an ``initialize`` that is not a replay initializes the session
+    (answer: None).  The runtime accounts for the request from here."""
+
+    course: CallCourse
+    epoch: str
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitLegacyBatch:
+    """Admit, gate and run ``requests`` one by one in the background, their answers
+    going out on the LEGACY stream ``epoch`` (answer: None)."""
+
+    requests: list[Request]
+    epoch: str
+
+
+#: A legacy POST loads its session like any request that is not a lone call.
+_LOAD = LoadSession(verify=True, request_id=None)
+
+LegacyEffect = (
+    LoadSession
+    | Mail
+    | AdmitRequests
+    | ClaimCall
+    | HoldCall
+    | WaitForCall
+    | Finished
+    | GiveBack
+    | RunOnLegacy
+    | AdmitLegacyBatch
+    | Accepted
+)
+
+_Steps = Generator[LegacyEffect, object, None]
+
+
+class LegacyPostCourse:
+    """One legacy POST's course (see the module docstring)."""
+
+    __slots__ = ("_steps", "now", "post", "rules")
+
+    def __init__(self, post: LegacyMessages, rules: PostRules) -> None:
+        self.post = post
+        #: What the course reads of them: ``shared``, ``in_progress_wait``, ``retry_ms``.
+        self.rules = rules
+        #: The runtime's clock, as of the last answer.
+        self.now = 0.0
+        self._steps: _Steps = _course(self)
+
+    def start(self, now: float) -> LegacyEffect | None:
+        """The first effect."""
+        self.now = now
+        return next(self._steps, None)
+
+    def deliver(self, answer: object, now: float) -> LegacyEffect | None:
+        """The answer to the last effect; the next effect, or None when the POST is over."""
+        self.now = now
+        try:
+            return self._steps.send(answer)
+        except StopIteration:
+            return None
+
+    def fail(self, exc: BaseException, now: float) -> LegacyEffect | None:
+        """The last effect raised ``exc``: the cleanup effects it needs, then ``exc`` again."""
+        self.now = now
+        try:
+            return self._steps.throw(exc)
+        except StopIteration:
+            return None
+
+
+def _course(c: LegacyPostCourse) -> _Steps:
+    post, rules = c.post, c.rules
+    session = cast(LegacySession, (yield _LOAD))
+    epoch = next((log.epoch for log in session.streams if log.kind is StreamKind.LEGACY), None)
+    if epoch is None:
+        raise session_refusal(post.session_id)
+    absorbed = absorb(post.messages)
+    if absorbed.cancels or absorbed.answers or absorbed.notes or absorbed.initialized:
+        routed = route_mail(
+            absorbed, running=session.running, pending=session.pending, shared=rules.shared
+        )
+        yield Mail(
+            absorbed.initialized,
+            absorbed.notes,
+            routed.cancel_here,
+            routed.answer_here,
+            routed.post,
+        )
+    del session
+    requests = absorbed.requests
+    if len(requests) == 1:
+        req = requests[0]
+        if not (yield AdmitRequests(1, req.id, epoch)):
+            raise session_refusal(post.session_id, req.id)  # the session ended meanwhile
+        try:
+            course = CallCourse(
+                req,
+                post.headers.get("idempotency-key"),
+                now=c.now,
+                wait=rules.in_progress_wait,
+                retry_ms=rules.retry_ms,
+            )
+        except GeneratorExit:
+            raise  # abandoned by its runtime: nothing more may be asked
+        except BaseException:
+            yield Finished(1, epoch)
+            raise
+        try:
+            yield from gate(course, None, c)
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield Finished(1, epoch)
+            given = course.give_back()
+            if given is not None:
+                yield GiveBack(given.key)
+            raise
+        run = RunOnLegacy(course, epoch)
+        del course, req
+        yield run
+        del run
+    elif requests:
+        yield AdmitLegacyBatch(requests, epoch)
+    del requests, absorbed
+    yield ACCEPTED

@@ -6,18 +6,12 @@ from ._binding import (
     ChannelVerdict,
     channel_refusal,
     channel_verdict,
-    check_rebind,
     fenced,
-    parse_channel_token,
-    prove_channel,
 )
 
 __all__ = [
     "ChannelVerdict",
     "channel_refusal",
     "channel_verdict",
-    "check_rebind",
     "fenced",
-    "parse_channel_token",
-    "prove_channel",
 ]

@@ -1,16 +1,11 @@
-"""Event ids: a parsed ``<epoch>:<seq>`` id (:class:`EventId`) and an epoch's text form.
+"""Event ids: an epoch's text form.  (A parsed ``<epoch>:<seq>`` id is the endpoint's
+and the courses' business: a driver receives it in :class:`~weir.protocol.OpenStream`.)
 
 (Public; see :mod:`weir.protocol`.)
 """
 
 from __future__ import annotations
 
-from ._event_ids import (
-    EventId,
-    format_epoch,
-)
+from ._event_ids import format_epoch
 
-__all__ = [
-    "EventId",
-    "format_epoch",
-]
+__all__ = ["format_epoch"]

@@ -1,11 +1,27 @@
-"""The 2024-11-05 HTTP+SSE transport's two endpoints.  (Public; see :mod:`weir.protocol`.)"""
+"""The 2024-11-05 HTTP+SSE transport: its two endpoints, and the course of its POST.
+(Public; see :mod:`weir.protocol`.)
+
+The effects a legacy POST shares with a session-era one (``LoadSession``, ``Mail``,
+``AdmitRequests``, the gate's, ``Finished``, ``GiveBack``, ``ACCEPTED``) live in
+:mod:`weir.protocol.post`.
+"""
 
 from __future__ import annotations
 
-from ._legacy import LegacyMessages, LegacyOpen, route_legacy
+from ._legacy import (
+    AdmitLegacyBatch,
+    LegacyMessages,
+    LegacyOpen,
+    LegacyPostCourse,
+    RunOnLegacy,
+    route_legacy,
+)
 
 __all__ = [
+    "AdmitLegacyBatch",
     "LegacyMessages",
     "LegacyOpen",
+    "LegacyPostCourse",
+    "RunOnLegacy",
     "route_legacy",
 ]

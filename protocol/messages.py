@@ -9,23 +9,19 @@ from __future__ import annotations
 from ._messages import (
     CANCEL_BOX,
     POLL_INTERVAL,
-    absorb,
     boxes_due,
     read_answer,
     read_cancel,
     renew_interval,
-    route_mail,
     server_request_id,
 )
 
 __all__ = [
     "CANCEL_BOX",
     "POLL_INTERVAL",
-    "absorb",
     "boxes_due",
     "read_answer",
     "read_cancel",
     "renew_interval",
-    "route_mail",
     "server_request_id",
 ]

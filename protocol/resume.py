@@ -1,6 +1,6 @@
-"""GET streams and resumption: which stream a GET attaches to, policies, cursor
-binding, and serving a cursor from a shared store (:class:`StoreTail` and the steps
-it asks for).
+"""GET streams and resumption: which stream a GET attaches to, policies, and the
+steps of serving a cursor from a shared store (the GET course,
+:class:`weir.protocol.get.GetCourse`, drives the store tail and asks for them).
 
 (Public; see :mod:`weir.protocol`.)
 """
@@ -10,11 +10,8 @@ from __future__ import annotations
 from ._resume import (
     KEEPALIVE,
     RESUME_POLICIES,
-    StoreTail,
     TailPause,
     TailSend,
-    TailStep,
-    check_cursor_channel,
     check_resume_policy,
     displaces_writer,
     standalone_plan,
@@ -23,11 +20,8 @@ from ._resume import (
 __all__ = [
     "KEEPALIVE",
     "RESUME_POLICIES",
-    "StoreTail",
     "TailPause",
     "TailSend",
-    "TailStep",
-    "check_cursor_channel",
     "check_resume_policy",
     "displaces_writer",
     "standalone_plan",

@@ -23,6 +23,7 @@ from weir.protocol import (
 )
 from weir.protocol._endpoint import accepts, host_of
 from weir.protocol._errors import PARSE_ERROR
+from weir.protocol._event_ids import EventId
 from weir.protocol._http import Headers
 from weir.protocol._lifecycle import (
     DEFAULT_VERSION,
@@ -33,7 +34,6 @@ from weir.protocol._lifecycle import (
     version_at_least,
 )
 from weir.protocol._sessionless import UNSUPPORTED_VERSION
-from weir.protocol.event_ids import EventId
 from weir.protocol.jsonrpc import Notification, Request
 from weir.protocol.lifecycle import ALL_VERSIONS
 

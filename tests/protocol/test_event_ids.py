@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from weir.protocol import Reason, RemoteProtocolError
-from weir.protocol._event_ids import parse_event_id
-from weir.protocol.event_ids import EventId, format_epoch
+from weir.protocol._event_ids import EventId, parse_event_id
+from weir.protocol.event_ids import format_epoch
 
 
 @pytest.mark.parametrize(

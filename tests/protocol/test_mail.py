@@ -7,16 +7,14 @@ import msgspec
 import pytest
 
 from weir.protocol._jsonrpc import decode_body
-from weir.protocol._messages import CANCEL_AFTER, Absorbed, Post, answers_box
+from weir.protocol._messages import CANCEL_AFTER, Absorbed, Post, absorb, answers_box, route_mail
 from weir.protocol.jsonrpc import ErrorResponse, Response
 from weir.protocol.messages import (
     CANCEL_BOX,
-    absorb,
     boxes_due,
     read_answer,
     read_cancel,
     renew_interval,
-    route_mail,
     server_request_id,
 )
 

@@ -6,9 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from weir.protocol._jsonrpc import decode_body
-from weir.protocol._messages import answer_owner
+from weir.protocol._messages import absorb, answer_owner
 from weir.protocol.jsonrpc import ErrorResponse, Notification, Request, Response
-from weir.protocol.messages import absorb, server_request_id
+from weir.protocol.messages import server_request_id
 
 
 def _body(*messages: str) -> bytes:

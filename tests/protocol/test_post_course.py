@@ -9,12 +9,8 @@ from typing import Any
 
 import pytest
 
-from weir.protocol import (
-    PostMessages,
-    Reason,
-    RemoteProtocolError,
-    RequestContext,
-)
+from weir.protocol import PostMessages, Reason, RemoteProtocolError
+from weir.protocol._endpoint import RequestContext
 from weir.protocol._http import Headers
 from weir.protocol.course import ClaimCall, HoldCall, WaitForCall
 from weir.protocol.gate import CallOutcome, CallStart

@@ -28,7 +28,7 @@ from weir.protocol import (
     RemoteProtocolError,
     route,
 )
-from weir.protocol.event_ids import EventId
+from weir.protocol._event_ids import EventId
 from weir.protocol.streams import StreamKind, StreamLog
 
 from .helpers import (

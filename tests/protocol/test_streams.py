@@ -6,7 +6,7 @@ import pytest
 
 from weir.protocol import Reason, RemoteProtocolError
 from weir.protocol._errors import LocalProtocolError
-from weir.protocol.event_ids import EventId
+from weir.protocol._event_ids import EventId
 from weir.protocol.sse import SseDecoder, SseEvent
 from weir.protocol.states import StreamInput, StreamState
 from weir.protocol.streams import (

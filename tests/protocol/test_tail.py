@@ -14,10 +14,9 @@ from dataclasses import dataclass
 import pytest
 
 from weir.protocol import Reason, RemoteProtocolError
-from weir.protocol._event_ids import parse_event_id
-from weir.protocol._resume import TailExpire
-from weir.protocol.event_ids import EventId
-from weir.protocol.resume import KEEPALIVE, StoreTail, TailPause, TailSend
+from weir.protocol._event_ids import EventId, parse_event_id
+from weir.protocol._resume import StoreTail, TailExpire
+from weir.protocol.resume import KEEPALIVE, TailPause, TailSend
 from weir.protocol.sse import SseComment, SseDecoder, SseEvent
 
 
