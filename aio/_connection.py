@@ -31,11 +31,12 @@ import secrets
 import socket
 import sys
 from collections.abc import Hashable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from weir.app import Caller, initialize_result_for
 from weir.protocol import (
     NEED_DATA,
+    DeleteSession,
     DrainTracker,
     HttpConnection,
     HttpError,
@@ -51,6 +52,18 @@ from weir.protocol import (
     session_refusal,
 )
 from weir.protocol.course import GATE_STEPS, CallCourse
+from weir.protocol.get import (
+    DELETED,
+    END_SESSION,
+    ClaimReader,
+    DeleteCourse,
+    DetachStream,
+    GetCourse,
+    OpenStandalone,
+    PrimeStream,
+    StreamRules,
+    WriteStream,
+)
 from weir.protocol.jsonrpc import Request, encode_result
 from weir.protocol.lifecycle import parse_initialize
 from weir.protocol.post import (
@@ -70,7 +83,7 @@ from weir.protocol.post import (
     RunBatch,
     RunCalls,
 )
-from weir.protocol.resume import check_resume_policy, displaces_writer, standalone_plan
+from weir.protocol.resume import displaces_writer
 from weir.protocol.sessionless import SessionlessMessage
 from weir.protocol.sse import encode_comment, encode_retry
 from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
@@ -275,8 +288,7 @@ class Connection:
                 elif isinstance(mcp, OpenStream):
                     await self._get(session, mcp)
                 else:
-                    self.driver.end(session)
-                    await self.send(self.conn.send_response(200, ()))
+                    await self._delete(session, mcp)
             except Gone:
                 raise session_refusal(sid) from None
         except RemoteProtocolError as exc:
@@ -433,22 +445,63 @@ class Connection:
         session.spawn(prime_then_run())  # the session owns them: a hang-up is no cancel
 
     async def _get(self, session: Session, get: OpenStream) -> None:
-        cursor = get.last_event_id
-        check_resume_policy(cursor, "pinned")  # this process's own logs only
-        if cursor is not None:
-            stream = session.streams.get(cursor)  # 409 cursor_unknown
-            start = stream.cursor_after(cursor)
-            old = session.stream_writers.get(stream.epoch)
-            if displaces_writer(stream) and old is not None:
-                old.cancel()  # the newest reader wins: the old connection is given up
-                await asyncio.wait({old}, timeout=1.0)  # it detaches as it unwinds
-        else:
-            standalone = session.streams.standalone
-            if standalone_plan(standalone):  # 409 stream_conflict if one is live
-                standalone = session.open_stream(StreamKind.STANDALONE)
-            assert standalone is not None
-            stream, start = standalone, standalone.next_seq
-        await self.write_stream(session, stream, start)
+        """Carry out the GET's :class:`~weir.protocol.get.GetCourse` (this process's own
+        logs only: resumption is pinned, there is no shared store to replay from)."""
+        course = GetCourse(get, _STREAM_RULES)
+        clock = session.loop.time
+        effect = course.start(clock())
+        old: asyncio.Task[object] | None = None
+        while effect is not None:
+            answer: object = None
+            try:
+                if isinstance(effect, LoadSession):
+                    answer = session  # (looked up by :meth:`respond`, which answers the 404)
+                elif isinstance(effect, WriteStream):
+                    stream = session.streams.by_epoch(effect.epoch)
+                    await self.write_stream(session, stream, effect.seq)
+                elif isinstance(effect, AllocateEpoch):
+                    answer = session.allocate_epoch()
+                elif isinstance(effect, OpenStandalone):
+                    answer = session.open_stream(StreamKind.STANDALONE, effect.epoch)
+                elif isinstance(effect, PrimeStream):
+                    stream = session.streams.by_epoch(effect.epoch)
+                    session.spawn(_prime(session, stream))
+                elif isinstance(effect, ClaimReader):
+                    session.close_requests.pop(effect.epoch, None)  # an earlier close is done
+                    old = session.stream_writers.get(effect.epoch)
+                    if old is not None:
+                        old.cancel()  # the newest reader wins: the old connection is given up
+                    answer = old is not None
+                elif isinstance(effect, DetachStream):
+                    if old is not None:
+                        await asyncio.wait({old}, timeout=1.0)  # it detaches as it unwinds
+                else:
+                    raise AssertionError(f"a GET course asked for {effect!r} out of turn")
+            except BaseException as exc:
+                effect = course.fail(exc, clock())
+            else:
+                effect = course.deliver(answer, clock())
+
+    async def _delete(self, session: Session, delete: DeleteSession) -> None:
+        """Carry out the DELETE's :class:`~weir.protocol.get.DeleteCourse`."""
+        course = DeleteCourse(delete, _STREAM_RULES)
+        clock = session.loop.time
+        effect = course.start(clock())
+        while effect is not None:
+            answer: object = None
+            try:
+                if isinstance(effect, LoadSession):
+                    answer = session
+                elif effect is END_SESSION:
+                    self.driver.end(session)
+                elif effect is DELETED:
+                    await self.send(self.conn.send_response(200, ()))
+                else:
+                    raise AssertionError(f"a DELETE course asked for {effect!r} out of turn")
+            except BaseException as exc:
+                effect = course.fail(exc, clock())
+            else:
+                effect = course.deliver(answer, clock())
 
     async def write_stream(self, session: Session, stream: StreamLog, start: int) -> None:
         """Write ``stream`` from seq ``start``: what the log holds, then live, to its end
@@ -563,3 +616,14 @@ class Connection:
 def _may_hold(stream: StreamLog) -> bool:
     """Whether ``stream`` may still hold credit, or take more (not finished)."""
     return not stream.finished or stream.undrained() != (0, 0)
+
+
+#: This runtime's answers to GET and DELETE: its own logs only (no shared store), no
+#: channel binding, no authorization.
+_STREAM_RULES: Final = StreamRules(resume="pinned")
+
+
+async def _prime(session: Session, stream: StreamLog) -> None:
+    """A stream's priming event (an id, empty data), within credit."""
+    with contextlib.suppress(Gone):
+        await session.append(stream, "")

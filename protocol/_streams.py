@@ -361,6 +361,10 @@ class StreamTable:
             self.evicted, self.evicted_bytes = [], 0
         return log
 
+    def by_epoch(self, epoch: str) -> StreamLog:
+        """The stream ``epoch`` this table holds (``KeyError`` if it holds none)."""
+        return self._streams[epoch]
+
     def get(self, cursor: EventId) -> StreamLog:
         """The stream a cursor names.
 
