@@ -12,9 +12,7 @@ from ._resume import (
     RESUME_POLICIES,
     TailPause,
     TailSend,
-    check_resume_policy,
     displaces_writer,
-    standalone_plan,
 )
 
 __all__ = [
@@ -22,7 +20,5 @@ __all__ = [
     "RESUME_POLICIES",
     "TailPause",
     "TailSend",
-    "check_resume_policy",
     "displaces_writer",
-    "standalone_plan",
 ]

@@ -6,8 +6,8 @@ import pytest
 
 from weir.protocol import Reason, RemoteProtocolError
 from weir.protocol._event_ids import EventId
-from weir.protocol._resume import check_cursor_channel
-from weir.protocol.resume import check_resume_policy, displaces_writer, standalone_plan
+from weir.protocol._resume import check_cursor_channel, check_resume_policy, standalone_plan
+from weir.protocol.resume import displaces_writer
 from weir.protocol.states import StreamInput
 from weir.protocol.streams import StreamKind, StreamLog
 
