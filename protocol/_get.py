@@ -77,6 +77,7 @@ from ._resume import (
     displaces_writer,
     standalone_plan,
 )
+from ._steps import Singleton, Steps
 from ._streams import StreamLog, StreamTable
 
 
@@ -132,30 +133,20 @@ class TailCut(Exception):
 
 
 # ---------------------------------------------------------------- effects
-class _Singleton:
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-class EndSession(_Singleton):
+class EndSession(Singleton):
     """The session ends: its lifecycle takes DELETE, and it is torn down everywhere
     (answer: None)."""
 
 
-class Deleted(_Singleton):
+class Deleted(Singleton):
     """Answer the DELETE ``200`` with no body; the course is over."""
 
 
-class KeepTailing(_Singleton):
+class KeepTailing(Singleton):
     """Answer True while the session and the server still serve (the tail reads on)."""
 
 
-class EndReplay(_Singleton):
+class EndReplay(Singleton):
     """End the replayed stream's response; the course is over."""
 
 
@@ -269,68 +260,29 @@ _GetSteps = Generator[GetEffect, object, None]
 _DeleteSteps = Generator[DeleteEffect, object, None]
 
 
-class GetCourse:
-    """One GET's course (see the module docstring)."""
+class GetCourse(Steps[GetEffect]):
+    """One GET's course (see the module docstring).  A failure of an effect is raised
+    again, except :class:`TailCut`, which ends a replay."""
 
-    __slots__ = ("_steps", "now", "request", "rules")
+    __slots__ = ("request", "rules")
 
     def __init__(self, request: OpenStream, rules: StreamRules) -> None:
+        super().__init__()
         self.request = request
         self.rules = rules
-        #: The runtime's clock, as of the last answer.
-        self.now = 0.0
-        self._steps: _GetSteps = _get(self)
-
-    def start(self, now: float) -> GetEffect | None:
-        """The first effect."""
-        self.now = now
-        return next(self._steps, None)
-
-    def deliver(self, answer: object, now: float) -> GetEffect | None:
-        """The answer to the last effect; the next effect, or None when the GET is over."""
-        self.now = now
-        try:
-            return self._steps.send(answer)
-        except StopIteration:
-            return None
-
-    def fail(self, exc: BaseException, now: float) -> GetEffect | None:
-        """The last effect raised ``exc``: what follows (:class:`TailCut` ends a
-        replay), or ``exc`` again."""
-        self.now = now
-        try:
-            return self._steps.throw(exc)
-        except StopIteration:
-            return None
+        self._begin(_get(self))
 
 
-class DeleteCourse:
-    """One DELETE's course (see the module docstring)."""
+class DeleteCourse(Steps[DeleteEffect]):
+    """One DELETE's course (see the module docstring); nothing to undo on failure."""
 
-    __slots__ = ("_steps", "request", "rules")
+    __slots__ = ("request", "rules")
 
     def __init__(self, request: DeleteSession, rules: StreamRules) -> None:
+        super().__init__()
         self.request = request
         self.rules = rules
-        self._steps: _DeleteSteps = _delete(self)
-
-    def start(self, now: float) -> DeleteEffect | None:
-        """The first effect."""
-        return next(self._steps, None)
-
-    def deliver(self, answer: object, now: float) -> DeleteEffect | None:
-        """The answer to the last effect; the next effect, or None when the DELETE is over."""
-        try:
-            return self._steps.send(answer)
-        except StopIteration:
-            return None
-
-    def fail(self, exc: BaseException, now: float) -> DeleteEffect | None:
-        """The last effect raised ``exc``: nothing to undo, so ``exc`` again."""
-        try:
-            return self._steps.throw(exc)
-        except StopIteration:
-            return None
+        self._begin(_delete(self))
 
 
 def _prove(

@@ -78,6 +78,7 @@ from ._post import (
     Mail,
     PostRules,
 )
+from ._steps import Steps
 from ._streams import StreamKind, StreamTable
 
 
@@ -187,39 +188,17 @@ LegacyEffect = (
 _Steps = Generator[LegacyEffect, object, None]
 
 
-class LegacyPostCourse:
+class LegacyPostCourse(Steps[LegacyEffect]):
     """One legacy POST's course (see the module docstring)."""
 
-    __slots__ = ("_steps", "now", "post", "rules")
+    __slots__ = ("post", "rules")
 
     def __init__(self, post: LegacyMessages, rules: PostRules) -> None:
+        super().__init__()
         self.post = post
         #: What the course reads of them: ``shared``, ``in_progress_wait``, ``retry_ms``.
         self.rules = rules
-        #: The runtime's clock, as of the last answer.
-        self.now = 0.0
-        self._steps: _Steps = _course(self)
-
-    def start(self, now: float) -> LegacyEffect | None:
-        """The first effect."""
-        self.now = now
-        return next(self._steps, None)
-
-    def deliver(self, answer: object, now: float) -> LegacyEffect | None:
-        """The answer to the last effect; the next effect, or None when the POST is over."""
-        self.now = now
-        try:
-            return self._steps.send(answer)
-        except StopIteration:
-            return None
-
-    def fail(self, exc: BaseException, now: float) -> LegacyEffect | None:
-        """The last effect raised ``exc``: the cleanup effects it needs, then ``exc`` again."""
-        self.now = now
-        try:
-            return self._steps.throw(exc)
-        except StopIteration:
-            return None
+        self._begin(_course(self))
 
 
 def _course(c: LegacyPostCourse) -> _Steps:

@@ -73,6 +73,7 @@ from ._errors import RemoteProtocolError
 from ._jsonrpc import ErrorResponse, Notification, Request, RequestId, Response, encode_error
 from ._lifecycle import primes_streams
 from ._messages import Absorbed, Post, absorb, route_mail
+from ._steps import Singleton, Steps
 
 #: The explicit rebind handshake (fencing), advertised in ``capabilities.experimental``.
 REBIND_METHOD: Final = "weir/rebind"
@@ -143,29 +144,19 @@ class LoadSession:
     request_id: RequestId | None
 
 
-class _Singleton:
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-class MarkBound(_Singleton):
+class MarkBound(Singleton):
     """Record that the session is bound to its channel token (answer: None)."""
 
 
-class Accepted(_Singleton):
+class Accepted(Singleton):
     """Answer the POST ``202 Accepted`` with no body; the course is over."""
 
 
-class EnterRequest(_Singleton):
+class EnterRequest(Singleton):
     """The session's lifecycle takes a request (``SessionInput.REQUEST``; answer: None)."""
 
 
-class AttachWriter(_Singleton):
+class AttachWriter(Singleton):
     """Write the opened stream on this connection until it ends; the course is over."""
 
 
@@ -319,43 +310,20 @@ Effect = (
 _Steps = Generator[Effect, Any, None]
 
 
-class PostCourse:
+class PostCourse(Steps[Effect]):
     """One session-era POST's course (see the module docstring)."""
 
-    __slots__ = ("_send", "_steps", "lane", "now", "post", "rules")
+    __slots__ = ("lane", "post", "rules")
 
     def __init__(self, post: PostMessages, rules: PostRules) -> None:
         if post.is_initialize:
             raise ValueError("initialize opens a session; it has no session-era POST course")
+        super().__init__()
         self.post = post
         self.rules = rules
         #: The key the lone request's result is reserved under until its stream opens.
         self.lane = object()
-        #: The runtime's clock, as of the last answer.
-        self.now = 0.0
-        self._steps: _Steps = _course(self)
-        self._send = self._steps.send
-
-    def start(self, now: float) -> Effect | None:
-        """The first effect."""
-        self.now = now
-        return next(self._steps, None)
-
-    def deliver(self, answer: object, now: float) -> Effect | None:
-        """The answer to the last effect; the next effect, or None when the POST is over."""
-        self.now = now
-        try:
-            return self._send(answer)
-        except StopIteration:
-            return None
-
-    def fail(self, exc: BaseException, now: float) -> Effect | None:
-        """The last effect raised ``exc``: the cleanup effects it needs, then ``exc`` again."""
-        self.now = now
-        try:
-            return self._steps.throw(exc)
-        except StopIteration:
-            return None
+        self._begin(_course(self))
 
 
 def _channel(
@@ -491,7 +459,7 @@ def _course(c: PostCourse) -> _Steps:
     yield ATTACH_WRITER
 
 
-class BatchEntries:
+class BatchEntries(Steps[Effect]):
     """A batch's entries, admitted, gated and started one at a time, in order
     (2025-03-26 batches; driven like :class:`PostCourse`).
 
@@ -504,7 +472,7 @@ class BatchEntries:
     (their stream is gone with the session).
     """
 
-    __slots__ = ("_steps", "now")
+    __slots__ = ()
 
     def __init__(
         self,
@@ -513,30 +481,8 @@ class BatchEntries:
         lane: object,
         rules: PostRules,
     ) -> None:
-        self.now = 0.0
-        self._steps: _Steps = _entries(self, requests, token, lane, rules)
-
-    def start(self, now: float) -> Effect | None:
-        """The first effect."""
-        self.now = now
-        return next(self._steps, None)
-
-    def deliver(self, answer: object, now: float) -> Effect | None:
-        """The answer to the last effect; the next effect, or None when all started."""
-        self.now = now
-        try:
-            return self._steps.send(answer)
-        except StopIteration:
-            return None
-
-    def fail(self, exc: BaseException, now: float) -> Effect | None:
-        """The last effect raised ``exc``: a refusal becomes the entry's answer;
-        anything else ends the batch's course (raised again)."""
-        self.now = now
-        try:
-            return self._steps.throw(exc)
-        except StopIteration:
-            return None
+        super().__init__()
+        self._begin(_entries(self, requests, token, lane, rules))
 
 
 def _refused(req: Request, exc: RemoteProtocolError) -> CallCourse:

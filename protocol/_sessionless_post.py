@@ -64,7 +64,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Generic, TypeVar, cast
+from typing import Any, Final, cast
 
 import msgspec
 
@@ -81,7 +81,6 @@ from ._post import (
     AttachWriter,
     Finished,
     GiveBack,
-    _Singleton,
 )
 from ._sessionless import (
     NAMED_TARGET,
@@ -90,6 +89,7 @@ from ._sessionless import (
     method_not_found,
     param_headers,
 )
+from ._steps import Singleton, Steps
 
 #: The methods this era serves.
 SESSIONLESS_METHODS: Final = frozenset(
@@ -135,15 +135,15 @@ class SessionlessRules:
 
 
 # ---------------------------------------------------------------- effects
-class AnswerDiscover(_Singleton):
+class AnswerDiscover(Singleton):
     """Answer ``server/discover`` (200, the server's description); the course is over."""
 
 
-class ChooseOwner(_Singleton):
+class ChooseOwner(Singleton):
     """Choose the credit owner of the request's answer (answer: None)."""
 
 
-class RunHandler(_Singleton):
+class RunHandler(Singleton):
     """Run the handler of :attr:`SessionlessRun.request` with its inputs.
 
     Answer: the result (a dict), :class:`InputAsked`, an encoded error body (the
@@ -281,40 +281,7 @@ _Steps = Generator[SessionlessEffect, Any, None]
 _RunSteps = Generator[RunEffect, Any, None]
 
 
-_E = TypeVar("_E")
-
-
-class _Driven(Generic[_E]):
-    """``start``/``deliver``/``fail`` over a generator of effects."""
-
-    __slots__ = ("_send", "_steps", "now")
-
-    def __init__(self, steps: Generator[_E, Any, None]) -> None:
-        #: The runtime's clock, as of the last answer.
-        self.now = 0.0
-        self._steps = steps
-        self._send = steps.send
-
-    def _start(self, now: float) -> _E | None:
-        self.now = now
-        return next(self._steps, None)
-
-    def _deliver(self, answer: object, now: float) -> _E | None:
-        self.now = now
-        try:
-            return self._send(answer)
-        except StopIteration:
-            return None
-
-    def _fail(self, exc: BaseException, now: float) -> _E | None:
-        self.now = now
-        try:
-            return self._steps.throw(exc)
-        except StopIteration:
-            return None
-
-
-class SessionlessCourse(_Driven[SessionlessEffect]):
+class SessionlessCourse(Steps[SessionlessEffect]):
     """One sessionless POST's course (see the module docstring).
 
     ``principal`` and ``authorized``: who the request speaks for (a request state is
@@ -340,22 +307,11 @@ class SessionlessCourse(_Driven[SessionlessEffect]):
         self.wall = wall
         #: The key the request's answer is reserved under until its stream opens.
         self.lane = object()
-        super().__init__(_course(self))
-
-    def start(self, now: float) -> SessionlessEffect | None:
-        """The first effect."""
-        return self._start(now)
-
-    def deliver(self, answer: object, now: float) -> SessionlessEffect | None:
-        """The answer to the last effect; the next effect, or None when the POST is over."""
-        return self._deliver(answer, now)
-
-    def fail(self, exc: BaseException, now: float) -> SessionlessEffect | None:
-        """The last effect raised ``exc``: the cleanup effects it needs, then ``exc`` again."""
-        return self._fail(exc, now)
+        super().__init__()
+        self._begin(_course(self))
 
 
-class SessionlessRun(_Driven[RunEffect]):
+class SessionlessRun(Steps[RunEffect]):
     """One run of a sessionless request's handler: run it, seal the state of an
     ``input_required`` answer, encode the result, record a keyed call's outcome,
     and respond -- in that order, whatever happens to the handler.
@@ -389,7 +345,8 @@ class SessionlessRun(_Driven[RunEffect]):
         self._binding: str | None = None
         #: The app keeps its own rounds' state: its ``requestState`` goes out sealed.
         self.app_rounds = app_rounds
-        super().__init__(_run(self))
+        super().__init__()
+        self._begin(_run(self))
 
     @property
     def binding(self) -> str:
@@ -403,18 +360,6 @@ class SessionlessRun(_Driven[RunEffect]):
     def detached(self) -> bool:
         """A keyed call outlives its response: it is not cancelled when it goes."""
         return self.call is not None
-
-    def start(self, now: float) -> RunEffect | None:
-        """The first effect (:data:`RUN_HANDLER`)."""
-        return self._start(now)
-
-    def deliver(self, answer: object, now: float) -> RunEffect | None:
-        """The answer to the last effect; the next effect, or None after :class:`Respond`."""
-        return self._deliver(answer, now)
-
-    def fail(self, exc: BaseException, now: float) -> RunEffect | None:
-        """The last effect raised ``exc``: the records it needs, then ``exc`` again."""
-        return self._fail(exc, now)
 
 
 def state_binding(principal: str, authorized: bool, req: Request) -> str:
