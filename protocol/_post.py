@@ -318,12 +318,14 @@ class PostCourse(Steps[Effect]):
     def __init__(self, post: PostMessages, rules: PostRules) -> None:
         if post.is_initialize:
             raise ValueError("initialize opens a session; it has no session-era POST course")
-        super().__init__()
+        # (The base's fields set here, not through its methods: one course per POST.)
+        self.now = 0.0
         self.post = post
         self.rules = rules
         #: The key the lone request's result is reserved under until its stream opens.
         self.lane = object()
-        self._begin(_course(self))
+        self._steps = steps = _course(self)
+        self._send = steps.send
 
 
 def _channel(

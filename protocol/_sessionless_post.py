@@ -307,8 +307,10 @@ class SessionlessCourse(Steps[SessionlessEffect]):
         self.wall = wall
         #: The key the request's answer is reserved under until its stream opens.
         self.lane = object()
-        super().__init__()
-        self._begin(_course(self))
+        # (The base's fields set here, not through its methods: one course per request.)
+        self.now = 0.0
+        self._steps = steps = _course(self)
+        self._send = steps.send
 
 
 class SessionlessRun(Steps[RunEffect]):
@@ -345,8 +347,9 @@ class SessionlessRun(Steps[RunEffect]):
         self._binding: str | None = None
         #: The app keeps its own rounds' state: its ``requestState`` goes out sealed.
         self.app_rounds = app_rounds
-        super().__init__()
-        self._begin(_run(self))
+        self.now = 0.0
+        self._steps = steps = _run(self)
+        self._send = steps.send
 
     @property
     def binding(self) -> str:
