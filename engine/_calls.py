@@ -40,7 +40,7 @@ from weir.protocol.binding import fenced
 from weir.protocol.course import GATE_STEPS, CallCourse, ClaimCall, HoldCall, WaitForCall
 from weir.protocol.gate import CallStart
 from weir.protocol.jsonrpc import Notification, Request, encode_result
-from weir.protocol.lifecycle import parse_initialize, primes_streams
+from weir.protocol.lifecycle import parse_initialize
 from weir.protocol.post import (
     ACCEPTED,
     ATTACH_WRITER,
@@ -579,10 +579,6 @@ class _Calls(_ServerBase):
     def _initialize_result(self, session: Session) -> dict[str, Any]:
         rebind = {REBIND_METHOD: {"header": "Mcp-Channel-Token"}}
         return initialize_result_for(self.app, session.record.protocol_version, experimental=rebind)
-
-    @staticmethod
-    def _primes(session: Session, header_version: str) -> bool:
-        return primes_streams(session.record.protocol_version, header_version)
 
     async def _rebind(self, conn: Connection, session: Session, req: Request) -> None:
         """The explicit rebind handshake (fencing): new generation, new token, past results."""

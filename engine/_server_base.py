@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -43,7 +43,7 @@ from weir.protocol import (
     RemoteProtocolError,
 )
 from weir.protocol.budget import RetentionBudget
-from weir.protocol.course import GATE_STEPS, CallCourse, ClaimCall, HoldCall, WaitForCall, gate
+from weir.protocol.course import CallCourse, ClaimCall, HoldCall, WaitForCall
 from weir.protocol.get import StreamRules
 from weir.protocol.jsonrpc import Request, RequestId
 from weir.protocol.legacy import LegacyMessages
@@ -159,8 +159,6 @@ class _ServerBase:
             self, req: Request, session: Session | None, principal: str
         ) -> Session: ...
         def _initialize_result(self, session: Session) -> dict[str, Any]: ...
-        @staticmethod
-        def _primes(session: Session, header_version: str) -> bool: ...
 
         # execution (engine._execution)
         def _runs_now(self, plan: CallCourse) -> bool: ...
@@ -251,39 +249,6 @@ async def wait_for_claim(
             await done.wait()
         else:
             await trio.sleep_forever()
-
-
-class _Now:
-    """The clock the core's gate loop reads: set before each answer."""
-
-    __slots__ = ("now",)
-
-    def __init__(self) -> None:
-        self.now = trio.current_time()
-
-
-async def run_gate(
-    course: CallCourse,
-    token: tuple[int, str] | None,
-    perform: Callable[[ClaimCall | WaitForCall | HoldCall], Awaitable[object]],
-) -> None:
-    """Drive the core's gate loop (:func:`weir.protocol.post.gate`) for ``course``,
-    ``perform``-ing each of its steps, until the course may run or has its answer.
-
-    Raises:
-        RemoteProtocolError: the gate's refusal (or whatever ``perform`` raises).
-    """
-    clock = _Now()
-    steps = gate(course, token, clock)
-    effect = next(steps, None)
-    while effect is not None:
-        assert isinstance(effect, GATE_STEPS)
-        answer = await perform(effect)
-        clock.now = trio.current_time()
-        try:
-            effect = steps.send(answer)
-        except StopIteration:
-            return
 
 
 def retention_full(config: ServerConfig, request_id: RequestId) -> RemoteProtocolError:
