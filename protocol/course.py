@@ -20,7 +20,6 @@ from ._course import (
     HoldCall,
     Record,
     WaitForCall,
-    gate,
     interrupted,
 )
 
@@ -35,6 +34,5 @@ __all__ = [
     "HoldCall",
     "Record",
     "WaitForCall",
-    "gate",
     "interrupted",
 ]

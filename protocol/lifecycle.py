@@ -13,7 +13,6 @@ from ._lifecycle import (
     MAX_CLIENT_INFO_FIELD,
     initialize_result,
     parse_initialize,
-    primes_streams,
 )
 
 __all__ = [
@@ -23,5 +22,4 @@ __all__ = [
     "MAX_CLIENT_INFO_FIELD",
     "initialize_result",
     "parse_initialize",
-    "primes_streams",
 ]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from weir.protocol import INVALID_PARAMS, Reason, RemoteProtocolError
 from weir.protocol._binding import check_rebind, parse_channel_token, prove_channel
-from weir.protocol._lifecycle import LATEST_VERSION, NEGOTIABLE_VERSIONS
+from weir.protocol._lifecycle import LATEST_VERSION, NEGOTIABLE_VERSIONS, primes_streams
 from weir.protocol.binding import ChannelVerdict, channel_refusal, channel_verdict, fenced
 from weir.protocol.jsonrpc import Request
 from weir.protocol.lifecycle import (
@@ -19,7 +19,6 @@ from weir.protocol.lifecycle import (
     MAX_CLIENT_INFO_FIELD,
     initialize_result,
     parse_initialize,
-    primes_streams,
 )
 
 
