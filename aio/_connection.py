@@ -65,7 +65,12 @@ from weir.protocol.get import (
     WriteStream,
 )
 from weir.protocol.jsonrpc import Request, encode_result
-from weir.protocol.lifecycle import parse_initialize
+from weir.protocol.lifecycle import (
+    AnswerInitialize,
+    ForgetSession,
+    InitializeCourse,
+    OpenSession,
+)
 from weir.protocol.post import (
     ACCEPTED,
     ATTACH_WRITER,
@@ -601,16 +606,36 @@ class Connection:
         await self.send(self.conn.end_stream())
 
     async def _initialize(self, post: PostMessages) -> None:
+        """Carry out an ``initialize``'s :class:`~weir.protocol.lifecycle.InitializeCourse`
+        (the same checks and negotiation as the Trio runtime; no channel token here)."""
         req, driver = post.messages[0], self.driver
         assert isinstance(req, Request)
-        asked = parse_initialize(req)  # the same checks and negotiation as weir's server
-        driver.check_room(req.id)
-        sid = secrets.token_urlsafe(32)
-        caller = Caller(asked.capabilities, asked.client_info)
-        driver.add_session(Session(sid, asked.version, driver.credit, driver, caller))
-        result = initialize_result_for(driver.app, asked.version)
-        headers = [("content-type", "application/json"), ("mcp-session-id", sid)]
-        await self.send(self.conn.send_response(200, headers, encode_result(req.id, result)))
+        course = InitializeCourse(req)
+        effect = course.start(0.0)
+        session: Session | None = None
+        while effect is not None:
+            try:
+                if isinstance(effect, OpenSession):
+                    driver.check_room(effect.request_id)
+                    asked = effect.asked
+                    caller = Caller(asked.capabilities, asked.client_info)
+                    sid = secrets.token_urlsafe(32)
+                    session = Session(sid, asked.version, driver.credit, driver, caller)
+                    driver.add_session(session)
+                    answer: object = (sid, None)
+                elif isinstance(effect, AnswerInitialize):
+                    result = initialize_result_for(driver.app, effect.version)
+                    body = encode_result(effect.request_id, result)
+                    await self.send(self.conn.send_response(200, effect.headers, body))
+                    answer = None
+                else:  # nobody learnt the id, so nobody can use the session
+                    assert isinstance(effect, ForgetSession) and session is not None
+                    driver.end(session)
+                    answer = None
+            except BaseException as exc:
+                effect = course.fail(exc, 0.0)
+            else:
+                effect = course.deliver(answer, 0.0)
 
 
 def _may_hold(stream: StreamLog) -> bool:

@@ -40,7 +40,13 @@ from weir.protocol.binding import fenced
 from weir.protocol.course import GATE_STEPS, CallCourse, ClaimCall, HoldCall, WaitForCall
 from weir.protocol.gate import CallStart
 from weir.protocol.jsonrpc import Notification, Request, encode_result
-from weir.protocol.lifecycle import parse_initialize
+from weir.protocol.lifecycle import (
+    AnswerInitialize,
+    ForgetSession,
+    InitializeCourse,
+    OpenSession,
+    parse_initialize,
+)
 from weir.protocol.post import (
     ACCEPTED,
     ATTACH_WRITER,
@@ -549,22 +555,37 @@ class _Calls(_ServerBase):
 
     # ---------------------------------------------------------------- initialize and rebind
     async def _initialize(self, conn: Connection, post: PostMessages, who: Requester) -> None:
+        """Carry out an ``initialize``'s :class:`~weir.protocol.lifecycle.InitializeCourse`
+        (its clock is unused: it has no deadline)."""
         req = post.messages[0]
         assert isinstance(req, Request)
-        session = await self._initialize_session(req, None, who.principal)
-        result = self._initialize_result(session)
-        headers = [
-            ("content-type", "application/json"),
-            ("mcp-session-id", session.session_id),
-            ("mcp-channel-token", session.record.channel_token),
-        ]
-        try:
-            await conn.send(conn.http.send_response(200, headers, encode_result(req.id, result)))
-        except BaseException:
-            # The client never learnt the session id: nobody can use the session.
-            with trio.CancelScope(shield=True):
-                await self._end_session(session)
-            raise
+        course = InitializeCourse(req)
+        effect = course.start(0.0)
+        session: Session | None = None
+        while effect is not None:
+            try:
+                if isinstance(effect, OpenSession):
+                    asked = effect.asked
+                    client = client_record(asked.capabilities, asked.client_info)
+                    session = await self._new_session(
+                        asked.version, who.principal, effect.request_id, client=client
+                    )
+                    session.caller = Caller(asked.capabilities, asked.client_info)
+                    answer: object = (session.session_id, session.record.channel_token)
+                elif isinstance(effect, AnswerInitialize):
+                    assert session is not None
+                    body = encode_result(effect.request_id, self._initialize_result(session))
+                    await conn.send(conn.http.send_response(200, effect.headers, body))
+                    answer = None
+                else:  # nobody learnt the id, so nobody can use the session
+                    assert isinstance(effect, ForgetSession) and session is not None
+                    with trio.CancelScope(shield=True):
+                        await self._end_session(session)
+                    answer = None
+            except BaseException as exc:
+                effect = course.fail(exc, 0.0)
+            else:
+                effect = course.deliver(answer, 0.0)
 
     async def _initialize_session(
         self, req: Request, session: Session | None, principal: str

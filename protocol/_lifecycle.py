@@ -21,6 +21,14 @@ session (it owns the store and the id generator) between the two halves here:
 * :func:`initialize_result` builds the result object from what the application
   declares; the driver adds nothing the core does not know about except the
   capabilities it computes from the app.
+* :class:`InitializeCourse` is the order of an ``initialize`` POST, for runtimes
+  (driven like every course, see :mod:`weir.protocol._steps`): check it
+  (:func:`parse_initialize`), ask for the session (:class:`OpenSession`: the
+  runtime checks its session limit, mints the id and keeps what the client
+  declared), answer 200 with the session id and channel token
+  (:class:`AnswerInitialize`) -- and if that answer cannot be sent, the client
+  never learnt the id, so nobody can use the session: :class:`ForgetSession`
+  ends it at once instead of leaving it to the idle timeout.
 * :func:`primes_streams` says whether a session's SSE streams begin with a
   priming event (an id and empty data): a 2025-11-25 feature, which older
   clients may not expect.  The negotiated revision decides, or the request's own
@@ -29,15 +37,16 @@ session (it owns the store and the id generator) between the two halves here:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
 
 from ._errors import INVALID_PARAMS, Reason, RemoteProtocolError
-from ._jsonrpc import Request
+from ._jsonrpc import Request, RequestId
 from ._sessionless import SESSIONLESS_VERSIONS
+from ._steps import Steps
 
 #: Revisions served on the Streamable HTTP endpoint, newest first.
 SUPPORTED_VERSIONS: Final = ("2025-11-25", "2025-06-18", "2025-03-26")
@@ -157,3 +166,70 @@ def primes_streams(negotiated: str, header_version: str) -> bool:
     return version_at_least(negotiated, PRIMING_SINCE) or version_at_least(
         header_version, PRIMING_SINCE
     )
+
+
+@dataclass(frozen=True, slots=True)
+class OpenSession:
+    """Create the session ``initialize`` asks for, keeping what its client declared.
+
+    Answer: ``(session_id, channel_token)`` -- the token ``None`` where the runtime
+    binds no channels.  A refusal raised here (the session limit: 503
+    ``session_limit``) ends the course; nothing was created.
+    """
+
+    asked: InitializeParams
+    request_id: RequestId
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerInitialize:
+    """Send 200 with ``headers`` and the ``initialize`` result for revision ``version``
+    (the runtime describes its app: :func:`initialize_result`).  Answer: None."""
+
+    headers: list[tuple[str, str]]
+    request_id: RequestId
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetSession:
+    """End session ``session_id`` now: its id never reached the client (answer: None)."""
+
+    session_id: str
+
+
+InitializeEffect = OpenSession | AnswerInitialize | ForgetSession
+
+
+class InitializeCourse(Steps[InitializeEffect]):
+    """One ``initialize`` POST's course (see the module docstring).
+
+    :meth:`start` raises the 400 of a malformed ``initialize`` before any effect:
+    nothing is created for it.
+    """
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: Request) -> None:
+        if request.method != "initialize":
+            raise ValueError(f"not an initialize request: {request.method!r}")
+        self.now = 0.0
+        self.request = request
+        self._begin(_initialize(self))
+
+
+def _initialize(c: InitializeCourse) -> Generator[InitializeEffect, Any, None]:
+    req = c.request
+    asked = parse_initialize(req)
+    opened: tuple[str, str | None] = yield OpenSession(asked, req.id)
+    session_id, token = opened
+    headers = [("content-type", "application/json"), ("mcp-session-id", session_id)]
+    if token is not None:
+        headers.append(("mcp-channel-token", token))
+    try:
+        yield AnswerInitialize(headers, req.id, asked.version)
+    except GeneratorExit:
+        raise  # abandoned by its runtime: nothing more may be asked
+    except BaseException:
+        yield ForgetSession(session_id)
+        raise

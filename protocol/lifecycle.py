@@ -11,6 +11,10 @@ from ._lifecycle import (
     CLIENT_INFO_KEPT,
     MAX_CLIENT_CAPABILITIES,
     MAX_CLIENT_INFO_FIELD,
+    AnswerInitialize,
+    ForgetSession,
+    InitializeCourse,
+    OpenSession,
     initialize_result,
     parse_initialize,
 )
@@ -20,6 +24,10 @@ __all__ = [
     "CLIENT_INFO_KEPT",
     "MAX_CLIENT_CAPABILITIES",
     "MAX_CLIENT_INFO_FIELD",
+    "AnswerInitialize",
+    "ForgetSession",
+    "InitializeCourse",
+    "OpenSession",
     "initialize_result",
     "parse_initialize",
 ]
