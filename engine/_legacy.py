@@ -29,8 +29,17 @@ import trio
 from weir.protocol import Reason, RemoteProtocolError
 from weir.protocol.course import GATE_STEPS, CallCourse
 from weir.protocol.jsonrpc import Request, encode_error, encode_result
-from weir.protocol.legacy import AdmitLegacyBatch, LegacyMessages, LegacyPostCourse, RunOnLegacy
-from weir.protocol.post import AdmitRequests, LoadSession
+from weir.protocol.legacy import (
+    NEW_LEGACY_SESSION,
+    AdmitLegacyBatch,
+    LegacyMessages,
+    LegacyPostCourse,
+    LegacyStreamCourse,
+    OpenLegacyStream,
+    RunOnLegacy,
+)
+from weir.protocol.lifecycle import ForgetSession
+from weir.protocol.post import ATTACH_WRITER, AdmitRequests, AllocateEpoch, LoadSession
 from weir.protocol.streams import StreamKind
 
 from ._connection import Connection
@@ -44,21 +53,42 @@ class _Legacy(_ServerBase):
     """The 2024-11-05 HTTP+SSE transport (see the module docstring)."""
 
     async def _legacy_stream(self, conn: Connection, who: Requester) -> None:
-        session = await self._new_session("2024-11-05", who.principal)
-        epoch = await self.store.allocate_epoch(session.record.principal, session.session_id)
-        handle = self._open_stream(session, epoch, StreamKind.LEGACY, None)
-        handle.log.emit_ids = False  # 2024-11-05 has no resumption
-        endpoint = f"{self.config.legacy_messages_path}?session_id={session.session_id}"
-        await handle.send(endpoint, event="endpoint")
-        try:
-            await write_stream(
-                conn, session, handle, 0, SSE_HEADERS, keepalive=self.config.sse_keepalive
-            )
-        finally:
-            # The legacy session lives exactly as long as its stream.
-            if not session.closed:
-                with trio.CancelScope(shield=True):
-                    await self._end_session(session)
+        """Carry out a ``GET <sse path>``'s
+        :class:`~weir.protocol.legacy.LegacyStreamCourse` (it has no deadline: no clock)."""
+        course = LegacyStreamCourse(self.config.legacy_messages_path)
+        effect = course.start(0.0)
+        session: Session | None = None
+        handle: StreamHandle | None = None
+        while effect is not None:
+            try:
+                if effect is NEW_LEGACY_SESSION:
+                    session = await self._new_session("2024-11-05", who.principal)
+                    answer: object = session.session_id
+                elif isinstance(effect, AllocateEpoch):
+                    assert session is not None
+                    record = session.record
+                    answer = await self.store.allocate_epoch(record.principal, record.session_id)
+                elif isinstance(effect, OpenLegacyStream):
+                    assert session is not None
+                    handle = self._open_stream(session, effect.epoch, StreamKind.LEGACY, None)
+                    handle.log.emit_ids = False  # 2024-11-05 has no resumption
+                    await handle.send(effect.endpoint, event="endpoint")
+                    answer = None
+                elif effect is ATTACH_WRITER:
+                    assert session is not None and handle is not None
+                    keepalive = self.config.sse_keepalive
+                    await write_stream(conn, session, handle, 0, SSE_HEADERS, keepalive=keepalive)
+                    answer = None
+                else:  # the legacy session ends with its stream
+                    assert isinstance(effect, ForgetSession) and session is not None
+                    if not session.closed:
+                        with trio.CancelScope(shield=True):
+                            await self._end_session(session)
+                    answer = None
+            except BaseException as exc:
+                effect = course.fail(exc, 0.0)
+            else:
+                effect = course.deliver(answer, 0.0)
 
     async def _legacy_post(self, conn: Connection, post: LegacyMessages, who: Requester) -> None:
         """Carry out a legacy POST's :class:`~weir.protocol.legacy.LegacyPostCourse`

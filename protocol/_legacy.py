@@ -43,15 +43,26 @@ Every request is admitted and accounted for under the LEGACY stream's epoch (its
 these requests, on the session the stream already opened; running it is the
 runtime's (it initializes the session instead of calling a handler).
 
-The course does no I/O, reads no clock (``now`` comes with every answer) and
-holds nothing global.
+The course of its stream
+------------------------
+``GET <sse path>`` is :class:`LegacyStreamCourse`: a new session
+(:data:`NEW_LEGACY_SESSION`, answered with its id), a stream epoch
+(:class:`~._post.AllocateEpoch`), the LEGACY stream opened with its first event
+naming the URL to POST to (:class:`OpenLegacyStream`), the writer attached
+(:data:`~._post.ATTACH_WRITER`, answered when the stream ends) -- and then,
+however the writer ended, :class:`~._lifecycle.ForgetSession`: a legacy session
+lives exactly as long as its stream (2024-11-05 has no resumption, so nothing
+could ever reach it again).
+
+The courses do no I/O, read no clock (``now`` comes with every answer) and
+hold nothing global.
 """
 
 from __future__ import annotations
 
 from collections.abc import Container, Generator
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Final, Protocol, cast
 from urllib.parse import parse_qs
 
 from ._course import CallCourse, ClaimCall, HoldCall, WaitForCall, gate
@@ -67,18 +78,22 @@ from ._endpoint import (
 from ._errors import Reason
 from ._http import Headers, HttpRequest
 from ._jsonrpc import Message, Request, RequestId, decode_body
+from ._lifecycle import ForgetSession
 from ._messages import absorb, route_mail
 from ._post import (
     ACCEPTED,
+    ATTACH_WRITER,
     Accepted,
     AdmitRequests,
+    AllocateEpoch,
+    AttachWriter,
     Finished,
     GiveBack,
     LoadSession,
     Mail,
     PostRules,
 )
-from ._steps import Steps
+from ._steps import Singleton, Steps
 from ._streams import StreamKind, StreamTable
 
 
@@ -256,3 +271,47 @@ def _course(c: LegacyPostCourse) -> _Steps:
         yield AdmitLegacyBatch(requests, epoch)
     del requests, absorbed
     yield ACCEPTED
+
+
+# ---------------------------------------------------------------- the course of its stream
+#: Create a legacy (2024-11-05) session for the requester; answer: its id.
+NEW_LEGACY_SESSION: Final = Singleton("NEW_LEGACY_SESSION")
+
+
+@dataclass(frozen=True, slots=True)
+class OpenLegacyStream:
+    """Open the session's LEGACY stream ``epoch`` (events carry no ids) with a first
+    ``endpoint`` event whose data is ``endpoint`` (answer: None)."""
+
+    epoch: str
+    endpoint: str
+
+
+LegacyStreamEffect = Singleton | AllocateEpoch | OpenLegacyStream | AttachWriter | ForgetSession
+
+
+class LegacyStreamCourse(Steps[LegacyStreamEffect]):
+    """One ``GET <sse path>``'s course (see the module docstring): the session, its
+    one stream, and the session's end with the stream's."""
+
+    __slots__ = ("messages_path",)
+
+    def __init__(self, messages_path: str) -> None:
+        super().__init__()
+        #: Where the client is told to POST (``?session_id=`` is added).
+        self.messages_path = messages_path
+        self._begin(_stream_course(self))
+
+
+def _stream_course(c: LegacyStreamCourse) -> Generator[LegacyStreamEffect, object, None]:
+    session_id = cast(str, (yield NEW_LEGACY_SESSION))
+    try:
+        epoch = cast(str, (yield AllocateEpoch(0)))
+        yield OpenLegacyStream(epoch, f"{c.messages_path}?session_id={session_id}")
+        yield ATTACH_WRITER
+    except GeneratorExit:
+        raise  # abandoned by its runtime: nothing more may be asked
+    except BaseException:
+        yield ForgetSession(session_id)
+        raise
+    yield ForgetSession(session_id)

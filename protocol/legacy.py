@@ -9,19 +9,25 @@ The effects a legacy POST shares with a session-era one (``LoadSession``, ``Mail
 from __future__ import annotations
 
 from ._legacy import (
+    NEW_LEGACY_SESSION,
     AdmitLegacyBatch,
     LegacyMessages,
     LegacyOpen,
     LegacyPostCourse,
+    LegacyStreamCourse,
+    OpenLegacyStream,
     RunOnLegacy,
     route_legacy,
 )
 
 __all__ = [
+    "NEW_LEGACY_SESSION",
     "AdmitLegacyBatch",
     "LegacyMessages",
     "LegacyOpen",
     "LegacyPostCourse",
+    "LegacyStreamCourse",
+    "OpenLegacyStream",
     "RunOnLegacy",
     "route_legacy",
 ]

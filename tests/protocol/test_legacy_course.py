@@ -1,7 +1,7 @@
 """A legacy (2024-11-05 HTTP+SSE) POST's course, driven step by step with no runtime:
 every effect sequence asserted as data (admitted, refused at admission, refused by
 the gate, gate replay, store down after the claim, notifications, batches, a session
-without its LEGACY stream)."""
+without its LEGACY stream), and the course of the stream that opens a legacy session."""
 
 from __future__ import annotations
 
@@ -16,14 +16,20 @@ from weir.protocol.course import ClaimCall, HoldCall, WaitForCall
 from weir.protocol.gate import CallOutcome, CallStart
 from weir.protocol.jsonrpc import Notification, Request, Response
 from weir.protocol.legacy import (
+    NEW_LEGACY_SESSION,
     AdmitLegacyBatch,
     LegacyMessages,
     LegacyPostCourse,
+    LegacyStreamCourse,
+    OpenLegacyStream,
     RunOnLegacy,
 )
+from weir.protocol.lifecycle import ForgetSession
 from weir.protocol.post import (
     ACCEPTED,
+    ATTACH_WRITER,
     AdmitRequests,
+    AllocateEpoch,
     Finished,
     GiveBack,
     LoadSession,
@@ -207,3 +213,42 @@ def test_a_session_that_ends_during_admission_is_404_and_nothing_is_accounted() 
         d.step(False)  # admission answers: the session ended while the request waited
     assert err.value.http_status == 404 and err.value.request_id == 3
     assert d.effects == [LOAD, AdmitRequests(1, 3, EP)]  # nothing admitted: no Finished
+
+
+# ---------------------------------------------------------------- the stream's course
+def test_a_legacy_stream_opens_a_session_names_its_post_url_and_ends_it_with_the_stream() -> None:
+    course = LegacyStreamCourse("/messages")
+    assert course.start(0.0) is NEW_LEGACY_SESSION
+    assert course.deliver(SID, 0.0) == AllocateEpoch(0)
+    assert course.deliver(EP, 0.0) == OpenLegacyStream(EP, f"/messages?session_id={SID}")
+    assert course.deliver(None, 0.0) is ATTACH_WRITER
+    # The writer returned (the client went away, or the session was torn down):
+    # the session goes with its stream.
+    assert course.deliver(None, 5.0) == ForgetSession(SID)
+    assert course.deliver(None, 5.0) is None
+
+
+@pytest.mark.parametrize("failing", ["epoch", "open", "writer"])
+def test_a_legacy_stream_that_fails_on_the_way_forgets_its_session_then_fails(
+    failing: str,
+) -> None:
+    course = LegacyStreamCourse("/messages")
+    course.start(0.0)
+    answers: list[object] = [SID, EP, None]
+    steps = {"epoch": 1, "open": 2, "writer": 3}[failing]
+    for answer in answers[: steps - 1]:
+        course.deliver(answer, 0.0)
+    course.deliver(answers[steps - 1], 0.0)
+    gone = ConnectionResetError("peer went away")
+    assert course.fail(gone, 1.0) == ForgetSession(SID)
+    with pytest.raises(ConnectionResetError):
+        course.deliver(None, 1.0)
+
+
+def test_a_legacy_stream_whose_session_is_refused_has_nothing_to_forget() -> None:
+    course = LegacyStreamCourse("/messages")
+    course.start(0.0)
+    full = RemoteProtocolError("full", http_status=503, reason=Reason.SESSION_LIMIT)
+    with pytest.raises(RemoteProtocolError) as refused:
+        course.fail(full, 0.0)
+    assert refused.value is full
