@@ -75,17 +75,16 @@ from ._flow import (
     Admit,
     SessionFlow,
 )
-from ._http import (
+from ._http import HttpConnection
+from ._http_events import (
     NEED_DATA,
     ConnectionClosed,
-    HeadCache,
-    HttpConnection,
     HttpError,
     HttpLimits,
     HttpRequest,
     Inbound,
-    raw_error_response,
 )
+from ._http_response import HeadCache, raw_error_response
 
 __all__ = [
     "INTERNAL_ERROR",

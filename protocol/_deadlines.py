@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._errors import Reason, RemoteProtocolError
-from ._http import Inbound
+from ._http_events import Inbound
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -38,7 +38,8 @@ from typing import Final
 
 from ._errors import INVALID_REQUEST, Reason, RemoteProtocolError
 from ._event_ids import EventId, parse_event_id
-from ._http import Headers, HttpRequest, raw_error_response
+from ._http_events import Headers, HttpRequest
+from ._http_response import raw_error_response
 from ._jsonrpc import Message, Request, RequestId, decode_body, error_body
 from ._lifecycle import ALL_VERSIONS, DEFAULT_VERSION, SUPPORTED_VERSIONS
 from ._sessionless import (

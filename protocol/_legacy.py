@@ -76,7 +76,7 @@ from ._endpoint import (
     session_refusal,
 )
 from ._errors import Reason
-from ._http import Headers, HttpRequest
+from ._http_events import Headers, HttpRequest
 from ._jsonrpc import Message, Request, RequestId, decode_body
 from ._lifecycle import ForgetSession
 from ._messages import absorb, route_mail

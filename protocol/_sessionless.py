@@ -41,7 +41,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from ._errors import INVALID_PARAMS, INVALID_REQUEST, Reason, RemoteProtocolError
-from ._http import Headers
+from ._http_events import Headers
 from ._jsonrpc import Message, Notification, Request, RequestId
 
 #: Revisions served without sessions, newest first.

@@ -27,7 +27,7 @@ from weir.protocol import (
     HttpRequest,
     RemoteProtocolError,
 )
-from weir.protocol._http import Headers
+from weir.protocol._http_events import Headers
 
 Event = HttpRequest | HttpError | ConnectionClosed
 Answer = Callable[[HttpConnection, HttpRequest], bytes]

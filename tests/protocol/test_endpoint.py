@@ -24,7 +24,7 @@ from weir.protocol import (
 from weir.protocol._endpoint import accepts, host_of
 from weir.protocol._errors import PARSE_ERROR
 from weir.protocol._event_ids import EventId
-from weir.protocol._http import Headers
+from weir.protocol._http_events import Headers
 from weir.protocol._lifecycle import (
     DEFAULT_VERSION,
     LATEST_VERSION,

@@ -13,7 +13,7 @@ import pytest
 from weir.protocol import DeleteSession, OpenStream, Reason, RemoteProtocolError
 from weir.protocol._endpoint import RequestContext
 from weir.protocol._event_ids import EventId
-from weir.protocol._http import Headers
+from weir.protocol._http_events import Headers
 from weir.protocol.get import (
     DELETED,
     END_REPLAY,

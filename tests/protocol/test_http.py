@@ -19,7 +19,7 @@ from weir.protocol import (
     Reason,
 )
 from weir.protocol._errors import LocalProtocolError
-from weir.protocol._http import Headers
+from weir.protocol._http_events import Headers
 
 from .helpers import (
     bytewise,

@@ -185,7 +185,8 @@ def test_the_h11_path_checks_a_trickled_head_without_keeping_it_twice() -> None:
         conn.receive_data(byte)
         assert conn.next_event() is NEED_DATA
         # Only the bytes one check could not decide, and where a blank line may start.
-        assert len(conn._tail) <= 4
+        watch = conn._watch
+        assert watch is not None and watch.held <= 4
     conn.receive_data(head[-1:])
     assert isinstance(conn.next_event(), HttpRequest)
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from weir.protocol import Reason, RemoteProtocolError
-from weir.protocol._http import Headers
+from weir.protocol._http_events import Headers
 from weir.protocol.course import ClaimCall, HoldCall, WaitForCall
 from weir.protocol.gate import CallOutcome, CallStart
 from weir.protocol.jsonrpc import Notification, Request, Response

@@ -10,7 +10,7 @@ import pytest
 
 from weir.protocol import INVALID_PARAMS, Reason, RemoteProtocolError
 from weir.protocol._gate import WindowKey
-from weir.protocol._http import Headers
+from weir.protocol._http_events import Headers
 from weir.protocol._sessionless import HEADER_MISMATCH, RequestMeta
 from weir.protocol._sessionless_post import same_request_key, state_binding
 from weir.protocol.course import ClaimCall, HoldCall, WaitForCall
