@@ -94,10 +94,11 @@ from ._http_head import (
     HeadWatch,
     ParsedHead,
     body_too_large,
+    chunks_refusal,
+    h11_refusal,
     head_fault,
     head_refusal,
     parse_head,
-    target_too_long,
 )
 from ._http_response import (
     HeadCache,
@@ -299,41 +300,16 @@ class HttpConnection:
                 # it (the connection closes after the response), never an error
                 # that would replace the response to the request delivered.
                 return NEED_DATA
-            watch = self._watch
-            if watch is not None:
-                if watch.line_open and watch.target_too_long():
-                    return self._fail(*target_too_long(self.limits))
-                if not watch.found:
-                    fault = watch.malformed()
-                    if fault is not None:
-                        return self._fail(
-                            400, Reason.MALFORMED_HTTP, f"malformed HTTP request: {fault}"
-                        )
-                    if watch.too_large():
-                        return self._fail(
-                            431, Reason.HEADERS_TOO_LARGE, "request header block too large"
-                        )
+            refusal = self._watch.refusal() if self._watch is not None else None
             chunks = self._chunks
-            if chunks is not None and chunks.fault is not None:
-                return self._fail(
-                    400, Reason.MALFORMED_HTTP, f"malformed HTTP request: {chunks.fault}"
-                )
-            if chunks is not None and chunks.too_large:
-                return self._fail(*body_too_large(self.limits))
+            if refusal is None and chunks is not None:
+                refusal = chunks_refusal(chunks, self.limits)
+            if refusal is not None:
+                return self._fail(*refusal)
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
-                status = exc.error_status_hint
-                if status == 431 or "exceeds" in str(exc).lower() or "too long" in str(exc).lower():
-                    return self._fail(
-                        431, Reason.HEADERS_TOO_LARGE, "request header block too large"
-                    )
-                # Only h11's verdict, never the bytes it quotes after it (a refusal
-                # does not echo the client, and the text is the same however split).
-                verdict = str(exc).split(":", 1)[0].strip() or "unparseable head"
-                return self._fail(
-                    status, Reason.MALFORMED_HTTP, f"malformed HTTP request: {verdict}"
-                )
+                return self._fail(*h11_refusal(exc))
             if event is h11.NEED_DATA:
                 return NEED_DATA
             if event is h11.PAUSED:
@@ -355,23 +331,27 @@ class HttpConnection:
                 self._body.append(bytes(event.data))
                 continue
             if isinstance(event, h11.EndOfMessage):
-                req = self._pending
-                assert req is not None
-                self._pending = None
-                self._chunks = None
-                self._head_request = req.method == b"HEAD"
-                body = b"".join(self._body)
-                self._body = []
-                return HttpRequest(
-                    method=req.method.decode("ascii", "replace"),
-                    target=req.target.decode("latin-1"),
-                    headers=Headers.from_raw(req.headers),
-                    body=body,
-                    http_version=req.http_version.decode("ascii", "replace"),
-                )
+                return self._request_done()
             if isinstance(event, h11.ConnectionClosed):
                 self._closed = True
                 return ConnectionClosed()
+
+    def _request_done(self) -> HttpRequest:
+        """The request h11 has read whole (head and body), as the core delivers it."""
+        req = self._pending
+        assert req is not None
+        self._pending = None
+        self._chunks = None
+        self._head_request = req.method == b"HEAD"
+        body = b"".join(self._body)
+        self._body = []
+        return HttpRequest(
+            method=req.method.decode("ascii", "replace"),
+            target=req.target.decode("latin-1"),
+            headers=Headers.from_raw(req.headers),
+            body=body,
+            http_version=req.http_version.decode("ascii", "replace"),
+        )
 
     def _check_head(self, conn: h11.Connection, req: h11.Request) -> HttpError | None:
         """Apply the limits to a complete head (:func:`~._http_head.head_refusal`);

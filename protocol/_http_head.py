@@ -69,6 +69,7 @@ from typing import Final
 
 import h11
 
+from ._chunked import ChunkedCheck
 from ._errors import Reason
 from ._http_events import Headers, HttpLimits
 
@@ -234,7 +235,7 @@ def head_refusal(req: h11.Request, limits: HttpLimits) -> tuple[int, Reason, str
         return 431, Reason.HEADERS_TOO_LARGE, "request header block too large"
     if len(req.target) > limits.max_target_bytes:
         # (A short method's over-long target is refused before the head ends.)
-        return target_too_long(limits)
+        return target_too_long(limits.max_target_bytes)
     if len(req.headers) > limits.max_header_fields:
         return (
             431,
@@ -276,14 +277,36 @@ def head_refusal(req: h11.Request, limits: HttpLimits) -> tuple[int, Reason, str
     return None
 
 
-def target_too_long(limits: HttpLimits) -> tuple[int, Reason, str]:
+def target_too_long(max_target_bytes: int) -> tuple[int, Reason, str]:
     """The 414 of a request target over ``max_target_bytes``."""
-    return 414, Reason.URI_TOO_LONG, f"request target longer than {limits.max_target_bytes} bytes"
+    return 414, Reason.URI_TOO_LONG, f"request target longer than {max_target_bytes} bytes"
 
 
 def body_too_large(limits: HttpLimits) -> tuple[int, Reason, str]:
     """The 413 of a request body over ``max_body_bytes``."""
     return 413, Reason.PAYLOAD_TOO_LARGE, f"request body larger than {limits.max_body_bytes} bytes"
+
+
+def chunks_refusal(chunks: ChunkedCheck, limits: HttpLimits) -> tuple[int, Reason, str] | None:
+    """The refusal of a chunked body whose lines break the grammar (400) or whose
+    declared sizes pass ``max_body_bytes`` (413), or None."""
+    if chunks.fault is not None:
+        return 400, Reason.MALFORMED_HTTP, f"malformed HTTP request: {chunks.fault}"
+    if chunks.too_large:
+        return body_too_large(limits)
+    return None
+
+
+def h11_refusal(exc: h11.RemoteProtocolError) -> tuple[int, Reason, str]:
+    """The refusal of what h11 rejected: 431 for a head too large, else its status
+    with its verdict alone (never the bytes it quotes after it: a refusal does not
+    echo the client, and the text is the same however the bytes were split)."""
+    status = exc.error_status_hint
+    text = str(exc)
+    if status == 431 or "exceeds" in text.lower() or "too long" in text.lower():
+        return 431, Reason.HEADERS_TOO_LARGE, "request header block too large"
+    verdict = text.split(":", 1)[0].strip() or "unparseable head"
+    return status, Reason.MALFORMED_HTTP, f"malformed HTTP request: {verdict}"
 
 
 class HeadWatch:
@@ -405,6 +428,19 @@ class HeadWatch:
         del tail[:keep]
         self._tail_check = at - keep
         return fault
+
+    def refusal(self) -> tuple[int, Reason, str] | None:
+        """What to refuse the head with before h11 parses it, in order (414, 400
+        ``malformed_http``, 431), or None."""
+        if self.line_open and self.target_too_long():
+            return target_too_long(self._max_target)
+        if not self.found:
+            fault = self.malformed()
+            if fault is not None:
+                return 400, Reason.MALFORMED_HTTP, f"malformed HTTP request: {fault}"
+            if self.too_large():
+                return 431, Reason.HEADERS_TOO_LARGE, "request header block too large"
+        return None
 
     def too_large(self) -> bool:
         """True when no blank line came in the first ``max_header_bytes + 1`` bytes:
