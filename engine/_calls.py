@@ -122,32 +122,26 @@ class Calls:
 
     async def post(self, conn: Connection, post: PostMessages, who: Requester) -> None:
         """Carry out a POST's :class:`~weir.protocol.post.PostCourse`: the core decides
-        the order, this performs each effect it asks for."""
+        the order, this performs each effect it asks for (the most frequent first)."""
         if post.is_initialize:
             await self._initialize(conn, post, who)
             return
         course = PostCourse(post, self.post_rules)
         clock = trio.current_time
-        # The clock is read again only after a step that may wait: the course reads
-        # it for the gate's deadlines, and every read costs on this path.
-        now = clock()
+        now = clock()  # read again only after a step that may wait (the gate's deadlines)
         effect = course.start(now)
         session: Session | None = None
         handle: StreamHandle | None = None
+        sid = post.ctx.session_id
         try:
             while effect is not None:
-                # (Most frequent first: this loop runs for every POST.)
                 answer: object = None
                 try:
                     if session is None:
                         assert isinstance(effect, LoadSession)
-                        session = await self.table.session(
-                            who.principal,
-                            post.ctx.session_id,
-                            effect.request_id,
-                            verify=effect.verify,
+                        session = answer = await self.table.session(
+                            who.principal, sid, effect.request_id, verify=effect.verify
                         )
-                        answer = session
                     elif effect is ENTER_REQUEST:
                         session.handle(SessionInput.REQUEST)
                     elif isinstance(effect, AdmitRequests):

@@ -53,7 +53,13 @@ from ._writer import RECV_BYTES, PeerGone
 
 
 class _ReadTimer:
-    """A connection's read deadline, as the server's read-deadline heap sees it."""
+    """A connection's read deadline, as the server's read-deadline heap sees it.
+
+    The heap wakes at the earliest deadline, and a connection asks for an entry
+    only when its deadline moves earlier than the one it has -- so a busy keep-alive
+    connection, whose deadline slides later with every request, costs two stores per
+    request instead of re-arming a Trio deadline twice.
+    """
 
     __slots__ = ("closed", "deadline", "scope", "timer_at", "timer_key")
 
@@ -179,18 +185,12 @@ class Connections:
 
     async def _serve_requests(self, conn: Connection, slot: Slot | None) -> bool:
         """Serve requests until the connection is done; True if it ends on a refusal
-        sent while the peer may still be sending (408, 413, 431, 503 ``overloaded``)."""
-        http = conn.http
-        cfg = self.config
-        keepalive, receive = cfg.keepalive_timeout, conn.stream.receive_some
+        sent while the peer may still be sending (408, 413, 431, 503 ``overloaded``).
+
+        One scope is cancelled when a read misses its deadline (or the connection is
+        shed); the deadline itself is a float in a :class:`_ReadTimer`.
+        """
         clock = ReadClock(self._read_timeouts)
-        timers = self.read_deadlines
-        # One scope is cancelled when a read misses its deadline (or the connection is
-        # shed).  The deadline itself is a float in ``timer``: the server's one heap of
-        # read deadlines wakes at the earliest, and a connection asks for an entry only
-        # when its deadline moves earlier than the one it has -- so a busy keep-alive
-        # connection, whose deadline slides later with every request, costs two stores
-        # per request instead of re-arming a Trio deadline twice.
         reads = trio.CancelScope()
         timer = _ReadTimer(reads)
         try:
@@ -198,61 +198,7 @@ class Connections:
                 conn.scope = reads
                 if slot is not None:
                     slot.scope = reads
-                while True:
-                    event = http.next_event()
-                    if event is NEED_DATA:
-                        if http.has_data_to_send:
-                            await conn.send(http.data_to_send())  # e.g. 100 Continue
-                        now = trio.current_time()
-                        inbound = http.inbound
-                        deadline = timer.deadline = clock.deadline(inbound, now)
-                        if not self._reads_on_heap:
-                            reads.deadline = deadline  # (the heap's task has stopped)
-                        elif deadline < timer.timer_at:
-                            timers.schedule(timer, deadline)
-                        if inbound is Inbound.IDLE and slot is not None:
-                            slot.idle_since = now  # parked: it may be shed
-                        try:
-                            data = await receive(RECV_BYTES)
-                        finally:
-                            timer.deadline = math.inf
-                            if not self._reads_on_heap:
-                                reads.deadline = math.inf
-                        if slot is not None:
-                            slot.idle_since = None
-                        if conn.tracker.outstanding:
-                            conn.check_acks()  # a new request: the peer has likely read our last
-                        if reads.cancel_called:
-                            # Shed (or timed out) just as bytes arrived: the cancellation
-                            # is pending in this scope.  Answer what came, shielded, then close.
-                            with trio.CancelScope(shield=True) as last:
-                                last.deadline = now + keepalive
-                                await self._last_requests(conn, data)
-                            return False
-                        # Bytes of requests not yet complete count against one process-wide cap.
-                        n = len(data)
-                        conn.inbound += n
-                        self.inbound += n
-                        if self.inbound > cfg.max_inbound_bytes:
-                            await self._overloaded(conn)
-                            return True
-                        http.receive_data(data)
-                    elif isinstance(event, HttpRequest):
-                        clock.request_done()
-                        # Handed over, not kept: a long response (an SSE stream) must not
-                        # keep the request's body alive for as long as it lasts.
-                        handoff, event = [event], NEED_DATA
-                        self.inbound -= conn.inbound
-                        conn.inbound = 0
-                        await self._respond(conn, handoff)
-                        if http.should_close:
-                            return False
-                    elif isinstance(event, HttpError):
-                        self.metrics.refused(str(event.reason))
-                        await conn.send(http.data_to_send())
-                        return True
-                    elif isinstance(event, ConnectionClosed):
-                        return False
+                return await self._read_loop(conn, slot, clock, timer)
         finally:
             timer.closed = True  # its heap entry, if any, is skipped
         if reads.cancelled_caught and clock.owed:
@@ -260,17 +206,83 @@ class Connections:
             return True
         return False
 
-    async def _last_requests(self, conn: Connection, data: bytes | bytearray) -> None:
-        """Serve the complete requests in ``data`` and stop (the connection then closes)."""
-        http = conn.http
-        http.receive_data(data)
+    async def _read_loop(
+        self, conn: Connection, slot: Slot | None, clock: ReadClock, timer: _ReadTimer
+    ) -> bool:
+        """:meth:`_serve_requests`'s loop: read, parse, respond, until the connection
+        is done (or a read misses its deadline: ``timer.scope`` is cancelled)."""
+        http, reads, timers = conn.http, timer.scope, self.read_deadlines
+        cfg = self.config
+        keepalive, receive = cfg.keepalive_timeout, conn.stream.receive_some
         while True:
             event = http.next_event()
-            if not isinstance(event, HttpRequest):
-                return
-            await self._respond(conn, [event])
-            if http.should_close:
-                return
+            if event is NEED_DATA:
+                if http.has_data_to_send:
+                    await conn.send(http.data_to_send())  # e.g. 100 Continue
+                now = trio.current_time()
+                inbound = http.inbound
+                deadline = timer.deadline = clock.deadline(inbound, now)
+                if not self._reads_on_heap:
+                    reads.deadline = deadline  # (the heap's task has stopped)
+                elif deadline < timer.timer_at:
+                    timers.schedule(timer, deadline)
+                if inbound is Inbound.IDLE and slot is not None:
+                    slot.idle_since = now  # parked: it may be shed
+                try:
+                    data = await receive(RECV_BYTES)
+                finally:
+                    timer.deadline = math.inf
+                    if not self._reads_on_heap:
+                        reads.deadline = math.inf
+                if slot is not None:
+                    slot.idle_since = None
+                if conn.tracker.outstanding:
+                    conn.check_acks()  # a new request: the peer has likely read our last
+                if reads.cancel_called:  # shed (or timed out) just as bytes arrived
+                    await self._last_requests(conn, data, now + keepalive)
+                    return False
+                # Bytes of requests not yet complete count against one process-wide cap.
+                n = len(data)
+                conn.inbound += n
+                self.inbound += n
+                if self.inbound > cfg.max_inbound_bytes:
+                    await self._overloaded(conn)
+                    return True
+                http.receive_data(data)
+            elif isinstance(event, HttpRequest):
+                clock.request_done()
+                # Handed over, not kept: a long response (an SSE stream) must not
+                # keep the request's body alive for as long as it lasts.
+                handoff, event = [event], NEED_DATA
+                self.inbound -= conn.inbound
+                conn.inbound = 0
+                await self._respond(conn, handoff)
+                if http.should_close:
+                    return False
+            elif isinstance(event, HttpError):
+                self.metrics.refused(str(event.reason))
+                await conn.send(http.data_to_send())
+                return True
+            elif isinstance(event, ConnectionClosed):
+                return False
+
+    async def _last_requests(self, conn: Connection, data: bytes | bytearray, until: float) -> None:
+        """Serve the complete requests in ``data`` and stop (the connection then closes).
+
+        The connection was shed (or timed out) just as ``data`` arrived: the
+        cancellation is pending in its scope, so this runs shielded, until ``until``.
+        """
+        http = conn.http
+        http.receive_data(data)
+        with trio.CancelScope(shield=True) as last:
+            last.deadline = until
+            while True:
+                event = http.next_event()
+                if not isinstance(event, HttpRequest):
+                    return
+                await self._respond(conn, [event])
+                if http.should_close:
+                    return
 
     async def _linger(self, stream: trio.abc.Stream) -> None:
         """Half-close, then read and discard what the peer still sends, for at most the

@@ -183,9 +183,7 @@ class Sessionless:
         wall = time.time() if rules.retry_window > 0 else 0.0  # (only the window reads it)
         course = SessionlessCourse(msg, who.principal, who.authorized, rules, wall=wall)
         clock = trio.current_time
-        # The clock is read again only after a step that may wait (the gate's
-        # deadlines are the course's only use of it).
-        now = clock()
+        now = clock()  # read again only after a step that may wait (the gate's deadlines)
         effect = course.start(now)
         owner: Session | None = None
         answering: _Answering | None = None
@@ -221,9 +219,8 @@ class Sessionless:
                         await self._run_on_stream(owner, msg, who, effect.run, answering)
                     elif effect is ATTACH_WRITER:
                         assert answering is not None
-                        keepalive = self.config.sse_keepalive
-                        handle = answering.handle
-                        await write_stream(conn, owner, handle, 0, SSE_HEADERS, keepalive=keepalive)
+                        ka, handle = self.config.sse_keepalive, answering.handle
+                        await write_stream(conn, owner, handle, 0, SSE_HEADERS, keepalive=ka)
                     else:
                         await self._sessionless_effect(conn, owner, who, effect)
                 except BaseException as exc:
