@@ -9,12 +9,13 @@ calls).  Each is a plain class that gets, in its constructor, this module's
 :class:`Shared` and the other components it calls; none reaches another through it.
 
 :class:`Shared` holds what is the server's rather than any one component's: the
-app, the configuration, the store, the retention budget, the metrics, the rules
-the core's courses read, the replica id, the request-state sealer, the live
-session table's dict (read by several components, written only by the session
-table), the handler nursery once the server runs, and the shutdown flag.  Its only
-methods are about its own state: starting a guarded background task in the handler
-nursery, and the activity signal the drain waits on.
+app, the configuration, the store, the retention budget, the metrics, the endpoint,
+the POST rules (read by the session era's and the legacy transport's POSTs), the
+replica id, the request-state sealer, the live session table's dict (read by
+several components, written only by the session table), the handler nursery once
+the server runs, and the shutdown flag.  Its only methods are about its own
+state: starting a guarded background task in the handler nursery, and the
+activity signal the drain waits on.
 
 Also here: the refusals for an unavailable store and a full retention budget, the
 wait for a claimed call, and the server's one logger, still named
@@ -41,10 +42,8 @@ from weir.protocol import (
     RemoteProtocolError,
 )
 from weir.protocol.budget import RetentionBudget
-from weir.protocol.get import StreamRules
 from weir.protocol.jsonrpc import RequestId
 from weir.protocol.post import PostRules
-from weir.protocol.sessionless_post import SessionlessRules
 
 from ._acks import AckPoller
 from ._config import ServerConfig
@@ -76,6 +75,7 @@ class Shared:
         )
         if isinstance(self.store, MemoryStore) and self.store.budget is None:
             self.store.budget = self.budget
+        #: The endpoint's routing rules (path, Host and Origin checks).
         self.endpoint: EndpointConfig = config.endpoint()
         self.replica_id = config.replica_id or secrets.token_hex(4)
         self.metrics = Metrics()
@@ -102,23 +102,6 @@ class Shared:
             authorized=config.auth is not None,
             in_progress_wait=config.in_progress_wait,
             retry_ms=config.retry_ms,
-        )
-        #: ... and a sessionless one's (the app's fallback is read again per request).
-        self.sessionless_rules = SessionlessRules(
-            json_response=config.json_response,
-            retry_window=config.retry_window,
-            in_progress_wait=config.in_progress_wait,
-            retry_ms=config.retry_ms,
-        )
-        #: What a GET's and a DELETE's courses need to know of this server's setup.
-        self.stream_rules = StreamRules(
-            resume=config.resume,
-            shared=self.store.shared,
-            authorized=config.auth is not None,
-            keepalive=config.sse_keepalive,
-            lease=config.claim_lease,
-            give_up_after=config.credit.liveness_timeout * 10,
-            replica=self.replica_id,
         )
 
     def start(self, fn: Callable[..., Any], *args: Any) -> None:

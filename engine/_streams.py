@@ -62,6 +62,7 @@ from weir.protocol.get import (
     PrimeStream,
     ReadEvents,
     StartReplay,
+    StreamRules,
     TailCut,
     WriteStream,
 )
@@ -93,6 +94,17 @@ class Streams:
         self.store = shared.store
         self.replica_id = shared.replica_id
         self.table = table
+        cfg = shared.config
+        #: What a GET's and a DELETE's courses need to know of this server's setup.
+        self.rules = StreamRules(
+            resume=cfg.resume,
+            shared=self.store.shared,
+            authorized=cfg.auth is not None,
+            keepalive=cfg.sse_keepalive,
+            lease=cfg.claim_lease,
+            give_up_after=cfg.credit.liveness_timeout * 10,
+            replica=self.replica_id,
+        )
 
     def open_stream(
         self, session: Session, epoch: str, kind: StreamKind, token: tuple[int, str] | None
@@ -142,13 +154,11 @@ class Streams:
 
     async def get(self, conn: Connection, get: OpenStream, who: Requester) -> None:
         """Carry out a GET's :class:`~weir.protocol.get.GetCourse`."""
-        await self._carry(conn, GetCourse(get, self.shared.stream_rules), get.ctx.session_id, who)
+        await self._carry(conn, GetCourse(get, self.rules), get.ctx.session_id, who)
 
     async def delete(self, conn: Connection, delete: DeleteSession, who: Requester) -> None:
         """Carry out a DELETE's :class:`~weir.protocol.get.DeleteCourse`."""
-        await self._carry(
-            conn, DeleteCourse(delete, self.shared.stream_rules), delete.ctx.session_id, who
-        )
+        await self._carry(conn, DeleteCourse(delete, self.rules), delete.ctx.session_id, who)
 
     async def _carry(
         self, conn: Connection, course: GetCourse | DeleteCourse, sid: str | None, who: Requester
