@@ -75,15 +75,12 @@ from weir.protocol.streams import StreamKind
 
 from ._channel import raise_channel
 from ._connection import Connection
+from ._execution import Execution
+from ._json_reply import answer_json, send_json
 from ._requester import Requester
-from ._server_base import (
-    _ServerBase,
-    _store_unavailable,
-    log,
-    retention_full,
-    wait_for_claim,
-)
-from ._session import JsonCharge, Session, SessionClosed, StreamHandle
+from ._session import Session, SessionClosed, StreamHandle
+from ._session_table import SessionTable
+from ._shared import Shared, log, retention_full, store_unavailable, wait_for_claim
 from ._store import (
     ChannelRejected,
     MemoryStore,
@@ -92,46 +89,63 @@ from ._store import (
     StoreUnavailable,
     client_record,
 )
-from ._writer import SSE_HEADERS, PeerGone, write_stream
+from ._streams import Streams
+from ._writer import SSE_HEADERS, write_stream
 
 __all__ = ["REBIND_METHOD"]  # (re-exported: weir.engine names it too)
 
 
-class _Calls(_ServerBase):
-    """POST: admission, the idempotency gate, JSON mode, initialize and rebind."""
+class Calls:
+    """POST: admission, the idempotency gate, JSON mode, initialize and rebind.
 
-    async def _post(self, conn: Connection, post: PostMessages, who: Requester) -> None:
+    Guarantees: a POST performs exactly the effects its course asks for, in its
+    order; every admitted request is accounted for once (:meth:`Session.done`); a
+    claim granted by a shared store is never lost to a cancellation; at most
+    :data:`MAX_NOTES_RUNNING` client notifications are handled at once.
+    """
+
+    def __init__(
+        self, shared: Shared, table: SessionTable, streams: Streams, execution: Execution
+    ) -> None:
+        self.shared = shared
+        self.app = shared.app
+        self.config = shared.config
+        self.store = shared.store
+        self.metrics = shared.metrics
+        self.post_rules = shared.post_rules
+        self.replica_id = shared.replica_id
+        self.table = table
+        self.streams = streams
+        self.execution = execution
+        #: Client notifications the app's hooks are handling right now.
+        self.notes_running = 0
+
+    async def post(self, conn: Connection, post: PostMessages, who: Requester) -> None:
         """Carry out a POST's :class:`~weir.protocol.post.PostCourse`: the core decides
-        the order, this performs each effect it asks for."""
+        the order, this performs each effect it asks for (the most frequent first)."""
         if post.is_initialize:
             await self._initialize(conn, post, who)
             return
         course = PostCourse(post, self.post_rules)
         clock = trio.current_time
-        # The clock is read again only after a step that may wait: the course reads
-        # it for the gate's deadlines, and every read costs on this path.
-        now = clock()
+        now = clock()  # read again only after a step that may wait (the gate's deadlines)
         effect = course.start(now)
         session: Session | None = None
         handle: StreamHandle | None = None
+        sid = post.ctx.session_id
         try:
             while effect is not None:
-                # (Most frequent first: this loop runs for every POST.)
                 answer: object = None
                 try:
                     if session is None:
                         assert isinstance(effect, LoadSession)
-                        session = await self._session(
-                            who.principal,
-                            post.ctx.session_id,
-                            effect.request_id,
-                            verify=effect.verify,
+                        session = answer = await self.table.session(
+                            who.principal, sid, effect.request_id, verify=effect.verify
                         )
-                        answer = session
                     elif effect is ENTER_REQUEST:
                         session.handle(SessionInput.REQUEST)
                     elif isinstance(effect, AdmitRequests):
-                        answer = await self._admit(session, effect)
+                        answer = await self.admit(session, effect)
                         now = clock()
                     elif isinstance(effect, ClaimCall):
                         answer = await self._claim_call(session, effect)
@@ -139,7 +153,7 @@ class _Calls(_ServerBase):
                     elif isinstance(effect, HoldCall):
                         session.calls[effect.key] = None  # an Event only once a duplicate waits
                     elif isinstance(effect, OpenRequestStream):
-                        handle = self._open_stream(
+                        handle = self.streams.open_stream(
                             session, effect.epoch, StreamKind.REQUEST, effect.token
                         )
                         session.move_reservations(effect.lane, effect.epoch)
@@ -153,10 +167,10 @@ class _Calls(_ServerBase):
                         keepalive = self.config.sse_keepalive
                         await write_stream(conn, session, handle, 0, headers, keepalive=keepalive)
                     elif isinstance(effect, WaitForCall):
-                        answer = await self._gate_effect(session, effect)
+                        answer = await self.gate_effect(session, effect)
                         now = clock()
                     else:
-                        answer = await self._post_effect(conn, session, effect)
+                        answer = await self.post_effect(conn, session, effect)
                 except BaseException as exc:
                     effect = course.fail(exc, clock())
                 else:
@@ -172,18 +186,21 @@ class _Calls(_ServerBase):
         """Start a stream's calls: right here when they never suspend (so the writer
         finds the answer on its first look), else as handler tasks (after the
         priming event, if the stream has one)."""
-        assert self._handlers is not None
+        handlers = self.shared.handlers
+        assert handlers is not None
         course = courses[0]
         if course.replay is not None:
             self.metrics.duplicates_replayed += 1
-        if len(courses) == 1 and await self._run_now(session, course, handle, primes=primes):
+        if len(courses) == 1 and await self.execution.run_now(
+            session, course, handle, primes=primes
+        ):
             return
         if primes:
-            self._handlers.start_soon(self._prime_then_run, session, handle, courses)
+            handlers.start_soon(self.execution.prime_then_run, session, handle, courses)
         else:
-            self._handlers.start_soon(self._run_request, session, course, handle)
+            handlers.start_soon(self.execution.run_request, session, course, handle)
 
-    async def _admit(self, session: Session, effect: AdmitRequests) -> bool:
+    async def admit(self, session: Session, effect: AdmitRequests) -> bool:
         """Admission (the core's :class:`AdmitRequests`): False if the session ended."""
         try:
             await session.admit(effect.n, effect.request_id, effect.lane)
@@ -192,7 +209,7 @@ class _Calls(_ServerBase):
         self.metrics.admissions += effect.n
         return True
 
-    async def _post_effect(self, conn: Connection, session: Session, effect: Effect) -> object:
+    async def post_effect(self, conn: Connection, session: Session, effect: Effect) -> object:
         """Perform one of a POST course's less frequent effects; its answer."""
         if isinstance(effect, AllocateEpoch):
             principal, sid = session.record.principal, session.session_id
@@ -200,7 +217,7 @@ class _Calls(_ServerBase):
         elif isinstance(effect, Finished):
             session.done(effect.n, effect.lane)
         elif isinstance(effect, GiveBack):
-            await self._finish_call(session, effect.key, None)
+            await self.execution.finish_call(session, effect.key, None)
         elif isinstance(effect, AnswerJson):
             for course in effect.courses:
                 if course.replay is not None:
@@ -209,7 +226,7 @@ class _Calls(_ServerBase):
         elif isinstance(effect, Mail):
             await self._mail(session, effect)
         elif effect is MARK_BOUND:
-            await self._mark_bound(session)
+            await self.streams.mark_bound(session)
         elif effect is ACCEPTED:
             await conn.send(conn.http.send_response(202, ()))
         elif isinstance(effect, Rebind):
@@ -233,7 +250,7 @@ class _Calls(_ServerBase):
         primes: bool,
     ) -> None:
         """A batch (2025-03-26): its entries are admitted one by one, each like a lone
-        request, and dispatched as they are admitted (:meth:`_admit_each`).
+        request, and dispatched as they are admitted (:meth:`admit_each`).
 
         The response starts at once; entries wait for admission while it is open,
         so a batch never holds more in flight than a session may.
@@ -242,35 +259,35 @@ class _Calls(_ServerBase):
             lane = object()  # the batch's one body
 
             async def feed(run: Callable[[int, CallCourse], Awaitable[None]]) -> None:
-                await self._admit_each(session, requests, token, run, lane)
+                await self.admit_each(session, requests, token, run, lane)
 
             try:
                 bodies = await self._collect_json(session, len(requests), feed, lane)
-                await self._answer_json(conn, session, bodies, True, lane)
+                await answer_json(conn, session, bodies, True, lane)
             finally:
                 session.settle(lane)
             return
         epoch = await self.store.allocate_epoch(
             session.record.principal, session.session_id, token[0] if token else 0
         )
-        handle = self._open_stream(session, epoch, StreamKind.REQUEST, token)
+        handle = self.streams.open_stream(session, epoch, StreamKind.REQUEST, token)
         handle.outstanding = len(requests)
 
         async def run_sse(i: int, plan: CallCourse) -> None:
-            await self._run_request(session, plan, handle)
+            await self.execution.run_request(session, plan, handle)
 
         async def all_sse() -> None:
             if primes:
                 await handle.send("")  # the priming event: an id and empty data
-            await self._admit_each(session, requests, token, run_sse, epoch)
+            await self.admit_each(session, requests, token, run_sse, epoch)
 
-        self._handlers_start(all_sse)
+        self.shared.start(all_sse)
         sse_headers = (*SSE_HEADERS, ("mcp-session-id", session.session_id))
         await write_stream(
             conn, session, handle, 0, sse_headers, keepalive=self.config.sse_keepalive
         )
 
-    async def _admit_each(
+    async def admit_each(
         self,
         session: Session,
         requests: list[Request],
@@ -301,15 +318,15 @@ class _Calls(_ServerBase):
                             self.metrics.duplicates_replayed += 1
                         nursery.start_soon(run, effect.index, effect.course)
                     elif isinstance(effect, AdmitRequests):
-                        answer = await self._admit(session, effect)
+                        answer = await self.admit(session, effect)
                     elif isinstance(effect, CountIn):
                         session.flow.count_in(1, effect.lane)
                     else:
                         assert isinstance(effect, GATE_STEPS)
                         try:
-                            answer = await self._gate_effect(session, effect)
+                            answer = await self.gate_effect(session, effect)
                         except StoreUnavailable:
-                            raise _store_unavailable(self.config) from None
+                            raise store_unavailable(self.config) from None
                 except BaseException as exc:
                     effect = entries.fail(exc, clock())
                 else:
@@ -318,7 +335,7 @@ class _Calls(_ServerBase):
     async def _mail(self, session: Session, mail: Mail) -> None:
         """Handle a POST's notifications, answers and cancellations: here, or (with a
         shared store) forwarded through the session's mailboxes to the replica that
-        waits for them (see :meth:`_relay_mail`)."""
+        waits for them (see ``Replicas.relay_mail``)."""
         if mail.initialized:
             session.handle(SessionInput.INITIALIZED)
         if mail.notes and self.app.notification_fns:
@@ -344,7 +361,7 @@ class _Calls(_ServerBase):
                 self.metrics.notifications_dropped += 1
                 continue
             self.notes_running += 1
-            self._handlers_start(self._run_note, session.session_id, note)
+            self.shared.start(self._run_note, session.session_id, note)
 
     async def _run_note(self, session_id: str, note: Notification) -> None:
         try:
@@ -355,7 +372,7 @@ class _Calls(_ServerBase):
             self.notes_running -= 1
 
     # ---------------------------------------------------------------- the gate
-    async def _gate_effect(
+    async def gate_effect(
         self, session: Session, effect: ClaimCall | WaitForCall | HoldCall
     ) -> object:
         """Perform one step of the core's gate loop for ``session``."""
@@ -383,7 +400,7 @@ class _Calls(_ServerBase):
                     effect.token,
                 )
         except SessionGone:
-            await self._end_session(session)
+            await self.table.end_session(session)
             raise session_refusal(session.session_id, req.id) from None
         except RetentionFull:
             raise retention_full(self.config, req.id) from None
@@ -417,18 +434,6 @@ class _Calls(_ServerBase):
             )
         raise StoreUnavailable("the store did not answer a claim within 5 s")
 
-    async def _release_unstarted(self, session: Session, plans: list[CallCourse]) -> None:
-        """Give back the keys of claimed calls that will never start here.
-
-        Nothing ran, so a retry (on this replica or another) may run them: releasing
-        is safe where it would not be for a call that had begun (see
-        :meth:`_interrupted`).
-        """
-        for course in plans:
-            given = course.give_back()
-            if given is not None:
-                await self._finish_call(session, given.key, None)
-
     # ---------------------------------------------------------------- JSON mode
     async def _post_json(
         self,
@@ -441,12 +446,12 @@ class _Calls(_ServerBase):
         """Answer with one JSON body, which takes credit from what ``lane`` reserved."""
         headers = [("content-type", "application/json"), ("mcp-session-id", session.session_id)]
         try:
-            if len(plans) == 1 and not is_batch and self._runs_now(plans[0]):
+            if len(plans) == 1 and not is_batch and self.execution.runs_now(plans[0]):
                 try:
-                    body = await self._answer_now(session, plans[0], None)
+                    body = await self.execution.answer_now(session, plans[0], None)
                 finally:
                     session.done(1, lane, keep=True)
-                await self._send_json(conn, session, headers, body, lane)
+                await send_json(conn, session, headers, body, lane)
                 return
 
             async def feed(run: Callable[[int, CallCourse], Awaitable[None]]) -> None:
@@ -456,7 +461,7 @@ class _Calls(_ServerBase):
 
             bodies = await self._collect_json(session, len(plans), feed, lane)
             plans.clear()  # the requests (and their arguments) are done with
-            await self._answer_json(conn, session, bodies, is_batch, lane)
+            await answer_json(conn, session, bodies, is_batch, lane)
         finally:
             session.settle(lane)  # (a body that took its credit settled it already)
 
@@ -479,7 +484,7 @@ class _Calls(_ServerBase):
 
         async def run(i: int, plan: CallCourse) -> None:
             try:
-                results[i] = await self._execute(session, plan, None)
+                results[i] = await self.execution.execute(session, plan, None)
             finally:
                 session.done(1, lane, keep=True)
 
@@ -489,69 +494,11 @@ class _Calls(_ServerBase):
             finally:
                 finished.set()
 
-        assert self._handlers is not None
-        self._handlers.start_soon(all_of_them)
+        handlers = self.shared.handlers
+        assert handlers is not None
+        handlers.start_soon(all_of_them)
         await finished.wait()
         return [r for r in results if r is not None]
-
-    async def _answer_json(
-        self,
-        conn: Connection,
-        session: Session,
-        bodies: list[bytes],
-        is_batch: bool,
-        lane: Hashable | None = None,
-    ) -> None:
-        """202 when nothing answers; else one body, or a batch's array of them."""
-        if not bodies:
-            await conn.send(conn.http.send_response(202, ()))
-            return
-        headers = [("content-type", "application/json"), ("mcp-session-id", session.session_id)]
-        body = b"[" + b",".join(bodies) + b"]" if is_batch else bodies.pop()
-        bodies.clear()
-        await self._send_json(conn, session, headers, body, lane)
-
-    async def _send_json(
-        self,
-        conn: Connection,
-        session: Session,
-        headers: list[tuple[str, str]],
-        body: bytes,
-        lane: Hashable | None = None,
-    ) -> None:
-        """Write a JSON response under the session's drain credit (see :class:`JsonCharge`).
-
-        The response takes credit for its exact size before it is written (when there
-        is none, waiting until it fits, behind no other response or stream; drawing
-        on what ``lane``, its requests' reservations, holds) and keeps it until the
-        peer acknowledges its last byte; a teardown cancels a write that is stuck on
-        a stalled peer.
-        """
-        data = conn.http.send_response(200, headers, body)
-        del body  # (the caller's reference may remain; this frame keeps only ``data``)
-        n = len(data)
-        session.flow.observe_frame(n)
-        try:
-            if not session.try_acquire_now(n, lane):
-                await session.acquire(n, lane)
-        except SessionClosed:
-            conn.http.send_failed()
-            raise PeerGone from None
-        if lane is not None:
-            session.settle(lane)  # the body holds credit of its own now
-        charge = JsonCharge(session, n, lane)
-        with trio.CancelScope() as scope:
-            session.json_writers.add(scope)
-            try:
-                await conn.send(data, [(n, (charge, 0))])
-            except BaseException:
-                charge.drained(0)  # never written whole: nothing to wait for
-                raise
-            finally:
-                session.json_writers.discard(scope)
-        if scope.cancelled_caught:
-            conn.http.send_failed()
-            raise PeerGone
 
     # ---------------------------------------------------------------- initialize and rebind
     async def _initialize(self, conn: Connection, post: PostMessages, who: Requester) -> None:
@@ -567,37 +514,37 @@ class _Calls(_ServerBase):
                 if isinstance(effect, OpenSession):
                     asked = effect.asked
                     client = client_record(asked.capabilities, asked.client_info)
-                    session = await self._new_session(
+                    session = await self.table.new_session(
                         asked.version, who.principal, effect.request_id, client=client
                     )
                     session.caller = Caller(asked.capabilities, asked.client_info)
                     answer: object = (session.session_id, session.record.channel_token)
                 elif isinstance(effect, AnswerInitialize):
                     assert session is not None
-                    body = encode_result(effect.request_id, self._initialize_result(session))
+                    body = encode_result(effect.request_id, self.initialize_result(session))
                     await conn.send(conn.http.send_response(200, effect.headers, body))
                     answer = None
                 else:  # nobody learnt the id, so nobody can use the session
                     assert isinstance(effect, ForgetSession) and session is not None
                     with trio.CancelScope(shield=True):
-                        await self._end_session(session)
+                        await self.table.end_session(session)
                     answer = None
             except BaseException as exc:
                 effect = course.fail(exc, 0.0)
             else:
                 effect = course.deliver(answer, 0.0)
 
-    async def _initialize_session(
+    async def initialize_session(
         self, req: Request, session: Session | None, principal: str
     ) -> Session:
         asked = parse_initialize(req)
         if session is None:
             client = client_record(asked.capabilities, asked.client_info)
-            session = await self._new_session(asked.version, principal, req.id, client=client)
+            session = await self.table.new_session(asked.version, principal, req.id, client=client)
         session.caller = Caller(asked.capabilities, asked.client_info)
         return session
 
-    def _initialize_result(self, session: Session) -> dict[str, Any]:
+    def initialize_result(self, session: Session) -> dict[str, Any]:
         rebind = {REBIND_METHOD: {"header": "Mcp-Channel-Token"}}
         return initialize_result_for(self.app, session.record.protocol_version, experimental=rebind)
 
@@ -607,7 +554,7 @@ class _Calls(_ServerBase):
         try:
             record = await self.store.rebind(session.record.principal, session.session_id, secret)
         except SessionGone:
-            await self._end_session(session)
+            await self.table.end_session(session)
             raise session_refusal(session.session_id, req.id) from None
         session.record = record
         # Streams of older generations are never inherited: end them now.

@@ -8,6 +8,9 @@ until the client goes or the server shuts down (each gets its final result).  A
 handler's announced change is delivered here at once and, with a shared store, put
 on the store's bus, which a replica with listeners reads every :data:`CHANGE_POLL`
 seconds; session-era GET streams hear the same notices.
+
+:class:`Changes` owns the listeners (:attr:`Changes.subscribers`) and the bus; the
+session table hands its :meth:`Changes.changed` to every session and owner.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ from typing import Final
 import msgspec
 import trio
 
-from weir.common import honoured
+from weir.common import era_capabilities, honoured
 from weir.protocol.jsonrpc import Request, encode_notification
 from weir.protocol.states import StreamInput, StreamState
 
 from ._connection import Connection
-from ._server_base import _ServerBase, log
+from ._owners import open_answer_stream
 from ._session import Session
+from ._shared import Shared, log
 from ._store import StoreUnavailable
 from ._subscriptions import Listener
 from ._writer import SSE_HEADERS, write_stream
@@ -36,18 +40,35 @@ CHANGE_POLL: Final = 0.1
 CHANGE_LOOKBACK: Final = 5.0
 
 
-class _Changes(_ServerBase):
-    """Listeners and announced changes (see the module docstring)."""
+class Changes:
+    """Listeners and announced changes (see the module docstring).
 
-    async def _listen(self, conn: Connection, owner: Session, req: Request, lane: Hashable) -> None:
+    Guarantees: an announced change reaches every listener and GET stream here that
+    asked for it at once (never waiting on a slow peer) and, with a shared store,
+    the other replicas' within about :data:`CHANGE_POLL`; each listener gets its
+    final result at shutdown.
+    """
+
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
+        self.config = shared.config
+        self.store = shared.store
+        self.sessions = shared.sessions
+        self.replica_id = shared.replica_id
+        #: The open ``subscriptions/listen`` streams.
+        self.subscribers: set[Listener] = set()
+
+    async def listen(self, conn: Connection, owner: Session, req: Request, lane: Hashable) -> None:
         """``subscriptions/listen``: acknowledge, then stream changes until the end."""
         params = req.params if isinstance(req.params, dict) else {}
-        flags, kinds, uris = honoured(params.get("notifications"), self._capabilities())
-        handle = self._open_answer_stream(owner)
+        flags, kinds, uris = honoured(
+            params.get("notifications"), era_capabilities(self.shared.app)
+        )
+        handle = open_answer_stream(owner, self.config.max_stream_events)
         owner.move_reservations(lane, handle.log.epoch)
         listener = Listener(req, handle, kinds, uris)
         if not handle.try_send_now(listener.ack(flags)):
-            self._handlers_start(handle.send, listener.ack(flags))
+            self.shared.start(handle.send, listener.ack(flags))
         owner.done(1, handle.log.epoch)  # its "answer" (the acknowledgement) is enqueued
         self.subscribers.add(listener)
         sender = trio.CancelScope()
@@ -58,7 +79,7 @@ class _Changes(_ServerBase):
 
         # The sender is a handler task, not a child of this one: the writer's own
         # errors (a peer gone) then reach the connection loop as they are.
-        self._handlers_start(send_changes)
+        self.shared.start(send_changes)
         try:
             keepalive = self.config.sse_keepalive
             await write_stream(conn, owner, handle, 0, SSE_HEADERS, keepalive=keepalive)
@@ -68,13 +89,13 @@ class _Changes(_ServerBase):
             if handle.log.state is not StreamState.CLOSED:
                 handle.handle(StreamInput.ABORT)
 
-    def _changed(self, method: str, uri: str | None = None) -> None:
+    def changed(self, method: str, uri: str | None = None) -> None:
         """A handler announced a change: deliver it here and, with a shared store, put
-        it on the store's bus for the other replicas (:meth:`_relay_changes`)."""
+        it on the store's bus for the other replicas (:meth:`relay_changes`)."""
         self._deliver_change(method, uri)
         if self.store.shared:
             change = msgspec.json.encode({"m": method, "u": uri, "r": self.replica_id})
-            self._handlers_start(self._publish_change, change)
+            self.shared.start(self._publish_change, change)
 
     async def _publish_change(self, change: bytes) -> None:
         try:
@@ -82,7 +103,7 @@ class _Changes(_ServerBase):
         except StoreUnavailable:
             log.warning("could not put an announced change on the store's bus")
 
-    async def _relay_changes(self) -> None:
+    async def relay_changes(self) -> None:
         """Shared stores only: deliver the changes other replicas announced.
 
         Reads the bus every :data:`CHANGE_POLL` seconds while anyone here listens, so
@@ -131,8 +152,8 @@ class _Changes(_ServerBase):
             if uri is None or uri in session.caller.subscriptions:
                 standalone.try_send_now(payload)
 
-    def _end_subscriptions(self) -> None:
+    def end_subscriptions(self) -> None:
         """At shutdown: end each subscription gracefully (its final result)."""
         for listener in list(self.subscribers):
             if not listener.handle.try_respond_now(listener.closing()):
-                self._handlers_start(listener.handle.respond, listener.closing())
+                self.shared.start(listener.handle.respond, listener.closing())

@@ -1,8 +1,8 @@
-"""Connections and HTTP requests: one task per connection, its deadlines, routing, refusals.
+"""Connections: one task per connection, reading requests under per-phase deadlines.
 
 Theory of operation
 -------------------
-Each TCP connection gets one task running :meth:`Server._connection`: the small
+Each TCP connection gets one task running :meth:`Connections.connection`: the small
 ``receive_some -> receive_data -> next_event -> respond -> send`` loop around an
 :class:`~weir.engine._connection.Connection` (the :class:`weir.protocol.HttpConnection` plus
 byte-exact send accounting).  One broken connection never takes the server down.
@@ -17,18 +17,14 @@ A connection closed on such a refusal (or a 413/431 from the parser) lingers fir
 half-closed, discarding what the peer still sends for at most ``linger_timeout``,
 so the peer reads the refusal rather than a reset.
 
-:meth:`Server._respond` routes each request: resource metadata and ``/metrics``
-need no token; everything else is authenticated (with authorization on) and goes
-to POST (``engine._calls``), GET and DELETE (``engine._streams``) or the legacy
-endpoints (``engine._legacy``).  A refusal raised before the response has begun
-becomes that response (404 for a session that is gone, 503 while shutting down or
-when the store is unavailable); once a response has begun, it ends the connection.
+Each complete request is handed to the router (:meth:`~._routing.Router.respond`,
+``engine._routing``), which answers it or refuses it.  When a connection ends it
+gives back the sessionless credit owners its requests used (``engine._owners``).
 """
 
 from __future__ import annotations
 
 import math
-import re
 
 import trio
 
@@ -36,44 +32,34 @@ from weir.protocol import (
     NEED_DATA,
     SERVER_ERROR,
     ConnectionClosed,
-    DeleteSession,
     HttpError,
     HttpRequest,
     Inbound,
-    OpenStream,
-    PostMessages,
     ReadClock,
+    ReadTimeouts,
     Reason,
     RemoteProtocolError,
-    check_host_and_origin,
-    check_method,
     closing_refusal,
-    refusal,
-    route,
-    session_refusal,
 )
-from weir.protocol.legacy import LegacyOpen, route_legacy
 
-from ._auth import (
-    METADATA_PATH,
-    REQUEST_ACCESS,
-    AccessToken,
-    Authorization,
-    InvalidToken,
-    TokenExpired,
-    bearer_token,
-)
 from ._connection import Connection
 from ._listen import Slot
-from ._requester import Requester
-from ._server_base import _ServerBase, _store_unavailable, log
-from ._store import SessionGone, StoreUnavailable
-from ._timers import Timed
+from ._owners import Owners
+from ._routing import Router
+from ._shared import Shared, log
+from ._store import StoreUnavailable
+from ._timers import Deadlines, Timed
 from ._writer import RECV_BYTES, PeerGone
 
 
 class _ReadTimer:
-    """A connection's read deadline, as the server's read-deadline heap sees it."""
+    """A connection's read deadline, as the server's read-deadline heap sees it.
+
+    The heap wakes at the earliest deadline, and a connection asks for an entry
+    only when its deadline moves earlier than the one it has -- so a busy keep-alive
+    connection, whose deadline slides later with every request, costs two stores per
+    request instead of re-arming a Trio deadline twice.
+    """
 
     __slots__ = ("closed", "deadline", "scope", "timer_at", "timer_key")
 
@@ -86,13 +72,49 @@ class _ReadTimer:
         self.closed = False
 
 
-class _Connections(_ServerBase):
-    """Connections and HTTP requests (see the module docstring)."""
+class Connections:
+    """The connections being served (see the module docstring).
 
-    async def _serve_read_deadlines(self) -> None:
+    Guarantees: every read waits under its phase's deadline; the bytes of requests
+    not yet complete, over every connection, stay within ``max_inbound_bytes``; one
+    broken connection never takes the server down; a connection that ends gives
+    back its credit owners.
+
+    Args:
+        shared: the server's shared state.
+        router: answers each complete request.
+        owners: the sessionless era's credit owners (a connection holds some).
+    """
+
+    def __init__(self, shared: Shared, router: Router, owners: Owners) -> None:
+        cfg = self.config = shared.config
+        self.metrics = shared.metrics
+        self._heads = shared.heads
+        self._acks = shared.acks
+        self._respond = router.respond
+        self._owners = owners
+        #: Read deadlines by what a connection's peer owes (idle, head, body).
+        self._read_timeouts = ReadTimeouts(
+            keepalive=cfg.keepalive_timeout,
+            head=cfg.head_timeout,
+            body=cfg.body_timeout,
+            linger=cfg.linger_timeout,
+        )
+        #: Every connection's read deadline, in one heap served by one task.
+        self.read_deadlines = Deadlines(self._read_due)
+        #: False once the read-deadline heap's task has stopped (reads then arm Trio deadlines).
+        self._reads_on_heap = True
+        #: Bytes of incomplete requests buffered by all connections (see
+        #: ``ServerConfig.max_inbound_bytes``).
+        self.inbound = 0
+        #: The connections being served right now (read-only, for introspection: each
+        #: one's drain tracking, ``tracker.written``/``acked``, ``meter.exact``).
+        self.open_connections: set[Connection] = set()
+
+    async def serve_read_deadlines(self) -> None:
         """Serve the read-deadline heap; when it stops (the server stopped), hand every
         read still waiting a Trio deadline of its own, and later reads use one too --
-        a connection served by :meth:`serve_connection` may outlive the server's tasks."""
+        a connection handed in by ``Server.serve_connection`` may outlive the server's tasks."""
         try:
             await self.read_deadlines.run()
         finally:
@@ -110,13 +132,14 @@ class _Connections(_ServerBase):
         elif timed.deadline != math.inf:
             self.read_deadlines.schedule(timed, timed.deadline)
 
-    async def _connection(self, stream: trio.abc.Stream, slot: Slot | None = None) -> None:
+    async def connection(self, stream: trio.abc.Stream, slot: Slot | None = None) -> None:
+        """Serve ``stream`` until it closes (``slot``: its place under the accept gate)."""
         conn = Connection(
             stream,
             self.config.limits,
             notsent_lowat=self.config.notsent_lowat,
             heads=self._heads,
-            poller=self.acks,
+            poller=self._acks,
         )
         self.open_connections.add(conn)
         try:
@@ -124,7 +147,7 @@ class _Connections(_ServerBase):
         except (trio.BrokenResourceError, trio.ClosedResourceError, PeerGone):
             pass
         except StoreUnavailable as exc:
-            # Only mid-response (before one, _respond answers 503): it cannot be
+            # Only mid-response (before one, the router answers 503): it cannot be
             # finished, so the connection ends -- one line, no traceback.
             log.warning("store unavailable mid-response, connection closed: %s", exc)
         except Exception as exc:
@@ -138,7 +161,7 @@ class _Connections(_ServerBase):
             conn.check_acks()
             conn.closed = True
             conn.abandon()
-            self._release_owner(conn)
+            self._owners.release(conn)
             self.open_connections.discard(conn)
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()
@@ -162,18 +185,12 @@ class _Connections(_ServerBase):
 
     async def _serve_requests(self, conn: Connection, slot: Slot | None) -> bool:
         """Serve requests until the connection is done; True if it ends on a refusal
-        sent while the peer may still be sending (408, 413, 431, 503 ``overloaded``)."""
-        http = conn.http
-        cfg = self.config
-        keepalive, receive = cfg.keepalive_timeout, conn.stream.receive_some
+        sent while the peer may still be sending (408, 413, 431, 503 ``overloaded``).
+
+        One scope is cancelled when a read misses its deadline (or the connection is
+        shed); the deadline itself is a float in a :class:`_ReadTimer`.
+        """
         clock = ReadClock(self._read_timeouts)
-        timers = self.read_deadlines
-        # One scope is cancelled when a read misses its deadline (or the connection is
-        # shed).  The deadline itself is a float in ``timer``: the server's one heap of
-        # read deadlines wakes at the earliest, and a connection asks for an entry only
-        # when its deadline moves earlier than the one it has -- so a busy keep-alive
-        # connection, whose deadline slides later with every request, costs two stores
-        # per request instead of re-arming a Trio deadline twice.
         reads = trio.CancelScope()
         timer = _ReadTimer(reads)
         try:
@@ -181,61 +198,7 @@ class _Connections(_ServerBase):
                 conn.scope = reads
                 if slot is not None:
                     slot.scope = reads
-                while True:
-                    event = http.next_event()
-                    if event is NEED_DATA:
-                        if http.has_data_to_send:
-                            await conn.send(http.data_to_send())  # e.g. 100 Continue
-                        now = trio.current_time()
-                        inbound = http.inbound
-                        deadline = timer.deadline = clock.deadline(inbound, now)
-                        if not self._reads_on_heap:
-                            reads.deadline = deadline  # (the heap's task has stopped)
-                        elif deadline < timer.timer_at:
-                            timers.schedule(timer, deadline)
-                        if inbound is Inbound.IDLE and slot is not None:
-                            slot.idle_since = now  # parked: it may be shed
-                        try:
-                            data = await receive(RECV_BYTES)
-                        finally:
-                            timer.deadline = math.inf
-                            if not self._reads_on_heap:
-                                reads.deadline = math.inf
-                        if slot is not None:
-                            slot.idle_since = None
-                        if conn.tracker.outstanding:
-                            conn.check_acks()  # a new request: the peer has likely read our last
-                        if reads.cancel_called:
-                            # Shed (or timed out) just as bytes arrived: the cancellation
-                            # is pending in this scope.  Answer what came, shielded, then close.
-                            with trio.CancelScope(shield=True) as last:
-                                last.deadline = now + keepalive
-                                await self._last_requests(conn, data)
-                            return False
-                        # Bytes of requests not yet complete count against one process-wide cap.
-                        n = len(data)
-                        conn.inbound += n
-                        self.inbound += n
-                        if self.inbound > cfg.max_inbound_bytes:
-                            await self._overloaded(conn)
-                            return True
-                        http.receive_data(data)
-                    elif isinstance(event, HttpRequest):
-                        clock.request_done()
-                        # Handed over, not kept: a long response (an SSE stream) must not
-                        # keep the request's body alive for as long as it lasts.
-                        handoff, event = [event], NEED_DATA
-                        self.inbound -= conn.inbound
-                        conn.inbound = 0
-                        await self._respond(conn, handoff)
-                        if http.should_close:
-                            return False
-                    elif isinstance(event, HttpError):
-                        self.metrics.refused(str(event.reason))
-                        await conn.send(http.data_to_send())
-                        return True
-                    elif isinstance(event, ConnectionClosed):
-                        return False
+                return await self._read_loop(conn, slot, clock, timer)
         finally:
             timer.closed = True  # its heap entry, if any, is skipped
         if reads.cancelled_caught and clock.owed:
@@ -243,17 +206,83 @@ class _Connections(_ServerBase):
             return True
         return False
 
-    async def _last_requests(self, conn: Connection, data: bytes | bytearray) -> None:
-        """Serve the complete requests in ``data`` and stop (the connection then closes)."""
-        http = conn.http
-        http.receive_data(data)
+    async def _read_loop(
+        self, conn: Connection, slot: Slot | None, clock: ReadClock, timer: _ReadTimer
+    ) -> bool:
+        """:meth:`_serve_requests`'s loop: read, parse, respond, until the connection
+        is done (or a read misses its deadline: ``timer.scope`` is cancelled)."""
+        http, reads, timers = conn.http, timer.scope, self.read_deadlines
+        cfg = self.config
+        keepalive, receive = cfg.keepalive_timeout, conn.stream.receive_some
         while True:
             event = http.next_event()
-            if not isinstance(event, HttpRequest):
-                return
-            await self._respond(conn, [event])
-            if http.should_close:
-                return
+            if event is NEED_DATA:
+                if http.has_data_to_send:
+                    await conn.send(http.data_to_send())  # e.g. 100 Continue
+                now = trio.current_time()
+                inbound = http.inbound
+                deadline = timer.deadline = clock.deadline(inbound, now)
+                if not self._reads_on_heap:
+                    reads.deadline = deadline  # (the heap's task has stopped)
+                elif deadline < timer.timer_at:
+                    timers.schedule(timer, deadline)
+                if inbound is Inbound.IDLE and slot is not None:
+                    slot.idle_since = now  # parked: it may be shed
+                try:
+                    data = await receive(RECV_BYTES)
+                finally:
+                    timer.deadline = math.inf
+                    if not self._reads_on_heap:
+                        reads.deadline = math.inf
+                if slot is not None:
+                    slot.idle_since = None
+                if conn.tracker.outstanding:
+                    conn.check_acks()  # a new request: the peer has likely read our last
+                if reads.cancel_called:  # shed (or timed out) just as bytes arrived
+                    await self._last_requests(conn, data, now + keepalive)
+                    return False
+                # Bytes of requests not yet complete count against one process-wide cap.
+                n = len(data)
+                conn.inbound += n
+                self.inbound += n
+                if self.inbound > cfg.max_inbound_bytes:
+                    await self._overloaded(conn)
+                    return True
+                http.receive_data(data)
+            elif isinstance(event, HttpRequest):
+                clock.request_done()
+                # Handed over, not kept: a long response (an SSE stream) must not
+                # keep the request's body alive for as long as it lasts.
+                handoff, event = [event], NEED_DATA
+                self.inbound -= conn.inbound
+                conn.inbound = 0
+                await self._respond(conn, handoff)
+                if http.should_close:
+                    return False
+            elif isinstance(event, HttpError):
+                self.metrics.refused(str(event.reason))
+                await conn.send(http.data_to_send())
+                return True
+            elif isinstance(event, ConnectionClosed):
+                return False
+
+    async def _last_requests(self, conn: Connection, data: bytes | bytearray, until: float) -> None:
+        """Serve the complete requests in ``data`` and stop (the connection then closes).
+
+        The connection was shed (or timed out) just as ``data`` arrived: the
+        cancellation is pending in its scope, so this runs shielded, until ``until``.
+        """
+        http = conn.http
+        http.receive_data(data)
+        with trio.CancelScope(shield=True) as last:
+            last.deadline = until
+            while True:
+                event = http.next_event()
+                if not isinstance(event, HttpRequest):
+                    return
+                await self._respond(conn, [event])
+                if http.should_close:
+                    return
 
     async def _linger(self, stream: trio.abc.Stream) -> None:
         """Half-close, then read and discard what the peer still sends, for at most the
@@ -285,180 +314,6 @@ class _Connections(_ServerBase):
         conn.http.send_failed()  # nothing else may follow on this connection
         with trio.move_on_after(1):
             await conn.send(closing_refusal(exc))
-
-    async def _refuse(self, conn: Connection, exc: RemoteProtocolError) -> None:
-        self.metrics.refused(str(exc.reason))
-        status, headers, body = refusal(exc)
-        if not all(_SAFE_VALUE.fullmatch(value) for _, value in headers):
-            # A refusal must always be sendable: a header that is not visible ASCII
-            # (a bug: no refusal may carry client bytes) is left out, not written.
-            log.error("refusal %s: dropping header(s) that are not visible ASCII", exc.reason)
-            headers = [(name, value) for name, value in headers if _SAFE_VALUE.fullmatch(value)]
-        await conn.send(conn.http.send_response(status, headers, body))
-
-    async def _respond(self, conn: Connection, handoff: list[HttpRequest]) -> None:
-        request = handoff.pop()
-        sid_header = request.headers.get("mcp-session-id") or ""
-        try:
-            if self._closing:
-                raise RemoteProtocolError(
-                    "server is shutting down",
-                    http_status=503,
-                    reason=Reason.SHUTTING_DOWN,
-                    retry_after_ms=self.config.retry_ms,
-                )
-            path = request.path
-            cfg = self.config
-            endpoint = path == cfg.path
-            # Metadata and metrics need no token; the legacy endpoints and the MCP
-            # endpoint do, and anything else is routed (and refused) like the endpoint.
-            if not endpoint and cfg.auth is not None and path.startswith(METADATA_PATH):
-                await self._resource_metadata(conn, request, cfg.auth)
-                return
-            if not endpoint and path == cfg.metrics_path:
-                await self._auxiliary(conn, request)
-                return
-            # Who this request speaks for: handed to everything below, never kept on
-            # the connection (its next request may speak for someone else).
-            if cfg.auth is not None:
-                access = await self._authenticate(request, cfg.auth)
-                REQUEST_ACCESS.set(access)  # (handlers started for this request see it)
-                who = Requester(access.principal, True, conn.secret)
-            else:
-                who = Requester(cfg.principal, False, conn.secret)
-            if not endpoint and path in (cfg.legacy_sse_path, cfg.legacy_messages_path):
-                await self._legacy(conn, request, who)
-                return
-            mcp = route(request, self._endpoint)
-            del request  # the body is decoded: from here on only the messages count
-            if isinstance(mcp, PostMessages):
-                await self._post(conn, mcp, who)
-            elif isinstance(mcp, OpenStream):
-                await self._get(conn, mcp, who)
-            elif isinstance(mcp, DeleteSession):
-                await self._delete(conn, mcp, who)
-            else:
-                await self._sessionless(conn, mcp, who)
-        except SessionGone:
-            if conn.http.response_in_progress:
-                raise
-            await self._refuse(conn, session_refusal(sid_header))
-        except StoreUnavailable as exc:
-            if conn.http.response_in_progress:
-                raise
-            log.warning("store unavailable: %s", exc)
-            await self._refuse(conn, _store_unavailable(self.config))
-        except RemoteProtocolError as exc:
-            if conn.http.response_in_progress:
-                raise
-            await self._refuse(conn, exc)
-
-    async def _authenticate(self, request: HttpRequest, auth: Authorization) -> AccessToken:
-        """What the verifier vouches for about ``request``'s bearer token.
-
-        Raises:
-            RemoteProtocolError: 401 (no token, or a refused one), 403 (a scope is
-                missing) or 400 (a malformed ``Authorization`` header), each with
-                ``WWW-Authenticate`` pointing at the resource metadata.
-        """
-        # Every refusal text here is fixed: nothing the client sent (nor what the
-        # verifier said about it) reaches the response, so its head stays valid and
-        # the cached refusal heads are a handful, however many tokens are refused.
-        try:
-            token = bearer_token(request.headers.get("authorization"))
-        except ValueError:
-            bad = _auth_refusal(auth, 400, Reason.INVALID_REQUEST, _BAD_HEADER, "invalid_request")
-            raise bad from None
-        if token is None:
-            raise _auth_refusal(auth, 401, Reason.UNAUTHORIZED, "a bearer token is required")
-        try:
-            access = await auth.verifier.verify(token)
-        except InvalidToken as exc:
-            text = "token expired" if isinstance(exc, TokenExpired) else "invalid token"
-            raise _auth_refusal(auth, 401, Reason.UNAUTHORIZED, text, "invalid_token") from None
-        except Exception as exc:
-            # A verifier that fails (a bug, its backend down) has not judged the token:
-            # not a 401, which tells the client to drop a token that may be good, but
-            # a 503 to retry, and one log line rather than a dropped connection.
-            log.warning("the token verifier failed: %s: %s", type(exc).__name__, exc)
-            raise RemoteProtocolError(
-                "the token verifier is unavailable; nothing was executed",
-                http_status=503,
-                reason=Reason.VERIFIER_UNAVAILABLE,
-                code=SERVER_ERROR,
-                retry_after_ms=self.config.retry_ms,
-            ) from None
-        if not auth.required_scopes <= access.scopes:
-            raise _auth_refusal(
-                auth, 403, Reason.INSUFFICIENT_SCOPE, "insufficient scope", "insufficient_scope"
-            )
-        return access
-
-    async def _resource_metadata(
-        self, conn: Connection, request: HttpRequest, auth: Authorization
-    ) -> None:
-        """RFC 9728 protected resource metadata (no token needed)."""
-        path = request.path
-        if path not in (METADATA_PATH, METADATA_PATH + self.config.path):
-            raise RemoteProtocolError(
-                f"no resource at {path}", http_status=404, reason=Reason.NOT_FOUND
-            )
-        if request.method != "GET":
-            raise RemoteProtocolError(
-                f"method {request.method} not allowed",
-                http_status=405,
-                reason=Reason.METHOD_NOT_ALLOWED,
-                headers=(("allow", "GET"),),
-            )
-        headers = [("content-type", "application/json"), ("cache-control", "max-age=300")]
-        await conn.send(conn.http.send_response(200, headers, auth.metadata()))
-
-    async def _auxiliary(self, conn: Connection, request: HttpRequest) -> None:
-        """``/metrics`` (the endpoint's Host/Origin rules)."""
-        check_host_and_origin(request.headers, self._endpoint)
-        check_method(request.method, "GET")
-        body = self.metrics.render(
-            self.sessions,
-            gate=self.gate,
-            budget=self.budget,
-            owners=self.owners,
-            listen_streams=len(self.subscribers),
-        ).encode()
-        headers = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
-        await conn.send(conn.http.send_response(200, headers, body))
-
-    async def _legacy(self, conn: Connection, request: HttpRequest, who: Requester) -> None:
-        """The 2024-11-05 HTTP+SSE endpoints, for ``who`` (the request's requester)."""
-        cfg = self.config
-        legacy = route_legacy(
-            request,
-            self._endpoint,
-            sse_path=cfg.legacy_sse_path,
-            messages_path=cfg.legacy_messages_path,
-        )
-        if isinstance(legacy, LegacyOpen):
-            await self._legacy_stream(conn, who)
-        else:
-            await self._legacy_post(conn, legacy, who)
-
-
-def _auth_refusal(
-    auth: Authorization, status: int, reason: Reason, message: str, error: str | None = None
-) -> RemoteProtocolError:
-    challenge = auth.challenge(error, message if error else None)
-    return RemoteProtocolError(
-        message,
-        http_status=status,
-        reason=reason,
-        code=SERVER_ERROR,
-        headers=(("www-authenticate", challenge),),
-    )
-
-
-#: The one text a malformed ``Authorization`` header gets.
-_BAD_HEADER = "the Authorization header must be 'Bearer <token>'"
-#: A header value a refusal may carry: visible ASCII, single spaces or tabs inside.
-_SAFE_VALUE = re.compile(r"(?:[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*)?")
 
 
 def _only_disconnects(exc: BaseException) -> bool:

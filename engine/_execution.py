@@ -8,12 +8,12 @@ and their output stays replayable.  The exception is a ``tools/call`` of a tool
 whose ``async def`` has no suspension point at all
 (:func:`weir.app.never_suspends`), with the process-local store: it finishes
 on its first step, so it runs right in the connection's task
-(:meth:`Server._run_now`) -- it can neither be cancelled half-way nor outlive
+(:meth:`Execution.run_now`) -- it can neither be cancelled half-way nor outlive
 anything -- and its response goes out in the same write as the head.
 
 What is stored in the gate, and when, is the request's
 :class:`~weir.protocol.course.CallCourse`'s to say; this module performs it
-(:meth:`Server._finish_call`).  A cancelled call releases its key.  A call this
+(:meth:`Execution.finish_call`).  A cancelled call releases its key.  A call this
 process abandons at shutdown is never released (it may have had effects): its
 outcome becomes an ``interrupted`` error, stored in the gate and, where the stream
 is shared, appended as its final event.
@@ -34,15 +34,28 @@ from weir.protocol.states import StreamInput, StreamState
 
 from ._auth import REQUEST_ACCESS
 from ._context import CallBackend
-from ._server_base import _ServerBase, log
 from ._session import Session, StreamHandle, StreamLost
+from ._shared import Shared, log
 from ._store import SessionGone, StoreUnavailable
 
 
-class _Execution(_ServerBase):
-    """Running handlers and recording their outcomes (see the module docstring)."""
+class Execution:
+    """Running handlers and recording their outcomes (see the module docstring).
 
-    def _runs_now(self, plan: CallCourse) -> bool:
+    Guarantees: every call's outcome is recorded in the gate as its course says
+    (a cancelled call gives its key back; one abandoned at shutdown is stored as
+    ``interrupted``, never released); one handler's failure never reaches the
+    handler nursery; no response exceeds the session's byte credit.
+    """
+
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
+        self.app = shared.app
+        self.config = shared.config
+        self.store = shared.store
+        self.metrics = shared.metrics
+
+    def runs_now(self, plan: CallCourse) -> bool:
         """Can ``plan`` be answered in the connection's task, with no handler task?
 
         Yes for a replay (nothing executes) and for a ``tools/call`` of a tool that
@@ -71,7 +84,7 @@ class _Execution(_ServerBase):
         if req.id in session.running:
             given = plan.give_back()
             if given is not None:
-                await self._finish_call(session, given.key, None)
+                await self.finish_call(session, given.key, None)
             return id_in_use(req.id)
         if plan.key is not None:
             self.metrics.executions += 1
@@ -81,14 +94,14 @@ class _Execution(_ServerBase):
             CallBackend(session, handle),
             req.id,
             meta if isinstance(meta, dict) else None,
-            state=self.state,
+            state=self.shared.state,
             access_token=REQUEST_ACCESS.get(),
         )
 
-    async def _answer_now(
+    async def answer_now(
         self, session: Session, plan: CallCourse, handle: StreamHandle | None
     ) -> bytes:
-        """Execute (or replay) a plan :meth:`_runs_now` accepted; record it in the gate."""
+        """Execute (or replay) a plan :meth:`runs_now` accepted; record it in the gate."""
         ready = await self._answer_or_context(session, plan, handle)
         if isinstance(ready, bytes):
             return ready
@@ -96,47 +109,47 @@ class _Execution(_ServerBase):
         self.metrics.inline_calls[str((req.params or {}).get("name"))] += 1
         try:
             payload = encode_result(req.id, call_tool_now(self.app, req.params or {}, ready))
-            payload = self._fit(req, payload, handle)
+            payload = self.fit(req, payload, handle)
         except Exception as exc:
             payload = failure(req, exc)
         await self._store_outcome(session, plan.finished(payload, final_append=False))
         return payload
 
-    async def _run_now(
+    async def run_now(
         self, session: Session, plan: CallCourse, handle: StreamHandle, *, primes: bool
     ) -> bool:
         """Answer a lone request on an SSE stream without a handler task, if it can be.
 
-        Returns False (having done nothing) unless :meth:`_runs_now` accepts the
+        Returns False (having done nothing) unless :meth:`runs_now` accepts the
         plan.  Otherwise the answer is computed here and its frames (the priming
         event first, if ``primes``) go into the log at once when credit allows --
         so the writer finds the final frame on its first look and sends head,
         frames and terminator in one write.  When a frame would have to wait for
         credit, a task enqueues them instead, in order, and the writer waits.
         """
-        if not self._runs_now(plan):
+        if not self.runs_now(plan):
             return False
         try:
-            text = (await self._answer_now(session, plan, handle)).decode()
+            text = (await self.answer_now(session, plan, handle)).decode()
         except BaseException:
             session.done(1, handle.log.epoch)
             raise
         if primes and not handle.try_send_now(""):
-            assert self._handlers is not None
+            assert self.shared.handlers is not None
             self.metrics.inline_deferred["primed"] += 1
-            self._handlers.start_soon(self._deliver, session, handle, True, text)
+            self.shared.handlers.start_soon(self._deliver, session, handle, True, text)
         elif handle.try_respond_now(text):
             session.done(1, handle.log.epoch)
         else:
-            assert self._handlers is not None
+            assert self.shared.handlers is not None
             self.metrics.inline_deferred["plain"] += 1
-            self._handlers.start_soon(self._deliver, session, handle, False, text)
+            self.shared.handlers.start_soon(self._deliver, session, handle, False, text)
         return True
 
     async def _deliver(
         self, session: Session, handle: StreamHandle, prime: bool, payload: str
     ) -> None:
-        """Enqueue an answer computed by :meth:`_run_now` when it has to wait for credit."""
+        """Enqueue an answer computed by :meth:`run_now` when it has to wait for credit."""
         try:
             if prime:
                 await handle.send("")
@@ -146,7 +159,7 @@ class _Execution(_ServerBase):
         finally:
             session.done(1, handle.log.epoch)
 
-    def _fit(self, req: Request, payload: bytes, handle: StreamHandle | None) -> bytes:
+    def fit(self, req: Request, payload: bytes, handle: StreamHandle | None) -> bytes:
         """``payload``, or the ``result_too_large`` error if it would not fit the credit.
 
         One response larger than the session's whole byte credit could never be
@@ -165,7 +178,7 @@ class _Execution(_ServerBase):
             self.metrics.refused(str(Reason.RESULT_TOO_LARGE))
         return fitted
 
-    async def _execute(
+    async def execute(
         self, session: Session, plan: CallCourse, handle: StreamHandle | None
     ) -> bytes | None:
         """Run one request's handler; the encoded response, or ``None`` if cancelled."""
@@ -179,7 +192,7 @@ class _Execution(_ServerBase):
             session.started[req.id] = trio.current_time()
             try:
                 payload = encode_result(req.id, await dispatch(self.app, req, ready))
-                payload = self._fit(req, payload, handle)
+                payload = self.fit(req, payload, handle)
             except StreamLost:
                 payload = None
             except Exception as exc:
@@ -202,9 +215,9 @@ class _Execution(_ServerBase):
         return result
 
     async def _store_outcome(self, session: Session, step: Record | AppendRecords | None) -> None:
-        """Perform a :class:`Record` now; :class:`AppendRecords` is :meth:`_run_request`'s."""
+        """Perform a :class:`Record` now; :class:`AppendRecords` is :meth:`run_request`'s."""
         if isinstance(step, Record):
-            await self._finish_call(session, step.key, step.payload)
+            await self.finish_call(session, step.key, step.payload)
 
     async def _interrupted(
         self, session: Session, plan: CallCourse, handle: StreamHandle | None
@@ -228,9 +241,9 @@ class _Execution(_ServerBase):
                     text = (payload or interrupted(plan.request)).decode()
                     await handle.respond(text, call_key=key)
             if record is not None:
-                await self._finish_call(session, record.key, record.payload)
+                await self.finish_call(session, record.key, record.payload)
 
-    async def _finish_call(
+    async def finish_call(
         self, session: Session, key: str, payload: bytes | None, *, stored: bool = False
     ) -> None:
         """Store the call's outcome in the gate (a cancelled call releases its key)."""
@@ -251,36 +264,49 @@ class _Execution(_ServerBase):
         if done is not None:
             done.set()
 
-    async def _prime_then_run(
+    async def release_unstarted(self, session: Session, plans: list[CallCourse]) -> None:
+        """Give back the keys of claimed calls that will never start here.
+
+        Nothing ran, so a retry (on this replica or another) may run them: releasing
+        is safe where it would not be for a call that had begun (see
+        :meth:`_interrupted`).
+        """
+        for course in plans:
+            given = course.give_back()
+            if given is not None:
+                await self.finish_call(session, given.key, None)
+
+    async def prime_then_run(
         self, session: Session, handle: StreamHandle, plans: list[CallCourse]
     ) -> None:
         try:
             await handle.send("")  # the priming event: an id and empty data
         except BaseException as exc:
             # Neither call has started: their keys go back, so a retry runs them.
-            await self._release_unstarted(session, plans)
+            await self.release_unstarted(session, plans)
             session.done(len(plans), handle.log.epoch)
             if isinstance(exc, StreamLost):
                 return
             raise
-        assert self._handlers is not None
+        handlers = self.shared.handlers
+        assert handlers is not None
         for plan in plans:
-            self._handlers.start_soon(self._run_request, session, plan, handle)
+            handlers.start_soon(self.run_request, session, plan, handle)
 
-    async def _run_request(self, session: Session, plan: CallCourse, handle: StreamHandle) -> None:
+    async def run_request(self, session: Session, plan: CallCourse, handle: StreamHandle) -> None:
         try:
             key = plan.key
-            payload = await self._execute(session, plan, handle)
+            payload = await self.execute(session, plan, handle)
             if plan.phase is CoursePhase.RECORDING and key is not None and payload is not None:
                 try:
                     await handle.respond(payload.decode(), call_key=key)
                 except BaseException:
                     # The final append failed: record the outcome on its own.
                     again = plan.append_failed(payload)
-                    await self._finish_call(session, again.key, again.payload)
+                    await self.finish_call(session, again.key, again.payload)
                     raise
                 plan.appended()
-                await self._finish_call(session, key, payload, stored=True)
+                await self.finish_call(session, key, payload, stored=True)
             else:
                 await handle.respond(payload.decode() if payload is not None else None)
         except StreamLost:

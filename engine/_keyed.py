@@ -27,6 +27,7 @@ indistinguishable from a retry.
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from typing import Final
 
 import msgspec
@@ -36,7 +37,7 @@ from weir.protocol.course import Claim, ClaimCall, HoldCall, WaitForCall
 from weir.protocol.gate import CallStart
 from weir.protocol.jsonrpc import Request
 
-from ._server_base import _ServerBase, log, retention_full, wait_for_claim
+from ._shared import Shared, log, retention_full, wait_for_claim
 from ._store import InternalId, RetentionFull, SessionGone, SessionRecord, StoreUnavailable
 
 #: The record under which a principal's sessionless gate records live (a keyspace of
@@ -46,12 +47,23 @@ NAMESPACE: Final = InternalId("~sessionless")
 MAX_KNOWN_NAMESPACES: Final = 4096
 
 
-class _KeyedCalls(_ServerBase):
-    """The idempotency gate for sessionless ``tools/call`` (see the module docstring)."""
+class KeyedCalls:
+    """The idempotency gate for sessionless ``tools/call`` (see the module docstring).
 
-    async def _keyed_effect(
-        self, principal: str, effect: ClaimCall | WaitForCall | HoldCall
-    ) -> object:
+    Guarantees: a key is claimed in the store before its call runs; whoever waits
+    here for a key is woken when its outcome is recorded (or the key given back).
+    """
+
+    def __init__(self, shared: Shared) -> None:
+        self.config = shared.config
+        self.store = shared.store
+        self.replica_id = shared.replica_id
+        #: Keyed calls running here ((principal, key) -> who waits for them).
+        self.calls: dict[tuple[str, str], trio.Event | None] = {}
+        #: The principals whose gate namespace is known to exist (least recent first).
+        self._known_namespaces: OrderedDict[str, None] = OrderedDict()
+
+    async def effect(self, principal: str, effect: ClaimCall | WaitForCall | HoldCall) -> object:
         """Perform one of the gate's steps in ``principal``'s namespace; its answer.
 
         Raises:
@@ -60,16 +72,16 @@ class _KeyedCalls(_ServerBase):
             StoreUnavailable: the store is down (nothing was claimed).
         """
         if isinstance(effect, HoldCall):
-            self.keyed_calls[principal, effect.key] = None
+            self.calls[principal, effect.key] = None
             return None
         if isinstance(effect, WaitForCall):
             where = (principal, effect.key)
-            await wait_for_claim(self.keyed_calls, where, effect.until, effect.local)
+            await wait_for_claim(self.calls, where, effect.until, effect.local)
             return None
-        start = await self._keyed_claim(principal, effect.request, effect.claim)
-        return start, (principal, effect.claim.key) in self.keyed_calls
+        start = await self._claim(principal, effect.request, effect.claim)
+        return start, (principal, effect.claim.key) in self.calls
 
-    async def _keyed_claim(self, principal: str, req: Request, claim: Claim) -> CallStart:
+    async def _claim(self, principal: str, req: Request, claim: Claim) -> CallStart:
         """One claim in the principal's namespace (created first, if need be)."""
         for _ in range(2):
             await self._namespace(principal)
@@ -111,7 +123,7 @@ class _KeyedCalls(_ServerBase):
         if len(known) > MAX_KNOWN_NAMESPACES:
             known.popitem(last=False)
 
-    async def _keyed_record(self, principal: str, key: str, payload: bytes | None) -> None:
+    async def record(self, principal: str, key: str, payload: bytes | None) -> None:
         """Store ``payload`` as the outcome of ``key`` (None: give the key back),
         bounded and shielded on a shared store; whoever waits for it here is woken."""
         try:
@@ -120,6 +132,6 @@ class _KeyedCalls(_ServerBase):
         except (StoreUnavailable, SessionGone):
             log.warning("could not record the outcome of sessionless call %s", key)
         finally:
-            done = self.keyed_calls.pop((principal, key), None)
+            done = self.calls.pop((principal, key), None)
             if done is not None:
                 done.set()

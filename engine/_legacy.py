@@ -16,7 +16,7 @@ messages, on the session the stream already opened.
 **The order of a POST is the core's**
 (:class:`~weir.protocol.legacy.LegacyPostCourse`): this module performs the
 effects it asks for, the ones it shares with a session-era POST through
-``engine._calls``'s :meth:`~weir.engine._calls._Calls._post_effect`.
+``engine._calls``'s :meth:`~weir.engine._calls.Calls.post_effect`.
 """
 
 from __future__ import annotations
@@ -42,17 +42,42 @@ from weir.protocol.lifecycle import ForgetSession
 from weir.protocol.post import ATTACH_WRITER, AdmitRequests, AllocateEpoch, LoadSession
 from weir.protocol.streams import StreamKind
 
+from ._calls import Calls
 from ._connection import Connection
+from ._execution import Execution
 from ._requester import Requester
-from ._server_base import _ServerBase
 from ._session import Session, StreamHandle, StreamLost
+from ._session_table import SessionTable
+from ._shared import Shared
+from ._streams import Streams
 from ._writer import SSE_HEADERS, write_stream
 
 
-class _Legacy(_ServerBase):
-    """The 2024-11-05 HTTP+SSE transport (see the module docstring)."""
+class Legacy:
+    """The 2024-11-05 HTTP+SSE transport (see the module docstring).
 
-    async def _legacy_stream(self, conn: Connection, who: Requester) -> None:
+    Guarantees: a legacy session lives exactly as long as its stream; its POSTs'
+    requests are admitted and gated like the current transport's.
+    """
+
+    def __init__(
+        self,
+        shared: Shared,
+        table: SessionTable,
+        streams: Streams,
+        calls: Calls,
+        execution: Execution,
+    ) -> None:
+        self.shared = shared
+        self.config = shared.config
+        self.store = shared.store
+        self.metrics = shared.metrics
+        self.table = table
+        self.streams = streams
+        self.calls = calls
+        self.execution = execution
+
+    async def stream(self, conn: Connection, who: Requester) -> None:
         """Carry out a ``GET <sse path>``'s
         :class:`~weir.protocol.legacy.LegacyStreamCourse` (it has no deadline: no clock)."""
         course = LegacyStreamCourse(self.config.legacy_messages_path)
@@ -62,7 +87,7 @@ class _Legacy(_ServerBase):
         while effect is not None:
             try:
                 if effect is NEW_LEGACY_SESSION:
-                    session = await self._new_session("2024-11-05", who.principal)
+                    session = await self.table.new_session("2024-11-05", who.principal)
                     answer: object = session.session_id
                 elif isinstance(effect, AllocateEpoch):
                     assert session is not None
@@ -70,7 +95,9 @@ class _Legacy(_ServerBase):
                     answer = await self.store.allocate_epoch(record.principal, record.session_id)
                 elif isinstance(effect, OpenLegacyStream):
                     assert session is not None
-                    handle = self._open_stream(session, effect.epoch, StreamKind.LEGACY, None)
+                    handle = self.streams.open_stream(
+                        session, effect.epoch, StreamKind.LEGACY, None
+                    )
                     handle.log.emit_ids = False  # 2024-11-05 has no resumption
                     await handle.send(effect.endpoint, event="endpoint")
                     answer = None
@@ -83,18 +110,18 @@ class _Legacy(_ServerBase):
                     assert isinstance(effect, ForgetSession) and session is not None
                     if not session.closed:
                         with trio.CancelScope(shield=True):
-                            await self._end_session(session)
+                            await self.table.end_session(session)
                     answer = None
             except BaseException as exc:
                 effect = course.fail(exc, 0.0)
             else:
                 effect = course.deliver(answer, 0.0)
 
-    async def _legacy_post(self, conn: Connection, post: LegacyMessages, who: Requester) -> None:
+    async def post(self, conn: Connection, post: LegacyMessages, who: Requester) -> None:
         """Carry out a legacy POST's :class:`~weir.protocol.legacy.LegacyPostCourse`
         (its messages already checked by ``route_legacy``): the core decides the
         order, this performs each effect it asks for."""
-        course = LegacyPostCourse(post, self.post_rules)
+        course = LegacyPostCourse(post, self.shared.post_rules)
         clock = trio.current_time
         now = clock()  # read again only after a step that may wait (the gate's deadlines)
         effect = course.start(now)
@@ -104,28 +131,30 @@ class _Legacy(_ServerBase):
                 try:
                     if session is None:
                         assert isinstance(effect, LoadSession)
-                        session = await self._session(who.principal, post.session_id)
+                        session = await self.table.session(who.principal, post.session_id)
                         answer: object = session
                     elif isinstance(effect, RunOnLegacy):
                         if effect.course.replay is not None:
                             self.metrics.duplicates_replayed += 1
-                        run = self._legacy_runner(session, effect.epoch)
-                        self._handlers_start(run, 0, effect.course)
+                        run = self._runner(session, effect.epoch)
+                        self.shared.start(run, 0, effect.course)
                         answer = None
                     elif isinstance(effect, AdmitLegacyBatch):
                         # Every entry waits for admission on its own, after the 202.
-                        run = self._legacy_runner(session, effect.epoch)
+                        run = self._runner(session, effect.epoch)
                         requests, epoch = effect.requests, effect.epoch
-                        self._handlers_start(self._admit_each, session, requests, None, run, epoch)
+                        self.shared.start(
+                            self.calls.admit_each, session, requests, None, run, epoch
+                        )
                         answer = None
                     elif isinstance(effect, AdmitRequests):
-                        answer = await self._admit(session, effect)
+                        answer = await self.calls.admit(session, effect)
                         now = clock()
                     elif isinstance(effect, GATE_STEPS):
-                        answer = await self._gate_effect(session, effect)
+                        answer = await self.calls.gate_effect(session, effect)
                         now = clock()
                     else:  # Mail, Finished, GiveBack, ACCEPTED: as for a session-era POST
-                        answer = await self._post_effect(conn, session, effect)
+                        answer = await self.calls.post_effect(conn, session, effect)
                 except BaseException as exc:
                     effect = course.fail(exc, clock())
                 else:
@@ -135,27 +164,23 @@ class _Legacy(_ServerBase):
                 self.metrics.duplicates_in_progress += 1
             raise
 
-    def _legacy_runner(
-        self, session: Session, epoch: str
-    ) -> Callable[[int, CallCourse], Awaitable[None]]:
+    def _runner(self, session: Session, epoch: str) -> Callable[[int, CallCourse], Awaitable[None]]:
         """How a legacy request runs: its answer goes out on the LEGACY stream."""
         legacy = session.handles[epoch]
 
         async def run(_: int, plan: CallCourse) -> None:
             if plan.request.method == "initialize" and plan.replay is None:
-                await self._legacy_initialize(session, plan.request, legacy)
+                await self._initialize(session, plan.request, legacy)
             else:
                 legacy.outstanding += 1
-                await self._run_request(session, plan, legacy)
+                await self.execution.run_request(session, plan, legacy)
 
         return run
 
-    async def _legacy_initialize(
-        self, session: Session, req: Request, handle: StreamHandle
-    ) -> None:
+    async def _initialize(self, session: Session, req: Request, handle: StreamHandle) -> None:
         try:
-            await self._initialize_session(req, session, session.record.principal)
-            payload = encode_result(req.id, self._initialize_result(session))
+            await self.calls.initialize_session(req, session, session.record.principal)
+            payload = encode_result(req.id, self.calls.initialize_result(session))
         except RemoteProtocolError as exc:
             payload = encode_error(req.id, exc.code, exc.message, exc.error_data())
         try:

@@ -19,31 +19,58 @@ scope, at most :data:`MAX_OWNERS` of them (a gateway's connection carries many
 principals; the least recently used is given back first).  An owner ends -- its
 handlers cancelled -- with the last reference, as a session ends with its last
 stream; a stalled one is torn down after the liveness timeout like a session.
+
+:class:`Owners` keeps the owners and their references; it equips each new owner
+like a session (credit timers, activity, change bus) through the session table's
+:meth:`~weir.engine._session_table.SessionTable.equip`.  Also here:
+:func:`open_answer_stream`, the stream one sessionless request's answer (or a
+``subscriptions/listen``) is written on.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from typing import Final
 
 import trio
 
 from weir.protocol.sessionless import SESSIONLESS_VERSIONS
+from weir.protocol.streams import StreamKind
 
 from ._connection import Connection
 from ._requester import Requester
-from ._server_base import _ServerBase
-from ._session import Session
+from ._session import Session, StreamHandle
+from ._shared import Shared
 from ._store import SessionRecord
 
 #: The most credit owners one connection holds at once.
 MAX_OWNERS: Final = 16
 
 
-class _Owners(_ServerBase):
-    """Sessionless credit owners (see the module docstring)."""
+class Owners:
+    """Sessionless credit owners (see the module docstring).
 
-    def _owner(self, conn: Connection, who: Requester) -> Session:
+    Guarantees: an owner lives while a connection holds a reference to it, and ends
+    (:meth:`Session.close`) with the last; each connection holds at most
+    :data:`MAX_OWNERS`; a principal has at most one shared owner at a time.
+
+    Args:
+        shared: the server's shared state.
+        equip: connects a new owner to the server (credit timers, activity, changes).
+    """
+
+    def __init__(self, shared: Shared, equip: Callable[[Session], None]) -> None:
+        self.config = shared.config
+        self.budget = shared.budget
+        self._equip = equip
+        #: Every live owner.
+        self.owners: set[Session] = set()
+        #: Each authorized principal's shared owner.
+        self.principal_owners: dict[str, Session] = {}
+        self._refs: dict[Session, int] = {}
+
+    def owner(self, conn: Connection, who: Requester) -> Session:
         """The credit owner of ``who``'s sessionless requests on ``conn``: the
         principal's, when requests are authorized (shared by every connection that
         carried that principal's requests, so one it stalls holds back the others --
@@ -64,10 +91,10 @@ class _Owners(_ServerBase):
         shared = self.principal_owners.get(who.principal) if who.authorized else None
         if shared is not None and not shared.closed:
             owner = shared
-            self._owner_refs[owner] = self._owner_refs.get(owner, 0) + 1
+            self._refs[owner] = self._refs.get(owner, 0) + 1
         else:
             owner = self._new_owner(who)
-            self._owner_refs[owner] = 1
+            self._refs[owner] = 1
             if who.authorized:
                 self.principal_owners[who.principal] = owner
         conn.owners[scope] = owner
@@ -75,7 +102,7 @@ class _Owners(_ServerBase):
             self._unref_owner(conn.owners.pop(next(iter(conn.owners))))
         return owner
 
-    def _release_owner(self, conn: Connection) -> None:
+    def release(self, conn: Connection) -> None:
         """``conn`` is gone: it gives back every owner it holds."""
         held, conn.owners = conn.owners, {}
         for owner in held.values():
@@ -83,9 +110,9 @@ class _Owners(_ServerBase):
 
     def _unref_owner(self, owner: Session) -> None:
         """One connection fewer holds ``owner``; the last one ends it."""
-        left = self._owner_refs.pop(owner, 1) - 1
+        left = self._refs.pop(owner, 1) - 1
         if left > 0:
-            self._owner_refs[owner] = left
+            self._refs[owner] = left
             return
         owner.close()  # its handlers end with its last connection
         self.owners.discard(owner)
@@ -104,9 +131,18 @@ class _Owners(_ServerBase):
             salt=secrets.token_hex(8),
         )
         owner = Session(record, credit=self.config.credit, now=now, budget=self.budget)
-        owner.replica = self.replica_id
-        owner.schedule = self.deadlines.schedule
-        owner.on_activity = self._note_activity
-        owner.on_change = self._changed
+        self._equip(owner)
         self.owners.add(owner)
         return owner
+
+
+def open_answer_stream(owner: Session, max_events: int) -> StreamHandle:
+    """A stream of ``owner`` for one request's answer: no event ids (nothing
+    resumes).  Its epoch is drawn afresh until it names none of the owner's streams
+    (open or kept): four random bytes meet again over a busy principal's life."""
+    epoch = secrets.token_hex(4)
+    while epoch in owner.handles:
+        epoch = secrets.token_hex(4)
+    handle = owner.open_stream(epoch, StreamKind.REQUEST, max_events=max_events, emit_ids=False)
+    handle.outstanding = 1
+    return handle

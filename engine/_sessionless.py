@@ -50,13 +50,14 @@ performs the effects they ask for, and decides nothing about their order.
   ``resources/subscribe``, anything unknown) is 404 with -32601; an unknown
   resource is -32602 (with ``data.uri``), as this revision numbers it.
 
-``subscriptions/listen`` and the change bus are :mod:`engine._changes`'s.
+``subscriptions/listen`` and the change bus are :mod:`engine._changes`'s; :class:`Sessionless`
+performs the courses, with the credit owners (:class:`~._owners.Owners`), the
+keyed gate (:class:`~._keyed.KeyedCalls`) and execution's size limit.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import time
 from typing import Any, Final
 
@@ -72,7 +73,6 @@ from weir.app import (
 from weir.common import (
     caller_for,
     discover_for,
-    era_capabilities,
     handler_error,
     request_meta,
     server_identity,
@@ -121,14 +121,18 @@ from weir.protocol.sessionless_post import (
     ToolSchema,
 )
 from weir.protocol.states import StreamInput, StreamState
-from weir.protocol.streams import StreamKind
 
 from ._auth import REQUEST_ACCESS
+from ._changes import Changes
 from ._connection import Connection
 from ._context import SessionlessBackend
+from ._execution import Execution
+from ._json_reply import send_json
+from ._keyed import KeyedCalls
+from ._owners import Owners, open_answer_stream
 from ._requester import Requester
-from ._server_base import _ServerBase
 from ._session import Session, SessionClosed, StreamHandle, StreamLost
+from ._shared import Shared
 from ._writer import SSE_HEADERS, PeerGone, write_stream
 
 #: The revision this module serves.
@@ -137,19 +141,49 @@ VERSION: Final = SESSIONLESS_VERSIONS[-1]
 FIRST_OUTPUT_WAIT: Final = 1.0
 
 
-class _Sessionless(_ServerBase):
-    """Requests of the sessionless era (see the module docstring)."""
+class Sessionless:
+    """Requests of the sessionless era (see the module docstring).
 
-    async def _sessionless(self, conn: Connection, msg: SessionlessMessage, who: Requester) -> None:
+    Guarantees: a request performs exactly the effects its course asks for, in its
+    order; its responses take its owner's credit; an unkeyed call's handler ends
+    with its response; a keyed call's outcome is recorded before it is answered.
+    """
+
+    def __init__(
+        self,
+        shared: Shared,
+        owners: Owners,
+        keyed: KeyedCalls,
+        changes: Changes,
+        execution: Execution,
+    ) -> None:
+        self.shared = shared
+        self.app = shared.app
+        self.config = shared.config
+        self.metrics = shared.metrics
+        self.owners = owners
+        self.keyed = keyed
+        self.changes = changes
+        self.execution = execution
+        cfg = shared.config
+        #: The courses' rules (the app's fallback is read again per request).
+        self.rules = SessionlessRules(
+            json_response=cfg.json_response,
+            retry_window=cfg.retry_window,
+            in_progress_wait=cfg.in_progress_wait,
+            retry_ms=cfg.retry_ms,
+        )
+        #: An app's described ``serverInfo``, read once (the stamp on every result).
+        self.described_info: dict[str, Any] | None = None
+
+    async def post(self, conn: Connection, msg: SessionlessMessage, who: Requester) -> None:
         """Carry out a request's :class:`~weir.protocol.sessionless_post.SessionlessCourse`:
         the core decides the order, this performs each effect it asks for."""
-        rules = self._sessionless_rules()
+        rules = self._rules()
         wall = time.time() if rules.retry_window > 0 else 0.0  # (only the window reads it)
         course = SessionlessCourse(msg, who.principal, who.authorized, rules, wall=wall)
         clock = trio.current_time
-        # The clock is read again only after a step that may wait (the gate's
-        # deadlines are the course's only use of it).
-        now = clock()
+        now = clock()  # read again only after a step that may wait (the gate's deadlines)
         effect = course.start(now)
         owner: Session | None = None
         answering: _Answering | None = None
@@ -159,7 +193,7 @@ class _Sessionless(_ServerBase):
                     answer: object = None
                     if owner is None:  # (the steps before the owner is chosen)
                         if effect is CHOOSE_OWNER:
-                            owner = self._owner(conn, who)
+                            owner = self.owners.owner(conn, who)
                         else:
                             answer = await self._before_owner(conn, msg, effect)
                     elif isinstance(effect, AdmitRequests):
@@ -173,10 +207,10 @@ class _Sessionless(_ServerBase):
                         self._count_execution(effect.run)
                         await self._respond_json(conn, owner, msg, who, effect)
                     elif isinstance(effect, GATE_STEPS):
-                        answer = await self._keyed_effect(who.principal, effect)
+                        answer = await self.keyed.effect(who.principal, effect)
                         now = clock()
                     elif isinstance(effect, OpenAnswerStream):
-                        handle = self._open_answer_stream(owner)
+                        handle = open_answer_stream(owner, self.config.max_stream_events)
                         owner.move_reservations(effect.lane, handle.log.epoch)
                         answering = _Answering(handle)
                     elif isinstance(effect, RunOnStream):
@@ -185,9 +219,8 @@ class _Sessionless(_ServerBase):
                         await self._run_on_stream(owner, msg, who, effect.run, answering)
                     elif effect is ATTACH_WRITER:
                         assert answering is not None
-                        keepalive = self.config.sse_keepalive
-                        handle = answering.handle
-                        await write_stream(conn, owner, handle, 0, SSE_HEADERS, keepalive=keepalive)
+                        ka, handle = self.config.sse_keepalive, answering.handle
+                        await write_stream(conn, owner, handle, 0, SSE_HEADERS, keepalive=ka)
                     else:
                         await self._sessionless_effect(conn, owner, who, effect)
                 except BaseException as exc:
@@ -203,16 +236,16 @@ class _Sessionless(_ServerBase):
                 assert owner is not None
                 _end(owner, answering)
 
-    def _sessionless_rules(self) -> SessionlessRules:
+    def _rules(self) -> SessionlessRules:
         """The course's rules: the server's, and whether the app has a fallback (an
         app may register one after the server was made)."""
-        rules, app = self.sessionless_rules, self.app
+        rules, app = self.rules, self.app
         fallback = app.fallback_fn is not None
         if rules.fallback != fallback or rules.fallback_every_method != app.fallback_every_method:
             rules = dataclasses.replace(
                 rules, fallback=fallback, fallback_every_method=app.fallback_every_method
             )
-            self.sessionless_rules = rules
+            self.rules = rules
         return rules
 
     async def _before_owner(
@@ -222,7 +255,7 @@ class _Sessionless(_ServerBase):
         if isinstance(effect, ToolSchema):
             return self.app.input_schema(effect.name)
         if isinstance(effect, OpenRequestState):
-            return self.sealer.open(effect.state)
+            return self.shared.sealer.open(effect.state)
         if effect is ACCEPTED:
             await conn.send(conn.http.send_response(202, ()))
         elif effect is ANSWER_DISCOVER:
@@ -241,12 +274,12 @@ class _Sessionless(_ServerBase):
         if isinstance(effect, Finished):
             owner.done(effect.n, effect.lane)
         elif isinstance(effect, GiveBack):
-            await self._keyed_record(who.principal, effect.key, None)
+            await self.keyed.record(who.principal, effect.key, None)
         elif isinstance(effect, AnswerReplay):
             self.metrics.duplicates_replayed += 1
-            await self._send_json(conn, owner, list(_JSON), effect.payload)
+            await send_json(conn, owner, list(_JSON), effect.payload)
         elif isinstance(effect, Listen):
-            await self._listen(conn, owner, effect.request, effect.lane)
+            await self.changes.listen(conn, owner, effect.request, effect.lane)
         else:
             raise AssertionError(f"a sessionless course asked for {effect!r} out of turn")
 
@@ -272,7 +305,7 @@ class _Sessionless(_ServerBase):
                 owner.done(1, lane, keep=True)  # the reservation is the body's
             if body is None:
                 raise PeerGone  # cancelled with the server going away: nothing to answer
-            await self._send_json(conn, owner, list(_JSON), body, lane)
+            await send_json(conn, owner, list(_JSON), body, lane)
         finally:
             owner.settle(lane)
 
@@ -310,7 +343,7 @@ class _Sessionless(_ServerBase):
                 first.set()
                 owner.done(1, handle.log.epoch)
 
-        self._handlers_start(run_it)
+        self.shared.start(run_it)
         with trio.move_on_after(FIRST_OUTPUT_WAIT):
             await first.wait()
         if answering.refused:
@@ -341,11 +374,11 @@ class _Sessionless(_ServerBase):
                 elif isinstance(effect, EncodeResult):
                     answer = self._encode_result(req, effect.result, handle)
                 elif isinstance(effect, SealState):
-                    answer = self.sealer.seal(dict(effect.claims))
+                    answer = self.shared.sealer.seal(dict(effect.claims))
                 elif isinstance(effect, RecordOutcome):
-                    await self._keyed_record(who.principal, effect.key, effect.payload)
+                    await self.keyed.record(who.principal, effect.key, effect.payload)
                 elif isinstance(effect, GiveBack):
-                    await self._keyed_record(who.principal, effect.key, None)
+                    await self.keyed.record(who.principal, effect.key, None)
                 else:
                     assert isinstance(effect, Respond)
                     body = effect.body
@@ -371,7 +404,7 @@ class _Sessionless(_ServerBase):
             backend,
             req.id,
             request_meta(req),
-            state=self.state,
+            state=self.shared.state,
             inputs=run.inputs,
             access_token=REQUEST_ACCESS.get(),
         )
@@ -399,17 +432,13 @@ class _Sessionless(_ServerBase):
         """A result stamped with this era's fields, encoded within the size limit."""
         try:
             decorated = complete(req.method, result, self._server_info())
-            return self._fit(req, encode_result(req.id, decorated), handle)
+            return self.execution.fit(req, encode_result(req.id, decorated), handle)
         except Exception as exc:
             return failure(req, exc)
 
     # ---------------------------------------------------------------- results
     def _discover(self) -> dict[str, Any]:
         return discover_for(self.app, self._server_info())
-
-    def _capabilities(self) -> dict[str, Any]:
-        """This era's capabilities (:func:`weir.common.era_capabilities`)."""
-        return era_capabilities(self.app)
 
     def _server_info(self) -> dict[str, Any]:
         """The identity stamped on every result (asked once: an identity does not
@@ -419,23 +448,6 @@ class _Sessionless(_ServerBase):
         if self.described_info is None:
             self.described_info = server_identity(self.app)
         return self.described_info
-
-    # ---------------------------------------------------------------- streams
-    def _open_answer_stream(self, owner: Session) -> StreamHandle:
-        """A stream for one request's answer: no event ids (nothing resumes).  Its
-        epoch is drawn afresh until it names none of the owner's streams (open or
-        kept): four random bytes meet again over a busy principal's life."""
-        epoch = secrets.token_hex(4)
-        while epoch in owner.handles:
-            epoch = secrets.token_hex(4)
-        handle = owner.open_stream(
-            epoch,
-            StreamKind.REQUEST,
-            max_events=self.config.max_stream_events,
-            emit_ids=False,
-        )
-        handle.outstanding = 1
-        return handle
 
 
 _JSON: Final = (("content-type", "application/json"),)

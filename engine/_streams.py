@@ -30,8 +30,8 @@ GET streams need it too (without authorization, a session id alone is not enough
 session, the channel proof, the resumption rules, which stream and from which event,
 displacing an older writer, replaying from the store and tailing it -- is made by
 :class:`~weir.protocol.get.GetCourse` / :class:`~weir.protocol.get.DeleteCourse`;
-this module only performs the effects they ask for (:meth:`_Streams._carry`), and
-opens streams for every course (:meth:`_Streams._open_stream`).
+this module only performs the effects they ask for (:meth:`Streams._carry`), and
+opens streams for every course (:meth:`Streams.open_stream`).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ from weir.protocol.get import (
     PrimeStream,
     ReadEvents,
     StartReplay,
+    StreamRules,
     TailCut,
     WriteStream,
 )
@@ -72,16 +73,40 @@ from weir.protocol.streams import StreamKind
 
 from ._connection import Connection
 from ._requester import Requester
-from ._server_base import _ServerBase
 from ._session import Session, StreamHandle, StreamLost
+from ._session_table import SessionTable
+from ._shared import Shared
 from ._store import ChannelRejected, SessionGone, StoreUnavailable
 from ._writer import SSE_HEADERS, write_stream
 
 
-class _Streams(_ServerBase):
-    """SSE streams, resumption, DELETE and channel tokens (see the module docstring)."""
+class Streams:
+    """SSE streams, resumption, DELETE and channel tokens (see the module docstring).
 
-    def _open_stream(
+    Guarantees: with ``resume="shared"`` on a shared store, no event of a session-era
+    stream is sent before it is appended to the store; a GET or DELETE performs
+    only the effects its course asks for, in its order.
+    """
+
+    def __init__(self, shared: Shared, table: SessionTable) -> None:
+        self.shared = shared
+        self.config = shared.config
+        self.store = shared.store
+        self.replica_id = shared.replica_id
+        self.table = table
+        cfg = shared.config
+        #: What a GET's and a DELETE's courses need to know of this server's setup.
+        self.rules = StreamRules(
+            resume=cfg.resume,
+            shared=self.store.shared,
+            authorized=cfg.auth is not None,
+            keepalive=cfg.sse_keepalive,
+            lease=cfg.claim_lease,
+            give_up_after=cfg.credit.liveness_timeout * 10,
+            replica=self.replica_id,
+        )
+
+    def open_stream(
         self, session: Session, epoch: str, kind: StreamKind, token: tuple[int, str] | None
     ) -> StreamHandle:
         cfg = self.config
@@ -127,13 +152,13 @@ class _Streams(_ServerBase):
 
         return sink
 
-    async def _get(self, conn: Connection, get: OpenStream, who: Requester) -> None:
+    async def get(self, conn: Connection, get: OpenStream, who: Requester) -> None:
         """Carry out a GET's :class:`~weir.protocol.get.GetCourse`."""
-        await self._carry(conn, GetCourse(get, self.stream_rules), get.ctx.session_id, who)
+        await self._carry(conn, GetCourse(get, self.rules), get.ctx.session_id, who)
 
-    async def _delete(self, conn: Connection, delete: DeleteSession, who: Requester) -> None:
+    async def delete(self, conn: Connection, delete: DeleteSession, who: Requester) -> None:
         """Carry out a DELETE's :class:`~weir.protocol.get.DeleteCourse`."""
-        await self._carry(conn, DeleteCourse(delete, self.stream_rules), delete.ctx.session_id, who)
+        await self._carry(conn, DeleteCourse(delete, self.rules), delete.ctx.session_id, who)
 
     async def _carry(
         self, conn: Connection, course: GetCourse | DeleteCourse, sid: str | None, who: Requester
@@ -152,7 +177,7 @@ class _Streams(_ServerBase):
             try:
                 if session is None:
                     assert isinstance(effect, LoadSession)
-                    session = await self._session(who.principal, sid)
+                    session = await self.table.session(who.principal, sid)
                     answer: object = session
                 else:
                     with trio.CancelScope(deadline=cut_at) as cut:
@@ -180,7 +205,7 @@ class _Streams(_ServerBase):
         elif isinstance(effect, ReadEvents):
             return await store.read_events(principal, sid, effect.epoch, effect.after)
         elif effect is KEEP_TAILING:
-            return not (self._closing or session.closed)
+            return not (self.shared.closing or session.closed)
         elif isinstance(effect, ExpireClaim):
             with contextlib.suppress(StoreUnavailable):
                 await store.expire_claim(principal, sid, effect.epoch)
@@ -202,11 +227,11 @@ class _Streams(_ServerBase):
         elif isinstance(effect, AllocateEpoch):
             return await store.allocate_epoch(principal, sid, effect.generation)
         elif isinstance(effect, OpenStandalone):
-            return self._open_stream(session, effect.epoch, StreamKind.STANDALONE, effect.token).log
+            return self.open_stream(session, effect.epoch, StreamKind.STANDALONE, effect.token).log
         elif isinstance(effect, PrimeStream):
-            self._handlers_start(session.handles[effect.epoch].send, "")
+            self.shared.start(session.handles[effect.epoch].send, "")
         elif effect is MARK_BOUND:
-            await self._mark_bound(session)
+            await self.mark_bound(session)
         elif isinstance(effect, LookUpStream):
             return await store.stream_info(principal, sid, effect.epoch)
         elif isinstance(effect, StartReplay):
@@ -216,13 +241,13 @@ class _Streams(_ServerBase):
             await conn.send(conn.http.end_stream())
         elif effect is END_SESSION:
             session.handle(SessionInput.DELETE)
-            await self._end_session(session)
+            await self.table.end_session(session)
         elif effect is DELETED:
             await conn.send(conn.http.send_response(200, ()))
         else:
             raise AssertionError(f"a GET or DELETE course asked for {effect!r} out of turn")
         return None
 
-    async def _mark_bound(self, session: Session) -> None:
+    async def mark_bound(self, session: Session) -> None:
         await self.store.mark_bound(session.record.principal, session.session_id)
         session.record = replace(session.record, bound=True)

@@ -9,7 +9,7 @@ send (:func:`weir.common.honoured`: the kinds asked for that this app can change
 :data:`~weir.common.MAX_URIS` resource URIs), and every message on it carries the request's id as
 ``_meta["io.modelcontextprotocol/subscriptionId"]``.
 
-* **Fan-out never blocks the notifier.**  :meth:`Server._changed` (a tool calling
+* **Fan-out never blocks the notifier.**  ``Changes.changed`` (a tool calling
   ``ctx.changed(...)`` on any request) only marks each matching listener's
   :class:`Listener` as having something pending and wakes its task.  The listener's
   own task sends, within its connection's drain credit, so a listener whose peer

@@ -1,0 +1,265 @@
+"""Routing: one HTTP request to what answers it, and the refusals before a response.
+
+Theory of operation
+-------------------
+:meth:`Router.respond` routes each request a connection read (``engine._connections``):
+resource metadata and ``/metrics`` need no token; everything else is authenticated
+(with authorization on: each request's own :class:`~._requester.Requester`, never
+the connection's) and goes to POST (``engine._calls``), GET and DELETE
+(``engine._streams``), the sessionless era (``engine._sessionless``) or the legacy
+endpoints (``engine._legacy``).  A refusal raised before the response has begun
+becomes that response (404 for a session that is gone, 503 while shutting down or
+when the store is unavailable); once a response has begun, it ends the connection.
+"""
+
+from __future__ import annotations
+
+import re
+
+from weir.protocol import (
+    SERVER_ERROR,
+    DeleteSession,
+    HttpRequest,
+    OpenStream,
+    PostMessages,
+    Reason,
+    RemoteProtocolError,
+    check_host_and_origin,
+    check_method,
+    refusal,
+    route,
+    session_refusal,
+)
+from weir.protocol.legacy import LegacyOpen, route_legacy
+
+from ._auth import (
+    METADATA_PATH,
+    REQUEST_ACCESS,
+    AccessToken,
+    Authorization,
+    InvalidToken,
+    TokenExpired,
+    bearer_token,
+)
+from ._calls import Calls
+from ._changes import Changes
+from ._connection import Connection
+from ._legacy import Legacy
+from ._listen import AcceptGate
+from ._owners import Owners
+from ._requester import Requester
+from ._sessionless import Sessionless
+from ._shared import Shared, log, store_unavailable
+from ._store import SessionGone, StoreUnavailable
+from ._streams import Streams
+
+
+class Router:
+    """Routes each request (see the module docstring).
+
+    Guarantees: no request reaches a course unauthenticated (with authorization
+    on); a refusal before the response is always sendable (its headers visible
+    ASCII, nothing the client sent); after the drain began every request is 503
+    ``shutting_down``.
+    """
+
+    def __init__(
+        self,
+        shared: Shared,
+        *,
+        calls: Calls,
+        streams: Streams,
+        legacy: Legacy,
+        sessionless: Sessionless,
+        owners: Owners,
+        changes: Changes,
+        gate: AcceptGate,
+    ) -> None:
+        self.shared = shared
+        self.config = shared.config
+        self.metrics = shared.metrics
+        self.endpoint = shared.endpoint
+        self.calls = calls
+        self._post = calls.post  # (every POST: one lookup less)
+        self.streams = streams
+        self.legacy = legacy
+        self.sessionless = sessionless
+        self.owners = owners
+        self.changes = changes
+        self.gate = gate
+
+    async def _refuse(self, conn: Connection, exc: RemoteProtocolError) -> None:
+        self.metrics.refused(str(exc.reason))
+        status, headers, body = refusal(exc)
+        if not all(_SAFE_VALUE.fullmatch(value) for _, value in headers):
+            # A refusal must always be sendable: a header that is not visible ASCII
+            # (a bug: no refusal may carry client bytes) is left out, not written.
+            log.error("refusal %s: dropping header(s) that are not visible ASCII", exc.reason)
+            headers = [(name, value) for name, value in headers if _SAFE_VALUE.fullmatch(value)]
+        await conn.send(conn.http.send_response(status, headers, body))
+
+    async def respond(self, conn: Connection, handoff: list[HttpRequest]) -> None:
+        """Answer (or refuse) the request in ``handoff`` (taken out of it: the caller
+        keeps no reference to a body that a long response would keep alive)."""
+        request = handoff.pop()
+        sid_header = request.headers.get("mcp-session-id") or ""
+        try:
+            if self.shared.closing:
+                raise RemoteProtocolError(
+                    "server is shutting down",
+                    http_status=503,
+                    reason=Reason.SHUTTING_DOWN,
+                    retry_after_ms=self.config.retry_ms,
+                )
+            path = request.path
+            cfg = self.config
+            endpoint = path == cfg.path
+            # Metadata and metrics need no token; the legacy endpoints and the MCP
+            # endpoint do, and anything else is routed (and refused) like the endpoint.
+            if not endpoint and cfg.auth is not None and path.startswith(METADATA_PATH):
+                await self._resource_metadata(conn, request, cfg.auth)
+                return
+            if not endpoint and path == cfg.metrics_path:
+                await self._auxiliary(conn, request)
+                return
+            # Who this request speaks for: handed to everything below, never kept on
+            # the connection (its next request may speak for someone else).
+            if cfg.auth is not None:
+                access = await self._authenticate(request, cfg.auth)
+                REQUEST_ACCESS.set(access)  # (handlers started for this request see it)
+                who = Requester(access.principal, True, conn.secret)
+            else:
+                who = Requester(cfg.principal, False, conn.secret)
+            if not endpoint and path in (cfg.legacy_sse_path, cfg.legacy_messages_path):
+                await self._legacy(conn, request, who)
+                return
+            mcp = route(request, self.endpoint)
+            del request  # the body is decoded: from here on only the messages count
+            if isinstance(mcp, PostMessages):
+                await self._post(conn, mcp, who)
+            elif isinstance(mcp, OpenStream):
+                await self.streams.get(conn, mcp, who)
+            elif isinstance(mcp, DeleteSession):
+                await self.streams.delete(conn, mcp, who)
+            else:
+                await self.sessionless.post(conn, mcp, who)
+        except SessionGone:
+            if conn.http.response_in_progress:
+                raise
+            await self._refuse(conn, session_refusal(sid_header))
+        except StoreUnavailable as exc:
+            if conn.http.response_in_progress:
+                raise
+            log.warning("store unavailable: %s", exc)
+            await self._refuse(conn, store_unavailable(self.config))
+        except RemoteProtocolError as exc:
+            if conn.http.response_in_progress:
+                raise
+            await self._refuse(conn, exc)
+
+    async def _authenticate(self, request: HttpRequest, auth: Authorization) -> AccessToken:
+        """What the verifier vouches for about ``request``'s bearer token.
+
+        Raises:
+            RemoteProtocolError: 401 (no token, or a refused one), 403 (a scope is
+                missing) or 400 (a malformed ``Authorization`` header), each with
+                ``WWW-Authenticate`` pointing at the resource metadata.
+        """
+        # Every refusal text here is fixed: nothing the client sent (nor what the
+        # verifier said about it) reaches the response, so its head stays valid and
+        # the cached refusal heads are a handful, however many tokens are refused.
+        try:
+            token = bearer_token(request.headers.get("authorization"))
+        except ValueError:
+            bad = _auth_refusal(auth, 400, Reason.INVALID_REQUEST, _BAD_HEADER, "invalid_request")
+            raise bad from None
+        if token is None:
+            raise _auth_refusal(auth, 401, Reason.UNAUTHORIZED, "a bearer token is required")
+        try:
+            access = await auth.verifier.verify(token)
+        except InvalidToken as exc:
+            text = "token expired" if isinstance(exc, TokenExpired) else "invalid token"
+            raise _auth_refusal(auth, 401, Reason.UNAUTHORIZED, text, "invalid_token") from None
+        except Exception as exc:
+            # A verifier that fails (a bug, its backend down) has not judged the token:
+            # not a 401, which tells the client to drop a token that may be good, but
+            # a 503 to retry, and one log line rather than a dropped connection.
+            log.warning("the token verifier failed: %s: %s", type(exc).__name__, exc)
+            raise RemoteProtocolError(
+                "the token verifier is unavailable; nothing was executed",
+                http_status=503,
+                reason=Reason.VERIFIER_UNAVAILABLE,
+                code=SERVER_ERROR,
+                retry_after_ms=self.config.retry_ms,
+            ) from None
+        if not auth.required_scopes <= access.scopes:
+            raise _auth_refusal(
+                auth, 403, Reason.INSUFFICIENT_SCOPE, "insufficient scope", "insufficient_scope"
+            )
+        return access
+
+    async def _resource_metadata(
+        self, conn: Connection, request: HttpRequest, auth: Authorization
+    ) -> None:
+        """RFC 9728 protected resource metadata (no token needed)."""
+        path = request.path
+        if path not in (METADATA_PATH, METADATA_PATH + self.config.path):
+            raise RemoteProtocolError(
+                f"no resource at {path}", http_status=404, reason=Reason.NOT_FOUND
+            )
+        if request.method != "GET":
+            raise RemoteProtocolError(
+                f"method {request.method} not allowed",
+                http_status=405,
+                reason=Reason.METHOD_NOT_ALLOWED,
+                headers=(("allow", "GET"),),
+            )
+        headers = [("content-type", "application/json"), ("cache-control", "max-age=300")]
+        await conn.send(conn.http.send_response(200, headers, auth.metadata()))
+
+    async def _auxiliary(self, conn: Connection, request: HttpRequest) -> None:
+        """``/metrics`` (the endpoint's Host/Origin rules)."""
+        check_host_and_origin(request.headers, self.endpoint)
+        check_method(request.method, "GET")
+        body = self.metrics.render(
+            self.shared.sessions,
+            gate=self.gate,
+            budget=self.shared.budget,
+            owners=self.owners.owners,
+            listen_streams=len(self.changes.subscribers),
+        ).encode()
+        headers = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
+        await conn.send(conn.http.send_response(200, headers, body))
+
+    async def _legacy(self, conn: Connection, request: HttpRequest, who: Requester) -> None:
+        """The 2024-11-05 HTTP+SSE endpoints, for ``who`` (the request's requester)."""
+        cfg = self.config
+        legacy = route_legacy(
+            request,
+            self.endpoint,
+            sse_path=cfg.legacy_sse_path,
+            messages_path=cfg.legacy_messages_path,
+        )
+        if isinstance(legacy, LegacyOpen):
+            await self.legacy.stream(conn, who)
+        else:
+            await self.legacy.post(conn, legacy, who)
+
+
+def _auth_refusal(
+    auth: Authorization, status: int, reason: Reason, message: str, error: str | None = None
+) -> RemoteProtocolError:
+    challenge = auth.challenge(error, message if error else None)
+    return RemoteProtocolError(
+        message,
+        http_status=status,
+        reason=reason,
+        code=SERVER_ERROR,
+        headers=(("www-authenticate", challenge),),
+    )
+
+
+#: The one text a malformed ``Authorization`` header gets.
+_BAD_HEADER = "the Authorization header must be 'Bearer <token>'"
+#: A header value a refusal may carry: visible ASCII, single spaces or tabs inside.
+_SAFE_VALUE = re.compile(r"(?:[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*)?")
