@@ -1,0 +1,229 @@
+"""One way to serve an app on either runtime, in this process, for a runtime test.
+
+weir has two runtimes interpreting the same sans-io core: Trio (:class:`weir.engine.Server`)
+and asyncio (:class:`weir.asyncio.AsyncioDriver`).  A test that checks a runtime's
+behaviour takes ``runtime`` (:data:`RUNTIMES`) and starts its server with
+:func:`serving`, which runs it on 127.0.0.1 in a background thread with its own event
+loop -- Trio's or asyncio's -- so the test itself is a plain sync test talking over
+real sockets (:class:`~tests.integration.test_asyncio_driver.Client`, or raw ones).
+
+What the test may look at, the same on both (each read runs on the server's own loop,
+whose state is that loop's alone): :meth:`Served.credit_of` (a session's frames and
+bytes of credit in use, and what waits for it), :meth:`Served.has_session`,
+:meth:`Served.session_count` and :meth:`Served.logs` (a session's stream logs).
+Tools that block on a test's :class:`threading.Event` use :func:`wait_in_thread`,
+which works under either loop.
+
+For a server in a subprocess (``weir serve [--runtime asyncio]``) see
+:mod:`tests.integration.serverproc` (``driver=runtime``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pytest
+import sniffio
+import trio
+
+from weir.asyncio import AsyncioDriver
+from weir.asyncio._session import MAX_CLOSED_STREAMS
+from weir.engine import App, Server, ServerConfig
+from weir.protocol import LOOPBACK_HOSTS, CreditLimits, EndpointConfig, ReadTimeouts
+from weir.protocol.streams import StreamLog
+
+#: The runtimes a runtime test runs against.
+RUNTIME_NAMES = ("trio", "asyncio")
+#: ``@RUNTIMES`` parametrises a test over ``runtime``.
+RUNTIMES = pytest.mark.parametrize("runtime", RUNTIME_NAMES)
+#: Bound (seconds) on every wait for the server's thread: start, a probe, the stop.
+TIMEOUT = 10.0
+
+
+async def wait_in_thread(event: threading.Event, timeout: float = TIMEOUT) -> bool:
+    """Wait for ``event`` in a worker thread, under whichever loop runs the caller."""
+    if sniffio.current_async_library() == "trio":
+        return await trio.to_thread.run_sync(event.wait, timeout)
+    return await asyncio.to_thread(event.wait, timeout)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The limits a test sets, as each runtime spells them (``None``: its default)."""
+
+    credit: CreditLimits | None = None
+    max_sessions: int | None = None
+    max_connections: int | None = None
+    idle_timeout: float | None = None
+    read_timeouts: ReadTimeouts | None = None
+    #: The Trio engine's ``session_retain_bytes`` (the asyncio runtime bounds its
+    #: history by count, and drops what was acknowledged).
+    retain_bytes: int | None = None
+    #: Every request answered with one JSON body (``weir serve --json-response``).
+    json_response: bool = False
+
+
+class _Sessions(Protocol):
+    """What both runtimes' session tables hold (their sessions' flow and streams)."""
+
+    def __contains__(self, key: object) -> bool: ...
+    def __len__(self) -> int: ...
+    def __getitem__(self, key: str) -> Any: ...
+
+
+@dataclass
+class Served:
+    """A server of ``runtime`` listening on 127.0.0.1:``port`` in a background thread."""
+
+    runtime: str
+    port: int
+    sessions: _Sessions
+    _probe: Callable[[Callable[[], Any]], Any]
+
+    def probe(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the server's loop and return what it returned."""
+        return self._probe(fn)
+
+    def credit_of(self, sid: str) -> tuple[int, int, int]:
+        """Session ``sid``'s frames and bytes of credit in use, and frames waiting for it."""
+
+        def read() -> tuple[int, int, int]:
+            flow = self.sessions[sid].flow
+            return flow.credit.frames_in_use, flow.credit.bytes_in_use, flow.waiting
+
+        result: tuple[int, int, int] = self.probe(read)
+        return result
+
+    def has_session(self, sid: str) -> bool:
+        return bool(self.probe(lambda: sid in self.sessions))
+
+    def session_count(self) -> int:
+        return int(self.probe(lambda: len(self.sessions)))
+
+    def logs(self, sid: str) -> list[StreamLog]:
+        """Session ``sid``'s stream logs (the live ones and the closed ones it remembers)."""
+        return list(self.probe(lambda: list(self.sessions[sid].streams)))
+
+
+@contextmanager
+def serving(runtime: str, app: App, **options: Any) -> Iterator[Served]:
+    """Serve ``app`` on ``runtime`` (``trio`` or ``asyncio``) with :class:`Options`.
+
+    Everything still open at the end (a stream nobody reads) ends with the server.
+    """
+    opts = Options(**options)
+    if runtime == "trio":
+        with _trio(app, opts) as served:
+            yield served
+    elif runtime == "asyncio":
+        with _asyncio(app, opts) as served:
+            yield served
+    else:
+        raise ValueError(f"no runtime {runtime!r}")
+
+
+@contextmanager
+def _asyncio(app: App, opts: Options) -> Iterator[Served]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="asyncio-weir", daemon=True)
+    thread.start()
+    endpoint = EndpointConfig(allowed_hosts=LOOPBACK_HOSTS, json_response=True)
+    kwargs: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("max_sessions", opts.max_sessions),
+            ("max_connections", opts.max_connections),
+            ("idle_timeout", opts.idle_timeout),
+            ("read_timeouts", opts.read_timeouts),
+        )
+        if v is not None
+    }
+    driver = AsyncioDriver(app, endpoint, opts.credit, always_json=opts.json_response, **kwargs)
+
+    def probe(fn: Callable[[], Any]) -> Any:
+        async def call() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), loop).result(TIMEOUT)
+
+    try:
+        start = asyncio.start_server(driver.connection, "127.0.0.1", 0)
+        server = asyncio.run_coroutine_threadsafe(start, loop).result(TIMEOUT)
+        try:
+            yield Served("asyncio", int(server.sockets[0].getsockname()[1]), driver.sessions, probe)
+        finally:
+
+            async def stop() -> None:
+                server.close()
+                await asyncio.wait_for(server.wait_closed(), TIMEOUT)
+                others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for task in others:
+                    task.cancel()
+                await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), TIMEOUT)
+
+            asyncio.run_coroutine_threadsafe(stop(), loop).result(TIMEOUT)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(TIMEOUT)
+        assert not thread.is_alive(), "the server's event loop did not stop"
+        loop.close()
+
+
+@contextmanager
+def _trio(app: App, opts: Options) -> Iterator[Served]:
+    settings: dict[str, Any] = {
+        "port": 0,
+        "shutdown_grace": 0,
+        "json_response": opts.json_response,
+        # The asyncio runtime's fixed number, so that both remember as many streams.
+        "max_closed_streams": MAX_CLOSED_STREAMS,
+    }
+    for name, value in (
+        ("credit", opts.credit),
+        ("max_sessions", opts.max_sessions),
+        ("max_connections", opts.max_connections),
+        ("session_idle_timeout", opts.idle_timeout),
+        ("session_retain_bytes", opts.retain_bytes),
+    ):
+        if value is not None:
+            settings[name] = value
+    if opts.read_timeouts is not None:
+        t = opts.read_timeouts
+        settings.update(keepalive_timeout=t.keepalive, head_timeout=t.head, body_timeout=t.body)
+    config = ServerConfig(**settings)
+    started: queue.Queue[tuple[Server, trio.lowlevel.TrioToken] | BaseException] = queue.Queue()
+
+    async def main() -> None:
+        try:
+            server = Server(app, config)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(server.run)
+                started.put((server, trio.lowlevel.current_trio_token()))
+                await server.stopped.wait()
+        except BaseException as exc:
+            started.put(exc)
+            raise
+
+    thread = threading.Thread(target=trio.run, args=(main,), name="trio-weir", daemon=True)
+    thread.start()
+    first = started.get(timeout=TIMEOUT)
+    if isinstance(first, BaseException):
+        thread.join(TIMEOUT)
+        raise first
+    server, token = first
+
+    def probe(fn: Callable[[], Any]) -> Any:
+        return trio.from_thread.run_sync(fn, trio_token=token)
+
+    try:
+        yield Served("trio", server.port, server.sessions, probe)
+    finally:
+        trio.from_thread.run_sync(server.shutdown, trio_token=token)
+        thread.join(TIMEOUT)
+        assert not thread.is_alive(), "the Trio server did not stop"
