@@ -4,8 +4,9 @@ weir has two runtimes interpreting the same sans-io core: Trio (:class:`weir.eng
 and asyncio (:class:`weir.asyncio.AsyncioDriver`).  A test that checks a runtime's
 behaviour takes ``runtime`` (:data:`RUNTIMES`) and starts its server with
 :func:`serving`, which runs it on 127.0.0.1 in a background thread with its own event
-loop -- Trio's or asyncio's -- so the test itself is a plain sync test talking over
-real sockets (:class:`~tests.integration.test_asyncio_driver.Client`, or raw ones).
+loop -- Trio's or asyncio's -- so the test itself is a plain sync test (or a Trio test:
+the server's loop is not the test's) talking over real sockets
+(:class:`~tests.integration.test_asyncio_driver.Client`, or raw ones).
 
 What the test may look at, the same on both (each read runs on the server's own loop,
 whose state is that loop's alone): :meth:`Served.credit_of` (a session's frames and
@@ -21,6 +22,7 @@ For a server in a subprocess (``weir serve [--runtime asyncio]``) see
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -99,6 +101,18 @@ class Served:
 
         result: tuple[int, int, int] = self.probe(read)
         return result
+
+    def of(self, sid: str, fn: Callable[[Any], Any]) -> Any:
+        """``fn(session)`` for session ``sid``, run on the server's loop."""
+        return self.probe(lambda: fn(self.sessions[sid]))
+
+    def writers(self, sid: str) -> int:
+        """How many connections are attached to session ``sid`` as stream writers."""
+        if self.runtime == "trio":
+            return int(
+                self.of(sid, lambda s: sum(h.writer_scope is not None for h in s.handles.values()))
+            )
+        return int(self.of(sid, lambda s: len(s.writers)))
 
     def has_session(self, sid: str) -> bool:
         return bool(self.probe(lambda: sid in self.sessions))
@@ -219,11 +233,21 @@ def _trio(app: App, opts: Options) -> Iterator[Served]:
     server, token = first
 
     def probe(fn: Callable[[], Any]) -> Any:
-        return trio.from_thread.run_sync(fn, trio_token=token)
+        # run_sync_soon, not trio.from_thread: the caller may itself be a Trio test.
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                done.set_result(fn())
+            except Exception as exc:
+                done.set_exception(exc)
+
+        token.run_sync_soon(run)
+        return done.result(TIMEOUT)
 
     try:
         yield Served("trio", server.port, server.sessions, probe)
     finally:
-        trio.from_thread.run_sync(server.shutdown, trio_token=token)
+        token.run_sync_soon(server.shutdown)
         thread.join(TIMEOUT)
         assert not thread.is_alive(), "the Trio server did not stop"
