@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -69,6 +70,10 @@ class Options:
     retain_bytes: int | None = None
     #: Every request answered with one JSON body (``weir serve --json-response``).
     json_response: bool = False
+    #: Seconds a duplicate of a running call waits before 409 ``in_progress``.
+    in_progress_wait: float | None = None
+    #: The ``retryAfterMs`` hint of a 409 ``in_progress``.
+    retry_ms: int | None = None
 
 
 class _Sessions(Protocol):
@@ -87,6 +92,9 @@ class Served:
     port: int
     sessions: _Sessions
     _probe: Callable[[Callable[[], Any]], Any]
+    #: The :class:`~weir.engine.Server` or :class:`~weir.asyncio.AsyncioDriver`, for
+    #: what only one runtime has (read it through :meth:`probe`).
+    target: Any = None
 
     def probe(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the server's loop and return what it returned."""
@@ -113,6 +121,12 @@ class Served:
                 self.of(sid, lambda s: sum(h.writer_scope is not None for h in s.handles.values()))
             )
         return int(self.of(sid, lambda s: len(s.writers)))
+
+    def connections(self) -> int:
+        """How many client connections the server is serving now."""
+        if self.runtime == "trio":
+            return int(self.probe(lambda: len(self.target.open_connections)))
+        return int(self.probe(lambda: self.target.connections))
 
     def has_session(self, sid: str) -> bool:
         return bool(self.probe(lambda: sid in self.sessions))
@@ -155,10 +169,13 @@ def _asyncio(app: App, opts: Options) -> Iterator[Served]:
             ("max_connections", opts.max_connections),
             ("idle_timeout", opts.idle_timeout),
             ("read_timeouts", opts.read_timeouts),
+            ("in_progress_wait", opts.in_progress_wait),
         )
         if v is not None
     }
     driver = AsyncioDriver(app, endpoint, opts.credit, always_json=opts.json_response, **kwargs)
+    if opts.retry_ms is not None:  # (no option of its own: the core's rule, set here)
+        driver.post_rules = dataclasses.replace(driver.post_rules, retry_ms=opts.retry_ms)
 
     def probe(fn: Callable[[], Any]) -> Any:
         async def call() -> Any:
@@ -170,7 +187,8 @@ def _asyncio(app: App, opts: Options) -> Iterator[Served]:
         start = asyncio.start_server(driver.connection, "127.0.0.1", 0)
         server = asyncio.run_coroutine_threadsafe(start, loop).result(TIMEOUT)
         try:
-            yield Served("asyncio", int(server.sockets[0].getsockname()[1]), driver.sessions, probe)
+            port = int(server.sockets[0].getsockname()[1])
+            yield Served("asyncio", port, driver.sessions, probe, driver)
         finally:
 
             async def stop() -> None:
@@ -204,6 +222,8 @@ def _trio(app: App, opts: Options) -> Iterator[Served]:
         ("max_connections", opts.max_connections),
         ("session_idle_timeout", opts.idle_timeout),
         ("session_retain_bytes", opts.retain_bytes),
+        ("in_progress_wait", opts.in_progress_wait),
+        ("retry_ms", opts.retry_ms),
     ):
         if value is not None:
             settings[name] = value
@@ -246,7 +266,7 @@ def _trio(app: App, opts: Options) -> Iterator[Served]:
         return done.result(TIMEOUT)
 
     try:
-        yield Served("trio", server.port, server.sessions, probe)
+        yield Served("trio", server.port, server.sessions, probe, server)
     finally:
         token.run_sync_soon(server.shutdown)
         thread.join(TIMEOUT)
