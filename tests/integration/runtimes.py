@@ -24,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import math
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,6 +41,7 @@ from weir.asyncio import AsyncioDriver
 from weir.asyncio._session import MAX_CLOSED_STREAMS
 from weir.engine import App, Server, ServerConfig
 from weir.protocol import LOOPBACK_HOSTS, CreditLimits, EndpointConfig, ReadTimeouts
+from weir.protocol.states import CreditState
 from weir.protocol.streams import StreamLog
 
 #: The runtimes a runtime test runs against.
@@ -95,6 +98,8 @@ class Served:
     #: The :class:`~weir.engine.Server` or :class:`~weir.asyncio.AsyncioDriver`, for
     #: what only one runtime has (read it through :meth:`probe`).
     target: Any = None
+    #: The server loop's clock (called on that loop).
+    clock: Callable[[], float] = time.monotonic
 
     def probe(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the server's loop and return what it returned."""
@@ -128,6 +133,35 @@ class Served:
             return int(self.probe(lambda: len(self.target.open_connections)))
         return int(self.probe(lambda: self.target.connections))
 
+    def read_credit(self, holder: Any, local: Callable[[], float]) -> CreditReading:
+        """One reading of ``holder``'s credit (a session, or a sessionless credit owner),
+        its instants on the caller's clock ``local``.
+
+        The server's clock is read on its loop, between two instants of ``local``;
+        its instants are shifted by the first, so they are never later than they were
+        (and the reading's ``at`` is no later than the instant it describes).
+        """
+        before = local()
+
+        def read() -> CreditReading:
+            c = holder.flow.credit
+            shift = before - self.clock()
+            return CreditReading(
+                at=before,
+                frames=c.frames_in_use,
+                nbytes=c.bytes_in_use,
+                peak_frames=c.peak_frames,
+                peak_bytes=c.peak_bytes,
+                undrained=sum(log.undrained()[1] for log in holder.streams),
+                state=c.state,
+                last_progress=c.last_progress + shift,
+                closed=holder.closed,
+                waiting=holder.flow.waiting,
+            )
+
+        reading: CreditReading = self.probe(read)
+        return reading
+
     def has_session(self, sid: str) -> bool:
         return bool(self.probe(lambda: sid in self.sessions))
 
@@ -137,6 +171,72 @@ class Served:
     def logs(self, sid: str) -> list[StreamLog]:
         """Session ``sid``'s stream logs (the live ones and the closed ones it remembers)."""
         return list(self.probe(lambda: list(self.sessions[sid].streams)))
+
+
+@dataclass(frozen=True)
+class CreditReading:
+    """A credit holder's state at one instant ``at`` (see :meth:`Served.read_credit`)."""
+
+    at: float
+    frames: int
+    nbytes: int
+    peak_frames: int
+    peak_bytes: int
+    undrained: int  # bytes appended to its stream logs and not acknowledged
+    state: CreditState
+    last_progress: float
+    closed: bool
+    waiting: int  # frames waiting for credit
+
+    @property
+    def half_open(self) -> bool:
+        return self.state in (CreditState.HALF_OPEN, CreditState.DEAD)
+
+
+@dataclass
+class CreditWatch:
+    """What polling one credit holder saw (:meth:`run`), on the test's Trio clock."""
+
+    served: Served
+    holder: Any
+    max_frames: int = 0
+    max_bytes: int = 0
+    max_undrained: int = 0
+    half_open_at: float | None = None
+    last_open_at: float = -math.inf
+    last_progress: float = 0.0
+    closed_at: float | None = None
+    samples: int = 0
+
+    def take(self) -> CreditReading:
+        r = self.served.read_credit(self.holder, trio.current_time)
+        self.samples += 1
+        self.max_frames = max(self.max_frames, r.frames)
+        self.max_bytes = max(self.max_bytes, r.nbytes)
+        self.max_undrained = max(self.max_undrained, r.undrained)
+        if r.state is not CreditState.DEAD:
+            self.last_progress = r.last_progress
+        if r.state is CreditState.OPEN:
+            self.last_open_at = r.at
+        if r.half_open and self.half_open_at is None:
+            self.half_open_at = r.at
+        if r.closed and self.closed_at is None:
+            self.closed_at = r.at
+        return r
+
+    def stall_floor(self) -> float:
+        """Take a reading; an instant no later than the one the drain window started
+        at (``max(exhausted since, last progress)``: it became exhausted after the
+        last reading that saw it OPEN)."""
+        r = self.take()
+        return max(self.last_open_at, r.last_progress)
+
+    async def run(self, every: float = 0.005) -> None:
+        """Read every ``every`` seconds until the holder is closed (or cancelled)."""
+        for _ in range(10_000_000):
+            if self.take().closed:
+                return
+            await trio.sleep(every)
 
 
 @contextmanager
@@ -188,7 +288,7 @@ def _asyncio(app: App, opts: Options) -> Iterator[Served]:
         server = asyncio.run_coroutine_threadsafe(start, loop).result(TIMEOUT)
         try:
             port = int(server.sockets[0].getsockname()[1])
-            yield Served("asyncio", port, driver.sessions, probe, driver)
+            yield Served("asyncio", port, driver.sessions, probe, driver, loop.time)
         finally:
 
             async def stop() -> None:
@@ -266,7 +366,7 @@ def _trio(app: App, opts: Options) -> Iterator[Served]:
         return done.result(TIMEOUT)
 
     try:
-        yield Served("trio", server.port, server.sessions, probe, server)
+        yield Served("trio", server.port, server.sessions, probe, server, trio.current_time)
     finally:
         token.run_sync_soon(server.shutdown)
         thread.join(TIMEOUT)
