@@ -101,6 +101,17 @@ class Served:
     #: The server loop's clock (called on that loop).
     clock: Callable[[], float] = time.monotonic
 
+    @property
+    def url(self) -> str:
+        """The MCP endpoint's URL."""
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    @property
+    def replica_id(self) -> str | None:
+        """What the server names itself in ``: replica=`` comments (the Trio engine's;
+        the asyncio runtime names no replica)."""
+        return str(self.target.replica_id) if self.runtime == "trio" else None
+
     def probe(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the server's loop and return what it returned."""
         return self._probe(fn)
