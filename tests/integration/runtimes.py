@@ -144,21 +144,23 @@ class Served:
             return int(self.probe(lambda: len(self.target.open_connections)))
         return int(self.probe(lambda: self.target.connections))
 
-    def read_credit(self, holder: Any, local: Callable[[], float]) -> CreditReading:
-        """One reading of ``holder``'s credit (a session, or a sessionless credit owner),
-        its instants on the caller's clock ``local``.
-
-        The server's clock is read on its loop, between two instants of ``local``;
-        its instants are shifted by the first, so they are never later than they were
-        (and the reading's ``at`` is no later than the instant it describes).
-        """
+    def clock_shift(self, local: Callable[[], float]) -> float:
+        """What to add to an instant of the server's clock to put it on ``local``'s,
+        never later than it was: the server's clock is read between two instants of
+        ``local``, and the shift is taken from the first."""
         before = local()
+        server_now: float = self.probe(self.clock)
+        return before - server_now
+
+    def read_credit(self, holder: Any, shift: float) -> CreditReading:
+        """One reading of ``holder``'s credit (a session, or a sessionless credit owner),
+        its instants on the server's clock plus ``shift`` (see :meth:`clock_shift`): so
+        the difference between two of them is exactly the server's."""
 
         def read() -> CreditReading:
             c = holder.flow.credit
-            shift = before - self.clock()
             return CreditReading(
-                at=before,
+                at=self.clock() + shift,
                 frames=c.frames_in_use,
                 nbytes=c.bytes_in_use,
                 peak_frames=c.peak_frames,
@@ -206,7 +208,8 @@ class CreditReading:
 
 @dataclass
 class CreditWatch:
-    """What polling one credit holder saw (:meth:`run`), on the test's Trio clock."""
+    """What polling one credit holder saw (:meth:`run`), its instants on the test's
+    Trio clock (shifted once: never later than they were, their differences exact)."""
 
     served: Served
     holder: Any
@@ -219,8 +222,12 @@ class CreditWatch:
     closed_at: float | None = None
     samples: int = 0
 
+    def __post_init__(self) -> None:
+        #: One shift for every reading: their differences are the server's own.
+        self.shift = self.served.clock_shift(trio.current_time)
+
     def take(self) -> CreditReading:
-        r = self.served.read_credit(self.holder, trio.current_time)
+        r = self.served.read_credit(self.holder, self.shift)
         self.samples += 1
         self.max_frames = max(self.max_frames, r.frames)
         self.max_bytes = max(self.max_bytes, r.nbytes)
