@@ -40,7 +40,13 @@ import trio
 from weir.asyncio import AsyncioDriver
 from weir.asyncio._session import MAX_CLOSED_STREAMS
 from weir.engine import App, Server, ServerConfig
-from weir.protocol import LOOPBACK_HOSTS, CreditLimits, EndpointConfig, ReadTimeouts
+from weir.protocol import (
+    LOOPBACK_HOSTS,
+    CreditLimits,
+    EndpointConfig,
+    HttpLimits,
+    ReadTimeouts,
+)
 from weir.protocol.states import CreditState
 from weir.protocol.streams import StreamLog
 
@@ -73,6 +79,8 @@ class Options:
     retain_bytes: int | None = None
     #: Every request answered with one JSON body (``weir serve --json-response``).
     json_response: bool = False
+    #: HTTP size limits (413, 431, 414).
+    limits: HttpLimits | None = None
     #: Seconds a duplicate of a running call waits before 409 ``in_progress``.
     in_progress_wait: float | None = None
     #: The ``retryAfterMs`` hint of a 409 ``in_progress``.
@@ -288,6 +296,7 @@ def _asyncio(app: App, opts: Options) -> Iterator[Served]:
             ("idle_timeout", opts.idle_timeout),
             ("read_timeouts", opts.read_timeouts),
             ("in_progress_wait", opts.in_progress_wait),
+            ("limits", opts.limits),
         )
         if v is not None
     }
@@ -342,6 +351,7 @@ def _trio(app: App, opts: Options) -> Iterator[Served]:
         ("session_retain_bytes", opts.retain_bytes),
         ("in_progress_wait", opts.in_progress_wait),
         ("retry_ms", opts.retry_ms),
+        ("limits", opts.limits),
     ):
         if value is not None:
             settings[name] = value
