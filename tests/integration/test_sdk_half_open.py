@@ -46,8 +46,9 @@ What is proven
      without the tool's end), and the session's later requests get 404.
 
 2. ``test_a_sessionless_sdk_call_not_read_is_bounded_refused_and_cancelled``
-   -- 2026-07-28, on the Trio engine (it needs authorization) (no session; the credit belongs to the authorized principal, as in
-   test_sessionless_loopback's principal test): the same call from a principal
+   -- 2026-07-28, on the Trio engine (it needs authorization) (no session; the
+   credit belongs to the authorized principal, as in test_sessionless_loopback's
+   principal test): the same call from a principal
    whose connection stops reading holds no more than the credit and holds the SDK
    coroutine; the principal's other requests are refused 429 ``stream_half_open``
    with ``Retry-After``; another principal is served, notifications and all; after
