@@ -27,7 +27,9 @@ queue (a peer that stops reading, credit given back only on its acknowledgements
    core's read deadlines.
 6. ``test_a_json_only_client_that_stops_reading_holds_no_more_than_its_credit`` --
    JSON bodies hold credit like frames: the same 429 and teardown.
-7. ``test_a_legacy_stream_not_read_is_bounded_refused_then_reaped`` -- the same on
+7. ``test_batch_entries_are_admitted_one_by_one`` -- a batch (2025-03-26) is
+   admitted entry by entry within the frame credit, never all at once.
+8. ``test_a_legacy_stream_not_read_is_bounded_refused_then_reaped`` -- the same on
    the 2024-11-05 transport (``GET /sse``): admitted, refused, then 404, within the
    credit.  The asyncio runtime does not serve ``/sse`` yet: its case is expected to
    fail (strictly, so that it is noticed when it passes).
@@ -429,6 +431,54 @@ def test_a_batch_into_a_half_open_session_gets_an_error_per_entry(runtime: str) 
         assert {a["error"]["data"]["reason"] for a in answers} == {"stream_half_open"}
         for stream in (entries, waiting, stalled):
             stream.close()
+
+
+@RUNTIMES
+def test_batch_entries_are_admitted_one_by_one(runtime: str) -> None:
+    # A frame credit of 4: at most 4 entries of the batch are in flight at a time,
+    # and the rest are admitted as earlier ones finish -- never all 10 at once.
+    app, gate = gated_app()
+    started: list[int] = []
+
+    @app.tool()
+    async def wait(n: int) -> str:
+        """Count its start, then finish once the test says so."""
+        started.append(n)
+        await wait_in_thread(gate)
+        return str(n)
+
+    credit = CreditLimits(frames=4, bytes=1 << 20)
+    with serving(runtime, app, credit=credit) as running, Client(running.port) as c:
+        c.initialize("2025-03-26")
+        sid = c.session_id
+        assert sid is not None
+        batch = [
+            {"jsonrpc": "2.0", "id": 100 + i, "method": "tools/call",
+             "params": {"name": "wait", "arguments": {"n": i}}}
+            for i in range(10)
+        ]  # fmt: skip
+        stream = RawStream(running.port)
+        assert stream.send("POST", _headers(c), json.dumps(batch).encode()) == 200
+
+        def admitted() -> int:
+            return int(running.probe(lambda: running.sessions[sid].flow.inflight))
+
+        for _ in range(400):  # the handlers run on the server's loop: poll for them
+            if len(started) >= 4 and admitted() >= 4:
+                break
+            time.sleep(0.01)
+        assert admitted() == 4 and sorted(started) == [0, 1, 2, 3], (admitted(), started)
+        gate.set()
+        answers = []
+        for _ in range(100):
+            event = stream.next_event()
+            if event is None:
+                break
+            if event.data:
+                answers.append(json.loads(event.data))
+        assert sorted(a["id"] for a in answers) == [100 + i for i in range(10)]
+        assert sorted(started) == list(range(10)) and admitted() == 0
+        stream.close()
 
 
 @RUNTIMES
