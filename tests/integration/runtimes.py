@@ -59,9 +59,10 @@ TIMEOUT = 10.0
 
 
 async def wait_in_thread(event: threading.Event, timeout: float = TIMEOUT) -> bool:
-    """Wait for ``event`` in a worker thread, under whichever loop runs the caller."""
+    """Wait for ``event`` in a worker thread, under whichever loop runs the caller
+    (cancellable: a server's shutdown does not wait for the thread)."""
     if sniffio.current_async_library() == "trio":
-        return await trio.to_thread.run_sync(event.wait, timeout)
+        return await trio.to_thread.run_sync(event.wait, timeout, abandon_on_cancel=True)
     return await asyncio.to_thread(event.wait, timeout)
 
 
