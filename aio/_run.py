@@ -16,6 +16,9 @@ never imports).  It blocks:
    ``started(url, loop_name)`` (the command line prints the ``weir: serving`` line).
    A failure to listen (a port in use, a host that does not resolve) raises the
    ``OSError`` itself, before ``started``.
+   Out of descriptors or memory, ``accept()`` fails: the loop backs off (asyncio
+   retries after a second) and :class:`AcceptFailures` reports it in one line at
+   most every ``ACCEPT_LOG_EVERY`` seconds -- back-pressure, not a traceback a try.
 4. **Stopping.**  SIGINT or SIGTERM: the listener closes, each
    ``subscriptions/listen`` stream gets its final result (bounded), every session
    ends (its handlers are cancelled, its streams end; there is no drain of running
@@ -29,6 +32,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
+import math
 import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -40,6 +45,13 @@ from ._driver import AsyncioDriver
 
 #: Seconds an app's lifespan may take to start, by default.
 STARTUP_TIMEOUT = 60.0
+#: Seconds between two reports of failing ``accept()`` calls (as the Trio engine).
+ACCEPT_LOG_EVERY = 10.0
+#: What asyncio's loop reports, each time (with a traceback), when ``accept()`` fails
+#: for want of descriptors or memory; it then pauses the listener and retries.
+_ACCEPT_FAILED = "socket.accept() out of system resource"
+
+log = logging.getLogger(__name__)
 
 
 class StartupFailed(Exception):
@@ -112,6 +124,38 @@ def event_loop_name() -> str:
     return "uvloop" if _uvloop_factory() is not None else "asyncio"
 
 
+class AcceptFailures:
+    """The loop's exception handler while serving: a failing ``accept()`` (out of
+    descriptors or memory, which the loop itself backs off from) is one line at most
+    every ``ACCEPT_LOG_EVERY`` seconds, counting those not reported; everything else
+    goes to the loop's default handler."""
+
+    def __init__(self, driver: AsyncioDriver) -> None:
+        self.driver = driver
+        self.failures = 0
+        self._last_log = -math.inf
+        self._unlogged = 0
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if context.get("message") != _ACCEPT_FAILED:
+            loop.default_exception_handler(context)
+            return
+        self.failures += 1
+        now = loop.time()
+        if now - self._last_log < ACCEPT_LOG_EVERY:
+            self._unlogged += 1
+            return
+        exc = context.get("exception")
+        more = f" ({self._unlogged} more since the last report)" if self._unlogged else ""
+        log.error(
+            "accept() failed: %s; backing off while %d connections are open%s",
+            getattr(exc, "strerror", None) or exc,
+            self.driver.connections,
+            more,
+        )
+        self._last_log, self._unlogged = now, 0
+
+
 def _runner(main: Coroutine[Any, Any, None]) -> None:
     with asyncio.Runner(loop_factory=_uvloop_factory()) as runner:
         runner.run(main)
@@ -155,6 +199,7 @@ async def _serve(
         async with contextlib.AsyncExitStack() as stack:
             state = await _enter_lifespan(app, stack, config.startup_timeout)
             driver = config.driver(app, state)
+            loop.set_exception_handler(AcceptFailures(driver))
             server = await asyncio.start_server(driver.connection, config.host, config.port)
             try:
                 if started is not None:

@@ -1,5 +1,6 @@
 """Channel binding, generations and the rebind handshake (fencing), resumption
-policies and replica comments (event ids), and every refusal reason the engine emits.
+policies and replica comments (event ids), and the store's refusal (the endpoint's
+other refusal reasons are checked on both runtimes in ``tests/integration/test_refusals``).
 
 The real engine over in-memory streams, an h11 client as the peer, Trio's MockClock
 (``autojump_clock``): nothing here sleeps for real.
@@ -23,7 +24,7 @@ from weir.engine._store import (
     StoredEvent,
     StreamInfo,
 )
-from weir.protocol import CreditLimits, HttpLimits
+from weir.protocol import CreditLimits
 from weir.protocol._event_ids import epoch_number
 from weir.protocol.gate import CallStart
 from weir.protocol.sse import SseComment, SseDecoder, SseEvent
@@ -668,160 +669,7 @@ async def test_resume_off_still_names_the_replica(autojump_clock: trio.testing.M
             assert event.id is None
 
 
-# ---------------------------------------------------------------- every refusal reason
-async def test_parse_error_and_invalid_request(autojump_clock: trio.testing.MockClock) -> None:
-    async with running_server(app) as (server, nursery):
-        client, _ = await open_session(server, nursery)
-        body = refused(await client.send("POST", b"{not json"), 400, "parse_error")
-        assert body["id"] is None and body["error"]["code"] == -32700
-        body = refused(
-            await client.post({"jsonrpc": "1.0", "id": 4, "method": "ping"}), 400, "invalid_request"
-        )
-        assert body["id"] == 4 and body["error"]["code"] == -32600
-        refused(await client.post({"jsonrpc": "2.0", "id": 5}), 400, "invalid_request")
-        refused(
-            await client.post({"jsonrpc": "2.0", "id": None, "method": "ping"}),
-            400,
-            "invalid_request",
-        )
-        # initialize in a batch, and initialize without its params
-        client.protocol_version = "2025-03-26"
-        init = rpc(9, "initialize", {"protocolVersion": "2025-03-26"})
-        refused(await client.post([init]), 400, "invalid_request")
-        fresh = connect(server, nursery)
-        body = refused(
-            await fresh.post(
-                rpc(10, "initialize", {"capabilities": {}}), {"mcp-protocol-version": ""}
-            ),
-            400,
-            "invalid_request",
-        )
-        assert body["id"] == 10 and body["error"]["code"] == -32602
-
-
-async def test_not_found_and_method_not_allowed(autojump_clock: trio.testing.MockClock) -> None:
-    async with running_server(app) as (server, nursery):
-        client, _ = await open_session(server, nursery)
-        refused(
-            await client.send("POST", json.dumps(rpc(1, "ping")).encode(), target="/nope"),
-            404,
-            "not_found",
-        )
-        put = await client.send("PUT", json.dumps(rpc(1, "ping")).encode())
-        refused(put, 405, "method_not_allowed")
-        assert put.headers["allow"] == "GET, POST, DELETE"
-        patch = await client.send("PATCH", b"{}")
-        refused(patch, 405, "method_not_allowed")
-        # the engine's own endpoints
-        metrics = await client.send("POST", b"{}", target="/metrics")
-        refused(metrics, 405, "method_not_allowed")
-        assert metrics.headers["allow"] == "GET"
-        sse = await client.send("DELETE", target="/sse")
-        refused(sse, 405, "method_not_allowed")
-        assert sse.headers["allow"] == "GET"
-        messages = await client.send("GET", target="/messages?session_id=x")
-        refused(messages, 405, "method_not_allowed")
-        assert messages.headers["allow"] == "POST"
-
-
-async def test_not_acceptable_and_unsupported_media_type(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with running_server(app) as (server, nursery):
-        client, _ = await open_session(server, nursery)
-        ping = json.dumps(rpc(1, "ping")).encode()
-        refused(
-            await client.send("POST", ping, {"accept": "application/json"}), 406, "not_acceptable"
-        )
-        refused(
-            await client.send("POST", ping, {"accept": "text/event-stream"}), 406, "not_acceptable"
-        )
-        refused(
-            await client.send("GET", headers={"accept": "application/json"}), 406, "not_acceptable"
-        )
-        refused(
-            await client.send("GET", headers={"accept": "application/json"}, target="/sse"),
-            406,
-            "not_acceptable",
-        )
-        refused(
-            await client.send("POST", ping, {"content-type": "text/plain"}),
-            415,
-            "unsupported_media_type",
-        )
-        refused(
-            await client.send(
-                "POST", ping, {"content-type": "text/plain"}, target="/messages?session_id=x"
-            ),
-            415,
-            "unsupported_media_type",
-        )
-
-
-async def test_forbidden_host_and_origin(autojump_clock: trio.testing.MockClock) -> None:
-    async with running_server(app) as (server, nursery):
-        client, _ = await open_session(server, nursery)
-        ping = json.dumps(rpc(1, "ping")).encode()
-        refused(
-            await client.send("POST", ping, {"host": "evil.example:8000"}), 403, "forbidden_host"
-        )
-        refused(
-            await client.send("POST", ping, {"origin": "http://evil.example"}),
-            403,
-            "forbidden_origin",
-        )
-        refused(
-            await client.send("GET", headers={"origin": "null"}, target="/metrics"),
-            403,
-            "forbidden_origin",
-        )
-        ok = await client.send("POST", ping, {"origin": "http://localhost:3000"})
-        assert isinstance(ok, SseReply) and ok.status == 200
-
-
-async def test_unsupported_protocol_version_and_session_invalid(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with running_server(app) as (server, nursery):
-        client, _ = await open_session(server, nursery)
-        ping = json.dumps(rpc(1, "ping")).encode()
-        body = refused(
-            await client.send("POST", ping, {"mcp-protocol-version": "1999-01-01"}),
-            400,
-            "unsupported_protocol_version",
-        )
-        assert "2025-11-25" in body["error"]["data"]["supported"]
-        refused(
-            await client.send("GET", headers={"mcp-protocol-version": "2024-11-05"}),
-            400,
-            "unsupported_protocol_version",
-        )
-        refused(
-            await client.send("POST", ping, {"mcp-session-id": "bad id"}), 400, "session_invalid"
-        )
-        refused(
-            await client.send("DELETE", headers={"mcp-session-id": "s" * 257}),
-            400,
-            "session_invalid",
-        )
-
-
-async def test_payload_and_headers_too_large(autojump_clock: trio.testing.MockClock) -> None:
-    config = ServerConfig(limits=HttpLimits(max_header_bytes=4096, max_body_bytes=1024))
-    async with running_server(app, config) as (server, nursery):
-        client, _ = await open_session(server, nursery)
-        big = json.dumps(rpc(1, "ping", {"pad": "x" * 2048})).encode()
-        refused(await peer(client, server, nursery).send("POST", big), 413, "payload_too_large")
-        refused(
-            await peer(client, server, nursery).send("GET", headers={"x-pad": "y" * 8192}),
-            431,
-            "headers_too_large",
-        )
-        # the session is unharmed
-        pong = await sse_messages(await peer(client, server, nursery).post(rpc(2, "ping")))
-        assert response_to(pong, 2)["result"] == {}
-
-
+# ---------------------------------------------------------------- the store's refusal
 class FlakyStore(MemoryStore):
     """A memory store whose idempotency claims fail while ``down`` is set."""
 

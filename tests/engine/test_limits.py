@@ -1,4 +1,5 @@
-"""Session limits, per-entry batch admission and the gate's tombstones, in virtual time."""
+"""Session limits, batch limits and the gate's tombstones, in virtual time (per-entry
+batch admission is checked on both runtimes in ``tests/integration/test_half_open_runtimes``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from weir.engine._store import (
     RetentionFull,
     SessionRecord,
 )
-from weir.protocol import CreditLimits
 from weir.protocol._gate import ENTRY_OVERHEAD
 from weir.protocol.budget import RetentionBudget
 from weir.protocol.gate import CallOutcome
@@ -22,16 +22,6 @@ from weir.protocol.gate import CallOutcome
 from .helpers import Reply, SseReply, connect, open_session, running_server
 
 app = App("limits", "0")
-release = trio.Event()
-started: list[int] = []
-
-
-@app.tool()
-async def wait(n: int) -> str:
-    """Wait until the test lets go."""
-    started.append(n)
-    await release.wait()
-    return str(n)
 
 
 @app.tool()
@@ -100,41 +90,6 @@ async def test_an_abandoned_initialize_expires_after_the_initialize_timeout(
         assert len(server.sessions) == 0 and server.metrics.sessions_expired == 1
         again = await connect(server, nursery).post(INIT)
         assert isinstance(again, Reply) and again.status == 200
-
-
-async def test_batch_entries_are_admitted_one_by_one(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    # A frame credit of 4: at most 4 entries of the batch are in flight at a time,
-    # and the rest are admitted as earlier ones finish -- never all 10 at once.
-    started.clear()
-    global release
-    release = trio.Event()
-    config = ServerConfig(credit=CreditLimits(frames=4, bytes=1 << 20), max_stream_events=64)
-    async with running_server(app, config) as (server, nursery):
-        client = connect(server, nursery)
-        init = await client.post(INIT)
-        assert isinstance(init, Reply)
-        client.session_id = init.headers["mcp-session-id"]
-        client.protocol_version = "2025-03-26"
-        batch = [
-            {
-                "jsonrpc": "2.0",
-                "id": 100 + i,
-                "method": "tools/call",
-                "params": {"name": "wait", "arguments": {"n": i}},
-            }
-            for i in range(10)
-        ]
-        reply = await client.post(batch)
-        assert isinstance(reply, SseReply) and reply.status == 200
-        await trio.sleep(1)
-        session = server.sessions[client.session_id]
-        assert sorted(started) == [0, 1, 2, 3] and session.inflight == 4
-        release.set()
-        messages = await reply.messages()
-        assert sorted(m["id"] for m in messages) == [100 + i for i in range(10)]
-        assert sorted(started) == list(range(10)) and session.inflight == 0
 
 
 async def test_a_batch_larger_than_the_limit_runs_nothing(

@@ -4,7 +4,12 @@ Every server listens on 127.0.0.1 and every exchange crosses a real loopback soc
 
 * **weir in-process** (``Server(...).run`` started in the test's nursery): the demo app,
   the conformance app's ``test_reconnection``, and a small app of this module's own
-  for progress, slow and hanging calls and server-to-client requests.  The fencing
+  for progress, slow and hanging calls and server-to-client requests.  What does not
+  need channel tokens or replicas (plain calls, progress, resumption, idempotency
+  keys, a duplicate of a running call, ``DELETE``, server-to-client requests,
+  cancellation) runs on both runtimes (``runtime``: the server in a thread of its
+  own, :mod:`tests.integration.runtimes`); the asyncio runtime names no replica in
+  its events.  The fencing
   scenarios use the real server: a corrupted channel token (409 ``channel_unbound``:
   auto-rebind and a fresh key), a rebind by a second client of the same session (409
   ``cursor_stale``: raised, nothing runs), a duplicate delivery of a running call
@@ -22,11 +27,13 @@ bounded by ``trio.fail_after`` and every loop by a count.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import itertools
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -36,8 +43,10 @@ from typing import Any
 
 import h11
 import pytest
+import sniffio
 import trio
 
+from tests.integration.runtimes import RUNTIMES, Served, serving
 from weir.app.samples import conformance, demo
 from weir.engine import App, Context, McpError, Server, ServerConfig
 from weir.engine.client import (
@@ -66,11 +75,19 @@ executions: dict[str, int] = {}
 ended: dict[str, float] = {}
 
 
+async def sleep(seconds: float) -> None:
+    """Sleep on whichever runtime serves the tool."""
+    if sniffio.current_async_library() == "trio":
+        await trio.sleep(seconds)
+    else:
+        await asyncio.sleep(seconds)
+
+
 @app.tool()
 async def slow(label: str, seconds: float = 0.5) -> str:
     """Not idempotent: count one execution of ``label``, then sleep."""
     executions[label] = executions.get(label, 0) + 1
-    await trio.sleep(seconds)
+    await sleep(seconds)
     return f"{label} done"
 
 
@@ -103,10 +120,24 @@ async def ask_client(ctx: Context) -> str:
 async def hang(label: str) -> str:
     """Sleep (cancellably) for a long time; record when it ended."""
     try:
-        await trio.sleep(30)
+        await sleep(30)
     finally:
-        ended[label] = trio.current_time()
+        ended[label] = time.monotonic()
     return "woke"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_books() -> None:
+    """Each test (and each runtime's case) counts its own executions."""
+    executions.clear()
+    ended.clear()
+
+
+@asynccontextmanager
+async def served(runtime: str, app_: App, **options: Any) -> AsyncIterator[Served]:
+    """``app_`` served by ``runtime`` on 127.0.0.1, in a thread of its own."""
+    with serving(runtime, app_, **options) as server:
+        yield server
 
 
 @asynccontextmanager
@@ -130,13 +161,17 @@ def text_of(result: dict[str, Any]) -> str:
     return value
 
 
-def assert_contiguous(trace: CallTrace) -> None:
-    """One epoch, seq 0, 1, 2, ... with a replica named on every event."""
+def assert_contiguous(trace: CallTrace, replica: str | None = "any") -> None:
+    """One epoch, seq 0, 1, 2, ... with ``replica`` named on every event (``any``:
+    some replica; ``None``: none, as the asyncio runtime names none)."""
     observed = trace.observed_events
     assert observed, trace
     assert {epoch for _, epoch, _ in observed} == {observed[0][1]}
     assert [seq for _, _, seq in observed] == list(range(len(observed)))
-    assert all(replica for replica, _, _ in observed)
+    if replica == "any":
+        assert all(r for r, _, _ in observed)
+    else:
+        assert all(r == replica for r, _, _ in observed), observed
 
 
 # ---------------------------------------------------------------- weir: plain calls
@@ -159,9 +194,10 @@ async def test_call_tool_against_the_demo_app_reuses_one_connection() -> None:
             assert s.connections_opened == 1  # sequential requests share one keep-alive
 
 
-async def test_concurrent_calls_use_one_connection_each() -> None:
+@RUNTIMES
+async def test_concurrent_calls_use_one_connection_each(runtime: str) -> None:
     with trio.fail_after(TEST_TIMEOUT):
-        async with weir(app) as server, open_session(server.url) as s:
+        async with served(runtime, app) as server, open_session(server.url) as s:
             results: list[str] = []
 
             async def one(i: int) -> None:
@@ -179,57 +215,65 @@ async def test_concurrent_calls_use_one_connection_each() -> None:
             assert s.connections_opened == 3
 
 
-async def test_json_response_server() -> None:
+@RUNTIMES
+async def test_json_response_server(runtime: str) -> None:
     with trio.fail_after(TEST_TIMEOUT):
-        async with weir(demo.app, json_response=True) as server, open_session(server.url) as s:
+        async with (
+            served(runtime, demo.app, json_response=True) as server,
+            open_session(server.url) as s,
+        ):
             trace = CallTrace()
             assert text_of(await s.call_tool("echo", {"text": "j"}, trace=trace)) == "j"
             assert trace.observed_events == []
 
 
-async def test_progress_callback() -> None:
+@RUNTIMES
+async def test_progress_callback(runtime: str) -> None:
     seen: list[tuple[float, float | None, str | None]] = []
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         seen.append((progress, total, message))
 
     with trio.fail_after(TEST_TIMEOUT):
-        async with weir(app) as server, open_session(server.url) as s:
-            trace = CallTrace()
+        async with served(runtime, app) as server, open_session(server.url) as s:
+            trace, replica = CallTrace(), server.replica_id
             result = await s.call_tool("steps", {"n": 3}, on_progress=on_progress, trace=trace)
             assert text_of(result) == "stepped"
     assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
-    assert_contiguous(trace)
+    assert_contiguous(trace, replica)
     assert len(trace.observed_events) == 5  # priming, three progress, the response
 
 
-async def test_unknown_method_is_an_rpc_error() -> None:
+@RUNTIMES
+async def test_unknown_method_is_an_rpc_error(runtime: str) -> None:
     with trio.fail_after(TEST_TIMEOUT):
-        async with weir(demo.app) as server, open_session(server.url) as s:
+        async with served(runtime, demo.app) as server, open_session(server.url) as s:
             with pytest.raises(RpcError) as info:
                 await s.request("no/such-method")
             assert info.value.code == -32601 and info.value.status == 200
 
 
 # ---------------------------------------------------------------- weir: resumption
-async def test_reconnection_resumes_after_early_close() -> None:
+@RUNTIMES
+async def test_reconnection_resumes_after_early_close(runtime: str) -> None:
     with trio.fail_after(TEST_TIMEOUT):
-        async with weir(conformance.app) as server, open_session(server.url) as s:
-            trace = CallTrace()
+        async with served(runtime, conformance.app) as server, open_session(server.url) as s:
+            trace, replica = CallTrace(), server.replica_id
             result = await s.call_tool("test_reconnection", {}, trace=trace)
     assert text_of(result) == "Reconnection test completed successfully"
     # The server closed the POST's response after the priming event; the client
     # resumed from it with GET and received the rest, contiguously.
     epoch = trace.observed_events[0][1]
     assert trace.resume_cursors == [f"{epoch}:0"]
-    assert_contiguous(trace)
+    assert_contiguous(trace, replica)
     assert len(trace.request_ids) == 1  # resumed, never re-sent
 
 
 # ---------------------------------------------------------------- weir: idempotency (fencing)
-async def test_same_idempotency_key_executes_once() -> None:
+@RUNTIMES
+async def test_same_idempotency_key_executes_once(runtime: str) -> None:
     with trio.fail_after(TEST_TIMEOUT):
-        async with weir(demo.app) as server, open_session(server.url) as s:
+        async with served(runtime, demo.app) as server, open_session(server.url) as s:
             first = await s.call_tool("increment", {"by": 1}, idempotency_key="k-1")
             again = await s.call_tool("increment", {"by": 1}, idempotency_key="k-1")
             assert again == first  # the stored result, replayed
@@ -240,10 +284,11 @@ async def test_same_idempotency_key_executes_once() -> None:
             assert info.value.status == 422
 
 
-async def test_duplicate_of_a_running_call_waits_and_gets_the_replay() -> None:
+@RUNTIMES
+async def test_duplicate_of_a_running_call_waits_and_gets_the_replay(runtime: str) -> None:
     with trio.fail_after(TEST_TIMEOUT):
         async with (
-            weir(app, in_progress_wait=0.1, retry_ms=100) as server,
+            served(runtime, app, in_progress_wait=0.1, retry_ms=100) as server,
             open_session(server.url, rng=lambda: 0.0, retry=FAST) as s,
         ):
             traces = [CallTrace(), CallTrace()]
@@ -334,9 +379,10 @@ async def test_cursor_stale_is_raised_and_nothing_runs() -> None:
                 assert int(text_of(await b.call_tool("increment", {"by": 1}))) == before + 1
 
 
-async def test_deleted_session_raises_session_gone() -> None:
+@RUNTIMES
+async def test_deleted_session_raises_session_gone(runtime: str) -> None:
     with trio.fail_after(TEST_TIMEOUT):
-        async with weir(demo.app) as server, open_session(server.url) as a:
+        async with served(runtime, demo.app) as server, open_session(server.url) as a:
             assert a.session_id is not None
             async with open_session(
                 server.url, session_id=a.session_id, channel_token=a.channel_token
@@ -348,7 +394,8 @@ async def test_deleted_session_raises_session_gone() -> None:
 
 
 # ---------------------------------------------------------------- weir: server-to-client
-async def test_server_requests_are_answered_by_callbacks_or_refused() -> None:
+@RUNTIMES
+async def test_server_requests_are_answered_by_callbacks_or_refused(runtime: str) -> None:
     async def sampling(params: dict[str, Any]) -> dict[str, Any]:
         assert params["maxTokens"] == 5
         return {"role": "assistant", "content": {"type": "text", "text": "sampled"}, "model": "m"}
@@ -357,7 +404,7 @@ async def test_server_requests_are_answered_by_callbacks_or_refused() -> None:
         return {"roots": [{"uri": "file:///tmp", "name": "tmp"}]}
 
     with trio.fail_after(TEST_TIMEOUT):
-        async with weir(app) as server:
+        async with served(runtime, app) as server:
             async with open_session(server.url, sampling=sampling, roots=roots) as s:
                 answer = text_of(await s.call_tool("ask_client", {}))
             async with open_session(server.url) as bare:
@@ -368,9 +415,10 @@ async def test_server_requests_are_answered_by_callbacks_or_refused() -> None:
     assert refused == "sampling=error -32601; elicitation=error -32601; roots=error -32601"
 
 
-async def test_cancelling_a_call_cancels_it_on_the_server() -> None:
+@RUNTIMES
+async def test_cancelling_a_call_cancels_it_on_the_server(runtime: str) -> None:
     with trio.fail_after(TEST_TIMEOUT):
-        async with weir(app) as server, open_session(server.url) as s:
+        async with served(runtime, app) as server, open_session(server.url) as s:
             with trio.move_on_after(0.3):
                 await s.call_tool("hang", {"label": "c1"})
             while "c1" not in ended:  # bounded by the fail_after above

@@ -9,14 +9,19 @@ would make the test slow, and the defaults themselves are asserted where they
 matter (a trickled head is cut within 60 s by default).
 
 The tests of what the asyncio runtime serves too (HTTP framing and limits, read
-deadlines, JSON answers' credit, SSE keep-alives) run against both runtimes
-(``weir serve --runtime asyncio``); those that read ``/metrics`` or use an option it
-refuses run on the Trio engine only.
+deadlines, batches, JSON answers' credit, SSE keep-alives, running out of
+descriptors) run against both runtimes (``weir serve --runtime asyncio``); those that
+read ``/metrics`` run on both too, the asyncio case expected to fail (strictly) until
+it serves ``/metrics``.  Those that use an option it refuses
+(``--initialize-timeout``, ``--max-inbound-bytes``) or check the Trio engine's
+connection policy (shedding idle keep-alive connections; the asyncio runtime
+refuses 503 past its limit instead) run on the Trio engine only.
 """
 
 from __future__ import annotations
 
 import json
+import select
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -49,6 +54,18 @@ INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT_
 
 #: The runtimes a test parametrised with ``runtime`` runs against.
 RUNTIMES = pytest.mark.parametrize("runtime", ["trio", "asyncio"])
+#: ... and those of a test that reads ``/metrics``, which the asyncio runtime does not
+#: serve yet: its case is expected to fail until it does (strict: it flips then).
+RUNTIMES_METRICS = pytest.mark.parametrize(
+    "runtime",
+    [
+        "trio",
+        pytest.param(
+            "asyncio",
+            marks=pytest.mark.xfail(strict=True, reason="asyncio: /metrics not served yet"),
+        ),
+    ],
+)
 
 
 @contextmanager
@@ -95,11 +112,17 @@ async def settle_rss(pid: int, seconds: float = 1.0) -> int:
 # ----------------------------------------------------------------- retained results
 
 
-async def test_large_results_are_retained_within_the_session_budget(tmp_path: Path) -> None:
+@RUNTIMES_METRICS
+async def test_large_results_are_retained_within_the_session_budget(
+    tmp_path: Path, runtime: str
+) -> None:
     # 2 sessions x 30 calls with 3 MB results, read to the end.  Before the budget,
     # every result stayed twice (closed stream log + gate) until DELETE: ~180 MB.
     text = "x" * (3 * 1000 * 1000)
-    with weir(tmp_path, "--credit-bytes", str(8 * MiB)) as server, trio.fail_after(120):
+    with (
+        weir(tmp_path, "--credit-bytes", str(8 * MiB), runtime=runtime) as server,
+        trio.fail_after(120),
+    ):
         base = await settle_rss(server.proc.pid, 0.2)
         sids = []
         for _ in range(2):
@@ -188,8 +211,11 @@ async def test_initialize_flood_is_capped_and_existing_sessions_keep_working(
                 await initialize(late)
 
 
-async def test_initialize_whose_answer_cannot_be_sent_leaves_no_session(tmp_path: Path) -> None:
-    with weir(tmp_path) as server, trio.fail_after(30):
+@RUNTIMES_METRICS
+async def test_initialize_whose_answer_cannot_be_sent_leaves_no_session(
+    tmp_path: Path, runtime: str
+) -> None:
+    with weir(tmp_path, runtime=runtime) as server, trio.fail_after(30):
         for _ in range(50):
             c = await Client.connect(server.port)
             body = json.dumps(INITIALIZE).encode()
@@ -209,8 +235,11 @@ async def test_initialize_whose_answer_cannot_be_sent_leaves_no_session(tmp_path
 # ----------------------------------------------------------------- batches
 
 
-async def test_huge_batch_is_refused_at_once_and_neighbours_are_unaffected(tmp_path: Path) -> None:
-    with weir(tmp_path) as server, trio.fail_after(60):
+@RUNTIMES
+async def test_huge_batch_is_refused_at_once_and_neighbours_are_unaffected(
+    tmp_path: Path, runtime: str
+) -> None:
+    with weir(tmp_path, runtime=runtime) as server, trio.fail_after(60):
         async with connected(server.port) as c:
             reply = await c.request(
                 "POST",
@@ -252,25 +281,37 @@ async def test_huge_batch_is_refused_at_once_and_neighbours_are_unaffected(tmp_p
 # ----------------------------------------------------------------- connections
 
 
-async def test_trickled_head_is_cut_and_waiting_clients_are_then_served(tmp_path: Path) -> None:
+@RUNTIMES_METRICS
+async def test_trickled_head_is_cut_and_waiting_clients_are_then_served(
+    tmp_path: Path, runtime: str
+) -> None:
     limit = 20
     args = ("--head-timeout", "2", "--max-connections", str(limit))
-    with weir(tmp_path, *args) as server, trio.fail_after(60):
+    with weir(tmp_path, *args, runtime=runtime) as server, trio.fail_after(60):
         tricklers = [await Client.connect(server.port) for _ in range(limit)]
         for c in tricklers:
             await c.send_raw(b"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\n")
         await trio.sleep(0.3)
         t0 = time.monotonic()
+        sid: str | None = None
         async with connected(server.port) as polite:
-            # Served once the tricklers are cut (the kernel backlog held it meanwhile).
-            sid = await initialize(polite)
-            waited = time.monotonic() - t0
-        assert sid and waited < 5
+            if runtime == "trio":
+                # Served once the tricklers are cut (the kernel backlog held it meanwhile).
+                sid = await initialize(polite)
+            else:  # the asyncio runtime refuses past its limit, and says when to retry
+                busy = await polite.request("POST", "/mcp", INITIALIZE)
+                assert busy.status == 503 and busy.reason == "overloaded"
+                assert "retry-after" in busy.headers
         for c in tricklers:
             reply = await c.read_reply(5)
             assert reply.status == 408 and reply.reason == "request_timeout"
             assert await c.closed_by_peer()
             await c.aclose()
+        if sid is None:  # the tricklers are cut: the retry is served
+            async with connected(server.port) as polite:
+                sid = await initialize(polite)
+        waited = time.monotonic() - t0
+        assert sid and waited < 5
         text = await metrics(server.port)
         assert metric(text, "weir_connection_limit") == limit
         assert metric(text, "weir_refusals_total", '{reason="request_timeout"}') == limit
@@ -315,11 +356,17 @@ async def test_request_bytes_in_flight_are_capped_server_wide(tmp_path: Path) ->
             await initialize(polite)
 
 
-async def test_a_refused_request_still_arriving_is_answered_not_reset(tmp_path: Path) -> None:
+@RUNTIMES_METRICS
+async def test_a_refused_request_still_arriving_is_answered_not_reset(
+    tmp_path: Path, runtime: str
+) -> None:
     # Clients that write the whole request without waiting for an early answer: the
     # server refuses at the head, then drains what still arrives, so the client reads
     # the refusal and an orderly close (a close with the bytes unread would reset it).
-    with weir(tmp_path, "--max-body-bytes", str(MiB)) as server, trio.fail_after(30):
+    with (
+        weir(tmp_path, "--max-body-bytes", str(MiB), runtime=runtime) as server,
+        trio.fail_after(30),
+    ):
         size = 8 * MiB
         head = raw_request("POST", "/mcp", headers={"content-length": str(size)})
         received = await trio.to_thread.run_sync(send_regardless, server.port, head, size)
@@ -372,11 +419,14 @@ async def test_idle_keepalive_connections_are_shed_at_the_limit(tmp_path: Path) 
             await c.aclose()
 
 
-async def test_out_of_descriptors_is_back_pressure_not_a_log_flood(tmp_path: Path) -> None:
+@RUNTIMES
+async def test_out_of_descriptors_is_back_pressure_not_a_log_flood(
+    tmp_path: Path, runtime: str
+) -> None:
     # The fd limit is below --max-connections: accept() itself fails with EMFILE.
     args = ("--max-connections", "500")
     with (
-        weir(tmp_path, *args, preexec_fn=partial(limit_fds, 60)) as server,
+        weir(tmp_path, *args, preexec_fn=partial(limit_fds, 60), runtime=runtime) as server,
         trio.fail_after(60),
     ):
         hogs = []
@@ -391,7 +441,7 @@ async def test_out_of_descriptors_is_back_pressure_not_a_log_flood(tmp_path: Pat
             await c.aclose()
         await trio.sleep(1.5)  # the backoff is at most 1 s
         async with connected(server.port) as polite:
-            assert (await polite.request("GET", "/metrics")).status == 200
+            assert await initialize(polite)
         err = server.stderr(100_000)
         assert "Traceback" not in err
         assert 1 <= err.count("accept() failed") <= 2, err
@@ -479,8 +529,14 @@ async def test_overlong_target_and_too_many_headers(tmp_path: Path, runtime: str
 # ----------------------------------------------------------------- half-open
 
 
-async def test_a_result_larger_than_the_credit_is_refused_not_queued(tmp_path: Path) -> None:
-    with weir(tmp_path, "--credit-bytes", str(256 * 1024)) as server, trio.fail_after(30):
+@RUNTIMES
+async def test_a_result_larger_than_the_credit_is_refused_not_queued(
+    tmp_path: Path, runtime: str
+) -> None:
+    with (
+        weir(tmp_path, "--credit-bytes", str(256 * 1024), runtime=runtime) as server,
+        trio.fail_after(30),
+    ):
         async with connected(server.port) as c:
             sid = await initialize(c)
             big = await c.request(
@@ -518,12 +574,13 @@ async def _stall_sessions(port: int, n: int, size: int) -> list[Client]:
     return stalled
 
 
+@RUNTIMES_METRICS
 @pytest.mark.parametrize("mode", [(), ("--json-response",)], ids=["sse", "json"])
 async def test_stalled_sessions_are_torn_down_and_memory_comes_back(
-    tmp_path: Path, mode: Sequence[str]
+    tmp_path: Path, mode: Sequence[str], runtime: str
 ) -> None:
     args = (*mode, "--drain-window", "1", "--liveness-timeout", "3")
-    with weir(tmp_path, *args) as server, trio.fail_after(90):
+    with weir(tmp_path, *args, runtime=runtime) as server, trio.fail_after(90):
         async with connected(server.port) as polite:
             sid = await initialize(polite)
             base = await settle_rss(server.proc.pid, 0.5)
@@ -534,8 +591,12 @@ async def test_stalled_sessions_are_torn_down_and_memory_comes_back(
             # The neighbour is served while they stall.
             ping = {"jsonrpc": "2.0", "id": 5, "method": "ping"}
             assert (await polite.request("POST", "/mcp", ping, session=sid)).status == 200
-            await trio.sleep(4.0)  # past the liveness timeout
-            text = await metrics(server.port)
+            # Torn down past the liveness timeout (the server's timers: poll for it).
+            for _ in range(300):
+                text = await metrics(server.port)
+                if metric(text, "weir_teardowns_total") >= 20:
+                    break
+                await trio.sleep(0.1)
             assert metric(text, "weir_teardowns_total") == 20
             assert metric(text, "weir_sessions") == 1
             for s in stalled:
@@ -563,9 +624,25 @@ async def test_json_mode_half_open_session_gets_429(tmp_path: Path, runtime: str
                 )
             )
             stalled.append(s)
-        await trio.sleep(3)
+        # The first stalled answer takes most of the credit, the others wait for it:
+        # exhausted, and half-open after the drain window without progress.  Wait for
+        # that answer's first bytes, then call: refused, or (still in the window)
+        # answered -- an answer read is progress, so the next try comes after twice
+        # the drain window (pacing only: a slow machine just takes more tries).
+        with trio.fail_after(20):
+            for _ in range(1000):
+                socks = [s.stream.socket.fileno() for s in stalled]
+                if select.select(socks, [], [], 0)[0]:
+                    break
+                await trio.sleep(0.02)
         async with connected(server.port) as c:
-            reply = await c.request("POST", "/mcp", call(9, "echo", {"text": "x"}), session=sid)
+            for rid in range(9, 29):
+                reply = await c.request(
+                    "POST", "/mcp", call(rid, "echo", {"text": "x"}), session=sid
+                )
+                if reply.status != 200:
+                    break
+                await trio.sleep(2.0)
             assert reply.status == 429 and reply.reason == "stream_half_open"
             assert "retry-after" in reply.headers
         for s in stalled:
