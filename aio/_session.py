@@ -108,6 +108,9 @@ class Session:
         #: its teardown ends (a stalled peer's connection goes with its owner).
         self.sessionless = False
         self.carrier: asyncio.Task[Any] | None = None
+        #: Who owns it: its opener's principal (another principal's request finds
+        #: no such session, 404); ``"anonymous"`` without authorization.
+        self.principal = "anonymous"
 
     @property
     def closed(self) -> bool:

@@ -17,12 +17,31 @@ client to see the same server on either:
   :func:`handler_error`).
 * **What a ``subscriptions/listen`` stream says** (:func:`honoured`,
   :func:`listen_ack`, :func:`listen_frame`, :func:`listen_closing`).
+* **Authorization** (:class:`Authorization`, :func:`authenticate`,
+  :func:`metadata_answer`, :data:`REQUEST_ACCESS`): what a request must carry, the
+  401/403/400/503 refusals and their ``WWW-Authenticate``, the RFC 9728 metadata,
+  the principal; :class:`JwtVerifier` (PyJWT), which waits and fetches its JWKS URL
+  with the :class:`Waits` of the runtime serving it; an SDK app's own verifier
+  (:func:`declared_authorization`).
 
 It imports neither trio nor asyncio (a layering test keeps it so).
 """
 
 from __future__ import annotations
 
+from ._auth import (
+    ANONYMOUS,
+    METADATA_PATH,
+    REQUEST_ACCESS,
+    Authorization,
+    InvalidToken,
+    TokenExpired,
+    TokenVerifier,
+    authenticate,
+    bearer_token,
+    metadata_answer,
+)
+from ._declared_auth import DeclaredVerifier, declared_authorization
 from ._era import (
     VERSION,
     caller_for,
@@ -32,6 +51,8 @@ from ._era import (
     request_meta,
     server_identity,
 )
+from ._jwks import MAX_JWKS_BYTES, JwksError
+from ._jwt import DEFAULT_ALGORITHMS, Flag, JwtVerifier, Waits
 from ._listen import (
     KINDS,
     MAX_URI,
@@ -44,14 +65,31 @@ from ._listen import (
 from ._sealed import MAX_STATE, STATE_TTL, StateSealer, new_key, parse_key
 
 __all__ = [
+    "ANONYMOUS",
+    "DEFAULT_ALGORITHMS",
     "KINDS",
+    "MAX_JWKS_BYTES",
     "MAX_STATE",
     "MAX_URI",
     "MAX_URIS",
+    "METADATA_PATH",
+    "REQUEST_ACCESS",
     "STATE_TTL",
     "VERSION",
+    "Authorization",
+    "DeclaredVerifier",
+    "Flag",
+    "InvalidToken",
+    "JwksError",
+    "JwtVerifier",
     "StateSealer",
+    "TokenExpired",
+    "TokenVerifier",
+    "Waits",
+    "authenticate",
+    "bearer_token",
     "caller_for",
+    "declared_authorization",
     "discover_for",
     "era_capabilities",
     "handler_error",
@@ -59,6 +97,7 @@ __all__ = [
     "listen_ack",
     "listen_closing",
     "listen_frame",
+    "metadata_answer",
     "new_key",
     "parse_key",
     "request_meta",
