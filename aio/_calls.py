@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from weir.app import App, Caller, Context, McpError, dispatch, failure, id_in_use
+from weir.common import REQUEST_ACCESS
 from weir.protocol import INTERNAL_ERROR
 from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
 from weir.protocol.course import AppendRecords, CallCourse, ClaimCall, HoldCall, Record, WaitForCall
@@ -198,7 +199,11 @@ async def _run(
 ) -> bytes | None:
     meta = (req.params or {}).get("_meta")
     ctx = Context(
-        Backend(session, stream), req.id, meta if isinstance(meta, dict) else None, state=state
+        Backend(session, stream),
+        req.id,
+        meta if isinstance(meta, dict) else None,
+        state=state,
+        access_token=REQUEST_ACCESS.get(),  # (its own request's: the task copied it)
     )
     session.running[req.id] = task = asyncio.current_task()  # type: ignore[assignment]
     try:

@@ -89,6 +89,7 @@ from weir.protocol.sse import encode_comment, encode_retry
 from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
 from weir.protocol.streams import StreamKind, StreamLog, WriterStep, writer_step
 
+from ._auth import Who, identify, is_metadata, metadata
 from ._calls import execute, gate_step
 from ._feeds import Feed, entries, given, never_run
 from ._session import Gone, Session
@@ -267,18 +268,29 @@ class Connection:
 
     async def respond(self, request: HttpRequest) -> None:
         try:
-            mcp = route(request, self.driver.endpoint)
+            driver, auth = self.driver, self.driver.auth
+            if is_metadata(auth, request, driver.endpoint.path):
+                assert auth is not None
+                await self.send(
+                    self.conn.send_response(*metadata(auth, request, driver.endpoint.path))
+                )
+                return
+            # Who this request speaks for: handed to everything below, never kept on
+            # the connection (its next request may speak for someone else).
+            who = await identify(auth, request)
+            mcp = route(request, driver.endpoint)
             if isinstance(mcp, SessionlessMessage):
                 if self._sessionless is None:
                     self._sessionless = SessionlessPosts(self)
-                await self._sessionless.serve(mcp)
+                await self._sessionless.serve(mcp, who)
                 return
             if isinstance(mcp, PostMessages) and mcp.is_initialize:
-                await self._initialize(mcp)
+                await self._initialize(mcp, who)
                 return
             sid = mcp.ctx.session_id or ""
-            session = self.driver.sessions.get(sid)
-            if session is None:
+            session = driver.sessions.get(sid)
+            if session is None or session.principal != who.principal:
+                # (another principal's session is indistinguishable from none)
                 first = mcp.messages[0] if isinstance(mcp, PostMessages) else None
                 raise session_refusal(sid, first.id if isinstance(first, Request) else None)
             session.last_seen = session.loop.time()
@@ -600,14 +612,16 @@ class Connection:
                 await self.send(self.conn.send_stream_data(encode_comment()))
         await self.send(self.conn.end_stream())
 
-    async def _initialize(self, post: PostMessages) -> None:
+    async def _initialize(self, post: PostMessages, who: Who) -> None:
         req, driver = post.messages[0], self.driver
         assert isinstance(req, Request)
         asked = parse_initialize(req)  # the same checks and negotiation as weir's server
         driver.check_room(req.id)
         sid = secrets.token_urlsafe(32)
         caller = Caller(asked.capabilities, asked.client_info)
-        driver.add_session(Session(sid, asked.version, driver.credit, driver, caller))
+        session = Session(sid, asked.version, driver.credit, driver, caller)
+        session.principal = who.principal  # (it owns the session)
+        driver.add_session(session)
         result = initialize_result_for(driver.app, asked.version)
         headers = [("content-type", "application/json"), ("mcp-session-id", sid)]
         await self.send(self.conn.send_response(200, headers, encode_result(req.id, result)))

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from weir.app import MAX_NOTES_RUNNING, NOTE_WAIT, SESSION_CLOSE_WAIT, App, load_app
-from weir.common import StateSealer, listen_closing, new_key, server_identity
+from weir.common import Authorization, StateSealer, listen_closing, new_key, server_identity
 from weir.protocol import (
     LOOPBACK_HOSTS,
     SERVER_ERROR,
@@ -36,6 +36,7 @@ from weir.protocol.post import PostRules
 from weir.protocol.sessionless_post import SessionlessRules
 from weir.protocol.states import StreamState
 
+from ._auth import bind
 from ._connection import Connection
 from ._session import Session
 from ._sessionless import KeyedCalls, Listener
@@ -72,6 +73,7 @@ class AsyncioDriver:
         always_json: bool = False,
         sse_keepalive: float | None = 15.0,
         state_keys: Sequence[bytes] = (),
+        auth: Authorization | None = None,
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
@@ -93,7 +95,13 @@ class AsyncioDriver:
         first seals, all open; none: one drawn now, so states do not outlive the
         process).  (No retry window: every client here is the one anonymous
         principal, so one client's retry could not be told from another's call.)
+
+        With ``auth`` every request must carry a bearer token its verifier vouches
+        for (see :mod:`._auth`); the principal owns the sessions it opens.
         """
+        #: Who verifies tokens (None: every request is anonymous).
+        self.auth = auth
+        bind(auth)
         self.app, self.endpoint, self.state = app, endpoint, state
         self.credit = credit or CreditLimits()
         self.max_sessions, self.max_connections = max_sessions, max_connections

@@ -34,6 +34,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from weir.app import App
+from weir.common import Authorization, declared_authorization
 from weir.protocol import CreditLimits, EndpointConfig, HttpLimits, ReadTimeouts
 
 from ._driver import AsyncioDriver
@@ -64,6 +65,8 @@ class AsyncioConfig:
         startup_timeout: how long the app's lifespan may take to start.
         state_keys: the keys that seal sessionless request state (the first seals,
             all open; none: one drawn at start).
+        auth: who verifies bearer tokens (None: the authorization an SDK app
+            declares for itself, if any; else every request is anonymous).
     """
 
     host: str = "127.0.0.1"
@@ -78,6 +81,7 @@ class AsyncioConfig:
     sse_keepalive: float | None = 15.0
     startup_timeout: float = STARTUP_TIMEOUT
     state_keys: tuple[bytes, ...] = dataclasses.field(default=(), repr=False)
+    auth: Authorization | None = None
 
     def driver(self, app: App, state: Any = None) -> AsyncioDriver:
         """An :class:`AsyncioDriver` serving ``app`` with these settings."""
@@ -94,6 +98,7 @@ class AsyncioConfig:
             always_json=self.endpoint.json_response,
             sse_keepalive=self.sse_keepalive,
             state_keys=self.state_keys,
+            auth=self.auth,
         )
 
 
@@ -128,10 +133,28 @@ def run(
     ``started(url, loop_name)`` is called once the server listens.
 
     Raises:
-        StartupFailed: the app's lifespan raised on entry or overran ``startup_timeout``.
+        StartupFailed: the app's lifespan raised on entry or overran ``startup_timeout``,
+            or the app declares authorization weir cannot enforce.
         OSError: the server could not listen.
     """
-    _runner(_serve(app, config, started))
+    _runner(_serve(app, with_declared_auth(app, config), started))
+
+
+def with_declared_auth(app: App, config: AsyncioConfig) -> AsyncioConfig:
+    """``config`` with the authorization ``app`` declares for itself (an SDK app's
+    own token verifier), unless ``config`` has its own.
+
+    Raises:
+        StartupFailed: the app declares authorization weir cannot enforce (served
+            open it would be silently wrong).
+    """
+    if config.auth is not None or getattr(app, "security", None) is None:
+        return config
+    try:
+        declared = declared_authorization(app)
+    except ValueError as exc:
+        raise StartupFailed(f"weir: refusing to serve the app open: {exc}") from None
+    return config if declared is None else dataclasses.replace(config, auth=declared)
 
 
 async def _serve(

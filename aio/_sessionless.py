@@ -9,11 +9,14 @@ module performs each effect they ask for and decides nothing about their order.
 What the answers say (``server/discover``, capabilities, an app's errors, listen
 frames, sealed request state) is :mod:`weir.common`'s, shared with the Trio engine.
 
-* **Credit owner.**  This runtime has no authorization, so every request speaks for
-  the one principal (``anonymous``) and anonymous clients are told apart only by
-  their connections: a request's answer takes the credit of its *connection's*
+* **Who.**  Each request speaks for its own principal (:class:`~._auth.Who`, from
+  its own token, or ``anonymous``): its request state is bound to it and its
+  ``Idempotency-Key`` lives in its namespace.
+* **Credit owner.**  A request's answer takes the credit of its *connection's*
   owner, a private :class:`~._session.Session` (never in the session table), as the
-  Trio engine does for anonymous requests.  A peer that stops reading is refused
+  Trio engine does for anonymous requests (the Trio engine shares one owner among
+  all connections of an authorized principal; here each connection has its own,
+  whoever its requests speak for).  A peer that stops reading is refused
   429 ``stream_half_open`` before anything runs, and its owner is torn down after
   the liveness timeout, closing its connection; the owner ends with its connection.
 * **Closing the response is cancellation** -- unless the call carries an
@@ -42,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from weir.app import Caller, Context, InputRequired, McpError, dispatch, failure
 from weir.common import (
+    REQUEST_ACCESS,
     VERSION,
     caller_for,
     discover_for,
@@ -88,6 +92,7 @@ from weir.protocol.sessionless_post import (
 from weir.protocol.states import StreamInput, StreamState
 from weir.protocol.streams import StreamKind, StreamLog
 
+from ._auth import Who
 from ._calls import _fit
 from ._session import MAX_CALL_BYTES, MAX_CALLS, Gone, Session
 
@@ -95,8 +100,6 @@ if TYPE_CHECKING:
     from ._connection import Connection
     from ._driver import AsyncioDriver
 
-#: Who every request speaks for (this runtime has no authorization).
-PRINCIPAL: Final = "anonymous"
 #: Seconds a streamed answer's head waits for the handler's first message.
 FIRST_OUTPUT_WAIT: Final = 1.0
 _JSON: Final = (("content-type", "application/json"),)
@@ -296,11 +299,14 @@ class SessionlessPosts:
             driver.owners.add(owner)
         return owner
 
-    async def serve(self, msg: SessionlessMessage) -> None:
-        """Carry out the request's :class:`SessionlessCourse`: the core decides the
-        order, this performs each effect it asks for."""
-        driver = self.driver
-        course = SessionlessCourse(msg, PRINCIPAL, False, driver.sessionless(), wall=time.time())
+    async def serve(self, msg: SessionlessMessage, who: Who) -> None:
+        """Carry out the request's :class:`SessionlessCourse` for ``who`` (the
+        request's own identity): the core decides the order, this performs each
+        effect it asks for."""
+        driver, principal = self.driver, who.principal
+        course = SessionlessCourse(
+            msg, principal, who.authorized, driver.sessionless(), wall=time.time()
+        )
         clock = asyncio.get_running_loop().time
         effect = course.start(clock())
         owner: Session | None = None
@@ -320,21 +326,21 @@ class SessionlessPosts:
                         except Gone:
                             raise ConnectionResetError from None
                     elif isinstance(effect, GATE_STEPS):
-                        answer = await driver.keyed.step(PRINCIPAL, effect)
+                        answer = await driver.keyed.step(principal, effect)
                     elif isinstance(effect, RespondJson):
-                        await self._respond_json(owner, msg, effect)
+                        await self._respond_json(owner, msg, effect, principal)
                     elif isinstance(effect, OpenAnswerStream):
                         stream = owner.open_stream(StreamKind.REQUEST, emit_ids=False)
                         owner.flow.move(effect.lane, stream.epoch)
                         answering = _Answering(stream)
                     elif isinstance(effect, RunOnStream):
                         assert answering is not None
-                        await self._run_on_stream(owner, msg, effect.run, answering)
+                        await self._run_on_stream(owner, msg, effect.run, answering, principal)
                     elif effect is ATTACH_WRITER:
                         assert answering is not None
                         await self.conn.write_stream(owner, answering.stream, 0)
                     else:
-                        await self._effect(owner, effect)
+                        await self._effect(owner, effect, principal)
                 except BaseException as exc:
                     effect = course.fail(exc, clock())
                 else:
@@ -361,13 +367,13 @@ class SessionlessPosts:
             raise AssertionError(f"a sessionless course asked for {effect!r} out of turn")
         return None
 
-    async def _effect(self, owner: Session, effect: SessionlessEffect) -> None:
+    async def _effect(self, owner: Session, effect: SessionlessEffect, principal: str) -> None:
         """Perform one of a sessionless course's less frequent effects."""
         if isinstance(effect, Finished):
             for _ in range(effect.n):
                 owner.done(effect.lane)
         elif isinstance(effect, GiveBack):
-            self.driver.keyed.record(PRINCIPAL, effect.key, None)
+            self.driver.keyed.record(principal, effect.key, None)
         elif isinstance(effect, AnswerReplay):
             await self._send_json(owner, effect.payload, None)
         elif isinstance(effect, Listen):
@@ -388,12 +394,12 @@ class SessionlessPosts:
         await self.conn.send(response, (owner, None, len(body)))
 
     async def _respond_json(
-        self, owner: Session, msg: SessionlessMessage, effect: RespondJson
+        self, owner: Session, msg: SessionlessMessage, effect: RespondJson, principal: str
     ) -> None:
         """Run the handler here and answer with one JSON body."""
         backend = SessionlessBackend(owner, None, caller_for(msg), self.driver)
         try:
-            body = await self._drive_run(owner, effect.run, None, backend)
+            body = await self._drive_run(owner, effect.run, None, backend, principal)
         except BaseException:
             owner.done(effect.lane)
             raise
@@ -403,7 +409,12 @@ class SessionlessPosts:
         await self._send_json(owner, body, effect.lane)
 
     async def _run_on_stream(
-        self, owner: Session, msg: SessionlessMessage, run: SessionlessRun, answering: _Answering
+        self,
+        owner: Session,
+        msg: SessionlessMessage,
+        run: SessionlessRun,
+        answering: _Answering,
+        principal: str,
     ) -> None:
         """Start the handler on the answer's stream; return once it has output (or
         after :data:`FIRST_OUTPUT_WAIT`), raising its refusal if it was refused first.
@@ -416,7 +427,7 @@ class SessionlessPosts:
         async def run_it() -> None:
             try:
                 try:
-                    body = await self._drive_run(owner, run, stream, backend)
+                    body = await self._drive_run(owner, run, stream, backend, principal)
                 except RemoteProtocolError as exc:
                     if not answering.started:
                         answering.refused.append(exc)  # answered as this POST's status
@@ -450,6 +461,7 @@ class SessionlessPosts:
         run: SessionlessRun,
         stream: StreamLog | None,
         backend: SessionlessBackend,
+        principal: str,
     ) -> bytes | None:
         """Carry out a :class:`SessionlessRun`: run the handler, seal, encode and
         record as it asks; the body it responds with."""
@@ -468,9 +480,9 @@ class SessionlessPosts:
                 elif isinstance(effect, SealState):
                     answer = driver.sealer.seal(dict(effect.claims))
                 elif isinstance(effect, RecordOutcome):
-                    driver.keyed.record(PRINCIPAL, effect.key, effect.payload)
+                    driver.keyed.record(principal, effect.key, effect.payload)
                 elif isinstance(effect, GiveBack):
-                    driver.keyed.record(PRINCIPAL, effect.key, None)
+                    driver.keyed.record(principal, effect.key, None)
                 else:
                     assert isinstance(effect, Respond)
                     body = effect.body
@@ -490,7 +502,14 @@ class SessionlessPosts:
                 did not declare.
         """
         req, driver = run.request, self.driver
-        ctx = Context(backend, req.id, request_meta(req), state=driver.state, inputs=run.inputs)
+        ctx = Context(
+            backend,
+            req.id,
+            request_meta(req),
+            state=driver.state,
+            inputs=run.inputs,
+            access_token=REQUEST_ACCESS.get(),  # (the request's own: its task's context)
+        )
         try:
             try:
                 return await dispatch(driver.app, req, ctx)

@@ -45,12 +45,6 @@ REFUSED_ARGS: dict[str, list[str]] = {
     "session_retain_bytes": ["--session-retain-bytes", "100000"],
     "memory_budget": ["--memory-budget", "100000000"],
     "claim_lease": ["--claim-lease", "5"],
-    "auth_issuer": ["--auth-issuer", "https://issuer.test"],
-    "auth_resource": ["--auth-resource", "https://mcp.test/mcp"],
-    "auth_jwks_url": ["--auth-jwks-url", "https://issuer.test/jwks"],
-    "auth_jwks_file": ["--auth-jwks-file", "/nonexistent/jwks.json"],
-    "auth_scope": ["--auth-scope", "mcp"],
-    "auth_server": ["--auth-server", "https://issuer.test"],
 }
 
 

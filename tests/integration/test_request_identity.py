@@ -27,7 +27,8 @@ from weir.engine._owners import MAX_OWNERS
 from weir.protocol import CreditLimits
 from weir.protocol.states import CreditState
 
-from .rawhttp import Client, Reply, raw_request
+from .rawhttp import INIT_PARAMS, Client, Reply, call, raw_request
+from .runtimes import RUNTIMES, serving
 from .test_auth import ISSUER, jwt_authorization, token
 
 V = "2026-07-28"
@@ -97,6 +98,17 @@ async def authorized(**config: Any) -> AsyncIterator[Server]:
             nursery.cancel_scope.cancel()
 
 
+@asynccontextmanager
+async def authorized_on(runtime: str, **config: Any) -> AsyncIterator[int]:
+    """The real server on 127.0.0.1, on ``runtime``, with JWT authorization and
+    ``config``; its port."""
+    async with trio.open_nursery() as nursery:
+        auth = await jwt_authorization(nursery)
+        async with serving(runtime, app, ServerConfig(port=0, auth=auth, **config)) as port:
+            yield port
+        nursery.cancel_scope.cancel()
+
+
 def tool_call(rid: int, name: str, arguments: dict[str, Any], **more: Any) -> dict[str, Any]:
     params = {"name": name, "arguments": arguments, "_meta": META, **more}
     return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
@@ -143,13 +155,14 @@ async def eventually(condition: Callable[[], bool], *, timeout: float, every: fl
     return condition()
 
 
-async def test_bobs_keyed_call_on_alices_connection_is_bobs() -> None:
+@RUNTIMES
+async def test_bobs_keyed_call_on_alices_connection_is_bobs(runtime: str) -> None:
     """Same connection, same ``Idempotency-Key``, same arguments: Bob's call runs as
     Bob's, in Bob's namespace, and is not answered with Alice's stored result."""
-    label = "keyed-" + token("x")[-8:]
+    label = f"keyed-{runtime}-" + token("x")[-8:]
     with trio.fail_after(30):
-        async with authorized() as server:
-            client = await Client.connect(server.port)
+        async with authorized_on(runtime) as port:
+            client = await Client.connect(port)
             try:
                 key = {"idempotency-key": "k-shared-1"}
                 alice = text(
@@ -168,15 +181,16 @@ async def test_bobs_keyed_call_on_alices_connection_is_bobs() -> None:
     assert runs[label] == 2
 
 
-async def test_bobs_request_state_on_alices_connection_is_sealed_for_bob() -> None:
+@RUNTIMES
+async def test_bobs_request_state_on_alices_connection_is_sealed_for_bob(runtime: str) -> None:
     """Bob's first round, on a connection that carried Alice's request: his state
     continues his round on another connection, and Alice cannot present it."""
-    item = "state-" + token("x")[-8:]
+    item = f"state-{runtime}-" + token("x")[-8:]
     answer = {"ok": {"action": "accept", "content": {}}}
     with trio.fail_after(30):
-        async with authorized() as server:
-            gateway = await Client.connect(server.port)
-            later = await Client.connect(server.port)
+        async with authorized_on(runtime) as port:
+            gateway = await Client.connect(port)
+            later = await Client.connect(port)
             try:
                 assert text(await call_as(gateway, "alice", 1, "bulk", {"size": 1})) == "x"
                 asked = (await call_as(gateway, "bob", 2, "confirm", {"item": item})).json()
@@ -329,3 +343,50 @@ async def test_two_clients_of_one_principal_may_both_number_a_call_1() -> None:
             finally:
                 await first.aclose()
                 await second.aclose()
+
+
+@RUNTIMES
+async def test_one_pooled_connection_carries_two_principals_sessions(runtime: str) -> None:
+    """A pooling proxy's one keep-alive connection carries Alice's and Bob's
+    session-era requests in turn: each request is served as its own token's
+    principal (its handler's ``access_token`` too), and neither reaches the
+    other's session on it -- nor does a request without a token."""
+    label = f"pooled-{runtime}-" + token("x")[-8:]
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INIT_PARAMS}
+    note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+    async def send(c: Client, sub: str | None, message: Any, sid: str | None = None) -> Reply:
+        headers = {"authorization": f"Bearer {token(sub)}"} if sub else {}
+        return await c.request("POST", "/mcp", message, session=sid, headers=headers)
+
+    with trio.fail_after(30):
+        async with authorized_on(runtime) as port:
+            pooled = await Client.connect(port)
+            try:
+                sids = {}
+                for sub in ("alice", "bob"):
+                    opened = await send(pooled, sub, init)
+                    assert opened.status == 200, opened
+                    sids[sub] = opened.headers["mcp-session-id"]
+                    assert (await send(pooled, sub, note, sids[sub])).status == 202
+                said = []
+                for rid, (sub, owner) in enumerate(
+                    [("alice", "alice"), ("bob", "bob"), ("bob", "alice"), ("alice", "bob")], 1
+                ):
+                    reply = await send(
+                        pooled, sub, call(rid, "count", {"label": label}), sids[owner]
+                    )
+                    if sub == owner:
+                        said.append(text(reply))
+                    else:
+                        assert reply.status == 404 and reply.reason == "session_not_found", reply
+                nobody = await send(pooled, None, call(9, "count", {"label": label}), sids["alice"])
+                assert nobody.status == 401 and nobody.reason == "unauthorized", nobody
+                last = text(
+                    await send(pooled, "alice", call(10, "count", {"label": label}), sids["alice"])
+                )
+            finally:
+                await pooled.aclose()
+    assert said == [f"{label} run 1 for {ALICE}", f"{label} run 2 for {BOB}"]
+    assert last == f"{label} run 3 for {ALICE}"
+    assert runs[label] == 3  # the refused requests ran nothing

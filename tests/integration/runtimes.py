@@ -1,0 +1,91 @@
+"""Serving one app, in-process, on either runtime, from a Trio test.
+
+:func:`serving` starts ``app`` with a :class:`~weir.engine.ServerConfig` on a
+loopback port and yields the port: on ``"trio"`` a :class:`~weir.engine.Server`
+in the test's own nursery; on ``"asyncio"`` the asyncio runtime, configured from
+that same ``ServerConfig`` as ``weir serve --runtime asyncio`` configures it
+(:func:`~weir.engine._cli_asyncio.asyncio_config`), with its own event loop in a
+thread of its own.  The two loops only meet over loopback sockets, so a test
+talks to either with the same raw client.  Tests parametrised with
+:data:`RUNTIMES` run once per runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+from weir.app import App
+from weir.asyncio import AsyncioConfig
+from weir.asyncio._run import with_declared_auth
+from weir.engine import Server, ServerConfig
+from weir.engine._cli_asyncio import asyncio_config
+
+#: Run a test once on each runtime (its ``runtime`` argument).
+RUNTIMES = pytest.mark.parametrize("runtime", ["trio", "asyncio"])
+
+
+@asynccontextmanager
+async def serving(runtime: str, app: App, config: ServerConfig) -> AsyncIterator[int]:
+    """``app`` served with ``config`` (its port: 0, a free one) on ``runtime``; the port.
+    Stopped on the way out (within 30 s)."""
+    if runtime == "trio":
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(Server(app, config).run)
+            try:
+                yield server.port
+            finally:
+                server.shutdown()
+                with trio.fail_after(30):
+                    await server.stopped.wait()
+                nursery.cancel_scope.cancel()
+        return
+    assert runtime == "asyncio", runtime
+    async with _asyncio_thread(app, with_declared_auth(app, asyncio_config(config, 30.0))) as port:
+        yield port
+
+
+@asynccontextmanager
+async def _asyncio_thread(app: App, config: AsyncioConfig) -> AsyncIterator[int]:
+    ready: queue.Queue[int | BaseException] = queue.Queue()
+    control: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        control.append((asyncio.get_running_loop(), stop))
+        async with contextlib.AsyncExitStack() as stack:
+            state = await stack.enter_async_context(app.lifespan_context())
+            driver = config.driver(app, state)
+            server = await asyncio.start_server(driver.connection, config.host, config.port)
+            ready.put(server.sockets[0].getsockname()[1])
+            try:
+                await stop.wait()
+            finally:
+                server.close()
+                await driver.close_all()
+
+    def thread() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            ready.put(exc)
+
+    worker = threading.Thread(target=thread, name="asyncio-runtime", daemon=True)
+    worker.start()
+    got = await trio.to_thread.run_sync(lambda: ready.get(timeout=30))
+    if isinstance(got, BaseException):
+        raise got
+    try:
+        yield got
+    finally:
+        loop, stop = control[0]
+        loop.call_soon_threadsafe(stop.set)
+        await trio.to_thread.run_sync(lambda: worker.join(30))
+        assert not worker.is_alive(), "the asyncio runtime did not stop within 30 s"
