@@ -102,7 +102,7 @@ async def _get(url: str, timeout: float) -> bytes:
             elif isinstance(event, h11.Data):
                 body += event.data
                 if len(body) > MAX_JWKS_BYTES:
-                    raise JwksError(f"the JWKS is longer than {MAX_JWKS_BYTES} bytes")
+                    raise JwksError(f"the JWKS body is longer than {MAX_JWKS_BYTES} bytes")
             elif isinstance(event, h11.EndOfMessage):
                 return bytes(body)
             elif isinstance(event, h11.ConnectionClosed):
