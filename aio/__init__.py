@@ -52,12 +52,19 @@ runs on asyncio here).
   results become tombstones).  What ``initialize`` declares and what
   ``resources/subscribe`` asks are bounded by the core and the app layer.
 
+* **Authorization** (:mod:`._auth`).  :mod:`weir.common`'s rules, as on the Trio
+  engine (bearer tokens, 401/403/400/503 with ``WWW-Authenticate``, the RFC 9728
+  metadata, an SDK app's own verifier), applied per request: each request's
+  principal comes from its own token, never from its connection; it owns the
+  sessions it opens (another principal's is 404).  A :class:`weir.common.JwtVerifier`
+  fetches its JWKS URL with asyncio here (:mod:`._jwks`).
+
 Not here yet (the Trio engine has them, and ``weir serve --runtime asyncio`` refuses
 their options rather than ignore them): the 2024-11-05
 HTTP+SSE transport, shared session stores (replicas, shared replay, several
-workers), authorization, a budget on what all connections buffer, a memory budget
-for replay history and results, inline execution, metrics and a graceful drain of
-running calls at shutdown.
+workers), a retry window and a per-principal session limit, a budget on what all
+connections buffer, a memory budget for replay history and results, inline
+execution, metrics and a graceful drain of running calls at shutdown.
 """
 
 from __future__ import annotations
