@@ -58,13 +58,16 @@ runs on asyncio here).
   principal comes from its own token, never from its connection; it owns the
   sessions it opens (another principal's is 404).  A :class:`weir.common.JwtVerifier`
   fetches its JWKS URL with asyncio here (:mod:`._jwks`).
+* **Metrics** (:mod:`._metrics`).  ``GET /metrics``: :class:`weir.common.Metrics`'s
+  Prometheus text, the same counters bumped where this runtime does the same things
+  (no ``weir_inline_*``, shed or accept-error series: it has none of those).
 
 Not here yet (the Trio engine has them, and ``weir serve --runtime asyncio`` refuses
 their options rather than ignore them): the 2024-11-05
 HTTP+SSE transport, shared session stores (replicas, shared replay, several
 workers), a retry window and a per-principal session limit, a budget on what all
 connections buffer, a memory budget for replay history and results, inline
-execution, metrics and a graceful drain of running calls at shutdown.
+execution and a graceful drain of running calls at shutdown.
 """
 
 from __future__ import annotations

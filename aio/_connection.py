@@ -92,6 +92,8 @@ from weir.protocol.streams import StreamKind, StreamLog, WriterStep, writer_step
 from ._auth import Who, identify, is_metadata, metadata
 from ._calls import execute, gate_step
 from ._feeds import Feed, entries, given, never_run
+from ._metrics import answer as metrics_answer
+from ._metrics import is_metrics
 from ._session import Gone, Session
 from ._sessionless import SessionlessPosts
 
@@ -212,6 +214,7 @@ class Connection:
                         data = await asyncio.wait_for(reader.read(65536), max(0.0, wait))
                     except TimeoutError:
                         if clock.owed:  # a head or body trickled past its deadline: 408
+                            self.driver.metrics.refused(str(Reason.REQUEST_TIMEOUT))
                             conn.send_failed()
                             await self.send(closing_refusal(clock.refusal()))
                             await self._linger(reader)
@@ -223,6 +226,7 @@ class Connection:
                     if conn.should_close:
                         break
                 elif isinstance(event, HttpError):
+                    self.driver.metrics.refused(str(event.reason))
                     await self.send(conn.data_to_send())
                     await self._linger(reader)
                     break
@@ -275,6 +279,9 @@ class Connection:
                     self.conn.send_response(*metadata(auth, request, driver.endpoint.path))
                 )
                 return
+            if is_metrics(driver, request):  # (no token needed, as on Trio)
+                await self.send(self.conn.send_response(*metrics_answer(driver, request)))
+                return
             # Who this request speaks for: handed to everything below, never kept on
             # the connection (its next request may speak for someone else).
             who = await identify(auth, request)
@@ -306,6 +313,9 @@ class Connection:
         except RemoteProtocolError as exc:
             if self.conn.response_in_progress:
                 raise
+            self.driver.metrics.refused(str(exc.reason))
+            if exc.reason is Reason.IN_PROGRESS:
+                self.driver.metrics.duplicates_in_progress += 1
             status, headers, body = refusal(exc)
             await self.send(self.conn.send_response(status, headers, body))
 
@@ -334,6 +344,7 @@ class Connection:
                 await session.admit(effect.n, effect.request_id, effect.lane)  # 429 if half-open
             except Gone:
                 return False
+            self.driver.metrics.admissions += effect.n
             return True
         if isinstance(effect, Mail):
             if effect.initialized:

@@ -19,7 +19,14 @@ from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from weir.app import MAX_NOTES_RUNNING, NOTE_WAIT, SESSION_CLOSE_WAIT, App, load_app
-from weir.common import Authorization, StateSealer, listen_closing, new_key, server_identity
+from weir.common import (
+    Authorization,
+    Metrics,
+    StateSealer,
+    listen_closing,
+    new_key,
+    server_identity,
+)
 from weir.protocol import (
     LOOPBACK_HOSTS,
     SERVER_ERROR,
@@ -38,6 +45,7 @@ from weir.protocol.states import StreamState
 
 from ._auth import bind
 from ._connection import Connection
+from ._metrics import view
 from ._session import Session
 from ._sessionless import KeyedCalls, Listener
 
@@ -74,6 +82,7 @@ class AsyncioDriver:
         sse_keepalive: float | None = 15.0,
         state_keys: Sequence[bytes] = (),
         auth: Authorization | None = None,
+        metrics_path: str | None = "/metrics",
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
@@ -97,8 +106,11 @@ class AsyncioDriver:
         principal, so one client's retry could not be told from another's call.)
 
         With ``auth`` every request must carry a bearer token its verifier vouches
-        for (see :mod:`._auth`); the principal owns the sessions it opens.
+        for (see :mod:`._auth`); the principal owns the sessions it opens.  The
+        Prometheus text is served at ``metrics_path`` (None: not at all).
         """
+        #: The counters ``GET metrics_path`` renders (see :mod:`._metrics`).
+        self.metrics, self.metrics_path = Metrics(), metrics_path
         #: Who verifies tokens (None: every request is anonymous).
         self.auth = auth
         bind(auth)
@@ -174,6 +186,7 @@ class AsyncioDriver:
         """Tear a session down; it is 404 from now on.  The app's session-close
         hooks run in the background, each cancelled after ``SESSION_CLOSE_WAIT``."""
         session.close()
+        self.metrics.session_ended(view(session))
         self.owners.discard(session)  # (a sessionless owner: no hooks, never in the table)
         if self.sessions.pop(session.sid, None) is not None:
             for hook in self.app.session_close_fns:
@@ -187,7 +200,10 @@ class AsyncioDriver:
         bound a notification is dropped."""
         hooks = self.app.notification_fns
         for note in notes:
-            if not hooks or len(self._notes) >= MAX_NOTES_RUNNING:
+            if not hooks:
+                continue
+            if len(self._notes) >= MAX_NOTES_RUNNING:
+                self.metrics.notifications_dropped += 1
                 continue
             params = dict(note.params or {})
             work = asyncio.gather(*(hook(note.method, params, session_id) for hook in hooks))
@@ -238,6 +254,7 @@ class AsyncioDriver:
         for session in list(self.sessions.values()):
             busy = session.tasks or session.writers
             if not busy and now - session.last_seen >= self.idle_timeout:
+                self.metrics.sessions_expired += 1
                 self.end(session)
         if self.sessions:
             self._sweeper = loop.call_later(self.idle_timeout / 4, self._sweep)
@@ -279,6 +296,7 @@ class AsyncioDriver:
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """The ``start_server`` callback: serve one connection until it closes."""
         if self.connections >= self.max_connections:
+            self.metrics.refused(str(Reason.OVERLOADED))
             body = encode_error(
                 None,
                 SERVER_ERROR,

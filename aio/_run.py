@@ -67,6 +67,7 @@ class AsyncioConfig:
             all open; none: one drawn at start).
         auth: who verifies bearer tokens (None: the authorization an SDK app
             declares for itself, if any; else every request is anonymous).
+        metrics_path: where the Prometheus text is served (None: not at all).
     """
 
     host: str = "127.0.0.1"
@@ -82,6 +83,7 @@ class AsyncioConfig:
     startup_timeout: float = STARTUP_TIMEOUT
     state_keys: tuple[bytes, ...] = dataclasses.field(default=(), repr=False)
     auth: Authorization | None = None
+    metrics_path: str | None = "/metrics"
 
     def driver(self, app: App, state: Any = None) -> AsyncioDriver:
         """An :class:`AsyncioDriver` serving ``app`` with these settings."""
@@ -99,6 +101,7 @@ class AsyncioConfig:
             sse_keepalive=self.sse_keepalive,
             state_keys=self.state_keys,
             auth=self.auth,
+            metrics_path=self.metrics_path,
         )
 
 

@@ -139,6 +139,7 @@ class Session:
     def _on_timer(self) -> None:
         self._timer = None
         if self.flow.credit.handle_timer(self.loop.time()) is CreditState.DEAD:
+            self.driver.metrics.teardowns += 1
             self.driver.end(self)  # no progress for the liveness timeout
             return
         self._pulse()

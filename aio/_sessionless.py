@@ -325,9 +325,11 @@ class SessionlessPosts:
                             await owner.admit(effect.n, effect.request_id, effect.lane)
                         except Gone:
                             raise ConnectionResetError from None
+                        driver.metrics.admissions += effect.n
                     elif isinstance(effect, GATE_STEPS):
                         answer = await driver.keyed.step(principal, effect)
                     elif isinstance(effect, RespondJson):
+                        _count_execution(driver, effect.run)
                         await self._respond_json(owner, msg, effect, principal)
                     elif isinstance(effect, OpenAnswerStream):
                         stream = owner.open_stream(StreamKind.REQUEST, emit_ids=False)
@@ -335,6 +337,7 @@ class SessionlessPosts:
                         answering = _Answering(stream)
                     elif isinstance(effect, RunOnStream):
                         assert answering is not None
+                        _count_execution(driver, effect.run)
                         await self._run_on_stream(owner, msg, effect.run, answering, principal)
                     elif effect is ATTACH_WRITER:
                         assert answering is not None
@@ -375,6 +378,7 @@ class SessionlessPosts:
         elif isinstance(effect, GiveBack):
             self.driver.keyed.record(principal, effect.key, None)
         elif isinstance(effect, AnswerReplay):
+            self.driver.metrics.duplicates_replayed += 1
             await self._send_json(owner, effect.payload, None)
         elif isinstance(effect, Listen):
             await self._listen(owner, effect.request, effect.lane)
@@ -554,6 +558,11 @@ class SessionlessPosts:
             driver.listeners.discard(listener)
             if stream.state is not StreamState.CLOSED:
                 stream.handle(StreamInput.ABORT)
+
+
+def _count_execution(driver: AsyncioDriver, run: SessionlessRun) -> None:
+    if run.request.method == "tools/call":
+        driver.metrics.executions += 1  # (a replay never gets here: AnswerReplay)
 
 
 async def _append_quietly(owner: Session, stream: StreamLog, payload: str) -> None:

@@ -23,6 +23,8 @@ client to see the same server on either:
   the principal; :class:`JwtVerifier` (PyJWT), which waits and fetches its JWKS URL
   with the :class:`Waits` of the runtime serving it; an SDK app's own verifier
   (:func:`declared_authorization`).
+* **Metrics** (:class:`Metrics`): the counters and the Prometheus text of
+  ``GET /metrics``, over any runtime's sessions (:class:`Metered`).
 
 It imports neither trio nor asyncio (a layering test keeps it so).
 """
@@ -62,6 +64,7 @@ from ._listen import (
     listen_closing,
     listen_frame,
 )
+from ._metrics import Connections, Credit, Metered, Metrics, redact
 from ._sealed import MAX_STATE, STATE_TTL, StateSealer, new_key, parse_key
 
 __all__ = [
@@ -77,11 +80,15 @@ __all__ = [
     "STATE_TTL",
     "VERSION",
     "Authorization",
+    "Connections",
+    "Credit",
     "DeclaredVerifier",
     "Flag",
     "InvalidToken",
     "JwksError",
     "JwtVerifier",
+    "Metered",
+    "Metrics",
     "StateSealer",
     "TokenExpired",
     "TokenVerifier",
@@ -100,6 +107,7 @@ __all__ = [
     "metadata_answer",
     "new_key",
     "parse_key",
+    "redact",
     "request_meta",
     "server_identity",
 ]

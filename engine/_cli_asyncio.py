@@ -182,6 +182,7 @@ def asyncio_config(config: ServerConfig, startup_timeout: float) -> AsyncioConfi
         startup_timeout=startup_timeout,
         state_keys=config.state_keys,
         auth=config.auth,
+        metrics_path=config.metrics_path,
     )
 
 
