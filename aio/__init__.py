@@ -18,9 +18,11 @@ runs on asyncio here).
 
 * **Process** (:mod:`._run`).  :func:`run` picks the loop (``uvloop`` when it can be
   imported, else the standard library's), enters the app's lifespan within its
-  start-up timeout, listens, and on SIGINT/SIGTERM stops listening, ends each
-  listen stream with its final result, ends every session (running calls are
-  cancelled: no drain), runs the session-close hooks and exits the lifespan.
+  start-up timeout, listens, and on SIGINT/SIGTERM stops listening and drains as
+  the Trio engine does (:mod:`._drain`: new requests 503 ``shutting_down``, running
+  calls get the grace period, listen streams their final result, SSE streams a
+  ``retry:``), ends every session (what is left is cancelled), runs the
+  session-close hooks and exits the lifespan.
 * **HTTP and the endpoint** (:mod:`._connection`).  The core's
   :class:`~weir.protocol.HttpConnection` (with its size limits),
   :func:`~weir.protocol.route`, :func:`~weir.protocol.refusal`, ``initialize`` checks
@@ -66,8 +68,8 @@ Not here yet (the Trio engine has them, and ``weir serve --runtime asyncio`` ref
 their options rather than ignore them): the 2024-11-05
 HTTP+SSE transport, shared session stores (replicas, shared replay, several
 workers), a retry window and a per-principal session limit, a budget on what all
-connections buffer, a memory budget for replay history and results, inline
-execution and a graceful drain of running calls at shutdown.
+connections buffer, a memory budget for replay history and results, and inline
+execution.
 """
 
 from __future__ import annotations

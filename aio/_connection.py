@@ -91,6 +91,7 @@ from weir.protocol.streams import StreamKind, StreamLog, WriterStep, writer_step
 
 from ._auth import Who, identify, is_metadata, metadata
 from ._calls import execute, gate_step
+from ._drain import refuse_if_closing
 from ._feeds import Feed, entries, given, never_run
 from ._metrics import answer as metrics_answer
 from ._metrics import is_metrics
@@ -273,6 +274,7 @@ class Connection:
     async def respond(self, request: HttpRequest) -> None:
         try:
             driver, auth = self.driver, self.driver.auth
+            refuse_if_closing(driver)  # (draining: nothing new starts)
             if is_metadata(auth, request, driver.endpoint.path):
                 assert auth is not None
                 await self.send(

@@ -83,6 +83,7 @@ class AsyncioDriver:
         state_keys: Sequence[bytes] = (),
         auth: Authorization | None = None,
         metrics_path: str | None = "/metrics",
+        retry_ms: int = 1000,
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
@@ -108,7 +109,11 @@ class AsyncioDriver:
         With ``auth`` every request must carry a bearer token its verifier vouches
         for (see :mod:`._auth`); the principal owns the sessions it opens.  The
         Prometheus text is served at ``metrics_path`` (None: not at all).
+        While it drains (:func:`._drain.drain`), requests are refused 503
+        ``shutting_down`` and SSE streams end with ``retry: retry_ms``.
         """
+        #: Draining: every new request is refused (see :mod:`._drain`).
+        self.closing, self.retry_ms = False, retry_ms
         #: The counters ``GET metrics_path`` renders (see :mod:`._metrics`).
         self.metrics, self.metrics_path = Metrics(), metrics_path
         #: Who verifies tokens (None: every request is anonymous).

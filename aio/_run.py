@@ -16,12 +16,14 @@ never imports).  It blocks:
    ``started(url, loop_name)`` (the command line prints the ``weir: serving`` line).
    A failure to listen (a port in use, a host that does not resolve) raises the
    ``OSError`` itself, before ``started``.
-4. **Stopping.**  SIGINT or SIGTERM: the listener closes, each
-   ``subscriptions/listen`` stream gets its final result (bounded), every session
-   ends (its handlers are cancelled, its streams end; there is no drain of running
-   calls, keyed sessionless ones included: they are recorded ``interrupted``), the
-   app's session-close hooks run (bounded), the lifespan exits, and :func:`run`
-   returns.  A second signal cancels whatever is still running at once.
+4. **Stopping.**  SIGINT or SIGTERM: the listener closes and the driver drains
+   (:mod:`._drain`, as the Trio engine does): new requests are answered 503
+   ``shutting_down``, running calls get ``shutdown_grace`` seconds to finish, each
+   ``subscriptions/listen`` stream gets its final result (bounded) and every SSE
+   stream ends with a ``retry:`` field; then every session ends (what still runs is
+   cancelled, a keyed sessionless call recorded ``interrupted``), the app's
+   session-close hooks run (bounded), the lifespan exits, and :func:`run` returns.
+   A second signal cancels whatever is still running at once.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from weir.app import App
 from weir.common import Authorization, declared_authorization
 from weir.protocol import CreditLimits, EndpointConfig, HttpLimits, ReadTimeouts
 
+from ._drain import drain
 from ._driver import AsyncioDriver
 
 #: Seconds an app's lifespan may take to start, by default.
@@ -68,6 +71,9 @@ class AsyncioConfig:
         auth: who verifies bearer tokens (None: the authorization an SDK app
             declares for itself, if any; else every request is anonymous).
         metrics_path: where the Prometheus text is served (None: not at all).
+        shutdown_grace: seconds running calls get to finish at shutdown (new
+            requests are refused 503 ``shutting_down`` meanwhile).
+        retry_ms: the ``retry:`` every open SSE stream ends with at shutdown.
     """
 
     host: str = "127.0.0.1"
@@ -84,6 +90,8 @@ class AsyncioConfig:
     state_keys: tuple[bytes, ...] = dataclasses.field(default=(), repr=False)
     auth: Authorization | None = None
     metrics_path: str | None = "/metrics"
+    shutdown_grace: float = 10.0
+    retry_ms: int = 1000
 
     def driver(self, app: App, state: Any = None) -> AsyncioDriver:
         """An :class:`AsyncioDriver` serving ``app`` with these settings."""
@@ -102,6 +110,7 @@ class AsyncioConfig:
             state_keys=self.state_keys,
             auth=self.auth,
             metrics_path=self.metrics_path,
+            retry_ms=self.retry_ms,
         )
 
 
@@ -190,6 +199,7 @@ async def _serve(
                 await stop.wait()
             finally:
                 server.close()  # (not wait_closed: open streams end with their sessions)
+                await drain(driver, config.shutdown_grace)
                 await driver.close_all()
     except asyncio.CancelledError:
         if not forced:

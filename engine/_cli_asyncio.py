@@ -53,11 +53,6 @@ class TrioOnly:
 #: ``serve`` options (by argparse ``dest``) the asyncio runtime does not serve yet,
 #: or serves with one value only.  Every other option it serves as the Trio path does.
 TRIO_ONLY: dict[str, TrioOnly] = {
-    "shutdown_grace": TrioOnly(
-        "--shutdown-grace",
-        "the asyncio runtime cancels running calls at shutdown, with no drain (only 0 is served)",
-        lambda v: v == 0,
-    ),
     "store": TrioOnly(
         "--store",
         "the asyncio runtime keeps sessions in this process only (only 'memory' is served)",
@@ -143,6 +138,7 @@ SERVED: frozenset[str] = frozenset(
         "auth_jwks_file",
         "auth_scope",
         "auth_server",
+        "shutdown_grace",
     }
 )
 
@@ -183,6 +179,8 @@ def asyncio_config(config: ServerConfig, startup_timeout: float) -> AsyncioConfi
         state_keys=config.state_keys,
         auth=config.auth,
         metrics_path=config.metrics_path,
+        shutdown_grace=config.shutdown_grace,
+        retry_ms=config.retry_ms,
     )
 
 

@@ -16,14 +16,16 @@ import asyncio
 import contextlib
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import pytest
 import trio
 
 from weir.app import App
 from weir.asyncio import AsyncioConfig
+from weir.asyncio._drain import drain
 from weir.asyncio._run import with_declared_auth
 from weir.engine import Server, ServerConfig
 from weir.engine._cli_asyncio import asyncio_config
@@ -32,15 +34,34 @@ from weir.engine._cli_asyncio import asyncio_config
 RUNTIMES = pytest.mark.parametrize("runtime", ["trio", "asyncio"])
 
 
+@dataclass
+class Running:
+    """A server started by :func:`running`: its port, and how to stop it."""
+
+    port: int
+    #: Begin a graceful shutdown (returns at once; the server drains, then stops).
+    shutdown: Callable[[], None]
+    #: Wait until it has stopped.
+    stopped: Callable[[], Awaitable[object]]
+
+
 @asynccontextmanager
 async def serving(runtime: str, app: App, config: ServerConfig) -> AsyncIterator[int]:
     """``app`` served with ``config`` (its port: 0, a free one) on ``runtime``; the port.
     Stopped on the way out (within 30 s)."""
+    async with running(runtime, app, config) as server:
+        yield server.port
+
+
+@asynccontextmanager
+async def running(runtime: str, app: App, config: ServerConfig) -> AsyncIterator[Running]:
+    """``app`` served with ``config`` on ``runtime``; stopped (if the test did not)
+    on the way out, within 30 s."""
     if runtime == "trio":
         async with trio.open_nursery() as nursery:
             server = await nursery.start(Server(app, config).run)
             try:
-                yield server.port
+                yield Running(server.port, server.shutdown, server.stopped.wait)
             finally:
                 server.shutdown()
                 with trio.fail_after(30):
@@ -48,12 +69,14 @@ async def serving(runtime: str, app: App, config: ServerConfig) -> AsyncIterator
                 nursery.cancel_scope.cancel()
         return
     assert runtime == "asyncio", runtime
-    async with _asyncio_thread(app, with_declared_auth(app, asyncio_config(config, 30.0))) as port:
-        yield port
+    async with _asyncio_thread(app, with_declared_auth(app, asyncio_config(config, 30.0))) as run:
+        yield run
 
 
 @asynccontextmanager
-async def _asyncio_thread(app: App, config: AsyncioConfig) -> AsyncIterator[int]:
+async def _asyncio_thread(app: App, config: AsyncioConfig) -> AsyncIterator[Running]:
+    """As :func:`weir.asyncio.run` serves (its lifespan, its drain at shutdown), in a
+    thread of its own (so without its signal handlers)."""
     ready: queue.Queue[int | BaseException] = queue.Queue()
     control: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
 
@@ -69,6 +92,7 @@ async def _asyncio_thread(app: App, config: AsyncioConfig) -> AsyncIterator[int]
                 await stop.wait()
             finally:
                 server.close()
+                await drain(driver, config.shutdown_grace)
                 await driver.close_all()
 
     def thread() -> None:
@@ -82,10 +106,18 @@ async def _asyncio_thread(app: App, config: AsyncioConfig) -> AsyncIterator[int]
     got = await trio.to_thread.run_sync(lambda: ready.get(timeout=30))
     if isinstance(got, BaseException):
         raise got
-    try:
-        yield got
-    finally:
+
+    def shutdown() -> None:
         loop, stop = control[0]
-        loop.call_soon_threadsafe(stop.set)
+        with contextlib.suppress(RuntimeError):  # (already stopped: its loop is closed)
+            loop.call_soon_threadsafe(stop.set)
+
+    async def stopped() -> None:
         await trio.to_thread.run_sync(lambda: worker.join(30))
         assert not worker.is_alive(), "the asyncio runtime did not stop within 30 s"
+
+    try:
+        yield Running(got, shutdown, stopped)
+    finally:
+        shutdown()
+        await stopped()

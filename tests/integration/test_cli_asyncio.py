@@ -32,7 +32,6 @@ from .test_cli_startup import MYAPP, one_line_failure, weir
 
 #: A command-line value for each Trio-only option that the asyncio runtime refuses.
 REFUSED_ARGS: dict[str, list[str]] = {
-    "shutdown_grace": ["--shutdown-grace", "5"],
     "store": ["--store", "redis://127.0.0.1:6379/0"],
     "resume": ["--resume", "shared"],
     "replica_id": ["--replica-id", "a"],
