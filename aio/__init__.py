@@ -58,8 +58,9 @@ runs on asyncio here).
   engine (bearer tokens, 401/403/400/503 with ``WWW-Authenticate``, the RFC 9728
   metadata, an SDK app's own verifier), applied per request: each request's
   principal comes from its own token, never from its connection; it owns the
-  sessions it opens (another principal's is 404).  A :class:`weir.common.JwtVerifier`
-  fetches its JWKS URL with asyncio here (:mod:`._jwks`).
+  sessions it opens (another principal's is 404; 429 past its share).  A
+  :class:`weir.common.JwtVerifier` fetches its JWKS URL with asyncio here
+  (:mod:`._jwks`).
 * **Metrics** (:mod:`._metrics`).  ``GET /metrics``: :class:`weir.common.Metrics`'s
   Prometheus text, the same counters bumped where this runtime does the same things
   (no ``weir_inline_*``, shed or accept-error series: it has none of those).
@@ -67,7 +68,7 @@ runs on asyncio here).
 Not here yet (the Trio engine has them, and ``weir serve --runtime asyncio`` refuses
 their options rather than ignore them): the 2024-11-05
 HTTP+SSE transport, shared session stores (replicas, shared replay, several
-workers), a retry window and a per-principal session limit, a budget on what all
+workers), a retry window, a budget on what all
 connections buffer, a memory budget for replay history and results, and inline
 execution.
 """

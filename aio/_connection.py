@@ -629,7 +629,7 @@ class Connection:
         req, driver = post.messages[0], self.driver
         assert isinstance(req, Request)
         asked = parse_initialize(req)  # the same checks and negotiation as weir's server
-        driver.check_room(req.id)
+        driver.check_room(req.id, who.principal)
         sid = secrets.token_urlsafe(32)
         caller = Caller(asked.capabilities, asked.client_info)
         session = Session(sid, asked.version, driver.credit, driver, caller)

@@ -84,6 +84,7 @@ class AsyncioDriver:
         auth: Authorization | None = None,
         metrics_path: str | None = "/metrics",
         retry_ms: int = 1000,
+        max_sessions_per_principal: int | None = None,
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
@@ -108,10 +109,15 @@ class AsyncioDriver:
 
         With ``auth`` every request must carry a bearer token its verifier vouches
         for (see :mod:`._auth`); the principal owns the sessions it opens.  The
-        Prometheus text is served at ``metrics_path`` (None: not at all).
+        Prometheus text is served at ``metrics_path`` (None: not at all).  One
+        principal holds at most ``max_sessions_per_principal`` sessions (429
+        ``session_limit`` beyond; None: ``max_sessions``).
         While it drains (:func:`._drain.drain`), requests are refused 503
         ``shutting_down`` and SSE streams end with ``retry: retry_ms``.
         """
+        #: The most sessions one principal holds (429 beyond), and how many each holds.
+        self.principal_limit = max_sessions_per_principal or max_sessions
+        self._per_principal: dict[str, int] = {}
         #: Draining: every new request is refused (see :mod:`._drain`).
         self.closing, self.retry_ms = False, retry_ms
         #: The counters ``GET metrics_path`` renders (see :mod:`._metrics`).
@@ -194,6 +200,9 @@ class AsyncioDriver:
         self.metrics.session_ended(view(session))
         self.owners.discard(session)  # (a sessionless owner: no hooks, never in the table)
         if self.sessions.pop(session.sid, None) is not None:
+            held = self._per_principal.pop(session.principal, 1) - 1
+            if held:
+                self._per_principal[session.principal] = held
             for hook in self.app.session_close_fns:
                 task = session.loop.create_task(_bounded(hook(session.sid)))
                 self._closing.add(task)
@@ -233,21 +242,36 @@ class AsyncioDriver:
     def add_session(self, session: Session) -> None:
         """Register a new session (the caller checked :meth:`check_room`)."""
         self.sessions[session.sid] = session
+        principal = session.principal
+        self._per_principal[principal] = self._per_principal.get(principal, 0) + 1
         if self._sweeper is None and self.idle_timeout is not None:
             self._sweeper = session.loop.call_later(self.idle_timeout / 4, self._sweep)
 
-    def check_room(self, request_id: RequestId | None) -> None:
-        """Refuse a new session past ``max_sessions``: 503 ``session_limit``."""
+    def check_room(self, request_id: RequestId | None, principal: str) -> None:
+        """Refuse a new session past ``max_sessions`` (503 ``session_limit``) or past
+        ``principal``'s share (429 ``session_limit``; others are unaffected)."""
         if len(self.sessions) >= self.max_sessions:
-            raise RemoteProtocolError(
-                f"this server holds its limit of {self.max_sessions} sessions; retry later",
-                http_status=503,
-                reason=Reason.SESSION_LIMIT,
-                code=SERVER_ERROR,
-                request_id=request_id,
-                retry_after_ms=1000,
-                data={"limit": self.max_sessions, "scope": "server"},
+            status, scope, limit, then = 503, "server", self.max_sessions, "retry later"
+            who = "this server"
+        elif self._per_principal.get(principal, 0) >= self.principal_limit:
+            status, scope, limit, then = (
+                429,
+                "principal",
+                self.principal_limit,
+                "end one or retry later",
             )
+            who = "this principal"
+        else:
+            return
+        raise RemoteProtocolError(
+            f"{who} holds its limit of {limit} sessions; {then}",
+            http_status=status,
+            reason=Reason.SESSION_LIMIT,
+            code=SERVER_ERROR,
+            request_id=request_id,
+            retry_after_ms=1000,
+            data={"limit": limit, "scope": scope},
+        )
 
     def _sweep(self) -> None:
         """Forget sessions idle for ``idle_timeout`` that run and write nothing."""

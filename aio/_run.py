@@ -36,7 +36,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from weir.app import App
-from weir.common import Authorization, declared_authorization
+from weir.common import Authorization, declared_authorization, principal_session_limit
 from weir.protocol import CreditLimits, EndpointConfig, HttpLimits, ReadTimeouts
 
 from ._drain import drain
@@ -74,6 +74,9 @@ class AsyncioConfig:
         shutdown_grace: seconds running calls get to finish at shutdown (new
             requests are refused 503 ``shutting_down`` meanwhile).
         retry_ms: the ``retry:`` every open SSE stream ends with at shutdown.
+        max_sessions_per_principal: live sessions one principal may hold (429
+            beyond; default: with ``auth``, a sixteenth of ``max_sessions``, at
+            most 256; without, ``max_sessions``), as on the Trio engine.
     """
 
     host: str = "127.0.0.1"
@@ -91,6 +94,7 @@ class AsyncioConfig:
     auth: Authorization | None = None
     metrics_path: str | None = "/metrics"
     shutdown_grace: float = 10.0
+    max_sessions_per_principal: int | None = None
     retry_ms: int = 1000
 
     def driver(self, app: App, state: Any = None) -> AsyncioDriver:
@@ -111,6 +115,9 @@ class AsyncioConfig:
             auth=self.auth,
             metrics_path=self.metrics_path,
             retry_ms=self.retry_ms,
+            max_sessions_per_principal=principal_session_limit(
+                self.max_sessions, self.max_sessions_per_principal, self.auth is not None
+            ),
         )
 
 

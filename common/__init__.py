@@ -42,6 +42,7 @@ from ._auth import (
     authenticate,
     bearer_token,
     metadata_answer,
+    principal_session_limit,
 )
 from ._declared_auth import DeclaredVerifier, declared_authorization
 from ._era import (
@@ -107,6 +108,7 @@ __all__ = [
     "metadata_answer",
     "new_key",
     "parse_key",
+    "principal_session_limit",
     "redact",
     "request_meta",
     "server_identity",

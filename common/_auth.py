@@ -65,6 +65,19 @@ REQUEST_ACCESS: ContextVar[AccessToken | None] = ContextVar("weir_request_access
 ANONYMOUS = "anonymous"
 #: Where the protected resource metadata is served (RFC 9728 section 3).
 METADATA_PATH = "/.well-known/oauth-protected-resource"
+#: With authorization on, the most sessions one principal holds by default.
+PRINCIPAL_SESSIONS_CAP = 256
+
+
+def principal_session_limit(max_sessions: int, per_principal: int | None, auth: bool) -> int:
+    """The most live sessions one principal may hold: ``per_principal`` (at most
+    ``max_sessions``), or by default, with authorization on (``auth``), a sixteenth
+    of ``max_sessions`` (at least 1, at most :data:`PRINCIPAL_SESSIONS_CAP`) so one
+    principal cannot take them all; without it, ``max_sessions`` (every request is
+    one principal)."""
+    if per_principal is None:
+        return min(PRINCIPAL_SESSIONS_CAP, max(1, max_sessions // 16)) if auth else max_sessions
+    return min(per_principal, max_sessions)
 
 
 class InvalidToken(Exception):

@@ -80,10 +80,6 @@ TRIO_ONLY: dict[str, TrioOnly] = {
         "--max-inbound-bytes",
         "the asyncio runtime has no budget on what all connections buffer together",
     ),
-    "max_sessions_per_principal": TrioOnly(
-        "--max-sessions-per-principal",
-        "the asyncio runtime bounds sessions by --max-sessions only, not per principal",
-    ),
     "initialize_timeout": TrioOnly(
         "--initialize-timeout",
         "the asyncio runtime forgets a silent new session after --session-idle-timeout only",
@@ -139,6 +135,7 @@ SERVED: frozenset[str] = frozenset(
         "auth_scope",
         "auth_server",
         "shutdown_grace",
+        "max_sessions_per_principal",
     }
 )
 
@@ -181,6 +178,7 @@ def asyncio_config(config: ServerConfig, startup_timeout: float) -> AsyncioConfi
         metrics_path=config.metrics_path,
         shutdown_grace=config.shutdown_grace,
         retry_ms=config.retry_ms,
+        max_sessions_per_principal=config.max_sessions_per_principal,
     )
 
 

@@ -39,7 +39,6 @@ REFUSED_ARGS: dict[str, list[str]] = {
     "workers": ["--workers", "2"],
     "reuse_port": ["--reuse-port"],
     "max_inbound_bytes": ["--max-inbound-bytes", "1000000"],
-    "max_sessions_per_principal": ["--max-sessions-per-principal", "4"],
     "initialize_timeout": ["--initialize-timeout", "5"],
     "session_retain_bytes": ["--session-retain-bytes", "100000"],
     "memory_budget": ["--memory-budget", "100000000"],
