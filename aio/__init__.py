@@ -64,13 +64,14 @@ runs on asyncio here).
 * **Metrics** (:mod:`._metrics`).  ``GET /metrics``: :class:`weir.common.Metrics`'s
   Prometheus text, the same counters bumped where this runtime does the same things
   (no ``weir_inline_*``, shed or accept-error series: it has none of those).
+* **The 2024-11-05 HTTP+SSE transport** (:mod:`._legacy`).  ``GET /sse`` opens a
+  session with its one LEGACY stream; ``POST /messages`` follows the core's
+  :class:`~weir.protocol.legacy.LegacyPostCourse`.
 
 Not here yet (the Trio engine has them, and ``weir serve --runtime asyncio`` refuses
-their options rather than ignore them): the 2024-11-05
-HTTP+SSE transport, shared session stores (replicas, shared replay, several
-workers), a retry window, a budget on what all
-connections buffer, a memory budget for replay history and results, and inline
-execution.
+their options rather than ignore them): shared session stores (replicas, shared
+replay, several workers), a retry window, a budget on what all connections buffer,
+a memory budget for replay history and results, and inline execution.
 """
 
 from __future__ import annotations

@@ -93,6 +93,7 @@ from ._auth import Who, identify, is_metadata, metadata
 from ._calls import execute, gate_step
 from ._drain import refuse_if_closing
 from ._feeds import Feed, entries, given, never_run
+from ._legacy import is_legacy, serve_legacy
 from ._metrics import answer as metrics_answer
 from ._metrics import is_metrics
 from ._session import Gone, Session
@@ -287,6 +288,9 @@ class Connection:
             # Who this request speaks for: handed to everything below, never kept on
             # the connection (its next request may speak for someone else).
             who = await identify(auth, request)
+            if is_legacy(self, request):  # (the 2024-11-05 transport's two paths)
+                await serve_legacy(self, request, who)
+                return
             mcp = route(request, driver.endpoint)
             if isinstance(mcp, SessionlessMessage):
                 if self._sessionless is None:
@@ -329,14 +333,15 @@ class Connection:
         effect = course.start(clock())
         while effect is not None:
             try:
-                answer = await self._post_effect(session, post, effect)
+                answer = await self._post_effect(session, effect)
             except BaseException as exc:
                 effect = course.fail(exc, clock())
             else:
                 effect = course.deliver(answer, clock())
 
-    async def _post_effect(self, session: Session, post: PostMessages, effect: Effect) -> object:
-        """Perform one effect of a POST's course; its answer."""
+    async def _post_effect(self, session: Session, effect: Effect) -> object:
+        """Perform one effect of a POST's course (a session-era POST's, or those a
+        legacy POST shares with it); its answer."""
         if isinstance(effect, LoadSession):
             return session  # (looked up by :meth:`respond`, which answers the 404)
         if isinstance(effect, GATE_STEPS):

@@ -85,6 +85,8 @@ class AsyncioDriver:
         metrics_path: str | None = "/metrics",
         retry_ms: int = 1000,
         max_sessions_per_principal: int | None = None,
+        legacy_sse_path: str | None = "/sse",
+        legacy_messages_path: str = "/messages",
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
@@ -113,8 +115,11 @@ class AsyncioDriver:
         principal holds at most ``max_sessions_per_principal`` sessions (429
         ``session_limit`` beyond; None: ``max_sessions``).
         While it drains (:func:`._drain.drain`), requests are refused 503
-        ``shutting_down`` and SSE streams end with ``retry: retry_ms``.
+        ``shutting_down`` and SSE streams end with ``retry: retry_ms``.  The
+        2024-11-05 HTTP+SSE transport opens sessions at ``legacy_sse_path`` (None:
+        none) and takes their messages at ``legacy_messages_path``.
         """
+        self.legacy_sse_path, self.legacy_messages_path = legacy_sse_path, legacy_messages_path
         #: The most sessions one principal holds (429 beyond), and how many each holds.
         self.principal_limit = max_sessions_per_principal or max_sessions
         self._per_principal: dict[str, int] = {}

@@ -77,6 +77,8 @@ class AsyncioConfig:
         max_sessions_per_principal: live sessions one principal may hold (429
             beyond; default: with ``auth``, a sixteenth of ``max_sessions``, at
             most 256; without, ``max_sessions``), as on the Trio engine.
+        legacy_sse_path, legacy_messages_path: the 2024-11-05 HTTP+SSE transport's
+            stream (None: no new legacy sessions) and message paths.
     """
 
     host: str = "127.0.0.1"
@@ -95,6 +97,8 @@ class AsyncioConfig:
     metrics_path: str | None = "/metrics"
     shutdown_grace: float = 10.0
     max_sessions_per_principal: int | None = None
+    legacy_sse_path: str | None = "/sse"
+    legacy_messages_path: str = "/messages"
     retry_ms: int = 1000
 
     def driver(self, app: App, state: Any = None) -> AsyncioDriver:
@@ -118,6 +122,8 @@ class AsyncioConfig:
             max_sessions_per_principal=principal_session_limit(
                 self.max_sessions, self.max_sessions_per_principal, self.auth is not None
             ),
+            legacy_sse_path=self.legacy_sse_path,
+            legacy_messages_path=self.legacy_messages_path,
         )
 
 

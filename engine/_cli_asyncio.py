@@ -179,6 +179,8 @@ def asyncio_config(config: ServerConfig, startup_timeout: float) -> AsyncioConfi
         shutdown_grace=config.shutdown_grace,
         retry_ms=config.retry_ms,
         max_sessions_per_principal=config.max_sessions_per_principal,
+        legacy_sse_path=config.legacy_sse_path,
+        legacy_messages_path=config.legacy_messages_path,
     )
 
 

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from weir.app.samples.demo import app
 from weir.engine import App, Authorization, JwtVerifier, ServerConfig
 
-from .rawhttp import INIT_PARAMS, Client, Reply, call
+from .rawhttp import INIT_PARAMS, Client, Reply, call, raw_request
 from .runtimes import RUNTIMES, serving
 
 ISSUER = "https://issuer.test"
@@ -280,3 +280,59 @@ def test_jwt_verifier_refuses_unsafe_configurations() -> None:
         JwtVerifier(issuer=ISSUER, audience=RESOURCE, jwks=jwks(), algorithms=("HS256",))
     with pytest.raises(ValueError, match="exactly one"):
         JwtVerifier(issuer=ISSUER, audience=RESOURCE)
+
+
+@RUNTIMES
+async def test_a_legacy_session_needs_a_token_and_is_its_principals(runtime: str) -> None:
+    """The 2024-11-05 transport: ``GET /sse`` needs a token; the session it opens is
+    its principal's, so another principal's ``POST /messages`` for it is 404 and runs
+    nothing, while the owner's is answered on the stream."""
+    with trio.fail_after(30):
+        async with authorized_server(runtime=runtime) as port:
+            anonymous = await Client.connect(port)
+            refused = await anonymous.request(
+                "GET", "/sse", headers={"accept": "text/event-stream"}
+            )
+            await anonymous.aclose()
+            assert refused.status == 401 and refused.reason == "unauthorized", refused
+            challenge(refused)
+
+            stream = await Client.connect(port)
+            auth = {"authorization": f"Bearer {token('alice')}"}
+            await stream.send_raw(
+                raw_request("GET", "/sse", headers={"accept": "text/event-stream", **auth})
+            )
+            seen = b""
+            while b"\n\n" not in seen.partition(b"event: endpoint")[2]:  # the whole event
+                chunk = await stream.stream.receive_some(65536)
+                assert chunk, seen
+                seen += chunk
+            assert seen.startswith(b"HTTP/1.1 200"), seen
+            target = seen.split(b"data: ", 1)[1].split(b"\n", 1)[0].decode()
+            assert target.startswith("/messages?session_id=")
+
+            async def send(sub: str, message: Any) -> Reply:
+                c = await Client.connect(port)
+                try:
+                    headers = {"authorization": f"Bearer {token(sub)}"}
+                    return await c.request("POST", target, message, headers=headers)
+                finally:
+                    await c.aclose()
+
+            stolen = await send("bob", INIT)
+            assert stolen.status == 404 and stolen.reason == "session_not_found", stolen
+            taken = await send("alice", INIT)
+            assert taken.status == 202, taken
+            while b'"serverInfo"' not in seen:
+                chunk = await stream.stream.receive_some(65536)
+                assert chunk, seen
+                seen += chunk
+            assert seen.count(b'"result"') == 1  # Bob's initialize never ran
+            # A batch (2024-11-05 has them): 202, each answer on the stream.
+            pings = [{"jsonrpc": "2.0", "id": f"p{i}", "method": "ping"} for i in (1, 2)]
+            assert (await send("alice", pings)).status == 202
+            while not (b'"id":"p1"' in seen and b'"id":"p2"' in seen):
+                chunk = await stream.stream.receive_some(65536)
+                assert chunk, seen
+                seen += chunk
+            await stream.aclose()

@@ -100,7 +100,8 @@ def on_asyncio(test: Callable[_P, Coroutine[Any, Any, None]]) -> Callable[_P, No
 #: The servers this module has running, checked after every test.
 _RUNNING: dict[tuple[str, str], WeirProcess] = {}
 
-#: Both drivers serve the session-era endpoint; the tests of it run against each.
+#: Both drivers serve the session-era endpoint, the 2024-11-05 transport and
+#: authorization; the tests of them run against each.
 DRIVERS = ("trio", "asyncio")
 
 
@@ -134,12 +135,6 @@ def conformance_server(
     request: pytest.FixtureRequest, weir_servers: Callable[[str, str], WeirProcess]
 ) -> WeirProcess:
     return weir_servers("conformance", request.param)
-
-
-@pytest.fixture
-def trio_demo_server(weir_servers: Callable[[str, str], WeirProcess]) -> WeirProcess:
-    """For what only the Trio engine serves (the 2024-11-05 transport)."""
-    return weir_servers("demo", "trio")
 
 
 @pytest.fixture(autouse=True)
@@ -565,14 +560,14 @@ async def test_session_terminated_when_client_exits(demo_server: WeirProcess) ->
 
 @on_asyncio
 async def test_legacy_http_sse_transport_with_the_sdk_sse_client(
-    trio_demo_server: WeirProcess,
+    demo_server: WeirProcess,
 ) -> None:
     """The 2024-11-05 HTTP+SSE transport (``GET /sse`` + ``POST /messages``), driven
     by the official SDK's ``sse_client``: every response travels on the one stream."""
     from mcp.client.session import ClientSession
     from mcp.client.sse import sse_client
 
-    base = trio_demo_server.url.rsplit("/", 1)[0]
+    base = demo_server.url.rsplit("/", 1)[0]
     async with (
         sse_client(f"{base}/sse") as (read, write),
         ClientSession(read, write) as session,
@@ -593,8 +588,9 @@ async def test_legacy_http_sse_transport_with_the_sdk_sse_client(
 # ---------------------------------------------------------------- (8) a bearer token
 
 
+@pytest.mark.parametrize("driver", DRIVERS)
 @on_asyncio
-async def test_sdk_client_with_a_bearer_token(tmp_path: Any) -> None:
+async def test_sdk_client_with_a_bearer_token(tmp_path: Any, driver: str) -> None:
     # weir serve with --auth-*: a static JWKS file, a token signed with its key.
     import time
 
@@ -617,7 +613,7 @@ async def test_sdk_client_with_a_bearer_token(tmp_path: Any) -> None:
         {**claims, "exp": now + 300, "scope": "mcp"}, key, algorithm="RS256", headers={"kid": "k1"}
     )
     with (tmp_path / "out").open("w+b") as out, (tmp_path / "err").open("w+b") as err:
-        server = WeirProcess("demo", out, err, args)
+        server = WeirProcess("demo", out, err, args, driver=driver)
         try:
             wire = WireLog()
             async with (
