@@ -70,7 +70,7 @@ runs on asyncio here).
 
 Not here yet (the Trio engine has them, and ``weir serve --runtime asyncio`` refuses
 their options rather than ignore them): shared session stores (replicas, shared
-replay, several workers), a retry window, a budget on what all connections buffer,
+replay, several workers), a budget on what all connections buffer,
 a memory budget for replay history and results, and inline execution.
 """
 

@@ -87,6 +87,7 @@ class AsyncioDriver:
         max_sessions_per_principal: int | None = None,
         legacy_sse_path: str | None = "/sse",
         legacy_messages_path: str = "/messages",
+        retry_window: float = 0.0,
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
@@ -106,8 +107,15 @@ class AsyncioDriver:
 
         The sessionless revision's request state is sealed with ``state_keys`` (the
         first seals, all open; none: one drawn now, so states do not outlive the
-        process).  (No retry window: every client here is the one anonymous
-        principal, so one client's retry could not be told from another's call.)
+        process).  With a ``retry_window`` (seconds; authorization needed), a
+        sessionless call without an ``Idempotency-Key`` that repeats one of its
+        principal's within the window is taken for a retry and replayed (the core's
+        rule, as on the Trio engine).
+
+        Raises:
+            ValueError: a ``retry_window`` without ``auth`` (every client would be the
+                one anonymous principal: one client's retry could not be told from
+                another's call).
 
         With ``auth`` every request must carry a bearer token its verifier vouches
         for (see :mod:`._auth`); the principal owns the sessions it opens.  The
@@ -127,6 +135,12 @@ class AsyncioDriver:
         self.closing, self.retry_ms = False, retry_ms
         #: The counters ``GET metrics_path`` renders (see :mod:`._metrics`).
         self.metrics, self.metrics_path = Metrics(), metrics_path
+        if retry_window > 0 and auth is None:
+            raise ValueError(
+                "retry_window needs authorization: without it every client is the one "
+                "anonymous principal, and a client's request could be answered with "
+                "another client's result"
+            )
         #: Who verifies tokens (None: every request is anonymous).
         self.auth = auth
         bind(auth)
@@ -150,6 +164,7 @@ class AsyncioDriver:
         self.sessionless_rules = SessionlessRules(
             json_response=always_json,
             in_progress_wait=in_progress_wait,
+            retry_window=retry_window,
         )
         self.sealer = StateSealer(tuple(state_keys) or (new_key(),))
         #: The sessionless idempotency gate, listeners, and keyed calls' runs (a

@@ -79,6 +79,9 @@ class AsyncioConfig:
             most 256; without, ``max_sessions``), as on the Trio engine.
         legacy_sse_path, legacy_messages_path: the 2024-11-05 HTTP+SSE transport's
             stream (None: no new legacy sessions) and message paths.
+        retry_window: seconds within which a sessionless call without an
+            ``Idempotency-Key`` that repeats one of its principal's is replayed (0:
+            off; needs ``auth``).
     """
 
     host: str = "127.0.0.1"
@@ -99,6 +102,7 @@ class AsyncioConfig:
     max_sessions_per_principal: int | None = None
     legacy_sse_path: str | None = "/sse"
     legacy_messages_path: str = "/messages"
+    retry_window: float = 0.0
     retry_ms: int = 1000
 
     def driver(self, app: App, state: Any = None) -> AsyncioDriver:
@@ -124,6 +128,7 @@ class AsyncioConfig:
             ),
             legacy_sse_path=self.legacy_sse_path,
             legacy_messages_path=self.legacy_messages_path,
+            retry_window=self.retry_window,
         )
 
 

@@ -65,11 +65,6 @@ TRIO_ONLY: dict[str, TrioOnly] = {
         lambda v: v == "pinned",
     ),
     "replica_id": TrioOnly("--replica-id", "the asyncio runtime has no replicas to name"),
-    "retry_window": TrioOnly(
-        "--retry-window",
-        "the asyncio runtime has no retry window for sessionless calls (only 0 is served)",
-        lambda v: v == 0,
-    ),
     "workers": TrioOnly(
         "--workers",
         "the asyncio runtime runs one process and has no shared store (only 1 is served)",
@@ -136,6 +131,7 @@ SERVED: frozenset[str] = frozenset(
         "auth_server",
         "shutdown_grace",
         "max_sessions_per_principal",
+        "retry_window",
     }
 )
 
@@ -181,6 +177,7 @@ def asyncio_config(config: ServerConfig, startup_timeout: float) -> AsyncioConfi
         max_sessions_per_principal=config.max_sessions_per_principal,
         legacy_sse_path=config.legacy_sse_path,
         legacy_messages_path=config.legacy_messages_path,
+        retry_window=config.retry_window,
     )
 
 

@@ -35,7 +35,6 @@ REFUSED_ARGS: dict[str, list[str]] = {
     "store": ["--store", "redis://127.0.0.1:6379/0"],
     "resume": ["--resume", "shared"],
     "replica_id": ["--replica-id", "a"],
-    "retry_window": ["--retry-window", "30"],
     "workers": ["--workers", "2"],
     "reuse_port": ["--reuse-port"],
     "max_inbound_bytes": ["--max-inbound-bytes", "1000000"],

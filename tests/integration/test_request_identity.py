@@ -241,13 +241,16 @@ async def test_alices_stalled_peer_does_not_refuse_bob_on_a_shared_connection() 
                 await gateway.aclose()
 
 
-async def test_a_retry_window_answers_a_principals_retry_but_not_another_principal() -> None:
+@RUNTIMES
+async def test_a_retry_window_answers_a_principals_retry_but_not_another_principal(
+    runtime: str,
+) -> None:
     """With authorization, the window takes the same request from the same principal
     for a gateway's retry; the same bytes from Bob, on the same connection, run anew."""
-    label = "window-" + token("x")[-8:]
+    label = f"window-{runtime}-" + token("x")[-8:]
     with trio.fail_after(30):
-        async with authorized(retry_window=30.0) as server:
-            client = await Client.connect(server.port)
+        async with authorized_on(runtime, retry_window=30.0) as port:
+            client = await Client.connect(port)
             try:
                 first = text(await call_as(client, "alice", 7, "count", {"label": label}))
                 retry = text(await call_as(client, "alice", 7, "count", {"label": label}))
@@ -259,10 +262,12 @@ async def test_a_retry_window_answers_a_principals_retry_but_not_another_princip
     assert runs[label] == 2
 
 
-def test_the_cli_refuses_a_retry_window_without_authorization() -> None:
+@RUNTIMES
+def test_the_cli_refuses_a_retry_window_without_authorization(runtime: str) -> None:
     """``weir serve --retry-window`` without ``--auth-*``: one line, non-zero exit."""
+    serve = [sys.executable, "-m", "weir", "serve", "--runtime", runtime, "demo"]
     done = subprocess.run(
-        [sys.executable, "-m", "weir", "serve", "demo", "--port", "0", "--retry-window", "5"],
+        [*serve, "--port", "0", "--retry-window", "5"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -291,11 +296,12 @@ async def test_a_gateway_connection_holds_a_bounded_number_of_owners() -> None:
             assert await eventually(lambda: not server.owners, timeout=10)
 
 
-async def test_an_idempotency_key_cannot_name_the_retry_windows_record() -> None:
+@RUNTIMES
+async def test_an_idempotency_key_cannot_name_the_retry_windows_record(runtime: str) -> None:
     """The window keeps its record under a key of its own making: a client sending
     that very text as its ``Idempotency-Key`` (for either bucket the retry may fall
     in) claims a key of its own, and the window's request still runs, once."""
-    label = "window-name-" + token("x")[-8:]
+    label = f"window-name-{runtime}-" + token("x")[-8:]
     window = 3600.0
     message = tool_call(9, "count", {"label": label})
     canonical = msgspec.json.encode(
@@ -304,8 +310,8 @@ async def test_an_idempotency_key_cannot_name_the_retry_windows_record() -> None
     digest = hashlib.sha256(canonical).hexdigest()[:32]
     bucket = int(time.time() // window)
     with trio.fail_after(30):
-        async with authorized(retry_window=window) as server:
-            client = await Client.connect(server.port)
+        async with authorized_on(runtime, retry_window=window) as port:
+            client = await Client.connect(port)
             try:
                 for b in (bucket, bucket + 1):
                     squat = {"idempotency-key": f"same:{digest}:{b}"}
