@@ -154,6 +154,7 @@ class JwtVerifier:
         """Wait and fetch with ``waits`` from now on: the runtime that serves this
         verifier calls it before its first request."""
         self._waits = waits
+        self._last_fetch = -math.inf  # (a time on another runtime's clock means nothing)
 
     async def _refresh(self) -> None:
         """Fetch the key set, or wait for the fetch under way (see the class docstring)."""
