@@ -47,7 +47,7 @@ from ._auth import bind
 from ._connection import Connection
 from ._metrics import view
 from ._session import Session
-from ._sessionless import KeyedCalls, Listener
+from ._sessionless import KeyedCalls, Listener, SharedOwners
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -171,9 +171,12 @@ class AsyncioDriver:
         #: keyed call outlives its response and its connection; shutdown ends it).
         self.keyed = KeyedCalls()
         self.listeners: set[Listener] = set()
-        #: The sessionless credit owners, one per connection that sent such a request
-        #: (each ends with its connection, or is torn down when its peer stalls).
+        #: The sessionless credit owners: a connection's own, or an authorized
+        #: principal's (each ends with the last connection holding it, or is torn
+        #: down when its peer stalls).
         self.owners: set[Session] = set()
+        #: Of those, the authorized principals' (each shared by its connections).
+        self.shared_owners = SharedOwners()
         self._runs: set[asyncio.Task[Any]] = set()
         self._identity: dict[str, Any] | None = None
         self.sessions: dict[str, Session] = {}

@@ -12,13 +12,17 @@ frames, sealed request state) is :mod:`weir.common`'s, shared with the Trio engi
 * **Who.**  Each request speaks for its own principal (:class:`~._auth.Who`, from
   its own token, or ``anonymous``): its request state is bound to it and its
   ``Idempotency-Key`` lives in its namespace.
-* **Credit owner.**  A request's answer takes the credit of its *connection's*
-  owner, a private :class:`~._session.Session` (never in the session table), as the
-  Trio engine does for anonymous requests (the Trio engine shares one owner among
-  all connections of an authorized principal; here each connection has its own,
-  whoever its requests speak for).  A peer that stops reading is refused
-  429 ``stream_half_open`` before anything runs, and its owner is torn down after
-  the liveness timeout, closing its connection; the owner ends with its connection.
+* **Credit owner.**  A request's answer takes the credit of its owner, a private
+  :class:`~._session.Session` (never in the session table), as on the Trio engine:
+  an authorized principal's, shared by every connection that carried its requests
+  (:class:`SharedOwners`: a principal that stalls one is refused on the others, and
+  nobody else is), or for anonymous requests their *connection's* (anonymous
+  clients are told apart only by their connections).  A connection holds at most
+  :data:`MAX_OWNERS`, the least recently used given back first.  A peer that stops
+  reading is refused 429 ``stream_half_open`` before anything runs, and its owner is
+  torn down after the liveness timeout, closing the connections writing its
+  streams (an anonymous owner's: its connection); a connection's own owner ends
+  with it, a shared one with the last connection holding it.
 * **Closing the response is cancellation** -- unless the call carries an
   ``Idempotency-Key``: such a call runs to its end as a task of the runtime, not of
   the owner, its outcome is recorded, and the re-issued call replays it.  The gate's
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Final
@@ -102,6 +107,9 @@ if TYPE_CHECKING:
 
 #: Seconds a streamed answer's head waits for the handler's first message.
 FIRST_OUTPUT_WAIT: Final = 1.0
+#: The most credit owners one connection holds at once (a gateway's carries many
+#: principals).
+MAX_OWNERS: Final = 16
 _JSON: Final = (("content-type", "application/json"),)
 
 
@@ -269,34 +277,86 @@ class _Answering:
         self.started = False
 
 
+def _new_owner(driver: AsyncioDriver, principal: str) -> Session:
+    owner = Session(f"owner-{secrets.token_hex(8)}", VERSION, driver.credit, driver, Caller({}, {}))
+    owner.sessionless, owner.principal = True, principal
+    driver.owners.add(owner)
+    return owner
+
+
+class SharedOwners:
+    """The credit owners of authorized principals: one per principal, shared by every
+    connection that carried its requests, ended with the last connection holding it
+    (or torn down when a peer of it stops reading: then every connection writing its
+    streams goes with it, and the principal's next request gets a new one)."""
+
+    def __init__(self) -> None:
+        self.by_principal: dict[str, Session] = {}
+        self.refs: dict[Session, int] = {}
+
+    def take(self, driver: AsyncioDriver, principal: str) -> Session:
+        """``principal``'s owner, one more connection holding it."""
+        owner = self.by_principal.get(principal)
+        if owner is None or owner.closed:
+            owner = self.by_principal[principal] = _new_owner(driver, principal)
+        self.refs[owner] = self.refs.get(owner, 0) + 1
+        return owner
+
+    def give_back(self, driver: AsyncioDriver, owner: Session) -> None:
+        """One connection fewer holds ``owner``; the last one ends it."""
+        left = self.refs.pop(owner, 1) - 1
+        if left > 0:
+            self.refs[owner] = left
+            return
+        owner.close()
+        driver.owners.discard(owner)
+        if self.by_principal.get(owner.principal) is owner:
+            del self.by_principal[owner.principal]
+
+
 class SessionlessPosts:
-    """The sessionless requests of one connection, and the credit owner they share."""
+    """The sessionless requests of one connection, and the credit owners they use:
+    its own for anonymous requests, each authorized principal's shared one (at most
+    :data:`MAX_OWNERS` held, the least recently used given back first)."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn, self.driver = conn, conn.driver
-        self.owner: Session | None = None
+        #: The owners this connection holds, by (principal, authorized), oldest first.
+        self.owners: dict[tuple[str, bool], Session] = {}
 
     def close(self) -> None:
-        """The connection is gone: its owner ends (its handlers are cancelled; a
-        keyed call is the runtime's, and runs on)."""
-        owner, self.owner = self.owner, None
-        if owner is not None:
-            owner.carrier = None  # (the connection is ending already)
-            owner.close()
-            self.driver.owners.discard(owner)
+        """The connection is gone: it gives back every owner it holds (its own ends:
+        its handlers are cancelled; a keyed call is the runtime's, and runs on)."""
+        held, self.owners = self.owners, {}
+        for owner in held.values():
+            self._give_back(owner)
 
-    def _owner(self) -> Session:
-        owner = self.owner
-        if owner is None or owner.closed:  # (torn down after the liveness timeout)
-            driver = self.driver
-            if owner is not None:
-                driver.owners.discard(owner)
-            sid = f"connection-{id(self):x}"
-            owner = Session(sid, VERSION, driver.credit, driver, Caller({}, {}))
-            owner.sessionless = True
+    def _give_back(self, owner: Session) -> None:
+        if owner.carrier is None:  # a principal's, shared
+            self.driver.shared_owners.give_back(self.driver, owner)
+            return
+        owner.carrier = None  # (the connection is ending already, or lets it go)
+        owner.close()
+        self.driver.owners.discard(owner)
+
+    def _owner(self, who: Who) -> Session:
+        """The credit owner of ``who``'s request on this connection (see the module
+        docstring)."""
+        scope = (who.principal, who.authorized)
+        held = self.owners.pop(scope, None)
+        if held is not None and not held.closed:
+            self.owners[scope] = held  # (now the most recently used)
+            return held
+        if held is not None:  # torn down after the liveness timeout
+            self._give_back(held)
+        if who.authorized:
+            owner = self.driver.shared_owners.take(self.driver, who.principal)
+        else:
+            owner = _new_owner(self.driver, who.principal)
             owner.carrier = asyncio.current_task()  # (the connection's: it ends with it)
-            self.owner = owner
-            driver.owners.add(owner)
+        self.owners[scope] = owner
+        while len(self.owners) > MAX_OWNERS:
+            self._give_back(self.owners.pop(next(iter(self.owners))))
         return owner
 
     async def serve(self, msg: SessionlessMessage, who: Who) -> None:
@@ -317,7 +377,7 @@ class SessionlessPosts:
                     answer: object = None
                     if owner is None:  # (the steps before the owner is chosen)
                         if effect is CHOOSE_OWNER:
-                            owner = self._owner()
+                            owner = self._owner(who)
                         else:
                             answer = await self._before_owner(msg, effect)
                     elif isinstance(effect, AdmitRequests):

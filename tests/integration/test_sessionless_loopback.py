@@ -13,12 +13,11 @@ server's timers can make a condition true it polls it, bounded in time and count
 * request state: a round continues with it; a tampered or another request's state
   is 400, -32602, and never runs the handler with forged answers;
 * with authorization, a principal that stops reading is refused 429 on its other
-  connections.
+  connections (its credit owner is shared by them).
 
 Each test runs on both runtimes (the ``runtime`` fixture: the Trio engine, and the
 asyncio runtime in a thread of its own, whose state is read on its own loop), except
-what needs an authorized principal's credit owner shared by its connections (the
-Trio engine's) or the Trio engine's epoch draws.  ``/metrics`` is read on both.
+what needs the Trio engine's epoch draws.  ``/metrics`` is read on both.
 """
 
 from __future__ import annotations
@@ -37,10 +36,12 @@ import trio
 
 from tests.integration.rawhttp import Client, raw_request, sse_messages
 from weir.app import Context
+from weir.asyncio import AsyncioDriver
 from weir.engine import App, Server, ServerConfig
-from weir.protocol import CreditLimits
+from weir.protocol import CreditLimits, EndpointConfig
 from weir.protocol.sessionless import META_SUBSCRIPTION_ID
 
+from .runtimes import running
 from .test_asyncio_driver import running_driver
 from .test_auth import jwt_authorization, token
 
@@ -225,6 +226,15 @@ async def served_by(runtime: str) -> AsyncIterator[Served]:
         )
 
 
+async def metrics_page(port: int) -> str:
+    """``GET /metrics``, as text."""
+    client = await Client.connect(port)
+    try:
+        return (await client.request("GET", "/metrics")).body.decode()
+    finally:
+        await client.aclose()
+
+
 async def ask(port: int, message: dict[str, Any], **extra: str) -> Any:
     client = await Client.connect(port)
     try:
@@ -369,10 +379,13 @@ async def test_request_state_continues_a_round_and_a_forged_one_is_refused(runti
         assert ran == ["greet", "greet"]  # the forged rounds ran nothing
 
 
-async def test_a_principal_that_stops_reading_is_refused_on_its_other_connections() -> None:
+async def test_a_principal_that_stops_reading_is_refused_on_its_other_connections(
+    runtime: str,
+) -> None:
     async with trio.open_nursery() as nursery:
         auth = await jwt_authorization(nursery)
-        async with serving(ServerConfig(port=0, credit=CREDIT, auth=auth)) as server:
+        config = ServerConfig(port=0, credit=CREDIT, auth=auth)
+        async with running(runtime, app, config) as server:
             alice = {"authorization": f"Bearer {token('alice')}"}
             bob = {"authorization": f"Bearer {token('bob')}"}
             stalled = await Client.connect(server.port, rcvbuf=4096)
@@ -382,7 +395,12 @@ async def test_a_principal_that_stops_reading_is_refused_on_its_other_connection
                     "POST", "/mcp", body=json.dumps(big).encode(), headers={**headers(big), **alice}
                 )
             )
-            assert await eventually(lambda: len(server.principal_owners) == 1, timeout=5)
+            for _ in range(100):  # until Alice's owner holds the stalled answer (5 s)
+                page = await metrics_page(server.port)
+                if "\nweir_sessionless_owners 1\n" in page:
+                    break
+                await trio.sleep(0.05)
+            assert "\nweir_sessionless_owners 1\n" in page, page
             waiting = await Client.connect(server.port)
             second = call(2, "bulk", {"size": 4000})
             await waiting.send_raw(
@@ -507,6 +525,8 @@ def test_a_retry_window_is_refused_without_authorization() -> None:
         ServerConfig(port=0, credit=CREDIT, retry_window=30.0)
     with pytest.raises(ValueError, match="retry_window"):
         ServerConfig(retry_window=-1)
+    with pytest.raises(ValueError, match="retry_window needs authorization"):
+        AsyncioDriver(app, EndpointConfig(), retry_window=30.0)  # (the asyncio runtime's)
 
 
 async def test_an_answer_streams_epoch_already_in_use_is_drawn_again(
