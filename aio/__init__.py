@@ -18,9 +18,11 @@ runs on asyncio here).
 
 * **Process** (:mod:`._run`).  :func:`run` picks the loop (``uvloop`` when it can be
   imported, else the standard library's), enters the app's lifespan within its
-  start-up timeout, listens, and on SIGINT/SIGTERM stops listening, ends each
-  listen stream with its final result, ends every session (running calls are
-  cancelled: no drain), runs the session-close hooks and exits the lifespan.
+  start-up timeout, listens, and on SIGINT/SIGTERM stops listening and drains as
+  the Trio engine does (:mod:`._drain`: new requests 503 ``shutting_down``, running
+  calls get the grace period, listen streams their final result, SSE streams a
+  ``retry:``), ends every session (what is left is cancelled), runs the
+  session-close hooks and exits the lifespan.
 * **HTTP and the endpoint** (:mod:`._connection`).  The core's
   :class:`~weir.protocol.HttpConnection` (with its size limits),
   :func:`~weir.protocol.route`, :func:`~weir.protocol.refusal`, ``initialize`` checks
@@ -52,12 +54,24 @@ runs on asyncio here).
   results become tombstones).  What ``initialize`` declares and what
   ``resources/subscribe`` asks are bounded by the core and the app layer.
 
+* **Authorization** (:mod:`._auth`).  :mod:`weir.common`'s rules, as on the Trio
+  engine (bearer tokens, 401/403/400/503 with ``WWW-Authenticate``, the RFC 9728
+  metadata, an SDK app's own verifier), applied per request: each request's
+  principal comes from its own token, never from its connection; it owns the
+  sessions it opens (another principal's is 404; 429 past its share).  A
+  :class:`weir.common.JwtVerifier` fetches its JWKS URL with asyncio here
+  (:mod:`._jwks`).
+* **Metrics** (:mod:`._metrics`).  ``GET /metrics``: :class:`weir.common.Metrics`'s
+  Prometheus text, the same counters bumped where this runtime does the same things
+  (no ``weir_inline_*``, shed or accept-error series: it has none of those).
+* **The 2024-11-05 HTTP+SSE transport** (:mod:`._legacy`).  ``GET /sse`` opens a
+  session with its one LEGACY stream; ``POST /messages`` follows the core's
+  :class:`~weir.protocol.legacy.LegacyPostCourse`.
+
 Not here yet (the Trio engine has them, and ``weir serve --runtime asyncio`` refuses
-their options rather than ignore them): the 2024-11-05
-HTTP+SSE transport, shared session stores (replicas, shared replay, several
-workers), authorization, a budget on what all connections buffer, a memory budget
-for replay history and results, inline execution, metrics and a graceful drain of
-running calls at shutdown.
+their options rather than ignore them): shared session stores (replicas, shared
+replay, several workers), a budget on what all connections buffer,
+a memory budget for replay history and results, and inline execution.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from weir.app import App, Caller, Context, McpError, dispatch, failure, id_in_use
-from weir.protocol import INTERNAL_ERROR
+from weir.common import REQUEST_ACCESS
+from weir.protocol import INTERNAL_ERROR, Reason
 from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
 from weir.protocol.course import AppendRecords, CallCourse, ClaimCall, HoldCall, Record, WaitForCall
 from weir.protocol.gate import CallStart
@@ -157,11 +158,15 @@ async def execute(
     request a cancellation or an answer is for, so two at once would be ambiguous).
     """
     req = course.request
+    metrics = session.driver.metrics
     if course.replay is not None:
+        metrics.duplicates_replayed += 1
         return course.replay
     if req.id in session.running:
         _store(session, course.give_back())
         return id_in_use(req.id)
+    if course.key is not None:
+        metrics.executions += 1  # (a gated call: tools/call)
     course.started()
     try:
         payload = await _run(app, session, req, stream, state)
@@ -188,9 +193,11 @@ def _fit(req: Request, payload: bytes, session: Session, stream: StreamLog | Non
     limit = session.flow.credit.limits.bytes
     if len(payload) + 512 <= limit:
         return payload  # fits whatever its framing adds: no need to measure it
-    if stream is None:
-        return fit_result(req.id, payload, len(payload) + HEAD_ALLOWANCE, limit)
-    return fit_result(req.id, payload, stream.size_of(payload.decode()), limit)
+    size = len(payload) + HEAD_ALLOWANCE if stream is None else stream.size_of(payload.decode())
+    fitted = fit_result(req.id, payload, size, limit)
+    if fitted is not payload:
+        session.driver.metrics.refused(str(Reason.RESULT_TOO_LARGE))
+    return fitted
 
 
 async def _run(
@@ -198,7 +205,11 @@ async def _run(
 ) -> bytes | None:
     meta = (req.params or {}).get("_meta")
     ctx = Context(
-        Backend(session, stream), req.id, meta if isinstance(meta, dict) else None, state=state
+        Backend(session, stream),
+        req.id,
+        meta if isinstance(meta, dict) else None,
+        state=state,
+        access_token=REQUEST_ACCESS.get(),  # (its own request's: the task copied it)
     )
     session.running[req.id] = task = asyncio.current_task()  # type: ignore[assignment]
     try:

@@ -94,8 +94,13 @@ from weir.protocol.sse import encode_comment, encode_retry
 from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
 from weir.protocol.streams import StreamKind, StreamLog, WriterStep, writer_step
 
+from ._auth import Who, identify, is_metadata, metadata
 from ._calls import execute, gate_step
+from ._drain import refuse_if_closing
 from ._feeds import Feed, entries, given, never_run
+from ._legacy import is_legacy, serve_legacy
+from ._metrics import answer as metrics_answer
+from ._metrics import is_metrics
 from ._session import Gone, Session
 from ._sessionless import SessionlessPosts
 
@@ -216,6 +221,7 @@ class Connection:
                         data = await asyncio.wait_for(reader.read(65536), max(0.0, wait))
                     except TimeoutError:
                         if clock.owed:  # a head or body trickled past its deadline: 408
+                            self.driver.metrics.refused(str(Reason.REQUEST_TIMEOUT))
                             conn.send_failed()
                             await self.send(closing_refusal(clock.refusal()))
                             await self._linger(reader)
@@ -227,6 +233,7 @@ class Connection:
                     if conn.should_close:
                         break
                 elif isinstance(event, HttpError):
+                    self.driver.metrics.refused(str(event.reason))
                     await self.send(conn.data_to_send())
                     await self._linger(reader)
                     break
@@ -272,18 +279,36 @@ class Connection:
 
     async def respond(self, request: HttpRequest) -> None:
         try:
-            mcp = route(request, self.driver.endpoint)
+            driver, auth = self.driver, self.driver.auth
+            refuse_if_closing(driver)  # (draining: nothing new starts)
+            if is_metadata(auth, request, driver.endpoint.path):
+                assert auth is not None
+                await self.send(
+                    self.conn.send_response(*metadata(auth, request, driver.endpoint.path))
+                )
+                return
+            if is_metrics(driver, request):  # (no token needed, as on Trio)
+                await self.send(self.conn.send_response(*metrics_answer(driver, request)))
+                return
+            # Who this request speaks for: handed to everything below, never kept on
+            # the connection (its next request may speak for someone else).
+            who = await identify(auth, request)
+            if is_legacy(self, request):  # (the 2024-11-05 transport's two paths)
+                await serve_legacy(self, request, who)
+                return
+            mcp = route(request, driver.endpoint)
             if isinstance(mcp, SessionlessMessage):
                 if self._sessionless is None:
                     self._sessionless = SessionlessPosts(self)
-                await self._sessionless.serve(mcp)
+                await self._sessionless.serve(mcp, who)
                 return
             if isinstance(mcp, PostMessages) and mcp.is_initialize:
-                await self._initialize(mcp)
+                await self._initialize(mcp, who)
                 return
             sid = mcp.ctx.session_id or ""
-            session = self.driver.sessions.get(sid)
-            if session is None:
+            session = driver.sessions.get(sid)
+            if session is None or session.principal != who.principal:
+                # (another principal's session is indistinguishable from none)
                 first = mcp.messages[0] if isinstance(mcp, PostMessages) else None
                 raise session_refusal(sid, first.id if isinstance(first, Request) else None)
             session.last_seen = session.loop.time()
@@ -299,6 +324,9 @@ class Connection:
         except RemoteProtocolError as exc:
             if self.conn.response_in_progress:
                 raise
+            self.driver.metrics.refused(str(exc.reason))
+            if exc.reason is Reason.IN_PROGRESS:
+                self.driver.metrics.duplicates_in_progress += 1
             status, headers, body = refusal(exc)
             await self.send(self.conn.send_response(status, headers, body))
 
@@ -310,14 +338,15 @@ class Connection:
         effect = course.start(clock())
         while effect is not None:
             try:
-                answer = await self._post_effect(session, post, effect)
+                answer = await self._post_effect(session, effect)
             except BaseException as exc:
                 effect = course.fail(exc, clock())
             else:
                 effect = course.deliver(answer, clock())
 
-    async def _post_effect(self, session: Session, post: PostMessages, effect: Effect) -> object:
-        """Perform one effect of a POST's course; its answer."""
+    async def _post_effect(self, session: Session, effect: Effect) -> object:
+        """Perform one effect of a POST's course (a session-era POST's, or those a
+        legacy POST shares with it); its answer."""
         if isinstance(effect, LoadSession):
             return session  # (looked up by :meth:`respond`, which answers the 404)
         if isinstance(effect, GATE_STEPS):
@@ -327,6 +356,7 @@ class Connection:
                 await session.admit(effect.n, effect.request_id, effect.lane)  # 429 if half-open
             except Gone:
                 return False
+            self.driver.metrics.admissions += effect.n
             return True
         if isinstance(effect, Mail):
             if effect.initialized:
@@ -605,7 +635,7 @@ class Connection:
                 await self.send(self.conn.send_stream_data(encode_comment()))
         await self.send(self.conn.end_stream())
 
-    async def _initialize(self, post: PostMessages) -> None:
+    async def _initialize(self, post: PostMessages, who: Who) -> None:
         """Carry out an ``initialize``'s :class:`~weir.protocol.lifecycle.InitializeCourse`
         (the same checks and negotiation as the Trio runtime; no channel token here)."""
         req, driver = post.messages[0], self.driver
@@ -616,11 +646,12 @@ class Connection:
         while effect is not None:
             try:
                 if isinstance(effect, OpenSession):
-                    driver.check_room(effect.request_id)
+                    driver.check_room(effect.request_id, who.principal)
                     asked = effect.asked
                     caller = Caller(asked.capabilities, asked.client_info)
                     sid = secrets.token_urlsafe(32)
                     session = Session(sid, asked.version, driver.credit, driver, caller)
+                    session.principal = who.principal  # (it owns the session)
                     driver.add_session(session)
                     answer: object = (sid, None)
                 elif isinstance(effect, AnswerInitialize):

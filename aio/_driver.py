@@ -19,7 +19,14 @@ from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from weir.app import MAX_NOTES_RUNNING, NOTE_WAIT, SESSION_CLOSE_WAIT, App, load_app
-from weir.common import StateSealer, listen_closing, new_key, server_identity
+from weir.common import (
+    Authorization,
+    Metrics,
+    StateSealer,
+    listen_closing,
+    new_key,
+    server_identity,
+)
 from weir.protocol import (
     LOOPBACK_HOSTS,
     SERVER_ERROR,
@@ -36,9 +43,11 @@ from weir.protocol.post import PostRules
 from weir.protocol.sessionless_post import SessionlessRules
 from weir.protocol.states import StreamState
 
+from ._auth import bind
 from ._connection import Connection
+from ._metrics import view
 from ._session import Session
-from ._sessionless import KeyedCalls, Listener
+from ._sessionless import KeyedCalls, Listener, SharedOwners
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -72,6 +81,13 @@ class AsyncioDriver:
         always_json: bool = False,
         sse_keepalive: float | None = 15.0,
         state_keys: Sequence[bytes] = (),
+        auth: Authorization | None = None,
+        metrics_path: str | None = "/metrics",
+        retry_ms: int = 1000,
+        max_sessions_per_principal: int | None = None,
+        legacy_sse_path: str | None = "/sse",
+        legacy_messages_path: str = "/messages",
+        retry_window: float = 0.0,
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
@@ -91,9 +107,43 @@ class AsyncioDriver:
 
         The sessionless revision's request state is sealed with ``state_keys`` (the
         first seals, all open; none: one drawn now, so states do not outlive the
-        process).  (No retry window: every client here is the one anonymous
-        principal, so one client's retry could not be told from another's call.)
+        process).  With a ``retry_window`` (seconds; authorization needed), a
+        sessionless call without an ``Idempotency-Key`` that repeats one of its
+        principal's within the window is taken for a retry and replayed (the core's
+        rule, as on the Trio engine).
+
+        Raises:
+            ValueError: a ``retry_window`` without ``auth`` (every client would be the
+                one anonymous principal: one client's retry could not be told from
+                another's call).
+
+        With ``auth`` every request must carry a bearer token its verifier vouches
+        for (see :mod:`._auth`); the principal owns the sessions it opens.  The
+        Prometheus text is served at ``metrics_path`` (None: not at all).  One
+        principal holds at most ``max_sessions_per_principal`` sessions (429
+        ``session_limit`` beyond; None: ``max_sessions``).
+        While it drains (:func:`._drain.drain`), requests are refused 503
+        ``shutting_down`` and SSE streams end with ``retry: retry_ms``.  The
+        2024-11-05 HTTP+SSE transport opens sessions at ``legacy_sse_path`` (None:
+        none) and takes their messages at ``legacy_messages_path``.
         """
+        self.legacy_sse_path, self.legacy_messages_path = legacy_sse_path, legacy_messages_path
+        #: The most sessions one principal holds (429 beyond), and how many each holds.
+        self.principal_limit = max_sessions_per_principal or max_sessions
+        self._per_principal: dict[str, int] = {}
+        #: Draining: every new request is refused (see :mod:`._drain`).
+        self.closing, self.retry_ms = False, retry_ms
+        #: The counters ``GET metrics_path`` renders (see :mod:`._metrics`).
+        self.metrics, self.metrics_path = Metrics(), metrics_path
+        if retry_window > 0 and auth is None:
+            raise ValueError(
+                "retry_window needs authorization: without it every client is the one "
+                "anonymous principal, and a client's request could be answered with "
+                "another client's result"
+            )
+        #: Who verifies tokens (None: every request is anonymous).
+        self.auth = auth
+        bind(auth)
         self.app, self.endpoint, self.state = app, endpoint, state
         self.credit = credit or CreditLimits()
         self.max_sessions, self.max_connections = max_sessions, max_connections
@@ -114,15 +164,19 @@ class AsyncioDriver:
         self.sessionless_rules = SessionlessRules(
             json_response=always_json,
             in_progress_wait=in_progress_wait,
+            retry_window=retry_window,
         )
         self.sealer = StateSealer(tuple(state_keys) or (new_key(),))
         #: The sessionless idempotency gate, listeners, and keyed calls' runs (a
         #: keyed call outlives its response and its connection; shutdown ends it).
         self.keyed = KeyedCalls()
         self.listeners: set[Listener] = set()
-        #: The sessionless credit owners, one per connection that sent such a request
-        #: (each ends with its connection, or is torn down when its peer stalls).
+        #: The sessionless credit owners: a connection's own, or an authorized
+        #: principal's (each ends with the last connection holding it, or is torn
+        #: down when its peer stalls).
         self.owners: set[Session] = set()
+        #: Of those, the authorized principals' (each shared by its connections).
+        self.shared_owners = SharedOwners()
         self._runs: set[asyncio.Task[Any]] = set()
         self._identity: dict[str, Any] | None = None
         self.sessions: dict[str, Session] = {}
@@ -166,8 +220,12 @@ class AsyncioDriver:
         """Tear a session down; it is 404 from now on.  The app's session-close
         hooks run in the background, each cancelled after ``SESSION_CLOSE_WAIT``."""
         session.close()
+        self.metrics.session_ended(view(session))
         self.owners.discard(session)  # (a sessionless owner: no hooks, never in the table)
         if self.sessions.pop(session.sid, None) is not None:
+            held = self._per_principal.pop(session.principal, 1) - 1
+            if held:
+                self._per_principal[session.principal] = held
             for hook in self.app.session_close_fns:
                 task = session.loop.create_task(_bounded(hook(session.sid)))
                 self._closing.add(task)
@@ -179,7 +237,10 @@ class AsyncioDriver:
         bound a notification is dropped."""
         hooks = self.app.notification_fns
         for note in notes:
-            if not hooks or len(self._notes) >= MAX_NOTES_RUNNING:
+            if not hooks:
+                continue
+            if len(self._notes) >= MAX_NOTES_RUNNING:
+                self.metrics.notifications_dropped += 1
                 continue
             params = dict(note.params or {})
             work = asyncio.gather(*(hook(note.method, params, session_id) for hook in hooks))
@@ -204,21 +265,36 @@ class AsyncioDriver:
     def add_session(self, session: Session) -> None:
         """Register a new session (the caller checked :meth:`check_room`)."""
         self.sessions[session.sid] = session
+        principal = session.principal
+        self._per_principal[principal] = self._per_principal.get(principal, 0) + 1
         if self._sweeper is None and self.idle_timeout is not None:
             self._sweeper = session.loop.call_later(self.idle_timeout / 4, self._sweep)
 
-    def check_room(self, request_id: RequestId | None) -> None:
-        """Refuse a new session past ``max_sessions``: 503 ``session_limit``."""
+    def check_room(self, request_id: RequestId | None, principal: str) -> None:
+        """Refuse a new session past ``max_sessions`` (503 ``session_limit``) or past
+        ``principal``'s share (429 ``session_limit``; others are unaffected)."""
         if len(self.sessions) >= self.max_sessions:
-            raise RemoteProtocolError(
-                f"this server holds its limit of {self.max_sessions} sessions; retry later",
-                http_status=503,
-                reason=Reason.SESSION_LIMIT,
-                code=SERVER_ERROR,
-                request_id=request_id,
-                retry_after_ms=1000,
-                data={"limit": self.max_sessions, "scope": "server"},
+            status, scope, limit, then = 503, "server", self.max_sessions, "retry later"
+            who = "this server"
+        elif self._per_principal.get(principal, 0) >= self.principal_limit:
+            status, scope, limit, then = (
+                429,
+                "principal",
+                self.principal_limit,
+                "end one or retry later",
             )
+            who = "this principal"
+        else:
+            return
+        raise RemoteProtocolError(
+            f"{who} holds its limit of {limit} sessions; {then}",
+            http_status=status,
+            reason=Reason.SESSION_LIMIT,
+            code=SERVER_ERROR,
+            request_id=request_id,
+            retry_after_ms=1000,
+            data={"limit": limit, "scope": scope},
+        )
 
     def _sweep(self) -> None:
         """Forget sessions idle for ``idle_timeout`` that run and write nothing."""
@@ -230,6 +306,7 @@ class AsyncioDriver:
         for session in list(self.sessions.values()):
             busy = session.tasks or session.writers
             if not busy and now - session.last_seen >= self.idle_timeout:
+                self.metrics.sessions_expired += 1
                 self.end(session)
         if self.sessions:
             self._sweeper = loop.call_later(self.idle_timeout / 4, self._sweep)
@@ -271,6 +348,7 @@ class AsyncioDriver:
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """The ``start_server`` callback: serve one connection until it closes."""
         if self.connections >= self.max_connections:
+            self.metrics.refused(str(Reason.OVERLOADED))
             body = encode_error(
                 None,
                 SERVER_ERROR,

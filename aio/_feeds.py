@@ -59,6 +59,7 @@ def entries(session: Session, requests: list[Request], rules: PostRules) -> Feed
                 elif isinstance(effect, AdmitRequests):
                     try:
                         await session.admit(1, effect.request_id, effect.lane)
+                        session.driver.metrics.admissions += 1
                         answer = True
                     except Gone:
                         answer = False

@@ -19,12 +19,14 @@ never imports).  It blocks:
    Out of descriptors or memory, ``accept()`` fails: the loop backs off (asyncio
    retries after a second) and :class:`AcceptFailures` reports it in one line at
    most every ``ACCEPT_LOG_EVERY`` seconds -- back-pressure, not a traceback a try.
-4. **Stopping.**  SIGINT or SIGTERM: the listener closes, each
-   ``subscriptions/listen`` stream gets its final result (bounded), every session
-   ends (its handlers are cancelled, its streams end; there is no drain of running
-   calls, keyed sessionless ones included: they are recorded ``interrupted``), the
-   app's session-close hooks run (bounded), the lifespan exits, and :func:`run`
-   returns.  A second signal cancels whatever is still running at once.
+4. **Stopping.**  SIGINT or SIGTERM: the listener closes and the driver drains
+   (:mod:`._drain`, as the Trio engine does): new requests are answered 503
+   ``shutting_down``, running calls get ``shutdown_grace`` seconds to finish, each
+   ``subscriptions/listen`` stream gets its final result (bounded) and every SSE
+   stream ends with a ``retry:`` field; then every session ends (what still runs is
+   cancelled, a keyed sessionless call recorded ``interrupted``), the app's
+   session-close hooks run (bounded), the lifespan exits, and :func:`run` returns.
+   A second signal cancels whatever is still running at once.
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from weir.app import App
+from weir.common import Authorization, declared_authorization, principal_session_limit
 from weir.protocol import CreditLimits, EndpointConfig, HttpLimits, ReadTimeouts
 
+from ._drain import drain
 from ._driver import AsyncioDriver
 
 #: Seconds an app's lifespan may take to start, by default.
@@ -76,6 +80,20 @@ class AsyncioConfig:
         startup_timeout: how long the app's lifespan may take to start.
         state_keys: the keys that seal sessionless request state (the first seals,
             all open; none: one drawn at start).
+        auth: who verifies bearer tokens (None: the authorization an SDK app
+            declares for itself, if any; else every request is anonymous).
+        metrics_path: where the Prometheus text is served (None: not at all).
+        shutdown_grace: seconds running calls get to finish at shutdown (new
+            requests are refused 503 ``shutting_down`` meanwhile).
+        retry_ms: the ``retry:`` every open SSE stream ends with at shutdown.
+        max_sessions_per_principal: live sessions one principal may hold (429
+            beyond; default: with ``auth``, a sixteenth of ``max_sessions``, at
+            most 256; without, ``max_sessions``), as on the Trio engine.
+        legacy_sse_path, legacy_messages_path: the 2024-11-05 HTTP+SSE transport's
+            stream (None: no new legacy sessions) and message paths.
+        retry_window: seconds within which a sessionless call without an
+            ``Idempotency-Key`` that repeats one of its principal's is replayed (0:
+            off; needs ``auth``).
     """
 
     host: str = "127.0.0.1"
@@ -90,6 +108,14 @@ class AsyncioConfig:
     sse_keepalive: float | None = 15.0
     startup_timeout: float = STARTUP_TIMEOUT
     state_keys: tuple[bytes, ...] = dataclasses.field(default=(), repr=False)
+    auth: Authorization | None = None
+    metrics_path: str | None = "/metrics"
+    shutdown_grace: float = 10.0
+    max_sessions_per_principal: int | None = None
+    legacy_sse_path: str | None = "/sse"
+    legacy_messages_path: str = "/messages"
+    retry_window: float = 0.0
+    retry_ms: int = 1000
 
     def driver(self, app: App, state: Any = None) -> AsyncioDriver:
         """An :class:`AsyncioDriver` serving ``app`` with these settings."""
@@ -106,6 +132,15 @@ class AsyncioConfig:
             always_json=self.endpoint.json_response,
             sse_keepalive=self.sse_keepalive,
             state_keys=self.state_keys,
+            auth=self.auth,
+            metrics_path=self.metrics_path,
+            retry_ms=self.retry_ms,
+            max_sessions_per_principal=principal_session_limit(
+                self.max_sessions, self.max_sessions_per_principal, self.auth is not None
+            ),
+            legacy_sse_path=self.legacy_sse_path,
+            legacy_messages_path=self.legacy_messages_path,
+            retry_window=self.retry_window,
         )
 
 
@@ -172,10 +207,28 @@ def run(
     ``started(url, loop_name)`` is called once the server listens.
 
     Raises:
-        StartupFailed: the app's lifespan raised on entry or overran ``startup_timeout``.
+        StartupFailed: the app's lifespan raised on entry or overran ``startup_timeout``,
+            or the app declares authorization weir cannot enforce.
         OSError: the server could not listen.
     """
-    _runner(_serve(app, config, started))
+    _runner(_serve(app, with_declared_auth(app, config), started))
+
+
+def with_declared_auth(app: App, config: AsyncioConfig) -> AsyncioConfig:
+    """``config`` with the authorization ``app`` declares for itself (an SDK app's
+    own token verifier), unless ``config`` has its own.
+
+    Raises:
+        StartupFailed: the app declares authorization weir cannot enforce (served
+            open it would be silently wrong).
+    """
+    if config.auth is not None or getattr(app, "security", None) is None:
+        return config
+    try:
+        declared = declared_authorization(app)
+    except ValueError as exc:
+        raise StartupFailed(f"weir: refusing to serve the app open: {exc}") from None
+    return config if declared is None else dataclasses.replace(config, auth=declared)
 
 
 async def _serve(
@@ -209,6 +262,7 @@ async def _serve(
                 await stop.wait()
             finally:
                 server.close()  # (not wait_closed: open streams end with their sessions)
+                await drain(driver, config.shutdown_grace)
                 await driver.close_all()
     except asyncio.CancelledError:
         if not forced:

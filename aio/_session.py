@@ -108,6 +108,9 @@ class Session:
         #: its teardown ends (a stalled peer's connection goes with its owner).
         self.sessionless = False
         self.carrier: asyncio.Task[Any] | None = None
+        #: Who owns it: its opener's principal (another principal's request finds
+        #: no such session, 404); ``"anonymous"`` without authorization.
+        self.principal = "anonymous"
 
     @property
     def closed(self) -> bool:
@@ -136,6 +139,7 @@ class Session:
     def _on_timer(self) -> None:
         self._timer = None
         if self.flow.credit.handle_timer(self.loop.time()) is CreditState.DEAD:
+            self.driver.metrics.teardowns += 1
             self.driver.end(self)  # no progress for the liveness timeout
             return
         self._pulse()
@@ -169,16 +173,19 @@ class Session:
         self._granted(self.flow.done(1, self.loop.time(), lane))
 
     # ------------------------------------------------------------------ frames
-    async def append(self, stream: StreamLog, payload: str, *, final: bool = False) -> None:
+    async def append(
+        self, stream: StreamLog, payload: str, *, final: bool = False, event: str | None = None
+    ) -> None:
         """Take credit for the frame (waiting behind this stream's earlier frames), then
-        append it to ``stream``."""
-        encoded = stream.encode_next(payload)
+        append it to ``stream`` (``event``: its SSE event type, e.g. the legacy
+        transport's ``endpoint``)."""
+        encoded = stream.encode_next(payload, event=event)
         size = len(encoded[1])
         await self.take_credit(size, lane=stream.epoch)
         if stream.state is StreamState.CLOSED:
             self.release(1, size, stream.epoch)  # aborted while we waited: nothing to send
             raise Gone
-        stream.append(payload, final=final, encoded=encoded)
+        stream.append(payload, final=final, event=event, encoded=encoded)
         self._appended(stream)
 
     def try_append(self, stream: StreamLog, payload: str, *, final: bool = False) -> bool:

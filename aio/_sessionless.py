@@ -9,13 +9,20 @@ module performs each effect they ask for and decides nothing about their order.
 What the answers say (``server/discover``, capabilities, an app's errors, listen
 frames, sealed request state) is :mod:`weir.common`'s, shared with the Trio engine.
 
-* **Credit owner.**  This runtime has no authorization, so every request speaks for
-  the one principal (``anonymous``) and anonymous clients are told apart only by
-  their connections: a request's answer takes the credit of its *connection's*
-  owner, a private :class:`~._session.Session` (never in the session table), as the
-  Trio engine does for anonymous requests.  A peer that stops reading is refused
-  429 ``stream_half_open`` before anything runs, and its owner is torn down after
-  the liveness timeout, closing its connection; the owner ends with its connection.
+* **Who.**  Each request speaks for its own principal (:class:`~._auth.Who`, from
+  its own token, or ``anonymous``): its request state is bound to it and its
+  ``Idempotency-Key`` lives in its namespace.
+* **Credit owner.**  A request's answer takes the credit of its owner, a private
+  :class:`~._session.Session` (never in the session table), as on the Trio engine:
+  an authorized principal's, shared by every connection that carried its requests
+  (:class:`SharedOwners`: a principal that stalls one is refused on the others, and
+  nobody else is), or for anonymous requests their *connection's* (anonymous
+  clients are told apart only by their connections).  A connection holds at most
+  :data:`MAX_OWNERS`, the least recently used given back first.  A peer that stops
+  reading is refused 429 ``stream_half_open`` before anything runs, and its owner is
+  torn down after the liveness timeout, closing the connections writing its
+  streams (an anonymous owner's: its connection); a connection's own owner ends
+  with it, a shared one with the last connection holding it.
 * **Closing the response is cancellation** -- unless the call carries an
   ``Idempotency-Key``: such a call runs to its end as a task of the runtime, not of
   the owner, its outcome is recorded, and the re-issued call replays it.  The gate's
@@ -36,12 +43,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Final
 
 from weir.app import Caller, Context, InputRequired, McpError, dispatch, failure
 from weir.common import (
+    REQUEST_ACCESS,
     VERSION,
     caller_for,
     discover_for,
@@ -88,6 +97,7 @@ from weir.protocol.sessionless_post import (
 from weir.protocol.states import StreamInput, StreamState
 from weir.protocol.streams import StreamKind, StreamLog
 
+from ._auth import Who
 from ._calls import _fit
 from ._session import MAX_CALL_BYTES, MAX_CALLS, Gone, Session
 
@@ -95,10 +105,11 @@ if TYPE_CHECKING:
     from ._connection import Connection
     from ._driver import AsyncioDriver
 
-#: Who every request speaks for (this runtime has no authorization).
-PRINCIPAL: Final = "anonymous"
 #: Seconds a streamed answer's head waits for the handler's first message.
 FIRST_OUTPUT_WAIT: Final = 1.0
+#: The most credit owners one connection holds at once (a gateway's carries many
+#: principals).
+MAX_OWNERS: Final = 16
 _JSON: Final = (("content-type", "application/json"),)
 
 
@@ -266,41 +277,96 @@ class _Answering:
         self.started = False
 
 
+def _new_owner(driver: AsyncioDriver, principal: str) -> Session:
+    owner = Session(f"owner-{secrets.token_hex(8)}", VERSION, driver.credit, driver, Caller({}, {}))
+    owner.sessionless, owner.principal = True, principal
+    driver.owners.add(owner)
+    return owner
+
+
+class SharedOwners:
+    """The credit owners of authorized principals: one per principal, shared by every
+    connection that carried its requests, ended with the last connection holding it
+    (or torn down when a peer of it stops reading: then every connection writing its
+    streams goes with it, and the principal's next request gets a new one)."""
+
+    def __init__(self) -> None:
+        self.by_principal: dict[str, Session] = {}
+        self.refs: dict[Session, int] = {}
+
+    def take(self, driver: AsyncioDriver, principal: str) -> Session:
+        """``principal``'s owner, one more connection holding it."""
+        owner = self.by_principal.get(principal)
+        if owner is None or owner.closed:
+            owner = self.by_principal[principal] = _new_owner(driver, principal)
+        self.refs[owner] = self.refs.get(owner, 0) + 1
+        return owner
+
+    def give_back(self, driver: AsyncioDriver, owner: Session) -> None:
+        """One connection fewer holds ``owner``; the last one ends it."""
+        left = self.refs.pop(owner, 1) - 1
+        if left > 0:
+            self.refs[owner] = left
+            return
+        owner.close()
+        driver.owners.discard(owner)
+        if self.by_principal.get(owner.principal) is owner:
+            del self.by_principal[owner.principal]
+
+
 class SessionlessPosts:
-    """The sessionless requests of one connection, and the credit owner they share."""
+    """The sessionless requests of one connection, and the credit owners they use:
+    its own for anonymous requests, each authorized principal's shared one (at most
+    :data:`MAX_OWNERS` held, the least recently used given back first)."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn, self.driver = conn, conn.driver
-        self.owner: Session | None = None
+        #: The owners this connection holds, by (principal, authorized), oldest first.
+        self.owners: dict[tuple[str, bool], Session] = {}
 
     def close(self) -> None:
-        """The connection is gone: its owner ends (its handlers are cancelled; a
-        keyed call is the runtime's, and runs on)."""
-        owner, self.owner = self.owner, None
-        if owner is not None:
-            owner.carrier = None  # (the connection is ending already)
-            owner.close()
-            self.driver.owners.discard(owner)
+        """The connection is gone: it gives back every owner it holds (its own ends:
+        its handlers are cancelled; a keyed call is the runtime's, and runs on)."""
+        held, self.owners = self.owners, {}
+        for owner in held.values():
+            self._give_back(owner)
 
-    def _owner(self) -> Session:
-        owner = self.owner
-        if owner is None or owner.closed:  # (torn down after the liveness timeout)
-            driver = self.driver
-            if owner is not None:
-                driver.owners.discard(owner)
-            sid = f"connection-{id(self):x}"
-            owner = Session(sid, VERSION, driver.credit, driver, Caller({}, {}))
-            owner.sessionless = True
+    def _give_back(self, owner: Session) -> None:
+        if owner.carrier is None:  # a principal's, shared
+            self.driver.shared_owners.give_back(self.driver, owner)
+            return
+        owner.carrier = None  # (the connection is ending already, or lets it go)
+        owner.close()
+        self.driver.owners.discard(owner)
+
+    def _owner(self, who: Who) -> Session:
+        """The credit owner of ``who``'s request on this connection (see the module
+        docstring)."""
+        scope = (who.principal, who.authorized)
+        held = self.owners.pop(scope, None)
+        if held is not None and not held.closed:
+            self.owners[scope] = held  # (now the most recently used)
+            return held
+        if held is not None:  # torn down after the liveness timeout
+            self._give_back(held)
+        if who.authorized:
+            owner = self.driver.shared_owners.take(self.driver, who.principal)
+        else:
+            owner = _new_owner(self.driver, who.principal)
             owner.carrier = asyncio.current_task()  # (the connection's: it ends with it)
-            self.owner = owner
-            driver.owners.add(owner)
+        self.owners[scope] = owner
+        while len(self.owners) > MAX_OWNERS:
+            self._give_back(self.owners.pop(next(iter(self.owners))))
         return owner
 
-    async def serve(self, msg: SessionlessMessage) -> None:
-        """Carry out the request's :class:`SessionlessCourse`: the core decides the
-        order, this performs each effect it asks for."""
-        driver = self.driver
-        course = SessionlessCourse(msg, PRINCIPAL, False, driver.sessionless(), wall=time.time())
+    async def serve(self, msg: SessionlessMessage, who: Who) -> None:
+        """Carry out the request's :class:`SessionlessCourse` for ``who`` (the
+        request's own identity): the core decides the order, this performs each
+        effect it asks for."""
+        driver, principal = self.driver, who.principal
+        course = SessionlessCourse(
+            msg, principal, who.authorized, driver.sessionless(), wall=time.time()
+        )
         clock = asyncio.get_running_loop().time
         effect = course.start(clock())
         owner: Session | None = None
@@ -311,7 +377,7 @@ class SessionlessPosts:
                     answer: object = None
                     if owner is None:  # (the steps before the owner is chosen)
                         if effect is CHOOSE_OWNER:
-                            owner = self._owner()
+                            owner = self._owner(who)
                         else:
                             answer = await self._before_owner(msg, effect)
                     elif isinstance(effect, AdmitRequests):
@@ -319,22 +385,25 @@ class SessionlessPosts:
                             await owner.admit(effect.n, effect.request_id, effect.lane)
                         except Gone:
                             raise ConnectionResetError from None
+                        driver.metrics.admissions += effect.n
                     elif isinstance(effect, GATE_STEPS):
-                        answer = await driver.keyed.step(PRINCIPAL, effect)
+                        answer = await driver.keyed.step(principal, effect)
                     elif isinstance(effect, RespondJson):
-                        await self._respond_json(owner, msg, effect)
+                        _count_execution(driver, effect.run)
+                        await self._respond_json(owner, msg, effect, principal)
                     elif isinstance(effect, OpenAnswerStream):
                         stream = owner.open_stream(StreamKind.REQUEST, emit_ids=False)
                         owner.flow.move(effect.lane, stream.epoch)
                         answering = _Answering(stream)
                     elif isinstance(effect, RunOnStream):
                         assert answering is not None
-                        await self._run_on_stream(owner, msg, effect.run, answering)
+                        _count_execution(driver, effect.run)
+                        await self._run_on_stream(owner, msg, effect.run, answering, principal)
                     elif effect is ATTACH_WRITER:
                         assert answering is not None
                         await self.conn.write_stream(owner, answering.stream, 0)
                     else:
-                        await self._effect(owner, effect)
+                        await self._effect(owner, effect, principal)
                 except BaseException as exc:
                     effect = course.fail(exc, clock())
                 else:
@@ -361,14 +430,15 @@ class SessionlessPosts:
             raise AssertionError(f"a sessionless course asked for {effect!r} out of turn")
         return None
 
-    async def _effect(self, owner: Session, effect: SessionlessEffect) -> None:
+    async def _effect(self, owner: Session, effect: SessionlessEffect, principal: str) -> None:
         """Perform one of a sessionless course's less frequent effects."""
         if isinstance(effect, Finished):
             for _ in range(effect.n):
                 owner.done(effect.lane)
         elif isinstance(effect, GiveBack):
-            self.driver.keyed.record(PRINCIPAL, effect.key, None)
+            self.driver.keyed.record(principal, effect.key, None)
         elif isinstance(effect, AnswerReplay):
+            self.driver.metrics.duplicates_replayed += 1
             await self._send_json(owner, effect.payload, None)
         elif isinstance(effect, Listen):
             await self._listen(owner, effect.request, effect.lane)
@@ -388,12 +458,12 @@ class SessionlessPosts:
         await self.conn.send(response, (owner, None, len(body)))
 
     async def _respond_json(
-        self, owner: Session, msg: SessionlessMessage, effect: RespondJson
+        self, owner: Session, msg: SessionlessMessage, effect: RespondJson, principal: str
     ) -> None:
         """Run the handler here and answer with one JSON body."""
         backend = SessionlessBackend(owner, None, caller_for(msg), self.driver)
         try:
-            body = await self._drive_run(owner, effect.run, None, backend)
+            body = await self._drive_run(owner, effect.run, None, backend, principal)
         except BaseException:
             owner.done(effect.lane)
             raise
@@ -403,7 +473,12 @@ class SessionlessPosts:
         await self._send_json(owner, body, effect.lane)
 
     async def _run_on_stream(
-        self, owner: Session, msg: SessionlessMessage, run: SessionlessRun, answering: _Answering
+        self,
+        owner: Session,
+        msg: SessionlessMessage,
+        run: SessionlessRun,
+        answering: _Answering,
+        principal: str,
     ) -> None:
         """Start the handler on the answer's stream; return once it has output (or
         after :data:`FIRST_OUTPUT_WAIT`), raising its refusal if it was refused first.
@@ -416,7 +491,7 @@ class SessionlessPosts:
         async def run_it() -> None:
             try:
                 try:
-                    body = await self._drive_run(owner, run, stream, backend)
+                    body = await self._drive_run(owner, run, stream, backend, principal)
                 except RemoteProtocolError as exc:
                     if not answering.started:
                         answering.refused.append(exc)  # answered as this POST's status
@@ -450,6 +525,7 @@ class SessionlessPosts:
         run: SessionlessRun,
         stream: StreamLog | None,
         backend: SessionlessBackend,
+        principal: str,
     ) -> bytes | None:
         """Carry out a :class:`SessionlessRun`: run the handler, seal, encode and
         record as it asks; the body it responds with."""
@@ -468,9 +544,9 @@ class SessionlessPosts:
                 elif isinstance(effect, SealState):
                     answer = driver.sealer.seal(dict(effect.claims))
                 elif isinstance(effect, RecordOutcome):
-                    driver.keyed.record(PRINCIPAL, effect.key, effect.payload)
+                    driver.keyed.record(principal, effect.key, effect.payload)
                 elif isinstance(effect, GiveBack):
-                    driver.keyed.record(PRINCIPAL, effect.key, None)
+                    driver.keyed.record(principal, effect.key, None)
                 else:
                     assert isinstance(effect, Respond)
                     body = effect.body
@@ -490,7 +566,14 @@ class SessionlessPosts:
                 did not declare.
         """
         req, driver = run.request, self.driver
-        ctx = Context(backend, req.id, request_meta(req), state=driver.state, inputs=run.inputs)
+        ctx = Context(
+            backend,
+            req.id,
+            request_meta(req),
+            state=driver.state,
+            inputs=run.inputs,
+            access_token=REQUEST_ACCESS.get(),  # (the request's own: its task's context)
+        )
         try:
             try:
                 return await dispatch(driver.app, req, ctx)
@@ -535,6 +618,11 @@ class SessionlessPosts:
             driver.listeners.discard(listener)
             if stream.state is not StreamState.CLOSED:
                 stream.handle(StreamInput.ABORT)
+
+
+def _count_execution(driver: AsyncioDriver, run: SessionlessRun) -> None:
+    if run.request.method == "tools/call":
+        driver.metrics.executions += 1  # (a replay never gets here: AnswerReplay)
 
 
 async def _append_quietly(owner: Session, stream: StreamLog, payload: str) -> None:

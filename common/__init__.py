@@ -17,12 +17,34 @@ client to see the same server on either:
   :func:`handler_error`).
 * **What a ``subscriptions/listen`` stream says** (:func:`honoured`,
   :func:`listen_ack`, :func:`listen_frame`, :func:`listen_closing`).
+* **Authorization** (:class:`Authorization`, :func:`authenticate`,
+  :func:`metadata_answer`, :data:`REQUEST_ACCESS`): what a request must carry, the
+  401/403/400/503 refusals and their ``WWW-Authenticate``, the RFC 9728 metadata,
+  the principal; :class:`JwtVerifier` (PyJWT), which waits and fetches its JWKS URL
+  with the :class:`Waits` of the runtime serving it; an SDK app's own verifier
+  (:func:`declared_authorization`).
+* **Metrics** (:class:`Metrics`): the counters and the Prometheus text of
+  ``GET /metrics``, over any runtime's sessions (:class:`Metered`).
 
 It imports neither trio nor asyncio (a layering test keeps it so).
 """
 
 from __future__ import annotations
 
+from ._auth import (
+    ANONYMOUS,
+    METADATA_PATH,
+    REQUEST_ACCESS,
+    Authorization,
+    InvalidToken,
+    TokenExpired,
+    TokenVerifier,
+    authenticate,
+    bearer_token,
+    metadata_answer,
+    principal_session_limit,
+)
+from ._declared_auth import DeclaredVerifier, declared_authorization
 from ._era import (
     VERSION,
     caller_for,
@@ -32,6 +54,8 @@ from ._era import (
     request_meta,
     server_identity,
 )
+from ._jwks import MAX_JWKS_BYTES, JwksError
+from ._jwt import DEFAULT_ALGORITHMS, Flag, JwtVerifier, Waits
 from ._listen import (
     KINDS,
     MAX_URI,
@@ -41,17 +65,39 @@ from ._listen import (
     listen_closing,
     listen_frame,
 )
+from ._metrics import Connections, Credit, Metered, Metrics, redact
 from ._sealed import MAX_STATE, STATE_TTL, StateSealer, new_key, parse_key
 
 __all__ = [
+    "ANONYMOUS",
+    "DEFAULT_ALGORITHMS",
     "KINDS",
+    "MAX_JWKS_BYTES",
     "MAX_STATE",
     "MAX_URI",
     "MAX_URIS",
+    "METADATA_PATH",
+    "REQUEST_ACCESS",
     "STATE_TTL",
     "VERSION",
+    "Authorization",
+    "Connections",
+    "Credit",
+    "DeclaredVerifier",
+    "Flag",
+    "InvalidToken",
+    "JwksError",
+    "JwtVerifier",
+    "Metered",
+    "Metrics",
     "StateSealer",
+    "TokenExpired",
+    "TokenVerifier",
+    "Waits",
+    "authenticate",
+    "bearer_token",
     "caller_for",
+    "declared_authorization",
     "discover_for",
     "era_capabilities",
     "handler_error",
@@ -59,8 +105,11 @@ __all__ = [
     "listen_ack",
     "listen_closing",
     "listen_frame",
+    "metadata_answer",
     "new_key",
     "parse_key",
+    "principal_session_limit",
+    "redact",
     "request_meta",
     "server_identity",
 ]

@@ -10,8 +10,8 @@ imports neither it nor Trio, and is imported from here only when asked for.  Wit
    option given on the command line is looked up in :data:`TRIO_ONLY`; one given with
    a value the asyncio runtime cannot honour is refused, one line each, naming the
    option, what the asyncio runtime does instead, and that the Trio runtime serves it
-   -- never silently ignored.  So is an app that declares its own authorization
-   (served open it would be silently wrong).  The sessionless revision's keys
+   -- never silently ignored.  The ``--auth-*`` options and an SDK app's own
+   token verifier are served (the authorization is the Trio path's). The sessionless revision's keys
    (``--state-key-file``/``$WEIR_STATE_KEYS``) are served.
 2. **Checks the rest as the Trio path does** (the same :func:`config_from_args`), and
    turns the :class:`~weir.engine.ServerConfig` into a
@@ -36,8 +36,6 @@ from ._startup import describe, explain
 
 log = logging.getLogger(__name__)
 
-_AUTH = "the asyncio runtime has no authorization"
-
 
 def _never(value: object) -> bool:
     return False
@@ -55,11 +53,6 @@ class TrioOnly:
 #: ``serve`` options (by argparse ``dest``) the asyncio runtime does not serve yet,
 #: or serves with one value only.  Every other option it serves as the Trio path does.
 TRIO_ONLY: dict[str, TrioOnly] = {
-    "shutdown_grace": TrioOnly(
-        "--shutdown-grace",
-        "the asyncio runtime cancels running calls at shutdown, with no drain (only 0 is served)",
-        lambda v: v == 0,
-    ),
     "store": TrioOnly(
         "--store",
         "the asyncio runtime keeps sessions in this process only (only 'memory' is served)",
@@ -72,11 +65,6 @@ TRIO_ONLY: dict[str, TrioOnly] = {
         lambda v: v == "pinned",
     ),
     "replica_id": TrioOnly("--replica-id", "the asyncio runtime has no replicas to name"),
-    "retry_window": TrioOnly(
-        "--retry-window",
-        f"{_AUTH}, which a retry window needs (only 0 is served)",
-        lambda v: v == 0,
-    ),
     "workers": TrioOnly(
         "--workers",
         "the asyncio runtime runs one process and has no shared store (only 1 is served)",
@@ -86,9 +74,6 @@ TRIO_ONLY: dict[str, TrioOnly] = {
     "max_inbound_bytes": TrioOnly(
         "--max-inbound-bytes",
         "the asyncio runtime has no budget on what all connections buffer together",
-    ),
-    "max_sessions_per_principal": TrioOnly(
-        "--max-sessions-per-principal", f"{_AUTH}, so no principals"
     ),
     "initialize_timeout": TrioOnly(
         "--initialize-timeout",
@@ -103,12 +88,6 @@ TRIO_ONLY: dict[str, TrioOnly] = {
         "--memory-budget", "the asyncio runtime has no budget across all sessions"
     ),
     "claim_lease": TrioOnly("--claim-lease", "the asyncio runtime has no shared store"),
-    "auth_issuer": TrioOnly("--auth-issuer", _AUTH),
-    "auth_resource": TrioOnly("--auth-resource", _AUTH),
-    "auth_jwks_url": TrioOnly("--auth-jwks-url", _AUTH),
-    "auth_jwks_file": TrioOnly("--auth-jwks-file", _AUTH),
-    "auth_scope": TrioOnly("--auth-scope", _AUTH),
-    "auth_server": TrioOnly("--auth-server", _AUTH),
 }
 
 #: ``serve`` options the asyncio runtime serves as the Trio path does (every option is
@@ -144,6 +123,15 @@ SERVED: frozenset[str] = frozenset(
         "max_batch",
         "sse_keepalive",
         "state_key_file",
+        "auth_issuer",
+        "auth_resource",
+        "auth_jwks_url",
+        "auth_jwks_file",
+        "auth_scope",
+        "auth_server",
+        "shutdown_grace",
+        "max_sessions_per_principal",
+        "retry_window",
     }
 )
 
@@ -159,22 +147,6 @@ def refusals(given: dict[str, object]) -> list[str]:
         if rule is not None and not rule.served(value):
             lines.append(f"weir: --runtime asyncio refuses {rule.flag}: {rule.why}; {_TAIL}")
     return lines
-
-
-def check_app(app: App) -> None:
-    """Refuse an app the asyncio runtime would serve wrongly; warn about what it leaves out.
-
-    Raises:
-        SystemExit: the app declares its own authorization (a token verifier).
-    """
-    for route in getattr(app, "unserved_routes", ()):
-        log.warning("the app's route %s is not served by weir (serve it elsewhere)", route)
-    if getattr(app, "security", None) is not None:  # an SDK app's own token verifier
-        raise SystemExit(
-            f"weir: --runtime asyncio refuses the app {app.name!r}: it declares its own "
-            "authorization, which the asyncio runtime does not serve (served open it "
-            "would be silently wrong); serve it with --runtime trio"
-        )
 
 
 def asyncio_config(config: ServerConfig, startup_timeout: float) -> AsyncioConfig:
@@ -198,6 +170,14 @@ def asyncio_config(config: ServerConfig, startup_timeout: float) -> AsyncioConfi
         sse_keepalive=config.sse_keepalive,
         startup_timeout=startup_timeout,
         state_keys=config.state_keys,
+        auth=config.auth,
+        metrics_path=config.metrics_path,
+        shutdown_grace=config.shutdown_grace,
+        retry_ms=config.retry_ms,
+        max_sessions_per_principal=config.max_sessions_per_principal,
+        legacy_sse_path=config.legacy_sse_path,
+        legacy_messages_path=config.legacy_messages_path,
+        retry_window=config.retry_window,
     )
 
 

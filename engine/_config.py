@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from weir.common import principal_session_limit
 from weir.protocol import LOOPBACK_HOSTS, CreditLimits, EndpointConfig, HttpLimits
 from weir.protocol.resume import RESUME_POLICIES
 
@@ -205,11 +206,9 @@ class ServerConfig:
     @property
     def principal_session_limit(self) -> int:
         """:attr:`max_sessions_per_principal`, or its default (see the attribute)."""
-        if self.max_sessions_per_principal is None:
-            if self.auth is not None:
-                return min(PRINCIPAL_SESSIONS_CAP, max(1, self.max_sessions // 16))
-            return self.max_sessions
-        return min(self.max_sessions_per_principal, self.max_sessions)
+        return principal_session_limit(
+            self.max_sessions, self.max_sessions_per_principal, self.auth is not None
+        )
 
     def endpoint(self) -> EndpointConfig:
         """The sans-io endpoint configuration derived from this one."""
@@ -225,10 +224,6 @@ class ServerConfig:
             json_response=self.json_response,
             max_batch=self.max_batch,
         )
-
-
-#: With authorization on, the most sessions one principal holds by default.
-PRINCIPAL_SESSIONS_CAP = 256
 
 
 #: File descriptors kept free for everything but client connections (the

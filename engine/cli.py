@@ -87,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=["trio", "asyncio"],
         help="the event loop that serves the app: 'trio' (default: every option below) "
         "or 'asyncio' (weir.asyncio, on uvloop when installed: for apps whose tools need "
-        "asyncio; serves both eras in one process, with no store or authorization "
+        "asyncio; serves both eras in one process, with no store "
         "yet, and refuses the options it does not serve)",
     )
     s.add_argument(
@@ -689,14 +689,13 @@ def _open_warning(config: ServerConfig) -> str | None:
 
 def _main_asyncio(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``weir serve --runtime asyncio``: refuse what it does not serve, then serve."""
-    from ._cli_asyncio import asyncio_config, check_app, refusals, serve_on_asyncio
+    from ._cli_asyncio import asyncio_config, refusals, serve_on_asyncio
 
     refused = refusals(_given_options(argv))
     if refused:
         raise SystemExit("\n".join(refused))
     app = _load(args.app, args.app_dir)
-    check_app(app)
-    config = config_from_args(args)
+    config = _with_app_security(app, config_from_args(args))
     warning = _open_warning(config)
     return serve_on_asyncio(
         app, asyncio_config(config, args.startup_timeout), [warning] if warning else []

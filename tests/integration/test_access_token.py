@@ -5,7 +5,8 @@ weir verifies the bearer token of every request; what the verifier vouched for
 (principal, scopes, expiry, claims) reaches the handler as ``Context.access_token``,
 and an SDK app's ``get_access_token()``.  Each request's handler sees that request's
 token, even on one keep-alive connection that carries requests of two principals.
-The raw token never reaches a handler (MCP forbids passing it on).
+The raw token never reaches a handler (MCP forbids passing it on).  Each test runs
+on both runtimes (Trio and asyncio).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import Any
 import pytest
 import trio
 
-from weir.engine import App, Context, Server, ServerConfig
+from weir.engine import App, Context, ServerConfig
 
+from .configured import RUNTIMES, serve_configured
 from .rawhttp import Client, Reply, call
 from .test_auth import authorized_server, open_as, post, token
 
@@ -61,9 +63,10 @@ async def sessionless(client: Client, rid: int, tok: str) -> Reply:
     return await client.request("POST", "/mcp", sessionless_call(rid), headers=headers)
 
 
-async def test_a_session_era_handler_sees_each_requests_own_token() -> None:
+@RUNTIMES
+async def test_a_session_era_handler_sees_each_requests_own_token(runtime: str) -> None:
     with trio.fail_after(30):
-        async with authorized_server(served=native) as port:
+        async with authorized_server(served=native, runtime=runtime) as port:
             sid = await open_as(port, token("alice"))
             first = text_of(await post(port, call(2, "whoami", {}), token("alice", plan="a"), sid))
             assert first == {
@@ -78,9 +81,12 @@ async def test_a_session_era_handler_sees_each_requests_own_token() -> None:
             assert second["scopes"] == ["files:read", "mcp"] and second["plan"] == "b"
 
 
-async def test_one_connection_carrying_two_principals_gives_each_handler_its_own() -> None:
+@RUNTIMES
+async def test_one_connection_carrying_two_principals_gives_each_handler_its_own(
+    runtime: str,
+) -> None:
     with trio.fail_after(30):
-        async with authorized_server(served=native) as port:
+        async with authorized_server(served=native, runtime=runtime) as port:
             client = await Client.connect(port)
             try:
                 seen = [
@@ -93,11 +99,11 @@ async def test_one_connection_carrying_two_principals_gives_each_handler_its_own
             assert seen[1]["principal"] == "https://issuer.test#bob"
 
 
-async def test_without_authorization_there_is_no_token() -> None:
+@RUNTIMES
+async def test_without_authorization_there_is_no_token(runtime: str) -> None:
     with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            server = await nursery.start(Server(native, ServerConfig(port=0)).run)
-            client = await Client.connect(server.port)
+        async with serve_configured(runtime, native, ServerConfig(port=0)) as port:
+            client = await Client.connect(port)
             try:
                 headers = {"mcp-protocol-version": V, "mcp-method": "tools/call"}
                 headers["mcp-name"] = "whoami"
@@ -105,8 +111,6 @@ async def test_without_authorization_there_is_no_token() -> None:
             finally:
                 await client.aclose()
             assert text_of(reply) is None
-            server.shutdown()
-            await server.stopped.wait()
 
 
 def sdk_app() -> App:
@@ -138,12 +142,13 @@ def sdk_app() -> App:
     return from_sdk(server)
 
 
+@RUNTIMES
 @pytest.mark.parametrize("era", ["session", "sessionless"])
-async def test_an_sdk_handler_reads_the_token_weir_verified(era: str) -> None:
+async def test_an_sdk_handler_reads_the_token_weir_verified(era: str, runtime: str) -> None:
     served = sdk_app()
     tok = token("carol", scope="mcp notes:write", client_id="cli-7")
     with trio.fail_after(30):
-        async with authorized_server(served=served) as port:
+        async with authorized_server(served=served, runtime=runtime) as port:
             if era == "session":
                 sid = await open_as(port, tok)
                 reply = await post(port, call(2, "whoami", {}), tok, sid)

@@ -1,7 +1,8 @@
 """Authorization with real JWTs: keys served as a JWKS on loopback, tokens signed with PyJWT.
 
-weir runs in-process on a loopback port with a :class:`weir.engine.JwtVerifier` that
-fetches its keys from a JWKS endpoint on another loopback port.  Every refusal is
+weir runs in-process on a loopback port (on each runtime, Trio and asyncio) with a
+:class:`weir.engine.JwtVerifier` that fetches its keys from a JWKS endpoint on
+another loopback port.  Every refusal is
 checked for its status, ``error.data.reason`` and ``WWW-Authenticate``; two
 principals are checked to be invisible to each other.
 """
@@ -21,9 +22,10 @@ import trio
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from weir.app.samples.demo import app
-from weir.engine import App, Authorization, JwtVerifier, Server, ServerConfig
+from weir.engine import App, Authorization, JwtVerifier, ServerConfig
 
-from .rawhttp import INIT_PARAMS, Client, Reply, call
+from .configured import RUNTIMES, serve_configured
+from .rawhttp import INIT_PARAMS, Client, Reply, call, raw_request
 
 ISSUER = "https://issuer.test"
 RESOURCE = "http://127.0.0.1/mcp"
@@ -113,17 +115,13 @@ async def jwt_authorization(
 
 @asynccontextmanager
 async def authorized_server(
-    scopes: frozenset[str] = frozenset({"mcp"}), served: App = app
+    scopes: frozenset[str] = frozenset({"mcp"}), served: App = app, runtime: str = "trio"
 ) -> AsyncIterator[int]:
     async with trio.open_nursery() as nursery:
         auth = await jwt_authorization(nursery, scopes)
-        server = await nursery.start(Server(served, ServerConfig(port=0, auth=auth)).run)
-        try:
-            yield server.port
-        finally:
-            server.shutdown()
-            await server.stopped.wait()
-            nursery.cancel_scope.cancel()
+        async with serve_configured(runtime, served, ServerConfig(port=0, auth=auth)) as port:
+            yield port
+        nursery.cancel_scope.cancel()
 
 
 async def post(port: int, message: Any, tok: str | None, session: str | None = None) -> Reply:
@@ -154,9 +152,10 @@ def challenge(reply: Reply) -> str:
     return value
 
 
-async def test_a_valid_token_is_served_and_metadata_needs_none() -> None:
+@RUNTIMES
+async def test_a_valid_token_is_served_and_metadata_needs_none(runtime: str) -> None:
     with trio.fail_after(30):
-        async with authorized_server() as port:
+        async with authorized_server(runtime=runtime) as port:
             sid = await open_as(port, token())
             reply = await post(port, call(2, "echo", {"text": "hi"}), token(), sid)
             assert reply.json()["result"]["content"][0]["text"] == "hi"
@@ -194,7 +193,10 @@ async def test_a_valid_token_is_served_and_metadata_needs_none() -> None:
         ("not-bearer", 400, "invalid_request", "invalid_request"),
     ],
 )
-async def test_refused_tokens(case: str, status: int, reason: str, error: str | None) -> None:
+@RUNTIMES
+async def test_refused_tokens(
+    case: str, status: int, reason: str, error: str | None, runtime: str
+) -> None:
     now = int(time.time())
     tokens: dict[str, str | None] = {
         "missing": None,
@@ -213,7 +215,7 @@ async def test_refused_tokens(case: str, status: int, reason: str, error: str | 
         "missing-scope": token(scope="other"),
     }
     with trio.fail_after(30):
-        async with authorized_server() as port:
+        async with authorized_server(runtime=runtime) as port:
             client = await Client.connect(port)
             if case == "not-bearer":
                 headers = {"authorization": "Basic dXNlcjpwYXNz"}
@@ -232,9 +234,10 @@ async def test_refused_tokens(case: str, status: int, reason: str, error: str | 
             assert 'scope="mcp"' in value
 
 
-async def test_two_principals_cannot_touch_each_others_sessions() -> None:
+@RUNTIMES
+async def test_two_principals_cannot_touch_each_others_sessions(runtime: str) -> None:
     with trio.fail_after(30):
-        async with authorized_server() as port:
+        async with authorized_server(runtime=runtime) as port:
             alice, bob = token("alice"), token("bob")
             sid = await open_as(port, alice)
             attempts = {
@@ -277,3 +280,59 @@ def test_jwt_verifier_refuses_unsafe_configurations() -> None:
         JwtVerifier(issuer=ISSUER, audience=RESOURCE, jwks=jwks(), algorithms=("HS256",))
     with pytest.raises(ValueError, match="exactly one"):
         JwtVerifier(issuer=ISSUER, audience=RESOURCE)
+
+
+@RUNTIMES
+async def test_a_legacy_session_needs_a_token_and_is_its_principals(runtime: str) -> None:
+    """The 2024-11-05 transport: ``GET /sse`` needs a token; the session it opens is
+    its principal's, so another principal's ``POST /messages`` for it is 404 and runs
+    nothing, while the owner's is answered on the stream."""
+    with trio.fail_after(30):
+        async with authorized_server(runtime=runtime) as port:
+            anonymous = await Client.connect(port)
+            refused = await anonymous.request(
+                "GET", "/sse", headers={"accept": "text/event-stream"}
+            )
+            await anonymous.aclose()
+            assert refused.status == 401 and refused.reason == "unauthorized", refused
+            challenge(refused)
+
+            stream = await Client.connect(port)
+            auth = {"authorization": f"Bearer {token('alice')}"}
+            await stream.send_raw(
+                raw_request("GET", "/sse", headers={"accept": "text/event-stream", **auth})
+            )
+            seen = b""
+            while b"\n\n" not in seen.partition(b"event: endpoint")[2]:  # the whole event
+                chunk = await stream.stream.receive_some(65536)
+                assert chunk, seen
+                seen += chunk
+            assert seen.startswith(b"HTTP/1.1 200"), seen
+            target = seen.split(b"data: ", 1)[1].split(b"\n", 1)[0].decode()
+            assert target.startswith("/messages?session_id=")
+
+            async def send(sub: str, message: Any) -> Reply:
+                c = await Client.connect(port)
+                try:
+                    headers = {"authorization": f"Bearer {token(sub)}"}
+                    return await c.request("POST", target, message, headers=headers)
+                finally:
+                    await c.aclose()
+
+            stolen = await send("bob", INIT)
+            assert stolen.status == 404 and stolen.reason == "session_not_found", stolen
+            taken = await send("alice", INIT)
+            assert taken.status == 202, taken
+            while b'"serverInfo"' not in seen:
+                chunk = await stream.stream.receive_some(65536)
+                assert chunk, seen
+                seen += chunk
+            assert seen.count(b'"result"') == 1  # Bob's initialize never ran
+            # A batch (2024-11-05 has them): 202, each answer on the stream.
+            pings = [{"jsonrpc": "2.0", "id": f"p{i}", "method": "ping"} for i in (1, 2)]
+            assert (await send("alice", pings)).status == 202
+            while not (b'"id":"p1"' in seen and b'"id":"p2"' in seen):
+                chunk = await stream.stream.receive_some(65536)
+                assert chunk, seen
+                seen += chunk
+            await stream.aclose()

@@ -3,7 +3,8 @@
 A refusal never echoes what the client sent: hostile ``alg`` values (44 KB each,
 or one that is not latin-1) get a 401 with a fixed description, and the server's
 cache of response heads does not grow with them.  One principal filling its share
-of sessions leaves room for the others.
+of sessions leaves room for the others.  Each is checked on both runtimes, but the
+head cache's, which is the Trio engine's own.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import trio
 from weir.app.samples.demo import app
 from weir.engine import AccessToken, Authorization, Server, ServerConfig
 
+from .configured import RUNTIMES, serve_configured
 from .rawhttp import Client, Reply
 from .test_auth import INIT, jwt_authorization, open_as, post, token
 
@@ -35,6 +37,17 @@ async def jwt_server(max_sessions: int = 10_000) -> AsyncIterator[Server]:
             server.shutdown()
             await server.stopped.wait()
             nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def jwt_port(runtime: str, max_sessions: int = 10_000) -> AsyncIterator[int]:
+    """The demo app with JWT authorization on ``runtime``; its port."""
+    async with trio.open_nursery() as nursery:
+        auth = await jwt_authorization(nursery)
+        config = ServerConfig(port=0, auth=auth, max_sessions=max_sessions)
+        async with serve_configured(runtime, app, config) as port:
+            yield port
+        nursery.cancel_scope.cancel()
 
 
 def forged(header: dict[str, object]) -> str:
@@ -85,7 +98,8 @@ async def test_many_big_refused_algs_do_not_grow_the_head_cache() -> None:
             assert cached_heads(server) == before
 
 
-async def test_malformed_tokens_get_a_401_with_a_valid_head() -> None:
+@RUNTIMES
+async def test_malformed_tokens_get_a_401_with_a_valid_head(runtime: str) -> None:
     tokens = [
         forged({"alg": "\u0100", "kid": "rsa-1"}),
         forged({"alg": "RS256\r\nx-injected: 1", "kid": "rsa-1"}),
@@ -97,9 +111,9 @@ async def test_malformed_tokens_get_a_401_with_a_valid_head() -> None:
         "e30.e30.",  # {} . {}
     ]
     with trio.fail_after(60):
-        async with jwt_server() as server:
+        async with jwt_port(runtime) as port:
             for tok in tokens:
-                client = await Client.connect(server.port)
+                client = await Client.connect(port)
                 reply = await client.request(
                     "POST", "/mcp", INIT, headers={"authorization": f"Bearer {tok}"}
                 )
@@ -111,27 +125,29 @@ async def test_malformed_tokens_get_a_401_with_a_valid_head() -> None:
                 await client.aclose()
 
 
-async def test_an_expired_token_is_told_so_in_fixed_words() -> None:
+@RUNTIMES
+async def test_an_expired_token_is_told_so_in_fixed_words(runtime: str) -> None:
     with trio.fail_after(30):
-        async with jwt_server() as server:
-            reply = await post(server.port, INIT, token(exp=1_000_000, iat=999_000))
+        async with jwt_port(runtime) as port:
+            reply = await post(port, INIT, token(exp=1_000_000, iat=999_000))
             assert reply.status == 401
             assert 'error_description="token expired"' in reply.headers["www-authenticate"]
 
 
-async def test_one_principal_filling_its_share_leaves_room_for_others() -> None:
+@RUNTIMES
+async def test_one_principal_filling_its_share_leaves_room_for_others(runtime: str) -> None:
     # Authorization on, no per-principal option: each principal gets a sixteenth.
     with trio.fail_after(60):
-        async with jwt_server(max_sessions=32) as server:
+        async with jwt_port(runtime, max_sessions=32) as port:
             for _ in range(2):
-                await open_as(server.port, token("alice"))
-            refused = await post(server.port, INIT, token("alice"))
+                await open_as(port, token("alice"))
+            refused = await post(port, INIT, token("alice"))
             assert refused.status == 429, refused
             assert refused.reason == "session_limit"
             data = refused.json()["error"]["data"]
             assert (data["limit"], data["scope"]) == (2, "principal")
             assert "retry-after" in refused.headers
-            await open_as(server.port, token("bob"))
+            await open_as(port, token("bob"))
 
 
 def test_the_per_principal_default_depends_on_authorization() -> None:
@@ -156,14 +172,14 @@ class _FlakyVerifier:
         return AccessToken(principal=f"https://issuer.test#{token}")
 
 
+@RUNTIMES
 async def test_a_failing_verifier_is_a_503_to_retry_not_a_dropped_connection(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, runtime: str
 ) -> None:
     auth = Authorization(verifier=_FlakyVerifier(), resource="http://127.0.0.1/mcp")
     with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            server = await nursery.start(Server(app, ServerConfig(port=0, auth=auth)).run)
-            client = await Client.connect(server.port)
+        async with serve_configured(runtime, app, ServerConfig(port=0, auth=auth)) as port:
+            client = await Client.connect(port)
             down = await client.request(
                 "POST", "/mcp", INIT, headers={"authorization": "Bearer down-1"}
             )
@@ -174,9 +190,6 @@ async def test_a_failing_verifier_is_a_503_to_retry_not_a_dropped_connection(
             up = await client.request("POST", "/mcp", INIT, headers={"authorization": "Bearer ok"})
             assert up.status == 200, up
             await client.aclose()
-            server.shutdown()
-            await server.stopped.wait()
-            nursery.cancel_scope.cancel()
     failures = [r for r in caplog.records if "verifier failed" in r.getMessage()]
     assert len(failures) == 1 and failures[0].exc_info is None
 
@@ -186,9 +199,12 @@ async def test_a_failing_verifier_is_a_503_to_retry_not_a_dropped_connection(
     [10**400, str(4102444800), [4102444800]],
     ids=["beyond-a-float", "string", "list"],
 )
-async def test_an_exp_that_is_not_a_numeric_date_is_an_invalid_token(exp: object) -> None:
+@RUNTIMES
+async def test_an_exp_that_is_not_a_numeric_date_is_an_invalid_token(
+    exp: object, runtime: str
+) -> None:
     # Signed by the issuer's own key, yet not a NumericDate (RFC 7519 section 2): an
     # invalid token (401), not a verifier failure (503) and never accepted.
     with trio.fail_after(30):
-        async with jwt_server() as server:
-            assert_fixed_401(await post(server.port, INIT, token(exp=exp)))
+        async with jwt_port(runtime) as port:
+            assert_fixed_401(await post(port, INIT, token(exp=exp)))

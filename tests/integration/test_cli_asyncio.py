@@ -32,25 +32,16 @@ from .test_cli_startup import MYAPP, one_line_failure, weir
 
 #: A command-line value for each Trio-only option that the asyncio runtime refuses.
 REFUSED_ARGS: dict[str, list[str]] = {
-    "shutdown_grace": ["--shutdown-grace", "5"],
     "store": ["--store", "redis://127.0.0.1:6379/0"],
     "resume": ["--resume", "shared"],
     "replica_id": ["--replica-id", "a"],
-    "retry_window": ["--retry-window", "30"],
     "workers": ["--workers", "2"],
     "reuse_port": ["--reuse-port"],
     "max_inbound_bytes": ["--max-inbound-bytes", "1000000"],
-    "max_sessions_per_principal": ["--max-sessions-per-principal", "4"],
     "initialize_timeout": ["--initialize-timeout", "5"],
     "session_retain_bytes": ["--session-retain-bytes", "100000"],
     "memory_budget": ["--memory-budget", "100000000"],
     "claim_lease": ["--claim-lease", "5"],
-    "auth_issuer": ["--auth-issuer", "https://issuer.test"],
-    "auth_resource": ["--auth-resource", "https://mcp.test/mcp"],
-    "auth_jwks_url": ["--auth-jwks-url", "https://issuer.test/jwks"],
-    "auth_jwks_file": ["--auth-jwks-file", "/nonexistent/jwks.json"],
-    "auth_scope": ["--auth-scope", "mcp"],
-    "auth_server": ["--auth-server", "https://issuer.test"],
 }
 
 

@@ -195,13 +195,15 @@ def test_store_urls_that_can_be_right_pass(url: str) -> None:
     ],
     ids=["only-a-symmetric-key", "no-keys", "not-a-key-set"],
 )
+@pytest.mark.parametrize("runtime", ["trio", "asyncio"])
 def test_a_jwks_file_without_a_usable_key_is_refused_at_start(
-    tmp_path: Path, keys: str, why: str
+    tmp_path: Path, keys: str, why: str, runtime: str
 ) -> None:
     # Served, every token would be refused for the life of the process: say it now.
     (tmp_path / "jwks.json").write_text(keys)
     auth = ["--auth-issuer", "https://issuer.test", "--auth-resource", "http://127.0.0.1/mcp"]
-    done = weir(tmp_path, "serve", "--port", "0", *auth, "--auth-jwks-file", "jwks.json")
+    serve = ["serve", "--runtime", runtime, "--port", "0"]
+    done = weir(tmp_path, *serve, *auth, "--auth-jwks-file", "jwks.json")
     line = one_line_failure(done)
     assert line.startswith("weir: --auth-jwks-file holds no key that can verify "), line
     assert why in line

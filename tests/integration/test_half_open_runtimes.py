@@ -515,22 +515,7 @@ def test_a_stream_whose_connection_goes_away_gives_its_credit_back(runtime: str)
         assert any(log.next_seq >= 1 and log.retained_bytes > 12_000 for log in streams)
 
 
-#: The legacy transport's tests: the asyncio runtime does not serve ``/sse`` yet.
-LEGACY = pytest.mark.parametrize(
-    "runtime",
-    [
-        "trio",
-        pytest.param(
-            "asyncio",
-            marks=pytest.mark.xfail(
-                strict=True, reason="asyncio: legacy transport /sse not served yet"
-            ),
-        ),
-    ],
-)
-
-
-@LEGACY
+@RUNTIMES
 def test_a_legacy_stream_not_read_is_bounded_refused_then_reaped(runtime: str) -> None:
     # The original incident on the 2024-11-05 transport (in detail, on the Trio engine:
     # test_half_open_loopback): a peer stops reading GET /sse and keeps POSTing.

@@ -54,18 +54,6 @@ INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT_
 
 #: The runtimes a test parametrised with ``runtime`` runs against.
 RUNTIMES = pytest.mark.parametrize("runtime", ["trio", "asyncio"])
-#: ... and those of a test that reads ``/metrics``, which the asyncio runtime does not
-#: serve yet: its case is expected to fail until it does (strict: it flips then).
-RUNTIMES_METRICS = pytest.mark.parametrize(
-    "runtime",
-    [
-        "trio",
-        pytest.param(
-            "asyncio",
-            marks=pytest.mark.xfail(strict=True, reason="asyncio: /metrics not served yet"),
-        ),
-    ],
-)
 
 
 @contextmanager
@@ -112,7 +100,7 @@ async def settle_rss(pid: int, seconds: float = 1.0) -> int:
 # ----------------------------------------------------------------- retained results
 
 
-@RUNTIMES_METRICS
+@RUNTIMES
 async def test_large_results_are_retained_within_the_session_budget(
     tmp_path: Path, runtime: str
 ) -> None:
@@ -211,7 +199,7 @@ async def test_initialize_flood_is_capped_and_existing_sessions_keep_working(
                 await initialize(late)
 
 
-@RUNTIMES_METRICS
+@RUNTIMES
 async def test_initialize_whose_answer_cannot_be_sent_leaves_no_session(
     tmp_path: Path, runtime: str
 ) -> None:
@@ -281,7 +269,7 @@ async def test_huge_batch_is_refused_at_once_and_neighbours_are_unaffected(
 # ----------------------------------------------------------------- connections
 
 
-@RUNTIMES_METRICS
+@RUNTIMES
 async def test_trickled_head_is_cut_and_waiting_clients_are_then_served(
     tmp_path: Path, runtime: str
 ) -> None:
@@ -356,7 +344,7 @@ async def test_request_bytes_in_flight_are_capped_server_wide(tmp_path: Path) ->
             await initialize(polite)
 
 
-@RUNTIMES_METRICS
+@RUNTIMES
 async def test_a_refused_request_still_arriving_is_answered_not_reset(
     tmp_path: Path, runtime: str
 ) -> None:
@@ -574,7 +562,7 @@ async def _stall_sessions(port: int, n: int, size: int) -> list[Client]:
     return stalled
 
 
-@RUNTIMES_METRICS
+@RUNTIMES
 @pytest.mark.parametrize("mode", [(), ("--json-response",)], ids=["sse", "json"])
 async def test_stalled_sessions_are_torn_down_and_memory_comes_back(
     tmp_path: Path, mode: Sequence[str], runtime: str

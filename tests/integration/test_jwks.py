@@ -2,11 +2,14 @@
 
 Keys are real (``cryptography``), tokens are signed with PyJWT, and every JWKS URL is
 served by a real ``http.server`` on 127.0.0.1 in a thread: one that redirects, one
-that trickles its answer a byte at a time for as long as the client listens.
+that trickles its answer a byte at a time for as long as the client listens, one
+that answers too much.  The fetches are checked on both runtimes' HTTP clients
+(Trio's, and asyncio's that the asyncio runtime binds a verifier to).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -21,8 +24,11 @@ import jwt
 import pytest
 import trio
 
+from weir.asyncio._jwks import AsyncioWaits
+from weir.common import MAX_JWKS_BYTES
 from weir.engine import InvalidToken, JwtVerifier
 
+from .configured import RUNTIMES
 from .test_auth import ISSUER, RESOURCE, SIGNING_KEY, jwks, token
 
 HMAC_SECRET = b"a-shared-secret-that-is-long-enough-for-hs256!!"
@@ -74,6 +80,37 @@ def http_server(
         server.server_close()
 
 
+async def verify_all(runtime: str, verifier: JwtVerifier, tokens: list[str]) -> list[float]:
+    """Verify ``tokens`` at once with ``verifier`` served on ``runtime`` (on asyncio:
+    bound to asyncio's waits, as the asyncio runtime binds it, in a loop of its own
+    in a thread); the seconds each took to be refused (every one must be)."""
+
+    async def trio_one(tok: str, took: list[float]) -> None:
+        start = trio.current_time()
+        with pytest.raises(InvalidToken):
+            await verifier.verify(tok)
+        took.append(trio.current_time() - start)
+
+    async def asyncio_one(tok: str) -> float:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(InvalidToken):
+            await verifier.verify(tok)
+        return loop.time() - start
+
+    async def asyncio_all() -> list[float]:
+        verifier.bind(AsyncioWaits())
+        return list(await asyncio.gather(*(asyncio_one(t) for t in tokens)))
+
+    if runtime == "asyncio":
+        return await trio.to_thread.run_sync(lambda: asyncio.run(asyncio_all()))
+    took: list[float] = []
+    async with trio.open_nursery() as nursery:
+        for tok in tokens:
+            nursery.start_soon(trio_one, tok, took)
+    return took
+
+
 def send_json(req: BaseHTTPRequestHandler, doc: Any) -> None:
     body = json.dumps(doc).encode()
     req.send_response(200)
@@ -87,7 +124,7 @@ async def test_an_oct_key_is_dropped_and_never_verifies(caplog: pytest.LogCaptur
     rsa_only = jwks()["keys"][0]
     del rsa_only["kid"]  # (a key set of one key, which tokens need not name)
     keys = {"keys": [rsa_only, oct_jwk("h")]}
-    with caplog.at_level(logging.WARNING, logger="weir.engine._auth"):
+    with caplog.at_level(logging.WARNING, logger="weir.auth"):
         verifier = JwtVerifier(issuer=ISSUER, audience=RESOURCE, jwks=keys)
     warnings = [r.getMessage() for r in caplog.records if "JWKS" in r.getMessage()]
     assert len(warnings) == 1 and "kty 'oct'" in warnings[0], warnings
@@ -113,7 +150,7 @@ async def test_keys_whose_alg_is_not_allowed_or_does_not_fit_are_dropped(
         {**rsa, "kid": "enc", "use": "enc"},
         {**rsa, "kid": "ok", "alg": "RS256"},
     ]
-    with caplog.at_level(logging.WARNING, logger="weir.engine._auth"):
+    with caplog.at_level(logging.WARNING, logger="weir.auth"):
         verifier = JwtVerifier(
             issuer=ISSUER, audience=RESOURCE, jwks={"keys": keys}, algorithms=("RS256", "ES256")
         )
@@ -125,7 +162,8 @@ async def test_keys_whose_alg_is_not_allowed_or_does_not_fit_are_dropped(
     assert (await verifier.verify(token(kid="ok"))).principal == f"{ISSUER}#alice"
 
 
-async def test_a_redirecting_jwks_url_is_not_followed() -> None:
+@RUNTIMES
+async def test_a_redirecting_jwks_url_is_not_followed(runtime: str) -> None:
     def handle(req: BaseHTTPRequestHandler) -> None:
         if req.path == "/jwks":
             req.send_response(302)
@@ -139,13 +177,13 @@ async def test_a_redirecting_jwks_url_is_not_followed() -> None:
         verifier = JwtVerifier(
             issuer=ISSUER, audience=RESOURCE, jwks_url=f"http://127.0.0.1:{port}/jwks"
         )
-        with pytest.raises(InvalidToken):
-            await verifier.verify(token())
+        assert len(await verify_all(runtime, verifier, [token()])) == 1
         assert seen == ["/jwks"]
 
 
+@RUNTIMES
 async def test_the_whole_fetch_has_one_deadline_and_concurrent_needs_share_it(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, runtime: str
 ) -> None:
     """The server sends a byte every 20 ms, forever: no single read ever waits long,
     so only a deadline over the whole fetch ends it -- and the log line says so."""
@@ -170,22 +208,12 @@ async def test_the_whole_fetch_has_one_deadline_and_concurrent_needs_share_it(
             jwks_url=f"http://127.0.0.1:{port}/jwks",
             fetch_timeout=deadline,
         )
-        refused: list[float] = []
-
-        async def one() -> None:
-            with pytest.raises(InvalidToken):
-                await verifier.verify(token())
-            refused.append(trio.current_time() - start)
-
-        start = trio.current_time()
         try:
             with (
-                caplog.at_level(logging.WARNING, logger="weir.engine._auth"),
+                caplog.at_level(logging.WARNING, logger="weir.auth"),
                 trio.fail_after(deadline * 40),
             ):
-                async with trio.open_nursery() as nursery:
-                    for _ in range(10):
-                        nursery.start_soon(one)
+                refused = await verify_all(runtime, verifier, [token()] * 10)
         finally:
             stop.set()
     assert len(refused) == 10
@@ -194,6 +222,36 @@ async def test_the_whole_fetch_has_one_deadline_and_concurrent_needs_share_it(
     assert max(refused) < deadline * 20
     assert min(refused) >= deadline * 0.9
     # (A deadline's exception has no message: the line names its type, not nothing.)
+    slow = {"trio": "TooSlowError", "asyncio": "TimeoutError"}[runtime]
     assert [r.getMessage() for r in caplog.records if "JWKS" in r.getMessage()] == [
-        "could not fetch the JWKS: TooSlowError"
+        f"could not fetch the JWKS: {slow}"
     ]
+
+
+@RUNTIMES
+async def test_a_jwks_longer_than_the_limit_is_not_read_to_its_end(
+    caplog: pytest.LogCaptureFixture, runtime: str
+) -> None:
+    """A JWKS URL that answers more than ``MAX_JWKS_BYTES`` is a failed fetch (one log
+    line), not a key set read into memory whole."""
+
+    def handle(req: BaseHTTPRequestHandler) -> None:
+        req.send_response(200)
+        req.send_header("content-length", str(MAX_JWKS_BYTES + 65536))
+        req.end_headers()
+        try:
+            for _ in range(MAX_JWKS_BYTES // 65536 + 1):
+                req.wfile.write(b" " * 65536)
+        except OSError:
+            pass  # (the client gave up, as it should)
+
+    with http_server(handle) as (port, seen), trio.fail_after(30):
+        verifier = JwtVerifier(
+            issuer=ISSUER, audience=RESOURCE, jwks_url=f"http://127.0.0.1:{port}/jwks"
+        )
+        with caplog.at_level(logging.WARNING, logger="weir.auth"):
+            assert len(await verify_all(runtime, verifier, [token()])) == 1
+    assert seen == ["/jwks"]
+    lines = [r.getMessage() for r in caplog.records if "JWKS" in r.getMessage()]
+    assert len(lines) == 1 and "could not fetch the JWKS" in lines[0], lines
+    assert f"longer than {MAX_JWKS_BYTES} bytes" in lines[0], lines

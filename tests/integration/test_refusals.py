@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import pytest
 import trio
 
 from tests.engine.helpers import H11Client, Reply, SseReply
@@ -143,18 +142,7 @@ async def test_not_found_and_method_not_allowed(runtime: str) -> None:
         refused(await s.send("PATCH", b"{}"), 405, "method_not_allowed")
 
 
-@pytest.mark.parametrize(
-    "runtime",
-    [
-        "trio",
-        pytest.param(
-            "asyncio",
-            marks=pytest.mark.xfail(
-                strict=True, reason="asyncio: /metrics and legacy transport /sse not served yet"
-            ),
-        ),
-    ],
-)
+@RUNTIMES
 async def test_the_engines_own_endpoints_refuse_what_they_do_not_serve(runtime: str) -> None:
     async with session_of(runtime) as s:
         metrics = await s.send("POST", b"{}", target="/metrics")

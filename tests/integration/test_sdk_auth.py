@@ -1,10 +1,11 @@
 """An SDK app's own security, served by ``weir serve``: its verifier, its metadata.
 
-``python -m weir serve tests.integration.sdk_auth_app:server`` (no ``--auth-*``)
-serves an ``MCPServer`` built with ``token_verifier=`` and ``AuthSettings``: a
-request without a token, or with one the app's verifier refuses, is a 401; a token
-without the app's required scope a 403; a valid one is answered, and the SDK tool
-sees who it speaks for.  The protected resource metadata is the app's.  What weir
+``python -m weir serve tests.integration.sdk_auth_app:server`` (no ``--auth-*``;
+on each runtime, ``--runtime trio`` and ``--runtime asyncio``) serves an
+``MCPServer`` built with ``token_verifier=`` and ``AuthSettings``: a request
+without a token, or with one the app's verifier refuses, is a 401; a token without
+the app's required scope a 403; a valid one is answered, and the SDK tool sees who
+it speaks for.  The protected resource metadata is the app's.  What weir
 does not serve (the app's custom route) is named at start-up, and an SDK tool that
 needs asyncio gets the hint naming the fix.  Real JWTs (PyJWT, an RSA key whose
 public half the app reads from a file), real sockets.
@@ -28,6 +29,7 @@ import trio
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from tests.integration.configured import RUNTIMES, serve_configured
 from tests.integration.rawhttp import Client, Reply, call
 from tests.integration.serverproc import REPO_ROOT, WeirProcess
 from tests.integration.test_auth import INIT
@@ -52,8 +54,11 @@ def token(sub: str = "alice", *, key: Any = KEY, scope: str = "mcp") -> str:
     return jwt.encode({**claims, "client_id": "cli-9"}, key, algorithm="RS256")
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WeirProcess]:
+@pytest.fixture(scope="module", params=["trio", "asyncio"])
+def served(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[WeirProcess]:
+    """The app served by ``weir serve`` on each runtime (``--runtime``)."""
     pem = tmp_path_factory.mktemp("sdk-auth") / "public.pem"
     pem.write_bytes(
         KEY.public_key().public_bytes(
@@ -63,7 +68,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WeirProcess]:
     os.environ["SDK_AUTH_APP_KEY"] = str(pem)  # read by the app in the server process
     try:
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            proc = WeirProcess(APP, out, err)
+            proc = WeirProcess(APP, out, err, driver=request.param)
             try:
                 yield proc
             finally:
@@ -174,6 +179,9 @@ async def test_an_sdk_tool_that_needs_asyncio_gets_the_hint(served: WeirProcess)
     with trio.fail_after(30):
         reply = await sessionless(served.port, "napper", token())
         result = reply.json()["result"]
+        if served.driver == "asyncio":  # (its tools run on asyncio: nothing to hint)
+            assert result["content"][0]["text"] == "rested", result
+            return
         assert result["isError"] is True
         assert result["content"] == [
             {
@@ -192,9 +200,10 @@ async def test_an_sdk_tool_that_needs_asyncio_gets_the_hint(served: WeirProcess)
     assert "@weir.engine.asyncio_bridge.on_asyncio" in log
 
 
-def test_the_asyncio_runtime_refuses_rather_than_serve_it_open() -> None:
+def test_the_asyncio_runtime_refuses_security_it_cannot_keep_rather_than_serve_open() -> None:
+    app = "tests.integration.sdk_auth_app:no_resource"
     done = subprocess.run(
-        [sys.executable, "-m", "weir", "serve", "--runtime", "asyncio", APP, "--port", "0"],
+        [sys.executable, "-m", "weir", "serve", "--runtime", "asyncio", app, "--port", "0"],
         cwd=REPO_ROOT,
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -202,8 +211,8 @@ def test_the_asyncio_runtime_refuses_rather_than_serve_it_open() -> None:
         timeout=60,
     )
     assert done.returncode != 0 and "weir: serving" not in done.stdout
-    assert "declares its own authorization" in done.stderr
-    assert "--runtime trio" in done.stderr and "Traceback" not in done.stderr
+    assert "weir: refusing to serve the app open:" in done.stderr, done.stderr
+    assert "resource_server_url" in done.stderr and "Traceback" not in done.stderr
 
 
 class TableVerifier:
@@ -228,15 +237,16 @@ class TableVerifier:
         return self.table.get(token)
 
 
+@RUNTIMES
 @pytest.mark.parametrize(("tok", "status"), [("fresh", 200), ("stale", 401), ("elsewhere", 401)])
 async def test_expiry_and_resource_are_checked_whatever_the_verifier_says(
-    tok: str, status: int
+    tok: str, status: int, runtime: str
 ) -> None:
     from mcp.server.auth.settings import AuthSettings
     from mcp.server.mcpserver import MCPServer
 
     from weir.app.sdk import from_sdk
-    from weir.engine import Server, ServerConfig
+    from weir.engine import ServerConfig
     from weir.engine._declared_auth import declared_authorization
 
     settings = AuthSettings(
@@ -256,10 +266,8 @@ async def test_expiry_and_resource_are_checked_whatever_the_verifier_says(
     auth = declared_authorization(app)
     assert auth is not None
     with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            server = await nursery.start(Server(app, ServerConfig(port=0, auth=auth)).run)
-            reply = await sessionless(server.port, "ping", tok)
-            server.shutdown()
+        async with serve_configured(runtime, app, ServerConfig(port=0, auth=auth)) as port:
+            reply = await sessionless(port, "ping", tok)
     assert reply.status == status, reply
     if status == 200:
         assert tool_text(reply) == "pong"
@@ -313,7 +321,8 @@ def test_a_fastmcp_auth_provider_is_refused_not_dropped() -> None:
         declared_authorization(app)
 
 
-async def test_auth_options_replace_the_apps_verifier(tmp_path: Path) -> None:
+@RUNTIMES
+async def test_auth_options_replace_the_apps_verifier(tmp_path: Path, runtime: str) -> None:
     from tests.integration import test_auth
 
     keys = tmp_path / "jwks.json"
@@ -323,7 +332,7 @@ async def test_auth_options_replace_the_apps_verifier(tmp_path: Path) -> None:
         "--auth-jwks-file", str(keys),
     ]  # fmt: skip
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = WeirProcess(APP, out, err, args)
+        proc = WeirProcess(APP, out, err, args, driver=runtime)
         try:
             with trio.fail_after(30):
                 ours = await sessionless(proc.port, "whoami", test_auth.token("dora"))
@@ -335,14 +344,16 @@ async def test_auth_options_replace_the_apps_verifier(tmp_path: Path) -> None:
         assert "the app's own authorization is replaced by the --auth-* options" in (proc.stderr())
 
 
-async def test_embedding_the_app_by_hand_keeps_its_security_too() -> None:
+@RUNTIMES
+async def test_embedding_the_app_by_hand_keeps_its_security_too(runtime: str) -> None:
     """``Server(from_sdk(app), ServerConfig())`` -- no ``auth`` passed -- serves the
-    app with its own verifier, as ``weir serve`` does; never open."""
+    app with its own verifier, as ``weir serve`` does; never open.  So does
+    :func:`weir.asyncio.run` (``AsyncioConfig()`` with no ``auth``)."""
     from mcp.server.auth.settings import AuthSettings
     from mcp.server.mcpserver import MCPServer
 
     from weir.app.sdk import from_sdk
-    from weir.engine import Server, ServerConfig
+    from weir.engine import ServerConfig
 
     settings = AuthSettings(
         issuer_url=ISSUER,  # type: ignore[arg-type]
@@ -358,11 +369,9 @@ async def test_embedding_the_app_by_hand_keeps_its_security_too() -> None:
 
     replies: dict[str | None, Reply] = {}
     with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            server = await nursery.start(Server(from_sdk(sdk), ServerConfig(port=0)).run)
+        async with serve_configured(runtime, from_sdk(sdk), ServerConfig(port=0)) as port:
             for tok in (None, "unknown", "stale", "fresh"):
-                replies[tok] = await sessionless(server.port, "ping", tok)
-            server.shutdown()
+                replies[tok] = await sessionless(port, "ping", tok)
     assert replies[None].status == 401 and replies["unknown"].status == 401
     assert "token expired" in replies["stale"].headers["www-authenticate"]
     assert tool_text(replies["fresh"]) == "pong"

@@ -101,7 +101,8 @@ def on_asyncio(test: Callable[_P, Coroutine[Any, Any, None]]) -> Callable[_P, No
 #: The servers this module has running, checked after every test.
 _RUNNING: dict[tuple[str, str], WeirProcess] = {}
 
-#: Both drivers serve the session-era endpoint; the tests of it run against each.
+#: Both drivers serve the session-era endpoint, the 2024-11-05 transport and
+#: authorization; the tests of them run against each.
 DRIVERS = ("trio", "asyncio")
 
 
@@ -135,20 +136,6 @@ def conformance_server(
     request: pytest.FixtureRequest, weir_servers: Callable[[str, str], WeirProcess]
 ) -> WeirProcess:
     return weir_servers("conformance", request.param)
-
-
-def _not_yet(feature: str) -> list[Any]:
-    """Both drivers, the asyncio one expected to fail (strictly) until it serves ``feature``."""
-    reason = f"asyncio: {feature} not served yet"
-    return ["trio", pytest.param("asyncio", marks=pytest.mark.xfail(strict=True, reason=reason))]
-
-
-@pytest.fixture(params=_not_yet("legacy transport /sse"))
-def legacy_demo_server(
-    request: pytest.FixtureRequest, weir_servers: Callable[[str, str], WeirProcess]
-) -> WeirProcess:
-    """For the 2024-11-05 transport, which only the Trio engine serves so far."""
-    return weir_servers("demo", request.param)
 
 
 @pytest.fixture(autouse=True)
@@ -574,14 +561,14 @@ async def test_session_terminated_when_client_exits(demo_server: WeirProcess) ->
 
 @on_asyncio
 async def test_legacy_http_sse_transport_with_the_sdk_sse_client(
-    legacy_demo_server: WeirProcess,
+    demo_server: WeirProcess,
 ) -> None:
     """The 2024-11-05 HTTP+SSE transport (``GET /sse`` + ``POST /messages``), driven
     by the official SDK's ``sse_client``: every response travels on the one stream."""
     from mcp.client.session import ClientSession
     from mcp.client.sse import sse_client
 
-    base = legacy_demo_server.url.rsplit("/", 1)[0]
+    base = demo_server.url.rsplit("/", 1)[0]
     async with (
         sse_client(f"{base}/sse") as (read, write),
         ClientSession(read, write) as session,
@@ -602,7 +589,7 @@ async def test_legacy_http_sse_transport_with_the_sdk_sse_client(
 # ---------------------------------------------------------------- (8) a bearer token
 
 
-@pytest.mark.parametrize("driver", _not_yet("authorization"))
+@pytest.mark.parametrize("driver", DRIVERS)
 @on_asyncio
 async def test_sdk_client_with_a_bearer_token(tmp_path: Any, driver: str) -> None:
     # weir serve with --auth-*: a static JWKS file, a token signed with its key.

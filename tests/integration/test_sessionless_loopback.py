@@ -13,11 +13,11 @@ server's timers can make a condition true it polls it, bounded in time and count
 * request state: a round continues with it; a tampered or another request's state
   is 400, -32602, and never runs the handler with forged answers;
 * with authorization, a principal that stops reading is refused 429 on its other
-  connections.
+  connections (its credit owner is shared by them).
 
 Each test runs on both runtimes (the ``runtime`` fixture: the Trio engine, and the
 asyncio runtime in a thread of its own, whose state is read on its own loop), except
-what needs authorization, metrics or the Trio engine's epoch draws.
+what needs the Trio engine's epoch draws.  ``/metrics`` is read on both.
 """
 
 from __future__ import annotations
@@ -36,10 +36,12 @@ import trio
 
 from tests.integration.rawhttp import Client, raw_request, sse_messages
 from weir.app import Context
+from weir.asyncio import AsyncioDriver
 from weir.engine import App, Server, ServerConfig
-from weir.protocol import CreditLimits
+from weir.protocol import CreditLimits, EndpointConfig
 from weir.protocol.sessionless import META_SUBSCRIPTION_ID
 
+from .configured import run_configured
 from .test_asyncio_driver import running_driver
 from .test_auth import jwt_authorization, token
 
@@ -160,7 +162,7 @@ def call(
 
 
 @asynccontextmanager
-async def serving(config: ServerConfig | None = None) -> AsyncIterator[Server]:
+async def serve_configured(config: ServerConfig | None = None) -> AsyncIterator[Server]:
     async with trio.open_nursery() as nursery:
         server: Server = await nursery.start(
             Server(app, config or ServerConfig(port=0, credit=CREDIT)).run
@@ -182,8 +184,6 @@ class Served:
     listeners: Callable[[], int]
     owners: Callable[[], list[Any]]
     held: Callable[[Any], tuple[int, int]]
-    #: The Trio engine's server (its metrics), when it is the one serving.
-    trio_server: Server | None = None
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop, read: Callable[[], T]) -> T:
@@ -217,14 +217,22 @@ async def served_by(runtime: str) -> AsyncIterator[Served]:
                 ),
             )
         return
-    async with serving() as server:
+    async with serve_configured() as server:
         yield Served(
             server.port,
             lambda: len(server.subscribers),
             lambda: list(server.owners),
             lambda o: (o.credit.frames_in_use, o.credit.bytes_in_use),
-            server,
         )
+
+
+async def metrics_page(port: int) -> str:
+    """``GET /metrics``, as text."""
+    client = await Client.connect(port)
+    try:
+        return (await client.request("GET", "/metrics")).body.decode()
+    finally:
+        await client.aclose()
 
 
 async def ask(port: int, message: dict[str, Any], **extra: str) -> Any:
@@ -331,11 +339,10 @@ async def test_a_listen_stream_whose_client_stops_reading_is_torn_down(runtime: 
             await trio.sleep(0.005)
         frames, nbytes = server.held(owner)
         assert frames <= CREDIT.frames and nbytes <= CREDIT.bytes
-        if server.trio_server is not None:  # (the asyncio runtime has no /metrics)
-            metrics = await Client.connect(server.port)
-            page = (await metrics.request("GET", "/metrics")).body.decode()
-            await metrics.aclose()
-            assert "weir_listen_streams 1" in page and "weir_sessionless_owners " in page
+        metrics = await Client.connect(server.port)
+        page = (await metrics.request("GET", "/metrics")).body.decode()
+        await metrics.aclose()
+        assert "weir_listen_streams 1" in page and "weir_sessionless_owners " in page
         assert await eventually(lambda: not server.listeners(), timeout=LIVENESS + SLACK + 2)
         await stalled.aclose()
 
@@ -372,10 +379,13 @@ async def test_request_state_continues_a_round_and_a_forged_one_is_refused(runti
         assert ran == ["greet", "greet"]  # the forged rounds ran nothing
 
 
-async def test_a_principal_that_stops_reading_is_refused_on_its_other_connections() -> None:
+async def test_a_principal_that_stops_reading_is_refused_on_its_other_connections(
+    runtime: str,
+) -> None:
     async with trio.open_nursery() as nursery:
         auth = await jwt_authorization(nursery)
-        async with serving(ServerConfig(port=0, credit=CREDIT, auth=auth)) as server:
+        config = ServerConfig(port=0, credit=CREDIT, auth=auth)
+        async with run_configured(runtime, app, config) as server:
             alice = {"authorization": f"Bearer {token('alice')}"}
             bob = {"authorization": f"Bearer {token('bob')}"}
             stalled = await Client.connect(server.port, rcvbuf=4096)
@@ -385,7 +395,12 @@ async def test_a_principal_that_stops_reading_is_refused_on_its_other_connection
                     "POST", "/mcp", body=json.dumps(big).encode(), headers={**headers(big), **alice}
                 )
             )
-            assert await eventually(lambda: len(server.principal_owners) == 1, timeout=5)
+            for _ in range(100):  # until Alice's owner holds the stalled answer (5 s)
+                page = await metrics_page(server.port)
+                if "\nweir_sessionless_owners 1\n" in page:
+                    break
+                await trio.sleep(0.05)
+            assert "\nweir_sessionless_owners 1\n" in page, page
             waiting = await Client.connect(server.port)
             second = call(2, "bulk", {"size": 4000})
             await waiting.send_raw(
@@ -430,10 +445,12 @@ async def test_an_idempotency_key_makes_a_reissued_call_replay_not_run(runtime: 
         assert fresh.json()["result"]["content"][0]["text"] == "run 2"
         unkeyed = [await ask(server.port, call(5, "bump")) for _ in range(2)]
         assert [r.status for r in unkeyed] == [200, 200] and len(bumps) == 4  # no key: no gate
-        if server.trio_server is not None:
-            # What the metrics say: four executions (two keyed, two not), one replay.
-            metrics = server.trio_server.metrics
-            assert (metrics.executions, metrics.duplicates_replayed) == (4, 1)
+        # What the metrics say: four executions (two keyed, two not), one replay.
+        client = await Client.connect(server.port)
+        page = (await client.request("GET", "/metrics")).body.decode()
+        await client.aclose()
+        assert "\nweir_tool_executions_total 4\n" in page, page
+        assert '\nweir_duplicate_requests_total{outcome="replayed"} 1\n' in page, page
 
 
 async def test_a_keyed_call_that_asks_for_input_is_not_its_outcome_yet(runtime: str) -> None:
@@ -508,6 +525,8 @@ def test_a_retry_window_is_refused_without_authorization() -> None:
         ServerConfig(port=0, credit=CREDIT, retry_window=30.0)
     with pytest.raises(ValueError, match="retry_window"):
         ServerConfig(retry_window=-1)
+    with pytest.raises(ValueError, match="retry_window needs authorization"):
+        AsyncioDriver(app, EndpointConfig(), retry_window=30.0)  # (the asyncio runtime's)
 
 
 async def test_an_answer_streams_epoch_already_in_use_is_drawn_again(
@@ -522,7 +541,7 @@ async def test_an_answer_streams_epoch_already_in_use_is_drawn_again(
     def token_hex(n: int | None = None) -> str:
         return next(draws, None) or real(n) if n == 4 else real(n)
 
-    async with serving() as server:
+    async with serve_configured() as server:
         monkeypatch.setattr(secrets, "token_hex", token_hex)  # (the server has its ids)
         client = await Client.connect(server.port)
         try:

@@ -1,0 +1,110 @@
+"""``GET /metrics`` on the asyncio runtime: the Trio engine's Prometheus text.
+
+Theory of operation
+-------------------
+The counters and the text are :mod:`weir.common`'s :class:`~weir.common.Metrics`,
+as on the Trio engine; the asyncio runtime bumps the same counters where it does
+the same things (admissions, tool executions, duplicates replayed or still in
+progress, refusals by reason, liveness teardowns, idle expiries, dropped client
+notifications, credit peaks) and hands its sessions to the renderer through
+:class:`SessionView`.  Left out, because this runtime has no such thing: the
+``weir_inline_*`` series (no inline execution), the retention series (no memory
+budget), ``weir_connections_shed_total`` and ``weir_accept_errors_total`` (no
+accept loop of its own: ``asyncio.start_server`` accepts, and an over-limit
+connection is refused 503 ``overloaded``, counted as a refusal).  The endpoint
+answers under the endpoint's Host/Origin rules, GET only, and needs no token.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from weir.common import Credit, Metered
+from weir.protocol import HttpRequest, check_host_and_origin, check_method
+from weir.protocol.states import CreditState
+
+if TYPE_CHECKING:
+    from ._driver import AsyncioDriver
+    from ._session import Session
+
+#: The ``Content-Type`` of the Prometheus text format.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class SessionView:
+    """One asyncio session (or sessionless credit owner) as the metrics see it."""
+
+    __slots__ = ("_session",)
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    @property
+    def closed(self) -> bool:
+        return self._session.closed
+
+    @property
+    def half_open(self) -> bool:
+        return self._session.flow.credit.state in (CreditState.HALF_OPEN, CreditState.DEAD)
+
+    @property
+    def credit(self) -> Credit:
+        return self._session.flow.credit
+
+    @property
+    def session_id(self) -> str:
+        return self._session.sid
+
+
+class ConnectionCount:
+    """The runtime's open connections and their limit (no shedding, no accept loop)."""
+
+    __slots__ = ("_driver",)
+
+    def __init__(self, driver: AsyncioDriver) -> None:
+        self._driver = driver
+
+    @property
+    def open(self) -> int:
+        return self._driver.connections
+
+    @property
+    def limit(self) -> int:
+        return self._driver.max_connections
+
+    @property
+    def shed_total(self) -> None:
+        return None
+
+    @property
+    def accept_errors(self) -> None:
+        return None
+
+
+def view(session: Session) -> Metered:
+    """``session`` as :class:`~weir.common.Metrics` reads it."""
+    return SessionView(session)
+
+
+def is_metrics(driver: AsyncioDriver, request: HttpRequest) -> bool:
+    """Whether ``request`` asks for the metrics (their path, not the endpoint's)."""
+    path = driver.metrics_path
+    return path is not None and request.path == path and path != driver.endpoint.path
+
+
+def answer(driver: AsyncioDriver, request: HttpRequest) -> tuple[int, list[tuple[str, str]], bytes]:
+    """The metrics response (status, headers, body).
+
+    Raises:
+        RemoteProtocolError: the endpoint's Host/Origin refusals; 405 for a method but GET.
+    """
+    check_host_and_origin(request.headers, driver.endpoint)
+    check_method(request.method, "GET")
+    body = driver.metrics.render(
+        {sid: SessionView(s) for sid, s in driver.sessions.items()},
+        gate=ConnectionCount(driver),
+        owners=[SessionView(o) for o in driver.owners],
+        listen_streams=len(driver.listeners),
+        inline=False,
+    )
+    return 200, [("content-type", CONTENT_TYPE)], body.encode()

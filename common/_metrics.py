@@ -1,0 +1,323 @@
+"""Counters and gauges, rendered in the Prometheus text format at ``GET /metrics``.
+
+Theory of operation
+-------------------
+Both runtimes count into one :class:`Metrics` and render the same text (what a
+runtime does not have -- the asyncio runtime has no inline execution, no retention
+budget and no accept loop of its own -- it does not pass, and those series are
+left out rather than shown as zeros).  A runtime's sessions are seen through
+:class:`Metered` (its Trio session is one; the asyncio runtime passes views).
+The hot path only bumps integer attributes of :class:`Metrics`; everything else
+(per-session gauges, label escaping) is computed when ``/metrics`` is scraped.
+Per-session series are limited to the ``top`` sessions by bytes of credit in use,
+and sessions are labelled by a short hash of their id (never the id itself: it
+is a bearer secret), so label cardinality stays bounded however many sessions
+exist; aggregates cover all sessions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from weir.protocol.budget import RetentionBudget
+
+
+class Credit(Protocol):
+    """What the metrics read of a session's drain credit (the core's ``SessionCredit``)."""
+
+    @property
+    def frames_in_use(self) -> int: ...
+    @property
+    def bytes_in_use(self) -> int: ...
+    @property
+    def peak_frames(self) -> int: ...
+    @property
+    def peak_bytes(self) -> int: ...
+
+
+class Metered(Protocol):
+    """What the metrics read of one session (or sessionless credit owner)."""
+
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def half_open(self) -> bool: ...
+    @property
+    def credit(self) -> Credit: ...
+    @property
+    def session_id(self) -> str: ...
+
+
+class Connections(Protocol):
+    """What the metrics read of the runtime's connections: how many are open, the
+    limit, and (where the runtime has them: None otherwise, and not rendered) the
+    idle ones shed at the limit and the failed ``accept()`` calls."""
+
+    @property
+    def open(self) -> int: ...
+    @property
+    def limit(self) -> int: ...
+    @property
+    def shed_total(self) -> int | None: ...
+    @property
+    def accept_errors(self) -> int | None: ...
+
+
+class Metrics:
+    """The server's counters (see the module docstring)."""
+
+    def __init__(self, *, top: int = 20) -> None:
+        self.top = top
+        self.admissions = 0
+        self.executions = 0
+        self.teardowns = 0
+        self.duplicates_replayed = 0
+        self.duplicates_in_progress = 0
+        self.sessions_expired = 0
+        #: Client notifications not handed to the app: too many in its hands already.
+        self.notifications_dropped = 0
+        self.refusals: Counter[str] = Counter()
+        #: Tool calls answered in the connection's task (no handler task), by tool: the
+        #: keys are the app's own tool names, so the labels are bounded.
+        self.inline_calls: Counter[str] = Counter()
+        #: Of those, answers that had to wait for credit in a task ("primed": the
+        #: priming event waited too).
+        self.inline_deferred: Counter[str] = Counter()
+        #: The highest credit use (frames, bytes) of any session that has ended.
+        self.ended_peak_frames = 0
+        self.ended_peak_bytes = 0
+
+    def session_ended(self, session: Metered) -> None:
+        """Keep an ending session's credit high-water marks."""
+        credit = session.credit
+        self.ended_peak_frames = max(self.ended_peak_frames, credit.peak_frames)
+        self.ended_peak_bytes = max(self.ended_peak_bytes, credit.peak_bytes)
+
+    def credit_peaks(self, live: Iterable[Metered]) -> tuple[int, int]:
+        """The most frames and bytes of credit any session of this process has held."""
+        frames, nbytes = self.ended_peak_frames, self.ended_peak_bytes
+        for s in live:
+            frames, nbytes = max(frames, s.credit.peak_frames), max(nbytes, s.credit.peak_bytes)
+        return frames, nbytes
+
+    def refused(self, reason: str) -> None:
+        """Count one refusal by its ``reason``."""
+        self.refusals[reason] += 1
+
+    def render(
+        self,
+        sessions: Mapping[str, Metered],
+        *,
+        gate: Connections | None = None,
+        budget: RetentionBudget | None = None,
+        owners: Collection[Metered] = (),
+        listen_streams: int = 0,
+        inline: bool = True,
+    ) -> str:
+        """The Prometheus text exposition of every metric.
+
+        ``owners``: the sessionless era's credit owners (connections or principals);
+        ``listen_streams``: its open ``subscriptions/listen`` streams; without
+        ``inline`` (a runtime with no inline execution) the ``weir_inline_*`` series
+        are left out, as are the retention series without ``budget`` and the
+        connection series without ``gate``.
+        """
+        out: list[str] = []
+
+        def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+            out.append(f"# HELP {name} {help_}")
+            out.append(f"# TYPE {name} {kind}")
+            out.extend(f"{name}{labels} {value:g}" for labels, value in samples)
+
+        live = [s for s in sessions.values() if not s.closed]
+        metric("weir_sessions", "gauge", "Live sessions.", [("", len(live))])
+        metric(
+            "weir_half_open_sessions",
+            "gauge",
+            "Sessions whose streams are half-open.",
+            [("", sum(1 for s in live if s.half_open))],
+        )
+        metric(
+            "weir_admissions_total",
+            "counter",
+            "Requests admitted for dispatch.",
+            [("", self.admissions)],
+        )
+        metric(
+            "weir_refusals_total",
+            "counter",
+            "Requests refused, by reason.",
+            [(f'{{reason="{r}"}}', n) for r, n in sorted(self.refusals.items())] or [("", 0)],
+        )
+        if inline:
+            metric(
+                "weir_inline_calls_total",
+                "counter",
+                "Tool calls answered without a handler task, by tool.",
+                [(f'{{tool="{_label_value(t)}"}}', n) for t, n in sorted(self.inline_calls.items())]
+                or [("", 0)],
+            )
+            metric(
+                "weir_inline_deferred_total",
+                "counter",
+                "Inline answers that waited for credit in a task.",
+                [(f'{{wait="{w}"}}', n) for w, n in sorted(self.inline_deferred.items())]
+                or [("", 0)],
+            )
+        metric(
+            "weir_teardowns_total",
+            "counter",
+            "Sessions torn down after the liveness timeout.",
+            [("", self.teardowns)],
+        )
+        metric(
+            "weir_tool_executions_total",
+            "counter",
+            "tools/call executions (after the idempotency gate).",
+            [("", self.executions)],
+        )
+        metric(
+            "weir_duplicate_requests_total",
+            "counter",
+            "Duplicate deliveries stopped by the gate.",
+            [
+                ('{outcome="replayed"}', self.duplicates_replayed),
+                ('{outcome="in_progress"}', self.duplicates_in_progress),
+            ],
+        )
+        metric(
+            "weir_credit_frames_in_use",
+            "gauge",
+            "Unacknowledged frames, all sessions.",
+            [("", sum(s.credit.frames_in_use for s in live))],
+        )
+        metric(
+            "weir_credit_bytes_in_use",
+            "gauge",
+            "Unacknowledged bytes, all sessions.",
+            [("", sum(s.credit.bytes_in_use for s in live))],
+        )
+        peak_frames, peak_bytes = self.credit_peaks(live)
+        metric(
+            "weir_credit_peak_frames",
+            "gauge",
+            "The most unacknowledged frames any one session has held since start.",
+            [("", peak_frames)],
+        )
+        metric(
+            "weir_credit_peak_bytes",
+            "gauge",
+            "The most unacknowledged bytes any one session has held since start.",
+            [("", peak_bytes)],
+        )
+        metric(
+            "weir_notifications_dropped_total",
+            "counter",
+            "Client notifications not given to the app: too many were in its hands.",
+            [("", self.notifications_dropped)],
+        )
+        metric(
+            "weir_sessions_expired_total",
+            "counter",
+            "Sessions forgotten after the idle or initialize timeout.",
+            [("", self.sessions_expired)],
+        )
+        if budget is not None:
+            metric(
+                "weir_retained_bytes",
+                "gauge",
+                "Replay history and kept results, all sessions (bounded by --memory-budget).",
+                [("", budget.held)],
+            )
+            metric(
+                "weir_retention_evictions_total",
+                "counter",
+                "Retained items evicted to stay within the retention budget.",
+                [("", budget.evictions)],
+            )
+            metric(
+                "weir_retention_evicted_bytes_total",
+                "counter",
+                "Bytes freed by retention evictions.",
+                [("", budget.evicted_bytes)],
+            )
+        if gate is not None:
+            metric(
+                "weir_connections",
+                "gauge",
+                "Connections being served (bounded by --max-connections).",
+                [("", gate.open)],
+            )
+            metric(
+                "weir_connection_limit",
+                "gauge",
+                "The connection limit in force.",
+                [("", gate.limit)],
+            )
+            if gate.shed_total is not None:
+                metric(
+                    "weir_connections_shed_total",
+                    "counter",
+                    "Idle keep-alive connections closed to make room at the limit.",
+                    [("", gate.shed_total)],
+                )
+            if gate.accept_errors is not None:
+                metric(
+                    "weir_accept_errors_total",
+                    "counter",
+                    "accept() failures for lack of descriptors or memory (backed off).",
+                    [("", gate.accept_errors)],
+                )
+        worst = sorted(live, key=lambda s: s.credit.bytes_in_use, reverse=True)[: self.top]
+        worst = [s for s in worst if s.credit.frames_in_use]
+        metric(
+            "weir_session_queue_depth",
+            "gauge",
+            f"Unacknowledged frames of the {self.top} sessions holding the most credit.",
+            [(f'{{session="{_label(s)}"}}', s.credit.frames_in_use) for s in worst],
+        )
+        metric(
+            "weir_session_credit_bytes",
+            "gauge",
+            f"Unacknowledged bytes of the {self.top} sessions holding the most credit.",
+            [(f'{{session="{_label(s)}"}}', s.credit.bytes_in_use) for s in worst],
+        )
+        held = [o for o in owners if not o.closed]
+        metric(
+            "weir_sessionless_owners",
+            "gauge",
+            "Credit owners of 2026-07-28 requests (a connection, or a principal).",
+            [("", len(held))],
+        )
+        metric(
+            "weir_sessionless_half_open",
+            "gauge",
+            "Of those, how many are half-open (refused 429).",
+            [("", sum(1 for o in held if o.half_open))],
+        )
+        metric(
+            "weir_listen_streams",
+            "gauge",
+            "Open subscriptions/listen streams.",
+            [("", listen_streams)],
+        )
+        return "\n".join(out) + "\n"
+
+
+def redact(secret: str) -> str:
+    """A short, stable stand-in for a bearer secret (a session id, a token) in logs
+    and labels: the first 12 hex digits of its SHA-256."""
+    return hashlib.sha256(secret.encode()).hexdigest()[:12]
+
+
+def _label(session: Metered) -> str:
+    return redact(session.session_id)
+
+
+def _label_value(value: str) -> str:
+    """A Prometheus label value: backslash, quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -1,0 +1,119 @@
+"""``GET /metrics`` on both runtimes: the same Prometheus text, counting the same things.
+
+The demo app is served on a loopback port by the Trio engine and by the asyncio
+runtime (in a thread of its own); a raw HTTP client opens a session, calls a tool,
+retries the call, asks for a session that does not exist, and reads ``/metrics``
+between.  The series are the same on both, except the few the asyncio runtime
+cannot have (no inline execution, no accept loop of its own), which it leaves out
+rather than show as zeros.
+"""
+
+from __future__ import annotations
+
+import re
+
+import trio
+
+from weir.app.samples.demo import app
+from weir.engine import ServerConfig
+
+from .configured import RUNTIMES, serve_configured
+from .rawhttp import Client, Reply, call, initialize
+
+#: Series only the Trio engine has.
+TRIO_ONLY = {
+    "weir_inline_calls_total",
+    "weir_inline_deferred_total",
+    "weir_connections_shed_total",
+    "weir_accept_errors_total",
+}
+#: Series both runtimes render (retention series need --memory-budget).
+BOTH = {
+    "weir_sessions",
+    "weir_half_open_sessions",
+    "weir_admissions_total",
+    "weir_refusals_total",
+    "weir_teardowns_total",
+    "weir_tool_executions_total",
+    "weir_duplicate_requests_total",
+    "weir_credit_frames_in_use",
+    "weir_credit_bytes_in_use",
+    "weir_credit_peak_frames",
+    "weir_credit_peak_bytes",
+    "weir_notifications_dropped_total",
+    "weir_sessions_expired_total",
+    "weir_connections",
+    "weir_connection_limit",
+    "weir_session_queue_depth",
+    "weir_session_credit_bytes",
+    "weir_sessionless_owners",
+    "weir_sessionless_half_open",
+    "weir_listen_streams",
+}
+
+
+async def scrape(port: int, **headers: str) -> Reply:
+    client = await Client.connect(port)
+    try:
+        return await client.request("GET", "/metrics", headers=headers)
+    finally:
+        await client.aclose()
+
+
+def value(page: str, series: str) -> float:
+    """The value of one sample (``series`` with its labels, if any) on ``page``."""
+    found = re.search(rf"^{re.escape(series)} (\S+)$", page, re.MULTILINE)
+    assert found is not None, f"{series} not in:\n{page}"
+    return float(found.group(1))
+
+
+@RUNTIMES
+async def test_the_same_series_count_the_same_things(runtime: str) -> None:
+    with trio.fail_after(30):
+        async with serve_configured(runtime, app, ServerConfig(port=0)) as port:
+            first = await scrape(port)
+            assert first.status == 200, first
+            assert first.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+            names = set(re.findall(r"^# TYPE (\S+) ", first.body.decode(), re.MULTILINE))
+            expected = BOTH | TRIO_ONLY if runtime == "trio" else BOTH
+            assert names - {"weir_retained_bytes"} - {n for n in names if "retention" in n} == (
+                expected
+            )
+
+            client = await Client.connect(port)
+            try:
+                sid = await initialize(client)
+                message = call(7, "echo", {"text": "hi"})
+                ran = await client.request("POST", "/mcp", message, session=sid)
+                again = await client.request("POST", "/mcp", message, session=sid)
+                assert ran.status == again.status == 200
+                assert again.json()["result"] == ran.json()["result"]  # replayed, not run
+                gone = await client.request("POST", "/mcp", call(8, "echo", {}), session="nope")
+                assert gone.status == 404
+            finally:
+                await client.aclose()
+
+            page = (await scrape(port)).body.decode()
+            assert value(page, "weir_sessions") == 1
+            assert value(page, "weir_tool_executions_total") == 1
+            assert value(page, 'weir_duplicate_requests_total{outcome="replayed"}') == 1
+            assert value(page, 'weir_refusals_total{reason="session_not_found"}') == 1
+            assert value(page, "weir_admissions_total") >= 2
+            assert value(page, "weir_connection_limit") > 0
+            assert value(page, "weir_credit_peak_frames") >= 1
+
+
+@RUNTIMES
+async def test_metrics_keep_the_endpoints_host_rules_and_take_get_only(runtime: str) -> None:
+    with trio.fail_after(30):
+        async with serve_configured(runtime, app, ServerConfig(port=0)) as port:
+            client = await Client.connect(port)
+            try:
+                posted = await client.request("POST", "/metrics", {})
+                assert posted.status == 405 and posted.headers.get("allow") == "GET", posted
+            finally:
+                await client.aclose()
+            foreign = await scrape(port, origin="https://evil.example")
+            assert foreign.status == 403, foreign
+            page = (await scrape(port)).body.decode()
+            assert value(page, 'weir_refusals_total{reason="forbidden_origin"}') == 1
