@@ -32,7 +32,6 @@ from weir.app import App, Caller, Context, McpError, dispatch, failure, id_in_us
 from weir.protocol import INTERNAL_ERROR
 from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
 from weir.protocol.course import AppendRecords, CallCourse, ClaimCall, HoldCall, Record, WaitForCall
-from weir.protocol.gate import CallStart
 from weir.protocol.jsonrpc import (
     ErrorResponse,
     Request,
@@ -124,26 +123,29 @@ async def _send_on_session(session: Session, payload: bytes) -> None:
 
 
 async def gate_step(session: Session, effect: ClaimCall | WaitForCall | HoldCall) -> object:
-    """Perform one step of the core's gate loop (:func:`weir.protocol.post.gate`) on
-    the session's in-process ledger: every delivery of a call runs in this process,
-    so a running one can be awaited.
+    """Perform one step of the core's gate loop (:func:`weir.protocol.course.gate`)
+    on the driver's store (see ``._shared``): a delivery running here can be awaited;
+    one running on another replica is waited for by claiming again at ``until``.
 
     Raises:
         Gone: the session ended while the step waited.
+        RemoteProtocolError: 404 (the session is gone), 503 ``store_unavailable``.
     """
     if isinstance(effect, HoldCall):
-        return None  # (a waiter makes the call's wake-up on first need)
+        session.driver.shared.hold(session, effect.key)
+        return None
     if isinstance(effect, WaitForCall):
-        finished = session.call_done.setdefault(effect.key, asyncio.Event())
         wait = max(0.0, effect.until - session.loop.time())
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(finished.wait(), wait)
+        if effect.local:
+            finished = session.call_done.setdefault(effect.key, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(finished.wait(), wait)
+        else:
+            await asyncio.sleep(wait)
         if session.closed:
             raise Gone
         return None
-    claim = effect.claim
-    outcome, payload = session.ledger.begin(claim.key, claim.fingerprint)
-    return CallStart(outcome, "", payload), True
+    return await session.driver.shared.claim(session, effect)
 
 
 async def execute(
@@ -160,26 +162,26 @@ async def execute(
     if course.replay is not None:
         return course.replay
     if req.id in session.running:
-        _store(session, course.give_back())
+        await _store(session, course.give_back())
         return id_in_use(req.id)
     course.started()
     try:
         payload = await _run(app, session, req, stream, state)
     except BaseException:
-        _store(session, course.abandoned())
+        await _store(session, course.abandoned())
         raise
-    _store(session, course.finished(payload, final_append=False))
+    await _store(session, course.finished(payload, final_append=False))
     return payload
 
 
-def give_back(session: Session, course: CallCourse) -> None:
+async def give_back(session: Session, course: CallCourse) -> None:
     """``course`` will never run (its session ended first): give back its key."""
-    _store(session, course.give_back())
+    await _store(session, course.give_back())
 
 
-def _store(session: Session, step: Record | AppendRecords | None) -> None:
+async def _store(session: Session, step: Record | AppendRecords | None) -> None:
     if isinstance(step, Record):
-        session.finish_call(step.key, step.payload)
+        await session.driver.shared.finish(session, step.key, step.payload)
 
 
 def _fit(req: Request, payload: bytes, session: Session, stream: StreamLog | None) -> bytes:

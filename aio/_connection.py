@@ -27,13 +27,13 @@ import asyncio
 import contextlib
 import fcntl
 import logging
-import secrets
 import socket
 import sys
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Final
 
-from weir.app import Caller, initialize_result_for
+from weir.app import initialize_result_for
+from weir.engine._store import StoreUnavailable
 from weir.protocol import (
     NEED_DATA,
     DeleteSession,
@@ -93,6 +93,7 @@ from ._calls import execute, gate_step
 from ._feeds import Feed, entries, given, never_run
 from ._session import Gone, Session
 from ._sessionless import SessionlessPosts
+from ._shared import store_unavailable
 
 if TYPE_CHECKING:
     from ._driver import AsyncioDriver
@@ -277,11 +278,10 @@ class Connection:
                 await self._initialize(mcp)
                 return
             sid = mcp.ctx.session_id or ""
-            session = self.driver.sessions.get(sid)
-            if session is None:
-                first = mcp.messages[0] if isinstance(mcp, PostMessages) else None
-                raise session_refusal(sid, first.id if isinstance(first, Request) else None)
-            session.last_seen = session.loop.time()
+            first = mcp.messages[0] if isinstance(mcp, PostMessages) else None
+            session = await self.driver.shared.load(
+                sid, first.id if isinstance(first, Request) else None
+            )
             try:
                 if isinstance(mcp, PostMessages):
                     await self._post(session, mcp)
@@ -291,6 +291,8 @@ class Connection:
                     await self._delete(session, mcp)
             except Gone:
                 raise session_refusal(sid) from None
+            except StoreUnavailable:
+                raise store_unavailable() from None
         except RemoteProtocolError as exc:
             if self.conn.response_in_progress:
                 raise
@@ -332,7 +334,8 @@ class Connection:
                 session.answer(answer)  # to a server-to-client request
             for rid in effect.cancel_here:
                 session.cancel(rid)
-            # (No shared store: nothing is ever forwarded.)
+            for mail in effect.forward:  # (a shared store: for another replica)
+                await self.driver.shared.post(session, mail.box, mail.data)
         elif effect is ENTER_REQUEST:
             session.state = session_transition(session.state, SessionInput.REQUEST)
         elif effect is ACCEPTED:
@@ -341,9 +344,9 @@ class Connection:
             for _ in range(effect.n):
                 session.done(effect.lane)
         elif isinstance(effect, GiveBack):
-            session.finish_call(effect.key, None)
+            await self.driver.shared.finish(session, effect.key, None)
         elif isinstance(effect, AllocateEpoch):
-            return session.allocate_epoch()
+            return await self.driver.shared.epoch(session, effect.generation)
         elif isinstance(effect, OpenRequestStream):
             self._stream = session.open_stream(StreamKind.REQUEST, effect.epoch)
             session.flow.move(effect.lane, effect.epoch)
@@ -460,7 +463,7 @@ class Connection:
                     stream = session.streams.by_epoch(effect.epoch)
                     await self.write_stream(session, stream, effect.seq)
                 elif isinstance(effect, AllocateEpoch):
-                    answer = session.allocate_epoch()
+                    answer = await self.driver.shared.epoch(session, effect.generation)
                 elif isinstance(effect, OpenStandalone):
                     answer = session.open_stream(StreamKind.STANDALONE, effect.epoch)
                 elif isinstance(effect, PrimeStream):
@@ -493,6 +496,7 @@ class Connection:
                 if isinstance(effect, LoadSession):
                     answer = session
                 elif effect is END_SESSION:
+                    await self.driver.shared.delete(session)
                     self.driver.end(session)
                 elif effect is DELETED:
                     await self.send(self.conn.send_response(200, ()))
@@ -604,10 +608,10 @@ class Connection:
         req, driver = post.messages[0], self.driver
         assert isinstance(req, Request)
         asked = parse_initialize(req)  # the same checks and negotiation as weir's server
-        driver.check_room(req.id)
-        sid = secrets.token_urlsafe(32)
-        caller = Caller(asked.capabilities, asked.client_info)
-        driver.add_session(Session(sid, asked.version, driver.credit, driver, caller))
+        session = await driver.shared.create(
+            asked.version, asked.capabilities, asked.client_info, req.id
+        )
+        sid = session.sid
         result = initialize_result_for(driver.app, asked.version)
         headers = [("content-type", "application/json"), ("mcp-session-id", sid)]
         await self.send(self.conn.send_response(200, headers, encode_result(req.id, result)))

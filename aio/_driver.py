@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from weir.app import MAX_NOTES_RUNNING, NOTE_WAIT, SESSION_CLOSE_WAIT, App, load_app
 from weir.common import StateSealer, listen_closing, new_key, server_identity
+from weir.engine._store import SessionStore
 from weir.protocol import (
     LOOPBACK_HOSTS,
     SERVER_ERROR,
@@ -39,6 +40,7 @@ from weir.protocol.states import StreamState
 from ._connection import Connection
 from ._session import Session
 from ._sessionless import KeyedCalls, Listener
+from ._shared import CLAIM_LEASE, SharedState, memory_store
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -72,6 +74,9 @@ class AsyncioDriver:
         always_json: bool = False,
         sse_keepalive: float | None = 15.0,
         state_keys: Sequence[bytes] = (),
+        store: SessionStore | None = None,
+        replica_id: str | None = None,
+        claim_lease: float = CLAIM_LEASE,
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
@@ -93,6 +98,13 @@ class AsyncioDriver:
         first seals, all open; none: one drawn now, so states do not outlive the
         process).  (No retry window: every client here is the one anonymous
         principal, so one client's retry could not be told from another's call.)
+
+        Session records and the gate's claims and outcomes are kept in ``store``
+        (default: a :class:`~weir.engine._store.MemoryStore`, this process only); a
+        shared one (:class:`weir.asyncio._redis_store.AsyncioRedisStore`) lets this
+        driver serve one cluster with other replicas, Trio or asyncio (``._shared``):
+        ``replica_id`` names this one in its claims (default: drawn), whose leases
+        last ``claim_lease`` seconds unless renewed.  The caller owns the store.
         """
         self.app, self.endpoint, self.state = app, endpoint, state
         self.credit = credit or CreditLimits()
@@ -102,12 +114,17 @@ class AsyncioDriver:
         self.limits = limits or HttpLimits()
         self.always_json, self.sse_keepalive = always_json, sse_keepalive
         self.in_progress_wait = in_progress_wait
-        #: What a POST's course needs to know of this runtime: no shared store, no
-        #: channel binding, JSON for a client that does not accept SSE (where the
-        #: endpoint admits one) or for every client with ``always_json``.
+        #: The session store, and this driver's side of it.
+        self.shared = SharedState(
+            self, store or memory_store(), replica_id=replica_id, claim_lease=claim_lease
+        )
+        #: What a POST's course needs to know of this runtime: whether the store is
+        #: shared, no channel binding, JSON for a client that does not accept SSE
+        #: (where the endpoint admits one) or for every client with ``always_json``.
         self.post_rules = PostRules(
             json_response=always_json,
             json_unless_sse=True,
+            shared=self.shared.shared,
             in_progress_wait=in_progress_wait,
         )
         #: ... and a sessionless one's (the app's fallback is read again per request).
@@ -168,6 +185,7 @@ class AsyncioDriver:
         session.close()
         self.owners.discard(session)  # (a sessionless owner: no hooks, never in the table)
         if self.sessions.pop(session.sid, None) is not None:
+            self.shared.forget(session.sid)
             for hook in self.app.session_close_fns:
                 task = session.loop.create_task(_bounded(hook(session.sid)))
                 self._closing.add(task)
@@ -230,7 +248,7 @@ class AsyncioDriver:
         for session in list(self.sessions.values()):
             busy = session.tasks or session.writers
             if not busy and now - session.last_seen >= self.idle_timeout:
-                self.end(session)
+                self.spawn(self.shared.expire(session))  # the store decides
         if self.sessions:
             self._sweeper = loop.call_later(self.idle_timeout / 4, self._sweep)
 
@@ -308,6 +326,7 @@ async def serve(
     credit: CreditLimits | None = None,
     json_only_clients: bool = True,
     state: Any = None,
+    store: SessionStore | None = None,
 ) -> asyncio.Server:
     """Start serving ``app`` (the demo app by default) at ``http://host:port/path``
     (port 0: a free one).
@@ -315,9 +334,10 @@ async def serve(
     ``credit`` sets each session's drain credit and timers (the core's defaults
     otherwise).  With ``json_only_clients`` a client whose ``Accept`` lists only
     ``application/json`` is answered with JSON bodies; without it such a POST is 406,
-    as the Streamable HTTP transport allows (``weir serve``'s default).
+    as the Streamable HTTP transport allows (``weir serve``'s default).  ``store``
+    keeps sessions and the gate (see :class:`AsyncioDriver`; the caller closes it).
     """
     hosts = LOOPBACK_HOSTS | {host.lower()}
     endpoint = EndpointConfig(path=path, allowed_hosts=hosts, json_response=json_only_clients)
-    driver = AsyncioDriver(app or load_app("demo"), endpoint, credit, state=state)
+    driver = AsyncioDriver(app or load_app("demo"), endpoint, credit, state=state, store=store)
     return await asyncio.start_server(driver.connection, host, port)

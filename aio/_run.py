@@ -34,9 +34,11 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from weir.app import App
+from weir.engine._store import SessionStore, StoreUnavailable
 from weir.protocol import CreditLimits, EndpointConfig, HttpLimits, ReadTimeouts
 
 from ._driver import AsyncioDriver
+from ._shared import CLAIM_LEASE, open_store
 
 #: Seconds an app's lifespan may take to start, by default.
 STARTUP_TIMEOUT = 60.0
@@ -64,6 +66,12 @@ class AsyncioConfig:
         startup_timeout: how long the app's lifespan may take to start.
         state_keys: the keys that seal sessionless request state (the first seals,
             all open; none: one drawn at start).
+        store: where sessions and the idempotency gate live: ``"memory"`` (this
+            process), or a ``redis://``, ``rediss://``, ``redis+cluster://`` URL (a
+            store shared with other replicas, Trio or asyncio).
+        replica_id: names this process in a shared store's claims (default: drawn).
+        claim_lease: seconds a running call's claim in a shared store lives unless
+            renewed (a replica that dies is answered ``interrupted`` after it).
     """
 
     host: str = "127.0.0.1"
@@ -78,9 +86,15 @@ class AsyncioConfig:
     sse_keepalive: float | None = 15.0
     startup_timeout: float = STARTUP_TIMEOUT
     state_keys: tuple[bytes, ...] = dataclasses.field(default=(), repr=False)
+    store: str = dataclasses.field(default="memory", repr=False)  # (a URL may hold a password)
+    replica_id: str | None = None
+    claim_lease: float = CLAIM_LEASE
 
-    def driver(self, app: App, state: Any = None) -> AsyncioDriver:
-        """An :class:`AsyncioDriver` serving ``app`` with these settings."""
+    def driver(
+        self, app: App, state: Any = None, store: SessionStore | None = None
+    ) -> AsyncioDriver:
+        """An :class:`AsyncioDriver` serving ``app`` with these settings (on ``store``,
+        opened by the caller; default: a memory store)."""
         return AsyncioDriver(
             app,
             self.endpoint,
@@ -94,6 +108,9 @@ class AsyncioConfig:
             always_json=self.endpoint.json_response,
             sse_keepalive=self.sse_keepalive,
             state_keys=self.state_keys,
+            store=store,
+            replica_id=self.replica_id,
+            claim_lease=self.claim_lease,
         )
 
 
@@ -153,8 +170,10 @@ async def _serve(
         loop.add_signal_handler(signum, on_signal)
     try:
         async with contextlib.AsyncExitStack() as stack:
+            store = await _open_store(config.store)
+            stack.push_async_callback(store.aclose)
             state = await _enter_lifespan(app, stack, config.startup_timeout)
-            driver = config.driver(app, state)
+            driver = config.driver(app, state, store)
             server = await asyncio.start_server(driver.connection, config.host, config.port)
             try:
                 if started is not None:
@@ -170,6 +189,20 @@ async def _serve(
             raise
         # The second signal cut the shutdown short (a hook or the lifespan's exit still
         # running was cancelled); the process exits now, as asked.
+
+
+async def _open_store(url: str) -> SessionStore:
+    """The store ``url`` names, connected.
+
+    Raises:
+        StartupFailed: a malformed URL, or a store that does not answer.
+    """
+    try:
+        return await open_store(url)
+    except ValueError as exc:
+        raise StartupFailed(f"weir: --store: {' '.join(str(exc).split())}") from None
+    except (StoreUnavailable, OSError) as exc:
+        raise StartupFailed(f"weir: --store: the store did not answer: {_one_line(exc)}") from exc
 
 
 async def _enter_lifespan(app: App, stack: contextlib.AsyncExitStack, timeout: float) -> Any:

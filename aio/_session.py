@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from weir.app import Caller
 from weir.protocol import Admit, CreditLimits, SessionFlow
 from weir.protocol.event_ids import format_epoch
-from weir.protocol.gate import CallLedger
 from weir.protocol.jsonrpc import ErrorResponse, RequestId, Response
 from weir.protocol.messages import server_request_id
 from weir.protocol.states import (
@@ -97,9 +96,10 @@ class Session:
         self.cancelled: set[RequestId] = set()
         self.pending: dict[str, asyncio.Future[Response | ErrorResponse]] = {}
         self._ids = itertools.count(1)
-        #: The idempotency gate's records (bounded: see CallLedger), and the wake-ups
-        #: of deliveries waiting for a running call to finish (one per running key).
-        self.ledger = CallLedger(max_calls=MAX_CALLS, max_bytes=MAX_CALL_BYTES)
+        #: The gate's keys whose calls run in this process (their records are the
+        #: store's: see ``._shared``), and the wake-ups of deliveries waiting for one
+        #: to finish (made on first need).
+        self.holding: set[str] = set()
         self.call_done: dict[str, asyncio.Event] = {}
         #: Streams a handler asked to end early (``Context.close_stream``): epoch -> retry ms.
         self.close_requests: dict[str, int] = {}
@@ -269,7 +269,8 @@ class Session:
 
     # ----------------------------------------------------------------- streams
     def allocate_epoch(self) -> str:
-        """A fresh stream epoch (this process's own count: streams never outlive it)."""
+        """A fresh stream epoch counted here (a sessionless owner's: nothing resumes
+        its streams; a session's come from the store, see ``._shared``)."""
         epoch = format_epoch(self.epochs)
         self.epochs += 1
         return epoch
@@ -303,7 +304,7 @@ class Session:
 
     def next_request_id(self) -> str:
         """A fresh id for a server-to-client request."""
-        return server_request_id("local", next(self._ids))
+        return server_request_id(self.driver.shared.replica_id, next(self._ids))
 
     def answer(self, msg: Response | ErrorResponse) -> None:
         """The client answered a server-to-client request (unknown ids are dropped)."""
@@ -318,9 +319,9 @@ class Session:
             self.cancelled.add(request_id)
             task.cancel()
 
-    def finish_call(self, key: str, payload: bytes | None) -> None:
-        """Record a gated call's response (None: give the key back) and wake waiters."""
-        self.ledger.finish(key, payload)
+    def finish_call(self, key: str) -> None:
+        """A gated call here is over (its outcome is in the store): wake its waiters."""
+        self.holding.discard(key)
         finished = self.call_done.pop(key, None)
         if finished is not None:
             finished.set()

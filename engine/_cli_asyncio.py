@@ -60,18 +60,12 @@ TRIO_ONLY: dict[str, TrioOnly] = {
         "the asyncio runtime cancels running calls at shutdown, with no drain (only 0 is served)",
         lambda v: v == 0,
     ),
-    "store": TrioOnly(
-        "--store",
-        "the asyncio runtime keeps sessions in this process only (only 'memory' is served)",
-        lambda v: v == "memory",
-    ),
     "resume": TrioOnly(
         "--resume",
         "the asyncio runtime resumes streams from this process's own logs "
         "(only 'pinned' is served)",
         lambda v: v == "pinned",
     ),
-    "replica_id": TrioOnly("--replica-id", "the asyncio runtime has no replicas to name"),
     "retry_window": TrioOnly(
         "--retry-window",
         f"{_AUTH}, which a retry window needs (only 0 is served)",
@@ -79,7 +73,8 @@ TRIO_ONLY: dict[str, TrioOnly] = {
     ),
     "workers": TrioOnly(
         "--workers",
-        "the asyncio runtime runs one process and has no shared store (only 1 is served)",
+        "the asyncio runtime runs one process (only 1 is served; run replicas on a shared "
+        "--store instead)",
         lambda v: v == 1,
     ),
     "reuse_port": TrioOnly("--reuse-port", "the asyncio runtime runs one process"),
@@ -102,7 +97,6 @@ TRIO_ONLY: dict[str, TrioOnly] = {
     "memory_budget": TrioOnly(
         "--memory-budget", "the asyncio runtime has no budget across all sessions"
     ),
-    "claim_lease": TrioOnly("--claim-lease", "the asyncio runtime has no shared store"),
     "auth_issuer": TrioOnly("--auth-issuer", _AUTH),
     "auth_resource": TrioOnly("--auth-resource", _AUTH),
     "auth_jwks_url": TrioOnly("--auth-jwks-url", _AUTH),
@@ -144,6 +138,9 @@ SERVED: frozenset[str] = frozenset(
         "max_batch",
         "sse_keepalive",
         "state_key_file",
+        "store",
+        "replica_id",
+        "claim_lease",
     }
 )
 
@@ -177,9 +174,12 @@ def check_app(app: App) -> None:
         )
 
 
-def asyncio_config(config: ServerConfig, startup_timeout: float) -> AsyncioConfig:
+def asyncio_config(
+    config: ServerConfig, startup_timeout: float, store: str = "memory"
+) -> AsyncioConfig:
     """The asyncio runtime's settings for what ``config`` (checked, from the command
-    line) asks, every field of it that the asyncio runtime serves."""
+    line) asks, every field of it that the asyncio runtime serves, on the ``--store``
+    named ``store`` (checked by the command line too)."""
     return AsyncioConfig(
         host=config.host,
         port=config.port,
@@ -198,6 +198,9 @@ def asyncio_config(config: ServerConfig, startup_timeout: float) -> AsyncioConfi
         sse_keepalive=config.sse_keepalive,
         startup_timeout=startup_timeout,
         state_keys=config.state_keys,
+        store=store,
+        replica_id=config.replica_id,
+        claim_lease=config.claim_lease,
     )
 
 

@@ -1,0 +1,372 @@
+"""The asyncio runtime's sessions and idempotency gate on a session store.
+
+Theory of operation
+-------------------
+Session records and the gate's claims and outcomes live in a
+:class:`~weir.engine._store.SessionStore` -- the Trio runtime's, with the same
+records, the same keys and the same scripts -- so an asyncio replica and a Trio
+replica on one shared store (:class:`~._redis_store.AsyncioRedisStore`) serve one
+cluster: a session begun on either is served by both, a retry on either replays the
+other's outcome.  With the default :class:`~weir.engine._store.MemoryStore` nothing
+is shared and everything below is one process's bookkeeping.
+
+The rule: a local process never decides alone about shared state.
+
+* **Records.**  ``initialize`` creates the record in the store before it answers;
+  every request reads it again (a session deleted on another replica is 404 here at
+  once); a session first seen here is *adopted* from its record (what its client
+  declared comes with it) and is never refused for this process's session limit.
+  ``DELETE`` deletes the record.  An idle session is judged by the store
+  (:meth:`~weir.engine._store.SessionStore.expire_idle`: by its clock, after every
+  replica's touches); here only the local copy is forgotten otherwise.  The store
+  is told a session was served the first time, then at most once a quarter of
+  the idle timeout.
+* **The gate.**  A ``tools/call`` claims its key with ``begin_call`` (the claim
+  names this replica and carries a lease), which answers EXECUTE, DONE (replay) or
+  RUNNING; a delivery that finds the call running elsewhere waits and claims again,
+  so it sees the outcome as soon as the other replica stores it.  While calls run,
+  one task renews their leases every third of the lease; if this process dies the
+  renewals stop, and after one lease any replica answers a retry ``interrupted``.
+  The outcome is stored with ``finish_call`` (shielded, bounded) before the waiters
+  here are woken; a cancelled call gives its key back.
+* **Epochs** come from the store (``begin_call`` or ``allocate_epoch``), so a stream's
+  event ids are unique in the session across replicas.
+* **Failures.**  The store not answering is 503 ``store_unavailable`` and nothing
+  runs; :class:`~weir.engine._store.SessionGone` is the 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from weir.app import Caller
+from weir.engine._store import (
+    ChannelRejected,
+    MemoryStore,
+    Retention,
+    RetentionFull,
+    SessionGone,
+    SessionRecord,
+    SessionStore,
+    StoreUnavailable,
+    client_of,
+    client_record,
+    is_session_id,
+)
+from weir.protocol import SERVER_ERROR, Reason, RemoteProtocolError, session_refusal
+from weir.protocol.course import ClaimCall
+from weir.protocol.gate import CallOutcome, CallStart
+from weir.protocol.jsonrpc import RequestId
+from weir.protocol.messages import renew_interval
+from weir.protocol.states import SessionInput, session_transition
+
+from ._session import MAX_CALL_BYTES, MAX_CALLS, Session
+
+if TYPE_CHECKING:
+    from ._driver import AsyncioDriver
+
+log = logging.getLogger("weir.asyncio")
+
+#: Who owns every session here: the asyncio runtime has no authorization, and the
+#: Trio runtime without it names the same principal, so their records are shared.
+PRINCIPAL = "anonymous"
+#: Seconds a running call's claim lives in a shared store unless renewed (the Trio
+#: runtime's ``--claim-lease`` default).
+CLAIM_LEASE = 15.0
+#: The most a stored outcome may take to record before it is given up (logged).
+FINISH_WAIT = 5.0
+
+
+def memory_store() -> MemoryStore:
+    """The default store: this process only, with the asyncio runtime's gate bounds."""
+    return MemoryStore(
+        Retention(calls_per_session=MAX_CALLS, call_bytes_per_session=MAX_CALL_BYTES)
+    )
+
+
+async def open_store(url: str) -> SessionStore:
+    """The store ``url`` names: ``"memory"``, or a Redis-protocol URL (see
+    :meth:`weir.engine._redis_store.RedisStore.connect`).
+
+    Raises:
+        ValueError: a malformed URL.
+        StoreUnavailable: the server did not answer.
+    """
+    if url == "memory":
+        return memory_store()
+    from ._redis_store import AsyncioRedisStore  # (the Redis client only when asked for)
+
+    return await AsyncioRedisStore.connect(url)
+
+
+def store_unavailable(request_id: RequestId | None = None) -> RemoteProtocolError:
+    """503 ``store_unavailable``: the store did not answer; nothing was executed."""
+    return RemoteProtocolError(
+        "the session store is unavailable; nothing was executed",
+        http_status=503,
+        reason=Reason.STORE_UNAVAILABLE,
+        code=SERVER_ERROR,
+        request_id=request_id,
+        retry_after_ms=1000,
+    )
+
+
+class SharedState:
+    """The driver's side of its store (see the module docstring)."""
+
+    def __init__(
+        self,
+        driver: AsyncioDriver,
+        store: SessionStore,
+        *,
+        replica_id: str | None = None,
+        claim_lease: float = CLAIM_LEASE,
+    ) -> None:
+        self.driver, self.store = driver, store
+        self.replica_id = replica_id or secrets.token_hex(4)
+        self.claim_lease = claim_lease
+        self._touched: dict[str, float] = {}
+        self._renewer: asyncio.Task[None] | None = None
+
+    @property
+    def shared(self) -> bool:
+        return self.store.shared
+
+    # ------------------------------------------------------------------ records
+    async def create(
+        self,
+        version: str,
+        capabilities: dict[str, Any],
+        client_info: dict[str, Any],
+        request_id: RequestId,
+    ) -> Session:
+        """A new session, its record stored first (503 if the store cannot)."""
+        driver = self.driver
+        driver.check_room(request_id)
+        loop = asyncio.get_running_loop()
+        record = SessionRecord(
+            session_id=secrets.token_urlsafe(32),
+            principal=PRINCIPAL,
+            protocol_version=version,
+            created_at=loop.time(),
+            secret=secrets.token_urlsafe(16),
+            salt=secrets.token_hex(8),
+            client=client_record(capabilities, client_info),
+        )
+        try:
+            await self.store.create_session(record)
+        except StoreUnavailable:
+            raise store_unavailable(request_id) from None
+        self._touched[record.session_id] = loop.time()
+        caller = Caller(capabilities, client_info)
+        session = Session(record.session_id, version, driver.credit, driver, caller)
+        driver.add_session(session)
+        return session
+
+    async def load(self, sid: str, request_id: RequestId | None) -> Session:
+        """The live session ``sid`` (adopted from its record if first seen here), or
+        the 404 refusal; a shared store's record is read again every time."""
+        if not is_session_id(sid):
+            raise session_refusal(sid, request_id)  # never minted: no store lookup
+        driver = self.driver
+        session = driver.sessions.get(sid)
+        if session is not None and session.closed:
+            session = None
+        if self.store.shared:
+            try:
+                record = await self.store.get_session(PRINCIPAL, sid)
+            except StoreUnavailable:
+                raise store_unavailable(request_id) from None
+            if record is None:
+                if session is not None:
+                    driver.end(session)  # deleted elsewhere (or expired): gone here too
+                raise session_refusal(sid, request_id)
+            if session is None:
+                session = self._adopt(record)
+            await self._touch(session)
+        if session is None:
+            raise session_refusal(sid, request_id)
+        session.last_seen = session.loop.time()
+        return session
+
+    def _adopt(self, record: SessionRecord) -> Session:
+        capabilities, client_info = client_of(record)
+        session = Session(
+            record.session_id,
+            record.protocol_version,
+            self.driver.credit,
+            self.driver,
+            Caller(capabilities, client_info),
+        )
+        session.state = session_transition(session.state, SessionInput.INITIALIZED)
+        self.driver.add_session(session)
+        return session
+
+    async def _touch(self, session: Session) -> None:
+        idle = self.driver.idle_timeout
+        every = idle / 4 if idle is not None else math.inf
+        now = session.loop.time()
+        if now - self._touched.get(session.sid, -math.inf) < every:
+            return
+        self._touched[session.sid] = now
+        try:
+            await self.store.touch_session(PRINCIPAL, session.sid)
+        except StoreUnavailable:
+            self._touched.pop(session.sid, None)
+            raise store_unavailable() from None
+
+    async def delete(self, session: Session) -> None:
+        """The client's ``DELETE``: the record goes (503 if the store cannot say so)."""
+        try:
+            await self.store.delete_session(PRINCIPAL, session.sid)
+        except StoreUnavailable:
+            raise store_unavailable() from None
+        self.forget(session.sid)
+
+    def forget(self, sid: str) -> None:
+        """This process's bookkeeping of ``sid`` (the local copy ended)."""
+        self._touched.pop(sid, None)
+
+    async def expire(self, session: Session) -> None:
+        """``session`` is idle here: the store decides whether it is everywhere (and
+        deletes it then); this process's copy ends either way."""
+        idle = self.driver.idle_timeout
+        if self.store.shared:
+            slack = idle / 4 if idle is not None else 0.0
+            try:
+                await self.store.expire_idle(
+                    PRINCIPAL, session.sid, idle + slack if idle is not None else None, None
+                )
+            except StoreUnavailable as exc:
+                log.warning("session sweep: store unavailable: %s", exc)
+                return  # nothing decided: the next sweep asks again
+        else:
+            await self.store.delete_session(PRINCIPAL, session.sid)
+        self.driver.end(session)
+
+    async def post(self, session: Session, box: str, data: bytes) -> None:
+        """Leave mail for another replica (an answer or a cancellation it waits for)."""
+        try:
+            await self.store.post_message(PRINCIPAL, session.sid, box, data)
+        except SessionGone:
+            pass  # the session is gone: nobody waits for it
+        except StoreUnavailable:
+            raise store_unavailable() from None
+
+    async def epoch(self, session: Session, binding: int = 0) -> str:
+        """A fresh stream epoch, from the store (unique in the session everywhere)."""
+        try:
+            return await self.store.allocate_epoch(PRINCIPAL, session.sid, binding)
+        except SessionGone:
+            self.driver.end(session)
+            raise session_refusal(session.sid) from None
+        except StoreUnavailable:
+            raise store_unavailable() from None
+
+    # ------------------------------------------------------------------ the gate
+    async def claim(self, session: Session, effect: ClaimCall) -> tuple[CallStart, bool]:
+        """Claim a call's key: the store's answer, and whether the delivery running
+        it (if one does) is in this process."""
+        claim, req = effect.claim, effect.request
+        store = self.store
+        try:
+            if store.shared:
+                start = await self._claim_shielded(session, effect)
+            else:
+                start = await store.begin_call(
+                    PRINCIPAL, session.sid, claim.key, claim.fingerprint, None
+                )
+        except SessionGone:
+            self.driver.end(session)
+            raise session_refusal(session.sid, req.id) from None
+        except StoreUnavailable:
+            raise store_unavailable(req.id) from None
+        except RetentionFull:
+            raise RemoteProtocolError(
+                "the gate is full of calls that must be kept; nothing was executed",
+                http_status=503,
+                reason=Reason.OVERLOADED,
+                code=SERVER_ERROR,
+                request_id=req.id,
+                retry_after_ms=1000,
+            ) from None
+        except ChannelRejected:  # (no token is ever presented here)
+            raise store_unavailable(req.id) from None
+        return start, claim.key in session.holding
+
+    async def _claim_shielded(self, session: Session, effect: ClaimCall) -> CallStart:
+        """``begin_call`` on a shared store, finished even if the caller is cancelled:
+        a claim granted to a delivery that then never starts is given back at once,
+        not left to block every retry until its lease runs out."""
+        claim = effect.claim
+        granting = asyncio.ensure_future(
+            self.store.begin_call(
+                PRINCIPAL,
+                session.sid,
+                claim.key,
+                claim.fingerprint,
+                None,
+                request_id=msgspec.json.encode(effect.request.id),
+                owner=self.replica_id,
+                lease=self.claim_lease,
+            )
+        )
+        try:
+            return await asyncio.shield(granting)
+        except asyncio.CancelledError:
+            try:
+                start = await asyncio.wait_for(asyncio.shield(granting), FINISH_WAIT)
+                if start.outcome is CallOutcome.EXECUTE:
+                    await asyncio.wait_for(
+                        self.store.finish_call(PRINCIPAL, session.sid, claim.key, None),
+                        FINISH_WAIT,
+                    )
+            except Exception:
+                log.warning("a cancelled claim of %s could not be given back", claim.key)
+            raise
+
+    def hold(self, session: Session, key: str) -> None:
+        """A claimed call runs here from now on: its lease is renewed until it ends."""
+        session.holding.add(key)
+        if self.store.shared and (self._renewer is None or self._renewer.done()):
+            self._renewer = self.driver.spawn(self._renew())
+
+    async def finish(self, session: Session, key: str, payload: bytes | None) -> None:
+        """Store a call's outcome (None: give the key back), then wake the deliveries
+        here that wait for it.  Shielded and bounded: an outcome is never dropped
+        because the task storing it was cancelled."""
+        store = self.store
+        try:
+            if not store.shared:  # (a process-local store never suspends: nothing to guard)
+                await store.finish_call(PRINCIPAL, session.sid, key, payload)
+            else:
+                await asyncio.wait_for(
+                    asyncio.shield(store.finish_call(PRINCIPAL, session.sid, key, payload)),
+                    FINISH_WAIT,
+                )
+        except (StoreUnavailable, SessionGone, TimeoutError):
+            log.warning("could not record the outcome of call %s in the store", key)
+        finally:
+            session.finish_call(key)
+
+    async def _renew(self) -> None:
+        """Renew the leases of the calls running here while there are any."""
+        lease = self.claim_lease
+        while True:
+            await asyncio.sleep(renew_interval(lease))
+            held = [s for s in list(self.driver.sessions.values()) if s.holding and not s.closed]
+            if not held:
+                return
+            for session in held:
+                try:
+                    await self.store.renew_claims(
+                        PRINCIPAL, session.sid, list(session.holding), self.replica_id, lease
+                    )
+                except (StoreUnavailable, SessionGone):
+                    continue
