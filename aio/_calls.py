@@ -149,11 +149,21 @@ async def gate_step(session: Session, effect: ClaimCall | WaitForCall | HoldCall
 
 
 async def execute(
-    app: App, session: Session, course: CallCourse, stream: StreamLog | None, state: Any = None
+    app: App,
+    session: Session,
+    course: CallCourse,
+    stream: StreamLog | None,
+    state: Any = None,
+    *,
+    final_append: bool = False,
 ) -> bytes | None:
     """The encoded JSON-RPC response of ``course``'s request, or None if the client
     cancelled it; a gated call's outcome is recorded as its course says (a cancelled
     call gives its key back, so a retry runs it; one torn down is ``interrupted``).
+
+    ``final_append``: the call is alone on a stream logged in a shared store, so its
+    response's append records its outcome too -- left to the caller (the course is
+    then RECORDING; see :meth:`CallCourse.appended`).
 
     A request whose id is still running in the session is refused (ids name the
     request a cancellation or an answer is for, so two at once would be ambiguous).
@@ -168,9 +178,15 @@ async def execute(
     try:
         payload = await _run(app, session, req, stream, state)
     except BaseException:
-        await _store(session, course.abandoned())
+        record = course.abandoned()
+        if record is not None and record.payload is not None and final_append:
+            assert stream is not None
+            await session.driver.shared.append_interrupted(
+                session, stream, record.payload, record.key
+            )
+        await _store(session, record)
         raise
-    await _store(session, course.finished(payload, final_append=False))
+    await _store(session, course.finished(payload, final_append=final_append))
     return payload
 
 

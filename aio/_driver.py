@@ -32,6 +32,7 @@ from weir.protocol import (
     RemoteProtocolError,
     raw_error_response,
 )
+from weir.protocol.get import StreamRules
 from weir.protocol.jsonrpc import Notification, RequestId, encode_error, encode_notification
 from weir.protocol.post import PostRules
 from weir.protocol.sessionless_post import SessionlessRules
@@ -77,6 +78,7 @@ class AsyncioDriver:
         store: SessionStore | None = None,
         replica_id: str | None = None,
         claim_lease: float = CLAIM_LEASE,
+        resume: str = "pinned",
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
@@ -104,7 +106,10 @@ class AsyncioDriver:
         shared one (:class:`weir.asyncio._redis_store.AsyncioRedisStore`) lets this
         driver serve one cluster with other replicas, Trio or asyncio (``._shared``):
         ``replica_id`` names this one in its claims (default: drawn), whose leases
-        last ``claim_lease`` seconds unless renewed.  The caller owns the store.
+        last ``claim_lease`` seconds unless renewed; with ``resume="shared"`` every
+        stream event is appended to a shared store before it is sent, and a cursor
+        another replica issued is replayed from it (``"pinned"``: this process's own
+        logs only).  The caller owns the store.
         """
         self.app, self.endpoint, self.state = app, endpoint, state
         self.credit = credit or CreditLimits()
@@ -116,7 +121,21 @@ class AsyncioDriver:
         self.in_progress_wait = in_progress_wait
         #: The session store, and this driver's side of it.
         self.shared = SharedState(
-            self, store or memory_store(), replica_id=replica_id, claim_lease=claim_lease
+            self,
+            store or memory_store(),
+            replica_id=replica_id,
+            claim_lease=claim_lease,
+            resume=resume,
+        )
+        #: What a GET's and a DELETE's courses need to know of this runtime: no
+        #: channel binding, no authorization; a shared store's replays.
+        self.stream_rules = StreamRules(
+            resume=resume,
+            shared=self.shared.shared,
+            keepalive=sse_keepalive,
+            lease=claim_lease,
+            give_up_after=self.credit.liveness_timeout * 10,
+            replica=self.shared.replica_id,
         )
         #: What a POST's course needs to know of this runtime: whether the store is
         #: shared, no channel binding, JSON for a client that does not accept SSE

@@ -72,6 +72,8 @@ class AsyncioConfig:
         replica_id: names this process in a shared store's claims (default: drawn).
         claim_lease: seconds a running call's claim in a shared store lives unless
             renewed (a replica that dies is answered ``interrupted`` after it).
+        resume: ``"shared"`` (with a shared store, every event is stored before it is
+            sent, and any replica replays it) or ``"pinned"`` (this process's logs).
     """
 
     host: str = "127.0.0.1"
@@ -89,6 +91,7 @@ class AsyncioConfig:
     store: str = dataclasses.field(default="memory", repr=False)  # (a URL may hold a password)
     replica_id: str | None = None
     claim_lease: float = CLAIM_LEASE
+    resume: str = "pinned"
 
     def driver(
         self, app: App, state: Any = None, store: SessionStore | None = None
@@ -111,6 +114,7 @@ class AsyncioConfig:
             store=store,
             replica_id=self.replica_id,
             claim_lease=self.claim_lease,
+            resume=self.resume,
         )
 
 

@@ -108,6 +108,12 @@ class Session:
         #: its teardown ends (a stalled peer's connection goes with its owner).
         self.sessionless = False
         self.carrier: asyncio.Task[Any] | None = None
+        #: Every event of this session's streams is appended to a shared store before
+        #: it enters its log (``--resume shared``: another replica can replay it), at
+        #: the record's channel ``generation``; one append at a time per stream.
+        self.logged = False
+        self.generation = 1
+        self._log_locks: dict[str, asyncio.Lock] = {}
 
     @property
     def closed(self) -> bool:
@@ -169,17 +175,52 @@ class Session:
         self._granted(self.flow.done(1, self.loop.time(), lane))
 
     # ------------------------------------------------------------------ frames
-    async def append(self, stream: StreamLog, payload: str, *, final: bool = False) -> None:
+    async def append(
+        self, stream: StreamLog, payload: str, *, final: bool = False, call_key: str | None = None
+    ) -> None:
         """Take credit for the frame (waiting behind this stream's earlier frames), then
-        append it to ``stream``."""
+        append it to ``stream`` (to the shared store first, if the session is
+        :attr:`logged`; with ``call_key`` that append records the call's outcome too).
+
+        Raises:
+            Gone: the session or the stream ended, or the store did not take the event
+                (not stored means not sent: the stream is aborted).
+        """
         encoded = stream.encode_next(payload)
         size = len(encoded[1])
         await self.take_credit(size, lane=stream.epoch)
         if stream.state is StreamState.CLOSED:
             self.release(1, size, stream.epoch)  # aborted while we waited: nothing to send
             raise Gone
-        stream.append(payload, final=final, encoded=encoded)
-        self._appended(stream)
+        if not self.logged:
+            stream.append(payload, final=final, encoded=encoded)
+            self._appended(stream)
+            return
+        try:
+            await self._log(stream, payload, final, call_key)
+        except BaseException:
+            if not self.closed:
+                self.release(1, size, stream.epoch)  # never entered the log
+            raise
+
+    async def _log(
+        self, stream: StreamLog, payload: str, final: bool, call_key: str | None
+    ) -> None:
+        """Append to the store, then to the log, as one step per stream (the store's
+        log must be contiguous: seq is the log's next)."""
+        lock = self._log_locks.get(stream.epoch)
+        if lock is None:
+            lock = self._log_locks[stream.epoch] = asyncio.Lock()
+        async with lock:
+            if self.closed or stream.state is StreamState.CLOSED:
+                raise Gone
+            seq = stream.next_seq
+            if seq or payload:  # (the priming event carries nothing to replay)
+                await self.driver.shared.append_event(self, stream, seq, payload, final, call_key)
+            stream.append(payload, final=final)
+            self._appended(stream)
+            if final:
+                self._log_locks.pop(stream.epoch, None)
 
     def try_append(self, stream: StreamLog, payload: str, *, final: bool = False) -> bool:
         """:meth:`append` if it needs no wait (credit now, nothing of this stream queued);
@@ -192,9 +233,21 @@ class Session:
             return False
         if self.flow.credit.frames_in_use == 1:
             self.arm_timer()
+        if self.logged:  # the store first: in a task of the session's, in order
+            self.spawn(self._log_or_release(stream, payload, final, size))
+            return True
         stream.append(payload, final=final, encoded=encoded)
         self._appended(stream)
         return True
+
+    async def _log_or_release(
+        self, stream: StreamLog, payload: str, final: bool, size: int
+    ) -> None:
+        try:
+            await self._log(stream, payload, final, None)
+        except Gone:
+            if not self.closed:
+                self.release(1, size, stream.epoch)  # never entered the log
 
     def _appended(self, stream: StreamLog) -> None:
         if stream.epoch in self.abandoned:  # nobody writes it until a resumption: history

@@ -64,9 +64,10 @@ from weir.protocol.course import ClaimCall
 from weir.protocol.gate import CallOutcome, CallStart
 from weir.protocol.jsonrpc import RequestId
 from weir.protocol.messages import renew_interval
-from weir.protocol.states import SessionInput, session_transition
+from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
+from weir.protocol.streams import StreamLog
 
-from ._session import MAX_CALL_BYTES, MAX_CALLS, Session
+from ._session import MAX_CALL_BYTES, MAX_CALLS, Gone, Session
 
 if TYPE_CHECKING:
     from ._driver import AsyncioDriver
@@ -127,10 +128,13 @@ class SharedState:
         *,
         replica_id: str | None = None,
         claim_lease: float = CLAIM_LEASE,
+        resume: str = "pinned",
     ) -> None:
         self.driver, self.store = driver, store
         self.replica_id = replica_id or secrets.token_hex(4)
         self.claim_lease = claim_lease
+        #: Events go to the store before the wire (any replica replays them).
+        self.logs = store.shared and resume == "shared"
         self._touched: dict[str, float] = {}
         self._renewer: asyncio.Task[None] | None = None
 
@@ -166,6 +170,7 @@ class SharedState:
         self._touched[record.session_id] = loop.time()
         caller = Caller(capabilities, client_info)
         session = Session(record.session_id, version, driver.credit, driver, caller)
+        session.logged = self.logs
         driver.add_session(session)
         return session
 
@@ -189,6 +194,7 @@ class SharedState:
                 raise session_refusal(sid, request_id)
             if session is None:
                 session = self._adopt(record)
+            session.generation = record.generation  # (a rebind elsewhere fences our streams)
             await self._touch(session)
         if session is None:
             raise session_refusal(sid, request_id)
@@ -205,6 +211,8 @@ class SharedState:
             Caller(capabilities, client_info),
         )
         session.state = session_transition(session.state, SessionInput.INITIALIZED)
+        session.logged = self.logs
+        session.generation = record.generation
         self.driver.add_session(session)
         return session
 
@@ -258,6 +266,60 @@ class SharedState:
             pass  # the session is gone: nobody waits for it
         except StoreUnavailable:
             raise store_unavailable() from None
+
+    async def append_event(
+        self,
+        session: Session,
+        stream: StreamLog,
+        seq: int,
+        payload: str,
+        final: bool,
+        call_key: str | None,
+    ) -> None:
+        """Append event ``seq`` of ``stream`` to the store (with ``call_key``: recording
+        the call's outcome in the same step).  Not stored means not sent: on any
+        failure the stream is aborted and :class:`Gone` raised."""
+        try:
+            await self.store.append_event(
+                PRINCIPAL,
+                session.sid,
+                stream.epoch,
+                seq,
+                payload.encode(),
+                final=final,
+                generation=session.generation,
+                call_key=call_key,
+                replica=self.replica_id,
+            )
+        except (SessionGone, ChannelRejected, StoreUnavailable, ValueError) as exc:
+            log.warning("event %s:%d not stored (%r): the stream ends", stream.epoch, seq, exc)
+            if stream.state is not StreamState.CLOSED:
+                stream.handle(StreamInput.ABORT)
+                session.wake(stream)
+            raise Gone from exc
+
+    async def append_interrupted(
+        self, session: Session, stream: StreamLog, payload: bytes, key: str
+    ) -> None:
+        """At shutdown, a call this process abandons: its ``interrupted`` outcome as
+        its shared stream's final event (a resume elsewhere gets it), best effort."""
+        try:
+            await asyncio.wait_for(
+                self.store.append_event(
+                    PRINCIPAL,
+                    session.sid,
+                    stream.epoch,
+                    stream.next_seq,
+                    payload,
+                    final=True,
+                    generation=session.generation,
+                    call_key=key,
+                    replica=self.replica_id,
+                ),
+                FINISH_WAIT,
+            )
+        except Exception as exc:
+            log.warning("the interrupted outcome of %s was not appended: %r", key, exc)
 
     async def epoch(self, session: Session, binding: int = 0) -> str:
         """A fresh stream epoch, from the store (unique in the session everywhere)."""

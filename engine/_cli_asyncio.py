@@ -62,9 +62,8 @@ TRIO_ONLY: dict[str, TrioOnly] = {
     ),
     "resume": TrioOnly(
         "--resume",
-        "the asyncio runtime resumes streams from this process's own logs "
-        "(only 'pinned' is served)",
-        lambda v: v == "pinned",
+        "the asyncio runtime always gives events ids (only 'shared' and 'pinned' are served)",
+        lambda v: v in ("shared", "pinned"),
     ),
     "retry_window": TrioOnly(
         "--retry-window",
@@ -201,6 +200,7 @@ def asyncio_config(
         store=store,
         replica_id=config.replica_id,
         claim_lease=config.claim_lease,
+        resume=config.resume,
     )
 
 

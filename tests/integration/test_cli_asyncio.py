@@ -33,7 +33,7 @@ from .test_cli_startup import MYAPP, one_line_failure, weir
 #: A command-line value for each Trio-only option that the asyncio runtime refuses.
 REFUSED_ARGS: dict[str, list[str]] = {
     "shutdown_grace": ["--shutdown-grace", "5"],
-    "resume": ["--resume", "shared"],
+    "resume": ["--resume", "off"],
     "retry_window": ["--retry-window", "30"],
     "workers": ["--workers", "2"],
     "reuse_port": ["--reuse-port"],
@@ -127,7 +127,7 @@ async def test_the_state_keys_it_is_given_seal_its_request_state(
 
 
 def test_through_the_console_script_a_refusal_is_one_line_and_status_1(tmp_path: Path) -> None:
-    done = weir(tmp_path, "serve", "--runtime", "asyncio", "--resume", "shared")
+    done = weir(tmp_path, "serve", "--runtime", "asyncio", "--resume", "off")
     assert done.returncode == 1
     line = one_line_failure(done)
     assert line.startswith("weir: --runtime asyncio refuses --resume: ")

@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import h11
 import pytest
 import trio
 
@@ -50,7 +51,7 @@ def replicas(
     """A Trio and an asyncio ``weir serve`` on one Valkey (by runtime name)."""
     monkeypatch.setenv("WEIR_TEST_LEDGER", str(tmp_path / "ledger"))
     (tmp_path / "ledger").write_text("")
-    args = ["--store", valkey_url, "--claim-lease", "2", "--resume", "pinned"]
+    args = ["--store", valkey_url, "--claim-lease", "2"]
     files = [(tmp_path / f"{n}.out").open("w+b") for n in range(4)]
     procs: dict[str, WeirProcess] = {}
     try:
@@ -226,3 +227,74 @@ async def _initialize(c: Client) -> str:
     sid = init.headers["mcp-session-id"]
     assert (await c.request("POST", "/mcp", NOTE, session=sid, headers=HDR)).status == 202
     return sid
+
+
+@pytest.mark.parametrize("producer", ["trio", "asyncio"])
+async def test_a_stream_cut_on_one_runtime_resumes_on_the_other_with_exact_event_ids(
+    producer: str, valkey_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call's stream is cut after three of its log messages; a GET with the last
+    event id seen, on the other runtime, replays from the store exactly the events
+    after it -- the same epoch, every seq once, in order -- then tails the call still
+    running on the producer until its response, the final event."""
+    resumer = "asyncio" if producer == "trio" else "trio"
+    with replicas(valkey_url, tmp_path, monkeypatch) as procs, trio.fail_after(60):
+        c = await Client.connect(procs[producer].port)
+        sid = await _initialize(c)
+        body = json.dumps(call(3, "chatter", {"count": 10})).encode()
+        await c.send_raw(
+            raw_request("POST", "/mcp", body=body, headers={"mcp-session-id": sid, **HDR})
+        )
+        seen = await _sse_events(c, 3)
+        await c.aclose()  # the cut: the call runs on, its events go to the store
+        cursor = seen[-1][0]
+        epoch, _, seq = cursor.rpartition(":")
+        r = await Client.connect(procs[resumer].port)
+        headers = {**HDR, "accept": "text/event-stream", "last-event-id": cursor}
+        resumed = await r.request("GET", "/mcp", session=sid, headers=headers, timeout=20)
+        await r.aclose()
+        assert resumed.status == 200, resumed
+        events = _parse_sse(resumed.body)
+        ids = [event_id for event_id, _ in events]
+        assert ids == [f"{epoch}:{n}" for n in range(int(seq) + 1, int(seq) + 1 + len(ids))], ids
+        messages = [json.loads(data) for _, data in events]
+        lines = [
+            m["params"]["data"] for m in messages if m.get("method") == "notifications/message"
+        ]
+        said = [json.loads(d)["params"]["data"] for _, d in seen]
+        assert said + lines == [f"line {i}" for i in range(10)], (said, lines)
+        assert messages[-1]["id"] == 3 and messages[-1]["result"]["content"][0]["text"] == "said 10"
+
+
+async def _sse_events(c: Client, n: int) -> list[tuple[str, str]]:
+    """Read a streamed response until ``n`` events with data have come: (id, data)."""
+    conn = c.h11
+    conn.send(h11.Request(method="POST", target="/", headers=[("host", "x")]))
+    conn.send(h11.EndOfMessage())
+    buf = b""
+    for _ in range(10_000):
+        events = _parse_sse(buf)
+        if len(events) >= n:
+            return events[:n]
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await c.stream.receive_some(65536))
+        elif isinstance(event, h11.Data):
+            buf += bytes(event.data)
+        elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+            break
+    raise AssertionError(f"the stream ended before {n} events: {buf!r}")
+
+
+def _parse_sse(body: bytes) -> list[tuple[str, str]]:
+    """The complete events of an SSE body that carry data: (id, data)."""
+    found = []
+    for block in body.decode().replace("\r\n", "\n").split("\n\n")[:-1]:
+        fields: dict[str, str] = {}
+        for line in block.split("\n"):
+            name, _, value = line.partition(":")
+            if name in ("id", "data"):
+                fields[name] = value.removeprefix(" ")
+        if fields.get("data"):
+            found.append((fields.get("id", ""), fields["data"]))
+    return found
