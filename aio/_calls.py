@@ -219,6 +219,7 @@ async def _run(
         Backend(session, stream), req.id, meta if isinstance(meta, dict) else None, state=state
     )
     session.running[req.id] = task = asyncio.current_task()  # type: ignore[assignment]
+    session.started[req.id] = session.loop.time()
     try:
         return _fit(req, encode_result(req.id, await dispatch(app, req, ctx)), session, stream)
     except Exception as exc:
@@ -232,3 +233,4 @@ async def _run(
         session.cancelled.discard(req.id)
         if session.running.get(req.id) is task:
             del session.running[req.id]
+            session.started.pop(req.id, None)

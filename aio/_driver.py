@@ -266,7 +266,9 @@ class AsyncioDriver:
         now = loop.time()
         for session in list(self.sessions.values()):
             busy = session.tasks or session.writers
-            if not busy and now - session.last_seen >= self.idle_timeout:
+            if busy and self.shared.shared:
+                self.spawn(self.shared.touch_busy(session))  # busy here: not idle anywhere
+            elif not busy and now - session.last_seen >= self.idle_timeout:
                 self.spawn(self.shared.expire(session))  # the store decides
         if self.sessions:
             self._sweeper = loop.call_later(self.idle_timeout / 4, self._sweep)

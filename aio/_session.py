@@ -93,6 +93,7 @@ class Session:
         #: client cancelled, and server-to-client requests waiting for an answer --
         #: each bounded by the admitted handlers that created them.
         self.running: dict[RequestId, asyncio.Task[None]] = {}
+        self.started: dict[RequestId, float] = {}  # (when each began: mail polls)
         self.cancelled: set[RequestId] = set()
         self.pending: dict[str, asyncio.Future[Response | ErrorResponse]] = {}
         self._ids = itertools.count(1)

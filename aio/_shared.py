@@ -38,6 +38,7 @@ The rule: a local process never decides alone about shared state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import secrets
@@ -63,7 +64,14 @@ from weir.protocol import SERVER_ERROR, Reason, RemoteProtocolError, session_ref
 from weir.protocol.course import ClaimCall
 from weir.protocol.gate import CallOutcome, CallStart
 from weir.protocol.jsonrpc import RequestId
-from weir.protocol.messages import renew_interval
+from weir.protocol.messages import (
+    CANCEL_BOX,
+    POLL_INTERVAL,
+    boxes_due,
+    read_answer,
+    read_cancel,
+    renew_interval,
+)
 from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
 from weir.protocol.streams import StreamLog
 
@@ -137,6 +145,7 @@ class SharedState:
         self.logs = store.shared and resume == "shared"
         self._touched: dict[str, float] = {}
         self._renewer: asyncio.Task[None] | None = None
+        self._relay: asyncio.Task[None] | None = None
 
     @property
     def shared(self) -> bool:
@@ -172,6 +181,7 @@ class SharedState:
         session = Session(record.session_id, version, driver.credit, driver, caller)
         session.logged = self.logs
         driver.add_session(session)
+        self._relay_mail()
         return session
 
     async def load(self, sid: str, request_id: RequestId | None) -> Session:
@@ -214,6 +224,7 @@ class SharedState:
         session.logged = self.logs
         session.generation = record.generation
         self.driver.add_session(session)
+        self._relay_mail()
         return session
 
     async def _touch(self, session: Session) -> None:
@@ -228,6 +239,13 @@ class SharedState:
         except StoreUnavailable:
             self._touched.pop(session.sid, None)
             raise store_unavailable() from None
+
+    async def touch_busy(self, session: Session) -> None:
+        """A session running or writing something here is not idle: tell the store
+        (so another replica's sweep does not expire it); a failure waits for the
+        next sweep."""
+        with contextlib.suppress(RemoteProtocolError):
+            await self._touch(session)
 
     async def delete(self, session: Session) -> None:
         """The client's ``DELETE``: the record goes (503 if the store cannot say so)."""
@@ -416,6 +434,46 @@ class SharedState:
             log.warning("could not record the outcome of call %s in the store", key)
         finally:
             session.finish_call(key)
+
+    def _relay_mail(self) -> None:
+        """With a shared store, make sure the mail relay runs (it ends with the driver)."""
+        if self.store.shared and (self._relay is None or self._relay.done()):
+            self._relay = self.driver.spawn(self._relay_loop())
+
+    async def _relay_loop(self) -> None:
+        """Deliver the answers and cancellations other replicas received for requests
+        of this one (``weir.protocol.messages``: polled every 100 ms, and only for
+        sessions that wait for an answer or run a request for over a second)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(POLL_INTERVAL)
+            now = loop.time()
+            for session in list(self.driver.sessions.values()):
+                if session.closed:
+                    continue
+                boxes = boxes_due(
+                    self.replica_id,
+                    awaiting_answers=bool(session.pending),
+                    started=session.started.values(),
+                    now=now,
+                )
+                try:
+                    for box in boxes:
+                        await self._take_mail(session, box)
+                except (StoreUnavailable, SessionGone):
+                    continue
+
+    async def _take_mail(self, session: Session, box: str) -> None:
+        if box == CANCEL_BOX:  # every replica reads it: kept, each acts on its own
+            for raw in await self.store.take_messages(PRINCIPAL, session.sid, box, keep=True):
+                rid = read_cancel(raw)
+                if rid is not None and rid in session.running:
+                    session.cancel(rid)
+            return
+        for raw in await self.store.take_messages(PRINCIPAL, session.sid, box):
+            answer = read_answer(raw)
+            if answer is not None:
+                session.answer(answer)
 
     async def _renew(self) -> None:
         """Renew the leases of the calls running here while there are any."""

@@ -298,3 +298,34 @@ def _parse_sse(body: bytes) -> list[tuple[str, str]]:
         if fields.get("data"):
             found.append((fields.get("id", ""), fields["data"]))
     return found
+
+
+@pytest.mark.parametrize("runs_on", ["trio", "asyncio"])
+async def test_a_cancellation_sent_to_the_other_runtime_stops_the_call(
+    runs_on: str, valkey_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``notifications/cancelled`` for a call running on one runtime, POSTed to the
+    other: it is forwarded through the store's mailbox, the call stops (its stream
+    ends with no response) and, its key given back, it never finished."""
+    other = "asyncio" if runs_on == "trio" else "trio"
+    with replicas(valkey_url, tmp_path, monkeypatch) as procs, trio.fail_after(60):
+        c = await Client.connect(procs[runs_on].port)
+        sid = await _initialize(c)
+        hdr = {**HDR, "idempotency-key": "long", "mcp-session-id": sid}
+        body = json.dumps(charge(4, "long", 30.0)).encode()
+        await c.send_raw(raw_request("POST", "/mcp", body=body, headers=hdr))
+        while not any(line.startswith("start long") for line in ledger(tmp_path)):
+            await trio.sleep(0.02)
+        r = await Client.connect(procs[other].port)
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 4}}
+        assert (await r.request("POST", "/mcp", cancel, session=sid, headers=HDR)).status == 202
+        await r.aclose()
+        ended = await c.read_reply(15)  # far sooner than the call's 30 s
+        assert ended.status == 200
+        assert all("result" not in m for m in map(json.loads, _datas(ended.body))), ended.body
+        await c.aclose()
+        assert [line.split()[0] for line in ledger(tmp_path)] == ["start"]
+
+
+def _datas(body: bytes) -> list[str]:
+    return [data for _, data in _parse_sse(body)]
