@@ -42,8 +42,15 @@ runs on asyncio here).
   roots, ``close_stream``) backed by this driver, run as tasks owned by the session
   (a dropped connection does not cancel a call) and stop on
   ``notifications/cancelled``.  A ``tools/call`` passes the idempotency gate first --
-  the core's rules over a :class:`~weir.protocol.gate.CallLedger`, as in the Trio
-  engine's memory store -- so a retry replays its response and never runs it twice.
+  the core's rules over the session store's claims, as on the Trio engine -- so a
+  retry replays its response and never runs it twice.
+* **Session stores** (:mod:`._shared`, :mod:`._redis_store`, :mod:`._resp`).  Session
+  records, the gate's claims (leased, renewed while a call runs) and outcomes, and
+  (``resume="shared"``) every stream event live in a
+  :class:`~weir.engine._store.SessionStore`: the memory store by default, or a
+  Redis-protocol server shared with other replicas, Trio or asyncio, which then serve
+  one cluster (a session, a retry, a resumption, a cancellation cross runtimes).  The
+  store not answering is 503 ``store_unavailable``, with nothing run.
 * **Limits** (:mod:`._driver`).  Sessions (503 ``session_limit``), connections (503
   ``overloaded``), idle sessions (forgotten after ``idle_timeout`` unless busy), each
   session's credit and replay history (a live stream's last 256 frames; a closed
@@ -54,10 +61,10 @@ runs on asyncio here).
 
 Not here yet (the Trio engine has them, and ``weir serve --runtime asyncio`` refuses
 their options rather than ignore them): the 2024-11-05
-HTTP+SSE transport, shared session stores (replicas, shared replay, several
-workers), authorization, a budget on what all connections buffer, a memory budget
-for replay history and results, inline execution, metrics and a graceful drain of
-running calls at shutdown.
+HTTP+SSE transport, several workers in one command, the sessionless gate and the
+change bus in the store, authorization, a budget on what all connections buffer, a
+memory budget for replay history and results, inline execution, metrics and a
+graceful drain of running calls at shutdown.
 """
 
 from __future__ import annotations
