@@ -49,7 +49,8 @@ runs on asyncio here).
   (``resume="shared"``) every stream event live in a
   :class:`~weir.engine._store.SessionStore`: the memory store by default, or a
   Redis-protocol server shared with other replicas, Trio or asyncio, which then serve
-  one cluster (a session, a retry, a resumption, a cancellation cross runtimes).  The
+  one cluster (a session, a retry, a resumption, a cancellation, an announced change
+  cross runtimes).  The
   store not answering is 503 ``store_unavailable``, with nothing run.
 * **Limits** (:mod:`._driver`).  Sessions (503 ``session_limit``), connections (503
   ``overloaded``), idle sessions (forgotten after ``idle_timeout`` unless busy), each
@@ -61,8 +62,8 @@ runs on asyncio here).
 
 Not here yet (the Trio engine has them, and ``weir serve --runtime asyncio`` refuses
 their options rather than ignore them): the 2024-11-05
-HTTP+SSE transport, several workers in one command, the sessionless gate and the
-change bus in the store, authorization, a budget on what all connections buffer, a
+HTTP+SSE transport, several workers in one command, the sessionless gate in the
+store, authorization, a budget on what all connections buffer, a
 memory budget for replay history and results, inline execution, metrics and a
 graceful drain of running calls at shutdown.
 """

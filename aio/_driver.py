@@ -225,9 +225,15 @@ class AsyncioDriver:
             task.add_done_callback(self._notes.discard)
 
     def changed(self, method: str, uri: str | None) -> None:
-        """A handler announced a change: tell every ``subscriptions/listen`` stream
-        that asked for it, and every session's open GET stream (a resource update
-        only where the session subscribed), without waiting."""
+        """A handler announced a change: deliver it here and, with a shared store, put
+        it on the store's bus for the other replicas (``._shared``)."""
+        self.deliver_change(method, uri)
+        self.shared.publish_change(method, uri)
+
+    def deliver_change(self, method: str, uri: str | None) -> None:
+        """Tell every ``subscriptions/listen`` stream here that asked for the change,
+        and every session's open GET stream (a resource update only where the
+        session subscribed), without waiting."""
         for listener in list(self.listeners):
             listener.notify(method, uri)
         payload = encode_notification(method, {"uri": uri} if uri is not None else None)
@@ -322,6 +328,7 @@ class AsyncioDriver:
             writer.transport.abort()
             return
         self.connections += 1
+        self.shared.start()  # (a shared store's relays, on first need)
         me = asyncio.current_task()
         if me is not None:
             self._handlers.add(me)

@@ -42,6 +42,7 @@ import contextlib
 import logging
 import math
 import secrets
+import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -88,6 +89,10 @@ PRINCIPAL = "anonymous"
 #: Seconds a running call's claim lives in a shared store unless renewed (the Trio
 #: runtime's ``--claim-lease`` default).
 CLAIM_LEASE = 15.0
+#: Seconds between two reads of a shared store's change bus, and how far back the
+#: first read goes (the Trio runtime's values: clock skew between hosts).
+CHANGE_POLL = 0.1
+CHANGE_LOOKBACK = 5.0
 #: The most a stored outcome may take to record before it is given up (logged).
 FINISH_WAIT = 5.0
 
@@ -146,6 +151,7 @@ class SharedState:
         self._touched: dict[str, float] = {}
         self._renewer: asyncio.Task[None] | None = None
         self._relay: asyncio.Task[None] | None = None
+        self._changes: asyncio.Task[None] | None = None
 
     @property
     def shared(self) -> bool:
@@ -435,10 +441,56 @@ class SharedState:
         finally:
             session.finish_call(key)
 
+    def start(self) -> None:
+        """With a shared store, make sure the relays of mail and of announced changes
+        run (they end with the driver)."""
+        self._relay_mail()
+        if self.store.shared and (self._changes is None or self._changes.done()):
+            self._changes = self.driver.spawn(self._relay_changes())
+
     def _relay_mail(self) -> None:
-        """With a shared store, make sure the mail relay runs (it ends with the driver)."""
         if self.store.shared and (self._relay is None or self._relay.done()):
             self._relay = self.driver.spawn(self._relay_loop())
+
+    def publish_change(self, method: str, uri: str | None) -> None:
+        """With a shared store, put an announced change on its bus (in a task)."""
+        if self.store.shared:
+            change = msgspec.json.encode({"m": method, "u": uri, "r": self.replica_id})
+            self.driver.spawn(self._publish(change))
+
+    async def _publish(self, change: bytes) -> None:
+        try:
+            await self.store.publish_change(change)
+        except StoreUnavailable:
+            log.warning("could not put an announced change on the store's bus")
+
+    async def _relay_changes(self) -> None:
+        """Deliver the changes other replicas announced (Trio's rules: the bus is
+        read every :data:`CHANGE_POLL` s while anyone here may hear them, the first
+        read going :data:`CHANGE_LOOKBACK` s back)."""
+        driver = self.driver
+        cursor: str | None = None
+        while True:
+            await asyncio.sleep(CHANGE_POLL)
+            if not driver.listeners and not driver.sessions:
+                cursor = None
+                continue
+            if cursor is None:
+                cursor = f"{int((time.time() - CHANGE_LOOKBACK) * 1000)}-0"
+            try:
+                cursor, changes = await self.store.read_changes(cursor)
+            except StoreUnavailable:
+                continue
+            for raw in changes:
+                try:
+                    change = msgspec.json.decode(raw)
+                except msgspec.DecodeError:
+                    continue
+                if not isinstance(change, dict) or change.get("r") == self.replica_id:
+                    continue
+                method, uri = change.get("m"), change.get("u")
+                if isinstance(method, str) and (uri is None or isinstance(uri, str)):
+                    driver.deliver_change(method, uri)
 
     async def _relay_loop(self) -> None:
         """Deliver the answers and cancellations other replicas received for requests

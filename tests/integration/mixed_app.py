@@ -38,3 +38,10 @@ async def chatter(count: int, ctx: Context) -> str:
         await ctx.info(f"line {i}")
         await ctx.sleep(0.05)
     return f"said {count}"
+
+
+@app.tool()
+async def announce(ctx: Context) -> str:
+    """Announce that the tool list changed (every replica's listeners hear it)."""
+    ctx.changed("tools")
+    return "announced"

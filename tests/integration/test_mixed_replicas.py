@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import coredis
 import h11
 import pytest
 import trio
@@ -329,3 +330,34 @@ async def test_a_cancellation_sent_to_the_other_runtime_stops_the_call(
 
 def _datas(body: bytes) -> list[str]:
     return [data for _, data in _parse_sse(body)]
+
+
+async def test_announced_changes_cross_runtimes_on_the_stores_bus(
+    valkey_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tool on the Trio replica announces that the tool list changed: a session's
+    GET stream open on the asyncio replica hears ``notifications/tools/list_changed``
+    (the store's bus).  The asyncio replica's own announcements go on the same bus,
+    in the same encoding.  (The other way round is not checked end to end: the Trio
+    runtime's GET streams with ``--resume shared`` do not take change notices.)"""
+    with replicas(valkey_url, tmp_path, monkeypatch) as procs, trio.fail_after(60):
+        g = await Client.connect(procs["asyncio"].port)
+        sid = await _initialize(g)
+        headers = {**HDR, "accept": "text/event-stream", "mcp-session-id": sid}
+        await g.send_raw(raw_request("GET", "/mcp", headers=headers))
+        for rid, runtime in ((6, "trio"), (7, "asyncio")):
+            a = await Client.connect(procs[runtime].port)
+            said = await a.request(
+                "POST", "/mcp", call(rid, "announce", {}), session=sid, headers=HDR
+            )
+            assert said.status == 200 and "announced" in said.body.decode(), said
+            await a.aclose()
+        heard = await _sse_events(g, 2)  # Trio's (through the bus), then its own
+        assert [json.loads(data)["method"] for _, data in heard] == [
+            "notifications/tools/list_changed"
+        ] * 2
+        await g.aclose()
+        async with coredis.Redis.from_url(valkey_url, decode_responses=False) as raw:
+            bus = await raw.xrevrange("weir:bus", count=10)
+        published = [json.loads(entry.field_values[b"c"]) for entry in bus]
+        assert {"m": "notifications/tools/list_changed", "u": None, "r": "asyncio"} in published
