@@ -25,12 +25,12 @@ runs on asyncio here).
   :class:`~weir.protocol.HttpConnection` (with its size limits),
   :func:`~weir.protocol.route`, :func:`~weir.protocol.refusal`, ``initialize`` checks
   and result, and read deadlines; GET streams, ``Last-Event-ID`` resumption from this
-  process's own logs, the newest reader wins.
+  process's own logs or from a shared store, the newest reader wins.
 * **The sessionless revision** (2026-07-28, :mod:`._sessionless`).  The core's
   :class:`~weir.protocol.sessionless_post.SessionlessCourse` and its handler run,
   carried out as the Trio engine does: ``server/discover``, ``Mcp-Param-*`` checks,
   input-required rounds with sealed request state (:class:`weir.common.StateSealer`),
-  the ``Idempotency-Key`` gate in the principal's namespace (in-process), answers as
+  the ``Idempotency-Key`` gate in the principal's namespace of the store, answers as
   JSON or SSE under the connection's credit owner, ``subscriptions/listen``.
 * **Credit and timers** (:mod:`._session`).  Each session has one
   :class:`~weir.protocol.SessionFlow`; credit comes back when the *peer's kernel has
@@ -61,9 +61,8 @@ runs on asyncio here).
   ``resources/subscribe`` asks are bounded by the core and the app layer.
 
 Not here yet (the Trio engine has them, and ``weir serve --runtime asyncio`` refuses
-their options rather than ignore them): the 2024-11-05
-HTTP+SSE transport, several workers in one command, the sessionless gate in the
-store, authorization, a budget on what all connections buffer, a
+their options rather than ignore them): the 2024-11-05 HTTP+SSE transport, several
+workers in one command, authorization, a budget on what all connections buffer, a
 memory budget for replay history and results, inline execution, metrics and a
 graceful drain of running calls at shutdown.
 """

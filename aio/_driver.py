@@ -154,7 +154,7 @@ class AsyncioDriver:
         self.sealer = StateSealer(tuple(state_keys) or (new_key(),))
         #: The sessionless idempotency gate, listeners, and keyed calls' runs (a
         #: keyed call outlives its response and its connection; shutdown ends it).
-        self.keyed = KeyedCalls()
+        self.keyed = KeyedCalls(self.shared)
         self.listeners: set[Listener] = set()
         #: The sessionless credit owners, one per connection that sent such a request
         #: (each ends with its connection, or is torn down when its peer stalls).

@@ -43,13 +43,14 @@ import logging
 import math
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
 from weir.app import Caller
 from weir.engine._store import (
     ChannelRejected,
+    InternalId,
     MemoryStore,
     Retention,
     RetentionFull,
@@ -86,6 +87,9 @@ log = logging.getLogger("weir.asyncio")
 #: Who owns every session here: the asyncio runtime has no authorization, and the
 #: Trio runtime without it names the same principal, so their records are shared.
 PRINCIPAL = "anonymous"
+#: The record under which a principal's sessionless gate records live: the Trio
+#: runtime's (``weir.engine._keyed.NAMESPACE``), a keyspace no session id reaches.
+NAMESPACE: Final = InternalId("~sessionless")
 #: Seconds a running call's claim lives in a shared store unless renewed (the Trio
 #: runtime's ``--claim-lease`` default).
 CLAIM_LEASE = 15.0
@@ -125,6 +129,19 @@ def store_unavailable(request_id: RequestId | None = None) -> RemoteProtocolErro
         "the session store is unavailable; nothing was executed",
         http_status=503,
         reason=Reason.STORE_UNAVAILABLE,
+        code=SERVER_ERROR,
+        request_id=request_id,
+        retry_after_ms=1000,
+    )
+
+
+def overloaded(request_id: RequestId | None) -> RemoteProtocolError:
+    """503 ``overloaded``: the gate has no room for a new key (see
+    :class:`~weir.engine._store.RetentionFull`); nothing was executed."""
+    return RemoteProtocolError(
+        "the gate is full of calls that must be kept; nothing was executed",
+        http_status=503,
+        reason=Reason.OVERLOADED,
         code=SERVER_ERROR,
         request_id=request_id,
         retry_after_ms=1000,
@@ -374,33 +391,35 @@ class SharedState:
         except StoreUnavailable:
             raise store_unavailable(req.id) from None
         except RetentionFull:
-            raise RemoteProtocolError(
-                "the gate is full of calls that must be kept; nothing was executed",
-                http_status=503,
-                reason=Reason.OVERLOADED,
-                code=SERVER_ERROR,
-                request_id=req.id,
-                retry_after_ms=1000,
-            ) from None
+            raise overloaded(req.id) from None
         except ChannelRejected:  # (no token is ever presented here)
             raise store_unavailable(req.id) from None
         return start, claim.key in session.holding
 
     async def _claim_shielded(self, session: Session, effect: ClaimCall) -> CallStart:
-        """``begin_call`` on a shared store, finished even if the caller is cancelled:
-        a claim granted to a delivery that then never starts is given back at once,
-        not left to block every retry until its lease runs out."""
         claim = effect.claim
+        return await self.begin(
+            PRINCIPAL, session.sid, claim.key, claim.fingerprint, effect.request.id
+        )
+
+    async def begin(
+        self, principal: str, sid: str, key: str, fingerprint: bytes, request_id: RequestId
+    ) -> CallStart:
+        """``begin_call`` on a shared store under this replica's lease, finished even
+        if the caller is cancelled: a claim granted to a delivery that then never
+        starts is given back at once, not left to block every retry until its lease
+        runs out."""
+        store = self.store
         granting = asyncio.ensure_future(
-            self.store.begin_call(
-                PRINCIPAL,
-                session.sid,
-                claim.key,
-                claim.fingerprint,
+            store.begin_call(
+                principal,
+                sid,
+                key,
+                fingerprint,
                 None,
-                request_id=msgspec.json.encode(effect.request.id),
+                request_id=msgspec.json.encode(request_id),
                 owner=self.replica_id,
-                lease=self.claim_lease,
+                lease=self.claim_lease if store.shared else None,
             )
         )
         try:
@@ -410,36 +429,45 @@ class SharedState:
                 start = await asyncio.wait_for(asyncio.shield(granting), FINISH_WAIT)
                 if start.outcome is CallOutcome.EXECUTE:
                     await asyncio.wait_for(
-                        self.store.finish_call(PRINCIPAL, session.sid, claim.key, None),
-                        FINISH_WAIT,
+                        store.finish_call(principal, sid, key, None), FINISH_WAIT
                     )
             except Exception:
-                log.warning("a cancelled claim of %s could not be given back", claim.key)
+                log.warning("a cancelled claim of %s could not be given back", key)
             raise
 
     def hold(self, session: Session, key: str) -> None:
         """A claimed call runs here from now on: its lease is renewed until it ends."""
         session.holding.add(key)
+        self.renew_soon()
+
+    def renew_soon(self) -> None:
+        """Calls run here: make sure their leases are renewed (shared stores)."""
         if self.store.shared and (self._renewer is None or self._renewer.done()):
             self._renewer = self.driver.spawn(self._renew())
 
     async def finish(self, session: Session, key: str, payload: bytes | None) -> None:
         """Store a call's outcome (None: give the key back), then wake the deliveries
-        here that wait for it.  Shielded and bounded: an outcome is never dropped
-        because the task storing it was cancelled."""
+        here that wait for it."""
+        try:
+            await self.record(PRINCIPAL, session.sid, key, payload)
+        finally:
+            session.finish_call(key)
+
+    async def record(self, principal: str, sid: str, key: str, payload: bytes | None) -> None:
+        """Store a call's outcome (None: give the key back).  Shielded and bounded: an
+        outcome is never dropped because the task storing it was cancelled; a store
+        that does not take it is logged."""
         store = self.store
         try:
             if not store.shared:  # (a process-local store never suspends: nothing to guard)
-                await store.finish_call(PRINCIPAL, session.sid, key, payload)
+                await store.finish_call(principal, sid, key, payload)
             else:
                 await asyncio.wait_for(
-                    asyncio.shield(store.finish_call(PRINCIPAL, session.sid, key, payload)),
+                    asyncio.shield(store.finish_call(principal, sid, key, payload)),
                     FINISH_WAIT,
                 )
         except (StoreUnavailable, SessionGone, TimeoutError):
             log.warning("could not record the outcome of call %s in the store", key)
-        finally:
-            session.finish_call(key)
 
     def start(self) -> None:
         """With a shared store, make sure the relays of mail and of announced changes
@@ -533,12 +561,15 @@ class SharedState:
         while True:
             await asyncio.sleep(renew_interval(lease))
             held = [s for s in list(self.driver.sessions.values()) if s.holding and not s.closed]
-            if not held:
+            keyed: dict[str, list[str]] = {}
+            for principal, key in list(self.driver.keyed.held):
+                keyed.setdefault(principal, []).append(key)
+            if not held and not keyed:
                 return
-            for session in held:
+            claims = [(PRINCIPAL, s.sid, list(s.holding)) for s in held]
+            claims += [(principal, NAMESPACE, keys) for principal, keys in keyed.items()]
+            for principal, sid, keys in claims:
                 try:
-                    await self.store.renew_claims(
-                        PRINCIPAL, session.sid, list(session.holding), self.replica_id, lease
-                    )
+                    await self.store.renew_claims(principal, sid, keys, self.replica_id, lease)
                 except (StoreUnavailable, SessionGone):
                     continue

@@ -361,3 +361,36 @@ async def test_announced_changes_cross_runtimes_on_the_stores_bus(
             bus = await raw.xrevrange("weir:bus", count=10)
         published = [json.loads(entry.field_values[b"c"]) for entry in bus]
         assert {"m": "notifications/tools/list_changed", "u": None, "r": "asyncio"} in published
+
+
+@pytest.mark.parametrize("first", ["trio", "asyncio"])
+async def test_a_keyed_sessionless_call_replays_on_the_other_runtime(
+    first: str, valkey_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sessionless revision (2026-07-28): a ``tools/call`` with an
+    ``Idempotency-Key`` answered by one runtime is replayed by the other (the gate's
+    records are in the principal's namespace of the shared store); it ran once."""
+    other = "asyncio" if first == "trio" else "trio"
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    params = {"name": "charge", "arguments": {"key": "stateless"}, "_meta": meta}
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+    headers = {
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/call",
+        "mcp-name": "charge",
+        "idempotency-key": f"stateless-{first}",
+        "accept": "application/json, text/event-stream",
+    }
+    with replicas(valkey_url, tmp_path, monkeypatch) as procs, trio.fail_after(60):
+        answers = []
+        for runtime in (first, other):
+            c = await Client.connect(procs[runtime].port)
+            answers.append(await c.request("POST", "/mcp", message, headers=headers))
+            await c.aclose()
+        assert [a.status for a in answers] == [200, 200], answers
+        assert answer_of(answers[0]) == answer_of(answers[1]), answers
+        assert answer_of(answers[1])["result"]["content"][0]["text"] == "charged stateless"
+        assert [line.split()[0] for line in ledger(tmp_path)] == ["start", "done"]
