@@ -69,15 +69,33 @@ graceful drain of running calls at shutdown.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ._driver import AsyncioDriver, serve
 from ._run import STARTUP_TIMEOUT, AsyncioConfig, StartupFailed, event_loop_name, run
+from ._shared import open_store
+
+if TYPE_CHECKING:
+    from ._redis_store import AsyncioRedisStore
+
+
+def __getattr__(name: str) -> Any:
+    # AsyncioRedisStore pulls in the Redis client library: imported on first use only.
+    if name == "AsyncioRedisStore":
+        from ._redis_store import AsyncioRedisStore
+
+        return AsyncioRedisStore
+    raise AttributeError(f"module 'weir.asyncio' has no attribute {name!r}")
+
 
 __all__ = [
     "STARTUP_TIMEOUT",
     "AsyncioConfig",
     "AsyncioDriver",
+    "AsyncioRedisStore",
     "StartupFailed",
     "event_loop_name",
+    "open_store",
     "run",
     "serve",
 ]

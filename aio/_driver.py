@@ -103,8 +103,9 @@ class AsyncioDriver:
 
         Session records and the gate's claims and outcomes are kept in ``store``
         (default: a :class:`~weir.engine._store.MemoryStore`, this process only); a
-        shared one (:class:`weir.asyncio._redis_store.AsyncioRedisStore`) lets this
-        driver serve one cluster with other replicas, Trio or asyncio (``._shared``):
+        shared one (:class:`weir.asyncio.AsyncioRedisStore`; :func:`weir.asyncio.open_store`
+        opens one from a URL) lets this driver serve one cluster with other replicas,
+        Trio or asyncio (``._shared``):
         ``replica_id`` names this one in its claims (default: drawn), whose leases
         last ``claim_lease`` seconds unless renewed; with ``resume="shared"`` every
         stream event is appended to a shared store before it is sent, and a cursor
