@@ -27,12 +27,12 @@ runs on asyncio here).
   :class:`~weir.protocol.HttpConnection` (with its size limits),
   :func:`~weir.protocol.route`, :func:`~weir.protocol.refusal`, ``initialize`` checks
   and result, and read deadlines; GET streams, ``Last-Event-ID`` resumption from this
-  process's own logs, the newest reader wins.
+  process's own logs or from a shared store, the newest reader wins.
 * **The sessionless revision** (2026-07-28, :mod:`._sessionless`).  The core's
   :class:`~weir.protocol.sessionless_post.SessionlessCourse` and its handler run,
   carried out as the Trio engine does: ``server/discover``, ``Mcp-Param-*`` checks,
   input-required rounds with sealed request state (:class:`weir.common.StateSealer`),
-  the ``Idempotency-Key`` gate in the principal's namespace (in-process), answers as
+  the ``Idempotency-Key`` gate in the principal's namespace of the store, answers as
   JSON or SSE under the connection's credit owner, ``subscriptions/listen``.
 * **Credit and timers** (:mod:`._session`).  Each session has one
   :class:`~weir.protocol.SessionFlow`; credit comes back when the *peer's kernel has
@@ -44,8 +44,16 @@ runs on asyncio here).
   roots, ``close_stream``) backed by this driver, run as tasks owned by the session
   (a dropped connection does not cancel a call) and stop on
   ``notifications/cancelled``.  A ``tools/call`` passes the idempotency gate first --
-  the core's rules over a :class:`~weir.protocol.gate.CallLedger`, as in the Trio
-  engine's memory store -- so a retry replays its response and never runs it twice.
+  the core's rules over the session store's claims, as on the Trio engine -- so a
+  retry replays its response and never runs it twice.
+* **Session stores** (:mod:`._shared`, :mod:`._redis_store`, :mod:`._resp`).  Session
+  records, the gate's claims (leased, renewed while a call runs) and outcomes, and
+  (``resume="shared"``) every stream event live in a
+  :class:`~weir.engine._store.SessionStore`: the memory store by default, or a
+  Redis-protocol server shared with other replicas, Trio or asyncio, which then serve
+  one cluster (a session, a retry, a resumption, a cancellation, an announced change
+  cross runtimes).  The
+  store not answering is 503 ``store_unavailable``, with nothing run.
 * **Limits** (:mod:`._driver`).  Sessions (503 ``session_limit``), connections (503
   ``overloaded``), idle sessions (forgotten after ``idle_timeout`` unless busy), each
   session's credit and replay history (a live stream's last 256 frames; a closed
@@ -53,7 +61,6 @@ runs on asyncio here).
   records (256 finished calls, 256 KiB of keys and results; beyond, the oldest
   results become tombstones).  What ``initialize`` declares and what
   ``resources/subscribe`` asks are bounded by the core and the app layer.
-
 * **Authorization** (:mod:`._auth`).  :mod:`weir.common`'s rules, as on the Trio
   engine (bearer tokens, 401/403/400/503 with ``WWW-Authenticate``, the RFC 9728
   metadata, an SDK app's own verifier), applied per request: each request's
@@ -69,22 +76,41 @@ runs on asyncio here).
   :class:`~weir.protocol.legacy.LegacyPostCourse`.
 
 Not here yet (the Trio engine has them, and ``weir serve --runtime asyncio`` refuses
-their options rather than ignore them): shared session stores (replicas, shared
-replay, several workers), a budget on what all connections buffer,
-a memory budget for replay history and results, and inline execution.
+their options rather than ignore them): several workers in one command, a budget on
+what all connections buffer, a memory budget for replay history and results, inline
+execution, and channel tokens (fencing; a shared store's generation still ends this
+runtime's streams once another replica has rebound the session).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ._driver import AsyncioDriver, serve
 from ._run import STARTUP_TIMEOUT, AsyncioConfig, StartupFailed, event_loop_name, run
+from ._shared import open_store
+
+if TYPE_CHECKING:
+    from ._redis_store import AsyncioRedisStore
+
+
+def __getattr__(name: str) -> Any:
+    # AsyncioRedisStore pulls in the Redis client library: imported on first use only.
+    if name == "AsyncioRedisStore":
+        from ._redis_store import AsyncioRedisStore
+
+        return AsyncioRedisStore
+    raise AttributeError(f"module 'weir.asyncio' has no attribute {name!r}")
+
 
 __all__ = [
     "STARTUP_TIMEOUT",
     "AsyncioConfig",
     "AsyncioDriver",
+    "AsyncioRedisStore",
     "StartupFailed",
     "event_loop_name",
+    "open_store",
     "run",
     "serve",
 ]

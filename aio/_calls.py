@@ -33,7 +33,6 @@ from weir.common import REQUEST_ACCESS
 from weir.protocol import INTERNAL_ERROR, Reason
 from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
 from weir.protocol.course import AppendRecords, CallCourse, ClaimCall, HoldCall, Record, WaitForCall
-from weir.protocol.gate import CallStart
 from weir.protocol.jsonrpc import (
     ErrorResponse,
     Request,
@@ -125,34 +124,47 @@ async def _send_on_session(session: Session, payload: bytes) -> None:
 
 
 async def gate_step(session: Session, effect: ClaimCall | WaitForCall | HoldCall) -> object:
-    """Perform one step of the core's gate loop (:func:`weir.protocol.post.gate`) on
-    the session's in-process ledger: every delivery of a call runs in this process,
-    so a running one can be awaited.
+    """Perform one step of the core's gate loop (:func:`weir.protocol.course.gate`)
+    on the driver's store (see ``._shared``): a delivery running here can be awaited;
+    one running on another replica is waited for by claiming again at ``until``.
 
     Raises:
         Gone: the session ended while the step waited.
+        RemoteProtocolError: 404 (the session is gone), 503 ``store_unavailable``.
     """
     if isinstance(effect, HoldCall):
-        return None  # (a waiter makes the call's wake-up on first need)
+        session.driver.shared.hold(session, effect.key)
+        return None
     if isinstance(effect, WaitForCall):
-        finished = session.call_done.setdefault(effect.key, asyncio.Event())
         wait = max(0.0, effect.until - session.loop.time())
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(finished.wait(), wait)
+        if effect.local:
+            finished = session.call_done.setdefault(effect.key, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(finished.wait(), wait)
+        else:
+            await asyncio.sleep(wait)
         if session.closed:
             raise Gone
         return None
-    claim = effect.claim
-    outcome, payload = session.ledger.begin(claim.key, claim.fingerprint)
-    return CallStart(outcome, "", payload), True
+    return await session.driver.shared.claim(session, effect)
 
 
 async def execute(
-    app: App, session: Session, course: CallCourse, stream: StreamLog | None, state: Any = None
+    app: App,
+    session: Session,
+    course: CallCourse,
+    stream: StreamLog | None,
+    state: Any = None,
+    *,
+    final_append: bool = False,
 ) -> bytes | None:
     """The encoded JSON-RPC response of ``course``'s request, or None if the client
     cancelled it; a gated call's outcome is recorded as its course says (a cancelled
     call gives its key back, so a retry runs it; one torn down is ``interrupted``).
+
+    ``final_append``: the call is alone on a stream logged in a shared store, so its
+    response's append records its outcome too -- left to the caller (the course is
+    then RECORDING; see :meth:`CallCourse.appended`).
 
     A request whose id is still running in the session is refused (ids name the
     request a cancellation or an answer is for, so two at once would be ambiguous).
@@ -163,7 +175,7 @@ async def execute(
         metrics.duplicates_replayed += 1
         return course.replay
     if req.id in session.running:
-        _store(session, course.give_back())
+        await _store(session, course.give_back())
         return id_in_use(req.id)
     if course.key is not None:
         metrics.executions += 1  # (a gated call: tools/call)
@@ -171,20 +183,26 @@ async def execute(
     try:
         payload = await _run(app, session, req, stream, state)
     except BaseException:
-        _store(session, course.abandoned())
+        record = course.abandoned()
+        if record is not None and record.payload is not None and final_append:
+            assert stream is not None
+            await session.driver.shared.append_interrupted(
+                session, stream, record.payload, record.key
+            )
+        await _store(session, record)
         raise
-    _store(session, course.finished(payload, final_append=False))
+    await _store(session, course.finished(payload, final_append=final_append))
     return payload
 
 
-def give_back(session: Session, course: CallCourse) -> None:
+async def give_back(session: Session, course: CallCourse) -> None:
     """``course`` will never run (its session ended first): give back its key."""
-    _store(session, course.give_back())
+    await _store(session, course.give_back())
 
 
-def _store(session: Session, step: Record | AppendRecords | None) -> None:
+async def _store(session: Session, step: Record | AppendRecords | None) -> None:
     if isinstance(step, Record):
-        session.finish_call(step.key, step.payload)
+        await session.driver.shared.finish(session, step.key, step.payload)
 
 
 def _fit(req: Request, payload: bytes, session: Session, stream: StreamLog | None) -> bytes:
@@ -212,6 +230,7 @@ async def _run(
         access_token=REQUEST_ACCESS.get(),  # (its own request's: the task copied it)
     )
     session.running[req.id] = task = asyncio.current_task()  # type: ignore[assignment]
+    session.started[req.id] = session.loop.time()
     try:
         return _fit(req, encode_result(req.id, await dispatch(app, req, ctx)), session, stream)
     except Exception as exc:
@@ -225,3 +244,4 @@ async def _run(
         session.cancelled.discard(req.id)
         if session.running.get(req.id) is task:
             del session.running[req.id]
+            session.started.pop(req.id, None)

@@ -27,13 +27,13 @@ import asyncio
 import contextlib
 import fcntl
 import logging
-import secrets
 import socket
 import sys
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Final
 
-from weir.app import Caller, initialize_result_for
+from weir.app import initialize_result_for
+from weir.engine._store import StoreUnavailable
 from weir.protocol import (
     NEED_DATA,
     DeleteSession,
@@ -51,17 +51,23 @@ from weir.protocol import (
     route,
     session_refusal,
 )
-from weir.protocol.course import GATE_STEPS, CallCourse
+from weir.protocol.course import GATE_STEPS, CallCourse, CoursePhase
 from weir.protocol.get import (
     DELETED,
+    END_REPLAY,
     END_SESSION,
+    KEEP_TAILING,
     ClaimReader,
     DeleteCourse,
     DetachStream,
+    ExpireClaim,
     GetCourse,
+    LookUpStream,
     OpenStandalone,
     PrimeStream,
-    StreamRules,
+    ReadEvents,
+    StartReplay,
+    TailCut,
     WriteStream,
 )
 from weir.protocol.jsonrpc import Request, encode_result
@@ -88,7 +94,7 @@ from weir.protocol.post import (
     RunBatch,
     RunCalls,
 )
-from weir.protocol.resume import displaces_writer
+from weir.protocol.resume import TailPause, TailSend, displaces_writer
 from weir.protocol.sessionless import SessionlessMessage
 from weir.protocol.sse import encode_comment, encode_retry
 from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
@@ -103,6 +109,7 @@ from ._metrics import answer as metrics_answer
 from ._metrics import is_metrics
 from ._session import Gone, Session
 from ._sessionless import SessionlessPosts
+from ._shared import store_unavailable
 
 if TYPE_CHECKING:
     from ._driver import AsyncioDriver
@@ -306,12 +313,10 @@ class Connection:
                 await self._initialize(mcp, who)
                 return
             sid = mcp.ctx.session_id or ""
-            session = driver.sessions.get(sid)
-            if session is None or session.principal != who.principal:
-                # (another principal's session is indistinguishable from none)
-                first = mcp.messages[0] if isinstance(mcp, PostMessages) else None
-                raise session_refusal(sid, first.id if isinstance(first, Request) else None)
-            session.last_seen = session.loop.time()
+            first = mcp.messages[0] if isinstance(mcp, PostMessages) else None
+            session = await driver.shared.load(
+                who.principal, sid, first.id if isinstance(first, Request) else None
+            )
             try:
                 if isinstance(mcp, PostMessages):
                     await self._post(session, mcp)
@@ -321,6 +326,8 @@ class Connection:
                     await self._delete(session, mcp)
             except Gone:
                 raise session_refusal(sid) from None
+            except StoreUnavailable:
+                raise store_unavailable() from None
         except RemoteProtocolError as exc:
             if self.conn.response_in_progress:
                 raise
@@ -367,7 +374,8 @@ class Connection:
                 session.answer(answer)  # to a server-to-client request
             for rid in effect.cancel_here:
                 session.cancel(rid)
-            # (No shared store: nothing is ever forwarded.)
+            for mail in effect.forward:  # (a shared store: for another replica)
+                await self.driver.shared.post(session, mail.box, mail.data)
         elif effect is ENTER_REQUEST:
             session.state = session_transition(session.state, SessionInput.REQUEST)
         elif effect is ACCEPTED:
@@ -376,9 +384,9 @@ class Connection:
             for _ in range(effect.n):
                 session.done(effect.lane)
         elif isinstance(effect, GiveBack):
-            session.finish_call(effect.key, None)
+            await self.driver.shared.finish(session, effect.key, None)
         elif isinstance(effect, AllocateEpoch):
-            return session.allocate_epoch()
+            return await self.driver.shared.epoch(session, effect.generation)
         elif isinstance(effect, OpenRequestStream):
             self._stream = session.open_stream(StreamKind.REQUEST, effect.epoch)
             session.flow.move(effect.lane, effect.epoch)
@@ -447,13 +455,17 @@ class Connection:
         back for them.  The stream has already taken over what they reserved."""
         app, state = self.driver.app, self.driver.state
         remaining = [self._outstanding]
+        alone = session.logged and self._outstanding == 1  # its final append records it
 
         async def run(p: CallCourse) -> None:
             try:
-                payload = await execute(app, session, p, stream, state)
+                key = p.key
+                payload = await execute(app, session, p, stream, state, final_append=alone)
                 remaining[0] -= 1
                 last = remaining[0] == 0
-                if payload is not None:
+                if payload is not None and p.phase is CoursePhase.RECORDING and key is not None:
+                    await _append_recording(session, stream, p, key, payload)
+                elif payload is not None:
                     await session.append(stream, payload.decode(), final=last)
                 elif last and stream.state is not StreamState.CLOSED:
                     stream.handle(StreamInput.ABORT)  # cancelled: no response to send
@@ -480,22 +492,39 @@ class Connection:
         session.spawn(prime_then_run())  # the session owns them: a hang-up is no cancel
 
     async def _get(self, session: Session, get: OpenStream) -> None:
-        """Carry out the GET's :class:`~weir.protocol.get.GetCourse` (this process's own
-        logs only: resumption is pinned, there is no shared store to replay from)."""
-        course = GetCourse(get, _STREAM_RULES)
+        """Carry out the GET's :class:`~weir.protocol.get.GetCourse`: this process's own
+        logs, or (a shared store, ``resume="shared"``) a cursor another replica issued,
+        replayed from the store and tailed until its final event, within the
+        course's bound (past it the effect running is cut: :class:`TailCut`)."""
+        course = GetCourse(get, self.driver.stream_rules)
         clock = session.loop.time
         effect = course.start(clock())
         old: asyncio.Task[object] | None = None
+        cut_at: float | None = None  # the replay's bound, once it started
         while effect is not None:
             answer: object = None
             try:
-                if isinstance(effect, LoadSession):
+                if (
+                    isinstance(effect, REPLAY_EFFECTS)
+                    or effect is END_REPLAY
+                    or effect is KEEP_TAILING
+                ):
+                    try:
+                        async with asyncio.timeout_at(cut_at):
+                            answer = await self._replay_effect(session, effect)
+                    except TimeoutError:
+                        raise TailCut from None
+                    if isinstance(effect, StartReplay):
+                        cut_at = clock() + effect.bound
+                    elif effect is END_REPLAY:
+                        cut_at = None
+                elif isinstance(effect, LoadSession):
                     answer = session  # (looked up by :meth:`respond`, which answers the 404)
                 elif isinstance(effect, WriteStream):
                     stream = session.streams.by_epoch(effect.epoch)
                     await self.write_stream(session, stream, effect.seq)
                 elif isinstance(effect, AllocateEpoch):
-                    answer = session.allocate_epoch()
+                    answer = await self.driver.shared.epoch(session, effect.generation)
                 elif isinstance(effect, OpenStandalone):
                     answer = session.open_stream(StreamKind.STANDALONE, effect.epoch)
                 elif isinstance(effect, PrimeStream):
@@ -517,9 +546,32 @@ class Connection:
             else:
                 effect = course.deliver(answer, clock())
 
+    async def _replay_effect(self, session: Session, effect: object) -> object:
+        """Perform one effect of a replay from the shared store; its answer."""
+        store, sid = self.driver.shared.store, session.sid
+        if isinstance(effect, TailSend):
+            await self.send(self.conn.send_stream_data(effect.data))
+        elif isinstance(effect, TailPause):
+            await asyncio.sleep(max(0.0, effect.until - session.loop.time()))
+        elif isinstance(effect, ReadEvents):
+            return await store.read_events(session.principal, sid, effect.epoch, effect.after)
+        elif effect is KEEP_TAILING:
+            return not session.closed
+        elif isinstance(effect, ExpireClaim):
+            with contextlib.suppress(StoreUnavailable):
+                await store.expire_claim(session.principal, sid, effect.epoch)
+        elif isinstance(effect, LookUpStream):
+            return await store.stream_info(session.principal, sid, effect.epoch)
+        elif isinstance(effect, StartReplay):
+            headers = (*_SSE_HEADERS, ("mcp-session-id", sid))
+            await self.send(self.conn.start_stream(200, headers))
+        else:  # END_REPLAY
+            await self.send(self.conn.end_stream())
+        return None
+
     async def _delete(self, session: Session, delete: DeleteSession) -> None:
         """Carry out the DELETE's :class:`~weir.protocol.get.DeleteCourse`."""
-        course = DeleteCourse(delete, _STREAM_RULES)
+        course = DeleteCourse(delete, self.driver.stream_rules)
         clock = session.loop.time
         effect = course.start(clock())
         while effect is not None:
@@ -528,6 +580,7 @@ class Connection:
                 if isinstance(effect, LoadSession):
                     answer = session
                 elif effect is END_SESSION:
+                    await self.driver.shared.delete(session)
                     self.driver.end(session)
                 elif effect is DELETED:
                     await self.send(self.conn.send_response(200, ()))
@@ -646,14 +699,15 @@ class Connection:
         while effect is not None:
             try:
                 if isinstance(effect, OpenSession):
-                    driver.check_room(effect.request_id, who.principal)
                     asked = effect.asked
-                    caller = Caller(asked.capabilities, asked.client_info)
-                    sid = secrets.token_urlsafe(32)
-                    session = Session(sid, asked.version, driver.credit, driver, caller)
-                    session.principal = who.principal  # (it owns the session)
-                    driver.add_session(session)
-                    answer: object = (sid, None)
+                    session = await driver.shared.create(
+                        who.principal,
+                        asked.version,
+                        asked.capabilities,
+                        asked.client_info,
+                        effect.request_id,
+                    )
+                    answer: object = (session.sid, None)
                 elif isinstance(effect, AnswerInitialize):
                     result = initialize_result_for(driver.app, effect.version)
                     body = encode_result(effect.request_id, result)
@@ -661,6 +715,8 @@ class Connection:
                     answer = None
                 else:  # nobody learnt the id, so nobody can use the session
                     assert isinstance(effect, ForgetSession) and session is not None
+                    with contextlib.suppress(RemoteProtocolError):  # (store down: it expires)
+                        await driver.shared.delete(session)
                     driver.end(session)
                     answer = None
             except BaseException as exc:
@@ -674,9 +730,24 @@ def _may_hold(stream: StreamLog) -> bool:
     return not stream.finished or stream.undrained() != (0, 0)
 
 
-#: This runtime's answers to GET and DELETE: its own logs only (no shared store), no
-#: channel binding, no authorization.
-_STREAM_RULES: Final = StreamRules(resume="pinned")
+#: The effects of a replay from a shared store (with END_REPLAY and KEEP_TAILING),
+#: bounded by the course's bound.
+REPLAY_EFFECTS: Final = (TailSend, TailPause, ReadEvents, ExpireClaim, LookUpStream, StartReplay)
+
+
+async def _append_recording(
+    session: Session, stream: StreamLog, course: CallCourse, key: str, payload: bytes
+) -> None:
+    """A lone call's response as its shared stream's final event, recording its
+    outcome in the same store step; should that fail, the outcome is recorded alone."""
+    try:
+        await session.append(stream, payload.decode(), final=True, call_key=key)
+    except BaseException:
+        again = course.append_failed(payload)
+        await session.driver.shared.finish(session, again.key, again.payload)
+        raise
+    course.appended()
+    session.finish_call(key)  # (stored: wake the deliveries waiting here)
 
 
 async def _prime(session: Session, stream: StreamLog) -> None:

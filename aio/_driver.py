@@ -27,6 +27,7 @@ from weir.common import (
     new_key,
     server_identity,
 )
+from weir.engine._store import SessionStore
 from weir.protocol import (
     LOOPBACK_HOSTS,
     SERVER_ERROR,
@@ -38,6 +39,7 @@ from weir.protocol import (
     RemoteProtocolError,
     raw_error_response,
 )
+from weir.protocol.get import StreamRules
 from weir.protocol.jsonrpc import Notification, RequestId, encode_error, encode_notification
 from weir.protocol.post import PostRules
 from weir.protocol.sessionless_post import SessionlessRules
@@ -48,6 +50,7 @@ from ._connection import Connection
 from ._metrics import view
 from ._session import Session
 from ._sessionless import KeyedCalls, Listener, SharedOwners
+from ._shared import CLAIM_LEASE, SharedState, memory_store
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -88,6 +91,10 @@ class AsyncioDriver:
         legacy_sse_path: str | None = "/sse",
         legacy_messages_path: str = "/messages",
         retry_window: float = 0.0,
+        store: SessionStore | None = None,
+        replica_id: str | None = None,
+        claim_lease: float = CLAIM_LEASE,
+        resume: str = "pinned",
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
@@ -126,6 +133,17 @@ class AsyncioDriver:
         ``shutting_down`` and SSE streams end with ``retry: retry_ms``.  The
         2024-11-05 HTTP+SSE transport opens sessions at ``legacy_sse_path`` (None:
         none) and takes their messages at ``legacy_messages_path``.
+
+        Session records and the gate's claims and outcomes are kept in ``store``
+        (default: a :class:`~weir.engine._store.MemoryStore`, this process only); a
+        shared one (:class:`weir.asyncio.AsyncioRedisStore`; :func:`weir.asyncio.open_store`
+        opens one from a URL) lets this driver serve one cluster with other replicas,
+        Trio or asyncio (``._shared``):
+        ``replica_id`` names this one in its claims (default: drawn), whose leases
+        last ``claim_lease`` seconds unless renewed; with ``resume="shared"`` every
+        stream event is appended to a shared store before it is sent, and a cursor
+        another replica issued is replayed from it (``"pinned"``: this process's own
+        logs only).  The caller owns the store.
         """
         self.legacy_sse_path, self.legacy_messages_path = legacy_sse_path, legacy_messages_path
         #: The most sessions one principal holds (429 beyond), and how many each holds.
@@ -152,12 +170,31 @@ class AsyncioDriver:
         self.limits = limits or HttpLimits()
         self.always_json, self.sse_keepalive = always_json, sse_keepalive
         self.in_progress_wait = in_progress_wait
-        #: What a POST's course needs to know of this runtime: no shared store, no
-        #: channel binding, JSON for a client that does not accept SSE (where the
-        #: endpoint admits one) or for every client with ``always_json``.
+        #: The session store, and this driver's side of it.
+        self.shared = SharedState(
+            self,
+            store or memory_store(),
+            replica_id=replica_id,
+            claim_lease=claim_lease,
+            resume=resume,
+        )
+        #: What a GET's and a DELETE's courses need to know of this runtime: no
+        #: channel binding, no authorization; a shared store's replays.
+        self.stream_rules = StreamRules(
+            resume=resume,
+            shared=self.shared.shared,
+            keepalive=sse_keepalive,
+            lease=claim_lease,
+            give_up_after=self.credit.liveness_timeout * 10,
+            replica=self.shared.replica_id,
+        )
+        #: What a POST's course needs to know of this runtime: whether the store is
+        #: shared, no channel binding, JSON for a client that does not accept SSE
+        #: (where the endpoint admits one) or for every client with ``always_json``.
         self.post_rules = PostRules(
             json_response=always_json,
             json_unless_sse=True,
+            shared=self.shared.shared,
             in_progress_wait=in_progress_wait,
         )
         #: ... and a sessionless one's (the app's fallback is read again per request).
@@ -169,7 +206,7 @@ class AsyncioDriver:
         self.sealer = StateSealer(tuple(state_keys) or (new_key(),))
         #: The sessionless idempotency gate, listeners, and keyed calls' runs (a
         #: keyed call outlives its response and its connection; shutdown ends it).
-        self.keyed = KeyedCalls()
+        self.keyed = KeyedCalls(self.shared)
         self.listeners: set[Listener] = set()
         #: The sessionless credit owners: a connection's own, or an authorized
         #: principal's (each ends with the last connection holding it, or is torn
@@ -226,6 +263,7 @@ class AsyncioDriver:
             held = self._per_principal.pop(session.principal, 1) - 1
             if held:
                 self._per_principal[session.principal] = held
+            self.shared.forget(session.sid)
             for hook in self.app.session_close_fns:
                 task = session.loop.create_task(_bounded(hook(session.sid)))
                 self._closing.add(task)
@@ -249,9 +287,15 @@ class AsyncioDriver:
             task.add_done_callback(self._notes.discard)
 
     def changed(self, method: str, uri: str | None) -> None:
-        """A handler announced a change: tell every ``subscriptions/listen`` stream
-        that asked for it, and every session's open GET stream (a resource update
-        only where the session subscribed), without waiting."""
+        """A handler announced a change: deliver it here and, with a shared store, put
+        it on the store's bus for the other replicas (``._shared``)."""
+        self.deliver_change(method, uri)
+        self.shared.publish_change(method, uri)
+
+    def deliver_change(self, method: str, uri: str | None) -> None:
+        """Tell every ``subscriptions/listen`` stream here that asked for the change,
+        and every session's open GET stream (a resource update only where the
+        session subscribed), without waiting."""
         for listener in list(self.listeners):
             listener.notify(method, uri)
         payload = encode_notification(method, {"uri": uri} if uri is not None else None)
@@ -305,9 +349,10 @@ class AsyncioDriver:
         now = loop.time()
         for session in list(self.sessions.values()):
             busy = session.tasks or session.writers
-            if not busy and now - session.last_seen >= self.idle_timeout:
-                self.metrics.sessions_expired += 1
-                self.end(session)
+            if busy and self.shared.shared:
+                self.spawn(self.shared.touch_busy(session))  # busy here: not idle anywhere
+            elif not busy and now - session.last_seen >= self.idle_timeout:
+                self.spawn(self.shared.expire(session))  # the store decides
         if self.sessions:
             self._sweeper = loop.call_later(self.idle_timeout / 4, self._sweep)
 
@@ -361,6 +406,7 @@ class AsyncioDriver:
             writer.transport.abort()
             return
         self.connections += 1
+        self.shared.start()  # (a shared store's relays, on first need)
         me = asyncio.current_task()
         if me is not None:
             self._handlers.add(me)
@@ -386,6 +432,7 @@ async def serve(
     credit: CreditLimits | None = None,
     json_only_clients: bool = True,
     state: Any = None,
+    store: SessionStore | None = None,
 ) -> asyncio.Server:
     """Start serving ``app`` (the demo app by default) at ``http://host:port/path``
     (port 0: a free one).
@@ -393,9 +440,10 @@ async def serve(
     ``credit`` sets each session's drain credit and timers (the core's defaults
     otherwise).  With ``json_only_clients`` a client whose ``Accept`` lists only
     ``application/json`` is answered with JSON bodies; without it such a POST is 406,
-    as the Streamable HTTP transport allows (``weir serve``'s default).
+    as the Streamable HTTP transport allows (``weir serve``'s default).  ``store``
+    keeps sessions and the gate (see :class:`AsyncioDriver`; the caller closes it).
     """
     hosts = LOOPBACK_HOSTS | {host.lower()}
     endpoint = EndpointConfig(path=path, allowed_hosts=hosts, json_response=json_only_clients)
-    driver = AsyncioDriver(app or load_app("demo"), endpoint, credit, state=state)
+    driver = AsyncioDriver(app or load_app("demo"), endpoint, credit, state=state, store=store)
     return await asyncio.start_server(driver.connection, host, port)

@@ -77,6 +77,7 @@ def entries(session: Session, requests: list[Request], rules: PostRules) -> Feed
 
 
 def never_run(session: Session, planned: CallCourse, lane: Hashable) -> None:
-    """Account for an admitted request that will never run (its session ended)."""
+    """Account for an admitted request that will never run (its session ended); its
+    key goes back to the store in a task of the driver's (the session's are over)."""
     session.done(lane)
-    give_back(session, planned)
+    session.driver.spawn(give_back(session, planned))

@@ -42,10 +42,12 @@ from typing import Any
 
 from weir.app import App
 from weir.common import Authorization, declared_authorization, principal_session_limit
+from weir.engine._store import SessionStore, StoreUnavailable
 from weir.protocol import CreditLimits, EndpointConfig, HttpLimits, ReadTimeouts
 
 from ._drain import drain
 from ._driver import AsyncioDriver
+from ._shared import CLAIM_LEASE, open_store
 
 #: Seconds an app's lifespan may take to start, by default.
 STARTUP_TIMEOUT = 60.0
@@ -94,6 +96,14 @@ class AsyncioConfig:
         retry_window: seconds within which a sessionless call without an
             ``Idempotency-Key`` that repeats one of its principal's is replayed (0:
             off; needs ``auth``).
+        store: where sessions and the idempotency gate live: ``"memory"`` (this
+            process), or a ``redis://``, ``rediss://``, ``redis+cluster://`` URL (a
+            store shared with other replicas, Trio or asyncio).
+        replica_id: names this process in a shared store's claims (default: drawn).
+        claim_lease: seconds a running call's claim in a shared store lives unless
+            renewed (a replica that dies is answered ``interrupted`` after it).
+        resume: ``"shared"`` (with a shared store, every event is stored before it is
+            sent, and any replica replays it) or ``"pinned"`` (this process's logs).
     """
 
     host: str = "127.0.0.1"
@@ -116,9 +126,16 @@ class AsyncioConfig:
     legacy_messages_path: str = "/messages"
     retry_window: float = 0.0
     retry_ms: int = 1000
+    store: str = dataclasses.field(default="memory", repr=False)  # (a URL may hold a password)
+    replica_id: str | None = None
+    claim_lease: float = CLAIM_LEASE
+    resume: str = "pinned"
 
-    def driver(self, app: App, state: Any = None) -> AsyncioDriver:
-        """An :class:`AsyncioDriver` serving ``app`` with these settings."""
+    def driver(
+        self, app: App, state: Any = None, store: SessionStore | None = None
+    ) -> AsyncioDriver:
+        """An :class:`AsyncioDriver` serving ``app`` with these settings (on ``store``,
+        opened by the caller; default: a memory store)."""
         return AsyncioDriver(
             app,
             self.endpoint,
@@ -141,6 +158,10 @@ class AsyncioConfig:
             legacy_sse_path=self.legacy_sse_path,
             legacy_messages_path=self.legacy_messages_path,
             retry_window=self.retry_window,
+            store=store,
+            replica_id=self.replica_id,
+            claim_lease=self.claim_lease,
+            resume=self.resume,
         )
 
 
@@ -250,8 +271,10 @@ async def _serve(
         loop.add_signal_handler(signum, on_signal)
     try:
         async with contextlib.AsyncExitStack() as stack:
+            store = await _open_store(config.store)
+            stack.push_async_callback(store.aclose)
             state = await _enter_lifespan(app, stack, config.startup_timeout)
-            driver = config.driver(app, state)
+            driver = config.driver(app, state, store)
             loop.set_exception_handler(AcceptFailures(driver))
             server = await asyncio.start_server(driver.connection, config.host, config.port)
             try:
@@ -269,6 +292,20 @@ async def _serve(
             raise
         # The second signal cut the shutdown short (a hook or the lifespan's exit still
         # running was cancelled); the process exits now, as asked.
+
+
+async def _open_store(url: str) -> SessionStore:
+    """The store ``url`` names, connected.
+
+    Raises:
+        StartupFailed: a malformed URL, or a store that does not answer.
+    """
+    try:
+        return await open_store(url)
+    except ValueError as exc:
+        raise StartupFailed(f"weir: --store: {' '.join(str(exc).split())}") from None
+    except (StoreUnavailable, OSError) as exc:
+        raise StartupFailed(f"weir: --store: the store did not answer: {_one_line(exc)}") from exc
 
 
 async def _enter_lifespan(app: App, stack: contextlib.AsyncExitStack, timeout: float) -> Any:

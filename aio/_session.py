@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from weir.app import Caller
 from weir.protocol import Admit, CreditLimits, SessionFlow
 from weir.protocol.event_ids import format_epoch
-from weir.protocol.gate import CallLedger
 from weir.protocol.jsonrpc import ErrorResponse, RequestId, Response
 from weir.protocol.messages import server_request_id
 from weir.protocol.states import (
@@ -94,12 +93,14 @@ class Session:
         #: client cancelled, and server-to-client requests waiting for an answer --
         #: each bounded by the admitted handlers that created them.
         self.running: dict[RequestId, asyncio.Task[None]] = {}
+        self.started: dict[RequestId, float] = {}  # (when each began: mail polls)
         self.cancelled: set[RequestId] = set()
         self.pending: dict[str, asyncio.Future[Response | ErrorResponse]] = {}
         self._ids = itertools.count(1)
-        #: The idempotency gate's records (bounded: see CallLedger), and the wake-ups
-        #: of deliveries waiting for a running call to finish (one per running key).
-        self.ledger = CallLedger(max_calls=MAX_CALLS, max_bytes=MAX_CALL_BYTES)
+        #: The gate's keys whose calls run in this process (their records are the
+        #: store's: see ``._shared``), and the wake-ups of deliveries waiting for one
+        #: to finish (made on first need).
+        self.holding: set[str] = set()
         self.call_done: dict[str, asyncio.Event] = {}
         #: Streams a handler asked to end early (``Context.close_stream``): epoch -> retry ms.
         self.close_requests: dict[str, int] = {}
@@ -111,6 +112,12 @@ class Session:
         #: Who owns it: its opener's principal (another principal's request finds
         #: no such session, 404); ``"anonymous"`` without authorization.
         self.principal = "anonymous"
+        #: Every event of this session's streams is appended to a shared store before
+        #: it enters its log (``--resume shared``: another replica can replay it), at
+        #: the record's channel ``generation``; one append at a time per stream.
+        self.logged = False
+        self.generation = 1
+        self._log_locks: dict[str, asyncio.Lock] = {}
 
     @property
     def closed(self) -> bool:
@@ -174,19 +181,63 @@ class Session:
 
     # ------------------------------------------------------------------ frames
     async def append(
-        self, stream: StreamLog, payload: str, *, final: bool = False, event: str | None = None
+        self,
+        stream: StreamLog,
+        payload: str,
+        *,
+        final: bool = False,
+        event: str | None = None,
+        call_key: str | None = None,
     ) -> None:
         """Take credit for the frame (waiting behind this stream's earlier frames), then
         append it to ``stream`` (``event``: its SSE event type, e.g. the legacy
-        transport's ``endpoint``)."""
+        transport's ``endpoint``) -- to the shared store first, if the session is
+        :attr:`logged`; with ``call_key`` that append records the call's outcome too.
+
+        Raises:
+            Gone: the session or the stream ended, or the store did not take the event
+                (not stored means not sent: the stream is aborted).
+        """
         encoded = stream.encode_next(payload, event=event)
         size = len(encoded[1])
         await self.take_credit(size, lane=stream.epoch)
         if stream.state is StreamState.CLOSED:
             self.release(1, size, stream.epoch)  # aborted while we waited: nothing to send
             raise Gone
-        stream.append(payload, final=final, event=event, encoded=encoded)
-        self._appended(stream)
+        if not self.logged:
+            stream.append(payload, final=final, event=event, encoded=encoded)
+            self._appended(stream)
+            return
+        try:
+            await self._log(stream, payload, final, call_key, event)
+        except BaseException:
+            if not self.closed:
+                self.release(1, size, stream.epoch)  # never entered the log
+            raise
+
+    async def _log(
+        self,
+        stream: StreamLog,
+        payload: str,
+        final: bool,
+        call_key: str | None,
+        event: str | None,
+    ) -> None:
+        """Append to the store, then to the log, as one step per stream (the store's
+        log must be contiguous: seq is the log's next)."""
+        lock = self._log_locks.get(stream.epoch)
+        if lock is None:
+            lock = self._log_locks[stream.epoch] = asyncio.Lock()
+        async with lock:
+            if self.closed or stream.state is StreamState.CLOSED:
+                raise Gone
+            seq = stream.next_seq
+            if seq or payload:  # (the priming event carries nothing to replay)
+                await self.driver.shared.append_event(self, stream, seq, payload, final, call_key)
+            stream.append(payload, final=final, event=event)
+            self._appended(stream)
+            if final:
+                self._log_locks.pop(stream.epoch, None)
 
     def try_append(self, stream: StreamLog, payload: str, *, final: bool = False) -> bool:
         """:meth:`append` if it needs no wait (credit now, nothing of this stream queued);
@@ -199,9 +250,21 @@ class Session:
             return False
         if self.flow.credit.frames_in_use == 1:
             self.arm_timer()
+        if self.logged:  # the store first: in a task of the session's, in order
+            self.spawn(self._log_or_release(stream, payload, final, size))
+            return True
         stream.append(payload, final=final, encoded=encoded)
         self._appended(stream)
         return True
+
+    async def _log_or_release(
+        self, stream: StreamLog, payload: str, final: bool, size: int
+    ) -> None:
+        try:
+            await self._log(stream, payload, final, None, None)
+        except Gone:
+            if not self.closed:
+                self.release(1, size, stream.epoch)  # never entered the log
 
     def _appended(self, stream: StreamLog) -> None:
         if stream.epoch in self.abandoned:  # nobody writes it until a resumption: history
@@ -276,7 +339,8 @@ class Session:
 
     # ----------------------------------------------------------------- streams
     def allocate_epoch(self) -> str:
-        """A fresh stream epoch (this process's own count: streams never outlive it)."""
+        """A fresh stream epoch counted here (a sessionless owner's: nothing resumes
+        its streams; a session's come from the store, see ``._shared``)."""
         epoch = format_epoch(self.epochs)
         self.epochs += 1
         return epoch
@@ -310,7 +374,7 @@ class Session:
 
     def next_request_id(self) -> str:
         """A fresh id for a server-to-client request."""
-        return server_request_id("local", next(self._ids))
+        return server_request_id(self.driver.shared.replica_id, next(self._ids))
 
     def answer(self, msg: Response | ErrorResponse) -> None:
         """The client answered a server-to-client request (unknown ids are dropped)."""
@@ -325,9 +389,9 @@ class Session:
             self.cancelled.add(request_id)
             task.cancel()
 
-    def finish_call(self, key: str, payload: bytes | None) -> None:
-        """Record a gated call's response (None: give the key back) and wake waiters."""
-        self.ledger.finish(key, payload)
+    def finish_call(self, key: str) -> None:
+        """A gated call here is over (its outcome is in the store): wake its waiters."""
+        self.holding.discard(key)
         finished = self.call_done.pop(key, None)
         if finished is not None:
             finished.set()

@@ -26,9 +26,9 @@ frames, sealed request state) is :mod:`weir.common`'s, shared with the Trio engi
 * **Closing the response is cancellation** -- unless the call carries an
   ``Idempotency-Key``: such a call runs to its end as a task of the runtime, not of
   the owner, its outcome is recorded, and the re-issued call replays it.  The gate's
-  records live in the principal's namespace of an in-process
-  :class:`~weir.protocol.gate.CallLedger` (:class:`KeyedCalls`), bounded as a
-  session's are.
+  records live in the principal's namespace of the driver's session store
+  (:class:`KeyedCalls`; shared with the other replicas, Trio or asyncio, when the
+  store is).
 * **Input-required results**: answers carried in ``inputResponses`` and in the
   sealed ``requestState`` (:class:`weir.common.StateSealer`; its keys are the
   runtime's, ``--state-key-file``/``$WEIR_STATE_KEYS``, or one drawn at start).
@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -61,9 +62,10 @@ from weir.common import (
     listen_frame,
     request_meta,
 )
+from weir.engine._store import RetentionFull, SessionGone, SessionRecord, StoreUnavailable
 from weir.protocol import RemoteProtocolError
 from weir.protocol.course import GATE_STEPS, ClaimCall, HoldCall, WaitForCall
-from weir.protocol.gate import CallLedger, CallStart
+from weir.protocol.gate import CallStart
 from weir.protocol.jsonrpc import ErrorResponse, Request, RequestId, Response, encode_result
 from weir.protocol.jsonrpc import error_body as encode_refusal
 from weir.protocol.post import (
@@ -99,12 +101,15 @@ from weir.protocol.streams import StreamKind, StreamLog
 
 from ._auth import Who
 from ._calls import _fit
-from ._session import MAX_CALL_BYTES, MAX_CALLS, Gone, Session
+from ._session import Gone, Session
+from ._shared import NAMESPACE, SharedState, overloaded, store_unavailable
 
 if TYPE_CHECKING:
     from ._connection import Connection
     from ._driver import AsyncioDriver
 
+#: Principals whose namespace this process knows exists (more are created again).
+MAX_KNOWN_NAMESPACES: Final = 4096
 #: Seconds a streamed answer's head waits for the handler's first message.
 FIRST_OUTPUT_WAIT: Final = 1.0
 #: The most credit owners one connection holds at once (a gateway's carries many
@@ -114,43 +119,86 @@ _JSON: Final = (("content-type", "application/json"),)
 
 
 class KeyedCalls:
-    """The idempotency gate of sessionless ``tools/call``: per principal, one
-    in-process :class:`CallLedger` (bounded like a session's), and the wake-ups of
-    deliveries waiting for a running call."""
+    """The idempotency gate of sessionless ``tools/call``: claims and outcomes in the
+    driver's store, in the principal's namespace record (:data:`NAMESPACE`, the Trio
+    runtime's too, so replicas of both share it), created on first use and again if
+    the store let it go.  A claim names this replica and carries a lease, renewed
+    while the call runs here (``._shared``); a delivery running elsewhere is waited
+    for by claiming again."""
 
-    def __init__(self) -> None:
-        self.ledgers: dict[str, CallLedger] = {}
+    def __init__(self, shared: SharedState) -> None:
+        self.shared = shared
+        #: Keys whose calls run here, and the wake-ups of deliveries waiting for one.
+        self.held: set[tuple[str, str]] = set()
         self.done: dict[tuple[str, str], asyncio.Event] = {}
-
-    def _ledger(self, principal: str) -> CallLedger:
-        ledger = self.ledgers.get(principal)
-        if ledger is None:
-            ledger = self.ledgers[principal] = CallLedger(
-                max_calls=MAX_CALLS, max_bytes=MAX_CALL_BYTES
-            )
-        return ledger
+        self._known: OrderedDict[str, None] = OrderedDict()
 
     async def step(self, principal: str, effect: ClaimCall | WaitForCall | HoldCall) -> object:
-        """Perform one step of the core's gate loop; its answer (every delivery of a
-        call runs in this process, so a running one can be awaited)."""
-        if isinstance(effect, HoldCall):
-            return None  # (a waiter makes the call's wake-up on first need)
-        if isinstance(effect, WaitForCall):
-            finished = self.done.setdefault((principal, effect.key), asyncio.Event())
-            wait = max(0.0, effect.until - asyncio.get_running_loop().time())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(finished.wait(), wait)
-            return None
-        claim = effect.claim
-        outcome, payload = self._ledger(principal).begin(claim.key, claim.fingerprint)
-        return CallStart(outcome, "", payload), True
+        """Perform one step of the core's gate loop; its answer.
 
-    def record(self, principal: str, key: str, payload: bytes | None) -> None:
-        """Store ``payload`` as the outcome of ``key`` (None: give the key back)."""
-        self._ledger(principal).finish(key, payload)
-        finished = self.done.pop((principal, key), None)
-        if finished is not None:
-            finished.set()
+        Raises:
+            RemoteProtocolError: 503 ``store_unavailable`` or ``overloaded``.
+        """
+        if isinstance(effect, HoldCall):
+            self.held.add((principal, effect.key))
+            self.shared.renew_soon()
+            return None
+        if isinstance(effect, WaitForCall):
+            wait = max(0.0, effect.until - asyncio.get_running_loop().time())
+            if effect.local:
+                finished = self.done.setdefault((principal, effect.key), asyncio.Event())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(finished.wait(), wait)
+            else:
+                await asyncio.sleep(wait)
+            return None
+        start = await self._claim(principal, effect)
+        return start, (principal, effect.claim.key) in self.held
+
+    async def _claim(self, principal: str, effect: ClaimCall) -> CallStart:
+        """One claim in the principal's namespace (created first, if need be)."""
+        shared, claim = self.shared, effect.claim
+        try:
+            for _ in range(2):
+                await self._namespace(principal)
+                try:
+                    return await shared.begin(
+                        principal, NAMESPACE, claim.key, claim.fingerprint, effect.request.id
+                    )
+                except SessionGone:
+                    self._known.pop(principal, None)  # let go: create it again
+        except StoreUnavailable:
+            raise store_unavailable(effect.request.id) from None
+        except RetentionFull:
+            raise overloaded(effect.request.id) from None
+        raise store_unavailable(effect.request.id)
+
+    async def _namespace(self, principal: str) -> None:
+        if principal in self._known:
+            self._known.move_to_end(principal)
+            return
+        record = SessionRecord(
+            session_id=NAMESPACE,
+            principal=principal,
+            protocol_version="2026-07-28",
+            created_at=asyncio.get_running_loop().time(),
+        )
+        with contextlib.suppress(ValueError):  # it exists (another replica, an earlier life)
+            await self.shared.store.create_session(record)
+        self._known[principal] = None
+        if len(self._known) > MAX_KNOWN_NAMESPACES:
+            self._known.popitem(last=False)
+
+    async def record(self, principal: str, key: str, payload: bytes | None) -> None:
+        """Store ``payload`` as the outcome of ``key`` (None: give the key back),
+        shielded and bounded; whoever waits for it here is woken."""
+        try:
+            await self.shared.record(principal, NAMESPACE, key, payload)
+        finally:
+            self.held.discard((principal, key))
+            finished = self.done.pop((principal, key), None)
+            if finished is not None:
+                finished.set()
 
 
 class Listener:
@@ -436,7 +484,7 @@ class SessionlessPosts:
             for _ in range(effect.n):
                 owner.done(effect.lane)
         elif isinstance(effect, GiveBack):
-            self.driver.keyed.record(principal, effect.key, None)
+            await self.driver.keyed.record(principal, effect.key, None)
         elif isinstance(effect, AnswerReplay):
             self.driver.metrics.duplicates_replayed += 1
             await self._send_json(owner, effect.payload, None)
@@ -544,9 +592,9 @@ class SessionlessPosts:
                 elif isinstance(effect, SealState):
                     answer = driver.sealer.seal(dict(effect.claims))
                 elif isinstance(effect, RecordOutcome):
-                    driver.keyed.record(principal, effect.key, effect.payload)
+                    await driver.keyed.record(principal, effect.key, effect.payload)
                 elif isinstance(effect, GiveBack):
-                    driver.keyed.record(principal, effect.key, None)
+                    await driver.keyed.record(principal, effect.key, None)
                 else:
                     assert isinstance(effect, Respond)
                     body = effect.body

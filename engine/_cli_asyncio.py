@@ -53,21 +53,15 @@ class TrioOnly:
 #: ``serve`` options (by argparse ``dest``) the asyncio runtime does not serve yet,
 #: or serves with one value only.  Every other option it serves as the Trio path does.
 TRIO_ONLY: dict[str, TrioOnly] = {
-    "store": TrioOnly(
-        "--store",
-        "the asyncio runtime keeps sessions in this process only (only 'memory' is served)",
-        lambda v: v == "memory",
-    ),
     "resume": TrioOnly(
         "--resume",
-        "the asyncio runtime resumes streams from this process's own logs "
-        "(only 'pinned' is served)",
-        lambda v: v == "pinned",
+        "the asyncio runtime always gives events ids (only 'shared' and 'pinned' are served)",
+        lambda v: v in ("shared", "pinned"),
     ),
-    "replica_id": TrioOnly("--replica-id", "the asyncio runtime has no replicas to name"),
     "workers": TrioOnly(
         "--workers",
-        "the asyncio runtime runs one process and has no shared store (only 1 is served)",
+        "the asyncio runtime runs one process (only 1 is served; run replicas on a shared "
+        "--store instead)",
         lambda v: v == 1,
     ),
     "reuse_port": TrioOnly("--reuse-port", "the asyncio runtime runs one process"),
@@ -87,7 +81,6 @@ TRIO_ONLY: dict[str, TrioOnly] = {
     "memory_budget": TrioOnly(
         "--memory-budget", "the asyncio runtime has no budget across all sessions"
     ),
-    "claim_lease": TrioOnly("--claim-lease", "the asyncio runtime has no shared store"),
 }
 
 #: ``serve`` options the asyncio runtime serves as the Trio path does (every option is
@@ -132,6 +125,9 @@ SERVED: frozenset[str] = frozenset(
         "shutdown_grace",
         "max_sessions_per_principal",
         "retry_window",
+        "store",
+        "replica_id",
+        "claim_lease",
     }
 )
 
@@ -149,9 +145,12 @@ def refusals(given: dict[str, object]) -> list[str]:
     return lines
 
 
-def asyncio_config(config: ServerConfig, startup_timeout: float) -> AsyncioConfig:
+def asyncio_config(
+    config: ServerConfig, startup_timeout: float, store: str = "memory"
+) -> AsyncioConfig:
     """The asyncio runtime's settings for what ``config`` (checked, from the command
-    line) asks, every field of it that the asyncio runtime serves."""
+    line) asks, every field of it that the asyncio runtime serves, on the ``--store``
+    named ``store`` (checked by the command line too)."""
     return AsyncioConfig(
         host=config.host,
         port=config.port,
@@ -178,6 +177,10 @@ def asyncio_config(config: ServerConfig, startup_timeout: float) -> AsyncioConfi
         legacy_sse_path=config.legacy_sse_path,
         legacy_messages_path=config.legacy_messages_path,
         retry_window=config.retry_window,
+        store=store,
+        replica_id=config.replica_id,
+        claim_lease=config.claim_lease,
+        resume=config.resume,
     )
 
 

@@ -91,7 +91,7 @@ import math
 import re
 import ssl
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Literal, TypeVar, cast
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, cast
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import anyio
@@ -128,7 +128,7 @@ from ._redis_lua import (
     _TAKE,
     _TOUCH,
 )
-from ._resp import RespPipe
+from ._resp import Arg, RespPipe
 from ._store import (
     ChannelRejected,
     InternalId,
@@ -368,14 +368,31 @@ def _client_for(url: str, *, timeout: float) -> Client[bytes]:
         raise ValueError(f"store URL {_redact(url)!r}: TLS setup failed: {exc}") from exc
 
 
-def _pipe_for(url: str, *, timeout: float) -> RespPipe | None:
+class Pipe(Protocol):
+    """What the store asks of its pipelined connection (:class:`~._resp.RespPipe` on
+    Trio, :class:`weir.asyncio._resp.AsyncioRespPipe` on asyncio)."""
+
+    failure: BaseException | None
+
+    async def call(self, *args: Arg) -> Any: ...
+
+    async def evalsha(
+        self, source: str | bytes, sha: str | bytes, keys: Sequence[Arg], args: Sequence[Arg]
+    ) -> Any: ...
+
+    async def wait_up(self) -> None: ...
+
+    async def run(self) -> None: ...
+
+
+def _pipe_for(url: str, *, timeout: float, kind: Callable[..., Pipe] = RespPipe) -> Pipe | None:
     """The pipelined hot-path connection for a single-node ``redis://`` URL (else None)."""
     parts = urlsplit(url)
     if parts.scheme.lower() != "redis" or not parts.hostname:
         return None
     path = parts.path.strip("/")
     db = int(path) if path.isdigit() else 0
-    return RespPipe(
+    return kind(
         parts.hostname,
         parts.port or 6379,
         username=unquote(parts.username) if parts.username else None,
@@ -396,12 +413,14 @@ class RedisStore:
     """
 
     shared = True
+    #: The pipelined connection this runtime uses (the asyncio runtime's store differs).
+    _pipe_kind: ClassVar[Callable[..., Pipe]] = RespPipe
 
     def __init__(
         self,
         client: Client[bytes],
         *,
-        pipe: RespPipe | None = None,
+        pipe: Pipe | None = None,
         where: str,
         retention: Retention,
         prefix: str,
@@ -472,7 +491,7 @@ class RedisStore:
         client = _client_for(url, timeout=timeout)
         store = cls(
             client,
-            pipe=_pipe_for(url, timeout=timeout),
+            pipe=_pipe_for(url, timeout=timeout, kind=cls._pipe_kind),
             where=_redact(url),
             retention=retention or Retention(),
             prefix=prefix,

@@ -87,8 +87,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=["trio", "asyncio"],
         help="the event loop that serves the app: 'trio' (default: every option below) "
         "or 'asyncio' (weir.asyncio, on uvloop when installed: for apps whose tools need "
-        "asyncio; serves both eras in one process, with no store "
-        "yet, and refuses the options it does not serve)",
+        "asyncio; serves both eras, on the same --store as Trio replicas, and refuses "
+        "the options it does not serve)",
     )
     s.add_argument(
         "--app-dir",
@@ -698,7 +698,9 @@ def _main_asyncio(args: argparse.Namespace, argv: Sequence[str]) -> int:
     config = _with_app_security(app, config_from_args(args))
     warning = _open_warning(config)
     return serve_on_asyncio(
-        app, asyncio_config(config, args.startup_timeout), [warning] if warning else []
+        app,
+        asyncio_config(config, args.startup_timeout, args.store),
+        [warning] if warning else [],
     )
 
 

@@ -32,16 +32,13 @@ from .test_cli_startup import MYAPP, one_line_failure, weir
 
 #: A command-line value for each Trio-only option that the asyncio runtime refuses.
 REFUSED_ARGS: dict[str, list[str]] = {
-    "store": ["--store", "redis://127.0.0.1:6379/0"],
-    "resume": ["--resume", "shared"],
-    "replica_id": ["--replica-id", "a"],
+    "resume": ["--resume", "off"],
     "workers": ["--workers", "2"],
     "reuse_port": ["--reuse-port"],
     "max_inbound_bytes": ["--max-inbound-bytes", "1000000"],
     "initialize_timeout": ["--initialize-timeout", "5"],
     "session_retain_bytes": ["--session-retain-bytes", "100000"],
     "memory_budget": ["--memory-budget", "100000000"],
-    "claim_lease": ["--claim-lease", "5"],
 }
 
 
@@ -121,10 +118,22 @@ async def test_the_state_keys_it_is_given_seal_its_request_state(
 
 
 def test_through_the_console_script_a_refusal_is_one_line_and_status_1(tmp_path: Path) -> None:
-    done = weir(tmp_path, "serve", "--runtime", "asyncio", "--store", "redis://127.0.0.1/0")
+    done = weir(tmp_path, "serve", "--runtime", "asyncio", "--resume", "off")
     assert done.returncode == 1
     line = one_line_failure(done)
-    assert line.startswith("weir: --runtime asyncio refuses --store: ")
+    assert line.startswith("weir: --runtime asyncio refuses --resume: ")
+
+
+def test_a_store_that_does_not_answer_is_a_one_line_start_up_failure(tmp_path: Path) -> None:
+    """``--store`` is served: a store nobody listens on fails the start, in one line."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]  # (closed before the server tries it)
+    done = weir(tmp_path, "serve", "--runtime", "asyncio", "--store", f"redis://127.0.0.1:{port}/0")
+    assert done.returncode == 1
+    line = one_line_failure(done)
+    assert line.startswith("weir: --store: the store did not answer"), line
+    assert "--runtime asyncio refuses" not in line
 
 
 def test_start_up_failures_are_one_line_as_on_trio(tmp_path: Path) -> None:

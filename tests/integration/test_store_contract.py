@@ -14,13 +14,14 @@ import secrets
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import coredis
 import pytest
 import trio
 
 from tests.integration.conftest import ValkeyProcess
+from weir.asyncio._redis_store import AsyncioRedisStore
 from weir.engine._redis_store import RedisStore
 from weir.engine._store import (
     MAX_CLIENT_RECORD,
@@ -37,6 +38,7 @@ from weir.engine._store import (
     client_of,
     client_record,
 )
+from weir.engine.asyncio_bridge import on_asyncio
 from weir.protocol._event_ids import epoch_number, scramble_epoch
 from weir.protocol.binding import ChannelVerdict
 from weir.protocol.gate import CallOutcome, CallStart
@@ -82,20 +84,45 @@ async def new_session(store: SessionStore, principal: str = P) -> SessionRecord:
 # ------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(params=["memory", "redis", "cluster"])
+class OnAsyncio:
+    """An :class:`AsyncioRedisStore` living on an asyncio loop (the bridge's), driven
+    from these Trio tests: every method call runs there, so the asyncio runtime's
+    store (its owner task, its pipe) is held to the same contract."""
+
+    shared = True
+
+    def __init__(self, store: AsyncioRedisStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return on_asyncio(getattr(self._store, name))
+
+
+@pytest.fixture(params=["memory", "redis", "cluster", "redis-asyncio", "cluster-asyncio"])
 def store_url(request: pytest.FixtureRequest) -> str | None:
-    """None for MemoryStore, else the URL a RedisStore connects to."""
+    """None for MemoryStore, else the URL a RedisStore connects to (ending in
+    ``#asyncio``: the asyncio runtime's store)."""
     if request.param == "memory":
         return None
-    fixture = "valkey_url" if request.param == "redis" else "valkey_cluster_url"
+    fixture = "valkey_url" if request.param.startswith("redis") else "valkey_cluster_url"
     url: str = request.getfixturevalue(fixture)
-    return url
+    return url + ("#asyncio" if request.param.endswith("asyncio") else "")
 
 
 @pytest.fixture
 async def store(store_url: str | None) -> AsyncIterator[SessionStore]:
     if store_url is None:
         yield MemoryStore()
+        return
+    if store_url.endswith("#asyncio"):
+        url = store_url.removesuffix("#asyncio")
+        on_loop = await on_asyncio(AsyncioRedisStore.connect)(url, prefix=new_prefix())
+        assert isinstance(on_loop, AsyncioRedisStore)
+        bridged = OnAsyncio(on_loop)
+        try:
+            yield cast(SessionStore, bridged)
+        finally:
+            await on_asyncio(on_loop.aclose)()
         return
     redis_store = await RedisStore.connect(store_url, prefix=new_prefix())
     try:

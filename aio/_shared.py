@@ -1,0 +1,589 @@
+"""The asyncio runtime's sessions and idempotency gate on a session store.
+
+Theory of operation
+-------------------
+Session records and the gate's claims and outcomes live in a
+:class:`~weir.engine._store.SessionStore` -- the Trio runtime's, with the same
+records, the same keys and the same scripts -- so an asyncio replica and a Trio
+replica on one shared store (:class:`~._redis_store.AsyncioRedisStore`) serve one
+cluster: a session begun on either is served by both, a retry on either replays the
+other's outcome.  With the default :class:`~weir.engine._store.MemoryStore` nothing
+is shared and everything below is one process's bookkeeping.
+
+The rule: a local process never decides alone about shared state.
+
+* **Records.**  ``initialize`` creates the record in the store before it answers;
+  every request reads it again (a session deleted on another replica is 404 here at
+  once); a session first seen here is *adopted* from its record (what its client
+  declared comes with it) and is never refused for this process's session limit.
+  ``DELETE`` deletes the record.  An idle session is judged by the store
+  (:meth:`~weir.engine._store.SessionStore.expire_idle`: by its clock, after every
+  replica's touches); here only the local copy is forgotten otherwise.  The store
+  is told a session was served the first time, then at most once a quarter of
+  the idle timeout.
+* **The gate.**  A ``tools/call`` claims its key with ``begin_call`` (the claim
+  names this replica and carries a lease), which answers EXECUTE, DONE (replay) or
+  RUNNING; a delivery that finds the call running elsewhere waits and claims again,
+  so it sees the outcome as soon as the other replica stores it.  While calls run,
+  one task renews their leases every third of the lease; if this process dies the
+  renewals stop, and after one lease any replica answers a retry ``interrupted``.
+  The outcome is stored with ``finish_call`` (shielded, bounded) before the waiters
+  here are woken; a cancelled call gives its key back.
+* **Epochs** come from the store (``begin_call`` or ``allocate_epoch``), so a stream's
+  event ids are unique in the session across replicas.
+* **Failures.**  The store not answering is 503 ``store_unavailable`` and nothing
+  runs; :class:`~weir.engine._store.SessionGone` is the 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import secrets
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
+
+from weir.app import Caller
+from weir.engine._store import (
+    ChannelRejected,
+    InternalId,
+    MemoryStore,
+    Retention,
+    RetentionFull,
+    SessionGone,
+    SessionRecord,
+    SessionStore,
+    StoreUnavailable,
+    client_of,
+    client_record,
+    is_session_id,
+)
+from weir.protocol import SERVER_ERROR, Reason, RemoteProtocolError, session_refusal
+from weir.protocol.course import ClaimCall
+from weir.protocol.gate import CallOutcome, CallStart
+from weir.protocol.jsonrpc import RequestId
+from weir.protocol.messages import (
+    CANCEL_BOX,
+    POLL_INTERVAL,
+    boxes_due,
+    read_answer,
+    read_cancel,
+    renew_interval,
+)
+from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
+from weir.protocol.streams import StreamLog
+
+from ._session import MAX_CALL_BYTES, MAX_CALLS, Gone, Session
+
+if TYPE_CHECKING:
+    from ._driver import AsyncioDriver
+
+log = logging.getLogger("weir.asyncio")
+
+#: Who owns every session here: the asyncio runtime has no authorization, and the
+#: Trio runtime without it names the same principal, so their records are shared.
+PRINCIPAL = "anonymous"
+#: The record under which a principal's sessionless gate records live: the Trio
+#: runtime's (``weir.engine._keyed.NAMESPACE``), a keyspace no session id reaches.
+NAMESPACE: Final = InternalId("~sessionless")
+#: Seconds a running call's claim lives in a shared store unless renewed (the Trio
+#: runtime's ``--claim-lease`` default).
+CLAIM_LEASE = 15.0
+#: Seconds between two reads of a shared store's change bus, and how far back the
+#: first read goes (the Trio runtime's values: clock skew between hosts).
+CHANGE_POLL = 0.1
+CHANGE_LOOKBACK = 5.0
+#: The most a stored outcome may take to record before it is given up (logged).
+FINISH_WAIT = 5.0
+
+
+def memory_store() -> MemoryStore:
+    """The default store: this process only, with the asyncio runtime's gate bounds."""
+    return MemoryStore(
+        Retention(calls_per_session=MAX_CALLS, call_bytes_per_session=MAX_CALL_BYTES)
+    )
+
+
+async def open_store(url: str) -> SessionStore:
+    """The store ``url`` names: ``"memory"``, or a Redis-protocol URL (see
+    :meth:`weir.engine._redis_store.RedisStore.connect`).
+
+    Raises:
+        ValueError: a malformed URL.
+        StoreUnavailable: the server did not answer.
+    """
+    if url == "memory":
+        return memory_store()
+    from ._redis_store import AsyncioRedisStore  # (the Redis client only when asked for)
+
+    return await AsyncioRedisStore.connect(url)
+
+
+def store_unavailable(request_id: RequestId | None = None) -> RemoteProtocolError:
+    """503 ``store_unavailable``: the store did not answer; nothing was executed."""
+    return RemoteProtocolError(
+        "the session store is unavailable; nothing was executed",
+        http_status=503,
+        reason=Reason.STORE_UNAVAILABLE,
+        code=SERVER_ERROR,
+        request_id=request_id,
+        retry_after_ms=1000,
+    )
+
+
+def overloaded(request_id: RequestId | None) -> RemoteProtocolError:
+    """503 ``overloaded``: the gate has no room for a new key (see
+    :class:`~weir.engine._store.RetentionFull`); nothing was executed."""
+    return RemoteProtocolError(
+        "the gate is full of calls that must be kept; nothing was executed",
+        http_status=503,
+        reason=Reason.OVERLOADED,
+        code=SERVER_ERROR,
+        request_id=request_id,
+        retry_after_ms=1000,
+    )
+
+
+class SharedState:
+    """The driver's side of its store (see the module docstring)."""
+
+    def __init__(
+        self,
+        driver: AsyncioDriver,
+        store: SessionStore,
+        *,
+        replica_id: str | None = None,
+        claim_lease: float = CLAIM_LEASE,
+        resume: str = "pinned",
+    ) -> None:
+        self.driver, self.store = driver, store
+        self.replica_id = replica_id or secrets.token_hex(4)
+        self.claim_lease = claim_lease
+        #: Events go to the store before the wire (any replica replays them).
+        self.logs = store.shared and resume == "shared"
+        self._touched: dict[str, float] = {}
+        self._renewer: asyncio.Task[None] | None = None
+        self._relay: asyncio.Task[None] | None = None
+        self._changes: asyncio.Task[None] | None = None
+
+    @property
+    def shared(self) -> bool:
+        return self.store.shared
+
+    # ------------------------------------------------------------------ records
+    async def create(
+        self,
+        principal: str,
+        version: str,
+        capabilities: dict[str, Any],
+        client_info: dict[str, Any],
+        request_id: RequestId,
+    ) -> Session:
+        """A new session owned by ``principal``, its record stored first (503 if the
+        store cannot)."""
+        driver = self.driver
+        driver.check_room(request_id, principal)
+        loop = asyncio.get_running_loop()
+        record = SessionRecord(
+            session_id=secrets.token_urlsafe(32),
+            principal=principal,
+            protocol_version=version,
+            created_at=loop.time(),
+            secret=secrets.token_urlsafe(16),
+            salt=secrets.token_hex(8),
+            client=client_record(capabilities, client_info),
+        )
+        try:
+            await self.store.create_session(record)
+        except StoreUnavailable:
+            raise store_unavailable(request_id) from None
+        self._touched[record.session_id] = loop.time()
+        caller = Caller(capabilities, client_info)
+        session = Session(record.session_id, version, driver.credit, driver, caller)
+        session.principal = principal  # (it owns the session)
+        session.logged = self.logs
+        driver.add_session(session)
+        self._relay_mail()
+        return session
+
+    async def load(self, principal: str, sid: str, request_id: RequestId | None) -> Session:
+        """``principal``'s live session ``sid`` (adopted from its record if first seen
+        here), or the 404 refusal -- another principal's session is indistinguishable
+        from none, and nothing it asks touches that session; a shared store's record
+        is read again every time."""
+        if not is_session_id(sid):
+            raise session_refusal(sid, request_id)  # never minted: no store lookup
+        driver = self.driver
+        session = driver.sessions.get(sid)
+        if session is not None and (session.closed or session.principal != principal):
+            session = None
+        if self.store.shared:
+            try:
+                record = await self.store.get_session(principal, sid)
+            except StoreUnavailable:
+                raise store_unavailable(request_id) from None
+            if record is None:
+                if session is not None:
+                    driver.end(session)  # deleted elsewhere (or expired): gone here too
+                raise session_refusal(sid, request_id)
+            if session is None:
+                session = self._adopt(record)
+            session.generation = record.generation  # (a rebind elsewhere fences our streams)
+            await self._touch(session)
+        if session is None:
+            raise session_refusal(sid, request_id)
+        session.last_seen = session.loop.time()
+        return session
+
+    def _adopt(self, record: SessionRecord) -> Session:
+        capabilities, client_info = client_of(record)
+        session = Session(
+            record.session_id,
+            record.protocol_version,
+            self.driver.credit,
+            self.driver,
+            Caller(capabilities, client_info),
+        )
+        session.state = session_transition(session.state, SessionInput.INITIALIZED)
+        session.principal = record.principal
+        session.logged = self.logs
+        session.generation = record.generation
+        self.driver.add_session(session)
+        self._relay_mail()
+        return session
+
+    async def _touch(self, session: Session) -> None:
+        idle = self.driver.idle_timeout
+        every = idle / 4 if idle is not None else math.inf
+        now = session.loop.time()
+        if now - self._touched.get(session.sid, -math.inf) < every:
+            return
+        self._touched[session.sid] = now
+        try:
+            await self.store.touch_session(session.principal, session.sid)
+        except StoreUnavailable:
+            self._touched.pop(session.sid, None)
+            raise store_unavailable() from None
+
+    async def touch_busy(self, session: Session) -> None:
+        """A session running or writing something here is not idle: tell the store
+        (so another replica's sweep does not expire it); a failure waits for the
+        next sweep."""
+        with contextlib.suppress(RemoteProtocolError):
+            await self._touch(session)
+
+    async def delete(self, session: Session) -> None:
+        """The client's ``DELETE``: the record goes (503 if the store cannot say so)."""
+        try:
+            await self.store.delete_session(session.principal, session.sid)
+        except StoreUnavailable:
+            raise store_unavailable() from None
+        self.forget(session.sid)
+
+    def forget(self, sid: str) -> None:
+        """This process's bookkeeping of ``sid`` (the local copy ended)."""
+        self._touched.pop(sid, None)
+
+    async def expire(self, session: Session) -> None:
+        """``session`` is idle here: the store decides whether it is everywhere (and
+        deletes it then); this process's copy ends either way."""
+        idle = self.driver.idle_timeout
+        gone = True
+        if self.store.shared:
+            slack = idle / 4 if idle is not None else 0.0
+            try:
+                gone = await self.store.expire_idle(
+                    session.principal,
+                    session.sid,
+                    idle + slack if idle is not None else None,
+                    None,
+                )
+            except StoreUnavailable as exc:
+                log.warning("session sweep: store unavailable: %s", exc)
+                return  # nothing decided: the next sweep asks again
+        else:
+            await self.store.delete_session(session.principal, session.sid)
+        if gone:
+            self.driver.metrics.sessions_expired += 1
+        self.driver.end(session)
+
+    async def post(self, session: Session, box: str, data: bytes) -> None:
+        """Leave mail for another replica (an answer or a cancellation it waits for)."""
+        try:
+            await self.store.post_message(session.principal, session.sid, box, data)
+        except SessionGone:
+            pass  # the session is gone: nobody waits for it
+        except StoreUnavailable:
+            raise store_unavailable() from None
+
+    async def append_event(
+        self,
+        session: Session,
+        stream: StreamLog,
+        seq: int,
+        payload: str,
+        final: bool,
+        call_key: str | None,
+    ) -> None:
+        """Append event ``seq`` of ``stream`` to the store (with ``call_key``: recording
+        the call's outcome in the same step).  Not stored means not sent: on any
+        failure the stream is aborted and :class:`Gone` raised."""
+        try:
+            await self.store.append_event(
+                session.principal,
+                session.sid,
+                stream.epoch,
+                seq,
+                payload.encode(),
+                final=final,
+                generation=session.generation,
+                call_key=call_key,
+                replica=self.replica_id,
+            )
+        except (SessionGone, ChannelRejected, StoreUnavailable, ValueError) as exc:
+            log.warning("event %s:%d not stored (%r): the stream ends", stream.epoch, seq, exc)
+            if stream.state is not StreamState.CLOSED:
+                stream.handle(StreamInput.ABORT)
+                session.wake(stream)
+            raise Gone from exc
+
+    async def append_interrupted(
+        self, session: Session, stream: StreamLog, payload: bytes, key: str
+    ) -> None:
+        """At shutdown, a call this process abandons: its ``interrupted`` outcome as
+        its shared stream's final event (a resume elsewhere gets it), best effort."""
+        try:
+            await asyncio.wait_for(
+                self.store.append_event(
+                    session.principal,
+                    session.sid,
+                    stream.epoch,
+                    stream.next_seq,
+                    payload,
+                    final=True,
+                    generation=session.generation,
+                    call_key=key,
+                    replica=self.replica_id,
+                ),
+                FINISH_WAIT,
+            )
+        except Exception as exc:
+            log.warning("the interrupted outcome of %s was not appended: %r", key, exc)
+
+    async def epoch(self, session: Session, binding: int = 0) -> str:
+        """A fresh stream epoch, from the store (unique in the session everywhere)."""
+        try:
+            return await self.store.allocate_epoch(session.principal, session.sid, binding)
+        except SessionGone:
+            self.driver.end(session)
+            raise session_refusal(session.sid) from None
+        except StoreUnavailable:
+            raise store_unavailable() from None
+
+    # ------------------------------------------------------------------ the gate
+    async def claim(self, session: Session, effect: ClaimCall) -> tuple[CallStart, bool]:
+        """Claim a call's key: the store's answer, and whether the delivery running
+        it (if one does) is in this process."""
+        claim, req = effect.claim, effect.request
+        store = self.store
+        try:
+            if store.shared:
+                start = await self._claim_shielded(session, effect)
+            else:
+                start = await store.begin_call(
+                    session.principal, session.sid, claim.key, claim.fingerprint, None
+                )
+        except SessionGone:
+            self.driver.end(session)
+            raise session_refusal(session.sid, req.id) from None
+        except StoreUnavailable:
+            raise store_unavailable(req.id) from None
+        except RetentionFull:
+            raise overloaded(req.id) from None
+        except ChannelRejected:  # (no token is ever presented here)
+            raise store_unavailable(req.id) from None
+        return start, claim.key in session.holding
+
+    async def _claim_shielded(self, session: Session, effect: ClaimCall) -> CallStart:
+        claim = effect.claim
+        return await self.begin(
+            session.principal, session.sid, claim.key, claim.fingerprint, effect.request.id
+        )
+
+    async def begin(
+        self, principal: str, sid: str, key: str, fingerprint: bytes, request_id: RequestId
+    ) -> CallStart:
+        """``begin_call`` on a shared store under this replica's lease, finished even
+        if the caller is cancelled: a claim granted to a delivery that then never
+        starts is given back at once, not left to block every retry until its lease
+        runs out."""
+        store = self.store
+        granting = asyncio.ensure_future(
+            store.begin_call(
+                principal,
+                sid,
+                key,
+                fingerprint,
+                None,
+                request_id=msgspec.json.encode(request_id),
+                owner=self.replica_id,
+                lease=self.claim_lease if store.shared else None,
+            )
+        )
+        try:
+            return await asyncio.shield(granting)
+        except asyncio.CancelledError:
+            try:
+                start = await asyncio.wait_for(asyncio.shield(granting), FINISH_WAIT)
+                if start.outcome is CallOutcome.EXECUTE:
+                    await asyncio.wait_for(
+                        store.finish_call(principal, sid, key, None), FINISH_WAIT
+                    )
+            except Exception:
+                log.warning("a cancelled claim of %s could not be given back", key)
+            raise
+
+    def hold(self, session: Session, key: str) -> None:
+        """A claimed call runs here from now on: its lease is renewed until it ends."""
+        session.holding.add(key)
+        self.renew_soon()
+
+    def renew_soon(self) -> None:
+        """Calls run here: make sure their leases are renewed (shared stores)."""
+        if self.store.shared and (self._renewer is None or self._renewer.done()):
+            self._renewer = self.driver.spawn(self._renew())
+
+    async def finish(self, session: Session, key: str, payload: bytes | None) -> None:
+        """Store a call's outcome (None: give the key back), then wake the deliveries
+        here that wait for it."""
+        try:
+            await self.record(session.principal, session.sid, key, payload)
+        finally:
+            session.finish_call(key)
+
+    async def record(self, principal: str, sid: str, key: str, payload: bytes | None) -> None:
+        """Store a call's outcome (None: give the key back).  Shielded and bounded: an
+        outcome is never dropped because the task storing it was cancelled; a store
+        that does not take it is logged."""
+        store = self.store
+        try:
+            if not store.shared:  # (a process-local store never suspends: nothing to guard)
+                await store.finish_call(principal, sid, key, payload)
+            else:
+                await asyncio.wait_for(
+                    asyncio.shield(store.finish_call(principal, sid, key, payload)),
+                    FINISH_WAIT,
+                )
+        except (StoreUnavailable, SessionGone, TimeoutError):
+            log.warning("could not record the outcome of call %s in the store", key)
+
+    def start(self) -> None:
+        """With a shared store, make sure the relays of mail and of announced changes
+        run (they end with the driver)."""
+        self._relay_mail()
+        if self.store.shared and (self._changes is None or self._changes.done()):
+            self._changes = self.driver.spawn(self._relay_changes())
+
+    def _relay_mail(self) -> None:
+        if self.store.shared and (self._relay is None or self._relay.done()):
+            self._relay = self.driver.spawn(self._relay_loop())
+
+    def publish_change(self, method: str, uri: str | None) -> None:
+        """With a shared store, put an announced change on its bus (in a task)."""
+        if self.store.shared:
+            change = msgspec.json.encode({"m": method, "u": uri, "r": self.replica_id})
+            self.driver.spawn(self._publish(change))
+
+    async def _publish(self, change: bytes) -> None:
+        try:
+            await self.store.publish_change(change)
+        except StoreUnavailable:
+            log.warning("could not put an announced change on the store's bus")
+
+    async def _relay_changes(self) -> None:
+        """Deliver the changes other replicas announced (Trio's rules: the bus is
+        read every :data:`CHANGE_POLL` s while anyone here may hear them, the first
+        read going :data:`CHANGE_LOOKBACK` s back)."""
+        driver = self.driver
+        cursor: str | None = None
+        while True:
+            await asyncio.sleep(CHANGE_POLL)
+            if not driver.listeners and not driver.sessions:
+                cursor = None
+                continue
+            if cursor is None:
+                cursor = f"{int((time.time() - CHANGE_LOOKBACK) * 1000)}-0"
+            try:
+                cursor, changes = await self.store.read_changes(cursor)
+            except StoreUnavailable:
+                continue
+            for raw in changes:
+                try:
+                    change = msgspec.json.decode(raw)
+                except msgspec.DecodeError:
+                    continue
+                if not isinstance(change, dict) or change.get("r") == self.replica_id:
+                    continue
+                method, uri = change.get("m"), change.get("u")
+                if isinstance(method, str) and (uri is None or isinstance(uri, str)):
+                    driver.deliver_change(method, uri)
+
+    async def _relay_loop(self) -> None:
+        """Deliver the answers and cancellations other replicas received for requests
+        of this one (``weir.protocol.messages``: polled every 100 ms, and only for
+        sessions that wait for an answer or run a request for over a second)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(POLL_INTERVAL)
+            now = loop.time()
+            for session in list(self.driver.sessions.values()):
+                if session.closed:
+                    continue
+                boxes = boxes_due(
+                    self.replica_id,
+                    awaiting_answers=bool(session.pending),
+                    started=session.started.values(),
+                    now=now,
+                )
+                try:
+                    for box in boxes:
+                        await self._take_mail(session, box)
+                except (StoreUnavailable, SessionGone):
+                    continue
+
+    async def _take_mail(self, session: Session, box: str) -> None:
+        if box == CANCEL_BOX:  # every replica reads it: kept, each acts on its own
+            for raw in await self.store.take_messages(
+                session.principal, session.sid, box, keep=True
+            ):
+                rid = read_cancel(raw)
+                if rid is not None and rid in session.running:
+                    session.cancel(rid)
+            return
+        for raw in await self.store.take_messages(session.principal, session.sid, box):
+            answer = read_answer(raw)
+            if answer is not None:
+                session.answer(answer)
+
+    async def _renew(self) -> None:
+        """Renew the leases of the calls running here while there are any."""
+        lease = self.claim_lease
+        while True:
+            await asyncio.sleep(renew_interval(lease))
+            held = [s for s in list(self.driver.sessions.values()) if s.holding and not s.closed]
+            keyed: dict[str, list[str]] = {}
+            for principal, key in list(self.driver.keyed.held):
+                keyed.setdefault(principal, []).append(key)
+            if not held and not keyed:
+                return
+            claims = [(s.principal, s.sid, list(s.holding)) for s in held]
+            claims += [(principal, NAMESPACE, keys) for principal, keys in keyed.items()]
+            for principal, sid, keys in claims:
+                try:
+                    await self.store.renew_claims(principal, sid, keys, self.replica_id, lease)
+                except (StoreUnavailable, SessionGone):
+                    continue

@@ -1,0 +1,47 @@
+"""The app the mixed-runtime replica tests serve, from Trio and asyncio processes alike.
+
+Nothing in it names an event loop (it sleeps on the driver's clock, ``ctx.sleep``), so
+the same module runs under ``weir serve`` and ``weir serve --runtime asyncio``.  Every
+execution of ``charge`` is appended to the file named by ``WEIR_TEST_LEDGER`` (one line
+when it starts, one when it finishes, with the process id), so a test counts
+executions across processes that may die without warning.
+"""
+
+from __future__ import annotations
+
+import os
+
+from weir.app import App, Context
+
+app = App("mixed-test", "0.0.0")
+
+
+def _note(line: str) -> None:
+    with open(os.environ["WEIR_TEST_LEDGER"], "a", encoding="utf-8") as ledger:
+        ledger.write(line + "\n")
+
+
+@app.tool(idempotent=False, destructive=True)
+async def charge(key: str, ctx: Context, seconds: float = 0.0) -> str:
+    """Charge ``key`` once; takes ``seconds``."""
+    _note(f"start {key} {os.getpid()}")
+    if seconds:
+        await ctx.sleep(seconds)
+    _note(f"done {key} {os.getpid()}")
+    return f"charged {key}"
+
+
+@app.tool()
+async def chatter(count: int, ctx: Context) -> str:
+    """Send ``count`` log messages on the call's stream, one every 50 ms, then answer."""
+    for i in range(count):
+        await ctx.info(f"line {i}")
+        await ctx.sleep(0.05)
+    return f"said {count}"
+
+
+@app.tool()
+async def announce(ctx: Context) -> str:
+    """Announce that the tool list changed (every replica's listeners hear it)."""
+    ctx.changed("tools")
+    return "announced"
