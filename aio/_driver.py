@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import logging
+import math
 from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -27,6 +29,7 @@ from weir.common import (
     new_key,
     server_identity,
 )
+from weir.common._memory import trim
 from weir.engine._store import SessionStore
 from weir.protocol import (
     LOOPBACK_HOSTS,
@@ -53,6 +56,17 @@ from ._sessionless import KeyedCalls, Listener, SharedOwners
 from ._shared import CLAIM_LEASE, SharedState, memory_store
 
 log = logging.getLogger(__name__)
+#: A session that held at least this much credit is followed by a ``malloc_trim``.
+TRIM_AFTER = 256 * 1024
+
+
+def _reclaim() -> None:
+    """Collect the cycles that may still hold a torn-down session's buffers (its
+    cancelled tasks' tracebacks), then return free heap pages to the OS."""
+    gc.collect()
+    trim()
+
+
 T = TypeVar("T")
 #: Seconds a listen stream's peer has at shutdown to take its final result.
 LISTEN_CLOSE_WAIT = 1.0
@@ -215,6 +229,7 @@ class AsyncioDriver:
         #: Of those, the authorized principals' (each shared by its connections).
         self.shared_owners = SharedOwners()
         self._runs: set[asyncio.Task[Any]] = set()
+        self._last_trim = -math.inf
         self._identity: dict[str, Any] | None = None
         self.sessions: dict[str, Session] = {}
         self.connections = 0
@@ -255,7 +270,14 @@ class AsyncioDriver:
 
     def end(self, session: Session) -> None:
         """Tear a session down; it is 404 from now on.  The app's session-close
-        hooks run in the background, each cancelled after ``SESSION_CLOSE_WAIT``."""
+        hooks run in the background, each cancelled after ``SESSION_CLOSE_WAIT``.
+        After a heavy session (``TRIM_AFTER`` bytes of credit held), free memory goes
+        back to the operating system a second later (at most once a second)."""
+        if session.flow.credit.bytes_in_use >= TRIM_AFTER:
+            now = session.loop.time()
+            if now - self._last_trim >= 1.0:
+                self._last_trim = now
+                session.loop.call_later(1.0, _reclaim)
         session.close()
         self.metrics.session_ended(view(session))
         self.owners.discard(session)  # (a sessionless owner: no hooks, never in the table)

@@ -27,6 +27,7 @@ from weir.app import (
     text,
     tool_result,
 )
+from weir.common._memory import tune_allocator
 
 from ._auth import (
     AccessToken,
@@ -37,7 +38,6 @@ from ._auth import (
     TokenVerifier,
 )
 from ._declared_auth import declared_authorization
-from ._memory import tune_allocator
 from ._server import Server, ServerConfig, serve
 from ._store import (
     ChannelRejected,

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 
 from weir.app import App
 from weir.asyncio import AsyncioConfig, StartupFailed, run
+from weir.common._memory import tune_allocator
 from weir.protocol import ReadTimeouts
 
 from ._config import ServerConfig
@@ -194,6 +195,7 @@ def serve_on_asyncio(app: App, config: AsyncioConfig, warn: Iterable[str] = ()) 
     def started(url: str, loop_name: str) -> None:
         nonlocal serving
         serving = True
+        tune_allocator()  # (as weir serve does on Trio: large buffers unmapped when freed)
         print(f"weir: serving {url}", flush=True)
         hint = "" if loop_name == "uvloop" else " (uvloop is not installed: weir[asyncio])"
         print(f"weir: runtime asyncio, event loop {loop_name}{hint}", file=sys.stderr, flush=True)

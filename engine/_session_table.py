@@ -46,11 +46,11 @@ from functools import partial
 import trio
 
 from weir.app import SESSION_CLOSE_WAIT, Caller
+from weir.common._memory import trim
 from weir.protocol import SERVER_ERROR, Reason, RemoteProtocolError, session_refusal
 from weir.protocol.jsonrpc import RequestId
 from weir.protocol.states import CreditState, SessionInput
 
-from ._memory import trim
 from ._metrics import redact
 from ._session import Session
 from ._shared import Shared, log

@@ -38,12 +38,12 @@ import trio
 import weir
 from weir.app import App, load_app
 from weir.common import parse_key
+from weir.common._memory import tune_allocator
 from weir.protocol import CreditLimits, HttpLimits
 
 from ._auth import DEFAULT_ALGORITHMS, Authorization, JwtVerifier
 from ._declared_auth import declared_authorization
 from ._jwks import screen_keys
-from ._memory import tune_allocator
 from ._server import Server, ServerConfig
 from ._startup import (
     STARTUP_TIMEOUT,

@@ -100,7 +100,19 @@ async def settle_rss(pid: int, seconds: float = 1.0) -> int:
 # ----------------------------------------------------------------- retained results
 
 
-@RUNTIMES
+@pytest.mark.parametrize(
+    "runtime",
+    [
+        "trio",
+        pytest.param(
+            "asyncio",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="asyncio: no per-session retention budget yet (--session-retain-bytes)",
+            ),
+        ),
+    ],
+)
 async def test_large_results_are_retained_within_the_session_budget(
     tmp_path: Path, runtime: str
 ) -> None:
@@ -562,7 +574,19 @@ async def _stall_sessions(port: int, n: int, size: int) -> list[Client]:
     return stalled
 
 
-@RUNTIMES
+@pytest.mark.parametrize(
+    "runtime",
+    [
+        "trio",
+        pytest.param(
+            "asyncio",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="asyncio: a torn-down stalled session's memory is not given back yet",
+            ),
+        ),
+    ],
+)
 @pytest.mark.parametrize("mode", [(), ("--json-response",)], ids=["sse", "json"])
 async def test_stalled_sessions_are_torn_down_and_memory_comes_back(
     tmp_path: Path, mode: Sequence[str], runtime: str
