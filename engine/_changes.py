@@ -31,6 +31,7 @@ from ._owners import open_answer_stream
 from ._session import Session
 from ._shared import Shared, log
 from ._store import StoreUnavailable
+from ._stream_handle import StreamHandle, StreamLost
 from ._subscriptions import Listener
 from ._writer import SSE_HEADERS, write_stream
 
@@ -57,6 +58,8 @@ class Changes:
         self.replica_id = shared.replica_id
         #: The open ``subscriptions/listen`` streams.
         self.subscribers: set[Listener] = set()
+        #: GET streams whose change notice is on its way to the store (one at a time).
+        self._storing: set[StreamHandle] = set()
 
     async def listen(self, conn: Connection, owner: Session, req: Request, lane: Hashable) -> None:
         """``subscriptions/listen``: acknowledge, then stream changes until the end."""
@@ -140,7 +143,10 @@ class Changes:
         """Tell every client here that wants it that a list changed, or resource
         ``uri`` did: sessionless listeners, and session-era GET streams (resource
         updates only where the session subscribed).  Never waits: a GET stream
-        without credit for the notice right now misses it (its peer is not reading)."""
+        without credit for the notice right now misses it (its peer is not reading).
+        A GET stream whose events go to a shared store first (``--resume shared``)
+        gets the notice from a task of its own (one at a time per stream: a notice
+        that comes while one is being stored is missed, as one without credit is)."""
         for listener in list(self.subscribers):
             listener.notify(method, uri)
         params = {"uri": uri} if uri is not None else None
@@ -150,7 +156,22 @@ class Changes:
             if standalone is None or standalone.log.state is StreamState.CLOSED:
                 continue
             if uri is None or uri in session.caller.subscriptions:
-                standalone.try_send_now(payload)
+                if standalone.try_send_now(payload) or standalone.sink is None:
+                    continue
+                if standalone not in self._storing:
+                    self._storing.add(standalone)
+                    self.shared.start(self._store_then_send, standalone, payload)
+
+    async def _store_then_send(self, standalone: StreamHandle, payload: str) -> None:
+        """A change notice on a GET stream whose events go to the store first."""
+        try:
+            await standalone.send(payload)  # (a credit wait ends with the session)
+        except StreamLost:
+            pass  # the stream or its session ended meanwhile: nobody to tell
+        except Exception as exc:  # (the store's refusal: the handle has ended the stream)
+            log.info("a change notice was not stored (%r): its GET stream ends", exc)
+        finally:
+            self._storing.discard(standalone)
 
     def end_subscriptions(self) -> None:
         """At shutdown: end each subscription gracefully (its final result)."""

@@ -267,11 +267,26 @@ async def test_a_stream_cut_on_one_runtime_resumes_on_the_other_with_exact_event
         assert messages[-1]["id"] == 3 and messages[-1]["result"]["content"][0]["text"] == "said 10"
 
 
-async def _sse_events(c: Client, n: int) -> list[tuple[str, str]]:
-    """Read a streamed response until ``n`` events with data have come: (id, data)."""
+async def _response_head(c: Client) -> bytes:
+    """The bytes of a streamed response up to the end of its head, at least (a stream's
+    head is sent once the server has opened it)."""
+    got = b""
+    for _ in range(1_000):
+        if b"\r\n\r\n" in got:
+            return got
+        data = await c.stream.receive_some(65536)
+        assert data, f"the connection closed before a response head: {got!r}"
+        got += data
+    raise AssertionError(f"no response head: {got!r}")
+
+
+async def _sse_events(c: Client, n: int, head: bytes = b"") -> list[tuple[str, str]]:
+    """Read a streamed response until ``n`` events with data have come: (id, data)
+    (``head``: its bytes read already)."""
     conn = c.h11
     conn.send(h11.Request(method="POST", target="/", headers=[("host", "x")]))
     conn.send(h11.EndOfMessage())
+    conn.receive_data(head)
     buf = b""
     for _ in range(10_000):
         events = _parse_sse(buf)
@@ -332,19 +347,20 @@ def _datas(body: bytes) -> list[str]:
     return [data for _, data in _parse_sse(body)]
 
 
+@pytest.mark.parametrize("listening", ["asyncio", "trio"])
 async def test_announced_changes_cross_runtimes_on_the_stores_bus(
-    valkey_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    listening: str, valkey_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A tool on the Trio replica announces that the tool list changed: a session's
-    GET stream open on the asyncio replica hears ``notifications/tools/list_changed``
-    (the store's bus).  The asyncio replica's own announcements go on the same bus,
-    in the same encoding.  (The other way round is not checked end to end: the Trio
-    runtime's GET streams with ``--resume shared`` do not take change notices.)"""
+    """A tool on each replica announces that the tool list changed: a session's GET
+    stream open on either replica hears ``notifications/tools/list_changed`` twice
+    (the other's through the store's bus, its own at once).
+    Both runtimes' announcements go on the same bus, in the same encoding."""
     with replicas(valkey_url, tmp_path, monkeypatch) as procs, trio.fail_after(60):
-        g = await Client.connect(procs["asyncio"].port)
+        g = await Client.connect(procs[listening].port)
         sid = await _initialize(g)
         headers = {**HDR, "accept": "text/event-stream", "mcp-session-id": sid}
         await g.send_raw(raw_request("GET", "/mcp", headers=headers))
+        head = await _response_head(g)  # the stream is open: a change now reaches it
         for rid, runtime in ((6, "trio"), (7, "asyncio")):
             a = await Client.connect(procs[runtime].port)
             said = await a.request(
@@ -352,7 +368,7 @@ async def test_announced_changes_cross_runtimes_on_the_stores_bus(
             )
             assert said.status == 200 and "announced" in said.body.decode(), said
             await a.aclose()
-        heard = await _sse_events(g, 2)  # Trio's (through the bus), then its own
+        heard = await _sse_events(g, 2, head)
         assert [json.loads(data)["method"] for _, data in heard] == [
             "notifications/tools/list_changed"
         ] * 2
@@ -360,7 +376,8 @@ async def test_announced_changes_cross_runtimes_on_the_stores_bus(
         async with coredis.Redis.from_url(valkey_url, decode_responses=False) as raw:
             bus = await raw.xrevrange("weir:bus", count=10)
         published = [json.loads(entry.field_values[b"c"]) for entry in bus]
-        assert {"m": "notifications/tools/list_changed", "u": None, "r": "asyncio"} in published
+        for replica in ("trio", "asyncio"):
+            assert {"m": "notifications/tools/list_changed", "u": None, "r": replica} in published
 
 
 @pytest.mark.parametrize("first", ["trio", "asyncio"])
