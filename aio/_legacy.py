@@ -23,23 +23,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 from typing import TYPE_CHECKING, Final
 
 from weir.app import Caller, initialize_result_for
-from weir.protocol import HttpRequest, RemoteProtocolError, session_refusal
+from weir.protocol import HttpRequest, RemoteProtocolError
 from weir.protocol.course import CallCourse
 from weir.protocol.jsonrpc import Request, encode_error, encode_result
 from weir.protocol.legacy import (
+    NEW_LEGACY_SESSION,
     AdmitLegacyBatch,
     LegacyMessages,
     LegacyOpen,
     LegacyPostCourse,
+    LegacyStreamCourse,
+    OpenLegacyStream,
     RunOnLegacy,
     route_legacy,
 )
-from weir.protocol.lifecycle import parse_initialize
-from weir.protocol.post import LoadSession
+from weir.protocol.lifecycle import ForgetSession, parse_initialize
+from weir.protocol.post import ATTACH_WRITER, AllocateEpoch, LoadSession
 from weir.protocol.streams import StreamKind, StreamLog
 
 from ._auth import Who
@@ -80,19 +82,39 @@ async def serve_legacy(conn: Connection, request: HttpRequest, who: Who) -> None
 
 
 async def _open(conn: Connection, who: Who) -> None:
-    """``GET /sse``: a new session, its LEGACY stream, written until it ends."""
+    """``GET /sse``: carry out its :class:`~weir.protocol.legacy.LegacyStreamCourse` --
+    a new session (in the store, like any), its LEGACY stream, written until it ends,
+    and the session's end with it.  (It has no deadline: no clock.)"""
     driver = conn.driver
-    driver.check_room(None, who.principal)
-    session = Session(secrets.token_urlsafe(32), VERSION, driver.credit, driver, Caller({}, {}))
-    session.principal = who.principal
-    driver.add_session(session)
-    try:
-        stream = session.open_stream(StreamKind.LEGACY, emit_ids=False)
-        where = f"{driver.legacy_messages_path}?session_id={session.sid}"
-        await session.append(stream, where, event="endpoint")
-        await conn.write_stream(session, stream, 0)
-    finally:
-        driver.end(session)  # the legacy session lives exactly as long as its stream
+    course = LegacyStreamCourse(driver.legacy_messages_path)
+    effect = course.start(0.0)
+    session: Session | None = None
+    stream: StreamLog | None = None
+    while effect is not None:
+        try:
+            answer: object = None
+            if effect is NEW_LEGACY_SESSION:
+                session = await driver.shared.create(who.principal, VERSION, {}, {}, None)
+                answer = session.sid
+            elif isinstance(effect, AllocateEpoch):
+                assert session is not None
+                answer = await driver.shared.epoch(session, effect.generation)
+            elif isinstance(effect, OpenLegacyStream):
+                assert session is not None
+                stream = session.open_stream(StreamKind.LEGACY, effect.epoch, emit_ids=False)
+                await session.append(stream, effect.endpoint, event="endpoint")
+            elif effect is ATTACH_WRITER:
+                assert session is not None and stream is not None
+                await conn.write_stream(session, stream, 0)
+            else:  # the legacy session lives exactly as long as its stream
+                assert isinstance(effect, ForgetSession) and session is not None
+                with contextlib.suppress(RemoteProtocolError):  # (store down: it expires)
+                    await driver.shared.delete(session)
+                driver.end(session)
+        except BaseException as exc:
+            effect = course.fail(exc, 0.0)
+        else:
+            effect = course.deliver(answer, 0.0)
 
 
 async def _post(conn: Connection, post: LegacyMessages, who: Who) -> None:
@@ -108,11 +130,7 @@ async def _post(conn: Connection, post: LegacyMessages, who: Who) -> None:
             answer: object = None
             if session is None:
                 assert isinstance(effect, LoadSession)
-                found = driver.sessions.get(post.session_id)
-                if found is None or found.principal != who.principal:
-                    raise session_refusal(post.session_id)
-                session = answer = found
-                found.last_seen = found.loop.time()
+                session = answer = await driver.shared.load(who.principal, post.session_id, None)
             elif isinstance(effect, RunOnLegacy):
                 stream = session.streams.by_epoch(effect.epoch)
                 session.spawn(_run(session, effect.course, stream))

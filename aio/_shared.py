@@ -181,10 +181,10 @@ class SharedState:
         version: str,
         capabilities: dict[str, Any],
         client_info: dict[str, Any],
-        request_id: RequestId,
+        request_id: RequestId | None,
     ) -> Session:
         """A new session owned by ``principal``, its record stored first (503 if the
-        store cannot)."""
+        store cannot; ``request_id``: the request the refusal answers, if any)."""
         driver = self.driver
         driver.check_room(request_id, principal)
         loop = asyncio.get_running_loop()
