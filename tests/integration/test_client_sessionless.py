@@ -168,7 +168,7 @@ async def test_auto_mode_falls_back_to_the_session_era(monkeypatch: pytest.Monke
     from weir.protocol._sessionless import unsupported_version
     from weir.protocol.sessionless import SessionlessMessage
 
-    async def refuse(self: SessionlessPosts, msg: SessionlessMessage) -> None:
+    async def refuse(self: SessionlessPosts, msg: SessionlessMessage, who: object) -> None:
         raise unsupported_version("2026-07-28", SUPPORTED_VERSIONS, 0)
 
     # A server of the session era only: the asyncio runtime, made to refuse 2026-07-28.
