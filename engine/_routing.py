@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import re
 
+from weir.common import METADATA_PATH, REQUEST_ACCESS, Authorization, authenticate, metadata_answer
 from weir.protocol import (
-    SERVER_ERROR,
     DeleteSession,
     HttpRequest,
     OpenStream,
@@ -32,15 +32,6 @@ from weir.protocol import (
 )
 from weir.protocol.legacy import LegacyOpen, route_legacy
 
-from ._auth import (
-    METADATA_PATH,
-    REQUEST_ACCESS,
-    AccessToken,
-    Authorization,
-    InvalidToken,
-    TokenExpired,
-    bearer_token,
-)
 from ._calls import Calls
 from ._changes import Changes
 from ._connection import Connection
@@ -125,7 +116,8 @@ class Router:
             # Who this request speaks for: handed to everything below, never kept on
             # the connection (its next request may speak for someone else).
             if cfg.auth is not None:
-                access = await self._authenticate(request, cfg.auth)
+                header = request.headers.get("authorization")
+                access = await authenticate(header, cfg.auth, cfg.retry_ms)
                 REQUEST_ACCESS.set(access)  # (handlers started for this request see it)
                 who = Requester(access.principal, True, conn.secret)
             else:
@@ -157,65 +149,12 @@ class Router:
                 raise
             await self._refuse(conn, exc)
 
-    async def _authenticate(self, request: HttpRequest, auth: Authorization) -> AccessToken:
-        """What the verifier vouches for about ``request``'s bearer token.
-
-        Raises:
-            RemoteProtocolError: 401 (no token, or a refused one), 403 (a scope is
-                missing) or 400 (a malformed ``Authorization`` header), each with
-                ``WWW-Authenticate`` pointing at the resource metadata.
-        """
-        # Every refusal text here is fixed: nothing the client sent (nor what the
-        # verifier said about it) reaches the response, so its head stays valid and
-        # the cached refusal heads are a handful, however many tokens are refused.
-        try:
-            token = bearer_token(request.headers.get("authorization"))
-        except ValueError:
-            bad = _auth_refusal(auth, 400, Reason.INVALID_REQUEST, _BAD_HEADER, "invalid_request")
-            raise bad from None
-        if token is None:
-            raise _auth_refusal(auth, 401, Reason.UNAUTHORIZED, "a bearer token is required")
-        try:
-            access = await auth.verifier.verify(token)
-        except InvalidToken as exc:
-            text = "token expired" if isinstance(exc, TokenExpired) else "invalid token"
-            raise _auth_refusal(auth, 401, Reason.UNAUTHORIZED, text, "invalid_token") from None
-        except Exception as exc:
-            # A verifier that fails (a bug, its backend down) has not judged the token:
-            # not a 401, which tells the client to drop a token that may be good, but
-            # a 503 to retry, and one log line rather than a dropped connection.
-            log.warning("the token verifier failed: %s: %s", type(exc).__name__, exc)
-            raise RemoteProtocolError(
-                "the token verifier is unavailable; nothing was executed",
-                http_status=503,
-                reason=Reason.VERIFIER_UNAVAILABLE,
-                code=SERVER_ERROR,
-                retry_after_ms=self.config.retry_ms,
-            ) from None
-        if not auth.required_scopes <= access.scopes:
-            raise _auth_refusal(
-                auth, 403, Reason.INSUFFICIENT_SCOPE, "insufficient scope", "insufficient_scope"
-            )
-        return access
-
     async def _resource_metadata(
         self, conn: Connection, request: HttpRequest, auth: Authorization
     ) -> None:
         """RFC 9728 protected resource metadata (no token needed)."""
-        path = request.path
-        if path not in (METADATA_PATH, METADATA_PATH + self.config.path):
-            raise RemoteProtocolError(
-                f"no resource at {path}", http_status=404, reason=Reason.NOT_FOUND
-            )
-        if request.method != "GET":
-            raise RemoteProtocolError(
-                f"method {request.method} not allowed",
-                http_status=405,
-                reason=Reason.METHOD_NOT_ALLOWED,
-                headers=(("allow", "GET"),),
-            )
-        headers = [("content-type", "application/json"), ("cache-control", "max-age=300")]
-        await conn.send(conn.http.send_response(200, headers, auth.metadata()))
+        answer = metadata_answer(request.path, request.method, self.config.path, auth)
+        await conn.send(conn.http.send_response(*answer))
 
     async def _auxiliary(self, conn: Connection, request: HttpRequest) -> None:
         """``/metrics`` (the endpoint's Host/Origin rules)."""
@@ -246,20 +185,5 @@ class Router:
             await self.legacy.post(conn, legacy, who)
 
 
-def _auth_refusal(
-    auth: Authorization, status: int, reason: Reason, message: str, error: str | None = None
-) -> RemoteProtocolError:
-    challenge = auth.challenge(error, message if error else None)
-    return RemoteProtocolError(
-        message,
-        http_status=status,
-        reason=reason,
-        code=SERVER_ERROR,
-        headers=(("www-authenticate", challenge),),
-    )
-
-
-#: The one text a malformed ``Authorization`` header gets.
-_BAD_HEADER = "the Authorization header must be 'Bearer <token>'"
 #: A header value a refusal may carry: visible ASCII, single spaces or tabs inside.
 _SAFE_VALUE = re.compile(r"(?:[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*)?")
