@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import fcntl
 import logging
+import math
 import socket
 import sys
 from collections.abc import Hashable
@@ -138,6 +139,9 @@ class Connection:
         # A mark's token: (session, stream, seq after the frame), or (session, None,
         # bytes) for a JSON body, whose credit comes back whole when it is acknowledged.
         self.acks: DrainTracker[tuple[Session, StreamLog | None, int]] = DrainTracker()
+        #: Each session with unacknowledged bytes here: the end of its last mark (it
+        #: counts this connection among its ``carrying`` until the peer acks that).
+        self._marked: dict[Session, int] = {}
         self._fd = -1
         self._outq = array.array("i", [0])
         sock = writer.get_extra_info("socket")
@@ -167,6 +171,8 @@ class Connection:
             self.acks.wrote(len(data))
             if token is not None:
                 self.acks.mark(self.acks.written, token)
+                self._marked[token[0]] = self.acks.written
+                token[0].carrying.add(self)
                 self._watch_acks()
             await self.writer.drain()
         except BaseException:
@@ -197,7 +203,24 @@ class Connection:
         if self.acks.acked > acked and pending is not None and not drained:
             session = pending[0]
             session.flow.credit.progress(session.loop.time())  # part of a frame
+        if drained:
+            self._unmark(self.acks.acked)
         return self.acks.acked > acked
+
+    def _unmark(self, upto: float) -> None:
+        """Sessions whose last mark here is at or below ``upto`` are carried no more."""
+        for session, end in list(self._marked.items()):
+            if end <= upto:
+                del self._marked[session]
+                session.carrying.discard(self)
+
+    def cut_if_stalled(self, session: Session) -> None:
+        """``session`` was torn down for want of progress: if bytes of it are still
+        unacknowledged here, the peer stalled -- abort the connection, so its
+        buffers (the transport's and the kernel's) go now, not when the peer leaves."""
+        self.check_acks()
+        if self._marked.get(session, 0) > self.acks.acked:
+            self.writer.transport.abort()
 
     def _watch_acks(self) -> None:
         if self._watcher is None or self._watcher.done():
@@ -258,6 +281,7 @@ class Connection:
             for session, stream, nbytes in self.acks.take_pending():
                 if stream is None:
                     session.release(1, nbytes)
+            self._unmark(math.inf)
             for session, stream in self._wrote:
                 session.let_go(stream)
             self._wrote.clear()

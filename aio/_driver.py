@@ -286,10 +286,15 @@ class AsyncioDriver:
             if held:
                 self._per_principal[session.principal] = held
             self.shared.forget(session.sid)
+            self._after(self.shared.discard(session))
             for hook in self.app.session_close_fns:
-                task = session.loop.create_task(_bounded(hook(session.sid)))
-                self._closing.add(task)
-                task.add_done_callback(self._closing.discard)
+                self._after(_bounded(hook(session.sid)))
+
+    def _after(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` of a session's end in the background (shutdown waits for it)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def hand_notes(self, session_id: str, notes: list[Notification]) -> None:
         """A client's notifications for the app: each to its hooks in a task of its own

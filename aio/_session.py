@@ -12,7 +12,9 @@ and the server-to-client requests those handlers wait on.
 
 One ``loop.call_at`` per session sits at :meth:`SessionFlow.deadline`: past the drain
 window a session that does not drain is half-open (new requests get 429), past the
-liveness timeout it is torn down.
+liveness timeout it is torn down: its connections still holding bytes the peer never
+acknowledged are cut (:attr:`Session.carrying`), its logs keep no history, and with a
+store of this process only its record goes too, so nothing of it stays in memory.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from weir.protocol.states import (
 from weir.protocol.streams import StreamKind, StreamLog, StreamTable
 
 if TYPE_CHECKING:
+    from ._connection import Connection
     from ._driver import AsyncioDriver
 
 T = TypeVar("T")
@@ -79,6 +82,9 @@ class Session:
         #: The connection tasks writing this session's streams (teardown cancels them),
         #: and which one writes each stream (a resumption displaces it).
         self.writers: set[asyncio.Task[Any]] = set()
+        #: The connections holding bytes of this session that their peer has not
+        #: acknowledged (a liveness teardown cuts those still stalled).
+        self.carrying: set[Connection] = set()
         self.stream_writers: dict[str, asyncio.Task[Any]] = {}
         #: Streams whose connection went away, until a reader attaches again: frames
         #: appended meanwhile are history, holding no credit (see :meth:`let_go`).
@@ -148,6 +154,10 @@ class Session:
         if self.flow.credit.handle_timer(self.loop.time()) is CreditState.DEAD:
             self.driver.metrics.teardowns += 1
             self.driver.end(self)  # no progress for the liveness timeout
+            # The peer stalled: its connections go too, with what the kernel and the
+            # transport still buffer for it (as the Trio engine's teardown cuts them).
+            for conn in list(self.carrying):
+                conn.cut_if_stalled(self)
             return
         self._pulse()
         self.arm_timer()
@@ -424,6 +434,7 @@ class Session:
             frames, nbytes = stream.drain_all()  # its frames hold no credit any more
             if frames or nbytes:
                 self.flow.credit.release(frames, nbytes, now)
+            stream.trim_drained()  # nothing resumes a closed session: no history either
             self.wake(stream)
         for answer in self.pending.values():
             if not answer.done():

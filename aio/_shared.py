@@ -288,6 +288,16 @@ class SharedState:
         """This process's bookkeeping of ``sid`` (the local copy ended)."""
         self._touched.pop(sid, None)
 
+    async def discard(self, session: Session) -> None:
+        """The local copy of ``session`` ended: with a store of this process only,
+        nothing can reach its record again (nothing adopts it), so the record goes,
+        and with it the outcomes its gate kept -- a torn-down session holds no memory.
+        A shared store's record lives on, for the store's clock to expire: a
+        connection that stalled here says nothing of the session elsewhere."""
+        if not self.store.shared:
+            with contextlib.suppress(StoreUnavailable):
+                await self.store.delete_session(session.principal, session.sid)
+
     async def expire(self, session: Session) -> None:
         """``session`` is idle here: the store decides whether it is everywhere (and
         deletes it then); this process's copy ends either way."""

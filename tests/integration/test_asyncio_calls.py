@@ -8,8 +8,11 @@ Real loopback sockets; the handler under test signals through a ``threading.Even
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -17,6 +20,7 @@ from weir.app import App, Context
 from weir.app.samples.demo import app as demo_app
 from weir.protocol import CreditLimits
 
+from .rawhttp import raw_request
 from .test_asyncio_driver import BOTH, TIMEOUT, Client, Reply, running_driver
 
 T = TypeVar("T")
@@ -278,3 +282,43 @@ def test_a_result_larger_than_the_credit_is_refused_and_recorded_not_queued() ->
         # The session never held more than its credit (a lone oversized frame would).
         peak = running.probe(lambda: running.driver.sessions[sid].flow.credit.peak_bytes)
         assert 0 < peak <= 64 * 1024
+
+
+def test_a_torn_down_session_leaves_nothing_in_the_store() -> None:
+    # Nothing adopts a record of a store of this process only: once a liveness
+    # teardown ends the session here, it is gone for good, and so must be its record
+    # and the outcomes its gate kept (before, every stalled session's result stayed
+    # in the store for the life of the process: ~0.9 MB a session in the hostile test).
+    credit = CreditLimits(bytes=64 * 1024, drain_window=0.5, liveness_timeout=1.0)
+    with running_driver(credit=credit) as running, Client(running.port) as c:
+        c.initialize()
+        sid = str(c.session_id)
+        store = running.driver.shared.store
+
+        def stored() -> bool:
+            read = store.get_session("anonymous", sid)
+            found = asyncio.run_coroutine_threadsafe(read, running.loop).result(TIMEOUT)
+            return found is not None
+
+        assert stored()
+        # A call whose answer its client never reads (a 4 KB receive window).
+        stalled = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", running.port))
+        body = {"jsonrpc": "2.0", "id": 9, "method": "tools/call"}
+        body["params"] = {"name": "echo", "arguments": {"text": "z" * 60_000}}
+        headers = {"mcp-session-id": sid, "mcp-protocol-version": c.version}
+        stalled.sendall(
+            raw_request("POST", "/mcp", body=json.dumps(body).encode(), headers=headers)
+        )
+        try:
+            deadline = time.monotonic() + credit.liveness_timeout + 5.0
+            for _ in range(1000):
+                gone = not running.probe(lambda: sid in running.driver.sessions)
+                if (gone and not stored()) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+            assert running.probe(lambda: running.driver.metrics.teardowns) == 1
+            assert not stored(), "the torn-down session's record stayed in the store"
+        finally:
+            stalled.close()

@@ -281,6 +281,55 @@ def test_a_client_that_stops_reading_is_refused_429_then_torn_down(runtime: str)
         stalled.close()
 
 
+def _cut_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes ``sock`` within ``seconds`` (what it still sends is
+    read and dropped; a reset counts as closed)."""
+    sock.settimeout(seconds)
+    try:
+        for _ in range(10_000):
+            if not sock.recv(65536):
+                return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    return False
+
+
+@RUNTIMES
+@pytest.mark.parametrize("json_response", [False, True], ids=["sse", "json"])
+def test_a_stalled_peers_connection_is_cut_at_the_liveness_teardown(
+    runtime: str, json_response: bool
+) -> None:
+    # The answer fits the kernel's send queue whole, so the server has nothing left
+    # to write; before, the asyncio runtime kept the connection (and with it the
+    # session, its log and the kernel's buffer) until the peer left, or for the
+    # keep-alive timeout.  Now the teardown cuts it, as the Trio engine does.
+    credit = CreditLimits(frames=8, bytes=256 * 1024, drain_window=0.5, liveness_timeout=1.5)
+    idle = ReadTimeouts(keepalive=60.0)
+    options: dict[str, Any] = {"credit": credit, "read_timeouts": idle}
+    served = serving(runtime, demo_app, json_response=json_response, **options)
+    with served as running, Client(running.port) as c:
+        c.initialize()
+        sid = c.session_id
+        assert sid is not None
+        stalled = RawStream(running.port, rcvbuf=4096)
+        accept = "application/json" if json_response else BOTH
+        assert stalled.send("POST", _headers(c, accept), _filling(1, credit)) == 200
+        session = running.of(sid, lambda s: s)
+        deadline = time.monotonic() + credit.liveness_timeout + 5.0
+        while running.has_session(sid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not running.has_session(sid)
+        # The client still holds its end open: the server closed its own.
+        assert _cut_within(stalled.sock, 5.0), "the stalled connection was kept"
+        if runtime == "asyncio":
+            # Nothing resumes a torn-down session: its log keeps no history either.
+            held = running.probe(lambda: sum(log.retained_bytes for log in session.streams))
+            assert held == 0
+        stalled.close()
+
+
 @RUNTIMES
 def test_a_healthy_session_gives_back_every_byte_of_credit(runtime: str) -> None:
     retain = serving(runtime, demo_app, retain_bytes=RETAIN_BYTES)
