@@ -40,6 +40,8 @@ from weir.protocol.states import (
 from weir.protocol.streams import StreamKind, StreamLog, StreamTable
 
 if TYPE_CHECKING:
+    from weir.engine._store import SessionRecord
+
     from ._driver import AsyncioDriver
 
 T = TypeVar("T")
@@ -116,7 +118,9 @@ class Session:
         #: it enters its log (``--resume shared``: another replica can replay it), at
         #: the record's channel ``generation``; one append at a time per stream.
         self.logged = False
-        self.generation = 1
+        #: The store's record of the session as last read (its channel binding:
+        #: generation, secret, bound); None for a sessionless owner, which has none.
+        self.record: SessionRecord | None = None
         self._log_locks: dict[str, asyncio.Lock] = {}
 
     @property
@@ -124,9 +128,27 @@ class Session:
         return self.state is SessionState.CLOSED
 
     @property
-    def channel(self) -> None:
-        """No channel binding here: the POST course checks no tokens."""
-        return None
+    def channel(self) -> SessionRecord | None:
+        """The channel binding (generation, secret, bound) the courses check tokens on:
+        the record as last read (:meth:`take_record`)."""
+        return self.record
+
+    @property
+    def generation(self) -> int:
+        """The channel generation this process last saw (events are stored under it)."""
+        return self.record.generation if self.record is not None else 1
+
+    def take_record(self, record: SessionRecord) -> None:
+        """The store's record, read again (or changed here).  A newer generation fences
+        every stream opened before it: they were opened under an older one, and are
+        never inherited (as a rebind on the Trio runtime ends them)."""
+        fenced = self.record is not None and record.generation > self.record.generation
+        self.record = record
+        if fenced:
+            for stream in self.streams:
+                if stream.state is not StreamState.CLOSED:
+                    stream.handle(StreamInput.ABORT)
+                    self.wake(stream)
 
     @property
     def protocol_version(self) -> str:
@@ -346,12 +368,22 @@ class Session:
         return epoch
 
     def open_stream(
-        self, kind: StreamKind, epoch: str | None = None, *, emit_ids: bool = True
+        self,
+        kind: StreamKind,
+        epoch: str | None = None,
+        *,
+        emit_ids: bool = True,
+        binding: int = 0,
     ) -> StreamLog:
         """A new stream of this session (``emit_ids`` False: its frames carry no
-        event ids, as nothing resumes a sessionless answer)."""
+        event ids, as nothing resumes a sessionless answer), opened under channel
+        generation ``binding`` (0: no token; its cursors are bound to it)."""
         log = StreamLog(
-            epoch or self.allocate_epoch(), kind, max_events=MAX_EVENTS, emit_ids=emit_ids
+            epoch or self.allocate_epoch(),
+            kind,
+            max_events=MAX_EVENTS,
+            emit_ids=emit_ids,
+            binding=binding,
         )
         return self.streams.add(log)
 
