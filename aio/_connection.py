@@ -112,7 +112,7 @@ from ._feeds import Feed, entries, given, never_run
 from ._legacy import is_legacy, serve_legacy
 from ._metrics import answer as metrics_answer
 from ._metrics import is_metrics
-from ._session import Gone, Session
+from ._session import MAX_FINISHED, Gone, Session
 from ._sessionless import SessionlessPosts
 from ._shared import store_unavailable
 
@@ -755,9 +755,9 @@ class Connection:
         record = await self.driver.shared.rebind(session, req.id)
         store = self.driver.shared.store
         kept = (
-            store.recent_results(record.principal, record.session_id, _REBIND_RESULTS)
-            if (isinstance(store, MemoryStore))
-            else []
+            store.recent_results(record.principal, record.session_id, MAX_FINISHED)
+            if isinstance(store, MemoryStore)
+            else list(session.finished.values())  # (a shared store: those finished here)
         )
         body = encode_result(
             req.id,
@@ -779,9 +779,6 @@ def _may_hold(stream: StreamLog) -> bool:
     """Whether ``stream`` may still hold credit, or take more (not finished)."""
     return not stream.finished or stream.undrained() != (0, 0)
 
-
-#: How many recently finished results the rebind handshake hands back (as on Trio).
-_REBIND_RESULTS: Final = 100
 
 #: The effects of a replay from a shared store (with END_REPLAY and KEEP_TAILING),
 #: bounded by the course's bound.

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import itertools
 import math
+from collections import OrderedDict
 from collections.abc import Coroutine, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -52,6 +53,9 @@ MAX_CLOSED_STREAMS = 16
 #: What the gate remembers per session: finished calls, and bytes of keys and results.
 MAX_CALLS = 256
 MAX_CALL_BYTES = 256 * 1024
+#: The finished results a rebind hands back (as on Trio), kept here only with a
+#: shared store (the memory store keeps them itself), within ``MAX_CALL_BYTES``.
+MAX_FINISHED = 100
 
 
 class Gone(Exception):
@@ -104,6 +108,10 @@ class Session:
         #: to finish (made on first need).
         self.holding: set[str] = set()
         self.call_done: dict[str, asyncio.Event] = {}
+        #: Responses of calls recently finished here, handed back by a rebind (see
+        #: :meth:`keep_result`), and their bytes.
+        self.finished: OrderedDict[str, bytes] = OrderedDict()
+        self._finished_bytes = 0
         #: Streams a handler asked to end early (``Context.close_stream``): epoch -> retry ms.
         self.close_requests: dict[str, int] = {}
         #: A sessionless credit owner (never in the session table): its streams'
@@ -427,6 +435,21 @@ class Session:
         finished = self.call_done.pop(key, None)
         if finished is not None:
             finished.set()
+
+    def keep_result(self, key: str, payload: bytes) -> None:
+        """Keep a call's response for a rebind: the newest :data:`MAX_FINISHED`, at most
+        :data:`MAX_CALL_BYTES` of them (oldest dropped first; a larger one is not
+        kept); nothing for a closed session."""
+        finished = self.finished
+        old = finished.pop(key, None)
+        if old is not None:
+            self._finished_bytes -= len(old)
+        if self.closed or len(payload) > MAX_CALL_BYTES:
+            return
+        finished[key] = payload
+        self._finished_bytes += len(payload)
+        while len(finished) > MAX_FINISHED or self._finished_bytes > MAX_CALL_BYTES:
+            self._finished_bytes -= len(finished.popitem(last=False)[1])
 
     def request_close(self, stream: StreamLog, retry_ms: int) -> None:
         """Ask ``stream``'s writer to send ``retry:`` and end its HTTP response."""

@@ -360,6 +360,8 @@ class SharedState:
                 stream.handle(StreamInput.ABORT)
                 session.wake(stream)
             raise Gone from exc
+        if call_key is not None:
+            session.keep_result(call_key, payload.encode())  # (its outcome: for a rebind here)
 
     async def append_interrupted(
         self, session: Session, stream: StreamLog, payload: bytes, key: str
@@ -514,6 +516,8 @@ class SharedState:
         here that wait for it."""
         try:
             await self.record(session.principal, session.sid, key, payload)
+            if payload is not None and self.store.shared:
+                session.keep_result(key, payload)  # (for a rebind here)
         finally:
             session.finish_call(key)
 

@@ -449,7 +449,10 @@ async def test_a_rebind_on_one_runtime_fences_the_old_token_on_the_other(
         rebound = await send(port[rebinder], "POST", sid, rpc(2, REBIND), old)
         assert rebound.status == 200, rebound
         new = rebound.headers[TOKEN]
-        assert rebound.json()["result"]["generation"] == 2 and new.startswith("2.")
+        result = rebound.json()["result"]
+        assert result["generation"] == 2 and new.startswith("2.")
+        texts = [r["result"]["content"][0]["text"] for r in result["results"]]
+        assert texts == ["charged gen1"], result  # the call it finished itself
         foreign = "2." + old.partition(".")[2]  # the new generation, the old secret
         for runtime in (rebinder, other):
             for method, message in (
