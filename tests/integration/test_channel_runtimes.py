@@ -216,3 +216,45 @@ async def test_rebind_fences_the_old_token_and_its_streams(runtime: str) -> None
         stream = await open_stream(port, sid, new)
         await stream.aclose()
         assert (await send(port, "DELETE", sid, token=new)).status == 200
+
+
+def event_ids(reply: Reply) -> list[str]:
+    """The ``id:`` of every event of an SSE body."""
+    assert reply.headers["content-type"] == "text/event-stream", reply
+    return [line[3:].strip() for line in reply.body.decode().splitlines() if line.startswith("id:")]
+
+
+@RUNTIMES
+async def test_a_cursor_resumes_only_under_the_channel_it_was_issued_on(runtime: str) -> None:
+    async with session(runtime) as (port, sid, token, ran):
+        answered = await send(port, "POST", sid, tick(1, "cursor"), token)
+        ticked(answered, "cursor")
+        cursor = event_ids(answered)[0]
+
+        def resume(token: str | None) -> Any:
+            headers = {**HDR, "accept": "text/event-stream", "last-event-id": cursor}
+            if token is not None:
+                headers[TOKEN] = token
+
+            async def go() -> Reply:
+                c = await Client.connect(port)
+                try:
+                    return await c.request("GET", "/mcp", session=sid, headers=headers)
+                finally:
+                    await c.aclose()
+
+            return go()
+
+        refused(await resume(None), "channel_unbound")
+        refused(await resume(token.partition(".")[0] + ".nope"), "channel_unbound")
+        own = await resume(token)  # its own channel: past the channel check
+        if runtime == "trio":
+            ticked(own, "cursor")  # the answer again, from the replay history
+        else:  # (a closed stream keeps only unacknowledged frames here)
+            refused(own, "cursor_unknown")
+
+        rebound = await send(port, "POST", sid, rpc(2, REBIND), token)
+        new = rebound.headers[TOKEN]
+        refused(await resume(token), "cursor_stale")
+        refused(await resume(new), "channel_unbound")  # issued under generation 1
+        assert ran == ["cursor"]  # no resumption ran anything again
