@@ -15,7 +15,10 @@ them:
   GET streams need the token;
 * ``weir/rebind`` needs the current token; it answers generation 2 with a new token
   and the session's finished results; the old token is then 409 ``cursor_stale``
-  on POST, GET and DELETE, and the old generation's open stream ends.
+  on POST, GET and DELETE, and the old generation's open stream ends;
+* a cursor resumes only under the channel it was issued on (409 ``channel_unbound``
+  without its token or with the next generation's, ``cursor_stale`` with its own
+  once rebound).
 
 The mixed-cluster cases (a rebind on one runtime fences the other) are in
 ``test_mixed_replicas``.  Clock: real time; every wait is bounded.
