@@ -68,6 +68,13 @@ runs on asyncio here).
   sessions it opens (another principal's is 404; 429 past its share).  A
   :class:`weir.common.JwtVerifier` fetches its JWKS URL with asyncio here
   (:mod:`._jwks`).
+* **Channel tokens** (fencing; :mod:`._shared`, :mod:`._connection`).  As on the
+  Trio engine: ``initialize`` answers the record's ``Mcp-Channel-Token``; the core's
+  courses check a presented token against the record as last read (re-read per
+  request with a shared store), a lone call's claim checks it in the store; the
+  first token that proves the channel binds the session; ``weir/rebind`` starts a new
+  generation, and this process's streams of an older one end once it sees it (an
+  event appended under an older generation is refused by the store).
 * **Metrics** (:mod:`._metrics`).  ``GET /metrics``: :class:`weir.common.Metrics`'s
   Prometheus text, the same counters bumped where this runtime does the same things
   (no ``weir_inline_*``, shed or accept-error series: it has none of those).
@@ -77,9 +84,8 @@ runs on asyncio here).
 
 Not here yet (the Trio engine has them, and ``weir serve --runtime asyncio`` refuses
 their options rather than ignore them): several workers in one command, a budget on
-what all connections buffer, a memory budget for replay history and results, inline
-execution, and channel tokens (fencing; a shared store's generation still ends this
-runtime's streams once another replica has rebound the session).
+what all connections buffer, a memory budget for replay history and results, and
+inline execution.
 """
 
 from __future__ import annotations

@@ -33,8 +33,10 @@ import sys
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Final
 
+import msgspec
+
 from weir.app import initialize_result_for
-from weir.engine._store import StoreUnavailable
+from weir.engine._store import MemoryStore, StoreUnavailable
 from weir.protocol import (
     NEED_DATA,
     DeleteSession,
@@ -82,6 +84,8 @@ from weir.protocol.post import (
     ACCEPTED,
     ATTACH_WRITER,
     ENTER_REQUEST,
+    MARK_BOUND,
+    REBIND_METHOD,
     AdmitRequests,
     AllocateEpoch,
     AnswerJson,
@@ -92,6 +96,7 @@ from weir.protocol.post import (
     Mail,
     OpenRequestStream,
     PostCourse,
+    Rebind,
     RunBatch,
     RunCalls,
 )
@@ -108,7 +113,7 @@ from ._feeds import Feed, entries, given, never_run
 from ._legacy import is_legacy, serve_legacy
 from ._metrics import answer as metrics_answer
 from ._metrics import is_metrics
-from ._session import Gone, Session
+from ._session import MAX_FINISHED, Gone, Session
 from ._sessionless import SessionlessPosts
 from ._shared import store_unavailable
 
@@ -411,8 +416,14 @@ class Connection:
             await self.driver.shared.finish(session, effect.key, None)
         elif isinstance(effect, AllocateEpoch):
             return await self.driver.shared.epoch(session, effect.generation)
+        elif effect is MARK_BOUND:
+            await self.driver.shared.mark_bound(session)
+        elif isinstance(effect, Rebind):
+            session.flow.credit.admit(session.loop.time(), effect.request.id)  # (429 if half-open)
+            await self._rebind(session, effect.request)
         elif isinstance(effect, OpenRequestStream):
-            self._stream = session.open_stream(StreamKind.REQUEST, effect.epoch)
+            binding = effect.token[0] if effect.token else 0
+            self._stream = session.open_stream(StreamKind.REQUEST, effect.epoch, binding=binding)
             session.flow.move(effect.lane, effect.epoch)
             self._outstanding = effect.outstanding
         elif isinstance(effect, RunCalls):
@@ -425,12 +436,14 @@ class Connection:
         elif isinstance(effect, AnswerJson):
             await self._post_json(session, effect.is_batch, given(effect.courses), effect.lane)
         elif isinstance(effect, RunBatch):
-            feed = entries(session, effect.requests, self.driver.post_rules)
+            feed = entries(session, effect.requests, effect.token, self.driver.post_rules)
             lane = object()
             if effect.json:
                 await self._post_json(session, True, feed, lane)
             else:
-                stream = session.open_stream(StreamKind.REQUEST)
+                binding = effect.token[0] if effect.token else 0
+                epoch = await self.driver.shared.epoch(session, binding)
+                stream = session.open_stream(StreamKind.REQUEST, epoch, binding=binding)
                 self._outstanding = len(effect.requests)
                 self._run_on_stream(session, stream, feed, effect.primes)
                 await self.write_stream(session, stream, 0)
@@ -550,7 +563,12 @@ class Connection:
                 elif isinstance(effect, AllocateEpoch):
                     answer = await self.driver.shared.epoch(session, effect.generation)
                 elif isinstance(effect, OpenStandalone):
-                    answer = session.open_stream(StreamKind.STANDALONE, effect.epoch)
+                    binding = effect.token[0] if effect.token else 0
+                    answer = session.open_stream(
+                        StreamKind.STANDALONE, effect.epoch, binding=binding
+                    )
+                elif effect is MARK_BOUND:
+                    await self.driver.shared.mark_bound(session)
                 elif isinstance(effect, PrimeStream):
                     stream = session.streams.by_epoch(effect.epoch)
                     session.spawn(_prime(session, stream))
@@ -603,6 +621,8 @@ class Connection:
             try:
                 if isinstance(effect, LoadSession):
                     answer = session
+                elif effect is MARK_BOUND:
+                    await self.driver.shared.mark_bound(session)
                 elif effect is END_SESSION:
                     await self.driver.shared.delete(session)
                     self.driver.end(session)
@@ -714,7 +734,9 @@ class Connection:
 
     async def _initialize(self, post: PostMessages, who: Who) -> None:
         """Carry out an ``initialize``'s :class:`~weir.protocol.lifecycle.InitializeCourse`
-        (the same checks and negotiation as the Trio runtime; no channel token here)."""
+        (the same checks and negotiation as the Trio runtime): the session's channel
+        token, from its record, is answered with its id, and the rebind handshake is
+        advertised as on Trio."""
         req, driver = post.messages[0], self.driver
         assert isinstance(req, Request)
         course = InitializeCourse(req)
@@ -731,9 +753,11 @@ class Connection:
                         asked.client_info,
                         effect.request_id,
                     )
-                    answer: object = (session.sid, None)
+                    assert session.record is not None
+                    answer: object = (session.sid, session.record.channel_token)
                 elif isinstance(effect, AnswerInitialize):
-                    result = initialize_result_for(driver.app, effect.version)
+                    rebind = {REBIND_METHOD: {"header": "Mcp-Channel-Token"}}  # (as on Trio)
+                    result = initialize_result_for(driver.app, effect.version, experimental=rebind)
                     body = encode_result(effect.request_id, result)
                     await self.send(self.conn.send_response(200, effect.headers, body))
                     answer = None
@@ -747,6 +771,32 @@ class Connection:
                 effect = course.fail(exc, 0.0)
             else:
                 effect = course.deliver(answer, 0.0)
+
+    async def _rebind(self, session: Session, req: Request) -> None:
+        """The explicit rebind handshake (fencing), answered as on Trio: a new
+        generation and token (the old one is stale on every replica, its streams
+        end), and the session's recently finished results."""
+        record = await self.driver.shared.rebind(session, req.id)
+        store = self.driver.shared.store
+        kept = (
+            store.recent_results(record.principal, record.session_id, MAX_FINISHED)
+            if isinstance(store, MemoryStore)
+            else list(session.finished.values())  # (a shared store: those finished here)
+        )
+        body = encode_result(
+            req.id,
+            {
+                "generation": record.generation,
+                "channelToken": record.channel_token,
+                "results": [msgspec.json.decode(p) for p in kept],
+            },
+        )
+        headers = [
+            ("content-type", "application/json"),
+            ("mcp-session-id", session.sid),
+            ("mcp-channel-token", record.channel_token),
+        ]
+        await self.send(self.conn.send_response(200, headers, body))
 
 
 def _may_hold(stream: StreamLog) -> bool:

@@ -192,23 +192,26 @@ class AsyncioDriver:
             claim_lease=claim_lease,
             resume=resume,
         )
-        #: What a GET's and a DELETE's courses need to know of this runtime: no
-        #: channel binding, no authorization; a shared store's replays.
+        #: What a GET's and a DELETE's courses need to know of this runtime: whether
+        #: authorization is on (the principal proves the channel), a shared store's replays.
         self.stream_rules = StreamRules(
             resume=resume,
             shared=self.shared.shared,
+            authorized=auth is not None,
             keepalive=sse_keepalive,
             lease=claim_lease,
             give_up_after=self.credit.liveness_timeout * 10,
             replica=self.shared.replica_id,
         )
         #: What a POST's course needs to know of this runtime: whether the store is
-        #: shared, no channel binding, JSON for a client that does not accept SSE
-        #: (where the endpoint admits one) or for every client with ``always_json``.
+        #: shared, whether authorization is on (the principal may rebind), JSON for a
+        #: client that does not accept SSE (where the endpoint admits one) or for
+        #: every client with ``always_json``.
         self.post_rules = PostRules(
             json_response=always_json,
             json_unless_sse=True,
             shared=self.shared.shared,
+            authorized=auth is not None,
             in_progress_wait=in_progress_wait,
         )
         #: ... and a sessionless one's (the app's fallback is read again per request).

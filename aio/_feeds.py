@@ -43,12 +43,18 @@ def given(courses: list[CallCourse]) -> Feed:
     return feed
 
 
-def entries(session: Session, requests: list[Request], rules: PostRules) -> Feed:
+def entries(
+    session: Session,
+    requests: list[Request],
+    token: tuple[int, str] | None,
+    rules: PostRules,
+) -> Feed:
     """The feed of a batch (2025-03-26): the core's :class:`BatchEntries` admits,
-    gates and starts each entry in order; this performs its effects."""
+    gates and starts each entry in order (each claim checking the POST's channel
+    ``token``); this performs its effects."""
 
     async def feed(start: Callable[[CallCourse], object], lane: Hashable) -> None:
-        entries = BatchEntries(requests, None, lane, rules)
+        entries = BatchEntries(requests, token, lane, rules)
         clock = session.loop.time
         effect = entries.start(clock())
         while effect is not None:

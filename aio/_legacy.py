@@ -149,7 +149,7 @@ async def _run_batch(session: Session, requests: list[Request], epoch: str) -> N
     """Admit, gate and run a batch's entries one by one (the core's order), each
     answer going out on the LEGACY stream ``epoch``."""
     stream = session.streams.by_epoch(epoch)
-    feed = entries(session, requests, session.driver.post_rules)
+    feed = entries(session, requests, None, session.driver.post_rules)
     with contextlib.suppress(Gone):
         await feed(lambda p: session.spawn(_run(session, p, stream)), epoch)
 

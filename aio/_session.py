@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import itertools
 import math
+from collections import OrderedDict
 from collections.abc import Coroutine, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -42,6 +43,8 @@ from weir.protocol.states import (
 from weir.protocol.streams import StreamKind, StreamLog, StreamTable
 
 if TYPE_CHECKING:
+    from weir.engine._store import SessionRecord
+
     from ._connection import Connection
     from ._driver import AsyncioDriver
 
@@ -53,6 +56,9 @@ MAX_CLOSED_STREAMS = 16
 #: What the gate remembers per session: finished calls, and bytes of keys and results.
 MAX_CALLS = 256
 MAX_CALL_BYTES = 256 * 1024
+#: The finished results a rebind hands back (as on Trio), kept here only with a
+#: shared store (the memory store keeps them itself), within ``MAX_CALL_BYTES``.
+MAX_FINISHED = 100
 
 
 class Gone(Exception):
@@ -108,6 +114,10 @@ class Session:
         #: to finish (made on first need).
         self.holding: set[str] = set()
         self.call_done: dict[str, asyncio.Event] = {}
+        #: Responses of calls recently finished here, handed back by a rebind (see
+        #: :meth:`keep_result`), and their bytes.
+        self.finished: OrderedDict[str, bytes] = OrderedDict()
+        self._finished_bytes = 0
         #: Streams a handler asked to end early (``Context.close_stream``): epoch -> retry ms.
         self.close_requests: dict[str, int] = {}
         #: A sessionless credit owner (never in the session table): its streams'
@@ -122,7 +132,9 @@ class Session:
         #: it enters its log (``--resume shared``: another replica can replay it), at
         #: the record's channel ``generation``; one append at a time per stream.
         self.logged = False
-        self.generation = 1
+        #: The store's record of the session as last read (its channel binding:
+        #: generation, secret, bound); None for a sessionless owner, which has none.
+        self.record: SessionRecord | None = None
         self._log_locks: dict[str, asyncio.Lock] = {}
 
     @property
@@ -130,9 +142,27 @@ class Session:
         return self.state is SessionState.CLOSED
 
     @property
-    def channel(self) -> None:
-        """No channel binding here: the POST course checks no tokens."""
-        return None
+    def channel(self) -> SessionRecord | None:
+        """The channel binding (generation, secret, bound) the courses check tokens on:
+        the record as last read (:meth:`take_record`)."""
+        return self.record
+
+    @property
+    def generation(self) -> int:
+        """The channel generation this process last saw (events are stored under it)."""
+        return self.record.generation if self.record is not None else 1
+
+    def take_record(self, record: SessionRecord) -> None:
+        """The store's record, read again (or changed here).  A newer generation fences
+        every stream opened before it: they were opened under an older one, and are
+        never inherited (as a rebind on the Trio runtime ends them)."""
+        fenced = self.record is not None and record.generation > self.record.generation
+        self.record = record
+        if fenced:
+            for stream in self.streams:
+                if stream.state is not StreamState.CLOSED:
+                    stream.handle(StreamInput.ABORT)
+                    self.wake(stream)
 
     @property
     def protocol_version(self) -> str:
@@ -356,12 +386,22 @@ class Session:
         return epoch
 
     def open_stream(
-        self, kind: StreamKind, epoch: str | None = None, *, emit_ids: bool = True
+        self,
+        kind: StreamKind,
+        epoch: str | None = None,
+        *,
+        emit_ids: bool = True,
+        binding: int = 0,
     ) -> StreamLog:
         """A new stream of this session (``emit_ids`` False: its frames carry no
-        event ids, as nothing resumes a sessionless answer)."""
+        event ids, as nothing resumes a sessionless answer), opened under channel
+        generation ``binding`` (0: no token; its cursors are bound to it)."""
         log = StreamLog(
-            epoch or self.allocate_epoch(), kind, max_events=MAX_EVENTS, emit_ids=emit_ids
+            epoch or self.allocate_epoch(),
+            kind,
+            max_events=MAX_EVENTS,
+            emit_ids=emit_ids,
+            binding=binding,
         )
         return self.streams.add(log)
 
@@ -406,6 +446,21 @@ class Session:
         if finished is not None:
             finished.set()
 
+    def keep_result(self, key: str, payload: bytes) -> None:
+        """Keep a call's response for a rebind: the newest :data:`MAX_FINISHED`, at most
+        :data:`MAX_CALL_BYTES` of them (oldest dropped first; a larger one is not
+        kept); nothing for a closed session."""
+        finished = self.finished
+        old = finished.pop(key, None)
+        if old is not None:
+            self._finished_bytes -= len(old)
+        if self.closed or len(payload) > MAX_CALL_BYTES:
+            return
+        finished[key] = payload
+        self._finished_bytes += len(payload)
+        while len(finished) > MAX_FINISHED or self._finished_bytes > MAX_CALL_BYTES:
+            self._finished_bytes -= len(finished.popitem(last=False)[1])
+
     def request_close(self, stream: StreamLog, retry_ms: int) -> None:
         """Ask ``stream``'s writer to send ``retry:`` and end its HTTP response."""
         if stream.state is not StreamState.CLOSED:
@@ -441,6 +496,7 @@ class Session:
                 answer.set_exception(Gone())
         for finished in self.call_done.values():
             finished.set()  # the waiters find the session closed
+        self.finished.clear()  # (kept for a rebind's answer: no rebind of a closed session)
         for task in (*self.tasks, *self.writers):
             task.cancel()
         if self.carrier is not None:

@@ -29,6 +29,12 @@ The rule: a local process never decides alone about shared state.
   renewals stop, and after one lease any replica answers a retry ``interrupted``.
   The outcome is stored with ``finish_call`` (shielded, bounded) before the waiters
   here are woken; a cancelled call gives its key back.
+* **Channel tokens** (fencing): the record's ``<generation>.<secret>`` is issued at
+  ``initialize`` and checked by the core's courses against the record as last read
+  (re-read per request with a shared store), and inside the store's own steps: a
+  claim checks the token, an append the generation.  A rebind (here or on any
+  replica) starts a new generation: this process's older streams end as soon as it
+  sees it, and their events are no longer stored.
 * **Epochs** come from the store (``begin_call`` or ``allocate_epoch``), so a stream's
   event ids are unique in the session across replicas.
 * **Failures.**  The store not answering is 503 ``store_unavailable`` and nothing
@@ -43,6 +49,7 @@ import logging
 import math
 import secrets
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -63,6 +70,7 @@ from weir.engine._store import (
     is_session_id,
 )
 from weir.protocol import SERVER_ERROR, Reason, RemoteProtocolError, session_refusal
+from weir.protocol.binding import channel_refusal
 from weir.protocol.course import ClaimCall
 from weir.protocol.gate import CallOutcome, CallStart
 from weir.protocol.jsonrpc import RequestId
@@ -206,6 +214,7 @@ class SharedState:
         session = Session(record.session_id, version, driver.credit, driver, caller)
         session.principal = principal  # (it owns the session)
         session.logged = self.logs
+        session.take_record(record)  # (its channel token is answered with the session)
         driver.add_session(session)
         self._relay_mail()
         return session
@@ -232,7 +241,7 @@ class SharedState:
                 raise session_refusal(sid, request_id)
             if session is None:
                 session = self._adopt(record)
-            session.generation = record.generation  # (a rebind elsewhere fences our streams)
+            session.take_record(record)  # (a rebind elsewhere fences our streams)
             await self._touch(session)
         if session is None:
             raise session_refusal(sid, request_id)
@@ -251,7 +260,7 @@ class SharedState:
         session.state = session_transition(session.state, SessionInput.INITIALIZED)
         session.principal = record.principal
         session.logged = self.logs
-        session.generation = record.generation
+        session.take_record(record)
         self.driver.add_session(session)
         self._relay_mail()
         return session
@@ -351,6 +360,7 @@ class SharedState:
                 payload.encode(),
                 final=final,
                 generation=session.generation,
+                binding=stream.binding,
                 call_key=call_key,
                 replica=self.replica_id,
             )
@@ -360,6 +370,8 @@ class SharedState:
                 stream.handle(StreamInput.ABORT)
                 session.wake(stream)
             raise Gone from exc
+        if call_key is not None:
+            session.keep_result(call_key, payload.encode())  # (its outcome: for a rebind here)
 
     async def append_interrupted(
         self, session: Session, stream: StreamLog, payload: bytes, key: str
@@ -376,6 +388,7 @@ class SharedState:
                     payload,
                     final=True,
                     generation=session.generation,
+                    binding=stream.binding,
                     call_key=key,
                     replica=self.replica_id,
                 ),
@@ -383,6 +396,36 @@ class SharedState:
             )
         except Exception as exc:
             log.warning("the interrupted outcome of %s was not appended: %r", key, exc)
+
+    async def mark_bound(self, session: Session) -> None:
+        """The session's client has presented its channel token: from now on a
+        ``DELETE``, a rebind or a stream of the session needs it (in the store, for
+        every replica; 404 if the session is gone, 503 if the store does not answer)."""
+        try:
+            await self.store.mark_bound(session.principal, session.sid)
+        except SessionGone:
+            self.driver.end(session)
+            raise session_refusal(session.sid) from None
+        except StoreUnavailable:
+            raise store_unavailable() from None
+        if session.record is not None:
+            session.take_record(replace(session.record, bound=True))
+
+    async def rebind(self, session: Session, request_id: RequestId) -> SessionRecord:
+        """The rebind handshake's store step: a new generation with a new secret,
+        atomically (the old token is fenced on every replica); this process's streams
+        of older generations end at once."""
+        try:
+            record = await self.store.rebind(
+                session.principal, session.sid, secrets.token_urlsafe(16)
+            )
+        except SessionGone:
+            self.driver.end(session)
+            raise session_refusal(session.sid, request_id) from None
+        except StoreUnavailable:
+            raise store_unavailable(request_id) from None
+        session.take_record(record)
+        return record
 
     async def epoch(self, session: Session, binding: int = 0) -> str:
         """A fresh stream epoch, from the store (unique in the session everywhere)."""
@@ -405,7 +448,7 @@ class SharedState:
                 start = await self._claim_shielded(session, effect)
             else:
                 start = await store.begin_call(
-                    session.principal, session.sid, claim.key, claim.fingerprint, None
+                    session.principal, session.sid, claim.key, claim.fingerprint, effect.token
                 )
         except SessionGone:
             self.driver.end(session)
@@ -414,18 +457,29 @@ class SharedState:
             raise store_unavailable(req.id) from None
         except RetentionFull:
             raise overloaded(req.id) from None
-        except ChannelRejected:  # (no token is ever presented here)
-            raise store_unavailable(req.id) from None
+        except ChannelRejected as exc:  # (checked in the claim's own round trip)
+            raise channel_refusal(exc.verdict, req.id) from None
         return start, claim.key in session.holding
 
     async def _claim_shielded(self, session: Session, effect: ClaimCall) -> CallStart:
         claim = effect.claim
         return await self.begin(
-            session.principal, session.sid, claim.key, claim.fingerprint, effect.request.id
+            session.principal,
+            session.sid,
+            claim.key,
+            claim.fingerprint,
+            effect.request.id,
+            effect.token,
         )
 
     async def begin(
-        self, principal: str, sid: str, key: str, fingerprint: bytes, request_id: RequestId
+        self,
+        principal: str,
+        sid: str,
+        key: str,
+        fingerprint: bytes,
+        request_id: RequestId,
+        token: tuple[int, str] | None = None,
     ) -> CallStart:
         """``begin_call`` on a shared store under this replica's lease, finished even
         if the caller is cancelled: a claim granted to a delivery that then never
@@ -438,7 +492,7 @@ class SharedState:
                 sid,
                 key,
                 fingerprint,
-                None,
+                token,
                 request_id=msgspec.json.encode(request_id),
                 owner=self.replica_id,
                 lease=self.claim_lease if store.shared else None,
@@ -472,6 +526,8 @@ class SharedState:
         here that wait for it."""
         try:
             await self.record(session.principal, session.sid, key, payload)
+            if payload is not None and self.store.shared:
+                session.keep_result(key, payload)  # (for a rebind here)
         finally:
             session.finish_call(key)
 

@@ -10,7 +10,9 @@ writes to the store, the other reads:
 * a call's retry on the other runtime replays its outcome (the tool ran once), in
   both directions, also while the call still runs there (the retry waits for it);
 * a call whose replica is SIGKILLed mid-run is answered ``interrupted`` by the other
-  runtime once the claim's lease (``--claim-lease 2``) runs out, and never runs again.
+  runtime once the claim's lease (``--claim-lease 2``) runs out, and never runs again;
+* a channel token issued by one is checked by the other, and a rebind on one fences
+  the old token (409 ``cursor_stale``) and the old generation's streams on both.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ import trio
 
 from .rawhttp import Client, Reply, call, raw_request
 from .serverproc import WeirProcess
+from .test_channel_runtimes import HDR as CHANNEL_HDR
+from .test_channel_runtimes import INIT as CHANNEL_INIT
+from .test_channel_runtimes import REBIND, TOKEN, open_stream, refused, rpc, send
 from .test_replicas import Balancer
 
 APP = "tests.integration.mixed_app:app"
@@ -411,3 +416,71 @@ async def test_a_keyed_sessionless_call_replays_on_the_other_runtime(
         assert answer_of(answers[0]) == answer_of(answers[1]), answers
         assert answer_of(answers[1])["result"]["content"][0]["text"] == "charged stateless"
         assert [line.split()[0] for line in ledger(tmp_path)] == ["start", "done"]
+
+
+@pytest.mark.parametrize("rebinder", ["trio", "asyncio"])
+async def test_a_rebind_on_one_runtime_fences_the_old_token_on_the_other(
+    rebinder: str, valkey_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Channel tokens are the store's: the token one runtime issued at ``initialize``
+    is accepted by the other (the first use binds the session for both: a DELETE
+    without it is refused on either); ``weir/rebind`` on one runtime fences the old
+    token on both -- 409 ``cursor_stale`` on POST (the course's check and a lone
+    call's claim), GET, DELETE and another rebind, and nothing runs -- while a foreign
+    secret is 409 ``channel_unbound`` on both; the old generation's open stream on
+    the other runtime ends (at the latest at its next event, whose append the store
+    refuses); the new token is served by both."""
+    other = "asyncio" if rebinder == "trio" else "trio"
+    with replicas(valkey_url, tmp_path, monkeypatch) as procs, trio.fail_after(60):
+        port = {name: p.port for name, p in procs.items()}
+        c = await Client.connect(port[other])
+        init = await c.request("POST", "/mcp", CHANNEL_INIT, headers=CHANNEL_HDR)
+        assert init.status == 200, init
+        sid, old = init.headers["mcp-session-id"], init.headers[TOKEN]
+        note = await c.request("POST", "/mcp", NOTE, session=sid, headers=CHANNEL_HDR)
+        assert note.status == 202, note
+        await c.aclose()
+
+        used = await send(port[rebinder], "POST", sid, charge(1, "gen1"), old)
+        assert used.status == 200, used
+        refused(await send(port[other], "DELETE", sid), "channel_unbound")  # bound for both
+        stream = await open_stream(port[other], sid, old)
+
+        rebound = await send(port[rebinder], "POST", sid, rpc(2, REBIND), old)
+        assert rebound.status == 200, rebound
+        new = rebound.headers[TOKEN]
+        result = rebound.json()["result"]
+        assert result["generation"] == 2 and new.startswith("2.")
+        texts = [r["result"]["content"][0]["text"] for r in result["results"]]
+        assert texts == ["charged gen1"], result  # the call it finished itself
+        foreign = "2." + old.partition(".")[2]  # the new generation, the old secret
+        for runtime in (rebinder, other):
+            for method, message in (
+                ("POST", charge(3, f"stale-{runtime}")),
+                ("POST", rpc(4, "tools/list")),
+                ("POST", rpc(5, REBIND)),
+                ("GET", None),
+                ("DELETE", None),
+            ):
+                refused(await send(port[runtime], method, sid, message, old), "cursor_stale")
+            refused(
+                await send(port[runtime], "POST", sid, charge(6, "forged"), foreign),
+                "channel_unbound",
+            )
+            refused(
+                await send(port[runtime], "POST", sid, rpc(7, "tools/list"), foreign),
+                "channel_unbound",
+            )
+        assert [line.split()[1] for line in ledger(tmp_path)] == [
+            "gen1",
+            "gen1",
+        ]  # nothing else ran
+
+        told = await send(port[rebinder], "POST", sid, call(8, "announce", {}), new)
+        assert told.status == 200, told
+        await stream.read_reply(10, method="GET")  # its body ends (the head was read before)
+        await stream.aclose()
+        for n, runtime in enumerate((rebinder, other)):
+            served = await send(port[runtime], "POST", sid, charge(10 + n, f"gen2-{runtime}"), new)
+            assert served.status == 200, served
+        assert (await send(port[other], "DELETE", sid, token=new)).status == 200
