@@ -76,10 +76,14 @@ from weir.protocol.gate import CallOutcome, CallStart
 from weir.protocol.jsonrpc import RequestId
 from weir.protocol.messages import (
     CANCEL_BOX,
+    CHANGE_POLL,
     POLL_INTERVAL,
     boxes_due,
+    encode_change,
+    first_change_cursor,
     read_answer,
     read_cancel,
+    read_change,
     renew_interval,
 )
 from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
@@ -92,19 +96,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("weir.asyncio")
 
-#: Who owns every session here: the asyncio runtime has no authorization, and the
-#: Trio runtime without it names the same principal, so their records are shared.
-PRINCIPAL = "anonymous"
 #: The record under which a principal's sessionless gate records live: the Trio
 #: runtime's (``weir.engine._keyed.NAMESPACE``), a keyspace no session id reaches.
 NAMESPACE: Final = InternalId("~sessionless")
 #: Seconds a running call's claim lives in a shared store unless renewed (the Trio
 #: runtime's ``--claim-lease`` default).
 CLAIM_LEASE = 15.0
-#: Seconds between two reads of a shared store's change bus, and how far back the
-#: first read goes (the Trio runtime's values: clock skew between hosts).
-CHANGE_POLL = 0.1
-CHANGE_LOOKBACK = 5.0
 #: The most a stored outcome may take to record before it is given up (logged).
 FINISH_WAIT = 5.0
 
@@ -561,7 +558,7 @@ class SharedState:
     def publish_change(self, method: str, uri: str | None) -> None:
         """With a shared store, put an announced change on its bus (in a task)."""
         if self.store.shared:
-            change = msgspec.json.encode({"m": method, "u": uri, "r": self.replica_id})
+            change = encode_change(method, uri, self.replica_id)
             self.driver.spawn(self._publish(change))
 
     async def _publish(self, change: bytes) -> None:
@@ -582,21 +579,15 @@ class SharedState:
                 cursor = None
                 continue
             if cursor is None:
-                cursor = f"{int((time.time() - CHANGE_LOOKBACK) * 1000)}-0"
+                cursor = first_change_cursor(time.time())
             try:
                 cursor, changes = await self.store.read_changes(cursor)
             except StoreUnavailable:
                 continue
             for raw in changes:
-                try:
-                    change = msgspec.json.decode(raw)
-                except msgspec.DecodeError:
-                    continue
-                if not isinstance(change, dict) or change.get("r") == self.replica_id:
-                    continue
-                method, uri = change.get("m"), change.get("u")
-                if isinstance(method, str) and (uri is None or isinstance(uri, str)):
-                    driver.deliver_change(method, uri)
+                change = read_change(raw, self.replica_id)
+                if change is not None:
+                    driver.deliver_change(*change)
 
     async def _relay_loop(self) -> None:
         """Deliver the answers and cancellations other replicas received for requests

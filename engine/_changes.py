@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable
-from typing import Final
 
-import msgspec
 import trio
 
 from weir.common import era_capabilities, honoured
 from weir.protocol.jsonrpc import Request, encode_notification
+from weir.protocol.messages import CHANGE_POLL, encode_change, first_change_cursor, read_change
 from weir.protocol.states import StreamInput, StreamState
 
 from ._connection import Connection
@@ -34,11 +33,6 @@ from ._store import StoreUnavailable
 from ._stream_handle import StreamHandle, StreamLost
 from ._subscriptions import Listener
 from ._writer import SSE_HEADERS, write_stream
-
-#: Seconds between two reads of the store's change bus (shared stores only).
-CHANGE_POLL: Final = 0.1
-#: How far back a replica's first read of the bus goes (clock skew between hosts).
-CHANGE_LOOKBACK: Final = 5.0
 
 
 class Changes:
@@ -97,7 +91,7 @@ class Changes:
         it on the store's bus for the other replicas (:meth:`relay_changes`)."""
         self._deliver_change(method, uri)
         if self.store.shared:
-            change = msgspec.json.encode({"m": method, "u": uri, "r": self.replica_id})
+            change = encode_change(method, uri, self.replica_id)
             self.shared.start(self._publish_change, change)
 
     async def _publish_change(self, change: bytes) -> None:
@@ -111,7 +105,7 @@ class Changes:
 
         Reads the bus every :data:`CHANGE_POLL` seconds while anyone here listens, so
         an idle replica costs the store nothing.  Once someone starts to listen, the
-        first read goes :data:`CHANGE_LOOKBACK` seconds back (the bus's ids are the
+        first read goes ``CHANGE_LOOKBACK`` seconds back (the bus's ids are the
         store's clock in milliseconds), so a change announced elsewhere just as the
         listener arrived is not lost; a listener may hear a notice a few seconds
         old, which only asks it to fetch a list again.
@@ -123,21 +117,15 @@ class Changes:
                 cursor = None
                 continue
             if cursor is None:
-                cursor = f"{int((time.time() - CHANGE_LOOKBACK) * 1000)}-0"
+                cursor = first_change_cursor(time.time())
             try:
                 cursor, changes = await self.store.read_changes(cursor)
             except StoreUnavailable:
                 continue
             for raw in changes:
-                try:
-                    change = msgspec.json.decode(raw)
-                except msgspec.DecodeError:
-                    continue
-                if not isinstance(change, dict) or change.get("r") == self.replica_id:
-                    continue
-                method, uri = change.get("m"), change.get("u")
-                if isinstance(method, str) and (uri is None or isinstance(uri, str)):
-                    self._deliver_change(method, uri)
+                change = read_change(raw, self.replica_id)
+                if change is not None:
+                    self._deliver_change(*change)
 
     def _deliver_change(self, method: str, uri: str | None) -> None:
         """Tell every client here that wants it that a list changed, or resource

@@ -38,6 +38,13 @@ store round trip.  :func:`read_answer` and :func:`read_cancel` decode mail,
 dropping what does not parse (mail is written by replicas, but a store is no
 place to trust blindly).
 
+Announced changes travel on the store's one bus instead (every replica reads all
+of it): :func:`encode_change` names the change and the replica that announced it,
+:func:`read_change` decodes one another replica announced (its own, and anything
+that does not parse, are dropped); a replica reads the bus every
+:data:`CHANGE_POLL` s while anyone there may hear a change, its first read going
+:data:`CHANGE_LOOKBACK` s back (:func:`first_change_cursor`).
+
 The leases of running calls are renewed every :func:`renew_interval`: a third of
 the lease, so two renewals can be lost before a live call's claim runs out.
 """
@@ -207,3 +214,36 @@ def read_cancel(raw: bytes) -> RequestId | None:
     except msgspec.DecodeError:
         return None
     return rid if isinstance(rid, int | str) and not isinstance(rid, bool) else None
+
+
+#: Seconds between a replica's reads of the store's change bus.
+CHANGE_POLL: Final = 0.1
+#: How far back (seconds) a replica's first read of the bus goes.
+CHANGE_LOOKBACK: Final = 5.0
+
+
+def encode_change(method: str, uri: str | None, replica: str) -> bytes:
+    """An announced change (a list's, or resource ``uri``'s) for the store's bus."""
+    return msgspec.json.encode({"m": method, "u": uri, "r": replica})
+
+
+def read_change(raw: bytes, replica: str) -> tuple[str, str | None] | None:
+    """``(method, uri)`` of a change another replica announced; ``None`` for this
+    ``replica``'s own, and for anything that is not a change."""
+    try:
+        change = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(change, dict) or change.get("r") == replica:
+        return None
+    method, uri = change.get("m"), change.get("u")
+    if isinstance(method, str) and (uri is None or isinstance(uri, str)):
+        return method, uri
+    return None
+
+
+def first_change_cursor(wall_now: float) -> str:
+    """Where a replica's first read of the bus starts, at wall-clock time
+    ``wall_now`` (seconds): :data:`CHANGE_LOOKBACK` before it (bus ids are
+    milliseconds of the store's clock)."""
+    return f"{int((wall_now - CHANGE_LOOKBACK) * 1000)}-0"

@@ -7,13 +7,24 @@ import msgspec
 import pytest
 
 from weir.protocol._jsonrpc import decode_body
-from weir.protocol._messages import CANCEL_AFTER, Absorbed, Post, absorb, answers_box, route_mail
+from weir.protocol._messages import (
+    CANCEL_AFTER,
+    CHANGE_LOOKBACK,
+    Absorbed,
+    Post,
+    absorb,
+    answers_box,
+    route_mail,
+)
 from weir.protocol.jsonrpc import ErrorResponse, Response
 from weir.protocol.messages import (
     CANCEL_BOX,
     boxes_due,
+    encode_change,
+    first_change_cursor,
     read_answer,
     read_cancel,
+    read_change,
     renew_interval,
     server_request_id,
 )
@@ -92,3 +103,33 @@ def test_server_request_ids_route_to_their_replicas_box() -> None:
 
 def test_leases_are_renewed_twice_before_they_could_run_out() -> None:
     assert renew_interval(15.0) * 3 == pytest.approx(15.0)
+
+
+# ---------------------------------------------------------------- the change bus
+def test_a_change_round_trips_to_every_other_replica_and_never_to_its_own() -> None:
+    raw = encode_change("notifications/resources/updated", "file:///a", "r1")
+    assert read_change(raw, "r2") == ("notifications/resources/updated", "file:///a")
+    assert read_change(raw, "r1") is None
+    assert read_change(encode_change("notifications/tools/list_changed", None, "r1"), "r2") == (
+        "notifications/tools/list_changed",
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"not json",
+        b"[]",
+        b'{"u": null, "r": "x"}',
+        b'{"m": 1, "r": "x"}',
+        b'{"m": "a", "u": 2}',
+    ],
+)
+def test_what_is_not_a_change_on_the_bus_is_dropped(raw: bytes) -> None:
+    assert read_change(raw, "r2") is None
+
+
+def test_the_first_read_of_the_bus_looks_back_a_few_seconds() -> None:
+    assert first_change_cursor(100.0) == f"{int((100.0 - CHANGE_LOOKBACK) * 1000)}-0"
