@@ -245,3 +245,18 @@ async def _run(
         if session.running.get(req.id) is task:
             del session.running[req.id]
             session.started.pop(req.id, None)
+
+
+async def append_recording(
+    session: Session, stream: StreamLog, course: CallCourse, key: str, payload: bytes
+) -> None:
+    """A lone call's response as its shared stream's final event, recording its
+    outcome in the same store step; should that fail, the outcome is recorded alone."""
+    try:
+        await session.append(stream, payload.decode(), final=True, call_key=key)
+    except BaseException:
+        again = course.append_failed(payload)
+        await session.driver.shared.finish(session, again.key, again.payload)
+        raise
+    course.appended()
+    session.finish_call(key)  # (stored: wake the deliveries waiting here)

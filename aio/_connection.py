@@ -31,15 +31,11 @@ import math
 import socket
 import sys
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
-import msgspec
-
-from weir.app import initialize_result_for
-from weir.engine._store import MemoryStore, StoreUnavailable
+from weir.engine._store import StoreUnavailable
 from weir.protocol import (
     NEED_DATA,
-    DeleteSession,
     DrainTracker,
     HttpConnection,
     HttpError,
@@ -55,37 +51,12 @@ from weir.protocol import (
     session_refusal,
 )
 from weir.protocol.course import GATE_STEPS, CallCourse, CoursePhase
-from weir.protocol.get import (
-    DELETED,
-    END_REPLAY,
-    END_SESSION,
-    KEEP_TAILING,
-    ClaimReader,
-    DeleteCourse,
-    DetachStream,
-    ExpireClaim,
-    GetCourse,
-    LookUpStream,
-    OpenStandalone,
-    PrimeStream,
-    ReadEvents,
-    StartReplay,
-    TailCut,
-    WriteStream,
-)
-from weir.protocol.jsonrpc import Request, encode_result
-from weir.protocol.lifecycle import (
-    AnswerInitialize,
-    ForgetSession,
-    InitializeCourse,
-    OpenSession,
-)
+from weir.protocol.jsonrpc import Request
 from weir.protocol.post import (
     ACCEPTED,
     ATTACH_WRITER,
     ENTER_REQUEST,
     MARK_BOUND,
-    REBIND_METHOD,
     AdmitRequests,
     AllocateEpoch,
     AnswerJson,
@@ -100,33 +71,29 @@ from weir.protocol.post import (
     RunBatch,
     RunCalls,
 )
-from weir.protocol.resume import TailPause, TailSend, displaces_writer
+from weir.protocol.resume import displaces_writer
 from weir.protocol.sessionless import SessionlessMessage
 from weir.protocol.sse import encode_comment, encode_retry
 from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
 from weir.protocol.streams import StreamKind, StreamLog, WriterStep, writer_step
 
-from ._auth import Who, identify, is_metadata, metadata
-from ._calls import execute, gate_step
+from ._auth import identify, is_metadata, metadata
+from ._calls import append_recording, execute, gate_step
 from ._drain import refuse_if_closing
 from ._feeds import Feed, entries, given, never_run
 from ._legacy import is_legacy, serve_legacy
+from ._lifecycle import serve_initialize, serve_rebind
 from ._metrics import answer as metrics_answer
 from ._metrics import is_metrics
-from ._session import MAX_FINISHED, Gone, Session
+from ._session import Gone, Session
 from ._sessionless import SessionlessPosts
 from ._shared import store_unavailable
+from ._streams import SSE_HEADERS, serve_delete, serve_get
 
 if TYPE_CHECKING:
     from ._driver import AsyncioDriver
 
 log = logging.getLogger("weir.asyncio")
-#: (``x-accel-buffering: no``: a buffering proxy, nginx's say, passes frames on at once.)
-_SSE_HEADERS = (
-    ("content-type", "text/event-stream"),
-    ("cache-control", "no-cache"),
-    ("x-accel-buffering", "no"),
-)
 #: ``ioctl(SIOCOUTQ)``: bytes in a TCP socket's send queue not yet acknowledged (Linux).
 _SIOCOUTQ = 0x5411
 #: How often a connection with unacknowledged frames asks the kernel (seconds).
@@ -339,7 +306,7 @@ class Connection:
                 await self._sessionless.serve(mcp, who)
                 return
             if isinstance(mcp, PostMessages) and mcp.is_initialize:
-                await self._initialize(mcp, who)
+                await serve_initialize(self, mcp, who)
                 return
             sid = mcp.ctx.session_id or ""
             first = mcp.messages[0] if isinstance(mcp, PostMessages) else None
@@ -350,9 +317,9 @@ class Connection:
                 if isinstance(mcp, PostMessages):
                     await self._post(session, mcp)
                 elif isinstance(mcp, OpenStream):
-                    await self._get(session, mcp)
+                    await serve_get(self, session, mcp)
                 else:
-                    await self._delete(session, mcp)
+                    await serve_delete(self, session, mcp)
             except Gone:
                 raise session_refusal(sid) from None
             except StoreUnavailable:
@@ -420,7 +387,7 @@ class Connection:
             await self.driver.shared.mark_bound(session)
         elif isinstance(effect, Rebind):
             session.flow.credit.admit(session.loop.time(), effect.request.id)  # (429 if half-open)
-            await self._rebind(session, effect.request)
+            await serve_rebind(self, session, effect.request)
         elif isinstance(effect, OpenRequestStream):
             binding = effect.token[0] if effect.token else 0
             self._stream = session.open_stream(StreamKind.REQUEST, effect.epoch, binding=binding)
@@ -501,7 +468,7 @@ class Connection:
                 remaining[0] -= 1
                 last = remaining[0] == 0
                 if payload is not None and p.phase is CoursePhase.RECORDING and key is not None:
-                    await _append_recording(session, stream, p, key, payload)
+                    await append_recording(session, stream, p, key, payload)
                 elif payload is not None:
                     await session.append(stream, payload.decode(), final=last)
                 elif last and stream.state is not StreamState.CLOSED:
@@ -528,113 +495,6 @@ class Connection:
 
         session.spawn(prime_then_run())  # the session owns them: a hang-up is no cancel
 
-    async def _get(self, session: Session, get: OpenStream) -> None:
-        """Carry out the GET's :class:`~weir.protocol.get.GetCourse`: this process's own
-        logs, or (a shared store, ``resume="shared"``) a cursor another replica issued,
-        replayed from the store and tailed until its final event, within the
-        course's bound (past it the effect running is cut: :class:`TailCut`)."""
-        course = GetCourse(get, self.driver.stream_rules)
-        clock = session.loop.time
-        effect = course.start(clock())
-        old: asyncio.Task[object] | None = None
-        cut_at: float | None = None  # the replay's bound, once it started
-        while effect is not None:
-            answer: object = None
-            try:
-                if (
-                    isinstance(effect, REPLAY_EFFECTS)
-                    or effect is END_REPLAY
-                    or effect is KEEP_TAILING
-                ):
-                    try:
-                        async with asyncio.timeout_at(cut_at):
-                            answer = await self._replay_effect(session, effect)
-                    except TimeoutError:
-                        raise TailCut from None
-                    if isinstance(effect, StartReplay):
-                        cut_at = clock() + effect.bound
-                    elif effect is END_REPLAY:
-                        cut_at = None
-                elif isinstance(effect, LoadSession):
-                    answer = session  # (looked up by :meth:`respond`, which answers the 404)
-                elif isinstance(effect, WriteStream):
-                    stream = session.streams.by_epoch(effect.epoch)
-                    await self.write_stream(session, stream, effect.seq)
-                elif isinstance(effect, AllocateEpoch):
-                    answer = await self.driver.shared.epoch(session, effect.generation)
-                elif isinstance(effect, OpenStandalone):
-                    binding = effect.token[0] if effect.token else 0
-                    answer = session.open_stream(
-                        StreamKind.STANDALONE, effect.epoch, binding=binding
-                    )
-                elif effect is MARK_BOUND:
-                    await self.driver.shared.mark_bound(session)
-                elif isinstance(effect, PrimeStream):
-                    stream = session.streams.by_epoch(effect.epoch)
-                    session.spawn(_prime(session, stream))
-                elif isinstance(effect, ClaimReader):
-                    session.close_requests.pop(effect.epoch, None)  # an earlier close is done
-                    old = session.stream_writers.get(effect.epoch)
-                    if old is not None:
-                        old.cancel()  # the newest reader wins: the old connection is given up
-                    answer = old is not None
-                elif isinstance(effect, DetachStream):
-                    if old is not None:
-                        await asyncio.wait({old}, timeout=1.0)  # it detaches as it unwinds
-                else:
-                    raise AssertionError(f"a GET course asked for {effect!r} out of turn")
-            except BaseException as exc:
-                effect = course.fail(exc, clock())
-            else:
-                effect = course.deliver(answer, clock())
-
-    async def _replay_effect(self, session: Session, effect: object) -> object:
-        """Perform one effect of a replay from the shared store; its answer."""
-        store, sid = self.driver.shared.store, session.sid
-        if isinstance(effect, TailSend):
-            await self.send(self.conn.send_stream_data(effect.data))
-        elif isinstance(effect, TailPause):
-            await asyncio.sleep(max(0.0, effect.until - session.loop.time()))
-        elif isinstance(effect, ReadEvents):
-            return await store.read_events(session.principal, sid, effect.epoch, effect.after)
-        elif effect is KEEP_TAILING:
-            return not session.closed
-        elif isinstance(effect, ExpireClaim):
-            with contextlib.suppress(StoreUnavailable):
-                await store.expire_claim(session.principal, sid, effect.epoch)
-        elif isinstance(effect, LookUpStream):
-            return await store.stream_info(session.principal, sid, effect.epoch)
-        elif isinstance(effect, StartReplay):
-            headers = (*_SSE_HEADERS, ("mcp-session-id", sid))
-            await self.send(self.conn.start_stream(200, headers))
-        else:  # END_REPLAY
-            await self.send(self.conn.end_stream())
-        return None
-
-    async def _delete(self, session: Session, delete: DeleteSession) -> None:
-        """Carry out the DELETE's :class:`~weir.protocol.get.DeleteCourse`."""
-        course = DeleteCourse(delete, self.driver.stream_rules)
-        clock = session.loop.time
-        effect = course.start(clock())
-        while effect is not None:
-            answer: object = None
-            try:
-                if isinstance(effect, LoadSession):
-                    answer = session
-                elif effect is MARK_BOUND:
-                    await self.driver.shared.mark_bound(session)
-                elif effect is END_SESSION:
-                    await self.driver.shared.delete(session)
-                    self.driver.end(session)
-                elif effect is DELETED:
-                    await self.send(self.conn.send_response(200, ()))
-                else:
-                    raise AssertionError(f"a DELETE course asked for {effect!r} out of turn")
-            except BaseException as exc:
-                effect = course.fail(exc, clock())
-            else:
-                effect = course.deliver(answer, clock())
-
     async def write_stream(self, session: Session, stream: StreamLog, start: int) -> None:
         """Write ``stream`` from seq ``start``: what the log holds, then live, to its end
         (the head names the session, unless it is a sessionless owner)."""
@@ -645,7 +505,7 @@ class Connection:
                 reason=Reason.STREAM_CONFLICT,
             )
         sid = () if session.sessionless else (("mcp-session-id", session.sid),)
-        await self.send(self.conn.start_stream(200, (*_SSE_HEADERS, *sid)))
+        await self.send(self.conn.start_stream(200, (*SSE_HEADERS, *sid)))
         if stream.state is not StreamState.CLOSED:  # a closed one is replayed, no more
             stream.handle(StreamInput.ATTACH)
         session.abandoned.discard(stream.epoch)  # a reader again: frames hold credit
@@ -732,99 +592,7 @@ class Connection:
                 await self.send(self.conn.send_stream_data(encode_comment()))
         await self.send(self.conn.end_stream())
 
-    async def _initialize(self, post: PostMessages, who: Who) -> None:
-        """Carry out an ``initialize``'s :class:`~weir.protocol.lifecycle.InitializeCourse`
-        (the same checks and negotiation as the Trio runtime): the session's channel
-        token, from its record, is answered with its id, and the rebind handshake is
-        advertised as on Trio."""
-        req, driver = post.messages[0], self.driver
-        assert isinstance(req, Request)
-        course = InitializeCourse(req)
-        effect = course.start(0.0)
-        session: Session | None = None
-        while effect is not None:
-            try:
-                if isinstance(effect, OpenSession):
-                    asked = effect.asked
-                    session = await driver.shared.create(
-                        who.principal,
-                        asked.version,
-                        asked.capabilities,
-                        asked.client_info,
-                        effect.request_id,
-                    )
-                    assert session.record is not None
-                    answer: object = (session.sid, session.record.channel_token)
-                elif isinstance(effect, AnswerInitialize):
-                    rebind = {REBIND_METHOD: {"header": "Mcp-Channel-Token"}}  # (as on Trio)
-                    result = initialize_result_for(driver.app, effect.version, experimental=rebind)
-                    body = encode_result(effect.request_id, result)
-                    await self.send(self.conn.send_response(200, effect.headers, body))
-                    answer = None
-                else:  # nobody learnt the id, so nobody can use the session
-                    assert isinstance(effect, ForgetSession) and session is not None
-                    with contextlib.suppress(RemoteProtocolError):  # (store down: it expires)
-                        await driver.shared.delete(session)
-                    driver.end(session)
-                    answer = None
-            except BaseException as exc:
-                effect = course.fail(exc, 0.0)
-            else:
-                effect = course.deliver(answer, 0.0)
-
-    async def _rebind(self, session: Session, req: Request) -> None:
-        """The explicit rebind handshake (fencing), answered as on Trio: a new
-        generation and token (the old one is stale on every replica, its streams
-        end), and the session's recently finished results."""
-        record = await self.driver.shared.rebind(session, req.id)
-        store = self.driver.shared.store
-        kept = (
-            store.recent_results(record.principal, record.session_id, MAX_FINISHED)
-            if isinstance(store, MemoryStore)
-            else list(session.finished.values())  # (a shared store: those finished here)
-        )
-        body = encode_result(
-            req.id,
-            {
-                "generation": record.generation,
-                "channelToken": record.channel_token,
-                "results": [msgspec.json.decode(p) for p in kept],
-            },
-        )
-        headers = [
-            ("content-type", "application/json"),
-            ("mcp-session-id", session.sid),
-            ("mcp-channel-token", record.channel_token),
-        ]
-        await self.send(self.conn.send_response(200, headers, body))
-
 
 def _may_hold(stream: StreamLog) -> bool:
     """Whether ``stream`` may still hold credit, or take more (not finished)."""
     return not stream.finished or stream.undrained() != (0, 0)
-
-
-#: The effects of a replay from a shared store (with END_REPLAY and KEEP_TAILING),
-#: bounded by the course's bound.
-REPLAY_EFFECTS: Final = (TailSend, TailPause, ReadEvents, ExpireClaim, LookUpStream, StartReplay)
-
-
-async def _append_recording(
-    session: Session, stream: StreamLog, course: CallCourse, key: str, payload: bytes
-) -> None:
-    """A lone call's response as its shared stream's final event, recording its
-    outcome in the same store step; should that fail, the outcome is recorded alone."""
-    try:
-        await session.append(stream, payload.decode(), final=True, call_key=key)
-    except BaseException:
-        again = course.append_failed(payload)
-        await session.driver.shared.finish(session, again.key, again.payload)
-        raise
-    course.appended()
-    session.finish_call(key)  # (stored: wake the deliveries waiting here)
-
-
-async def _prime(session: Session, stream: StreamLog) -> None:
-    """A stream's priming event (an id, empty data), within credit."""
-    with contextlib.suppress(Gone):
-        await session.append(stream, "")
