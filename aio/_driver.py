@@ -50,9 +50,11 @@ from weir.protocol.states import StreamState
 
 from ._auth import bind
 from ._connection import Connection
+from ._keyed import KeyedCalls
 from ._metrics import view
+from ._owners import SharedOwners
 from ._session import Session
-from ._sessionless import KeyedCalls, Listener, SharedOwners
+from ._sessionless import Listener
 from ._shared import CLAIM_LEASE, SharedState, memory_store
 
 log = logging.getLogger(__name__)

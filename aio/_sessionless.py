@@ -15,7 +15,7 @@ frames, sealed request state) is :mod:`weir.common`'s, shared with the Trio engi
 * **Credit owner.**  A request's answer takes the credit of its owner, a private
   :class:`~._session.Session` (never in the session table), as on the Trio engine:
   an authorized principal's, shared by every connection that carried its requests
-  (:class:`SharedOwners`: a principal that stalls one is refused on the others, and
+  (:class:`~._owners.SharedOwners`: a principal that stalls one is refused on the others, and
   nobody else is), or for anonymous requests their *connection's* (anonymous
   clients are told apart only by their connections).  A connection holds at most
   :data:`MAX_OWNERS`, the least recently used given back first.  A peer that stops
@@ -27,7 +27,7 @@ frames, sealed request state) is :mod:`weir.common`'s, shared with the Trio engi
   ``Idempotency-Key``: such a call runs to its end as a task of the runtime, not of
   the owner, its outcome is recorded, and the re-issued call replays it.  The gate's
   records live in the principal's namespace of the driver's session store
-  (:class:`KeyedCalls`; shared with the other replicas, Trio or asyncio, when the
+  (:class:`~._keyed.KeyedCalls`; shared with the other replicas, Trio or asyncio, when the
   store is).
 * **Input-required results**: answers carried in ``inputResponses`` and in the
   sealed ``requestState`` (:class:`weir.common.StateSealer`; its keys are the
@@ -43,9 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -62,10 +60,8 @@ from weir.common import (
     listen_frame,
     request_meta,
 )
-from weir.engine._store import RetentionFull, SessionGone, SessionRecord, StoreUnavailable
 from weir.protocol import RemoteProtocolError
-from weir.protocol.course import GATE_STEPS, ClaimCall, HoldCall, WaitForCall
-from weir.protocol.gate import CallStart
+from weir.protocol.course import GATE_STEPS
 from weir.protocol.jsonrpc import ErrorResponse, Request, RequestId, Response, encode_result
 from weir.protocol.jsonrpc import error_body as encode_refusal
 from weir.protocol.post import (
@@ -101,104 +97,19 @@ from weir.protocol.streams import StreamKind, StreamLog
 
 from ._auth import Who
 from ._calls import _fit
+from ._owners import new_owner
 from ._session import Gone, Session
-from ._shared import NAMESPACE, SharedState, overloaded, store_unavailable
 
 if TYPE_CHECKING:
     from ._connection import Connection
     from ._driver import AsyncioDriver
 
-#: Principals whose namespace this process knows exists (more are created again).
-MAX_KNOWN_NAMESPACES: Final = 4096
 #: Seconds a streamed answer's head waits for the handler's first message.
 FIRST_OUTPUT_WAIT: Final = 1.0
 #: The most credit owners one connection holds at once (a gateway's carries many
 #: principals).
 MAX_OWNERS: Final = 16
 _JSON: Final = (("content-type", "application/json"),)
-
-
-class KeyedCalls:
-    """The idempotency gate of sessionless ``tools/call``: claims and outcomes in the
-    driver's store, in the principal's namespace record (:data:`NAMESPACE`, the Trio
-    runtime's too, so replicas of both share it), created on first use and again if
-    the store let it go.  A claim names this replica and carries a lease, renewed
-    while the call runs here (``._shared``); a delivery running elsewhere is waited
-    for by claiming again."""
-
-    def __init__(self, shared: SharedState) -> None:
-        self.shared = shared
-        #: Keys whose calls run here, and the wake-ups of deliveries waiting for one.
-        self.held: set[tuple[str, str]] = set()
-        self.done: dict[tuple[str, str], asyncio.Event] = {}
-        self._known: OrderedDict[str, None] = OrderedDict()
-
-    async def step(self, principal: str, effect: ClaimCall | WaitForCall | HoldCall) -> object:
-        """Perform one step of the core's gate loop; its answer.
-
-        Raises:
-            RemoteProtocolError: 503 ``store_unavailable`` or ``overloaded``.
-        """
-        if isinstance(effect, HoldCall):
-            self.held.add((principal, effect.key))
-            self.shared.renew_soon()
-            return None
-        if isinstance(effect, WaitForCall):
-            wait = max(0.0, effect.until - asyncio.get_running_loop().time())
-            if effect.local:
-                finished = self.done.setdefault((principal, effect.key), asyncio.Event())
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(finished.wait(), wait)
-            else:
-                await asyncio.sleep(wait)
-            return None
-        start = await self._claim(principal, effect)
-        return start, (principal, effect.claim.key) in self.held
-
-    async def _claim(self, principal: str, effect: ClaimCall) -> CallStart:
-        """One claim in the principal's namespace (created first, if need be)."""
-        shared, claim = self.shared, effect.claim
-        try:
-            for _ in range(2):
-                await self._namespace(principal)
-                try:
-                    return await shared.begin(
-                        principal, NAMESPACE, claim.key, claim.fingerprint, effect.request.id
-                    )
-                except SessionGone:
-                    self._known.pop(principal, None)  # let go: create it again
-        except StoreUnavailable:
-            raise store_unavailable(effect.request.id) from None
-        except RetentionFull:
-            raise overloaded(effect.request.id) from None
-        raise store_unavailable(effect.request.id)
-
-    async def _namespace(self, principal: str) -> None:
-        if principal in self._known:
-            self._known.move_to_end(principal)
-            return
-        record = SessionRecord(
-            session_id=NAMESPACE,
-            principal=principal,
-            protocol_version="2026-07-28",
-            created_at=asyncio.get_running_loop().time(),
-        )
-        with contextlib.suppress(ValueError):  # it exists (another replica, an earlier life)
-            await self.shared.store.create_session(record)
-        self._known[principal] = None
-        if len(self._known) > MAX_KNOWN_NAMESPACES:
-            self._known.popitem(last=False)
-
-    async def record(self, principal: str, key: str, payload: bytes | None) -> None:
-        """Store ``payload`` as the outcome of ``key`` (None: give the key back),
-        shielded and bounded; whoever waits for it here is woken."""
-        try:
-            await self.shared.record(principal, NAMESPACE, key, payload)
-        finally:
-            self.held.discard((principal, key))
-            finished = self.done.pop((principal, key), None)
-            if finished is not None:
-                finished.set()
 
 
 class Listener:
@@ -325,43 +236,6 @@ class _Answering:
         self.started = False
 
 
-def _new_owner(driver: AsyncioDriver, principal: str) -> Session:
-    owner = Session(f"owner-{secrets.token_hex(8)}", VERSION, driver.credit, driver, Caller({}, {}))
-    owner.sessionless, owner.principal = True, principal
-    driver.owners.add(owner)
-    return owner
-
-
-class SharedOwners:
-    """The credit owners of authorized principals: one per principal, shared by every
-    connection that carried its requests, ended with the last connection holding it
-    (or torn down when a peer of it stops reading: then every connection writing its
-    streams goes with it, and the principal's next request gets a new one)."""
-
-    def __init__(self) -> None:
-        self.by_principal: dict[str, Session] = {}
-        self.refs: dict[Session, int] = {}
-
-    def take(self, driver: AsyncioDriver, principal: str) -> Session:
-        """``principal``'s owner, one more connection holding it."""
-        owner = self.by_principal.get(principal)
-        if owner is None or owner.closed:
-            owner = self.by_principal[principal] = _new_owner(driver, principal)
-        self.refs[owner] = self.refs.get(owner, 0) + 1
-        return owner
-
-    def give_back(self, driver: AsyncioDriver, owner: Session) -> None:
-        """One connection fewer holds ``owner``; the last one ends it."""
-        left = self.refs.pop(owner, 1) - 1
-        if left > 0:
-            self.refs[owner] = left
-            return
-        owner.close()
-        driver.owners.discard(owner)
-        if self.by_principal.get(owner.principal) is owner:
-            del self.by_principal[owner.principal]
-
-
 class SessionlessPosts:
     """The sessionless requests of one connection, and the credit owners they use:
     its own for anonymous requests, each authorized principal's shared one (at most
@@ -400,7 +274,7 @@ class SessionlessPosts:
         if who.authorized:
             owner = self.driver.shared_owners.take(self.driver, who.principal)
         else:
-            owner = _new_owner(self.driver, who.principal)
+            owner = new_owner(self.driver, who.principal)
             owner.carrier = asyncio.current_task()  # (the connection's: it ends with it)
         self.owners[scope] = owner
         while len(self.owners) > MAX_OWNERS:
