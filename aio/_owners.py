@@ -17,9 +17,7 @@ import secrets
 from typing import TYPE_CHECKING
 
 from weir.app import Caller
-from weir.common import (
-    VERSION,
-)
+from weir.common import VERSION
 
 from ._session import Session
 
