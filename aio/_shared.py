@@ -48,7 +48,6 @@ import contextlib
 import logging
 import math
 import secrets
-import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
@@ -56,8 +55,8 @@ import msgspec
 
 from weir.app import Caller
 from weir.engine._store import (
+    SESSIONLESS_NAMESPACE,
     ChannelRejected,
-    InternalId,
     MemoryStore,
     Retention,
     RetentionFull,
@@ -75,20 +74,12 @@ from weir.protocol.course import ClaimCall
 from weir.protocol.gate import CallOutcome, CallStart
 from weir.protocol.jsonrpc import RequestId
 from weir.protocol.messages import (
-    CANCEL_BOX,
-    CHANGE_POLL,
-    POLL_INTERVAL,
-    boxes_due,
     encode_change,
-    first_change_cursor,
-    read_answer,
-    read_cancel,
-    read_change,
-    renew_interval,
 )
 from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
 from weir.protocol.streams import StreamLog
 
+from ._replicas import relay_changes, relay_mail, renew_leases
 from ._session import MAX_CALL_BYTES, MAX_CALLS, Gone, Session
 
 if TYPE_CHECKING:
@@ -96,9 +87,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("weir.asyncio")
 
-#: The record under which a principal's sessionless gate records live: the Trio
-#: runtime's (``weir.engine._keyed.NAMESPACE``), a keyspace no session id reaches.
-NAMESPACE: Final = InternalId("~sessionless")
+#: The record under which a principal's sessionless gate records live (the Trio
+#: runtime's too).
+NAMESPACE: Final = SESSIONLESS_NAMESPACE
 #: Seconds a running call's claim lives in a shared store unless renewed (the Trio
 #: runtime's ``--claim-lease`` default).
 CLAIM_LEASE = 15.0
@@ -516,7 +507,7 @@ class SharedState:
     def renew_soon(self) -> None:
         """Calls run here: make sure their leases are renewed (shared stores)."""
         if self.store.shared and (self._renewer is None or self._renewer.done()):
-            self._renewer = self.driver.spawn(self._renew())
+            self._renewer = self.driver.spawn(renew_leases(self))
 
     async def finish(self, session: Session, key: str, payload: bytes | None) -> None:
         """Store a call's outcome (None: give the key back), then wake the deliveries
@@ -549,11 +540,11 @@ class SharedState:
         run (they end with the driver)."""
         self._relay_mail()
         if self.store.shared and (self._changes is None or self._changes.done()):
-            self._changes = self.driver.spawn(self._relay_changes())
+            self._changes = self.driver.spawn(relay_changes(self))
 
     def _relay_mail(self) -> None:
         if self.store.shared and (self._relay is None or self._relay.done()):
-            self._relay = self.driver.spawn(self._relay_loop())
+            self._relay = self.driver.spawn(relay_mail(self))
 
     def publish_change(self, method: str, uri: str | None) -> None:
         """With a shared store, put an announced change on its bus (in a task)."""
@@ -566,81 +557,3 @@ class SharedState:
             await self.store.publish_change(change)
         except StoreUnavailable:
             log.warning("could not put an announced change on the store's bus")
-
-    async def _relay_changes(self) -> None:
-        """Deliver the changes other replicas announced (Trio's rules: the bus is
-        read every :data:`CHANGE_POLL` s while anyone here may hear them, the first
-        read going :data:`CHANGE_LOOKBACK` s back)."""
-        driver = self.driver
-        cursor: str | None = None
-        while True:
-            await asyncio.sleep(CHANGE_POLL)
-            if not driver.listeners and not driver.sessions:
-                cursor = None
-                continue
-            if cursor is None:
-                cursor = first_change_cursor(time.time())
-            try:
-                cursor, changes = await self.store.read_changes(cursor)
-            except StoreUnavailable:
-                continue
-            for raw in changes:
-                change = read_change(raw, self.replica_id)
-                if change is not None:
-                    driver.deliver_change(*change)
-
-    async def _relay_loop(self) -> None:
-        """Deliver the answers and cancellations other replicas received for requests
-        of this one (``weir.protocol.messages``: polled every 100 ms, and only for
-        sessions that wait for an answer or run a request for over a second)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(POLL_INTERVAL)
-            now = loop.time()
-            for session in list(self.driver.sessions.values()):
-                if session.closed:
-                    continue
-                boxes = boxes_due(
-                    self.replica_id,
-                    awaiting_answers=bool(session.pending),
-                    started=session.started.values(),
-                    now=now,
-                )
-                try:
-                    for box in boxes:
-                        await self._take_mail(session, box)
-                except (StoreUnavailable, SessionGone):
-                    continue
-
-    async def _take_mail(self, session: Session, box: str) -> None:
-        if box == CANCEL_BOX:  # every replica reads it: kept, each acts on its own
-            for raw in await self.store.take_messages(
-                session.principal, session.sid, box, keep=True
-            ):
-                rid = read_cancel(raw)
-                if rid is not None and rid in session.running:
-                    session.cancel(rid)
-            return
-        for raw in await self.store.take_messages(session.principal, session.sid, box):
-            answer = read_answer(raw)
-            if answer is not None:
-                session.answer(answer)
-
-    async def _renew(self) -> None:
-        """Renew the leases of the calls running here while there are any."""
-        lease = self.claim_lease
-        while True:
-            await asyncio.sleep(renew_interval(lease))
-            held = [s for s in list(self.driver.sessions.values()) if s.holding and not s.closed]
-            keyed: dict[str, list[str]] = {}
-            for principal, key in list(self.driver.keyed.held):
-                keyed.setdefault(principal, []).append(key)
-            if not held and not keyed:
-                return
-            claims = [(s.principal, s.sid, list(s.holding)) for s in held]
-            claims += [(principal, NAMESPACE, keys) for principal, keys in keyed.items()]
-            for principal, sid, keys in claims:
-                try:
-                    await self.store.renew_claims(principal, sid, keys, self.replica_id, lease)
-                except (StoreUnavailable, SessionGone):
-                    continue

@@ -38,11 +38,16 @@ from weir.protocol.gate import CallStart
 from weir.protocol.jsonrpc import Request
 
 from ._shared import Shared, log, retention_full, wait_for_claim
-from ._store import InternalId, RetentionFull, SessionGone, SessionRecord, StoreUnavailable
+from ._store import (
+    SESSIONLESS_NAMESPACE,
+    RetentionFull,
+    SessionGone,
+    SessionRecord,
+    StoreUnavailable,
+)
 
-#: The record under which a principal's sessionless gate records live (a keyspace of
-#: its own in every store: no client-sent session id can name it).
-NAMESPACE: Final = InternalId("~sessionless")
+#: The record under which a principal's sessionless gate records live.
+NAMESPACE: Final = SESSIONLESS_NAMESPACE
 #: Principals whose namespace this process knows exists (more are created again).
 MAX_KNOWN_NAMESPACES: Final = 4096
 

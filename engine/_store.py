@@ -44,7 +44,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import msgspec
 
@@ -78,6 +78,11 @@ class InternalId(str):
         if is_session_id(name):
             raise ValueError(f"internal id {name!r} must lie outside the session id format")
         return super().__new__(cls, name)
+
+
+#: The record under which a principal's sessionless gate records live, in every store
+#: and for both runtimes (a keyspace of its own: no client-sent session id names it).
+SESSIONLESS_NAMESPACE: Final = InternalId("~sessionless")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
