@@ -1,9 +1,9 @@
-"""A :class:`~._store.SessionStore` on any Redis-protocol server (Redis, Valkey, Cluster).
+"""A :class:`~._session_store.SessionStore` on any Redis-protocol server (Redis, Valkey, Cluster).
 
 Theory of operation
 -------------------
 Every process serving a session talks to the same server, so everything the
-:class:`~weir.engine._store.SessionStore` docstrings promise has to hold across
+:class:`~weir.engine._session_store.SessionStore` docstrings promise has to hold across
 processes: each multi-step update is **one Lua script** (one round trip, atomic
 on the server), and the Python side only encodes arguments and decodes replies.
 
@@ -27,7 +27,7 @@ one cluster slot and every script touches a single slot::
     <prefix>:{<P>:<S>}:k           SET     names of the session's stream keys (for delete)
 
 weir's own records (the sessionless gate's per-principal namespace, named by an
-:class:`~._store.InternalId`) have the same layout under ``<prefix>:i:{<P>:<S>}``:
+:class:`~._store_records.InternalId`) have the same layout under ``<prefix>:i:{<P>:<S>}``:
 a key no client session's can equal, whatever id the client sends.
 
 ``<P>`` and ``<S>`` are the principal and the session id percent-encoded with
@@ -129,16 +129,8 @@ from ._redis_lua import (
     _TOUCH,
 )
 from ._resp import Arg, RespPipe
-from ._store import (
-    ChannelRejected,
-    InternalId,
-    Retention,
-    SessionGone,
-    SessionRecord,
-    StoredEvent,
-    StoreUnavailable,
-    StreamInfo,
-)
+from ._store_errors import ChannelRejected, SessionGone, StoreUnavailable
+from ._store_records import InternalId, Retention, SessionRecord, StoredEvent, StreamInfo
 
 __all__ = ["RedisStore"]
 
@@ -406,7 +398,7 @@ def _pipe_for(url: str, *, timeout: float, kind: Callable[..., Pipe] = RespPipe)
 
 
 class RedisStore:
-    """The shared :class:`~weir.engine._store.SessionStore` (see the module docstring).
+    """The shared :class:`~weir.engine._session_store.SessionStore` (see the module docstring).
 
     Create it with :meth:`connect`; close it with :meth:`aclose` (or use it as an
     async context manager).
