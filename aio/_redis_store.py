@@ -29,7 +29,9 @@ from typing import Any, ClassVar, TypeVar
 
 import coredis.exceptions as cx
 
-from weir.engine._redis_store import Pipe, RedisStore, _is_outage
+from weir.engine._redis_connection import _is_outage
+from weir.engine._redis_store import RedisStore
+from weir.engine._redis_url import Pipe
 from weir.engine._store_errors import StoreUnavailable
 
 from ._resp import AsyncioRespPipe

@@ -24,8 +24,9 @@
 * ``aio/`` (installed as ``weir.asyncio``, the asyncio runtime) uses the core only
   through its public surface, as the engine does, and imports neither trio nor anyio;
   of the engine it imports only the session store modules (``_session_store``,
-  ``_store_records``, ``_store_errors``, ``_memory_store``, ``_redis_store``,
-  ``_resp``: one store, one wire format, shared by both runtimes).
+  ``_store_records``, ``_store_errors``, ``_memory_store``, ``_redis_store`` and the
+  modules it is built from, ``_redis_connection``, ``_redis_url``, ``_resp``: one
+  store, one wire format, shared by both runtimes).
   Importing it loads neither the CLI, anyio nor the Redis client.
 * ``common/`` (installed as ``weir.common``, what both runtimes share) imports
   neither trio, anyio, asyncio nor either runtime; importing it loads none of them.
@@ -228,6 +229,8 @@ AIO_MAY_IMPORT = frozenset(
         "weir.engine._store_errors",
         "weir.engine._memory_store",
         "weir.engine._redis_store",
+        "weir.engine._redis_connection",
+        "weir.engine._redis_url",
         "weir.engine._resp",
     }
 )
