@@ -49,7 +49,7 @@ runs on asyncio here).
 * **Session stores** (:mod:`._shared`, :mod:`._redis_store`, :mod:`._resp`).  Session
   records, the gate's claims (leased, renewed while a call runs) and outcomes, and
   (``resume="shared"``) every stream event live in a
-  :class:`~weir.engine._store.SessionStore`: the memory store by default, or a
+  :class:`~weir.engine._session_store.SessionStore`: the memory store by default, or a
   Redis-protocol server shared with other replicas, Trio or asyncio, which then serve
   one cluster (a session, a retry, a resumption, a cancellation, an announced change
   cross runtimes).  The

@@ -33,7 +33,7 @@ import sys
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
-from weir.engine._store import StoreUnavailable
+from weir.engine._store_errors import StoreUnavailable
 from weir.protocol import (
     NEED_DATA,
     DrainTracker,

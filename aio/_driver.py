@@ -30,7 +30,7 @@ from weir.common import (
     server_identity,
 )
 from weir.common._memory import trim
-from weir.engine._store import SessionStore
+from weir.engine._session_store import SessionStore
 from weir.protocol import (
     LOOPBACK_HOSTS,
     SERVER_ERROR,
@@ -151,7 +151,7 @@ class AsyncioDriver:
         none) and takes their messages at ``legacy_messages_path``.
 
         Session records and the gate's claims and outcomes are kept in ``store``
-        (default: a :class:`~weir.engine._store.MemoryStore`, this process only); a
+        (default: a :class:`~weir.engine._memory_store.MemoryStore`, this process only); a
         shared one (:class:`weir.asyncio.AsyncioRedisStore`; :func:`weir.asyncio.open_store`
         opens one from a URL) lets this driver serve one cluster with other replicas,
         Trio or asyncio (``._shared``):

@@ -18,7 +18,8 @@ import contextlib
 from collections import OrderedDict
 from typing import Final
 
-from weir.engine._store import RetentionFull, SessionGone, SessionRecord, StoreUnavailable
+from weir.engine._store_errors import RetentionFull, SessionGone, StoreUnavailable
+from weir.engine._store_records import SessionRecord
 from weir.protocol.course import ClaimCall, HoldCall, WaitForCall
 from weir.protocol.gate import CallStart
 

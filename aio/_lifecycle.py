@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from weir.app import initialize_result_for
-from weir.engine._store import MemoryStore
+from weir.engine._memory_store import MemoryStore
 from weir.protocol import PostMessages, RemoteProtocolError
 from weir.protocol.jsonrpc import Request, encode_result
 from weir.protocol.lifecycle import AnswerInitialize, ForgetSession, InitializeCourse, OpenSession

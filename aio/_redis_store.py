@@ -13,7 +13,7 @@ this subclass replaces:
   that task is an ``asyncio`` task (the Trio store uses a Trio system task).  It
   also runs the pipelined connection, :class:`~._resp.AsyncioRespPipe` (the twin of
   the Trio pipe).  If it stops, every later operation raises
-  :class:`~weir.engine._store.StoreUnavailable`.
+  :class:`~weir.engine._store_errors.StoreUnavailable`.
 * **The deadline.**  Every operation that does not go through the pipe (whose own
   watchdog is the deadline) runs under ``asyncio.timeout(timeout)``; running out is
   :class:`StoreUnavailable`, as on Trio.
@@ -29,8 +29,10 @@ from typing import Any, ClassVar, TypeVar
 
 import coredis.exceptions as cx
 
-from weir.engine._redis_store import Pipe, RedisStore, _is_outage
-from weir.engine._store import StoreUnavailable
+from weir.engine._redis_connection import _is_outage
+from weir.engine._redis_store import RedisStore
+from weir.engine._redis_url import Pipe
+from weir.engine._store_errors import StoreUnavailable
 
 from ._resp import AsyncioRespPipe
 

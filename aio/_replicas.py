@@ -23,11 +23,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from weir.engine._store import (
-    SESSIONLESS_NAMESPACE,
-    SessionGone,
-    StoreUnavailable,
-)
+from weir.engine._store_errors import SessionGone, StoreUnavailable
+from weir.engine._store_records import SESSIONLESS_NAMESPACE
 from weir.protocol.messages import (
     CANCEL_BOX,
     CHANGE_POLL,

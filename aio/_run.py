@@ -42,7 +42,8 @@ from typing import Any
 
 from weir.app import App
 from weir.common import Authorization, declared_authorization, principal_session_limit
-from weir.engine._store import SessionStore, StoreUnavailable
+from weir.engine._session_store import SessionStore
+from weir.engine._store_errors import StoreUnavailable
 from weir.protocol import CreditLimits, EndpointConfig, HttpLimits, ReadTimeouts
 
 from ._drain import drain

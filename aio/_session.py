@@ -43,7 +43,7 @@ from weir.protocol.states import (
 from weir.protocol.streams import StreamKind, StreamLog, StreamTable
 
 if TYPE_CHECKING:
-    from weir.engine._store import SessionRecord
+    from weir.engine._store_records import SessionRecord
 
     from ._connection import Connection
     from ._driver import AsyncioDriver

@@ -3,11 +3,11 @@
 Theory of operation
 -------------------
 Session records and the gate's claims and outcomes live in a
-:class:`~weir.engine._store.SessionStore` -- the Trio runtime's, with the same
+:class:`~weir.engine._session_store.SessionStore` -- the Trio runtime's, with the same
 records, the same keys and the same scripts -- so an asyncio replica and a Trio
 replica on one shared store (:class:`~._redis_store.AsyncioRedisStore`) serve one
 cluster: a session begun on either is served by both, a retry on either replays the
-other's outcome.  With the default :class:`~weir.engine._store.MemoryStore` nothing
+other's outcome.  With the default :class:`~weir.engine._memory_store.MemoryStore` nothing
 is shared and everything below is one process's bookkeeping.
 
 The rule: a local process never decides alone about shared state.
@@ -17,7 +17,7 @@ The rule: a local process never decides alone about shared state.
   once); a session first seen here is *adopted* from its record (what its client
   declared comes with it) and is never refused for this process's session limit.
   ``DELETE`` deletes the record.  An idle session is judged by the store
-  (:meth:`~weir.engine._store.SessionStore.expire_idle`: by its clock, after every
+  (:meth:`~weir.engine._session_store.SessionStore.expire_idle`: by its clock, after every
   replica's touches); here only the local copy is forgotten otherwise.  The store
   is told a session was served the first time, then at most once a quarter of
   the idle timeout.
@@ -38,7 +38,7 @@ The rule: a local process never decides alone about shared state.
 * **Epochs** come from the store (``begin_call`` or ``allocate_epoch``), so a stream's
   event ids are unique in the session across replicas.
 * **Failures.**  The store not answering is 503 ``store_unavailable`` and nothing
-  runs; :class:`~weir.engine._store.SessionGone` is the 404.
+  runs; :class:`~weir.engine._store_errors.SessionGone` is the 404.
 """
 
 from __future__ import annotations
@@ -54,16 +54,13 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from weir.app import Caller
-from weir.engine._store import (
+from weir.engine._memory_store import MemoryStore
+from weir.engine._session_store import SessionStore
+from weir.engine._store_errors import ChannelRejected, RetentionFull, SessionGone, StoreUnavailable
+from weir.engine._store_records import (
     SESSIONLESS_NAMESPACE,
-    ChannelRejected,
-    MemoryStore,
     Retention,
-    RetentionFull,
-    SessionGone,
     SessionRecord,
-    SessionStore,
-    StoreUnavailable,
     client_of,
     client_record,
     is_session_id,
@@ -133,7 +130,7 @@ def store_unavailable(request_id: RequestId | None = None) -> RemoteProtocolErro
 
 def overloaded(request_id: RequestId | None) -> RemoteProtocolError:
     """503 ``overloaded``: the gate has no room for a new key (see
-    :class:`~weir.engine._store.RetentionFull`); nothing was executed."""
+    :class:`~weir.engine._store_errors.RetentionFull`); nothing was executed."""
     return RemoteProtocolError(
         "the gate is full of calls that must be kept; nothing was executed",
         http_status=503,

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Final
 
-from weir.engine._store import StoreUnavailable
+from weir.engine._store_errors import StoreUnavailable
 from weir.protocol import DeleteSession, OpenStream
 from weir.protocol.get import (
     DELETED,

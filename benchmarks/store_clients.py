@@ -16,7 +16,7 @@ second.  The clients, in rotation each round:
 * ``resp-pipe`` -- :class:`weir.engine._resp.RespPipe`: hiredis' C parser on one
   Trio socket, commands pipelined, one watchdog for the deadline.
 
-The store's choice (``engine/_redis_store.py``) follows these numbers; see
+The store's choice (``engine/_redis_url.py``) follows these numbers; see
 ``benchmarks/RESULTS.md``.  A warm-up of 500 commands precedes each measurement.
 """
 

@@ -38,18 +38,11 @@ from ._auth import (
     TokenVerifier,
 )
 from ._declared_auth import declared_authorization
+from ._memory_store import MemoryStore
 from ._server import Server, ServerConfig, serve
-from ._store import (
-    ChannelRejected,
-    MemoryStore,
-    Retention,
-    SessionGone,
-    SessionRecord,
-    SessionStore,
-    StoredEvent,
-    StoreUnavailable,
-    StreamInfo,
-)
+from ._session_store import SessionStore
+from ._store_errors import ChannelRejected, SessionGone, StoreUnavailable
+from ._store_records import Retention, SessionRecord, StoredEvent, StreamInfo
 
 if TYPE_CHECKING:
     from ._redis_store import RedisStore

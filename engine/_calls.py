@@ -77,18 +77,13 @@ from ._channel import raise_channel
 from ._connection import Connection
 from ._execution import Execution
 from ._json_reply import answer_json, send_json
+from ._memory_store import MemoryStore
 from ._requester import Requester
 from ._session import Session, SessionClosed, StreamHandle
 from ._session_table import SessionTable
 from ._shared import Shared, log, retention_full, store_unavailable, wait_for_claim
-from ._store import (
-    ChannelRejected,
-    MemoryStore,
-    RetentionFull,
-    SessionGone,
-    StoreUnavailable,
-    client_record,
-)
+from ._store_errors import ChannelRejected, RetentionFull, SessionGone, StoreUnavailable
+from ._store_records import client_record
 from ._streams import Streams
 from ._writer import SSE_HEADERS, write_stream
 

@@ -29,7 +29,7 @@ from ._connection import Connection
 from ._owners import open_answer_stream
 from ._session import Session
 from ._shared import Shared, log
-from ._store import StoreUnavailable
+from ._store_errors import StoreUnavailable
 from ._stream_handle import StreamHandle, StreamLost
 from ._subscriptions import Listener
 from ._writer import SSE_HEADERS, write_stream

@@ -47,7 +47,7 @@ from ._listen import Slot
 from ._owners import Owners
 from ._routing import Router
 from ._shared import Shared, log
-from ._store import StoreUnavailable
+from ._store_errors import StoreUnavailable
 from ._timers import Deadlines, Timed
 from ._writer import RECV_BYTES, PeerGone
 

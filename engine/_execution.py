@@ -36,7 +36,7 @@ from ._auth import REQUEST_ACCESS
 from ._context import CallBackend
 from ._session import Session, StreamHandle, StreamLost
 from ._shared import Shared, log
-from ._store import SessionGone, StoreUnavailable
+from ._store_errors import SessionGone, StoreUnavailable
 
 
 class Execution:

@@ -10,7 +10,7 @@ and then replays its stored answer (on any replica, with a shared store), and a
 call that is still running past the wait is 409 ``in_progress``.  The key is
 scoped to the principal: the gate's records live in a per-principal namespace of
 the store (a record named :data:`NAMESPACE`, created on first use and again if the
-store let it expire).  It is an :class:`~._store.InternalId`: stores keep it in a
+store let it expire).  It is an :class:`~._store_records.InternalId`: stores keep it in a
 keyspace no ``Mcp-Session-Id`` reaches.
 
 The order of the steps is the core's :class:`~weir.protocol.course.CallCourse`, the
@@ -38,13 +38,8 @@ from weir.protocol.gate import CallStart
 from weir.protocol.jsonrpc import Request
 
 from ._shared import Shared, log, retention_full, wait_for_claim
-from ._store import (
-    SESSIONLESS_NAMESPACE,
-    RetentionFull,
-    SessionGone,
-    SessionRecord,
-    StoreUnavailable,
-)
+from ._store_errors import RetentionFull, SessionGone, StoreUnavailable
+from ._store_records import SESSIONLESS_NAMESPACE, SessionRecord
 
 #: The record under which a principal's sessionless gate records live.
 NAMESPACE: Final = SESSIONLESS_NAMESPACE

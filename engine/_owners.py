@@ -42,7 +42,7 @@ from ._connection import Connection
 from ._requester import Requester
 from ._session import Session, StreamHandle
 from ._shared import Shared
-from ._store import SessionRecord
+from ._store_records import SessionRecord
 
 #: The most credit owners one connection holds at once.
 MAX_OWNERS: Final = 16

@@ -13,7 +13,7 @@ contract tests check that).  Statuses come back as plain strings; the Python sid
 in ``_redis_store`` turns them into the store interface's types and errors.
 
 Key layout and the meaning of every hash field are described in
-``_redis_store``'s module docstring.
+``_redis_connection``'s module docstring.
 """
 
 from __future__ import annotations

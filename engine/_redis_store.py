@@ -1,42 +1,14 @@
-"""A :class:`~._store.SessionStore` on any Redis-protocol server (Redis, Valkey, Cluster).
+"""A :class:`~._session_store.SessionStore` on any Redis-protocol server (Redis, Valkey, Cluster).
 
 Theory of operation
 -------------------
 Every process serving a session talks to the same server, so everything the
-:class:`~weir.engine._store.SessionStore` docstrings promise has to hold across
+:class:`~weir.engine._session_store.SessionStore` docstrings promise has to hold across
 processes: each multi-step update is **one Lua script** (one round trip, atomic
 on the server), and the Python side only encodes arguments and decodes replies.
-
-**Key layout.**  All keys of one session share one *hash tag*, so they live in
-one cluster slot and every script touches a single slot::
-
-    <prefix>:{<P>:<S>}:s           HASH    the session record: principal, session_id,
-                                           protocol_version, created_at, generation,
-                                           secret, salt (keys the epoch permutation),
-                                           bound ("1" once the client presented its
-                                           token), epochs (the epoch counter), born /
-                                           seen (created / last served, ms, server
-                                           clock), touched ("1" once served)
-    <prefix>:{<P>:<S>}:c           HASH    the idempotency gate: "f:<call key>" -> request
-                                           fingerprint, "p:<call key>" -> stored response
-                                           (absent while the call runs)
-    <prefix>:{<P>:<S>}:x           ZSET    <call key> -> expiry time (ms, server clock)
-    <prefix>:{<P>:<S>}:e:<epoch>   STREAM  one event log; entry id "<seq+1>-0",
-                                           fields d=data, f="1"/"0" (final),
-                                           b=binding (channel generation, 0 = none)
-    <prefix>:{<P>:<S>}:k           SET     names of the session's stream keys (for delete)
-
-weir's own records (the sessionless gate's per-principal namespace, named by an
-:class:`~._store.InternalId`) have the same layout under ``<prefix>:i:{<P>:<S>}``:
-a key no client session's can equal, whatever id the client sends.
-
-``<P>`` and ``<S>`` are the principal and the session id percent-encoded with
-:func:`urllib.parse.quote` and no safe characters: only ``A-Z a-z 0-9 _ . - ~``
-survive, so ``{``, ``}``, ``:`` and ``%`` never appear raw and the pair
-``<P>:<S>`` is an injective encoding of ``(principal, session_id)`` -- no
-principal or session id can move the hash tag, or name another session's keys.
-The call key lives only inside hash fields and set members (binary-safe), the
-epoch is percent-encoded like the ids.
+:class:`RedisStore` is that Python side, one method per operation; the key layout,
+the client's owner task, the deadline and the mapping of failures are its base's,
+:class:`~._redis_connection.RedisConnection`.
 
 **Stream ids.**  Event ``seq`` (0, 1, 2, ...) is stored under the explicit entry id
 ``<seq+1>-0`` (``0-0`` is not a valid id, hence the ``+1``), so ``XRANGE`` by id
@@ -62,46 +34,15 @@ expired entries of the gate are pruned lazily, at most 64 per
 :meth:`~RedisStore.touch_session` (a replica serving the session) does, and sets
 its ``seen``.  Idleness is the server's to judge: :meth:`~RedisStore.expire_idle`
 compares ``seen`` with the server's clock and deletes in the same script.
-
-**Failures.**  Every operation runs under one deadline (``timeout``, default 2 s;
-coredis' connect, read and pool timeouts are set to the same value), and
-connection errors, timeouts, cluster-down and "server cannot serve now" replies
-(``LOADING``, ``READONLY``, ``OOM``, ...) become :class:`StoreUnavailable` with the
-cause chained: the engine fails closed (503), it never hangs on the store.
-Malformed data fails closed the same way: an error reply (``WRONGTYPE`` for a
-key of the wrong type, a script failing on a field it cannot read) or a reply of
-the wrong type or shape is :class:`StoreUnavailable` too, never a traceback.
-coredis' automatic retries are **off**: a script whose reply was lost may have run,
-and running ``begin_call`` twice would report our own claim as RUNNING.  A timed-out
-``begin_call`` may therefore leave a claim that nobody executes; it reads as RUNNING
-until it expires -- at-most-once wins over liveness.
-
-**Connections.**  coredis 6 clients hold an anyio task group and must be used as an
-async context manager that is entered and exited by the same task.  So that
-``await RedisStore.connect(...)`` can return a plain object (closed later, from any
-task, by :meth:`~RedisStore.aclose`), a Trio *system task* owns the client: it
-enters it, parks until :meth:`~RedisStore.aclose` cancels it, and exits it.  If that
-task ever stops, every later operation raises :class:`StoreUnavailable`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
-import ssl
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any, ClassVar, Literal, Protocol, TypeVar, cast
-from urllib.parse import parse_qsl, quote, unquote, urlsplit
+from collections.abc import Callable, Sequence
+from typing import ClassVar, cast
 
-import anyio
-import coredis
-import coredis.exceptions as cx
-import trio
-from coredis.client import Client
-from coredis.commands.script import Script
-from coredis.connection import TCPLocation
-from coredis.retry import ConstantRetryPolicy, NoRetryPolicy
 from coredis.tokens import PureToken
 from coredis.typing import ResponseType
 
@@ -109,304 +50,24 @@ from weir.protocol.binding import ChannelVerdict
 from weir.protocol.course import INTERRUPTED_MESSAGE
 from weir.protocol.gate import CallOutcome, CallStart
 
-from ._redis_lua import (
-    _ALLOCATE,
-    _APPEND,
-    _BEGIN,
-    _CREATE,
-    _DELETE,
-    _EXPIRE,
-    _EXPIRE_IDLE,
-    _FINISH,
-    _INFO,
-    _MARK_BOUND,
-    _POST,
-    _PRELUDE,
-    _READ,
-    _REBIND,
-    _RENEW,
-    _TAKE,
-    _TOUCH,
-)
-from ._resp import Arg, RespPipe
-from ._store import (
-    ChannelRejected,
-    InternalId,
-    Retention,
-    SessionGone,
-    SessionRecord,
-    StoredEvent,
-    StoreUnavailable,
-    StreamInfo,
-)
+from ._redis_codec import _blob, _enc, _items, _ms, _pairs, _reading, _record, _text
+from ._redis_connection import DEFAULT_TIMEOUT, RedisConnection
+from ._redis_url import Pipe, _client_for, _pipe_for, _redact
+from ._resp import RespPipe
+from ._store_errors import ChannelRejected, SessionGone, StoreUnavailable
+from ._store_records import Retention, SessionRecord, StoredEvent, StreamInfo
 
 __all__ = ["RedisStore"]
 
 #: About how many announced changes the bus keeps (``XADD ... MAXLEN ~``).
 BUS_LENGTH = 1024
 
-T = TypeVar("T")
-
-#: Default deadline (seconds) of one store operation, including connecting.
-DEFAULT_TIMEOUT = 2.0
-
-_SCHEMES: dict[str, tuple[bool, bool]] = {  # scheme -> (tls, cluster)
-    "redis": (False, False),
-    "rediss": (True, False),
-    "redis+cluster": (False, True),
-    "rediss+cluster": (True, True),
-}
-_CLUSTER_QUERY = frozenset({"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs"})
 _MAX_SEQ = 2**52  # stream ids are parsed as Lua numbers (doubles): stay exact
 _EPOCH = re.compile(r"[0-9a-f]{8}")
 
-# Error replies that mean "the server cannot serve this now", not "your script is wrong".
-_UNAVAILABLE_REPLIES = (
-    "LOADING",
-    "READONLY",
-    "MASTERDOWN",
-    "OOM",
-    "BUSY",
-    "NOREPLICAS",
-    "CLUSTERDOWN",
-    "TRYAGAIN",
-    "MOVED",
-    "ASK",
-)
-_UNAVAILABLE_TYPES: tuple[type[BaseException], ...] = (
-    cx.ConnectionError,  # includes ProtocolError, BusyLoadingError
-    cx.ClusterError,
-    cx.ClusterDownError,
-    cx.ClusterRoutingError,
-    cx.TryAgainError,
-    cx.ReadOnlyError,
-    OSError,  # includes the builtin TimeoutError coredis raises on a read timeout
-    anyio.BrokenResourceError,
-    anyio.ClosedResourceError,
-    anyio.EndOfStream,
-)
 
-
-# ------------------------------------------------------------------------ helpers
-
-
-def _enc(text: str) -> str:
-    """Percent-encode ``text`` so it holds no ``{ } : %`` (injective, see the module doc)."""
-    return quote(text.encode("utf-8", "surrogatepass"), safe="")
-
-
-def _ms(seconds: float) -> int:
-    return max(1, math.ceil(seconds * 1000))
-
-
-def _redact(url: str) -> str:
-    """``url`` without its password, for messages."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<malformed URL>"
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    user = userinfo.partition(":")[0]
-    return parts._replace(netloc=f"{user}:***@{hosts}").geturl()
-
-
-def _is_outage(exc: BaseException) -> bool:
-    """Whether ``exc`` means "the store cannot answer now" (and not a bug)."""
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_is_outage(e) for e in exc.exceptions)
-    if isinstance(exc, _UNAVAILABLE_TYPES):
-        return True
-    if isinstance(exc, cx.ResponseError):
-        return str(exc).lstrip("-").startswith(_UNAVAILABLE_REPLIES)
-    return False
-
-
-def _only_cancelled(exc: BaseException) -> bool:
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_only_cancelled(e) for e in exc.exceptions)
-    return isinstance(exc, trio.Cancelled)
-
-
-def _text(value: ResponseType) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "surrogateescape")
-    if isinstance(value, str):
-        return value
-    raise StoreUnavailable(f"unexpected reply from the store: {value!r}")
-
-
-def _blob(value: ResponseType) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode()
-    raise StoreUnavailable(f"unexpected reply from the store: {value!r}")
-
-
-def _items(value: ResponseType) -> list[ResponseType]:
-    if isinstance(value, list):
-        return value
-    if isinstance(value, tuple):
-        return list(value)
-    raise StoreUnavailable(f"unexpected reply from the store: {value!r}")
-
-
-@contextlib.contextmanager
-def _reading(what: str) -> Iterator[None]:
-    """Decode a reply: one of the wrong type or shape is :class:`StoreUnavailable`."""
-    try:
-        yield
-    except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
-        raise StoreUnavailable(f"{what}: malformed reply from the store: {exc!r}") from exc
-
-
-def _record(principal: str, session_id: str, fields: dict[str, bytes]) -> SessionRecord:
-    try:
-        return SessionRecord(
-            session_id=session_id,
-            principal=principal,
-            protocol_version=fields["protocol_version"].decode(),
-            created_at=float(fields["created_at"]),
-            generation=int(fields["generation"]),
-            secret=fields["secret"].decode(),
-            salt=fields.get("salt", b"").decode(),
-            bound=fields.get("bound", b"0") == b"1",
-            client=fields.get("client", b"").decode(),
-        )
-    except (KeyError, ValueError, UnicodeDecodeError) as exc:
-        # Never written by this module: fail closed rather than guess.
-        raise StoreUnavailable(f"malformed session record for {session_id!r}") from exc
-
-
-def _pairs(flat: Sequence[ResponseType]) -> dict[str, bytes]:
-    return {_text(flat[i]): _blob(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
-
-
-# ----------------------------------------------------------------------- the URL
-
-
-def _cluster_client(url: str, *, tls: bool, timeout: float) -> coredis.RedisCluster[bytes]:
-    parts = urlsplit(url)
-    if parts.path not in ("", "/", "/0") or parts.fragment:
-        raise ValueError(f"store URL {_redact(url)!r}: a cluster URL has no database or path")
-    query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    unknown = set(query) - _CLUSTER_QUERY
-    if unknown:
-        raise ValueError(
-            f"store URL {_redact(url)!r}: unsupported cluster option(s) {sorted(unknown)}; "
-            f"supported: {sorted(_CLUSTER_QUERY)}"
-        )
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    username: str | None = None
-    password: str | None = None
-    if at:
-        user, colon, secret = userinfo.partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if colon else None
-    nodes: list[TCPLocation] = []
-    for seed in hosts.split(","):
-        node = urlsplit(f"//{seed}")
-        if not node.hostname:
-            raise ValueError(f"store URL {_redact(url)!r}: a cluster seed node has no host")
-        nodes.append(TCPLocation(node.hostname, node.port or 6379))  # port: ValueError if bad
-    cert_reqs = query.get("ssl_cert_reqs")
-    if cert_reqs not in (None, "optional", "required", "none"):
-        raise ValueError(f"store URL {_redact(url)!r}: bad ssl_cert_reqs {cert_reqs!r}")
-    return coredis.RedisCluster(
-        startup_nodes=nodes,
-        username=username,
-        password=password,
-        ssl=tls,
-        ssl_ca_certs=query.get("ssl_ca_certs"),
-        ssl_certfile=query.get("ssl_certfile"),
-        ssl_keyfile=query.get("ssl_keyfile"),
-        ssl_cert_reqs=cast(Literal["optional", "required", "none"] | None, cert_reqs),
-        connect_timeout=timeout,
-        stream_timeout=timeout,
-        pool_timeout=timeout,
-        decode_responses=False,
-        verify_version=False,
-        # CLUSTERDOWN means the command was refused, so retrying it is safe; a lost reply
-        # is not (the script may have run): see the module docstring.
-        retry_policy=ConstantRetryPolicy((cx.ClusterDownError,), retries=2, delay=0.1),
-    )
-
-
-def _client_for(url: str, *, timeout: float) -> Client[bytes]:
-    """A coredis client for ``url`` (not entered yet).  Raises ValueError for a bad URL."""
-    scheme, sep, _ = url.partition("://")
-    if not sep or scheme.lower() not in _SCHEMES:
-        raise ValueError(
-            f"store URL {_redact(url)!r}: unsupported scheme {scheme + sep!r}; expected "
-            "redis://host[:port][/db], rediss://... (TLS), "
-            "redis+cluster://host:port[,host:port...] or rediss+cluster://..."
-        )
-    tls, cluster = _SCHEMES[scheme.lower()]
-    try:
-        if cluster:
-            return _cluster_client(url, tls=tls, timeout=timeout)
-        parts = urlsplit(url)
-        if not parts.hostname:
-            raise ValueError(f"store URL {_redact(url)!r} has no host")
-        _ = parts.port  # raises ValueError for a malformed port
-        return coredis.Redis.from_url(
-            url,
-            decode_responses=False,
-            verify_version=False,
-            retry_policy=NoRetryPolicy(),
-            connect_timeout=timeout,
-            stream_timeout=timeout,
-            pool_timeout=timeout,
-        )
-    except ValueError as exc:  # urllib's and coredis' own complaints about the URL
-        if str(exc).startswith("store URL"):
-            raise
-        raise ValueError(f"store URL {_redact(url)!r}: {exc}") from exc
-    except (ssl.SSLError, OSError) as exc:  # e.g. an unreadable CA file
-        raise ValueError(f"store URL {_redact(url)!r}: TLS setup failed: {exc}") from exc
-
-
-class Pipe(Protocol):
-    """What the store asks of its pipelined connection (:class:`~._resp.RespPipe` on
-    Trio, :class:`weir.asyncio._resp.AsyncioRespPipe` on asyncio)."""
-
-    failure: BaseException | None
-
-    async def call(self, *args: Arg) -> Any: ...
-
-    async def evalsha(
-        self, source: str | bytes, sha: str | bytes, keys: Sequence[Arg], args: Sequence[Arg]
-    ) -> Any: ...
-
-    async def wait_up(self) -> None: ...
-
-    async def run(self) -> None: ...
-
-
-def _pipe_for(url: str, *, timeout: float, kind: Callable[..., Pipe] = RespPipe) -> Pipe | None:
-    """The pipelined hot-path connection for a single-node ``redis://`` URL (else None)."""
-    parts = urlsplit(url)
-    if parts.scheme.lower() != "redis" or not parts.hostname:
-        return None
-    path = parts.path.strip("/")
-    db = int(path) if path.isdigit() else 0
-    return kind(
-        parts.hostname,
-        parts.port or 6379,
-        username=unquote(parts.username) if parts.username else None,
-        password=unquote(parts.password) if parts.password is not None else None,
-        db=db,
-        timeout=timeout,
-    )
-
-
-# ---------------------------------------------------------------------- the store
-
-
-class RedisStore:
-    """The shared :class:`~weir.engine._store.SessionStore` (see the module docstring).
+class RedisStore(RedisConnection):
+    """The shared :class:`~weir.engine._session_store.SessionStore` (see the module docstring).
 
     Create it with :meth:`connect`; close it with :meth:`aclose` (or use it as an
     async context manager).
@@ -415,50 +76,6 @@ class RedisStore:
     shared = True
     #: The pipelined connection this runtime uses (the asyncio runtime's store differs).
     _pipe_kind: ClassVar[Callable[..., Pipe]] = RespPipe
-
-    def __init__(
-        self,
-        client: Client[bytes],
-        *,
-        pipe: Pipe | None = None,
-        where: str,
-        retention: Retention,
-        prefix: str,
-        timeout: float,
-    ) -> None:
-        """Use :meth:`connect`; this only wires the parts together."""
-        self.retention = retention
-        self.prefix = prefix
-        self.timeout = timeout
-        self._client = client
-        #: The hot path's pipelined connection (single-node ``redis://`` only).
-        self._pipe = pipe
-        self._where = where
-        self._ttl = _ms(retention.ttl)
-        self._idempotency_ttl = _ms(retention.idempotency_ttl)
-        self._maxlen = max(1, retention.events_per_stream)
-        self._owner_scope = trio.CancelScope()
-        self._owner_done = trio.Event()
-        self._entered = False
-        self._closed = False
-        self._failure: BaseException | None = None
-        register = client.register_script
-        self._create: Script[bytes] = register(_PRELUDE + _CREATE)
-        self._delete: Script[bytes] = register(_PRELUDE + _DELETE)
-        self._touch: Script[bytes] = register(_PRELUDE + _TOUCH)
-        self._expire_idle: Script[bytes] = register(_PRELUDE + _EXPIRE_IDLE)
-        self._rebind: Script[bytes] = register(_PRELUDE + _REBIND)
-        self._allocate: Script[bytes] = register(_PRELUDE + _ALLOCATE)
-        self._mark_bound: Script[bytes] = register(_PRELUDE + _MARK_BOUND)
-        self._begin: Script[bytes] = register(_PRELUDE + _BEGIN)
-        self._renew: Script[bytes] = register(_PRELUDE + _RENEW)
-        self._expire: Script[bytes] = register(_PRELUDE + _EXPIRE)
-        self._finish: Script[bytes] = register(_PRELUDE + _FINISH)
-        self._append: Script[bytes] = register(_PRELUDE + _APPEND)
-        self._read: Script[bytes] = register(_READ)
-        self._post: Script[bytes] = register(_POST)
-        self._info: Script[bytes] = register(_INFO)
-        self._take: Script[bytes] = register(_TAKE)
 
     @classmethod
     async def connect(
@@ -500,131 +117,11 @@ class RedisStore:
         await store._start()
         return store
 
-    async def _start(self) -> None:
-        ready = trio.Event()
-        trio.lowlevel.spawn_system_task(self._own, ready, name=f"RedisStore({self._where})")
-        with trio.move_on_after(self.timeout):
-            await ready.wait()
-        try:
-            if not self._entered:
-                raise StoreUnavailable(
-                    f"store {self._where}: could not open a client within {self.timeout}s"
-                ) from self._failure
-            await self._run("connect", self._client.ping)
-            if self._pipe is not None:
-                with trio.move_on_after(self.timeout):
-                    await self._pipe.wait_up()
-                if self._pipe.failure is not None or not self._entered:
-                    raise StoreUnavailable(
-                        f"store {self._where}: no pipelined connection within {self.timeout}s"
-                    ) from self._pipe.failure
-        except BaseException:
-            await self.aclose()
-            raise
-
-    async def _own(self, ready: trio.Event) -> None:
-        """The system task that owns the coredis client (see the module docstring)."""
-        try:
-            with self._owner_scope:
-                async with self._client, trio.open_nursery() as nursery:
-                    if self._pipe is not None:
-                        nursery.start_soon(self._pipe.run)
-                    self._entered = True
-                    ready.set()
-                    await trio.sleep_forever()
-        except BaseException as exc:  # a system task must not raise: keep it for _run
-            if not _only_cancelled(exc):
-                self._failure = exc
-        finally:
-            self._entered = False
-            ready.set()
-            self._owner_done.set()
-
-    async def aclose(self) -> None:
-        """Close the client (idempotent; waits at most ``timeout`` for it to wind down)."""
-        self._closed = True
-        self._owner_scope.cancel()
-        with trio.move_on_after(self.timeout):
-            await self._owner_done.wait()
-
     async def __aenter__(self) -> RedisStore:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-    async def _run(self, what: str, op: Callable[[], Awaitable[T]], *, piped: bool = False) -> T:
-        """Run one store operation under the deadline, mapping outages to StoreUnavailable.
-
-        ``piped``: ``op`` goes through the pipelined connection, whose watchdog is
-        the deadline (see ``engine._resp``), so no cancel scope is needed here.
-        """
-        if self._closed:
-            raise StoreUnavailable(f"{what}: the store {self._where} is closed")
-        if not self._entered:
-            raise StoreUnavailable(
-                f"{what}: the client of {self._where} stopped: {self._failure!r}"
-            ) from self._failure
-        try:
-            if piped:
-                return await op()
-            with trio.fail_after(self.timeout):
-                return await op()
-        except trio.TooSlowError as exc:
-            raise StoreUnavailable(
-                f"{what}: no answer from {self._where} within {self.timeout}s"
-            ) from exc
-        except Exception as exc:
-            if isinstance(exc, StoreUnavailable):
-                raise
-            if _is_outage(exc) or not self._entered:
-                raise StoreUnavailable(f"{what}: {self._where} unavailable: {exc}") from exc
-            if isinstance(exc, cx.ResponseError):  # WRONGTYPE, a script failing on bad data
-                raise StoreUnavailable(f"{what}: {self._where} refused: {exc}") from exc
-            raise
-
-    async def _script(
-        self,
-        what: str,
-        script: Script[bytes],
-        principal: str,
-        session_id: str,
-        args: Sequence[str | bytes | int],
-        *,
-        stream: str | None = None,
-    ) -> ResponseType:
-        keys = self._keys(principal, session_id)
-        if stream is not None:
-            keys.append(self._stream_key(principal, session_id, stream))
-
-        pipe = self._pipe
-        if pipe is not None:
-
-            async def piped() -> ResponseType:
-                reply = await pipe.evalsha(script.script, script.sha, keys, [self._ttl, *args])
-                return cast("ResponseType", reply)
-
-            return await self._run(what, piped, piped=True)
-
-        async def op() -> ResponseType:
-            return await script(keys, [self._ttl, *args])
-
-        return await self._run(what, op)
-
-    # -- keys
-
-    def _tag(self, principal: str, session_id: str) -> str:
-        # weir's own records (an InternalId) live under "<prefix>:i:", which no client
-        # session's keys ("<prefix>:{...") can ever equal.
-        space = "i:" if isinstance(session_id, InternalId) else ""
-        return f"{self.prefix}:{space}{{{_enc(principal)}:{_enc(session_id)}}}"
-
-    def _keys(self, principal: str, session_id: str) -> list[str | bytes]:
-        tag = self._tag(principal, session_id)
-        return [f"{tag}:s", f"{tag}:k", f"{tag}:c", f"{tag}:x"]
-
-    def _stream_key(self, principal: str, session_id: str, epoch: str) -> str:
-        return f"{self._tag(principal, session_id)}:e:{_enc(epoch)}"
 
     # -- the SessionStore interface
 

@@ -46,7 +46,7 @@ from weir.protocol.messages import (
 from ._keyed import NAMESPACE, KeyedCalls
 from ._session import Session
 from ._shared import Shared
-from ._store import SessionGone, StoreUnavailable
+from ._store_errors import SessionGone, StoreUnavailable
 
 
 class Replicas:

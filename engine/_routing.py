@@ -41,7 +41,7 @@ from ._owners import Owners
 from ._requester import Requester
 from ._sessionless import Sessionless
 from ._shared import Shared, log, store_unavailable
-from ._store import SessionGone, StoreUnavailable
+from ._store_errors import SessionGone, StoreUnavailable
 from ._streams import Streams
 
 

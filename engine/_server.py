@@ -68,10 +68,10 @@ from ._listen import AcceptGate
 from ._owners import Owners
 from ._replicas import Replicas
 from ._routing import Router
+from ._session_store import SessionStore
 from ._session_table import SessionTable
 from ._sessionless import Sessionless
 from ._shared import Shared, with_declared_auth
-from ._store import SessionStore
 from ._streams import Streams
 
 
@@ -86,7 +86,7 @@ class Server:
         config: server configuration.
         store: the session store (default: a new :class:`~weir.engine.MemoryStore`).
         session_id_factory: makes session ids (default: 32 random bytes, base64url);
-            every id it returns must match :data:`~weir.engine._store.SESSION_ID_FORMAT`
+            every id it returns must match :data:`~weir.engine._store_records.SESSION_ID_FORMAT`
             (an id outside it is refused when minted: ``ValueError``).
     """
 

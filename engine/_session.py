@@ -54,7 +54,7 @@ from weir.protocol.states import (
 )
 from weir.protocol.streams import StreamKind, StreamLog, StreamTable
 
-from ._store import SessionRecord
+from ._store_records import SessionRecord
 
 # (Re-exported: their importers name them from here.)
 from ._stream_handle import SessionClosed as SessionClosed

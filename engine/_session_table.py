@@ -51,10 +51,12 @@ from weir.protocol import SERVER_ERROR, Reason, RemoteProtocolError, session_ref
 from weir.protocol.jsonrpc import RequestId
 from weir.protocol.states import CreditState, SessionInput
 
+from ._memory_store import MemoryStore
 from ._metrics import redact
 from ._session import Session
 from ._shared import Shared, log
-from ._store import MemoryStore, SessionRecord, StoreUnavailable, client_of, is_session_id
+from ._store_errors import StoreUnavailable
+from ._store_records import SessionRecord, client_of, is_session_id
 from ._timers import Deadlines, Timed
 
 #: A session that held at least this much (history, results, credit) is followed by a
@@ -116,7 +118,7 @@ class SessionTable:
     ) -> Session:
         """``principal``'s live session ``session_id``, or the 404 refusal.
 
-        An id weir never mints (:func:`~._store.is_session_id`) is refused before
+        An id weir never mints (:func:`~._store_records.is_session_id`) is refused before
         anything is looked up.  A session of another principal is answered exactly
         like one that does not exist (and is left alone).  With a shared store the
         record is re-read (``verify``) so a session deleted or rebound on another

@@ -48,9 +48,10 @@ from weir.protocol.post import PostRules
 from ._acks import AckPoller
 from ._config import ServerConfig
 from ._declared_auth import declared_authorization
+from ._memory_store import MemoryStore
 from ._metrics import Metrics
 from ._session import Session, StreamLost
-from ._store import MemoryStore, SessionStore
+from ._session_store import SessionStore
 
 #: The server's logger, for every one of its modules (the name it had before the split).
 log = logging.getLogger(f"{__package__}._server")
@@ -166,7 +167,7 @@ async def wait_for_claim(
 
 def retention_full(config: ServerConfig, request_id: RequestId) -> RemoteProtocolError:
     """The refusal of a call whose key the memory budget has no room for (see
-    :class:`~._store.RetentionFull`): 503 ``overloaded``, nothing executed."""
+    :class:`~._store_errors.RetentionFull`): 503 ``overloaded``, nothing executed."""
     return RemoteProtocolError(
         "the server's memory budget is full of finished calls' keys; nothing was executed",
         http_status=503,

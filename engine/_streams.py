@@ -76,7 +76,7 @@ from ._requester import Requester
 from ._session import Session, StreamHandle, StreamLost
 from ._session_table import SessionTable
 from ._shared import Shared
-from ._store import ChannelRejected, SessionGone, StoreUnavailable
+from ._store_errors import ChannelRejected, SessionGone, StoreUnavailable
 from ._writer import SSE_HEADERS, write_stream
 
 

@@ -44,7 +44,9 @@ from weir.protocol import CreditLimits, HttpLimits
 from ._auth import DEFAULT_ALGORITHMS, Authorization, JwtVerifier
 from ._declared_auth import declared_authorization
 from ._jwks import screen_keys
+from ._memory_store import MemoryStore
 from ._server import Server, ServerConfig
+from ._session_store import SessionStore
 from ._startup import (
     STARTUP_TIMEOUT,
     StartupError,
@@ -53,7 +55,7 @@ from ._startup import (
     guard_lifespan,
     store_failure,
 )
-from ._store import MemoryStore, SessionStore, StoreUnavailable
+from ._store_errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 

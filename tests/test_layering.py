@@ -23,8 +23,10 @@
   the serving loop, Trio or asyncio); ``import weir.app`` never loads them.
 * ``aio/`` (installed as ``weir.asyncio``, the asyncio runtime) uses the core only
   through its public surface, as the engine does, and imports neither trio nor anyio;
-  of the engine it imports only the session store modules (``_store``,
-  ``_redis_store``, ``_resp``: one store, one wire format, shared by both runtimes).
+  of the engine it imports only the session store modules (``_session_store``,
+  ``_store_records``, ``_store_errors``, ``_memory_store``, ``_redis_store`` and the
+  modules it is built from, ``_redis_connection``, ``_redis_url``, ``_resp``: one
+  store, one wire format, shared by both runtimes).
   Importing it loads neither the CLI, anyio nor the Redis client.
 * ``common/`` (installed as ``weir.common``, what both runtimes share) imports
   neither trio, anyio, asyncio nor either runtime; importing it loads none of them.
@@ -220,7 +222,18 @@ def test_the_asyncio_runtime_imports_neither_trio_nor_the_engine(path: Path) -> 
 
 
 #: The engine's modules the asyncio runtime uses: the session stores, nothing else.
-AIO_MAY_IMPORT = frozenset({"weir.engine._store", "weir.engine._redis_store", "weir.engine._resp"})
+AIO_MAY_IMPORT = frozenset(
+    {
+        "weir.engine._session_store",
+        "weir.engine._store_records",
+        "weir.engine._store_errors",
+        "weir.engine._memory_store",
+        "weir.engine._redis_store",
+        "weir.engine._redis_connection",
+        "weir.engine._redis_url",
+        "weir.engine._resp",
+    }
+)
 
 
 def test_importing_the_asyncio_runtime_loads_no_cli_and_no_redis_client() -> None:

@@ -20,10 +20,7 @@ import trio
 import trio.testing
 
 from weir.engine import App, Context, MemoryStore, Server, ServerConfig, StoreUnavailable
-from weir.engine._store import (
-    StoredEvent,
-    StreamInfo,
-)
+from weir.engine._store_records import StoredEvent, StreamInfo
 from weir.protocol import CreditLimits
 from weir.protocol._event_ids import epoch_number
 from weir.protocol.gate import CallStart

@@ -48,7 +48,7 @@ import trio.testing
 from weir.app import never_suspends
 from weir.engine import App, Context, McpError, MemoryStore, Server, ServerConfig, ToolError
 from weir.engine._session import Session, StreamHandle
-from weir.engine._store import SessionRecord
+from weir.engine._store_records import SessionRecord
 from weir.protocol import CreditLimits
 from weir.protocol._credit import SessionCredit
 from weir.protocol.sse import SseEvent

@@ -10,11 +10,8 @@ import trio
 import trio.testing
 
 from weir.engine import App, MemoryStore, Server, ServerConfig
-from weir.engine._store import (
-    Retention,
-    RetentionFull,
-    SessionRecord,
-)
+from weir.engine._store_errors import RetentionFull
+from weir.engine._store_records import Retention, SessionRecord
 from weir.protocol._gate import ENTRY_OVERHEAD
 from weir.protocol.budget import RetentionBudget
 from weir.protocol.gate import CallOutcome

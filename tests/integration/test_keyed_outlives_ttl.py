@@ -18,7 +18,7 @@ import trio
 
 from weir.engine import App, Server, ServerConfig
 from weir.engine._redis_store import RedisStore
-from weir.engine._store import Retention
+from weir.engine._store_records import Retention
 
 from .rawhttp import Client, Reply
 

@@ -23,8 +23,9 @@ import trio
 from tests.integration.rawhttp import Client as RawClient
 from tests.integration.rawhttp import Reply
 from weir.engine import App, Server, ServerConfig
+from weir.engine._memory_store import MemoryStore
 from weir.engine._redis_store import RedisStore
-from weir.engine._store import MemoryStore, SessionStore
+from weir.engine._session_store import SessionStore
 
 SESSIONLESS = "2026-07-28"
 META = {

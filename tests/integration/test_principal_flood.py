@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from weir.engine import App, Context, Server, ServerConfig
-from weir.engine._store import MemoryStore
+from weir.engine._memory_store import MemoryStore
 
 from .rawhttp import Client, Reply, call, initialize
 from .test_auth import jwt_authorization, token

@@ -72,7 +72,7 @@ from tests.integration.rawhttp import Client as RawClient
 from tests.integration.rawhttp import raw_request
 from weir.engine import App, Context, Server, ServerConfig
 from weir.engine._redis_store import RedisStore
-from weir.engine._store import Retention
+from weir.engine._store_records import Retention
 from weir.protocol import CreditLimits
 from weir.protocol.sse import SseComment, SseDecoder, SseEvent
 

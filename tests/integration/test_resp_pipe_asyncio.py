@@ -140,7 +140,7 @@ def test_the_store_runs_on_asyncio_through_its_pipe_and_fails_closed(
 
 async def _retrying_begin(store: AsyncioRedisStore) -> CallOutcome | None:
     """begin_call until the store answers again (bounded by the caller)."""
-    from weir.engine._store import SessionGone
+    from weir.engine._store_errors import SessionGone
 
     for _ in range(100):
         try:

@@ -22,18 +22,16 @@ import trio
 
 from tests.integration.conftest import ValkeyProcess
 from weir.asyncio._redis_store import AsyncioRedisStore
+from weir.engine._memory_store import MemoryStore
 from weir.engine._redis_store import RedisStore
-from weir.engine._store import (
+from weir.engine._session_store import SessionStore
+from weir.engine._store_errors import ChannelRejected, SessionGone, StoreUnavailable
+from weir.engine._store_records import (
     MAX_CLIENT_RECORD,
-    ChannelRejected,
     InternalId,
-    MemoryStore,
     Retention,
-    SessionGone,
     SessionRecord,
-    SessionStore,
     StoredEvent,
-    StoreUnavailable,
     StreamInfo,
     client_of,
     client_record,
