@@ -111,12 +111,16 @@ class AsyncioDriver:
         replica_id: str | None = None,
         claim_lease: float = CLAIM_LEASE,
         resume: str = "pinned",
+        max_inbound_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
         ``overloaded``, then close), a session unused for ``idle_timeout`` seconds
         (and running nothing) is forgotten (``None``: never), and each session holds
-        at most its ``credit`` in unacknowledged frames.  Reads have the core's
+        at most its ``credit`` in unacknowledged frames.  The bytes of requests not
+        yet complete, over every connection, stay within ``max_inbound_bytes`` (the
+        request whose bytes would pass it gets 503 ``overloaded`` and its connection
+        is closed).  Reads have the core's
         deadlines (``read_timeouts``: idle keep-alive, a whole head, a body; 408 past
         the last two) and the core's size limits (``limits``: 413, 431, 414).
         With ``always_json`` every request is answered with one JSON body, whatever
@@ -182,6 +186,8 @@ class AsyncioDriver:
         self.credit = credit or CreditLimits()
         self.max_sessions, self.max_connections = max_sessions, max_connections
         self.idle_timeout = idle_timeout
+        #: Bytes of incomplete requests buffered by all connections, and their cap.
+        self.inbound, self.max_inbound_bytes = 0, max_inbound_bytes
         self.read_timeouts = read_timeouts or ReadTimeouts()
         self.limits = limits or HttpLimits()
         self.always_json, self.sse_keepalive = always_json, sse_keepalive
