@@ -55,7 +55,10 @@ runs on asyncio here).
   cross runtimes).  The
   store not answering is 503 ``store_unavailable``, with nothing run.
 * **Limits** (:mod:`._driver`).  Sessions (503 ``session_limit``), connections (503
-  ``overloaded``), idle sessions (forgotten after ``idle_timeout`` unless busy), each
+  ``overloaded``), request bytes buffered by all connections together (503
+  ``overloaded`` past ``max_inbound_bytes``), idle sessions (forgotten after
+  ``idle_timeout`` unless busy; one that saw nothing after its ``initialize``, after
+  ``initialize_timeout``), each
   session's credit and replay history (a live stream's last 256 frames; a closed
   stream keeps only its unacknowledged ones; at most 16 closed streams), and its gate
   records (256 finished calls, 256 KiB of keys and results; beyond, the oldest

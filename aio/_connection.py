@@ -7,6 +7,8 @@ respond``.  Framing, keep-alive and the automatic 400/413/431 come from
 :class:`~weir.protocol.HttpConnection`; every endpoint rule from
 :func:`~weir.protocol.route`; every refusal body from :func:`~weir.protocol.refusal`;
 read deadlines (idle, whole head, body; 408) from :class:`~weir.protocol.ReadClock`;
+the bytes of requests not yet complete count against the driver's
+``max_inbound_bytes`` over every connection (503 ``overloaded`` past it, as on Trio);
 a refused connection whose peer is still sending lingers (half-closed, discarding)
 so the refusal is read, not reset away.
 
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING
 from weir.engine._store_errors import StoreUnavailable
 from weir.protocol import (
     NEED_DATA,
+    SERVER_ERROR,
     DrainTracker,
     HttpConnection,
     HttpError,
@@ -122,6 +125,8 @@ class Connection:
         self._watcher: asyncio.Task[None] | None = None
         self._reader: asyncio.StreamReader | None = None
         self._early = b""  # bytes the peer sent while a stream was being written
+        #: Bytes of the request being read, counted in the driver's ``inbound``.
+        self._inbound = 0
         self._peer_gone = False
         #: The request stream a POST's course opened, until its writer attaches, and
         #: how many responses it is opened for.
@@ -213,8 +218,11 @@ class Connection:
             while True:
                 event = conn.next_event()
                 if event is NEED_DATA and self._early:
-                    conn.receive_data(self._early)
-                    self._early = b""
+                    early, self._early = self._early, b""
+                    if not self._charge(len(early)):
+                        await self._overloaded(reader)
+                        break
+                    conn.receive_data(early)
                 elif event is NEED_DATA:
                     if conn.has_data_to_send:
                         await self.send(conn.data_to_send())  # e.g. 100 Continue
@@ -228,9 +236,13 @@ class Connection:
                             await self.send(closing_refusal(clock.refusal()))
                             await self._linger(reader)
                         break
+                    if not self._charge(len(data)):
+                        await self._overloaded(reader)
+                        break
                     conn.receive_data(data)
                 elif isinstance(event, HttpRequest):
                     clock.request_done()
+                    self._give_back()  # (complete: its bytes are the request's now)
                     await self.respond(event)
                     if conn.should_close:
                         break
@@ -246,6 +258,7 @@ class Connection:
         except Exception:
             log.exception("connection handler failed")
         finally:
+            self._give_back()
             # Nothing written here will be acknowledged any more: JSON bodies cannot
             # be replayed, so nothing is owed; the streams this connection wrote stay
             # in their logs as replay history (a resumption writes them again) but
@@ -266,6 +279,38 @@ class Connection:
             self.writer.close()
             with contextlib.suppress(ConnectionError, TimeoutError):
                 await asyncio.wait_for(self.writer.wait_closed(), 1.0)
+
+    def _charge(self, n: int) -> bool:
+        """Count ``n`` more bytes of a request not yet complete against the driver's
+        ``max_inbound_bytes`` (over every connection); False if that passes it."""
+        driver = self.driver
+        self._inbound += n
+        driver.inbound += n
+        return driver.inbound <= driver.max_inbound_bytes
+
+    def _give_back(self) -> None:
+        """The bytes this connection counted go back (its request is complete, or
+        refused, or the connection ends)."""
+        self.driver.inbound -= self._inbound
+        self._inbound = 0
+
+    async def _overloaded(self, reader: asyncio.StreamReader) -> None:
+        """Too many request bytes are buffered on this server: 503 ``overloaded``
+        (``Retry-After``), then the connection lingers and closes (as on Trio)."""
+        self._give_back()  # at once: the refusal frees what this connection held
+        self.driver.metrics.refused(str(Reason.OVERLOADED))
+        exc = RemoteProtocolError(
+            "too many request bytes are in flight on this server; retry later",
+            http_status=503,
+            reason=Reason.OVERLOADED,
+            code=SERVER_ERROR,
+            retry_after_ms=self.driver.retry_ms,
+        )
+        self.conn.send_failed()  # nothing else may follow on this connection
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1.0):
+                await self.send(closing_refusal(exc))
+        await self._linger(reader)
 
     async def _linger(self, reader: asyncio.StreamReader) -> None:
         """After a refusal sent while the peer is still sending: half-close, then read and

@@ -111,12 +111,19 @@ class AsyncioDriver:
         replica_id: str | None = None,
         claim_lease: float = CLAIM_LEASE,
         resume: str = "pinned",
+        initialize_timeout: float = 60.0,
+        max_inbound_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
         ``overloaded``, then close), a session unused for ``idle_timeout`` seconds
-        (and running nothing) is forgotten (``None``: never), and each session holds
-        at most its ``credit`` in unacknowledged frames.  Reads have the core's
+        (and running nothing) is forgotten (``None``: never), so is one that saw no
+        request or notification within ``initialize_timeout`` seconds of its
+        ``initialize`` (an abandoned ``initialize`` costs at most that long), and each
+        session holds at most its ``credit`` in unacknowledged frames.  The bytes of
+        requests not yet complete, over every connection, stay within
+        ``max_inbound_bytes`` (the request whose bytes would pass it gets 503
+        ``overloaded`` and its connection is closed).  Reads have the core's
         deadlines (``read_timeouts``: idle keep-alive, a whole head, a body; 408 past
         the last two) and the core's size limits (``limits``: 413, 431, 414).
         With ``always_json`` every request is answered with one JSON body, whatever
@@ -181,7 +188,9 @@ class AsyncioDriver:
         self.app, self.endpoint, self.state = app, endpoint, state
         self.credit = credit or CreditLimits()
         self.max_sessions, self.max_connections = max_sessions, max_connections
-        self.idle_timeout = idle_timeout
+        self.idle_timeout, self.initialize_timeout = idle_timeout, initialize_timeout
+        #: Bytes of incomplete requests buffered by all connections, and their cap.
+        self.inbound, self.max_inbound_bytes = 0, max_inbound_bytes
         self.read_timeouts = read_timeouts or ReadTimeouts()
         self.limits = limits or HttpLimits()
         self.always_json, self.sse_keepalive = always_json, sse_keepalive
@@ -343,8 +352,8 @@ class AsyncioDriver:
         self.sessions[session.sid] = session
         principal = session.principal
         self._per_principal[principal] = self._per_principal.get(principal, 0) + 1
-        if self._sweeper is None and self.idle_timeout is not None:
-            self._sweeper = session.loop.call_later(self.idle_timeout / 4, self._sweep)
+        if self._sweeper is None:
+            self._sweeper = session.loop.call_later(self._sweep_every(), self._sweep)
 
     def check_room(self, request_id: RequestId | None, principal: str) -> None:
         """Refuse a new session past ``max_sessions`` (503 ``session_limit``) or past
@@ -368,25 +377,32 @@ class AsyncioDriver:
             reason=Reason.SESSION_LIMIT,
             code=SERVER_ERROR,
             request_id=request_id,
-            retry_after_ms=1000,
+            # (abandoned initializes free their places within the initialize timeout)
+            retry_after_ms=int(min(self.initialize_timeout, 30.0) * 1000),
             data={"limit": limit, "scope": scope},
         )
 
+    def _sweep_every(self) -> float:
+        """Seconds between sweeps: a quarter of the shorter timeout."""
+        idle = self.idle_timeout if self.idle_timeout is not None else math.inf
+        return min(idle, self.initialize_timeout) / 4
+
     def _sweep(self) -> None:
-        """Forget sessions idle for ``idle_timeout`` that run and write nothing."""
+        """Forget sessions that run and write nothing and are idle for ``idle_timeout``,
+        or (still provisional: nothing followed their ``initialize``) for
+        ``initialize_timeout``.  With a shared store the store decides (``._shared``)."""
         self._sweeper = None
-        if self.idle_timeout is None:
-            return
         loop = asyncio.get_running_loop()
         now = loop.time()
         for session in list(self.sessions.values()):
             busy = session.tasks or session.writers
+            due = self.initialize_timeout if session.provisional else self.idle_timeout
             if busy and self.shared.shared:
                 self.spawn(self.shared.touch_busy(session))  # busy here: not idle anywhere
-            elif not busy and now - session.last_seen >= self.idle_timeout:
+            elif not busy and due is not None and now - session.last_seen >= due:
                 self.spawn(self.shared.expire(session))  # the store decides
         if self.sessions:
-            self._sweeper = loop.call_later(self.idle_timeout / 4, self._sweep)
+            self._sweeper = loop.call_later(self._sweep_every(), self._sweep)
 
     async def close_all(self) -> None:
         """End every listen stream (its final result first), every session (their

@@ -79,6 +79,11 @@ class AsyncioConfig:
         max_sessions: live sessions (503 ``session_limit`` beyond).
         idle_timeout: a session unused this long, running nothing, is forgotten
             (``None``: never).
+        initialize_timeout: a session that saw no request or notification this long
+            after its ``initialize`` is forgotten (sooner than ``idle_timeout``).
+        max_inbound_bytes: bytes of request heads and bodies all connections together
+            may buffer before their requests are complete (503 ``overloaded`` beyond,
+            and the connection is closed).
         sse_keepalive: a ``:`` comment on a quiet SSE stream this often (``None``: never).
         startup_timeout: how long the app's lifespan may take to start.
         state_keys: the keys that seal sessionless request state (the first seals,
@@ -116,6 +121,8 @@ class AsyncioConfig:
     max_connections: int = 1000
     max_sessions: int = 1000
     idle_timeout: float | None = 600.0
+    initialize_timeout: float = 60.0
+    max_inbound_bytes: int = 256 * 1024 * 1024
     sse_keepalive: float | None = 15.0
     startup_timeout: float = STARTUP_TIMEOUT
     state_keys: tuple[bytes, ...] = dataclasses.field(default=(), repr=False)
@@ -144,6 +151,8 @@ class AsyncioConfig:
             max_sessions=self.max_sessions,
             max_connections=self.max_connections,
             idle_timeout=self.idle_timeout,
+            initialize_timeout=self.initialize_timeout,
+            max_inbound_bytes=self.max_inbound_bytes,
             read_timeouts=self.read_timeouts,
             state=state,
             limits=self.limits,

@@ -101,6 +101,9 @@ class Session:
         self._timer: asyncio.TimerHandle | None = None
         #: When a request last named this session (idle expiry counts from here).
         self.last_seen = self.loop.time()
+        #: Made by ``initialize`` and named by no request since: forgotten after the
+        #: driver's ``initialize_timeout`` rather than its idle timeout.
+        self.provisional = False
         #: Handlers by request id (``notifications/cancelled`` names them), the ids a
         #: client cancelled, and server-to-client requests waiting for an answer --
         #: each bounded by the admitted handlers that created them.

@@ -16,7 +16,8 @@ The rule: a local process never decides alone about shared state.
   every request reads it again (a session deleted on another replica is 404 here at
   once); a session first seen here is *adopted* from its record (what its client
   declared comes with it) and is never refused for this process's session limit.
-  ``DELETE`` deletes the record.  An idle session is judged by the store
+  ``DELETE`` deletes the record.  An idle session, or one that saw nothing after its
+  ``initialize`` (the initialize timeout), is judged by the store
   (:meth:`~weir.engine._session_store.SessionStore.expire_idle`: by its clock, after every
   replica's touches); here only the local copy is forgotten otherwise.  The store
   is told a session was served the first time, then at most once a quarter of
@@ -200,6 +201,7 @@ class SharedState:
         session.principal = principal  # (it owns the session)
         session.logged = self.logs
         session.take_record(record)  # (its channel token is answered with the session)
+        session.provisional = True  # (until a request names it: ``initialize_timeout``)
         driver.add_session(session)
         self._relay_mail()
         return session
@@ -227,10 +229,13 @@ class SharedState:
             if session is None:
                 session = self._adopt(record)
             session.take_record(record)  # (a rebind elsewhere fences our streams)
+            if session.provisional:  # its first use: the store hears of it at once, so
+                self._touched.pop(sid, None)  # its initialize_timeout never ends it
             await self._touch(session)
         if session is None:
             raise session_refusal(sid, request_id)
         session.last_seen = session.loop.time()
+        session.provisional = False
         return session
 
     def _adopt(self, record: SessionRecord) -> Session:
@@ -293,9 +298,11 @@ class SharedState:
                 await self.store.delete_session(session.principal, session.sid)
 
     async def expire(self, session: Session) -> None:
-        """``session`` is idle here: the store decides whether it is everywhere (and
-        deletes it then); this process's copy ends either way."""
-        idle = self.driver.idle_timeout
+        """``session`` is idle here (or, provisional, saw nothing after its
+        ``initialize``): the store decides whether it is everywhere (and deletes it
+        then); this process's copy ends either way."""
+        driver = self.driver
+        idle = driver.idle_timeout
         gone = True
         if self.store.shared:
             slack = idle / 4 if idle is not None else 0.0
@@ -304,16 +311,18 @@ class SharedState:
                     session.principal,
                     session.sid,
                     idle + slack if idle is not None else None,
-                    None,
+                    driver.initialize_timeout if session.provisional else None,
                 )
             except StoreUnavailable as exc:
                 log.warning("session sweep: store unavailable: %s", exc)
                 return  # nothing decided: the next sweep asks again
         else:
             await self.store.delete_session(session.principal, session.sid)
+        if session.closed:
+            return  # (ended meanwhile: counted by whoever ended it, if anyone)
         if gone:
-            self.driver.metrics.sessions_expired += 1
-        self.driver.end(session)
+            driver.metrics.sessions_expired += 1
+        driver.end(session)
 
     async def post(self, session: Session, box: str, data: bytes) -> None:
         """Leave mail for another replica (an answer or a cancellation it waits for)."""

@@ -66,14 +66,6 @@ TRIO_ONLY: dict[str, TrioOnly] = {
         lambda v: v == 1,
     ),
     "reuse_port": TrioOnly("--reuse-port", "the asyncio runtime runs one process"),
-    "max_inbound_bytes": TrioOnly(
-        "--max-inbound-bytes",
-        "the asyncio runtime has no budget on what all connections buffer together",
-    ),
-    "initialize_timeout": TrioOnly(
-        "--initialize-timeout",
-        "the asyncio runtime forgets a silent new session after --session-idle-timeout only",
-    ),
     "session_retain_bytes": TrioOnly(
         "--session-retain-bytes",
         "the asyncio runtime bounds each session's history by count (256 frames a "
@@ -114,6 +106,8 @@ SERVED: frozenset[str] = frozenset(
         "max_target_bytes",
         "max_sessions",
         "session_idle_timeout",
+        "initialize_timeout",
+        "max_inbound_bytes",
         "max_batch",
         "sse_keepalive",
         "state_key_file",
@@ -167,6 +161,8 @@ def asyncio_config(
         max_connections=config.connection_limit,
         max_sessions=config.max_sessions,
         idle_timeout=config.session_idle_timeout,
+        initialize_timeout=config.initialize_timeout,
+        max_inbound_bytes=config.max_inbound_bytes,
         sse_keepalive=config.sse_keepalive,
         startup_timeout=startup_timeout,
         state_keys=config.state_keys,
