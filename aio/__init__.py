@@ -56,11 +56,13 @@ runs on asyncio here).
   store not answering is 503 ``store_unavailable``, with nothing run.
 * **Limits** (:mod:`._driver`).  Sessions (503 ``session_limit``), connections (503
   ``overloaded``), idle sessions (forgotten after ``idle_timeout`` unless busy), each
-  session's credit and replay history (a live stream's last 256 frames; a closed
-  stream keeps only its unacknowledged ones; at most 16 closed streams), and its gate
-  records (256 finished calls, 256 KiB of keys and results; beyond, the oldest
-  results become tombstones).  What ``initialize`` declares and what
-  ``resources/subscribe`` asks are bounded by the core and the app layer.
+  session's credit, its replay history (a stream's last 256 frames; at most 16
+  closed streams) and its gate records (256 finished calls, 256 KiB of keys and
+  results; beyond, the oldest results become tombstones), and in bytes, as on the
+  Trio engine, the history and results each session (``session_retain_bytes``) and
+  all of them (``memory_budget``) keep: the oldest go first (:mod:`._session`).
+  What ``initialize`` declares and what ``resources/subscribe`` asks are bounded by
+  the core and the app layer.
 * **Authorization** (:mod:`._auth`).  :mod:`weir.common`'s rules, as on the Trio
   engine (bearer tokens, 401/403/400/503 with ``WWW-Authenticate``, the RFC 9728
   metadata, an SDK app's own verifier), applied per request: each request's

@@ -74,14 +74,6 @@ TRIO_ONLY: dict[str, TrioOnly] = {
         "--initialize-timeout",
         "the asyncio runtime forgets a silent new session after --session-idle-timeout only",
     ),
-    "session_retain_bytes": TrioOnly(
-        "--session-retain-bytes",
-        "the asyncio runtime bounds each session's history by count (256 frames a "
-        "stream; 256 calls and 256 KiB of results)",
-    ),
-    "memory_budget": TrioOnly(
-        "--memory-budget", "the asyncio runtime has no budget across all sessions"
-    ),
 }
 
 #: ``serve`` options the asyncio runtime serves as the Trio path does (every option is
@@ -129,6 +121,8 @@ SERVED: frozenset[str] = frozenset(
         "store",
         "replica_id",
         "claim_lease",
+        "session_retain_bytes",
+        "memory_budget",
     }
 )
 
@@ -182,6 +176,8 @@ def asyncio_config(
         replica_id=config.replica_id,
         claim_lease=config.claim_lease,
         resume=config.resume,
+        session_retain_bytes=config.session_retain_bytes,
+        memory_budget=config.memory_budget,
     )
 
 

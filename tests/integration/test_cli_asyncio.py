@@ -37,8 +37,6 @@ REFUSED_ARGS: dict[str, list[str]] = {
     "reuse_port": ["--reuse-port"],
     "max_inbound_bytes": ["--max-inbound-bytes", "1000000"],
     "initialize_timeout": ["--initialize-timeout", "5"],
-    "session_retain_bytes": ["--session-retain-bytes", "100000"],
-    "memory_budget": ["--memory-budget", "100000000"],
 }
 
 
