@@ -58,11 +58,12 @@ runs on asyncio here).
   ``overloaded``), request bytes buffered by all connections together (503
   ``overloaded`` past ``max_inbound_bytes``), idle sessions (forgotten after
   ``idle_timeout`` unless busy; one that saw nothing after its ``initialize``, after
-  ``initialize_timeout``), each
-  session's credit and replay history (a live stream's last 256 frames; a closed
-  stream keeps only its unacknowledged ones; at most 16 closed streams), and its gate
-  records (256 finished calls, 256 KiB of keys and results; beyond, the oldest
-  results become tombstones).  What ``initialize`` declares and what
+  ``initialize_timeout``), each session's credit, its replay history (a stream's
+  last 256 frames; at most 16 closed streams) and its gate records (256 finished
+  calls, 256 KiB of keys and results; beyond, the oldest results become
+  tombstones), and in bytes, as on the Trio engine, the history and results each
+  session (``session_retain_bytes``) and all of them (``memory_budget``) keep: the
+  oldest go first (:mod:`._session`).  What ``initialize`` declares and what
   ``resources/subscribe`` asks are bounded by the core and the app layer.
 * **Authorization** (:mod:`._auth`).  :mod:`weir.common`'s rules, as on the Trio
   engine (bearer tokens, 401/403/400/503 with ``WWW-Authenticate``, the RFC 9728

@@ -620,8 +620,7 @@ class Connection:
                 )
                 continue
             if step is WriterStep.FINISH:
-                stream.handle(StreamInput.DELIVERED)
-                stream.trim_drained()  # what was acknowledged before it closed
+                stream.handle(StreamInput.DELIVERED)  # (its frames: history, in the budget)
                 break
             if step is WriterStep.RETRY and retry is not None:
                 # The handler ended this response early: the client reconnects after

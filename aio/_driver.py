@@ -30,6 +30,7 @@ from weir.common import (
     server_identity,
 )
 from weir.common._memory import trim
+from weir.engine._memory_store import MemoryStore
 from weir.engine._session_store import SessionStore
 from weir.protocol import (
     LOOPBACK_HOSTS,
@@ -42,6 +43,7 @@ from weir.protocol import (
     RemoteProtocolError,
     raw_error_response,
 )
+from weir.protocol.budget import RetentionBudget
 from weir.protocol.get import StreamRules
 from weir.protocol.jsonrpc import Notification, RequestId, encode_error, encode_notification
 from weir.protocol.post import PostRules
@@ -53,7 +55,7 @@ from ._connection import Connection
 from ._keyed import KeyedCalls
 from ._metrics import view
 from ._owners import SharedOwners
-from ._session import Session
+from ._session import MEMORY_BUDGET, SESSION_RETAIN_BYTES, Session
 from ._sessionless import Listener
 from ._shared import CLAIM_LEASE, SharedState, memory_store
 
@@ -113,6 +115,8 @@ class AsyncioDriver:
         resume: str = "pinned",
         initialize_timeout: float = 60.0,
         max_inbound_bytes: int = 256 * 1024 * 1024,
+        session_retain_bytes: int = SESSION_RETAIN_BYTES,
+        memory_budget: int = MEMORY_BUDGET,
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
@@ -167,7 +171,16 @@ class AsyncioDriver:
         stream event is appended to a shared store before it is sent, and a cursor
         another replica issued is replayed from it (``"pinned"``: this process's own
         logs only).  The caller owns the store.
+
+        Replay history and kept results are bounded in bytes, as on the Trio engine:
+        ``session_retain_bytes`` per session, ``memory_budget`` across all sessions
+        (and, on a memory store, every principal's sessionless gate); over either the
+        oldest goes first (see ``._session``), and a new call whose key finds the
+        budget full of keys that must stay is refused 503 ``overloaded`` (a
+        ``ValueError`` if either is below 1 byte, or the first above the second).
         """
+        #: Replay history and kept results, in bytes, per session and in total.
+        self.budget = RetentionBudget(total=memory_budget, per_owner=session_retain_bytes)
         self.legacy_sse_path, self.legacy_messages_path = legacy_sse_path, legacy_messages_path
         #: The most sessions one principal holds (429 beyond), and how many each holds.
         self.principal_limit = max_sessions_per_principal or max_sessions
@@ -196,9 +209,12 @@ class AsyncioDriver:
         self.always_json, self.sse_keepalive = always_json, sse_keepalive
         self.in_progress_wait = in_progress_wait
         #: The session store, and this driver's side of it.
+        store = store if store is not None else memory_store()  # (an empty one is falsy)
+        if isinstance(store, MemoryStore) and store.budget is None:
+            store.budget = self.budget  # (its gates' results count too, as on Trio)
         self.shared = SharedState(
             self,
-            store or memory_store(),
+            store,
             replica_id=replica_id,
             claim_lease=claim_lease,
             resume=resume,

@@ -6,11 +6,11 @@ The counters and the text are :mod:`weir.common`'s :class:`~weir.common.Metrics`
 as on the Trio engine; the asyncio runtime bumps the same counters where it does
 the same things (admissions, tool executions, duplicates replayed or still in
 progress, refusals by reason, liveness teardowns, idle expiries, dropped client
-notifications, credit peaks) and hands its sessions to the renderer through
-:class:`SessionView`.  Left out, because this runtime has no such thing: the
-``weir_inline_*`` series (no inline execution), the retention series (no memory
-budget), ``weir_connections_shed_total`` and ``weir_accept_errors_total`` (no
-accept loop of its own: ``asyncio.start_server`` accepts, and an over-limit
+notifications, credit peaks), hands its sessions to the renderer through
+:class:`SessionView` and its retention budget as it is (the retention series).
+Left out, because this runtime has no such thing: the ``weir_inline_*`` series (no
+inline execution), ``weir_connections_shed_total`` and ``weir_accept_errors_total``
+(no accept loop of its own: ``asyncio.start_server`` accepts, and an over-limit
 connection is refused 503 ``overloaded``, counted as a refusal).  The endpoint
 answers under the endpoint's Host/Origin rules, GET only, and needs no token.
 """
@@ -103,6 +103,7 @@ def answer(driver: AsyncioDriver, request: HttpRequest) -> tuple[int, list[tuple
     body = driver.metrics.render(
         {sid: SessionView(s) for sid, s in driver.sessions.items()},
         gate=ConnectionCount(driver),
+        budget=driver.budget,
         owners=[SessionView(o) for o in driver.owners],
         listen_streams=len(driver.listeners),
         inline=False,

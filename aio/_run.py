@@ -48,6 +48,7 @@ from weir.protocol import CreditLimits, EndpointConfig, HttpLimits, ReadTimeouts
 
 from ._drain import drain
 from ._driver import AsyncioDriver
+from ._session import MEMORY_BUDGET, SESSION_RETAIN_BYTES
 from ._shared import CLAIM_LEASE, open_store
 
 #: Seconds an app's lifespan may take to start, by default.
@@ -110,6 +111,10 @@ class AsyncioConfig:
             renewed (a replica that dies is answered ``interrupted`` after it).
         resume: ``"shared"`` (with a shared store, every event is stored before it is
             sent, and any replica replays it) or ``"pinned"`` (this process's logs).
+        session_retain_bytes: bytes of replay history and finished results one
+            session may keep (over it its oldest history goes first).
+        memory_budget: bytes of replay history and finished results all sessions
+            together may keep (over it the oldest history, server-wide, goes first).
     """
 
     host: str = "127.0.0.1"
@@ -138,6 +143,8 @@ class AsyncioConfig:
     replica_id: str | None = None
     claim_lease: float = CLAIM_LEASE
     resume: str = "pinned"
+    session_retain_bytes: int = SESSION_RETAIN_BYTES
+    memory_budget: int = MEMORY_BUDGET
 
     def driver(
         self, app: App, state: Any = None, store: SessionStore | None = None
@@ -172,6 +179,8 @@ class AsyncioConfig:
             replica_id=self.replica_id,
             claim_lease=self.claim_lease,
             resume=self.resume,
+            session_retain_bytes=self.session_retain_bytes,
+            memory_budget=self.memory_budget,
         )
 
 

@@ -5,10 +5,20 @@ Theory of operation
 A :class:`Session` owns everything a client's session makes the driver hold, and
 each piece is bounded: one :class:`~weir.protocol.SessionFlow` (requests are admitted,
 and frames enter a log, only within the session's drain credit; waiters are granted
-strictly in order), a :class:`~weir.protocol.streams.StreamTable` of logs (a live stream keeps
+strictly in order), a :class:`~weir.protocol.streams.StreamTable` of logs (a stream keeps
 its last ``MAX_EVENTS`` frames, at most ``MAX_CLOSED_STREAMS`` closed ones are known),
 the handler tasks it admitted (teardown cancels them; a dropped connection does not),
 and the server-to-client requests those handlers wait on.
+
+What a session keeps after it is needed -- its streams' frames (replay history,
+delivered streams' too) and its calls' results (the gate's, and those kept for a
+rebind) -- is charged to the driver's :class:`~weir.protocol.budget.RetentionBudget`
+under the session's id, as on the Trio engine: ``--session-retain-bytes`` per session,
+``--memory-budget`` across all of them.  Over either, the budget asks a session to
+:meth:`~Session.shed`, oldest first: whole closed streams (a cursor into one is then
+``409 cursor_unknown``), then the acknowledged frames of live ones, then results (a
+retry of one is ``409 outcome_evicted``, never run again).  Unacknowledged frames
+hold credit and stay.
 
 One ``loop.call_at`` per session sits at :meth:`SessionFlow.deadline`: past the drain
 window a session that does not drain is half-open (new requests get 429), past the
@@ -25,9 +35,11 @@ import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Coroutine, Hashable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from weir.app import Caller
+from weir.engine._memory_store import MemoryStore
+from weir.engine._store_records import SessionRecord
 from weir.protocol import Admit, CreditLimits, SessionFlow
 from weir.protocol.event_ids import format_epoch
 from weir.protocol.jsonrpc import ErrorResponse, RequestId, Response
@@ -43,8 +55,6 @@ from weir.protocol.states import (
 from weir.protocol.streams import StreamKind, StreamLog, StreamTable
 
 if TYPE_CHECKING:
-    from weir.engine._store_records import SessionRecord
-
     from ._connection import Connection
     from ._driver import AsyncioDriver
 
@@ -53,6 +63,10 @@ T = TypeVar("T")
 #: Replay history: frames a live stream keeps, and closed streams a session remembers.
 MAX_EVENTS = 256
 MAX_CLOSED_STREAMS = 16
+#: Bytes of replay history and results one session, and all together, keep by
+#: default (the Trio engine's ``--session-retain-bytes`` and ``--memory-budget``).
+SESSION_RETAIN_BYTES: Final = 4 * 1024 * 1024
+MEMORY_BUDGET: Final = 256 * 1024 * 1024
 #: What the gate remembers per session: finished calls, and bytes of keys and results.
 MAX_CALLS = 256
 MAX_CALL_BYTES = 256 * 1024
@@ -77,6 +91,9 @@ class Session:
         caller: Caller,
     ):
         self.sid, self.version, self.driver = sid, version, driver
+        #: Where this session's history and kept results are charged (under ``sid``).
+        self.budget = driver.budget
+        self.budget.register(sid, self.shed)
         #: What the app layer keeps about the client (capabilities, log level, …).
         self.caller = caller
         self.loop = asyncio.get_running_loop()
@@ -248,8 +265,9 @@ class Session:
             self.release(1, size, stream.epoch)  # aborted while we waited: nothing to send
             raise Gone
         if not self.logged:
+            before = stream.retained_bytes
             stream.append(payload, final=final, event=event, encoded=encoded)
-            self._appended(stream)
+            self._appended(stream, before)
             return
         try:
             await self._log(stream, payload, final, call_key, event)
@@ -277,8 +295,9 @@ class Session:
             seq = stream.next_seq
             if seq or payload:  # (the priming event carries nothing to replay)
                 await self.driver.shared.append_event(self, stream, seq, payload, final, call_key)
+            before = stream.retained_bytes
             stream.append(payload, final=final, event=event)
-            self._appended(stream)
+            self._appended(stream, before)
             if final:
                 self._log_locks.pop(stream.epoch, None)
 
@@ -296,8 +315,9 @@ class Session:
         if self.logged:  # the store first: in a task of the session's, in order
             self.spawn(self._log_or_release(stream, payload, final, size))
             return True
+        before = stream.retained_bytes
         stream.append(payload, final=final, encoded=encoded)
-        self._appended(stream)
+        self._appended(stream, before)
         return True
 
     async def _log_or_release(
@@ -309,7 +329,9 @@ class Session:
             if not self.closed:
                 self.release(1, size, stream.epoch)  # never entered the log
 
-    def _appended(self, stream: StreamLog) -> None:
+    def _appended(self, stream: StreamLog, before: int) -> None:
+        """``stream`` took a frame; its log held ``before`` bytes until then."""
+        self._charge(stream.retained_bytes - before)
         if stream.epoch in self.abandoned:  # nobody writes it until a resumption: history
             self.release(*stream.mark_drained(stream.next_seq), stream.epoch)
             if stream.finished:
@@ -370,15 +392,63 @@ class Session:
         self.release(*stream.mark_drained(stream.next_seq), stream.epoch)
 
     def drained(self, stream: StreamLog, upto_seq: int) -> None:
-        """The peer acknowledged every frame of ``stream`` below ``upto_seq``.
-
-        A closed stream's acknowledged frames are dropped at once: what stays is
-        only what a resumption may still need, so the history a session keeps is
-        its live streams' last ``MAX_EVENTS`` frames, not everything it was sent.
-        """
+        """The peer acknowledged every frame of ``stream`` below ``upto_seq`` (they
+        stay as replay history, within the budget: see :meth:`shed`)."""
         self.release(*stream.mark_drained(upto_seq), stream.epoch)
-        if stream.state is StreamState.CLOSED:
-            stream.trim_drained()
+
+    # --------------------------------------------------------------- retention
+    def _charge(self, nbytes: int) -> None:
+        """The session keeps ``nbytes`` more (fewer, if negative); the budget may ask
+        it, or others, to shed before this returns.  A closed session keeps nothing
+        (its budget record went with it)."""
+        if nbytes and not self.closed:
+            self.budget.charge(self.sid, nbytes)
+
+    def shed(self, nbytes: int) -> None:
+        """Free at least ``nbytes`` of what the session keeps, oldest history first
+        (the budget asks; as the Trio engine's sessions do).
+
+        First whole closed streams, in the order they closed (a cursor into one is
+        then ``cursor_unknown``); then the acknowledged frames of live streams (their
+        unacknowledged frames hold credit and stay); then kept results, oldest first
+        (a retry of one is told ``outcome_evicted`` and does not run again).
+        """
+        budget, sid = self.budget, self.sid
+        target = budget.owner_held(sid) - nbytes
+        while budget.owner_held(sid) > target:
+            log = self.streams.drop_oldest_closed()
+            if log is None:
+                break
+            self._forget_stream(log.epoch)
+            budget.charge(sid, -log.retained_bytes)
+        for stream in self.streams:
+            if budget.owner_held(sid) <= target:
+                return
+            before = stream.retained_bytes
+            budget.charge(sid, stream.trim_drained() - before)
+        left = budget.owner_held(sid) - target
+        if left > 0:
+            self.shed_results(left)
+
+    def shed_results(self, nbytes: int) -> None:
+        """Drop kept results, oldest first, until ``nbytes`` are freed: the memory
+        store's (the gate's records of this process; each leaves a tombstone), else
+        those kept here for a rebind."""
+        store = self.driver.shared.store
+        if isinstance(store, MemoryStore):
+            store.shed_results(self.principal, self.sid, nbytes)
+            return
+        freed = 0
+        while self.finished and freed < nbytes:
+            freed += len(self.finished.popitem(last=False)[1])
+        self._finished_bytes -= freed
+        self._charge(-freed)
+
+    def _forget_stream(self, epoch: str) -> None:
+        """A closed stream the table no longer holds: nothing of it stays here."""
+        self.abandoned.discard(epoch)
+        self.close_requests.pop(epoch, None)
+        self._log_locks.pop(epoch, None)
 
     # ----------------------------------------------------------------- streams
     def allocate_epoch(self) -> str:
@@ -406,7 +476,12 @@ class Session:
             emit_ids=emit_ids,
             binding=binding,
         )
-        return self.streams.add(log)
+        self.streams.add(log)
+        for stale in self.streams.evicted:  # (closed streams past MAX_CLOSED_STREAMS)
+            self._forget_stream(stale)
+        if self.streams.evicted:
+            self._charge(-self.streams.evicted_bytes)
+        return log
 
     def wake(self, stream: StreamLog) -> None:
         event = self._wakeups.pop(stream.epoch, None)
@@ -452,17 +527,18 @@ class Session:
     def keep_result(self, key: str, payload: bytes) -> None:
         """Keep a call's response for a rebind: the newest :data:`MAX_FINISHED`, at most
         :data:`MAX_CALL_BYTES` of them (oldest dropped first; a larger one is not
-        kept); nothing for a closed session."""
+        kept), charged to the budget; nothing for a closed session."""
         finished = self.finished
+        before = self._finished_bytes
         old = finished.pop(key, None)
         if old is not None:
             self._finished_bytes -= len(old)
-        if self.closed or len(payload) > MAX_CALL_BYTES:
-            return
-        finished[key] = payload
-        self._finished_bytes += len(payload)
-        while len(finished) > MAX_FINISHED or self._finished_bytes > MAX_CALL_BYTES:
-            self._finished_bytes -= len(finished.popitem(last=False)[1])
+        if not self.closed and len(payload) <= MAX_CALL_BYTES:
+            finished[key] = payload
+            self._finished_bytes += len(payload)
+            while len(finished) > MAX_FINISHED or self._finished_bytes > MAX_CALL_BYTES:
+                self._finished_bytes -= len(finished.popitem(last=False)[1])
+        self._charge(self._finished_bytes - before)
 
     def request_close(self, stream: StreamLog, retry_ms: int) -> None:
         """Ask ``stream``'s writer to send ``retry:`` and end its HTTP response."""
@@ -500,6 +576,8 @@ class Session:
         for finished in self.call_done.values():
             finished.set()  # the waiters find the session closed
         self.finished.clear()  # (kept for a rebind's answer: no rebind of a closed session)
+        self._finished_bytes = 0
+        self.budget.release_owner(self.sid)  # (its history and results went above)
         for task in (*self.tasks, *self.writers):
             task.cancel()
         if self.carrier is not None:

@@ -130,10 +130,10 @@ def store_unavailable(request_id: RequestId | None = None) -> RemoteProtocolErro
 
 
 def overloaded(request_id: RequestId | None) -> RemoteProtocolError:
-    """503 ``overloaded``: the gate has no room for a new key (see
-    :class:`~weir.engine._store_errors.RetentionFull`); nothing was executed."""
+    """503 ``overloaded``: the memory budget has no room for a new key (see
+    :class:`~weir.engine._store_errors.RetentionFull`); nothing was executed (as on Trio)."""
     return RemoteProtocolError(
-        "the gate is full of calls that must be kept; nothing was executed",
+        "the server's memory budget is full of finished calls' keys; nothing was executed",
         http_status=503,
         reason=Reason.OVERLOADED,
         code=SERVER_ERROR,

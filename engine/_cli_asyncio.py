@@ -66,14 +66,6 @@ TRIO_ONLY: dict[str, TrioOnly] = {
         lambda v: v == 1,
     ),
     "reuse_port": TrioOnly("--reuse-port", "the asyncio runtime runs one process"),
-    "session_retain_bytes": TrioOnly(
-        "--session-retain-bytes",
-        "the asyncio runtime bounds each session's history by count (256 frames a "
-        "stream; 256 calls and 256 KiB of results)",
-    ),
-    "memory_budget": TrioOnly(
-        "--memory-budget", "the asyncio runtime has no budget across all sessions"
-    ),
 }
 
 #: ``serve`` options the asyncio runtime serves as the Trio path does (every option is
@@ -123,6 +115,8 @@ SERVED: frozenset[str] = frozenset(
         "store",
         "replica_id",
         "claim_lease",
+        "session_retain_bytes",
+        "memory_budget",
     }
 )
 
@@ -178,6 +172,8 @@ def asyncio_config(
         replica_id=config.replica_id,
         claim_lease=config.claim_lease,
         resume=config.resume,
+        session_retain_bytes=config.session_retain_bytes,
+        memory_budget=config.memory_budget,
     )
 
 

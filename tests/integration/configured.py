@@ -33,6 +33,7 @@ from weir.asyncio._drain import drain
 from weir.asyncio._run import with_declared_auth
 from weir.engine import Server, ServerConfig
 from weir.engine._cli_asyncio import asyncio_config
+from weir.engine._memory_store import MemoryStore
 
 from .runtimes import RUNTIMES
 
@@ -51,20 +52,25 @@ class Running:
 
 
 @asynccontextmanager
-async def serve_configured(runtime: str, app: App, config: ServerConfig) -> AsyncIterator[int]:
+async def serve_configured(
+    runtime: str, app: App, config: ServerConfig, store: MemoryStore | None = None
+) -> AsyncIterator[int]:
     """``app`` served with ``config`` (its port: 0, a free one) on ``runtime``; the port.
     Stopped on the way out (within 30 s)."""
-    async with run_configured(runtime, app, config) as server:
+    async with run_configured(runtime, app, config, store) as server:
         yield server.port
 
 
 @asynccontextmanager
-async def run_configured(runtime: str, app: App, config: ServerConfig) -> AsyncIterator[Running]:
-    """``app`` served with ``config`` on ``runtime``; stopped (if the test did not)
-    on the way out, within 30 s."""
+async def run_configured(
+    runtime: str, app: App, config: ServerConfig, store: MemoryStore | None = None
+) -> AsyncIterator[Running]:
+    """``app`` served with ``config`` on ``runtime`` (on ``store``, which the test may
+    then look into; default: the runtime's own); stopped (if the test did not) on
+    the way out, within 30 s."""
     if runtime == "trio":
         async with trio.open_nursery() as nursery:
-            server = await nursery.start(Server(app, config).run)
+            server = await nursery.start(Server(app, config, store=store).run)
             try:
                 yield Running(server.port, server.shutdown, server.stopped.wait)
             finally:
@@ -74,12 +80,15 @@ async def run_configured(runtime: str, app: App, config: ServerConfig) -> AsyncI
                 nursery.cancel_scope.cancel()
         return
     assert runtime == "asyncio", runtime
-    async with _asyncio_thread(app, with_declared_auth(app, asyncio_config(config, 30.0))) as run:
+    served = with_declared_auth(app, asyncio_config(config, 30.0))
+    async with _asyncio_thread(app, served, store) as run:
         yield run
 
 
 @asynccontextmanager
-async def _asyncio_thread(app: App, config: AsyncioConfig) -> AsyncIterator[Running]:
+async def _asyncio_thread(
+    app: App, config: AsyncioConfig, store: MemoryStore | None
+) -> AsyncIterator[Running]:
     """As :func:`weir.asyncio.run` serves (its lifespan, its drain at shutdown), in a
     thread of its own (so without its signal handlers)."""
     ready: queue.Queue[int | BaseException] = queue.Queue()
@@ -90,7 +99,7 @@ async def _asyncio_thread(app: App, config: AsyncioConfig) -> AsyncIterator[Runn
         control.append((asyncio.get_running_loop(), stop))
         async with contextlib.AsyncExitStack() as stack:
             state = await stack.enter_async_context(app.lifespan_context())
-            driver = config.driver(app, state)
+            driver = config.driver(app, state, store)
             server = await asyncio.start_server(driver.connection, config.host, config.port)
             ready.put(server.sockets[0].getsockname()[1])
             try:

@@ -75,8 +75,7 @@ class Options:
     max_connections: int | None = None
     idle_timeout: float | None = None
     read_timeouts: ReadTimeouts | None = None
-    #: The Trio engine's ``session_retain_bytes`` (the asyncio runtime bounds its
-    #: history by count, and drops what was acknowledged).
+    #: Bytes of replay history and results one session keeps (``--session-retain-bytes``).
     retain_bytes: int | None = None
     #: Every request answered with one JSON body (``weir serve --json-response``).
     json_response: bool = False
@@ -298,6 +297,7 @@ def _asyncio(app: App, opts: Options) -> Iterator[Served]:
             ("read_timeouts", opts.read_timeouts),
             ("in_progress_wait", opts.in_progress_wait),
             ("limits", opts.limits),
+            ("session_retain_bytes", opts.retain_bytes),
         )
         if v is not None
     }

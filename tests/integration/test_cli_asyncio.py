@@ -35,8 +35,6 @@ REFUSED_ARGS: dict[str, list[str]] = {
     "resume": ["--resume", "off"],
     "workers": ["--workers", "2"],
     "reuse_port": ["--reuse-port"],
-    "session_retain_bytes": ["--session-retain-bytes", "100000"],
-    "memory_budget": ["--memory-budget", "100000000"],
 }
 
 

@@ -100,19 +100,7 @@ async def settle_rss(pid: int, seconds: float = 1.0) -> int:
 # ----------------------------------------------------------------- retained results
 
 
-@pytest.mark.parametrize(
-    "runtime",
-    [
-        "trio",
-        pytest.param(
-            "asyncio",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="asyncio: no per-session retention budget yet (--session-retain-bytes)",
-            ),
-        ),
-    ],
-)
+@RUNTIMES
 async def test_large_results_are_retained_within_the_session_budget(
     tmp_path: Path, runtime: str
 ) -> None:

@@ -27,8 +27,11 @@ TRIO_ONLY = {
     "weir_connections_shed_total",
     "weir_accept_errors_total",
 }
-#: Series both runtimes render (retention series need --memory-budget).
+#: Series both runtimes render.
 BOTH = {
+    "weir_retained_bytes",
+    "weir_retention_evictions_total",
+    "weir_retention_evicted_bytes_total",
     "weir_sessions",
     "weir_half_open_sessions",
     "weir_admissions_total",
@@ -76,9 +79,7 @@ async def test_the_same_series_count_the_same_things(runtime: str) -> None:
             assert first.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
             names = set(re.findall(r"^# TYPE (\S+) ", first.body.decode(), re.MULTILINE))
             expected = BOTH | TRIO_ONLY if runtime == "trio" else BOTH
-            assert names - {"weir_retained_bytes"} - {n for n in names if "retention" in n} == (
-                expected
-            )
+            assert names == expected
 
             client = await Client.connect(port)
             try:

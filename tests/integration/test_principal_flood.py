@@ -6,6 +6,10 @@ server's :class:`~weir.protocol.budget.RetentionBudget` like any session's, each
 principal's gate as an owner of its own that can be asked to shed -- so a flood of
 distinct (validly signed) principals cannot make the process keep more than
 ``memory_budget``, nor is one principal's gate charged for another's.
+
+The tests that set a budget run on both runtimes (``--memory-budget`` and
+``--session-retain-bytes`` mean the same on each); what the server keeps is read
+from ``/metrics`` (``weir_retained_bytes``), the gates from the memory store.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import trio
 from weir.engine import App, Context, Server, ServerConfig
 from weir.engine._memory_store import MemoryStore
 
-from .rawhttp import Client, Reply, call, initialize
+from .configured import RUNTIMES, run_configured
+from .rawhttp import Client, Reply, call, initialize, metric
 from .test_auth import jwt_authorization, token
 
 V = "2026-07-28"
@@ -71,6 +76,13 @@ def keyed(sub: str, rid: int, tool: str = "big") -> tuple[dict[str, Any], dict[s
     return message, headers
 
 
+async def retained(client: Client) -> float:
+    """What the server keeps now, as its ``/metrics`` say (``weir_retained_bytes``)."""
+    reply = await client.request("GET", "/metrics")
+    assert reply.status == 200, reply.status
+    return metric(reply.body.decode(), "weir_retained_bytes")
+
+
 def replayed_or_evicted(reply: Reply, label: str) -> bool:
     """A retry's only two allowed answers: the stored result, or 409 ``outcome_evicted``."""
     if reply.status == 409:
@@ -79,7 +91,8 @@ def replayed_or_evicted(reply: Reply, label: str) -> bool:
     return reply.status == 200 and body["result"]["content"][0]["text"].startswith(label)
 
 
-async def test_a_flood_of_principals_keyed_answers_stays_inside_the_budget() -> None:
+@RUNTIMES
+async def test_a_flood_of_principals_keyed_answers_stays_inside_the_budget(runtime: str) -> None:
     runs.clear()
     store = MemoryStore()
     with trio.fail_after(120):
@@ -88,32 +101,31 @@ async def test_a_flood_of_principals_keyed_answers_stays_inside_the_budget() -> 
             config = ServerConfig(
                 port=0, auth=auth, memory_budget=BUDGET, session_retain_bytes=BUDGET // 4
             )
-            server = await nursery.start(Server(app, config, store=store).run)
-            client = await Client.connect(server.port)  # a gateway: every principal
-            try:
-                for n in range(PRINCIPALS):
-                    sub = f"flood-{n}"
-                    message, headers = keyed(sub, n)
-                    reply: Reply = await client.request("POST", "/mcp", message, headers=headers)
-                    assert reply.status == 200, (reply.status, reply.body[:300])
-                    held = server.budget.held
-                    assert held <= BUDGET, (n, held)
-                # The newest principal's retry is still answered from its record.
-                message, headers = keyed(f"flood-{PRINCIPALS - 1}", 10_000)
-                again = await client.request("POST", "/mcp", message, headers=headers)
-                assert again.status == 200, again
-                # Every principal's retry is replayed or refused, never run again.
-                for n in range(PRINCIPALS):
-                    sub = f"flood-{n}"
-                    message, headers = keyed(sub, 20_000 + n)
-                    retry = await client.request("POST", "/mcp", message, headers=headers)
-                    assert replayed_or_evicted(retry, sub), (n, retry.status, retry.body[:300])
-                    assert server.budget.held <= BUDGET, (n, server.budget.held)
-            finally:
-                await client.aclose()
-                server.shutdown()
-                await server.stopped.wait()
-                nursery.cancel_scope.cancel()
+            async with run_configured(runtime, app, config, store) as server:
+                client = await Client.connect(server.port)  # a gateway: every principal
+                try:
+                    for n in range(PRINCIPALS):
+                        sub = f"flood-{n}"
+                        message, headers = keyed(sub, n)
+                        reply = await client.request("POST", "/mcp", message, headers=headers)
+                        assert reply.status == 200, (reply.status, reply.body[:300])
+                        held = await retained(client)
+                        assert 0 < held <= BUDGET, (n, held)
+                    # The newest principal's retry is still answered from its record.
+                    message, headers = keyed(f"flood-{PRINCIPALS - 1}", 10_000)
+                    again = await client.request("POST", "/mcp", message, headers=headers)
+                    assert again.status == 200, again
+                    # Every principal's retry is replayed or refused, never run again.
+                    for n in range(PRINCIPALS):
+                        sub = f"flood-{n}"
+                        message, headers = keyed(sub, 20_000 + n)
+                        retry = await client.request("POST", "/mcp", message, headers=headers)
+                        assert replayed_or_evicted(retry, sub), (n, retry.status, retry.body[:300])
+                        held = await retained(client)
+                        assert held <= BUDGET, (n, held)
+                finally:
+                    await client.aclose()
+            nursery.cancel_scope.cancel()
     assert sum(runs.values()) == PRINCIPALS and all(c == 1 for c in runs.values()), runs
     # Shedding dropped answers, never a gate: each keeps its key (as a tombstone).
     assert len(store._internal) == PRINCIPALS
@@ -148,16 +160,15 @@ async def test_a_flood_of_principals_whose_keyed_calls_gave_their_key_back_leave
 SESSIONS = 40  # 40 sessions x 2 answers of 4 KiB: well over the budget
 
 
-async def test_a_flood_of_sessions_never_runs_a_finished_call_again() -> None:
+@RUNTIMES
+async def test_a_flood_of_sessions_never_runs_a_finished_call_again(runtime: str) -> None:
     """The session era under the same pressure: every session's finished calls --
     one gated by its JSON-RPC id, one by an ``Idempotency-Key`` -- are replayed or
     refused ``outcome_evicted`` on retry, never run again, and the budget holds."""
     runs.clear()
-    store = MemoryStore()
     config = ServerConfig(port=0, memory_budget=BUDGET, session_retain_bytes=BUDGET // 4)
     with trio.fail_after(120):
-        async with trio.open_nursery() as nursery:
-            server = await nursery.start(Server(app, config, store=store).run)
+        async with run_configured(runtime, app, config) as server:
             client = await Client.connect(server.port)
             sessions: list[str] = []
             version = {"mcp-protocol-version": "2025-06-18"}
@@ -172,7 +183,8 @@ async def test_a_flood_of_sessions_never_runs_a_finished_call_again() -> None:
                             "POST", "/mcp", msg, session=sid, headers=headers
                         )
                         assert reply.status == 200, (n, reply.status, reply.body[:300])
-                        assert server.budget.held <= BUDGET, (n, server.budget.held)
+                        held = await retained(client)
+                        assert 0 < held <= BUDGET, (n, held)
                 for n, sid in enumerate(sessions):
                     for label, headers in ((f"id-{n}", version), (f"key-{n}", keyed_headers)):
                         msg = call(7 if label.startswith("id") else 8, "big", {"label": label})
@@ -184,19 +196,20 @@ async def test_a_flood_of_sessions_never_runs_a_finished_call_again() -> None:
                             retry.status,
                             retry.body[:300],
                         )
-                        assert server.budget.held <= BUDGET, (n, server.budget.held)
+                        held = await retained(client)
+                        assert held <= BUDGET, (n, held)
             finally:
                 await client.aclose()
-                server.shutdown()
-                await server.stopped.wait()
-                nursery.cancel_scope.cancel()
     assert sum(runs.values()) == 2 * SESSIONS and all(c == 1 for c in runs.values()), runs
 
 
 TINY_FLOOD = 80
 
 
-async def test_a_budget_full_of_tombstones_refuses_new_keyed_calls_and_runs_nothing_twice() -> None:
+@RUNTIMES
+async def test_a_budget_full_of_tombstones_refuses_new_keyed_calls_and_runs_nothing_twice(
+    runtime: str,
+) -> None:
     """A budget too small for every principal's key: once the tombstones fill it, a
     new keyed call is refused 503 ``overloaded`` (nothing run) -- no earlier key is
     forgotten to make room, so every earlier retry is still refused, not run."""
@@ -207,40 +220,44 @@ async def test_a_budget_full_of_tombstones_refuses_new_keyed_calls_and_runs_noth
         async with trio.open_nursery() as nursery:
             auth = await jwt_authorization(nursery)
             config = ServerConfig(port=0, auth=auth, memory_budget=tiny, session_retain_bytes=tiny)
-            server = await nursery.start(Server(app, config, store=store).run)
-            client = await Client.connect(server.port)
             admitted: list[str] = []
-            try:
-                for n in range(TINY_FLOOD):
-                    sub = f"tiny-{n}"
-                    message, headers = keyed(sub, n, "small")
-                    reply: Reply = await client.request("POST", "/mcp", message, headers=headers)
-                    if reply.status == 503:
-                        assert reply.reason == "overloaded", reply.body[:300]
-                        assert "retry-after" in reply.headers
-                    else:
-                        assert reply.status == 200, (reply.status, reply.body[:300])
-                        admitted.append(sub)
-                    # Keys stay within the budget; over it only the frames of the
-                    # response just sent (a live stream's, unsheddable until it closes).
-                    streams = sum(server.budget.owner_held(o.session_id) for o in server.owners)
-                    gates = sum(s.calls.held for s in store._internal.values())
-                    assert gates <= server.budget.held - streams <= tiny, (n, gates, streams)
-                assert 0 < len(admitted) < TINY_FLOOD
-                for n, sub in enumerate(admitted):
-                    message, headers = keyed(sub, 100 + n, "small")
-                    retry = await client.request("POST", "/mcp", message, headers=headers)
-                    assert replayed_or_evicted(retry, sub), (sub, retry.status, retry.body[:300])
-            finally:
-                await client.aclose()
-                server.shutdown()
-                await server.stopped.wait()
-                nursery.cancel_scope.cancel()
+            async with run_configured(runtime, app, config, store) as server:
+                client = await Client.connect(server.port)
+                try:
+                    for n in range(TINY_FLOOD):
+                        sub = f"tiny-{n}"
+                        message, headers = keyed(sub, n, "small")
+                        reply = await client.request("POST", "/mcp", message, headers=headers)
+                        if reply.status == 503:
+                            assert reply.reason == "overloaded", reply.body[:300]
+                            assert "retry-after" in reply.headers
+                        else:
+                            assert reply.status == 200, (reply.status, reply.body[:300])
+                            admitted.append(sub)
+                        # The gates' keys stay within the budget (over it the server
+                        # keeps only what cannot be shed: live streams' frames).
+                        gates = sum(s.calls.held for s in list(store._internal.values()))
+                        assert gates <= tiny, (n, gates)
+                    assert 0 < len(admitted) < TINY_FLOOD
+                    for n, sub in enumerate(admitted):
+                        message, headers = keyed(sub, 100 + n, "small")
+                        retry = await client.request("POST", "/mcp", message, headers=headers)
+                        assert replayed_or_evicted(retry, sub), (
+                            sub,
+                            retry.status,
+                            retry.body[:300],
+                        )
+                finally:
+                    await client.aclose()
+            nursery.cancel_scope.cancel()
     assert sorted(runs) == sorted(admitted) and all(c == 1 for c in runs.values()), runs
     assert len(store._internal) == len(admitted)  # a refused call leaves no record
 
 
-async def test_a_session_full_of_tombstones_refuses_new_calls_and_runs_nothing_twice() -> None:
+@RUNTIMES
+async def test_a_session_full_of_tombstones_refuses_new_calls_and_runs_nothing_twice(
+    runtime: str,
+) -> None:
     """The session era at the same limit: its calls' keys (their JSON-RPC ids) fill
     the budget; the next call is refused 503 ``overloaded`` and each earlier id's
     retry is replayed or refused, never run again."""
@@ -251,8 +268,7 @@ async def test_a_session_full_of_tombstones_refuses_new_calls_and_runs_nothing_t
     admitted: list[int] = []
     refused: Reply | None = None
     with trio.fail_after(120):
-        async with trio.open_nursery() as nursery:
-            server = await nursery.start(Server(app, config, store=MemoryStore()).run)
+        async with run_configured(runtime, app, config) as server:
             client = await Client.connect(server.port)
             try:
                 sid = await initialize(client)
@@ -269,9 +285,6 @@ async def test_a_session_full_of_tombstones_refuses_new_calls_and_runs_nothing_t
                     assert replayed_or_evicted(retry, f"s-{rid}"), (rid, retry.body[:300])
             finally:
                 await client.aclose()
-                server.shutdown()
-                await server.stopped.wait()
-                nursery.cancel_scope.cancel()
     assert refused is not None and admitted, admitted
     assert refused.reason == "overloaded", (refused.status, refused.body[:300])
     assert sorted(runs) == sorted(f"s-{rid}" for rid in admitted), runs
