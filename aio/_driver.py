@@ -234,6 +234,9 @@ class AsyncioDriver:
         #: Of those, the authorized principals' (each shared by its connections).
         self.shared_owners = SharedOwners()
         self._runs: set[asyncio.Task[Any]] = set()
+        #: Of those, the loops that run as long as the driver (a shared store's relays
+        #: and lease renewals): no work a drain waits for.
+        self._loops: set[asyncio.Task[Any]] = set()
         self._last_trim = -math.inf
         self._identity: dict[str, Any] | None = None
         self.sessions: dict[str, Session] = {}
@@ -265,12 +268,16 @@ class AsyncioDriver:
             self._identity = server_identity(self.app)
         return self._identity
 
-    def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    def spawn(self, work: Coroutine[Any, Any, T], *, loop: bool = False) -> asyncio.Task[T]:
         """Run ``work`` as the runtime's task (shutdown cancels it; no connection's
-        or owner's end does)."""
+        or owner's end does).  With ``loop`` it is a background loop, which a drain
+        does not wait for (see :mod:`._drain`)."""
         task = asyncio.get_running_loop().create_task(work)
         self._runs.add(task)
         task.add_done_callback(self._runs.discard)
+        if loop:
+            self._loops.add(task)
+            task.add_done_callback(self._loops.discard)
         return task
 
     def end(self, session: Session) -> None:
