@@ -159,7 +159,8 @@ class AsyncioDriver:
         last ``claim_lease`` seconds unless renewed; with ``resume="shared"`` every
         stream event is appended to a shared store before it is sent, and a cursor
         another replica issued is replayed from it (``"pinned"``: this process's own
-        logs only).  The caller owns the store.
+        logs only; ``"off"``: events carry no ids and every cursor is refused 409
+        ``cursor_unknown``).  The caller owns the store.
         """
         self.legacy_sse_path, self.legacy_messages_path = legacy_sse_path, legacy_messages_path
         #: The most sessions one principal holds (429 beyond), and how many each holds.
@@ -194,6 +195,9 @@ class AsyncioDriver:
             claim_lease=claim_lease,
             resume=resume,
         )
+        #: Session streams' events carry ids (``resume="off"``: none, and no priming
+        #: event: nothing is resumed, as on the Trio engine).
+        self.event_ids = resume != "off"
         #: What a GET's and a DELETE's courses need to know of this runtime: whether
         #: authorization is on (the principal proves the channel), a shared store's replays.
         self.stream_rules = StreamRules(
@@ -213,6 +217,7 @@ class AsyncioDriver:
             json_response=always_json,
             json_unless_sse=True,
             shared=self.shared.shared,
+            priming=self.event_ids,
             authorized=auth is not None,
             in_progress_wait=in_progress_wait,
         )

@@ -103,7 +103,8 @@ class AsyncioConfig:
         claim_lease: seconds a running call's claim in a shared store lives unless
             renewed (a replica that dies is answered ``interrupted`` after it).
         resume: ``"shared"`` (with a shared store, every event is stored before it is
-            sent, and any replica replays it) or ``"pinned"`` (this process's logs).
+            sent, and any replica replays it), ``"pinned"`` (this process's logs) or
+            ``"off"`` (events carry no ids; every cursor is refused).
     """
 
     host: str = "127.0.0.1"

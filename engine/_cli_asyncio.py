@@ -54,11 +54,6 @@ class TrioOnly:
 #: ``serve`` options (by argparse ``dest``) the asyncio runtime does not serve yet,
 #: or serves with one value only.  Every other option it serves as the Trio path does.
 TRIO_ONLY: dict[str, TrioOnly] = {
-    "resume": TrioOnly(
-        "--resume",
-        "the asyncio runtime always gives events ids (only 'shared' and 'pinned' are served)",
-        lambda v: v in ("shared", "pinned"),
-    ),
     "workers": TrioOnly(
         "--workers",
         "the asyncio runtime runs one process (only 1 is served; run replicas on a shared "
@@ -129,6 +124,7 @@ SERVED: frozenset[str] = frozenset(
         "store",
         "replica_id",
         "claim_lease",
+        "resume",
     }
 )
 

@@ -32,7 +32,6 @@ from .test_cli_startup import MYAPP, one_line_failure, weir
 
 #: A command-line value for each Trio-only option that the asyncio runtime refuses.
 REFUSED_ARGS: dict[str, list[str]] = {
-    "resume": ["--resume", "off"],
     "workers": ["--workers", "2"],
     "reuse_port": ["--reuse-port"],
     "max_inbound_bytes": ["--max-inbound-bytes", "1000000"],
@@ -118,10 +117,10 @@ async def test_the_state_keys_it_is_given_seal_its_request_state(
 
 
 def test_through_the_console_script_a_refusal_is_one_line_and_status_1(tmp_path: Path) -> None:
-    done = weir(tmp_path, "serve", "--runtime", "asyncio", "--resume", "off")
+    done = weir(tmp_path, "serve", "--runtime", "asyncio", "--memory-budget", "100000000")
     assert done.returncode == 1
     line = one_line_failure(done)
-    assert line.startswith("weir: --runtime asyncio refuses --resume: ")
+    assert line.startswith("weir: --runtime asyncio refuses --memory-budget: ")
 
 
 def test_a_store_that_does_not_answer_is_a_one_line_start_up_failure(tmp_path: Path) -> None:
