@@ -83,9 +83,8 @@ runs on asyncio here).
   :class:`~weir.protocol.legacy.LegacyPostCourse`.
 
 Not here yet (the Trio engine has them, and ``weir serve --runtime asyncio`` refuses
-their options rather than ignore them): several workers in one command, a budget on
-what all connections buffer, a memory budget for replay history and results, and
-inline execution.
+their options rather than ignore them): a budget on what all connections buffer, a
+memory budget for replay history and results, and inline execution.
 """
 
 from __future__ import annotations

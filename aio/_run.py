@@ -105,6 +105,8 @@ class AsyncioConfig:
         resume: ``"shared"`` (with a shared store, every event is stored before it is
             sent, and any replica replays it), ``"pinned"`` (this process's logs) or
             ``"off"`` (events carry no ids; every cursor is refused).
+        reuse_port: listen with ``SO_REUSEPORT``, so that other processes may listen
+            on the same port (``weir serve --workers``: the kernel spreads connections).
     """
 
     host: str = "127.0.0.1"
@@ -131,6 +133,7 @@ class AsyncioConfig:
     replica_id: str | None = None
     claim_lease: float = CLAIM_LEASE
     resume: str = "pinned"
+    reuse_port: bool = False
 
     def driver(
         self, app: App, state: Any = None, store: SessionStore | None = None
@@ -277,7 +280,9 @@ async def _serve(
             state = await _enter_lifespan(app, stack, config.startup_timeout)
             driver = config.driver(app, state, store)
             loop.set_exception_handler(AcceptFailures(driver))
-            server = await asyncio.start_server(driver.connection, config.host, config.port)
+            server = await asyncio.start_server(
+                driver.connection, config.host, config.port, reuse_port=config.reuse_port
+            )
             try:
                 if started is not None:
                     host, port = server.sockets[0].getsockname()[:2]

@@ -54,13 +54,6 @@ class TrioOnly:
 #: ``serve`` options (by argparse ``dest``) the asyncio runtime does not serve yet,
 #: or serves with one value only.  Every other option it serves as the Trio path does.
 TRIO_ONLY: dict[str, TrioOnly] = {
-    "workers": TrioOnly(
-        "--workers",
-        "the asyncio runtime runs one process (only 1 is served; run replicas on a shared "
-        "--store instead)",
-        lambda v: v == 1,
-    ),
-    "reuse_port": TrioOnly("--reuse-port", "the asyncio runtime runs one process"),
     "max_inbound_bytes": TrioOnly(
         "--max-inbound-bytes",
         "the asyncio runtime has no budget on what all connections buffer together",
@@ -125,6 +118,8 @@ SERVED: frozenset[str] = frozenset(
         "replica_id",
         "claim_lease",
         "resume",
+        "workers",
+        "reuse_port",
     }
 )
 
@@ -178,6 +173,7 @@ def asyncio_config(
         replica_id=config.replica_id,
         claim_lease=config.claim_lease,
         resume=config.resume,
+        reuse_port=config.reuse_port,
     )
 
 

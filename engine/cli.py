@@ -695,8 +695,13 @@ def _main_asyncio(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if refused:
         raise SystemExit("\n".join(refused))
     app = _load(args.app, args.app_dir)
-    config = _with_app_security(app, config_from_args(args))
-    warning = _open_warning(config)
+    config = _with_app_security(app, config_from_args(args), warn=not args.reuse_port)
+    if args.workers > 1:  # (each worker is `weir serve --runtime asyncio` again)
+        from ._workers import run_workers
+
+        _warn_if_open(config)
+        return run_workers(args, config, argv)
+    warning = None if config.reuse_port else _open_warning(config)  # (a worker: the parent has)
     return serve_on_asyncio(
         app,
         asyncio_config(config, args.startup_timeout, args.store),

@@ -32,8 +32,6 @@ from .test_cli_startup import MYAPP, one_line_failure, weir
 
 #: A command-line value for each Trio-only option that the asyncio runtime refuses.
 REFUSED_ARGS: dict[str, list[str]] = {
-    "workers": ["--workers", "2"],
-    "reuse_port": ["--reuse-port"],
     "max_inbound_bytes": ["--max-inbound-bytes", "1000000"],
     "initialize_timeout": ["--initialize-timeout", "5"],
     "session_retain_bytes": ["--session-retain-bytes", "100000"],
@@ -161,7 +159,7 @@ def test_a_lifespan_that_never_finishes_starting_is_cut_and_named(tmp_path: Path
     assert "did not finish starting within 0.5 s" in line and "--startup-timeout" in line
 
 
-#: Options the asyncio runtime serves, and Trio-only ones given the one value it serves.
+#: Options the asyncio runtime serves, as the Trio path does.
 SERVED_ARGS = (
     "--path", "/x",
     "--max-sessions", "2",
