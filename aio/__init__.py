@@ -86,10 +86,9 @@ runs on asyncio here).
   session with its one LEGACY stream; ``POST /messages`` follows the core's
   :class:`~weir.protocol.legacy.LegacyPostCourse`.
 
-Not here yet (the Trio engine has them, and ``weir serve --runtime asyncio`` refuses
-their options rather than ignore them): several workers in one command, a budget on
-what all connections buffer, a memory budget for replay history and results, and
-inline execution.
+Not here: inline execution (the Trio engine runs a ``never_suspends`` tool on the
+connection's own task; this runtime always starts one).  Every ``weir serve`` option
+is served.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ before :meth:`AsyncioDriver.close_all` cancels what is left:
    (:func:`refuse_if_closing`), before its token is checked or anything runs.
 2. **Running calls finish.**  For at most ``grace`` seconds it waits while any
    session or sessionless credit owner has an admitted request not yet answered
-   (its flow's ``inflight``) or a keyed sessionless call still runs; a call's
+   (its flow's ``inflight``) or a keyed sessionless call still runs (a shared
+   store's relays and lease renewals run as long as the driver: not work); a call's
    response is in its stream's log (or its JSON body sent) when it counts as
    answered, so its writer delivers it.
 3. **Streams end with ``retry:``.**  Every ``subscriptions/listen`` stream gets
@@ -59,7 +60,9 @@ def refuse_if_closing(driver: AsyncioDriver) -> None:
 def _busy(driver: AsyncioDriver) -> bool:
     """Whether a request admitted before the drain is still unanswered."""
     holders = (*driver.sessions.values(), *driver.owners)
-    return bool(driver._runs) or any(s.flow.inflight for s in holders if not s.closed)
+    return bool(driver._runs - driver._loops) or any(
+        s.flow.inflight for s in holders if not s.closed
+    )
 
 
 def _writing(driver: AsyncioDriver) -> bool:

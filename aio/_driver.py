@@ -170,7 +170,8 @@ class AsyncioDriver:
         last ``claim_lease`` seconds unless renewed; with ``resume="shared"`` every
         stream event is appended to a shared store before it is sent, and a cursor
         another replica issued is replayed from it (``"pinned"``: this process's own
-        logs only).  The caller owns the store.
+        logs only; ``"off"``: events carry no ids and every cursor is refused 409
+        ``cursor_unknown``).  The caller owns the store.
 
         Replay history and kept results are bounded in bytes, as on the Trio engine:
         ``session_retain_bytes`` per session, ``memory_budget`` across all sessions
@@ -219,6 +220,9 @@ class AsyncioDriver:
             claim_lease=claim_lease,
             resume=resume,
         )
+        #: Session streams' events carry ids (``resume="off"``: none, and no priming
+        #: event: nothing is resumed, as on the Trio engine).
+        self.event_ids = resume != "off"
         #: What a GET's and a DELETE's courses need to know of this runtime: whether
         #: authorization is on (the principal proves the channel), a shared store's replays.
         self.stream_rules = StreamRules(
@@ -238,6 +242,7 @@ class AsyncioDriver:
             json_response=always_json,
             json_unless_sse=True,
             shared=self.shared.shared,
+            priming=self.event_ids,
             authorized=auth is not None,
             in_progress_wait=in_progress_wait,
         )
@@ -259,6 +264,9 @@ class AsyncioDriver:
         #: Of those, the authorized principals' (each shared by its connections).
         self.shared_owners = SharedOwners()
         self._runs: set[asyncio.Task[Any]] = set()
+        #: Of those, the loops that run as long as the driver (a shared store's relays
+        #: and lease renewals): no work a drain waits for.
+        self._loops: set[asyncio.Task[Any]] = set()
         self._last_trim = -math.inf
         self._identity: dict[str, Any] | None = None
         self.sessions: dict[str, Session] = {}
@@ -290,12 +298,16 @@ class AsyncioDriver:
             self._identity = server_identity(self.app)
         return self._identity
 
-    def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    def spawn(self, work: Coroutine[Any, Any, T], *, loop: bool = False) -> asyncio.Task[T]:
         """Run ``work`` as the runtime's task (shutdown cancels it; no connection's
-        or owner's end does)."""
+        or owner's end does).  With ``loop`` it is a background loop, which a drain
+        does not wait for (see :mod:`._drain`)."""
         task = asyncio.get_running_loop().create_task(work)
         self._runs.add(task)
         task.add_done_callback(self._runs.discard)
+        if loop:
+            self._loops.add(task)
+            task.add_done_callback(self._loops.discard)
         return task
 
     def end(self, session: Session) -> None:

@@ -110,7 +110,10 @@ class AsyncioConfig:
         claim_lease: seconds a running call's claim in a shared store lives unless
             renewed (a replica that dies is answered ``interrupted`` after it).
         resume: ``"shared"`` (with a shared store, every event is stored before it is
-            sent, and any replica replays it) or ``"pinned"`` (this process's logs).
+            sent, and any replica replays it), ``"pinned"`` (this process's logs) or
+            ``"off"`` (events carry no ids; every cursor is refused).
+        reuse_port: listen with ``SO_REUSEPORT``, so that other processes may listen
+            on the same port (``weir serve --workers``: the kernel spreads connections).
         session_retain_bytes: bytes of replay history and finished results one
             session may keep (over it its oldest history goes first).
         memory_budget: bytes of replay history and finished results all sessions
@@ -145,6 +148,7 @@ class AsyncioConfig:
     resume: str = "pinned"
     session_retain_bytes: int = SESSION_RETAIN_BYTES
     memory_budget: int = MEMORY_BUDGET
+    reuse_port: bool = False
 
     def driver(
         self, app: App, state: Any = None, store: SessionStore | None = None
@@ -295,7 +299,9 @@ async def _serve(
             state = await _enter_lifespan(app, stack, config.startup_timeout)
             driver = config.driver(app, state, store)
             loop.set_exception_handler(AcceptFailures(driver))
-            server = await asyncio.start_server(driver.connection, config.host, config.port)
+            server = await asyncio.start_server(
+                driver.connection, config.host, config.port, reuse_port=config.reuse_port
+            )
             try:
                 if started is not None:
                     host, port = server.sockets[0].getsockname()[:2]

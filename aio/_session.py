@@ -463,17 +463,18 @@ class Session:
         kind: StreamKind,
         epoch: str | None = None,
         *,
-        emit_ids: bool = True,
+        emit_ids: bool | None = None,
         binding: int = 0,
     ) -> StreamLog:
         """A new stream of this session (``emit_ids`` False: its frames carry no
-        event ids, as nothing resumes a sessionless answer), opened under channel
-        generation ``binding`` (0: no token; its cursors are bound to it)."""
+        event ids, as nothing resumes a sessionless answer; None: they do unless the
+        driver resumes nothing, ``resume="off"``), opened under channel generation
+        ``binding`` (0: no token; its cursors are bound to it)."""
         log = StreamLog(
             epoch or self.allocate_epoch(),
             kind,
             max_events=MAX_EVENTS,
-            emit_ids=emit_ids,
+            emit_ids=self.driver.event_ids if emit_ids is None else emit_ids,
             binding=binding,
         )
         self.streams.add(log)

@@ -513,7 +513,7 @@ class SharedState:
     def renew_soon(self) -> None:
         """Calls run here: make sure their leases are renewed (shared stores)."""
         if self.store.shared and (self._renewer is None or self._renewer.done()):
-            self._renewer = self.driver.spawn(renew_leases(self))
+            self._renewer = self.driver.spawn(renew_leases(self), loop=True)
 
     async def finish(self, session: Session, key: str, payload: bytes | None) -> None:
         """Store a call's outcome (None: give the key back), then wake the deliveries
@@ -546,11 +546,11 @@ class SharedState:
         run (they end with the driver)."""
         self._relay_mail()
         if self.store.shared and (self._changes is None or self._changes.done()):
-            self._changes = self.driver.spawn(relay_changes(self))
+            self._changes = self.driver.spawn(relay_changes(self), loop=True)
 
     def _relay_mail(self) -> None:
         if self.store.shared and (self._relay is None or self._relay.done()):
-            self._relay = self.driver.spawn(relay_mail(self))
+            self._relay = self.driver.spawn(relay_mail(self), loop=True)
 
     def publish_change(self, method: str, uri: str | None) -> None:
         """With a shared store, put an announced change on its bus (in a task)."""

@@ -6,14 +6,11 @@ The command line is the Trio engine's (:mod:`weir.engine.cli`); :mod:`weir.async
 imports neither it nor Trio, and is imported from here only when asked for.  With
 ``--runtime asyncio`` the CLI:
 
-1. **Refuses what the asyncio runtime does not serve yet** (:func:`refusals`): every
-   option given on the command line is looked up in :data:`TRIO_ONLY`; one given with
-   a value the asyncio runtime cannot honour is refused, one line each, naming the
-   option, what the asyncio runtime does instead, and that the Trio runtime serves it
-   -- never silently ignored.  The ``--auth-*`` options and an SDK app's own
-   token verifier are served (the authorization is the Trio path's). The sessionless revision's keys
-   (``--state-key-file``/``$WEIR_STATE_KEYS``) are served.
-2. **Checks the rest as the Trio path does** (the same :func:`config_from_args`), and
+1. **Serves every ``serve`` option the Trio path serves**, with the same meaning;
+   :data:`SERVED` names them, and a test keeps it equal to the parser's options, so an
+   option added later cannot be silently ignored by this runtime (whoever adds one
+   decides here whether the asyncio runtime serves it).
+2. **Checks them as the Trio path does** (the same :func:`config_from_args`), and
    turns the :class:`~weir.engine.ServerConfig` into a
    :class:`~weir.asyncio.AsyncioConfig` (:func:`asyncio_config`).
 3. **Runs** :func:`weir.asyncio.run`, printing ``weir: serving URL`` first on stdout
@@ -22,10 +19,9 @@ imports neither it nor Trio, and is imported from here only when asked for.  Wit
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from weir.app import App
 from weir.asyncio import AsyncioConfig, StartupFailed, run
@@ -38,38 +34,8 @@ from ._startup import describe, explain
 log = logging.getLogger(__name__)
 
 
-def _never(value: object) -> bool:
-    return False
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TrioOnly:
-    """An option the asyncio runtime serves only with values ``served`` accepts."""
-
-    flag: str
-    why: str
-    served: Callable[[object], bool] = _never
-
-
-#: ``serve`` options (by argparse ``dest``) the asyncio runtime does not serve yet,
-#: or serves with one value only.  Every other option it serves as the Trio path does.
-TRIO_ONLY: dict[str, TrioOnly] = {
-    "resume": TrioOnly(
-        "--resume",
-        "the asyncio runtime always gives events ids (only 'shared' and 'pinned' are served)",
-        lambda v: v in ("shared", "pinned"),
-    ),
-    "workers": TrioOnly(
-        "--workers",
-        "the asyncio runtime runs one process (only 1 is served; run replicas on a shared "
-        "--store instead)",
-        lambda v: v == 1,
-    ),
-    "reuse_port": TrioOnly("--reuse-port", "the asyncio runtime runs one process"),
-}
-
-#: ``serve`` options the asyncio runtime serves as the Trio path does (every option is
-#: here or in :data:`TRIO_ONLY`; a test keeps it so, so that a new option is never
+#: ``serve`` options the asyncio runtime serves as the Trio path does: all of them (a
+#: test keeps this equal to the parser's options, so that a new option is never
 #: silently ignored by the asyncio runtime).
 SERVED: frozenset[str] = frozenset(
     {
@@ -117,21 +83,11 @@ SERVED: frozenset[str] = frozenset(
         "claim_lease",
         "session_retain_bytes",
         "memory_budget",
+        "resume",
+        "workers",
+        "reuse_port",
     }
 )
-
-_TAIL = "it is served by the Trio runtime only for now (drop it, or serve with --runtime trio)"
-
-
-def refusals(given: dict[str, object]) -> list[str]:
-    """One line for each option in ``given`` (argparse ``dest`` -> value, the options
-    on the command line only) that the asyncio runtime would not honour."""
-    lines = []
-    for dest, value in given.items():
-        rule = TRIO_ONLY.get(dest)
-        if rule is not None and not rule.served(value):
-            lines.append(f"weir: --runtime asyncio refuses {rule.flag}: {rule.why}; {_TAIL}")
-    return lines
 
 
 def asyncio_config(
@@ -174,6 +130,7 @@ def asyncio_config(
         resume=config.resume,
         session_retain_bytes=config.session_retain_bytes,
         memory_budget=config.memory_budget,
+        reuse_port=config.reuse_port,
     )
 
 

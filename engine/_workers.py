@@ -1,11 +1,12 @@
-"""``weir serve --workers N``: N processes, one Trio loop each, sharing one port.
+"""``weir serve --workers N``: N processes, one event loop each, sharing one port.
 
 Theory of operation
 -------------------
 The parent reserves the port (binding a ``SO_REUSEPORT`` socket it never listens
 on, so ``--port 0`` gets one definite port), then starts N children, each
 ``python -m weir <the parent's arguments> --port P --replica-id <id>-<i> --workers 1
---reuse-port``.  Each child listens on the same port with ``SO_REUSEPORT``; the kernel
+--reuse-port`` (so on the runtime the parent was asked for: ``--runtime asyncio`` is in
+those arguments too).  Each child listens on the same port with ``SO_REUSEPORT``; the kernel
 spreads new connections across them.  Sessions must be in a shared store (the
 CLI refuses ``--workers`` > 1 with ``--store memory``), so any worker serves any
 request of any session.

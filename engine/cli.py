@@ -16,8 +16,8 @@ SIGINT/SIGTERM shut down gracefully (see ``engine.Server.shutdown``); a second
 signal exits at once.
 
 ``--runtime asyncio`` serves the app with :mod:`weir.asyncio` instead of Trio (see
-:mod:`weir.engine._cli_asyncio`, imported only then): the options that runtime does
-not serve yet are refused at start-up, each with its reason.
+:mod:`weir.engine._cli_asyncio`, imported only then), with every option served as on
+Trio.
 """
 
 from __future__ import annotations
@@ -665,18 +665,6 @@ def _with_app_security(app: App, config: ServerConfig, *, warn: bool = True) -> 
     return dataclasses.replace(config, auth=declared)
 
 
-def _given_options(argv: Sequence[str]) -> dict[str, object]:
-    """The ``serve`` options on the command line itself (argparse ``dest`` -> value),
-    without the defaults of the others."""
-    parser = _parser()
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                for option in sub._actions:
-                    option.default = argparse.SUPPRESS
-    return {k: v for k, v in vars(parser.parse_args(argv)).items() if k != "command"}
-
-
 def _open_warning(config: ServerConfig) -> str | None:
     """The warning for a server reachable from other machines with no authorization."""
     if config.auth is None and not _is_loopback(config.host):
@@ -690,15 +678,17 @@ def _open_warning(config: ServerConfig) -> str | None:
 
 
 def _main_asyncio(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """``weir serve --runtime asyncio``: refuse what it does not serve, then serve."""
-    from ._cli_asyncio import asyncio_config, refusals, serve_on_asyncio
+    """``weir serve --runtime asyncio``: the same options, served on asyncio."""
+    from ._cli_asyncio import asyncio_config, serve_on_asyncio
 
-    refused = refusals(_given_options(argv))
-    if refused:
-        raise SystemExit("\n".join(refused))
     app = _load(args.app, args.app_dir)
-    config = _with_app_security(app, config_from_args(args))
-    warning = _open_warning(config)
+    config = _with_app_security(app, config_from_args(args), warn=not args.reuse_port)
+    if args.workers > 1:  # (each worker is `weir serve --runtime asyncio` again)
+        from ._workers import run_workers
+
+        _warn_if_open(config)
+        return run_workers(args, config, argv)
+    warning = None if config.reuse_port else _open_warning(config)  # (a worker: the parent has)
     return serve_on_asyncio(
         app,
         asyncio_config(config, args.startup_timeout, args.store),

@@ -532,54 +532,12 @@ async def test_tokenless_cursor_presented_with_a_token_is_unbound(
 
 
 # ---------------------------------------------------------------- resumption policies
+# (``off`` is checked on both runtimes in ``tests/integration/test_resume_off``.)
 def test_unknown_resume_policy_is_refused_at_configuration() -> None:
     with pytest.raises(ValueError, match=r"resume must be one of shared, pinned, off.*'bogus'"):
         ServerConfig(resume="bogus")
     for policy in ("shared", "pinned", "off"):
         assert ServerConfig(resume=policy).resume == policy
-
-
-async def test_resume_off_emits_no_ids_and_no_priming(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with running_server(app, ServerConfig(resume="off")) as (server, nursery):
-        client, token = await open_session(server, nursery)
-        reply = await client.post(tool(1, "chatty", {"n": 2}), hdrs(token))
-        assert isinstance(reply, SseReply) and reply.status == 200
-        events = await reply.events()
-        assert not re.search(rb"(^|\n)id:", bytes(reply.raw)), bytes(reply.raw)
-        assert all(e.id is None for e in events)
-        assert all(e.data for e in events), "no priming event without resumption"
-        assert text_of(response_to([json.loads(e.data) for e in events], 1)) == "said 2"
-        get = await peer(client, server, nursery).send("GET", headers=hdrs(token))
-        assert isinstance(get, SseReply) and get.status == 200
-        with trio.move_on_after(5):
-            await get.next_batch()
-        assert b"id:" not in get.raw and b"data:" not in get.raw
-
-
-@pytest.mark.parametrize("cursor", ["00000001:0", "00000002:0", "ffffffff:7"])
-async def test_resume_off_refuses_any_cursor(
-    cursor: str, autojump_clock: trio.testing.MockClock
-) -> None:
-    async with running_server(app, ServerConfig(resume="off")) as (server, nursery):
-        client, token = await open_session(server, nursery)
-        await call_ok(client, 1, "count", None, None)
-        refused(await client.send("GET", headers={"last-event-id": cursor}), 409, "cursor_unknown")
-        refused(
-            await client.send("GET", headers=hdrs(token, last_event_id=cursor)),
-            409,
-            "cursor_unknown",
-        )
-
-
-async def test_resume_off_still_calls_a_malformed_cursor_malformed(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    # A malformed cursor is 400 cursor_invalid under every policy.
-    async with running_server(app, ServerConfig(resume="off")) as (server, nursery):
-        client, _ = await open_session(server, nursery)
-        refused(await client.send("GET", headers={"last-event-id": "42"}), 400, "cursor_invalid")
 
 
 async def test_resume_pinned_replays_locally_and_fails_closed(

@@ -1,11 +1,9 @@
-"""``weir serve --runtime asyncio``: it serves what it says it serves, and refuses the rest.
+"""``weir serve --runtime asyncio``: every ``serve`` option, served as on Trio.
 
-Every ``serve`` option is either served by the asyncio runtime as the Trio path
-serves it, or refused at start-up in one line that names it and says the Trio
-runtime serves it (never silently ignored); a test keeps that partition complete.
-The server runs as a real process on a loopback port (``weir serve --runtime
-asyncio``); the refusals happen before anything is served, so they are checked
-in-process through ``main`` as well as once through the console script.
+Every ``serve`` option is served by the asyncio runtime as the Trio path serves it;
+a test keeps the runtime's list of served options equal to the parser's, so that an
+option added later is never silently ignored by it.  The server runs as a real
+process on a loopback port (``weir serve --runtime asyncio``).
 """
 
 from __future__ import annotations
@@ -23,19 +21,12 @@ import pytest
 import trio
 
 from weir.common import StateSealer, new_key
-from weir.engine._cli_asyncio import SERVED, TRIO_ONLY
-from weir.engine.cli import _parser, main
+from weir.engine._cli_asyncio import SERVED
+from weir.engine.cli import _parser
 
 from .rawhttp import INIT_PARAMS, Client, call, initialize
 from .serverproc import WeirProcess
 from .test_cli_startup import MYAPP, one_line_failure, weir
-
-#: A command-line value for each Trio-only option that the asyncio runtime refuses.
-REFUSED_ARGS: dict[str, list[str]] = {
-    "resume": ["--resume", "off"],
-    "workers": ["--workers", "2"],
-    "reuse_port": ["--reuse-port"],
-}
 
 
 def _serve_dests() -> set[str]:
@@ -45,29 +36,12 @@ def _serve_dests() -> set[str]:
     return {a.dest for a in serve._actions if a.dest != "help"}
 
 
-def test_every_serve_option_is_served_or_refused_by_the_asyncio_runtime() -> None:
+def test_every_serve_option_is_served_by_the_asyncio_runtime() -> None:
     dests = _serve_dests()
-    assert not SERVED & set(TRIO_ONLY)
-    assert dests == SERVED | set(TRIO_ONLY), (
-        f"unclassified: {sorted(dests - SERVED - set(TRIO_ONLY))}; "
-        f"gone: {sorted((SERVED | set(TRIO_ONLY)) - dests)}"
+    assert dests == SERVED, (
+        f"not classified for the asyncio runtime: {sorted(dests - SERVED)}; "
+        f"gone from the parser: {sorted(SERVED - dests)}"
     )
-    assert set(REFUSED_ARGS) == set(TRIO_ONLY)
-
-
-@pytest.mark.parametrize("dest", sorted(TRIO_ONLY))
-def test_each_option_it_does_not_serve_is_refused_with_its_reason(
-    dest: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("WEIR_STATE_KEYS", raising=False)
-    flag = TRIO_ONLY[dest].flag
-    with pytest.raises(SystemExit) as refused:
-        main(["serve", "--runtime", "asyncio", "--port", "0", *REFUSED_ARGS[dest]])
-    message = str(refused.value.code)
-    assert message.count("\n") == 0, message
-    assert message.startswith(f"weir: --runtime asyncio refuses {flag}: "), message
-    assert "served by the Trio runtime only for now" in message
-    assert "--runtime trio" in message
 
 
 @pytest.mark.parametrize("given", ["env", "file"])
@@ -113,13 +87,6 @@ async def test_the_state_keys_it_is_given_seal_its_request_state(
     assert StateSealer([new_key()]).open(result["requestState"]) is None
 
 
-def test_through_the_console_script_a_refusal_is_one_line_and_status_1(tmp_path: Path) -> None:
-    done = weir(tmp_path, "serve", "--runtime", "asyncio", "--resume", "off")
-    assert done.returncode == 1
-    line = one_line_failure(done)
-    assert line.startswith("weir: --runtime asyncio refuses --resume: ")
-
-
 def test_a_store_that_does_not_answer_is_a_one_line_start_up_failure(tmp_path: Path) -> None:
     """``--store`` is served: a store nobody listens on fails the start, in one line."""
     with socket.socket() as unused:
@@ -158,7 +125,7 @@ def test_a_lifespan_that_never_finishes_starting_is_cut_and_named(tmp_path: Path
     assert "did not finish starting within 0.5 s" in line and "--startup-timeout" in line
 
 
-#: Options the asyncio runtime serves, and Trio-only ones given the one value it serves.
+#: Options the asyncio runtime serves, as the Trio path does.
 SERVED_ARGS = (
     "--path", "/x",
     "--max-sessions", "2",

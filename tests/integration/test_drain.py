@@ -13,6 +13,8 @@ virtual clock, is tests/engine/test_server.py's.)  The call is held by a
 from __future__ import annotations
 
 import json
+import signal
+import tempfile
 import threading
 from collections.abc import Callable
 
@@ -23,6 +25,7 @@ from weir.engine import ServerConfig
 
 from .configured import RUNTIMES, run_configured
 from .rawhttp import Client, call, initialize, raw_request
+from .serverproc import WeirProcess
 
 app = App("drain")
 started = threading.Event()
@@ -134,3 +137,30 @@ async def test_what_outlives_the_grace_is_cancelled_its_stream_ended_with_retry(
                     await c.aclose()
     finally:
         release.set()
+
+
+@RUNTIMES
+async def test_on_a_shared_store_an_idle_server_stops_without_waiting_out_the_grace(
+    runtime: str, valkey_url: str
+) -> None:
+    """A shared store's background work (relays of mail and changes) is no call to
+    wait for: with nothing running at the signal, the server stops at once, not
+    after ``--shutdown-grace``."""
+    args = ["--store", valkey_url, "--shutdown-grace", "60"]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        server = WeirProcess("demo", out, err, args, driver=runtime)
+        try:
+            with trio.fail_after(30):
+                c = await Client.connect(server.port)
+                try:
+                    sid = await initialize(c)
+                    echo = await c.request(
+                        "POST", "/mcp", call(1, "echo", {"text": "x"}), session=sid
+                    )
+                    assert echo.status == 200, echo
+                finally:
+                    await c.aclose()
+            server.proc.send_signal(signal.SIGINT)
+            assert server.proc.wait(30) == 0, server.output()
+        finally:
+            server.stop()

@@ -4,7 +4,8 @@ Each worker is a ``python -m weir`` child; it must get the parent's whole comman
 line (authorization, limits, ``--app-dir``), not a hand-picked part of it: a worker
 started without the ``--auth-*`` options would serve everyone.  Real processes, a
 real Valkey store, a JWKS file; every connection a new one, so the kernel spreads
-them over both workers.
+them over both workers.  On both runtimes (``--runtime asyncio`` reaches every
+worker too).
 """
 
 from __future__ import annotations
@@ -16,13 +17,17 @@ from pathlib import Path
 import trio
 
 from tests.integration.rawhttp import INIT_PARAMS, Client
+from tests.integration.runtimes import RUNTIMES
 from tests.integration.serverproc import WeirProcess
 from tests.integration.test_auth import ISSUER, RESOURCE, jwks, token
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT_PARAMS}
 
 
-async def test_every_worker_requires_the_token(tmp_path: Path, valkey_url: str) -> None:
+@RUNTIMES
+async def test_every_worker_requires_the_token(
+    runtime: str, tmp_path: Path, valkey_url: str
+) -> None:
     keys = tmp_path / "jwks.json"
     keys.write_text(json.dumps(jwks()))
     args = [
@@ -31,7 +36,7 @@ async def test_every_worker_requires_the_token(tmp_path: Path, valkey_url: str) 
         "--auth-jwks-file", str(keys), "--auth-scope", "mcp",
     ]  # fmt: skip
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        server = WeirProcess("demo", out, err, args)
+        server = WeirProcess("demo", out, err, args, driver=runtime)
         try:
             with trio.fail_after(60):
                 for _ in range(12):
