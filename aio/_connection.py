@@ -32,7 +32,6 @@ import logging
 import math
 import socket
 import sys
-from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 from weir.engine._store_errors import StoreUnavailable
@@ -53,41 +52,20 @@ from weir.protocol import (
     route,
     session_refusal,
 )
-from weir.protocol.course import GATE_STEPS, CallCourse, CoursePhase
 from weir.protocol.jsonrpc import Request
-from weir.protocol.post import (
-    ACCEPTED,
-    ATTACH_WRITER,
-    ENTER_REQUEST,
-    MARK_BOUND,
-    AdmitRequests,
-    AllocateEpoch,
-    AnswerJson,
-    Effect,
-    Finished,
-    GiveBack,
-    LoadSession,
-    Mail,
-    OpenRequestStream,
-    PostCourse,
-    Rebind,
-    RunBatch,
-    RunCalls,
-)
 from weir.protocol.resume import displaces_writer
 from weir.protocol.sessionless import SessionlessMessage
 from weir.protocol.sse import encode_comment, encode_retry
-from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
-from weir.protocol.streams import StreamKind, StreamLog, WriterStep, writer_step
+from weir.protocol.states import StreamInput, StreamState
+from weir.protocol.streams import StreamLog, WriterStep, writer_step
 
 from ._auth import identify, is_metadata, metadata
-from ._calls import append_recording, execute, gate_step
 from ._drain import refuse_if_closing
-from ._feeds import Feed, entries, given, never_run
 from ._legacy import is_legacy, serve_legacy
-from ._lifecycle import serve_initialize, serve_rebind
+from ._lifecycle import serve_initialize
 from ._metrics import answer as metrics_answer
 from ._metrics import is_metrics
+from ._post import PostEffects
 from ._session import Gone, Session
 from ._sessionless import SessionlessPosts
 from ._shared import store_unavailable
@@ -130,8 +108,6 @@ class Connection:
         self._peer_gone = False
         #: The request stream a POST's course opened, until its writer attaches, and
         #: how many responses it is opened for.
-        self._stream: StreamLog | None = None
-        self._outstanding = 0
         #: The streams this connection wrote (their credit comes back when it ends).
         self._wrote: set[tuple[Session, StreamLog]] = set()
         #: Its sessionless requests and their credit owner (made on first use).
@@ -360,7 +336,7 @@ class Connection:
             )
             try:
                 if isinstance(mcp, PostMessages):
-                    await self._post(session, mcp)
+                    await PostEffects(self, session).run(mcp)
                 elif isinstance(mcp, OpenStream):
                     await serve_get(self, session, mcp)
                 else:
@@ -377,168 +353,6 @@ class Connection:
                 self.driver.metrics.duplicates_in_progress += 1
             status, headers, body = refusal(exc)
             await self.send(self.conn.send_response(status, headers, body))
-
-    async def _post(self, session: Session, post: PostMessages) -> None:
-        """Carry out the POST's :class:`~weir.protocol.post.PostCourse`: the core
-        decides the order, this performs each effect it asks for."""
-        course = PostCourse(post, self.driver.post_rules)
-        clock = session.loop.time
-        effect = course.start(clock())
-        while effect is not None:
-            try:
-                answer = await self._post_effect(session, effect)
-            except BaseException as exc:
-                effect = course.fail(exc, clock())
-            else:
-                effect = course.deliver(answer, clock())
-
-    async def _post_effect(self, session: Session, effect: Effect) -> object:
-        """Perform one effect of a POST's course (a session-era POST's, or those a
-        legacy POST shares with it); its answer."""
-        if isinstance(effect, LoadSession):
-            return session  # (looked up by :meth:`respond`, which answers the 404)
-        if isinstance(effect, GATE_STEPS):
-            return await gate_step(session, effect)
-        if isinstance(effect, AdmitRequests):
-            try:
-                await session.admit(effect.n, effect.request_id, effect.lane)  # 429 if half-open
-            except Gone:
-                return False
-            self.driver.metrics.admissions += effect.n
-            return True
-        if isinstance(effect, Mail):
-            if effect.initialized:
-                session.state = session_transition(session.state, SessionInput.INITIALIZED)
-            if effect.notes:
-                session.driver.hand_notes(session.sid, effect.notes)
-            for answer in effect.answer_here:
-                session.answer(answer)  # to a server-to-client request
-            for rid in effect.cancel_here:
-                session.cancel(rid)
-            for mail in effect.forward:  # (a shared store: for another replica)
-                await self.driver.shared.post(session, mail.box, mail.data)
-        elif effect is ENTER_REQUEST:
-            session.state = session_transition(session.state, SessionInput.REQUEST)
-        elif effect is ACCEPTED:
-            await self.send(self.conn.send_response(202, ()))
-        elif isinstance(effect, Finished):
-            for _ in range(effect.n):
-                session.done(effect.lane)
-        elif isinstance(effect, GiveBack):
-            await self.driver.shared.finish(session, effect.key, None)
-        elif isinstance(effect, AllocateEpoch):
-            return await self.driver.shared.epoch(session, effect.generation)
-        elif effect is MARK_BOUND:
-            await self.driver.shared.mark_bound(session)
-        elif isinstance(effect, Rebind):
-            session.flow.credit.admit(session.loop.time(), effect.request.id)  # (429 if half-open)
-            await serve_rebind(self, session, effect.request)
-        elif isinstance(effect, OpenRequestStream):
-            binding = effect.token[0] if effect.token else 0
-            self._stream = session.open_stream(StreamKind.REQUEST, effect.epoch, binding=binding)
-            session.flow.move(effect.lane, effect.epoch)
-            self._outstanding = effect.outstanding
-        elif isinstance(effect, RunCalls):
-            assert self._stream is not None
-            self._run_on_stream(session, self._stream, given(effect.courses), effect.primes)
-        elif effect is ATTACH_WRITER:
-            stream, self._stream = self._stream, None
-            assert stream is not None
-            await self.write_stream(session, stream, 0)
-        elif isinstance(effect, AnswerJson):
-            await self._post_json(session, effect.is_batch, given(effect.courses), effect.lane)
-        elif isinstance(effect, RunBatch):
-            feed = entries(session, effect.requests, effect.token, self.driver.post_rules)
-            lane = object()
-            if effect.json:
-                await self._post_json(session, True, feed, lane)
-            else:
-                binding = effect.token[0] if effect.token else 0
-                epoch = await self.driver.shared.epoch(session, binding)
-                stream = session.open_stream(StreamKind.REQUEST, epoch, binding=binding)
-                self._outstanding = len(effect.requests)
-                self._run_on_stream(session, stream, feed, effect.primes)
-                await self.write_stream(session, stream, 0)
-        else:
-            raise AssertionError(f"a POST course asked for {effect!r} out of turn")
-        return None
-
-    async def _post_json(
-        self, session: Session, is_batch: bool, feed: Feed, lane: Hashable
-    ) -> None:
-        """Run the requests as session tasks; one body (a batch's array) when all end.
-
-        The body takes credit drawing on what the requests reserved in ``lane``;
-        their reservations end once it holds credit of its own."""
-        app, state = self.driver.app, self.driver.state
-        # Session tasks, not this connection's: a hang-up does not cancel a call.
-        # (asyncio.wait, unlike gather, does not cancel them if this task is cancelled.)
-        tasks: list[asyncio.Task[bytes | None]] = []
-        try:
-            await feed(
-                lambda p: tasks.append(session.spawn(execute(app, session, p, None, state))), lane
-            )
-            await asyncio.wait(tasks)
-            if session.closed:
-                raise Gone
-            answered = [b for t in tasks if not t.cancelled() and (b := t.result()) is not None]
-            if not answered:
-                await self.send(self.conn.send_response(202, ()))
-                return
-            body = b"[" + b",".join(answered) + b"]" if is_batch else answered[0]
-            await session.take_credit(len(body), lane)  # JSON bodies hold credit like frames
-        finally:
-            # A request is in flight until its handler ended and its answer holds
-            # credit (or the connection that would carry it is gone).
-            for task in tasks:
-                if task.done():
-                    session.done(lane)
-                else:
-                    task.add_done_callback(lambda _: session.done(lane))
-        headers = [("content-type", "application/json"), ("mcp-session-id", session.sid)]
-        await self.send(self.conn.send_response(200, headers, body), (session, None, len(body)))
-
-    def _run_on_stream(self, session: Session, stream: StreamLog, feed: Feed, primes: bool) -> None:
-        """Run the requests ``feed`` gives as session tasks, each appending its answer
-        to ``stream`` (after the priming event, if ``primes``); the head is not held
-        back for them.  The stream has already taken over what they reserved."""
-        app, state = self.driver.app, self.driver.state
-        remaining = [self._outstanding]
-        alone = session.logged and self._outstanding == 1  # its final append records it
-
-        async def run(p: CallCourse) -> None:
-            try:
-                key = p.key
-                payload = await execute(app, session, p, stream, state, final_append=alone)
-                remaining[0] -= 1
-                last = remaining[0] == 0
-                if payload is not None and p.phase is CoursePhase.RECORDING and key is not None:
-                    await append_recording(session, stream, p, key, payload)
-                elif payload is not None:
-                    await session.append(stream, payload.decode(), final=last)
-                elif last and stream.state is not StreamState.CLOSED:
-                    stream.handle(StreamInput.ABORT)  # cancelled: no response to send
-                    session.wake(stream)
-            except Gone:
-                pass
-            finally:
-                session.done(stream.epoch)
-
-        async def prime_then_run() -> None:
-            # In a task, as the calls are: waiting for credit must not hold the head back.
-            try:
-                if primes:
-                    await session.append(stream, "")  # the priming event: an id, empty data
-            except Gone:
-                # Nothing will run: give back what a lone request was admitted with
-                # (a batch's entries, not admitted yet, stop at the closed session).
-                with contextlib.suppress(Gone):
-                    await feed(lambda p: never_run(session, p, stream.epoch), stream.epoch)
-                return
-            with contextlib.suppress(Gone):
-                await feed(lambda p: session.spawn(run(p)), stream.epoch)
-
-        session.spawn(prime_then_run())  # the session owns them: a hang-up is no cancel
 
     async def write_stream(self, session: Session, stream: StreamLog, start: int) -> None:
         """Write ``stream`` from seq ``start``: what the log holds, then live, to its end

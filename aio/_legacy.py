@@ -14,7 +14,7 @@ answered 202; the order of its steps is the core's
 :class:`~weir.protocol.legacy.LegacyPostCourse` -- a lone request admitted and gated
 before the 202, a batch's entries one by one after it -- and this module performs
 its effects, sharing a session-era POST's where they are the same
-(:meth:`Connection._post_effect`).  Answers go out on the LEGACY stream.
+(:meth:`~._post.PostEffects.effect`).  Answers go out on the LEGACY stream.
 ``initialize`` arrives as one of those messages, on the session the stream already
 opened, and sets what the client declared; the session's version stays 2024-11-05.
 """
@@ -47,6 +47,7 @@ from weir.protocol.streams import StreamKind, StreamLog
 from ._auth import Who
 from ._calls import execute
 from ._feeds import entries
+from ._post import PostEffects
 from ._session import Gone, Session
 
 if TYPE_CHECKING:
@@ -125,12 +126,14 @@ async def _post(conn: Connection, post: LegacyMessages, who: Who) -> None:
     clock = asyncio.get_running_loop().time
     effect = course.start(clock())
     session: Session | None = None
+    shared: PostEffects | None = None  # (the effects it shares with a session-era POST)
     while effect is not None:
         try:
             answer: object = None
             if session is None:
                 assert isinstance(effect, LoadSession)
                 session = answer = await driver.shared.load(who.principal, post.session_id, None)
+                shared = PostEffects(conn, session)
             elif isinstance(effect, RunOnLegacy):
                 stream = session.streams.by_epoch(effect.epoch)
                 session.spawn(_run(session, effect.course, stream))
@@ -138,7 +141,8 @@ async def _post(conn: Connection, post: LegacyMessages, who: Who) -> None:
                 # Every entry waits for admission on its own, after the 202.
                 session.spawn(_run_batch(session, effect.requests, effect.epoch))
             else:  # Mail, admission, the gate, Finished, GiveBack, ACCEPTED
-                answer = await conn._post_effect(session, effect)
+                assert shared is not None
+                answer = await shared.effect(effect)
         except BaseException as exc:
             effect = course.fail(exc, clock())
         else:
