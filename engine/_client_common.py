@@ -149,6 +149,8 @@ _BY_REASON: Final[dict[str, type[WeirError]]] = {
     "cursor_invalid": CursorInvalid,
     "session_not_found": SessionGone,
     "idempotency_key_reused": IdempotencyKeyReused,
+    # 2026-07-28 answers an unknown method 404: no session is gone, the method is.
+    "method_not_found": RpcError,
 }
 
 

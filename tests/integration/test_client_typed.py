@@ -20,6 +20,7 @@ import socket
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +29,7 @@ import trio
 from tests.integration.runtimes import serving
 from tests.integration.serverproc import WeirProcess
 from tests.integration.test_client import Answer, Seen, fake, json_answer
+from weir.app.samples import demo
 from weir.engine import App
 from weir.engine.client import (
     BadResponse,
@@ -38,7 +40,9 @@ from weir.engine.client import (
     PaginationError,
     ReadResourceResult,
     RetryPolicy,
+    RpcError,
     SessionClient,
+    SessionGone,
     SessionlessClient,
     TextContent,
     Tool,
@@ -138,6 +142,9 @@ async def test_typed_methods_against_weir(runtime: str, era: str) -> None:
 
             raw = await client.request("tools/list")  # the escape hatch: JSON as it came
             assert isinstance(raw, dict) and {t["name"] for t in raw["tools"]} == set(by_name)
+            with pytest.raises(RpcError) as unknown:  # (was SessionGone on 2026-07-28)
+                await client.request("no/such-method")
+            assert not isinstance(unknown.value, SessionGone)
 
 
 # ---------------------------------------------------------------- pagination (scripted fake)
@@ -295,3 +302,32 @@ async def test_a_listen_stream_whose_server_dies_raises_transport_error(
                 weir_process.proc.kill()
                 with pytest.raises(TransportError):
                     await anext(aiter(messages))
+
+
+# ---------------------------------------------------------------- the README's example
+def readme_client_example() -> str:
+    """The first Python block of the README's "weir's client" section."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text.split("\n## weir's client\n", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize("mode", ["session", "sessionless"])
+async def test_the_readme_client_example_runs_against_the_demo_app(mode: str) -> None:
+    code = readme_client_example()
+    assert 'open_client("http://127.0.0.1:8000/mcp")' in code
+    with serving("trio", demo.app) as server:
+        code = code.replace(
+            'open_client("http://127.0.0.1:8000/mcp")',
+            f"open_client({server.url!r}, mode={mode!r})",
+        )
+        body = "".join(f"    {line}\n" if line else "\n" for line in code.splitlines())
+        scope: dict[str, Any] = {}
+        exec(f"async def example():\n{body}    return locals()\n", scope)
+        with trio.fail_after(TEST_TIMEOUT):
+            done = await scope["example"]()
+    assert isinstance(done["result"], CallToolResult) and not done["result"].is_error
+    assert {t.name for t in done["tools"]} >= {"increment", "echo"}
+    assert done["counter"].contents[0].uri == "demo://counter"
+    assert "Summarise" in done["prompt"].messages[0].content.text
+    assert {t["name"] for t in done["raw"]["tools"]} == {t.name for t in done["tools"]}
