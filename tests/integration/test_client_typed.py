@@ -8,7 +8,7 @@
   cursor, a server that loops its cursors refused at once, a page limit.
 * **Malformed answers**: a result that does not have MCP's shape raises
   :class:`MalformedResponse` (a :class:`WeirError`), never a msgspec error, and the
-  session stays usable.
+  session stays usable; a broken event stream on 2026-07-28 is a :class:`BadResponse`.
 * **A dead server**: a port nobody listens on, and a real ``weir serve`` process
   killed mid-call, raise :class:`TransportError` itself -- out of the
   ``async with`` too, never wrapped in an exception group by the client's nursery.
@@ -240,6 +240,23 @@ async def test_malformed_answers_raise_malformed_response_and_the_session_goes_o
     (block,) = future.content
     assert isinstance(block, UnknownContent) and block.raw == {"type": "hologram", "depth": 3}
     assert not isinstance(block, EmbeddedResource) and future.text == ""
+
+
+async def test_a_broken_event_stream_on_2026_07_28_is_a_bad_response() -> None:
+    """A line past the SSE decoder's limit: a WeirError, not the decoder's ValueError."""
+
+    async def script(seen: Seen) -> Answer:
+        msg = seen.json()
+        if msg["method"] == "server/discover":
+            found = {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}}
+            return json_answer({"jsonrpc": "2.0", "id": msg["id"], "result": found})
+        return Answer(200, chunks=[b"data: " + b"x" * ((1 << 20) + 16)])
+
+    with trio.fail_after(TEST_TIMEOUT):
+        async with fake(script) as server, open_client(server.url, retry=GONE) as client:
+            assert isinstance(client, SessionlessClient)
+            with pytest.raises(BadResponse, match="bad event stream"):
+                await client.call_tool("t")
 
 
 # ---------------------------------------------------------------- a server that is gone
