@@ -110,6 +110,7 @@ class McpMethods:
         """Every tool, following ``nextCursor`` (bounded: see the module docstring).
 
         Raises:
+            ValueError: ``max_pages`` is below 1.
             PaginationError: a repeated cursor, or more than ``max_pages`` pages.
             WeirError: a refusal or :class:`MalformedResponse` on any page.
         """
@@ -144,6 +145,8 @@ class McpMethods:
     async def _every(
         self, method: str, kind: type[P], items: Callable[[P], list[I]], max_pages: int
     ) -> list[I]:
+        if max_pages < 1:
+            raise ValueError(f"max_pages must be at least 1, not {max_pages}")
         out: list[I] = []
         seen: set[str] = set()
         cursor: str | None = None

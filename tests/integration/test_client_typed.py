@@ -205,6 +205,9 @@ async def test_pagination_stops_at_the_page_limit() -> None:
             with pytest.raises(PaginationError, match="more than 5 pages"):
                 await s.list_tools(max_pages=5)
             assert len(cursors_sent(server.seen)) == 5
+            with pytest.raises(ValueError, match="at least 1"):
+                await s.list_prompts(max_pages=0)
+            assert len(cursors_sent(server.seen)) == 5  # nothing sent
 
 
 # ---------------------------------------------------------------- malformed answers
