@@ -13,7 +13,8 @@ take the same :class:`RetryPolicy`.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
@@ -148,6 +149,8 @@ _BY_REASON: Final[dict[str, type[WeirError]]] = {
     "cursor_invalid": CursorInvalid,
     "session_not_found": SessionGone,
     "idempotency_key_reused": IdempotencyKeyReused,
+    # 2026-07-28 answers an unknown method 404: no session is gone, the method is.
+    "method_not_found": RpcError,
 }
 
 
@@ -222,19 +225,32 @@ class RebindResult:
     results: list[JsonObject]
 
 
-async def list_all(
-    request: Callable[[str, JsonObject | None], Awaitable[JsonObject]], method: str, field: str
-) -> list[JsonObject]:
-    """Every item of a paginated list (following ``nextCursor``, at most 1000 pages)."""
-    items: list[JsonObject] = []
-    cursor: str | None = None
-    for _ in range(1000):
-        result = await request(method, {"cursor": cursor} if cursor else None)
-        items.extend(t for t in result.get(field, []) if isinstance(t, dict))
-        cursor = result.get("nextCursor")
-        if not isinstance(cursor, str) or not cursor:
-            break
-    return items
+# ---------------------------------------------------------------------------- groups
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
+@contextmanager
+def unwrap_single() -> Iterator[None]:
+    """Let an exception group out of a Trio nursery as its only exception.
+
+    Trio wraps whatever crosses a nursery -- even the one error of the one task, or an
+    error of the code inside ``async with`` -- in an exception group.  A caller of the
+    client should catch :class:`TransportError`, not ``except*``: a group holding one
+    exception (at any depth) is re-raised as that exception, with its own traceback
+    and cause.  A group of several is re-raised as it is.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) != 1:
+            raise
+        only = leaves[0]
+        raise only from only.__cause__
 
 
 # ---------------------------------------------------------------------------- answers

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 :func:`weir.engine.client.open_client` probes ``server/discover`` (:func:`discover`);
 a server that lists 2026-07-28 gets a :class:`SessionlessClient`, any other the
-session-era :class:`~weir.engine.client.ClientSession` (``initialize``).  Every request of a
+session-era :class:`~weir.engine.client.SessionClient` (``initialize``).  Every request of a
 :class:`SessionlessClient` carries what a session used to remember -- the version,
 the client's capabilities and info in ``params._meta`` -- and the headers that say
 what it is (``MCP-Protocol-Version``, ``Mcp-Method``, ``Mcp-Name``, values outside
@@ -26,6 +26,10 @@ The guarantees the session-era client keeps, kept here:
   :data:`MAX_ROUNDS` times.
 * **Listening.**  :meth:`SessionlessClient.listen` holds a ``subscriptions/listen``
   response and yields its change notifications, acknowledgement first.
+* **Typed results, plain errors.**  ``call_tool`` and the methods of
+  :class:`~weir.engine._client_methods.McpMethods` decode their answers into Structs; a
+  connection that fails anywhere (the POST, its SSE stream, a listen stream) is a
+  :class:`TransportError`, a stream that is not SSE a :class:`BadResponse`.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from typing import Any, Final
 import msgspec
 import trio
 
-from weir.protocol.sse import SseDecoder, SseEvent
+from weir.protocol.sse import SseDecodeError, SseDecoder, SseEvent
 
 from ._client_common import (
     BadResponse,
@@ -56,9 +60,11 @@ from ._client_common import (
     _read_body,
     _refusal,
     _rpc_result,
-    list_all,
+    unwrap_single,
 )
 from ._client_http import ConnectionDropped, Pool, Response
+from ._client_methods import McpMethods
+from ._client_types import CallToolResult, decode_result
 
 VERSION: Final = "2026-07-28"
 #: The most input-required rounds one request may take.
@@ -99,7 +105,7 @@ def header_value(value: str) -> str:
     return "=?base64?" + base64.b64encode(value.encode()).decode() + "?="
 
 
-class SessionlessClient:
+class SessionlessClient(McpMethods):
     """weir's client on 2026-07-28 (see the module docstring)."""
 
     protocol_version = VERSION
@@ -140,15 +146,17 @@ class SessionlessClient:
         idempotency_key: str | None = None,
         on_progress: ProgressCallback | None = None,
         trace: CallTrace | None = None,
-    ) -> JsonObject:
-        """Call a tool (exactly once: see the module docstring); its result object."""
+    ) -> CallToolResult:
+        """Call a tool (exactly once: see the module docstring); its result.
+
+        Raises:
+            WeirError: a refusal, :class:`TransportError` (the server is gone),
+                :class:`RpcError` or :class:`MalformedResponse`.
+        """
         key = idempotency_key if idempotency_key is not None else self._new_key()
         params: JsonObject = {"name": name, "arguments": arguments or {}}
-        return await self._run("tools/call", params, key, on_progress, trace or CallTrace())
-
-    async def list_tools(self) -> list[JsonObject]:
-        """Every tool the server offers (following ``nextCursor``, at most 1000 pages)."""
-        return await list_all(self.request, "tools/list", "tools")
+        result = await self._run("tools/call", params, key, on_progress, trace or CallTrace())
+        return decode_result(CallToolResult, result, "tools/call")
 
     async def request(
         self,
@@ -158,7 +166,8 @@ class SessionlessClient:
         on_progress: ProgressCallback | None = None,
         trace: CallTrace | None = None,
     ) -> JsonObject:
-        """Send any request; its ``result`` (never re-sent once possibly accepted)."""
+        """Send any request; its ``result`` object as it came (never re-sent once
+        possibly accepted)."""
         return await self._run(method, dict(params or {}), None, on_progress, trace or CallTrace())
 
     @asynccontextmanager
@@ -172,15 +181,20 @@ class SessionlessClient:
         body = msgspec.json.encode(
             {"jsonrpc": "2.0", "id": rid, "method": "subscriptions/listen", "params": params}
         )
-        resp = await self._pool.request(
-            "POST", self._headers("subscriptions/listen", params, None), body
-        )
-        if resp.status != 200:
-            raise _refusal(resp.status, resp.headers, await _read_body(resp))
+        hdrs = self._headers("subscriptions/listen", params, None)
+        try:
+            resp = await self._pool.request("POST", hdrs, body)
+            if resp.status != 200:
+                raise _refusal(resp.status, resp.headers, await _read_body(resp))
+        except ConnectionDropped as exc:
+            raise TransportError(None, "transport", str(exc)) from None
 
         async def messages() -> AsyncIterator[JsonObject]:
-            async for msg in _sse_messages(resp):
-                yield msg
+            try:
+                async for msg in _sse_messages(resp):
+                    yield msg
+            except ConnectionDropped as exc:
+                raise TransportError(None, "transport", str(exc)) from None
 
         try:
             yield messages()
@@ -248,9 +262,10 @@ class SessionlessClient:
                 raise RpcError(None, None, f"no handler for the server's ask {method!r}", None)
             answers[key] = await handler(ask.get("params") or {})
 
-        async with trio.open_nursery() as nursery:
-            for key, ask in asks.items():
-                nursery.start_soon(answer, key, ask)
+        with unwrap_single():
+            async with trio.open_nursery() as nursery:
+                for key, ask in asks.items():
+                    nursery.start_soon(answer, key, ask)
         out: JsonObject = {"inputResponses": answers}
         if isinstance(result.get("requestState"), str):
             out["requestState"] = result["requestState"]
@@ -329,7 +344,11 @@ async def _sse_messages(resp: Response) -> AsyncIterator[JsonObject]:
     """The JSON messages of an SSE response, in order, until it ends."""
     decoder = SseDecoder()
     while chunk := await resp.chunk():
-        for item in decoder.feed(chunk):
+        try:
+            items = decoder.feed(chunk)
+        except SseDecodeError as exc:
+            raise BadResponse(200, None, f"bad event stream: {exc}") from None
+        for item in items:
             if isinstance(item, SseEvent) and item.data:
                 msg = _decode(item.data, 200)
                 if isinstance(msg, dict):

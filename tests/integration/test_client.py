@@ -50,6 +50,7 @@ from tests.integration.runtimes import RUNTIMES, Served, serving
 from weir.app.samples import conformance, demo
 from weir.engine import App, Context, McpError, Server, ServerConfig
 from weir.engine.client import (
+    CallToolResult,
     CallTrace,
     ChannelUnbound,
     CursorStale,
@@ -60,6 +61,7 @@ from weir.engine.client import (
     RpcError,
     SessionGone,
     StreamResumeViolation,
+    TextContent,
     Unavailable,
     WeirError,
     open_session,
@@ -152,13 +154,12 @@ async def weir(app_: App, **config: Any) -> AsyncIterator[Server]:
             server.shutdown()
 
 
-def text_of(result: dict[str, Any]) -> str:
+def text_of(result: CallToolResult) -> str:
     """The text of a one-block tool result."""
-    content = result["content"]
-    assert isinstance(content, list) and content[0]["type"] == "text", result
-    value = content[0]["text"]
-    assert isinstance(value, str)
-    return value
+    assert isinstance(result, CallToolResult) and not result.is_error, result
+    (block,) = result.content
+    assert isinstance(block, TextContent), result
+    return block.text
 
 
 def assert_contiguous(trace: CallTrace, replica: str | None = "any") -> None:
@@ -180,7 +181,7 @@ async def test_call_tool_against_the_demo_app_reuses_one_connection() -> None:
         async with weir(demo.app) as server, open_session(server.url) as s:
             assert s.session_id and s.channel_token and s.channel_token.startswith("1.")
             assert s.protocol_version == "2025-11-25" and s.supports_rebind
-            assert {t["name"] for t in await s.list_tools()} >= {"echo", "increment"}
+            assert {t.name for t in await s.list_tools()} >= {"echo", "increment"}
             trace = CallTrace()
             assert text_of(await s.call_tool("echo", {"text": "hi"}, trace=trace)) == "hi"
             first = int(text_of(await s.call_tool("increment", {"by": 1})))
@@ -292,7 +293,7 @@ async def test_duplicate_of_a_running_call_waits_and_gets_the_replay(runtime: st
             open_session(server.url, rng=lambda: 0.0, retry=FAST) as s,
         ):
             traces = [CallTrace(), CallTrace()]
-            results: list[dict[str, Any]] = []
+            results: list[CallToolResult] = []
 
             async def deliver(i: int) -> None:
                 args = {"label": "dup", "seconds": 0.6}
@@ -342,7 +343,7 @@ async def test_a_rebind_during_an_accepted_call_never_runs_it_twice() -> None:
     with trio.fail_after(TEST_TIMEOUT):
         async with weir(app) as server, open_session(server.url, retry=FAST) as s:
             trace = CallTrace()
-            results: list[dict[str, Any]] = []
+            results: list[CallToolResult] = []
 
             async def call() -> None:
                 args = {"label": "rebound", "seconds": 0.5}
@@ -916,11 +917,11 @@ async def test_plain_calls_against_the_official_sdk_server(mode: str) -> None:
     with trio.fail_after(60):
         async with sdk_server(mode) as url, open_session(url) as s:
             assert s.session_id and s.channel_token is None and not s.supports_rebind
-            assert {t["name"] for t in await s.list_tools()} == {"echo", "add"}
+            assert {t.name for t in await s.list_tools()} == {"echo", "add"}
             trace = CallTrace()
             assert text_of(await s.call_tool("echo", {"text": "hello"}, trace=trace)) == "hello"
             assert text_of(await s.call_tool("add", {"a": 2, "b": 3})) == "5"
             assert trace.observed_events == []  # no weir ids: nothing to check, nothing recorded
             missing = await s.call_tool("nope", {})
-            assert missing.get("isError") is True
+            assert missing.is_error is True
             assert s.connections_opened <= 2

@@ -20,7 +20,7 @@ import trio
 from weir.app import Context
 from weir.engine import App, Server, ServerConfig
 from weir.engine._client_sessionless import header_value
-from weir.engine.client import ClientSession, SessionlessClient, open_client
+from weir.engine.client import SessionClient, SessionlessClient, open_client
 from weir.protocol._sessionless import decode_header_value
 
 from .test_asyncio_driver import running_driver
@@ -105,8 +105,8 @@ async def test_auto_mode_picks_the_sessionless_revision_and_calls(runtime: str) 
         assert client.protocol_version == "2026-07-28" and client.session_id is None
         assert "2026-07-28" in client.server_info["supportedVersions"]
         result = await client.call_tool("add", {"a": 2, "b": 3})
-        assert result["content"][0]["text"] == "5" and result["resultType"] == "complete"
-        assert {t["name"] for t in await client.list_tools()} >= {"add", "once", "who"}
+        assert result.text == "5" and result.result_type == "complete" and not result.is_error
+        assert {t.name for t in await client.list_tools()} >= {"add", "once", "who"}
 
 
 async def test_input_required_rounds_go_to_the_handlers(runtime: str) -> None:
@@ -125,7 +125,7 @@ async def test_input_required_rounds_go_to_the_handlers(runtime: str) -> None:
         open_client(url, elicitation=elicit, sampling=sample) as client,
     ):
         result = await client.call_tool("who")
-    assert result["content"][0]["text"] == "Ada / fine"
+    assert result.text == "Ada / fine"
     assert sorted(asked) == ["Name?", "sample"]  # one round, both asks
 
 
@@ -135,7 +135,7 @@ async def test_a_reissued_call_with_its_key_runs_once(runtime: str) -> None:
         again = await client.call_tool("once", {"label": "x"}, idempotency_key="k-1")
         fresh = await client.call_tool("once", {"label": "x"})
     assert first == again and runs == ["x", "x"]
-    assert fresh["content"][0]["text"] == "x ran 2 time(s)"
+    assert fresh.text == "x ran 2 time(s)"
 
 
 async def test_progress_reaches_its_callback_before_the_result(runtime: str) -> None:
@@ -146,7 +146,7 @@ async def test_progress_reaches_its_callback_before_the_result(runtime: str) -> 
 
     async with serving(runtime) as url, open_client(url) as client:
         result = await client.call_tool("steps", on_progress=progress)
-    assert seen == [1.0, 2.0, 3.0] and result["content"][0]["text"] == "stepped"
+    assert seen == [1.0, 2.0, 3.0] and result.text == "stepped"
 
 
 async def test_a_listen_stream_yields_the_ack_then_changes(runtime: str) -> None:
@@ -176,10 +176,10 @@ async def test_auto_mode_falls_back_to_the_session_era(monkeypatch: pytest.Monke
     with running_driver(demo) as running:
         url = f"http://127.0.0.1:{running.port}/mcp"
         async with open_client(url) as client:
-            assert isinstance(client, ClientSession)
+            assert isinstance(client, SessionClient)
             assert client.session_id is not None
             result = await client.call_tool("echo", {"text": "old"})
-            assert result["content"][0]["text"] == "old"
+            assert result.text == "old"
         with pytest.raises(Exception, match="does not serve"):
             async with open_client(url, mode="sessionless"):
                 pass
