@@ -82,6 +82,14 @@ TRIO_ONLY: dict[str, TrioOnly] = {
     "memory_budget": TrioOnly(
         "--memory-budget", "the asyncio runtime has no budget across all sessions"
     ),
+    **{
+        dest: TrioOnly(
+            "--" + dest.replace("_", "-"),
+            "the asyncio runtime serves plain HTTP only (its drain tracking cannot yet "
+            "see ciphertext; terminate TLS in front of it)",
+        )
+        for dest in ("ssl_certfile", "ssl_keyfile", "ssl_keyfile_password", "ssl_ca_certs")
+    },
 }
 
 #: ``serve`` options the asyncio runtime serves as the Trio path does (every option is
