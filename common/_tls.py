@@ -66,9 +66,10 @@ def server_ssl_context(
         if path is not None:
             _check_readable(what, path)
     try:
-        ctx.load_cert_chain(certfile, keyfile, password)
+        # Never a prompt on the terminal for an encrypted key without a password.
+        ctx.load_cert_chain(certfile, keyfile, password or (lambda: b""))
     except ssl.SSLError as exc:
-        raise TlsConfigError(_chain_error(certfile, keyfile, exc)) from None
+        raise TlsConfigError(_chain_error(certfile, keyfile, password, exc)) from None
     except OSError as exc:
         raise TlsConfigError(f"cannot load {certfile!r}: {exc.strerror or exc}") from None
     if ca_certs is not None:
@@ -90,17 +91,29 @@ def _check_readable(what: str, path: str) -> None:
         raise TlsConfigError(f"cannot read the {what} file {path!r}: {exc.strerror}") from None
 
 
-def _chain_error(certfile: str, keyfile: str | None, exc: ssl.SSLError) -> str:
-    reason = _reason(exc)
+def _chain_error(
+    certfile: str, keyfile: str | None, password: str | None, exc: ssl.SSLError
+) -> str:
     key = keyfile or certfile
     if "KEY_VALUES_MISMATCH" in str(exc):
         return f"the key {key!r} does not belong to the certificate {certfile!r}"
-    if "BAD_DECRYPT" in str(exc) or "bad decrypt" in str(exc):
-        return f"cannot decrypt the key {key!r}: wrong or missing --ssl-keyfile-password"
-    return f"cannot load the certificate {certfile!r} with the key {key!r}: {reason}"
+    try:
+        with open(key, "rb") as f:
+            encrypted = b"ENCRYPTED" in f.read(1 << 20)
+    except OSError:
+        encrypted = False
+    if encrypted:
+        return (
+            f"the key {key!r} is encrypted: "
+            + ("its password is wrong" if password else "give its password")
+            + " (--ssl-keyfile-password)"
+        )
+    return f"cannot load the certificate {certfile!r} with the key {key!r}: {_reason(exc)}"
 
 
 def _reason(exc: BaseException) -> str:
+    if "PEM lib" in str(exc):
+        return "not a PEM certificate and its private key"
     if isinstance(exc, ssl.SSLError) and exc.reason:
         return str(exc.reason).replace("_", " ").lower()
     if isinstance(exc, OSError) and exc.strerror:

@@ -35,6 +35,7 @@ from typing import Any
 
 import pytest
 import trio
+from cryptography.hazmat.primitives import serialization
 
 from tests.engine.helpers import H11Client
 from tests.integration.rawhttp import Client, raw_request
@@ -170,16 +171,30 @@ async def test_client_certificate_is_required_and_verified() -> None:
 
 def test_unusable_files_are_one_clear_error(tmp_path: Path) -> None:
     p = pki()
+    key = serialization.load_pem_private_key(p.server_key.read_bytes(), None)
+    encrypted = tmp_path / "encrypted.key"
+    encrypted.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"s3cret"),
+        )
+    )
+    make_context(str(p.server_cert), str(encrypted), password="s3cret")  # served
     cases = {
-        "missing": (str(tmp_path / "nope.key"), "cannot read the key file"),
-        "mismatched": (str(p.client_key), "does not belong to the certificate"),
-        "not pem": (str(p.directory / "ca.crt"), "cannot load the certificate"),
+        "missing": (str(tmp_path / "nope.key"), None, "cannot read the key file"),
+        "mismatched": (str(p.client_key), None, "does not belong to the certificate"),
+        "not a key": (str(p.ca), None, "not a PEM certificate and its private key"),
+        "no password": (str(encrypted), None, "is encrypted: give its password"),
+        "wrong password": (str(encrypted), "guess", "is encrypted: its password is wrong"),
     }
-    for what, (key, expected) in cases.items():
-        with pytest.raises(TlsConfigError) as info:
-            make_context(str(p.server_cert), key)
-        assert expected in str(info.value), what
+    for what, (keyfile, password, expected) in cases.items():
+        with pytest.raises(TlsConfigError) as info:  # (never a prompt on the terminal)
+            make_context(str(p.server_cert), keyfile, password=password)
+        assert expected in str(info.value), (what, str(info.value))
         assert "\n" not in str(info.value)
+    with pytest.raises(TlsConfigError, match="cannot load the CA certificates"):
+        make_context(str(p.server_cert), str(p.server_key), ca_certs=str(p.server_key))
 
 
 def test_http_resource_with_tls_is_refused() -> None:
