@@ -17,6 +17,7 @@ import dataclasses
 import gc
 import logging
 import math
+import ssl
 from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -56,6 +57,7 @@ from ._owners import SharedOwners
 from ._session import Session
 from ._sessionless import Listener
 from ._shared import CLAIM_LEASE, SharedState, memory_store
+from ._tls import accept_tls
 
 log = logging.getLogger(__name__)
 #: A session that held at least this much credit is followed by a ``malloc_trim``.
@@ -111,6 +113,7 @@ class AsyncioDriver:
         replica_id: str | None = None,
         claim_lease: float = CLAIM_LEASE,
         resume: str = "pinned",
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
@@ -160,6 +163,9 @@ class AsyncioDriver:
         stream event is appended to a shared store before it is sent, and a cursor
         another replica issued is replayed from it (``"pinned"``: this process's own
         logs only).  The caller owns the store.
+
+        With ``ssl_context`` every connection speaks TLS, its handshake within the
+        head deadline, its drain tracking exact at record boundaries (:mod:`._tls`).
         """
         self.legacy_sse_path, self.legacy_messages_path = legacy_sse_path, legacy_messages_path
         #: The most sessions one principal holds (429 beyond), and how many each holds.
@@ -181,7 +187,7 @@ class AsyncioDriver:
         self.app, self.endpoint, self.state = app, endpoint, state
         self.credit = credit or CreditLimits()
         self.max_sessions, self.max_connections = max_sessions, max_connections
-        self.idle_timeout = idle_timeout
+        self.idle_timeout, self.ssl_context = idle_timeout, ssl_context
         self.read_timeouts = read_timeouts or ReadTimeouts()
         self.limits = limits or HttpLimits()
         self.always_json, self.sse_keepalive = always_json, sse_keepalive
@@ -423,7 +429,11 @@ class AsyncioDriver:
             await asyncio.sleep(0.01)
 
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """The ``start_server`` callback: serve one connection until it closes."""
+        """The ``start_server`` callback: serve one connection until it closes (with
+        ``ssl_context``, after its TLS handshake: :mod:`._tls`)."""
+        if self.connections >= self.max_connections and self.ssl_context is not None:
+            writer.transport.abort()  # (no plaintext refusal on a TLS port)
+            return
         if self.connections >= self.max_connections:
             self.metrics.refused(str(Reason.OVERLOADED))
             body = encode_error(
@@ -443,7 +453,10 @@ class AsyncioDriver:
         if me is not None:
             self._handlers.add(me)
         try:
-            await Connection(self, writer).run(reader)
+            if self.ssl_context is None:
+                await Connection(self, writer).run(reader)
+            else:
+                await self._serve_tls(reader, writer, self.ssl_context)
         except asyncio.CancelledError:
             # The connection is over (shutdown, or its session ended while it wrote a
             # stream); the handler ends quietly, not cancelled -- Python 3.11's
@@ -453,6 +466,15 @@ class AsyncioDriver:
             self.connections -= 1
             if me is not None:
                 self._handlers.discard(me)
+
+    async def _serve_tls(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, context: ssl.SSLContext
+    ) -> None:
+        tls = await accept_tls(reader, writer, context, timeout=self.read_timeouts.head)
+        if tls is None:
+            writer.transport.abort()
+            return
+        await Connection(self, tls[1]).run(tls[0])
 
 
 async def serve(

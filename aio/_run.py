@@ -37,6 +37,7 @@ import dataclasses
 import logging
 import math
 import signal
+import ssl
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -104,6 +105,7 @@ class AsyncioConfig:
             renewed (a replica that dies is answered ``interrupted`` after it).
         resume: ``"shared"`` (with a shared store, every event is stored before it is
             sent, and any replica replays it) or ``"pinned"`` (this process's logs).
+        ssl_context: serve HTTPS with this server-side context (None: plain HTTP).
     """
 
     host: str = "127.0.0.1"
@@ -130,6 +132,7 @@ class AsyncioConfig:
     replica_id: str | None = None
     claim_lease: float = CLAIM_LEASE
     resume: str = "pinned"
+    ssl_context: ssl.SSLContext | None = dataclasses.field(default=None, repr=False)
 
     def driver(
         self, app: App, state: Any = None, store: SessionStore | None = None
@@ -162,6 +165,7 @@ class AsyncioConfig:
             replica_id=self.replica_id,
             claim_lease=self.claim_lease,
             resume=self.resume,
+            ssl_context=self.ssl_context,
         )
 
 
@@ -281,7 +285,9 @@ async def _serve(
                 if started is not None:
                     host, port = server.sockets[0].getsockname()[:2]
                     shown = f"[{host}]" if ":" in host else host
-                    started(f"http://{shown}:{port}{config.endpoint.path}", event_loop_name())
+                    scheme = "http" if config.ssl_context is None else "https"
+                    url = f"{scheme}://{shown}:{port}{config.endpoint.path}"
+                    started(url, event_loop_name())
                 await stop.wait()
             finally:
                 server.close()  # (not wait_closed: open streams end with their sessions)

@@ -82,14 +82,6 @@ TRIO_ONLY: dict[str, TrioOnly] = {
     "memory_budget": TrioOnly(
         "--memory-budget", "the asyncio runtime has no budget across all sessions"
     ),
-    **{
-        dest: TrioOnly(
-            "--" + dest.replace("_", "-"),
-            "the asyncio runtime serves plain HTTP only (its drain tracking cannot yet "
-            "see ciphertext; terminate TLS in front of it)",
-        )
-        for dest in ("ssl_certfile", "ssl_keyfile", "ssl_keyfile_password", "ssl_ca_certs")
-    },
 }
 
 #: ``serve`` options the asyncio runtime serves as the Trio path does (every option is
@@ -137,6 +129,10 @@ SERVED: frozenset[str] = frozenset(
         "store",
         "replica_id",
         "claim_lease",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "ssl_keyfile_password",
+        "ssl_ca_certs",
     }
 )
 
@@ -190,6 +186,7 @@ def asyncio_config(
         replica_id=config.replica_id,
         claim_lease=config.claim_lease,
         resume=config.resume,
+        ssl_context=config.ssl_context,
     )
 
 

@@ -39,10 +39,6 @@ REFUSED_ARGS: dict[str, list[str]] = {
     "initialize_timeout": ["--initialize-timeout", "5"],
     "session_retain_bytes": ["--session-retain-bytes", "100000"],
     "memory_budget": ["--memory-budget", "100000000"],
-    "ssl_certfile": ["--ssl-certfile", "server.crt"],
-    "ssl_keyfile": ["--ssl-keyfile", "server.key"],
-    "ssl_keyfile_password": ["--ssl-keyfile-password", "secret"],
-    "ssl_ca_certs": ["--ssl-ca-certs", "ca.crt"],
 }
 
 

@@ -1,5 +1,5 @@
 """The official MCP SDK client over ``https://``: ``weir serve demo --ssl-*`` in a
-subprocess, the SDK's ``streamable_http_client`` given an ``httpx2`` client that
+subprocess (on both runtimes), the SDK's ``streamable_http_client`` given an ``httpx2`` client that
 trusts the test CA (``tests.integration.tlspki``), in both of the SDK's modes (the
 2026-07-28 revision, and the session-era handshake).
 
@@ -35,13 +35,14 @@ from tests.integration.tlspki import HOST, client_context, pki
 pytestmark = pytest.mark.interop
 
 
+@pytest.mark.parametrize("driver", ["trio", "asyncio"])
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 @on_asyncio
-async def test_sdk_client_over_https(tmp_path: Path, mode: str) -> None:
+async def test_sdk_client_over_https(tmp_path: Path, mode: str, driver: str) -> None:
     p = pki()
     args = ["--ssl-certfile", str(p.server_cert), "--ssl-keyfile", str(p.server_key)]
     with (tmp_path / "out").open("w+b") as out, (tmp_path / "err").open("w+b") as err:
-        server = WeirProcess("demo", out, err, args)
+        server = WeirProcess("demo", out, err, args, driver=driver)
         try:
             assert server.url.startswith(f"https://{HOST}:"), server.url
             async with (
