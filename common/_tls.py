@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 :func:`server_ssl_context` builds what ``--ssl-*`` ask for: the defaults of
 ``ssl.create_default_context(Purpose.CLIENT_AUTH)`` (its cipher list and options),
-TLS 1.2 at least, ALPN ``http/1.1``, and -- with ``ca_certs`` -- client certificates
-required and verified against those authorities.  A missing, unreadable or
+TLS 1.2 at least, no renegotiation, ALPN ``http/1.1``, and -- with ``ca_certs`` --
+client certificates required and verified against those authorities.  A missing, unreadable or
 mismatched file raises :class:`TlsConfigError` with one line that names it.
 
 :class:`CipherOffsets` keeps drain tracking exact under TLS.  The kernel's
@@ -51,9 +51,10 @@ def server_ssl_context(
     ca_certs: str | None = None,
 ) -> ssl.SSLContext:
     """A server-side context: ``create_default_context(Purpose.CLIENT_AUTH)``'s
-    ciphers and options, TLS >= 1.2, ALPN ``http/1.1``, the certificate chain of
-    ``certfile`` (with ``keyfile``, unless the key is in ``certfile``), and with
-    ``ca_certs`` client certificates required and verified against it.
+    ciphers and options, TLS >= 1.2 without renegotiation, ALPN ``http/1.1``, the
+    certificate chain of ``certfile`` (with ``keyfile``, unless the key is in
+    ``certfile``), and with ``ca_certs`` client certificates required and verified
+    against it.
 
     Raises:
         TlsConfigError: a file is missing or unreadable, the key does not match the
@@ -61,6 +62,8 @@ def server_ssl_context(
     """
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    # A TLS 1.2 client may not make the server redo its handshake's work on demand.
+    ctx.options |= ssl.OP_NO_RENEGOTIATION
     ctx.set_alpn_protocols(["http/1.1"])
     for what, path in (("certificate", certfile), ("key", keyfile), ("CA", ca_certs)):
         if path is not None:

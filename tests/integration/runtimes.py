@@ -91,6 +91,8 @@ class Options:
     #: Serve TLS with the test certificate (``tests.integration.tlspki``); the
     #: clients of :func:`client_socket` then speak TLS to the server.
     tls: bool = False
+    #: With ``tls``: require client certificates signed by the test CA.
+    client_certs: bool = False
 
 
 #: The ports of the servers :func:`serving` runs with TLS.
@@ -331,7 +333,7 @@ def _asyncio(app: App, opts: Options) -> Iterator[Served]:
         if v is not None
     }
     if opts.tls:
-        kwargs["ssl_context"] = pki().server_context()
+        kwargs["ssl_context"] = pki().server_context(require_client_cert=opts.client_certs)
     driver = AsyncioDriver(app, endpoint, opts.credit, always_json=opts.json_response, **kwargs)
     if opts.retry_ms is not None:  # (no option of its own: the core's rule, set here)
         driver.post_rules = dataclasses.replace(driver.post_rules, retry_ms=opts.retry_ms)
@@ -391,7 +393,7 @@ def _trio(app: App, opts: Options) -> Iterator[Served]:
         t = opts.read_timeouts
         settings.update(keepalive_timeout=t.keepalive, head_timeout=t.head, body_timeout=t.body)
     if opts.tls:
-        settings["ssl_context"] = pki().server_context()
+        settings["ssl_context"] = pki().server_context(require_client_cert=opts.client_certs)
     config = ServerConfig(**settings)
     started: queue.Queue[tuple[Server, trio.lowlevel.TrioToken] | BaseException] = queue.Queue()
 

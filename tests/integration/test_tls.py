@@ -3,7 +3,8 @@
 * a session-era call and a 2026-07-28 call over https (in-process server, weir's h11
   and raw test clients wrapped in ``trio.SSLStream``);
 * client certificates: required with ``ssl_ca_certs`` (none, or one from another CA:
-  the handshake is refused and nothing is served; the test CA's: served);
+  the handshake is refused and nothing is served; the test CA's: served), on both
+  runtimes;
 * hostile clients over TLS, on ``weir serve [--runtime asyncio] --ssl-*`` in a
   subprocess: a client that never finishes its handshake, plain HTTP on the TLS port,
   a trickled head, an oversized head;
@@ -164,17 +165,19 @@ async def refused_handshake(port: int, ctx: ssl.SSLContext) -> bool:
     return data == b""
 
 
-async def test_client_certificate_is_required_and_verified() -> None:
-    with trio.fail_after(30):
-        async with serving(tls_config(require_client_cert=True)) as server:
-            assert await refused_handshake(server.port, client_context())
-            assert await refused_handshake(server.port, client_context(stranger=True))
-            stream = await connect_tls(server.port, client_context(cert=True))
-            client = H11Client(stream, host=f"{HOST}:{server.port}")
+@RUNTIMES
+async def test_client_certificate_is_required_and_verified(runtime: str) -> None:
+    with runtimes.serving(runtime, app, tls=True, client_certs=True) as running:
+        with trio.fail_after(30):
+            assert await refused_handshake(running.port, client_context())
+            assert await refused_handshake(running.port, client_context(stranger=True))
+            stream = await connect_tls(running.port, client_context(cert=True))
+            client = H11Client(stream, host=f"{HOST}:{running.port}")
             async with stream:
                 await client.initialize()
-                assert client.session_id in server.sessions
-            assert len(server.sessions) == 1  # the refused ones made nothing
+                assert client.session_id is not None
+                assert running.has_session(client.session_id)
+        assert running.session_count() == 1  # the refused ones made nothing
 
 
 def test_unusable_files_are_one_clear_error(tmp_path: Path) -> None:
@@ -203,6 +206,18 @@ def test_unusable_files_are_one_clear_error(tmp_path: Path) -> None:
         assert "\n" not in str(info.value)
     with pytest.raises(TlsConfigError, match="cannot load the CA certificates"):
         make_context(str(p.server_cert), str(p.server_key), ca_certs=str(p.server_key))
+
+
+def test_the_context_is_what_the_options_promise() -> None:
+    p = pki()
+    plain = make_context(str(p.server_cert), str(p.server_key))
+    mutual = make_context(str(p.server_cert), str(p.server_key), ca_certs=str(p.ca))
+    for ctx in (plain, mutual):
+        assert ctx.minimum_version is ssl.TLSVersion.TLSv1_2
+        assert ctx.options & ssl.OP_NO_RENEGOTIATION
+        assert ctx.options & ssl.OP_NO_COMPRESSION  # (the CLIENT_AUTH defaults)
+    assert plain.verify_mode is ssl.CERT_NONE
+    assert mutual.verify_mode is ssl.CERT_REQUIRED
 
 
 def test_http_resource_with_tls_is_refused() -> None:
