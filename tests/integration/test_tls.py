@@ -523,3 +523,15 @@ def test_cli_refuses_unusable_tls_files_in_one_line(tmp_path: Path) -> None:
         assert done.stdout == "", done
         assert done.stderr.count("\n") == 1, done.stderr  # one line
         assert expected in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+async def test_every_worker_serves_tls(tmp_path: Path, valkey_url: str) -> None:
+    """``--workers 2``: the parent says ``https://``, and every worker (each connection
+    is a new one, so the kernel spreads them) speaks TLS."""
+    with weir_tls(tmp_path, "--workers", "2", "--store", valkey_url) as server:
+        assert server.url.startswith(f"https://{HOST}:"), server.output()
+        with trio.fail_after(60):
+            for _ in range(8):
+                client = H11Client(await connect_tls(server.port), host=f"{HOST}:{server.port}")
+                async with client.stream:
+                    await client.initialize()
