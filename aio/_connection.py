@@ -17,8 +17,9 @@ cursor, and the newest reader of a stream displaces an older one.  Each frame's 
 byte is marked in a :class:`~weir.protocol.DrainTracker`; the kernel's send queue
 (``ioctl(SIOCOUTQ)``, Linux) says when the peer acknowledged it, and only then does
 its credit come back (under TLS, :mod:`._tls` maps the plaintext offsets to the
-ciphertext the kernel counts).  A reader watches the socket while a stream is written, so a
-peer that hangs up is noticed at once rather than at the next failed write.
+ciphertext the kernel counts).  A reader watches the socket while a stream is
+written, so a peer that hangs up is noticed at once rather than at the next failed
+write.
 """
 
 from __future__ import annotations

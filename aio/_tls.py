@@ -42,7 +42,9 @@ class TlsWriter:
     byte acknowledged before every ciphertext byte of its record is.
     """
 
-    def __init__(self, tcp: asyncio.StreamWriter, tls: ssl.SSLObject, outgoing: ssl.MemoryBIO):
+    def __init__(
+        self, tcp: asyncio.StreamWriter, tls: ssl.SSLObject, outgoing: ssl.MemoryBIO
+    ) -> None:
         self.tcp, self.tls, self._outgoing = tcp, tls, outgoing
         self.transport = tcp.transport
         #: Ciphertext bytes handed to the transport.
@@ -102,7 +104,9 @@ class TlsWriter:
 class TlsReader:
     """The reader side of one TLS connection: :meth:`read` returns plaintext."""
 
-    def __init__(self, tcp: asyncio.StreamReader, writer: TlsWriter, incoming: ssl.MemoryBIO):
+    def __init__(
+        self, tcp: asyncio.StreamReader, writer: TlsWriter, incoming: ssl.MemoryBIO
+    ) -> None:
         self.tcp, self._writer, self._incoming = tcp, writer, incoming
 
     async def read(self, n: int = -1) -> bytes:
