@@ -535,3 +535,22 @@ async def test_every_worker_serves_tls(tmp_path: Path, valkey_url: str) -> None:
                 client = H11Client(await connect_tls(server.port), host=f"{HOST}:{server.port}")
                 async with client.stream:
                     await client.initialize()
+
+
+async def test_asyncio_at_its_connection_limit_closes_a_tls_connection() -> None:
+    """No plaintext 503 can be sent before a handshake: past its limit the asyncio
+    runtime closes the connection (the one it serves is untouched)."""
+    with runtimes.serving("asyncio", app, tls=True, max_connections=1) as running:
+        with trio.fail_after(30):
+            first = H11Client(await connect_tls(running.port), host=f"{HOST}:{running.port}")
+            async with first.stream:
+                await first.initialize()
+                assert await refused_handshake(running.port, client_context())
+                # Closed without a byte: never a plaintext answer on the TLS port.
+                raw = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                await raw.connect((HOST, running.port))
+                with raw:
+                    assert await raw.recv(65536) == b""
+                reply = await first.call(1, "echo", {"text": "still served"})
+                [message] = await reply.messages()
+                assert message["result"]["content"][0]["text"] == "still served"
