@@ -18,8 +18,10 @@ move), so a resumption (``GET`` + ``Last-Event-ID``) sends exactly what follows 
 cursor, and the newest reader of a stream displaces an older one.  Each frame's last
 byte is marked in a :class:`~weir.protocol.DrainTracker`; the kernel's send queue
 (``ioctl(SIOCOUTQ)``, Linux) says when the peer acknowledged it, and only then does
-its credit come back.  A reader watches the socket while a stream is written, so a
-peer that hangs up is noticed at once rather than at the next failed write.
+its credit come back (under TLS, :mod:`._tls` maps the plaintext offsets to the
+ciphertext the kernel counts).  A reader watches the socket while a stream is
+written, so a peer that hangs up is noticed at once rather than at the next failed
+write.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ from ._session import Gone, Session
 from ._sessionless import SessionlessPosts
 from ._shared import store_unavailable
 from ._streams import SSE_HEADERS, serve_delete, serve_get
+from ._tls import TlsReader, TlsWriter
 
 if TYPE_CHECKING:
     from ._driver import AsyncioDriver
@@ -87,7 +90,7 @@ class Connection:
     """One TCP connection: its read/respond loop around one :class:`HttpConnection`,
     and the acknowledgement tracking of every frame it writes."""
 
-    def __init__(self, driver: AsyncioDriver, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, driver: AsyncioDriver, writer: asyncio.StreamWriter | TlsWriter) -> None:
         self.driver, self.writer, self.conn = driver, writer, HttpConnection(driver.limits)
         # A mark's token: (session, stream, seq after the frame), or (session, None,
         # bytes) for a JSON body, whose credit comes back whole when it is acknowledged.
@@ -101,7 +104,7 @@ class Connection:
         if sys.platform == "linux" and sock is not None and sock.family in _TCP:
             self._fd = sock.fileno()
         self._watcher: asyncio.Task[None] | None = None
-        self._reader: asyncio.StreamReader | None = None
+        self._reader: asyncio.StreamReader | TlsReader | None = None
         self._early = b""  # bytes the peer sent while a stream was being written
         #: Bytes of the request being read, counted in the driver's ``inbound``.
         self._inbound = 0
@@ -133,15 +136,15 @@ class Connection:
             raise
 
     def _unacknowledged(self) -> int:
-        """Bytes written and not acknowledged: asyncio's buffer plus the kernel's queue."""
-        buffered = self.writer.transport.get_write_buffer_size()
-        if self._fd < 0:
-            return buffered  # no SIOCOUTQ: "accepted by the kernel" stands in for acked
-        try:
-            fcntl.ioctl(self._fd, _SIOCOUTQ, self._outq, True)
-        except OSError:
-            return buffered
-        return buffered + int(self._outq[0])
+        """Bytes written and not acknowledged: asyncio's buffer plus the kernel's queue
+        (under TLS those count ciphertext, which :class:`TlsWriter` maps to plaintext)."""
+        unacked = self.writer.transport.get_write_buffer_size()
+        if self._fd >= 0:  # (else "accepted by the kernel" stands in for acked)
+            with contextlib.suppress(OSError):
+                fcntl.ioctl(self._fd, _SIOCOUTQ, self._outq, True)
+                unacked += int(self._outq[0])
+        writer = self.writer
+        return writer.unacknowledged(unacked) if isinstance(writer, TlsWriter) else unacked
 
     def check_acks(self) -> bool:
         """Release the credit of every frame the peer has acknowledged; any progress?"""
@@ -187,7 +190,7 @@ class Connection:
             await asyncio.sleep(delay)
 
     # ---------------------------------------------------------------- requests
-    async def run(self, reader: asyncio.StreamReader) -> None:
+    async def run(self, reader: asyncio.StreamReader | TlsReader) -> None:
         conn, self._reader = self.conn, reader
         clock, loop = ReadClock(self.driver.read_timeouts), asyncio.get_running_loop()
         try:
@@ -270,7 +273,7 @@ class Connection:
         self.driver.inbound -= self._inbound
         self._inbound = 0
 
-    async def _overloaded(self, reader: asyncio.StreamReader) -> None:
+    async def _overloaded(self, reader: asyncio.StreamReader | TlsReader) -> None:
         """Too many request bytes are buffered on this server: 503 ``overloaded``
         (``Retry-After``), then the connection lingers and closes (as on Trio)."""
         self._give_back()  # at once: the refusal frees what this connection held
@@ -288,7 +291,7 @@ class Connection:
                 await self.send(closing_refusal(exc))
         await self._linger(reader)
 
-    async def _linger(self, reader: asyncio.StreamReader) -> None:
+    async def _linger(self, reader: asyncio.StreamReader | TlsReader) -> None:
         """After a refusal sent while the peer is still sending: half-close, then read and
         discard for at most the linger timeout -- closing with unread bytes would reset
         the connection and could destroy the refusal before the peer reads it."""

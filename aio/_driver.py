@@ -17,6 +17,7 @@ import dataclasses
 import gc
 import logging
 import math
+import ssl
 from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -58,6 +59,7 @@ from ._owners import SharedOwners
 from ._session import MEMORY_BUDGET, SESSION_RETAIN_BYTES, Session
 from ._sessionless import Listener
 from ._shared import CLAIM_LEASE, SharedState, memory_store
+from ._tls import accept_tls
 
 log = logging.getLogger(__name__)
 #: A session that held at least this much credit is followed by a ``malloc_trim``.
@@ -117,6 +119,7 @@ class AsyncioDriver:
         max_inbound_bytes: int = 256 * 1024 * 1024,
         session_retain_bytes: int = SESSION_RETAIN_BYTES,
         memory_budget: int = MEMORY_BUDGET,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
@@ -179,6 +182,9 @@ class AsyncioDriver:
         oldest goes first (see ``._session``), and a new call whose key finds the
         budget full of keys that must stay is refused 503 ``overloaded`` (a
         ``ValueError`` if either is below 1 byte, or the first above the second).
+
+        With ``ssl_context`` every connection speaks TLS, its handshake within the
+        head deadline, its drain tracking exact at record boundaries (:mod:`._tls`).
         """
         #: Replay history and kept results, in bytes, per session and in total.
         self.budget = RetentionBudget(total=memory_budget, per_owner=session_retain_bytes)
@@ -203,6 +209,7 @@ class AsyncioDriver:
         self.credit = credit or CreditLimits()
         self.max_sessions, self.max_connections = max_sessions, max_connections
         self.idle_timeout, self.initialize_timeout = idle_timeout, initialize_timeout
+        self.ssl_context = ssl_context
         #: Bytes of incomplete requests buffered by all connections, and their cap.
         self.inbound, self.max_inbound_bytes = 0, max_inbound_bytes
         self.read_timeouts = read_timeouts or ReadTimeouts()
@@ -467,7 +474,11 @@ class AsyncioDriver:
             await asyncio.sleep(0.01)
 
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """The ``start_server`` callback: serve one connection until it closes."""
+        """The ``start_server`` callback: serve one connection until it closes (with
+        ``ssl_context``, after its TLS handshake: :mod:`._tls`)."""
+        if self.connections >= self.max_connections and self.ssl_context is not None:
+            writer.transport.abort()  # (no plaintext refusal on a TLS port)
+            return
         if self.connections >= self.max_connections:
             self.metrics.refused(str(Reason.OVERLOADED))
             body = encode_error(
@@ -487,7 +498,10 @@ class AsyncioDriver:
         if me is not None:
             self._handlers.add(me)
         try:
-            await Connection(self, writer).run(reader)
+            if self.ssl_context is None:
+                await Connection(self, writer).run(reader)
+            else:
+                await self._serve_tls(reader, writer, self.ssl_context)
         except asyncio.CancelledError:
             # The connection is over (shutdown, or its session ended while it wrote a
             # stream); the handler ends quietly, not cancelled -- Python 3.11's
@@ -497,6 +511,15 @@ class AsyncioDriver:
             self.connections -= 1
             if me is not None:
                 self._handlers.discard(me)
+
+    async def _serve_tls(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, context: ssl.SSLContext
+    ) -> None:
+        tls = await accept_tls(reader, writer, context, timeout=self.read_timeouts.head)
+        if tls is None:
+            writer.transport.abort()
+            return
+        await Connection(self, tls[1]).run(tls[0])
 
 
 async def serve(

@@ -37,6 +37,7 @@ import dataclasses
 import logging
 import math
 import signal
+import ssl
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -118,6 +119,7 @@ class AsyncioConfig:
             session may keep (over it its oldest history goes first).
         memory_budget: bytes of replay history and finished results all sessions
             together may keep (over it the oldest history, server-wide, goes first).
+        ssl_context: serve HTTPS with this server-side context (None: plain HTTP).
     """
 
     host: str = "127.0.0.1"
@@ -149,6 +151,7 @@ class AsyncioConfig:
     session_retain_bytes: int = SESSION_RETAIN_BYTES
     memory_budget: int = MEMORY_BUDGET
     reuse_port: bool = False
+    ssl_context: ssl.SSLContext | None = dataclasses.field(default=None, repr=False)
 
     def driver(
         self, app: App, state: Any = None, store: SessionStore | None = None
@@ -185,6 +188,7 @@ class AsyncioConfig:
             resume=self.resume,
             session_retain_bytes=self.session_retain_bytes,
             memory_budget=self.memory_budget,
+            ssl_context=self.ssl_context,
         )
 
 
@@ -306,7 +310,9 @@ async def _serve(
                 if started is not None:
                     host, port = server.sockets[0].getsockname()[:2]
                     shown = f"[{host}]" if ":" in host else host
-                    started(f"http://{shown}:{port}{config.endpoint.path}", event_loop_name())
+                    scheme = "http" if config.ssl_context is None else "https"
+                    url = f"{scheme}://{shown}:{port}{config.endpoint.path}"
+                    started(url, event_loop_name())
                 await stop.wait()
             finally:
                 server.close()  # (not wait_closed: open streams end with their sessions)

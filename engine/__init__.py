@@ -28,6 +28,7 @@ from weir.app import (
     tool_result,
 )
 from weir.common._memory import tune_allocator
+from weir.common._tls import TlsConfigError, server_ssl_context
 
 from ._auth import (
     AccessToken,
@@ -80,6 +81,7 @@ __all__ = [
     "StoreUnavailable",
     "StoredEvent",
     "StreamInfo",
+    "TlsConfigError",
     "TokenExpired",
     "TokenVerifier",
     "Tool",
@@ -89,6 +91,7 @@ __all__ = [
     "embedded_resource",
     "image",
     "serve",
+    "server_ssl_context",
     "text",
     "tool_result",
     "tune_allocator",

@@ -86,6 +86,10 @@ SERVED: frozenset[str] = frozenset(
         "resume",
         "workers",
         "reuse_port",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "ssl_keyfile_password",
+        "ssl_ca_certs",
     }
 )
 
@@ -131,6 +135,7 @@ def asyncio_config(
         session_retain_bytes=config.session_retain_bytes,
         memory_budget=config.memory_budget,
         reuse_port=config.reuse_port,
+        ssl_context=config.ssl_context,
     )
 
 

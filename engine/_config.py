@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import resource
+import ssl
 from dataclasses import dataclass, field
 
 import trio
@@ -99,6 +100,11 @@ class ServerConfig:
         legacy_sse_path: the 2024-11-05 HTTP+SSE stream endpoint (``None``: off).
         legacy_messages_path: the 2024-11-05 POST endpoint.
         metrics_path: Prometheus metrics (``None``: off).
+        ssl_context: serve HTTPS with this server-side context (``None``: plain
+            HTTP); :func:`weir.engine.server_ssl_context` builds the one ``--ssl-*``
+            ask for.  Each connection's handshake must finish within
+            ``head_timeout``; drain tracking stays byte-exact at TLS record
+            boundaries (see the README, "TLS").
     """
 
     host: str = "127.0.0.1"
@@ -140,6 +146,7 @@ class ServerConfig:
     metrics_path: str | None = "/metrics"
     state_keys: tuple[bytes, ...] = ()
     retry_window: float = 0.0
+    ssl_context: ssl.SSLContext | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.retry_window < 86400:
@@ -151,6 +158,12 @@ class ServerConfig:
                 "retry_window needs authorization: without it every client is the one "
                 f"principal {self.principal!r}, and a client's request could be answered "
                 "with another client's result"
+            )
+        auth = self.auth
+        if self.ssl_context is not None and auth and not auth.resource.startswith("https://"):
+            raise ValueError(
+                f"the resource identifier {auth.resource!r} must be an https:// "
+                "URL when serving TLS (clients compare it with the URL they use)"
             )
         if self.resume not in RESUME_POLICIES:
             raise ValueError(
@@ -195,6 +208,11 @@ class ServerConfig:
                 f"session_retain_bytes ({self.session_retain_bytes}) must be <= "
                 f"memory_budget ({self.memory_budget})"
             )
+
+    @property
+    def scheme(self) -> str:
+        """``https`` with an :attr:`ssl_context`, else ``http``."""
+        return "http" if self.ssl_context is None else "https"
 
     @property
     def connection_limit(self) -> int:

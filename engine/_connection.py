@@ -6,7 +6,9 @@ Theory of operation
 byte goes out through :meth:`Connection.send`, which counts bytes as the kernel
 accepts them (on a TCP socket it calls ``send()`` itself, so the count is exact even
 while a write is blocked part-way) and records, for each SSE frame in the data, the
-offset of the frame's last byte (:class:`weir.protocol.DrainTracker`).
+offset of the frame's last byte (:class:`weir.protocol.DrainTracker`).  Under TLS
+the stream is a ``trio.SSLStream``: it writes one record's plaintext at a time and
+its :class:`~weir.engine._tls.TlsMeter` maps the plaintext offsets to ciphertext ones.
 
 :meth:`Connection.check_acks` asks the :class:`~weir.engine._drain.DrainMeter` how many
 of those bytes the peer has acknowledged and hands the result to the core: frames
@@ -27,11 +29,13 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from weir.common._tls import RECORD_PLAINTEXT
 from weir.protocol import DrainTracker, HeadCache, HttpConnection, HttpLimits
 
 from ._acks import MIN_POLL, AckPoller
 from ._drain import DrainMeter
 from ._session import JsonCharge
+from ._tls import TlsMeter
 
 if TYPE_CHECKING:
     from ._session import Session, StreamHandle
@@ -67,10 +71,13 @@ class Connection:
         notsent_lowat: int | None,
         heads: HeadCache | None = None,
         poller: AckPoller | None = None,
+        meter: TlsMeter | None = None,
     ) -> None:
         self.stream = stream
         self.http = HttpConnection(limits, heads=heads)
-        self.meter = DrainMeter(stream, notsent_lowat=notsent_lowat)
+        #: What the peer acknowledged: of the TCP socket, or (TLS, ``stream`` the
+        #: ``SSLStream`` over ``meter``'s transport) of its plaintext.
+        self.meter: DrainMeter | TlsMeter = meter or DrainMeter(stream, notsent_lowat=notsent_lowat)
         self.tracker: DrainTracker[tuple[Holder, int]] = DrainTracker()
         #: The server's re-checker of acknowledgements (None: nothing re-checks).
         self.poller = poller
@@ -103,7 +110,9 @@ class Connection:
         start = self.tracker.written
         try:
             sock = self.stream.socket if isinstance(self.stream, trio.SocketStream) else None
-            if sock is not None and self.meter.exact:
+            if isinstance(self.meter, TlsMeter):
+                await self._send_records(data, self.meter)
+            elif sock is not None and self.meter.exact:
                 view = memoryview(data)
                 while view:
                     n = await sock.send(view)
@@ -122,6 +131,21 @@ class Connection:
             self.tracker.mark(start + offset, token)
         if self.check_acks() and self.poller is not None:
             self.poller.watch(self)
+
+    async def _send_records(self, data: bytes, meter: TlsMeter) -> None:
+        """Under TLS: one record's plaintext at a time, each recorded with the
+        ciphertext written so far once it is wholly in the kernel (``engine._tls``).
+
+        Each record is watched by the ACK poller, so a peer reading a long write
+        slowly shows progress before the write returns."""
+        view, send_all, tracker = memoryview(data), self.stream.send_all, self.tracker
+        poller = self.poller
+        for at in range(0, len(data), RECORD_PLAINTEXT):
+            chunk = view[at : at + RECORD_PLAINTEXT]
+            await send_all(chunk)
+            meter.wrote(tracker.wrote(len(chunk)))
+            if poller is not None:
+                poller.watch(self)
 
     def check_acks(self) -> bool:
         """Ask the kernel what the peer acknowledged; release drained frames' credit.

@@ -2,7 +2,8 @@
 
 Theory of operation
 -------------------
-Each TCP connection gets one task running :meth:`Connections.connection`: the small
+Each TCP connection gets one task running :meth:`Connections.connection` (under TLS,
+after its handshake: ``engine._tls``): the small
 ``receive_some -> receive_data -> next_event -> respond -> send`` loop around an
 :class:`~weir.engine._connection.Connection` (the :class:`weir.protocol.HttpConnection` plus
 byte-exact send accounting).  One broken connection never takes the server down.
@@ -49,6 +50,7 @@ from ._routing import Router
 from ._shared import Shared, log
 from ._store_errors import StoreUnavailable
 from ._timers import Deadlines, Timed
+from ._tls import TlsMeter, accept_tls
 from ._writer import RECV_BYTES, PeerGone
 
 
@@ -133,13 +135,26 @@ class Connections:
             self.read_deadlines.schedule(timed, timed.deadline)
 
     async def connection(self, stream: trio.abc.Stream, slot: Slot | None = None) -> None:
-        """Serve ``stream`` until it closes (``slot``: its place under the accept gate)."""
+        """Serve ``stream`` until it closes (``slot``: its place under the accept gate).
+
+        With ``ssl_context`` configured, ``stream`` carries TLS: the handshake must
+        finish within ``head_timeout`` (``engine._tls``)."""
+        cfg, meter = self.config, None
+        if cfg.ssl_context is not None:
+            tls = await accept_tls(stream, cfg.ssl_context, timeout=cfg.head_timeout)
+            if tls is None:
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await stream.aclose()
+                return
+            stream, counting = tls
+            meter = TlsMeter(counting, notsent_lowat=cfg.notsent_lowat)
         conn = Connection(
             stream,
-            self.config.limits,
-            notsent_lowat=self.config.notsent_lowat,
+            cfg.limits,
+            notsent_lowat=cfg.notsent_lowat,
             heads=self._heads,
             poller=self._acks,
+            meter=meter,
         )
         self.open_connections.add(conn)
         try:

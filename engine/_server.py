@@ -175,11 +175,11 @@ class Server:
 
     @property
     def url(self) -> str:
-        """``http://host:port/path`` of the endpoint (after start)."""
+        """``http[s]://host:port/path`` of the endpoint (after start)."""
         host = self.config.host
         if ":" in host:
             host = f"[{host}]"
-        return f"http://{host}:{self.port}{self.config.path}"
+        return f"{self.config.scheme}://{host}:{self.port}{self.config.path}"
 
     async def serve_connection(self, stream: trio.abc.Stream) -> None:
         """Serve one already-accepted connection until it closes (needs :meth:`run` started)."""

@@ -113,7 +113,8 @@ def run_workers(args: argparse.Namespace, config: ServerConfig, argv: Sequence[s
                     raise RuntimeError(f"worker {proc.pid} did not start (status {proc.poll()})")
         host = f"[{config.host}]" if ":" in config.host else config.host
         print(
-            f"weir: serving http://{host}:{port}{config.path} ({args.workers} workers)", flush=True
+            f"weir: serving {config.scheme}://{host}:{port}{config.path} ({args.workers} workers)",
+            flush=True,
         )
 
         def forward(signum: int, _frame: object) -> None:

@@ -10,8 +10,9 @@ callable returning one, or a server written with the official MCP SDK, which
 directory) first.  An SDK app that declares its own token verifier is served with
 it (see :mod:`weir.engine._declared_auth`) unless ``--auth-*`` options replace it.
 With ``--port 0`` a free port is chosen; the first line on stdout is always
-``weir: serving http://HOST:PORT/PATH``.  A server that cannot start says why in one
-line on stderr and exits with status 1 (see :mod:`weir.engine._startup`).
+``weir: serving http://HOST:PORT/PATH`` (``https://`` with ``--ssl-certfile``).  A
+server that cannot start says why in one line on stderr and exits with status 1
+(see :mod:`weir.engine._startup`).
 SIGINT/SIGTERM shut down gracefully (see ``engine.Server.shutdown``); a second
 signal exits at once.
 
@@ -42,6 +43,7 @@ from weir.common._memory import tune_allocator
 from weir.protocol import CreditLimits, HttpLimits
 
 from ._auth import DEFAULT_ALGORITHMS, Authorization, JwtVerifier
+from ._cli_tls import add_tls_options, ssl_context_from_args
 from ._declared_auth import declared_authorization
 from ._jwks import screen_keys
 from ._memory_store import MemoryStore
@@ -214,6 +216,7 @@ def _parser() -> argparse.ArgumentParser:
         f"down (default {d.liveness_timeout:g})",
     )
     _limit_options(s)
+    add_tls_options(s)
     a = s.add_argument_group("authorization (OAuth 2.1 resource server; see the README)")
     a.add_argument("--auth-issuer", metavar="URL", help="accept JWTs from this issuer (iss)")
     a.add_argument(
@@ -459,6 +462,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             resume=args.resume,
             replica_id=args.replica_id,
             reuse_port=args.reuse_port or args.workers > 1,
+            ssl_context=ssl_context_from_args(args),
         )
     except ValueError as exc:
         raise SystemExit(f"weir: {exc}") from None
@@ -662,7 +666,10 @@ def _with_app_security(app: App, config: ServerConfig, *, warn: bool = True) -> 
         if warn:
             log.warning("the app's own authorization is replaced by the --auth-* options")
         return config
-    return dataclasses.replace(config, auth=declared)
+    try:
+        return dataclasses.replace(config, auth=declared)
+    except ValueError as exc:  # (e.g. an http:// resource served over TLS)
+        raise SystemExit(f"weir: the app's own authorization: {exc}") from None
 
 
 def _open_warning(config: ServerConfig) -> str | None:

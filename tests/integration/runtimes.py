@@ -26,6 +26,7 @@ import concurrent.futures
 import dataclasses
 import math
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +38,7 @@ import pytest
 import sniffio
 import trio
 
+from tests.integration.tlspki import client_context, pki
 from weir.asyncio import AsyncioDriver
 from weir.asyncio._session import MAX_CLOSED_STREAMS
 from weir.engine import App, Server, ServerConfig
@@ -85,6 +87,33 @@ class Options:
     in_progress_wait: float | None = None
     #: The ``retryAfterMs`` hint of a 409 ``in_progress``.
     retry_ms: int | None = None
+    #: Serve TLS with the test certificate (``tests.integration.tlspki``); the
+    #: clients of :func:`client_socket` then speak TLS to the server.
+    tls: bool = False
+    #: With ``tls``: require client certificates signed by the test CA.
+    client_certs: bool = False
+
+
+#: The ports of the servers :func:`serving` runs with TLS.
+_TLS_PORTS: set[int] = set()
+#: The ``tls`` axis: a test so marked runs over plain TCP and over TLS.
+TLS_AXIS = pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
+
+
+def client_socket(
+    port: int, *, rcvbuf: int | None = None, timeout: float = TIMEOUT
+) -> socket.socket:
+    """A blocking client socket connected to 127.0.0.1:``port`` (``rcvbuf``: set before
+    connecting); to a server :func:`serving` runs with TLS, an ``ssl.SSLSocket`` whose
+    handshake is done."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf is not None:  # before connect: it sets the advertised window
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(timeout)
+    sock.connect(("127.0.0.1", port))
+    if port in _TLS_PORTS:
+        return client_context().wrap_socket(sock, server_hostname="127.0.0.1")
+    return sock
 
 
 class _Sessions(Protocol):
@@ -112,7 +141,8 @@ class Served:
     @property
     def url(self) -> str:
         """The MCP endpoint's URL."""
-        return f"http://127.0.0.1:{self.port}/mcp"
+        scheme = "https" if self.port in _TLS_PORTS else "http"
+        return f"{scheme}://127.0.0.1:{self.port}/mcp"
 
     @property
     def replica_id(self) -> str | None:
@@ -272,14 +302,15 @@ def serving(runtime: str, app: App, **options: Any) -> Iterator[Served]:
     Everything still open at the end (a stream nobody reads) ends with the server.
     """
     opts = Options(**options)
-    if runtime == "trio":
-        with _trio(app, opts) as served:
-            yield served
-    elif runtime == "asyncio":
-        with _asyncio(app, opts) as served:
-            yield served
-    else:
+    if runtime not in RUNTIME_NAMES:
         raise ValueError(f"no runtime {runtime!r}")
+    with (_trio if runtime == "trio" else _asyncio)(app, opts) as served:
+        if opts.tls:
+            _TLS_PORTS.add(served.port)
+        try:
+            yield served
+        finally:
+            _TLS_PORTS.discard(served.port)
 
 
 @contextmanager
@@ -301,6 +332,8 @@ def _asyncio(app: App, opts: Options) -> Iterator[Served]:
         )
         if v is not None
     }
+    if opts.tls:
+        kwargs["ssl_context"] = pki().server_context(require_client_cert=opts.client_certs)
     driver = AsyncioDriver(app, endpoint, opts.credit, always_json=opts.json_response, **kwargs)
     if opts.retry_ms is not None:  # (no option of its own: the core's rule, set here)
         driver.post_rules = dataclasses.replace(driver.post_rules, retry_ms=opts.retry_ms)
@@ -359,6 +392,8 @@ def _trio(app: App, opts: Options) -> Iterator[Served]:
     if opts.read_timeouts is not None:
         t = opts.read_timeouts
         settings.update(keepalive_timeout=t.keepalive, head_timeout=t.head, body_timeout=t.body)
+    if opts.tls:
+        settings["ssl_context"] = pki().server_context(require_client_cert=opts.client_certs)
     config = ServerConfig(**settings)
     started: queue.Queue[tuple[Server, trio.lowlevel.TrioToken] | BaseException] = queue.Queue()
 

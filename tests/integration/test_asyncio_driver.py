@@ -33,6 +33,7 @@ from weir.protocol import LOOPBACK_HOSTS, CreditLimits, EndpointConfig
 from weir.protocol.sse import SseDecoder, SseEvent
 
 from .rawhttp import raw_request, send_regardless
+from .runtimes import client_socket
 
 TIMEOUT = 10.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -134,7 +135,7 @@ class Client:
 
     def __init__(self, port: int) -> None:
         self.port = port
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+        self.sock = client_socket(port, timeout=TIMEOUT)  # (TLS to a server serving it)
         self.h11 = h11.Connection(h11.CLIENT)
         self.session_id: str | None = None
         self.version = "2025-11-25"

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import dataclasses
 import fcntl
 import json
 import math
@@ -82,8 +83,11 @@ import trio
 
 from tests.engine.helpers import H11Client, Reply, SseReply
 from tests.integration import runtimes
+from tests.integration.tlspki import connect_tls, pki
 from weir.engine import App, Server, ServerConfig
+from weir.engine._connection import Connection
 from weir.engine._session import Session
+from weir.engine._tls import TlsMeter
 from weir.protocol import CreditLimits
 from weir.protocol.sse import SseDecoder, SseEvent
 from weir.protocol.states import CreditState
@@ -147,21 +151,46 @@ async def eventually(
     return condition()
 
 
+#: The ports of the servers :func:`serving` runs with TLS (:func:`open_client` then
+#: speaks TLS to them).
+_TLS_PORTS: set[int] = set()
+#: The ``tls`` axis: each test so marked runs over plain TCP and over TLS.
+TLS_AXIS = pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
+
+
 @asynccontextmanager
-async def serving(app_: App, config: ServerConfig) -> AsyncIterator[Server]:
-    """The real server listening on 127.0.0.1 (``config.port`` should be 0)."""
+async def serving(app_: App, config: ServerConfig, *, tls: bool = False) -> AsyncIterator[Server]:
+    """The real server listening on 127.0.0.1 (``config.port`` should be 0); with
+    ``tls``, serving TLS with the test certificate (see ``tests.integration.tlspki``)."""
+    if tls:
+        config = dataclasses.replace(config, ssl_context=pki().server_context())
     async with trio.open_nursery() as nursery:
         server: Server = await nursery.start(Server(app_, config).run)
+        if tls:
+            _TLS_PORTS.add(server.port)
         try:
             yield server
         finally:
+            _TLS_PORTS.discard(server.port)
             server.shutdown()
             with trio.fail_after(30):
                 await server.stopped.wait()
 
 
+def tcp_socket(conn: Connection) -> trio.socket.SocketType:
+    """The TCP socket under a server connection (plain, or under its ``SSLStream``)."""
+    stream = conn.stream
+    if isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream.tcp
+    assert isinstance(stream, trio.SocketStream)
+    return stream.socket
+
+
 async def open_client(port: int, *, rcvbuf: int | None = None) -> H11Client:
-    """An h11 client on a fresh TCP connection; ``rcvbuf`` shrinks SO_RCVBUF before connect."""
+    """An h11 client on a fresh TCP connection; ``rcvbuf`` shrinks SO_RCVBUF before connect.
+    To a server :func:`serving` runs with TLS, the connection speaks TLS."""
+    if port in _TLS_PORTS:
+        return H11Client(await connect_tls(port, rcvbuf=rcvbuf), host=f"{HOST}:{port}")
     sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     if rcvbuf is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
@@ -440,13 +469,14 @@ async def healthy_client(port: int, stalled: Session, out: Outcome) -> None:
     raise AssertionError("the stalled session was never torn down")
 
 
-async def test_half_open_legacy_stream_is_refused_bounded_and_reaped() -> None:
+@TLS_AXIS
+async def test_half_open_legacy_stream_is_refused_bounded_and_reaped(tls: bool) -> None:
     """A peer stops reading its legacy SSE stream but keeps POSTing ``tools/call``."""
     limits = CreditLimits(
         frames=4, bytes=16384, drain_window=DRAIN_WINDOW, liveness_timeout=LIVENESS_TIMEOUT
     )
     out = Outcome()
-    async with serving(app, ServerConfig(port=0, credit=limits)) as server:
+    async with serving(app, ServerConfig(port=0, credit=limits), tls=tls) as server:
         port = server.port
         rss_before = rss_bytes()
         async with legacy_peer(server, rcvbuf=4096) as (peer, sse, endpoint):
@@ -621,9 +651,10 @@ async def burst_into_stalled_session(
 
 # ---------------------------------------------------------------- 2. byte-exact tracking
 @pytest.mark.skipif(not LINUX, reason="SIOCOUTQ byte-exact tracking is Linux-only")
-async def test_healthy_exchange_releases_all_credit_exactly() -> None:
+@TLS_AXIS
+async def test_healthy_exchange_releases_all_credit_exactly(tls: bool) -> None:
     with trio.fail_after(30):
-        async with serving(app, ServerConfig(port=0)) as server:
+        async with serving(app, ServerConfig(port=0), tls=tls) as server:
             client = await open_client(server.port)
             async with client.stream:
                 await client.initialize()
@@ -664,7 +695,10 @@ async def test_healthy_exchange_releases_all_credit_exactly() -> None:
 
 
 @pytest.mark.skipif(not LINUX, reason="SIOCOUTQ byte-exact tracking is Linux-only")
-async def test_credit_is_held_until_the_peer_acknowledges_not_until_send_returns() -> None:
+@TLS_AXIS
+async def test_credit_is_held_until_the_peer_acknowledges_not_until_send_returns(
+    tls: bool,
+) -> None:
     """A frame ``send()`` accepted in full still holds credit until the peer's TCP ACKs it.
 
     Without byte-exact tracking the frame would be released the moment the kernel
@@ -674,7 +708,7 @@ async def test_credit_is_held_until_the_peer_acknowledges_not_until_send_returns
     """
     with trio.fail_after(30):
         async with (
-            serving(app, ServerConfig(port=0)) as server,
+            serving(app, ServerConfig(port=0), tls=tls) as server,
             legacy_peer(server, rcvbuf=4096) as (_, sse, endpoint),
         ):
             await credit_held_until_acknowledged(server, sse, endpoint)
@@ -684,9 +718,12 @@ async def credit_held_until_acknowledged(server: Server, sse: SseReply, endpoint
     session = server.sessions[session_id_of(endpoint)]
     carrier = max(server.open_connections, key=lambda c: c.tracker.written)  # the SSE stream's
     assert carrier.meter.exact
-    assert isinstance(carrier.stream, trio.SocketStream)
-    sock = carrier.stream.socket
-    acked_before = carrier.tracker.acked
+    sock = tcp_socket(carrier)
+    meter = carrier.meter
+    # What the peer's TCP has acknowledged: bytes (TLS: ciphertext bytes).
+    acked_before = (
+        meter.ciphertext_acked() if isinstance(meter, TlsMeter) else carrier.tracker.acked
+    )
     reply = await post_once(server.port, bulk_call(7, 12_000, "held"), target=endpoint)
     assert isinstance(reply, Reply) and reply.status == 202
 
@@ -709,7 +746,12 @@ async def credit_held_until_acknowledged(server: Server, sse: SseReply, endpoint
         carrier.tracker.written - carrier.tracker.acked,
         carrier.meter.unacknowledged(),
     )
-    assert carrier.tracker.acked > acked_before  # the peer did acknowledge part of it...
+    # The peer did acknowledge part of it (under TLS, bytes of its record: the record
+    # as a whole is not, and the peer could not read a byte of it yet) ...
+    if isinstance(meter, TlsMeter):
+        assert meter.ciphertext_acked() > acked_before
+    else:
+        assert carrier.tracker.acked > acked_before
     tracked = carrier.tracker.written - carrier.tracker.acked
     in_kernel = carrier.meter.unacknowledged()
     assert 0 < in_kernel <= tracked  # never counts a byte acknowledged too early

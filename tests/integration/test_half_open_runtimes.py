@@ -54,7 +54,14 @@ from typing import Any
 import h11
 import pytest
 
-from tests.integration.runtimes import RUNTIMES, TIMEOUT, serving, wait_in_thread
+from tests.integration.runtimes import (
+    RUNTIMES,
+    TIMEOUT,
+    TLS_AXIS,
+    client_socket,
+    serving,
+    wait_in_thread,
+)
 from tests.integration.test_asyncio_driver import Client
 from weir.app.samples.demo import app as demo_app
 from weir.engine import App
@@ -71,11 +78,7 @@ class RawStream:
 
     def __init__(self, port: int, *, rcvbuf: int | None = None) -> None:
         self.port = port
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        if rcvbuf is not None:  # before connect: it sets the advertised window
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        self.sock.settimeout(TIMEOUT)
-        self.sock.connect(("127.0.0.1", port))
+        self.sock = client_socket(port, rcvbuf=rcvbuf)  # (TLS to a server serving it)
         self.h11 = h11.Connection(h11.CLIENT)
         self.decoder = SseDecoder()
         self.events: list[SseEvent] = []
@@ -242,9 +245,10 @@ def test_a_resumption_displaces_a_writer_still_attached_to_an_old_connection(run
 
 
 @RUNTIMES
-def test_a_client_that_stops_reading_is_refused_429_then_torn_down(runtime: str) -> None:
+@TLS_AXIS
+def test_a_client_that_stops_reading_is_refused_429_then_torn_down(runtime: str, tls: bool) -> None:
     credit = CreditLimits(frames=8, bytes=32768, drain_window=0.5, liveness_timeout=2.0)
-    with serving(runtime, demo_app, credit=credit) as running, Client(running.port) as c:
+    with serving(runtime, demo_app, credit=credit, tls=tls) as running, Client(running.port) as c:
         c.initialize()
         assert c.session_id is not None
         # A: an answer of nearly the whole credit into a 4 KB receive window, never read.
@@ -297,9 +301,10 @@ def _cut_within(sock: socket.socket, seconds: float) -> bool:
 
 
 @RUNTIMES
+@TLS_AXIS
 @pytest.mark.parametrize("json_response", [False, True], ids=["sse", "json"])
 def test_a_stalled_peers_connection_is_cut_at_the_liveness_teardown(
-    runtime: str, json_response: bool
+    runtime: str, json_response: bool, tls: bool
 ) -> None:
     # The answer fits the kernel's send queue whole, so the server has nothing left
     # to write; before, the asyncio runtime kept the connection (and with it the
@@ -307,7 +312,7 @@ def test_a_stalled_peers_connection_is_cut_at_the_liveness_teardown(
     # keep-alive timeout.  Now the teardown cuts it, as the Trio engine does.
     credit = CreditLimits(frames=8, bytes=256 * 1024, drain_window=0.5, liveness_timeout=1.5)
     idle = ReadTimeouts(keepalive=60.0)
-    options: dict[str, Any] = {"credit": credit, "read_timeouts": idle}
+    options: dict[str, Any] = {"credit": credit, "read_timeouts": idle, "tls": tls}
     served = serving(runtime, demo_app, json_response=json_response, **options)
     with served as running, Client(running.port) as c:
         c.initialize()
@@ -331,8 +336,9 @@ def test_a_stalled_peers_connection_is_cut_at_the_liveness_teardown(
 
 
 @RUNTIMES
-def test_a_healthy_session_gives_back_every_byte_of_credit(runtime: str) -> None:
-    retain = serving(runtime, demo_app, retain_bytes=RETAIN_BYTES)
+@TLS_AXIS
+def test_a_healthy_session_gives_back_every_byte_of_credit(runtime: str, tls: bool) -> None:
+    retain = serving(runtime, demo_app, retain_bytes=RETAIN_BYTES, tls=tls)
     with retain as running, Client(running.port) as c:
         c.initialize()
         assert c.session_id is not None
