@@ -78,6 +78,13 @@ async def test_forwarded_host_is_believed_only_from_a_trusted_peer(
                         assert reply.status == 200, reply
                     else:
                         assert reply.status == 403 and reply.reason == "forbidden_host", reply
+                # A malformed forwarded host is ignored, not an error: the Host stands.
+                bad = {"x-forwarded-host": "bad host/", "x-forwarded-for": "not an ip"}
+                await c.send_raw(
+                    raw_request("POST", "/mcp", body=_json(INIT), host="localhost", headers=bad)
+                )
+                reply = await c.read_reply()
+                assert reply.status == 200, reply
                 # The RFC 7239 header counts the same.
                 forwarded = {**SESSIONLESS, "forwarded": 'for=192.0.2.9;host="mcp.example.com"'}
                 await c.send_raw(

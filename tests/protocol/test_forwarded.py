@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from weir.protocol import EndpointConfig, HttpRequest, check_host_and_origin
-from weir.protocol._forwarded import ClientView
+from weir.protocol._forwarded import ClientView, _forwarded_elements
 from weir.protocol._http_events import Headers
 from weir.protocol.forwarded import TrustedProxies, forwarded_request, resolve
 
@@ -178,3 +178,21 @@ def test_rfc7239_round_trip(hops: list[tuple[str, str]]) -> None:
     ip = ipaddress.ip_address(a)
     mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
     assert view.client == str(mapped or ip) and view.scheme == p
+
+
+_QUOTED = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=30)
+
+
+@given(st.lists(_QUOTED, min_size=1, max_size=4))
+def test_rfc7239_quoted_values_keep_commas_semicolons_and_escapes(values: list[str]) -> None:
+    """A quoted-string may hold ``,``, ``;``, ``=`` and escaped quotes: the elements
+    still split where the header says, so each hop keeps its own ``for=``."""
+
+    def quoted(text: str) -> str:
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    value = ", ".join(f"host={quoted(v)};for=10.0.0.{i}" for i, v in enumerate(values))
+    elements = _forwarded_elements(value)
+    assert elements is not None
+    assert [e["host"] for e in elements] == values
+    assert [e["for"] for e in elements] == [f"10.0.0.{i}" for i in range(len(values))]
