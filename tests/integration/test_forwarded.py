@@ -194,3 +194,27 @@ def _json(message: object) -> bytes:
 
 def _with(config: ServerConfig, auth: Authorization) -> ServerConfig:
     return dataclasses.replace(config, auth=auth)
+
+
+@RUNTIMES
+async def test_forwarded_headers_never_change_the_resource_identifier(runtime: str) -> None:
+    """The resource identifier is the audience tokens must name: configuration, never
+    derived from a request.  A trusted proxy saying another scheme and host changes
+    neither the metadata's ``resource`` nor the ``WWW-Authenticate`` pointer."""
+    resource = "https://mcp.example.com/mcp"
+    allow = ("--allow-host", "mcp.example.com", "--allow-host", "other.example")
+    config = configured("--forwarded-allow-ips", "127.0.0.1", *allow)
+    config = _with(config, Authorization(verifier=_RefuseAll(), resource=resource))
+    proxied = {"x-forwarded-proto": "http", "x-forwarded-host": "other.example:8080"}
+    with trio.fail_after(30):
+        async with serve_configured(runtime, app, config) as port:
+            c = await Client.connect(port)
+            try:
+                meta = await c.request("GET", METADATA_PATH + "/mcp", headers=proxied)
+                assert meta.status == 200 and meta.json()["resource"] == resource, meta
+                refused = await c.request("POST", "/mcp", INIT, headers=proxied)
+                assert refused.status == 401, refused
+                where = f'resource_metadata="https://mcp.example.com{METADATA_PATH}/mcp"'
+                assert where in refused.headers["www-authenticate"], refused
+            finally:
+                await c.aclose()
