@@ -441,6 +441,12 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         trusted = TrustedProxies.parse(args.forwarded_allow_ips)
     except ValueError as exc:
         raise SystemExit(f"weir: --forwarded-allow-ips: {exc}") from None
+    if trusted.everyone and not _is_loopback(args.host) and not args.reuse_port:
+        log.warning(
+            "--forwarded-allow-ips '*' on %s: every client that reaches this port chooses "
+            "the Host weir checks and the address it logs; list your proxies instead",
+            args.host,
+        )
     state_keys = _state_keys(args.state_key_file)
     hosts = None
     if args.allow_host:

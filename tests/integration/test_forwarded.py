@@ -218,3 +218,13 @@ async def test_forwarded_headers_never_change_the_resource_identifier(runtime: s
                 assert where in refused.headers["www-authenticate"], refused
             finally:
                 await c.aclose()
+
+
+def test_trusting_everyone_while_reachable_is_warned(caplog: pytest.LogCaptureFixture) -> None:
+    """``*`` on a non-loopback address lets any client choose the Host weir checks:
+    said at start-up; on loopback (only local peers) it is not."""
+    caplog.set_level(logging.WARNING, logger="weir.engine.cli")
+    configured("--forwarded-allow-ips", "*")
+    assert not caplog.records
+    configured("--host", "0.0.0.0", "--forwarded-allow-ips", "*")
+    assert [r.getMessage() for r in caplog.records if "'*' on 0.0.0.0" in r.getMessage()]
