@@ -85,7 +85,8 @@ def proxy(kind: str, tmp: Path, listen: int, weir: int, tools: int) -> Iterator[
         # paths are the test's own (the pid, logs and temporary files).
         (tmp / "weir.conf").write_text(config)
         temps = "".join(
-            f"    {what}_temp_path {tmp}/{what};\n" for what in ("client_body", "proxy")
+            f"    {what}_temp_path {tmp}/{what};\n"
+            for what in ("client_body", "proxy", "fastcgi", "scgi", "uwsgi")
         )
         (tmp / "nginx.conf").write_text(
             f"daemon off;\npid {tmp}/nginx.pid;\nerror_log {tmp}/error.log;\n"
