@@ -25,14 +25,14 @@ from typing import Final
 
 from weir.common import (
     ANONYMOUS,
-    METADATA_PATH,
     REQUEST_ACCESS,
     Authorization,
     JwtVerifier,
     authenticate,
+    is_metadata_path,
     metadata_answer,
 )
-from weir.protocol import HttpRequest
+from weir.protocol import EndpointConfig, HttpRequest
 
 from ._jwks import AsyncioWaits
 
@@ -65,17 +65,16 @@ def bind(auth: Authorization | None) -> None:
         auth.verifier.bind(AsyncioWaits())
 
 
-def is_metadata(auth: Authorization | None, request: HttpRequest, endpoint_path: str) -> bool:
+def is_metadata(auth: Authorization | None, request: HttpRequest, endpoint: EndpointConfig) -> bool:
     """Whether ``request`` asks for the protected resource metadata (no token needed)."""
-    path = request.path
-    return auth is not None and path != endpoint_path and path.startswith(METADATA_PATH)
+    return auth is not None and is_metadata_path(request.path, endpoint.path, endpoint.root_path)
 
 
 def metadata(
-    auth: Authorization, request: HttpRequest, endpoint_path: str
+    auth: Authorization, request: HttpRequest, endpoint: EndpointConfig
 ) -> tuple[int, list[tuple[str, str]], bytes]:
     """The answer to a metadata request (see :func:`~weir.common.metadata_answer`)."""
-    return metadata_answer(request.path, request.method, endpoint_path, auth)
+    return metadata_answer(request.path, request.method, endpoint.path, auth, endpoint.root_path)
 
 
 async def identify(auth: Authorization | None, request: HttpRequest) -> Who:

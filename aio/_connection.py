@@ -36,6 +36,7 @@ import socket
 import sys
 from typing import TYPE_CHECKING
 
+from weir.common import as_seen
 from weir.engine._store_errors import StoreUnavailable
 from weir.protocol import (
     NEED_DATA,
@@ -54,6 +55,7 @@ from weir.protocol import (
     route,
     session_refusal,
 )
+from weir.protocol.forwarded import peer_address
 from weir.protocol.jsonrpc import Request
 from weir.protocol.resume import displaces_writer
 from weir.protocol.sessionless import SessionlessMessage
@@ -92,6 +94,11 @@ class Connection:
 
     def __init__(self, driver: AsyncioDriver, writer: asyncio.StreamWriter | TlsWriter) -> None:
         self.driver, self.writer, self.conn = driver, writer, HttpConnection(driver.limits)
+        #: The TCP peer's address, and whose forwarding headers are believed: each
+        #: request's own view is computed from them (``respond``), never kept here.
+        self.peer = peer_address(writer.get_extra_info("peername"))
+        self.trusted = driver.endpoint.trusted_proxies
+        self.scheme = "http" if driver.ssl_context is None else "https"
         # A mark's token: (session, stream, seq after the frame), or (session, None,
         # bytes) for a JSON body, whose credit comes back whole when it is acknowledged.
         self.acks: DrainTracker[tuple[Session, StreamLog | None, int]] = DrainTracker()
@@ -308,11 +315,11 @@ class Connection:
         try:
             driver, auth = self.driver, self.driver.auth
             refuse_if_closing(driver)  # (draining: nothing new starts)
-            if is_metadata(auth, request, driver.endpoint.path):
+            # As its client sent it (what trusted proxies say about this request alone).
+            request = as_seen(request, self.peer, self.trusted, self.scheme)
+            if is_metadata(auth, request, driver.endpoint):
                 assert auth is not None
-                await self.send(
-                    self.conn.send_response(*metadata(auth, request, driver.endpoint.path))
-                )
+                await self.send(self.conn.send_response(*metadata(auth, request, driver.endpoint)))
                 return
             if is_metrics(driver, request):  # (no token needed, as on Trio)
                 await self.send(self.conn.send_response(*metrics_answer(driver, request)))

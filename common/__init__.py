@@ -41,9 +41,11 @@ from ._auth import (
     TokenVerifier,
     authenticate,
     bearer_token,
+    is_metadata_path,
     metadata_answer,
     principal_session_limit,
 )
+from ._clients import REQUEST_LOG, as_seen
 from ._declared_auth import DeclaredVerifier, declared_authorization
 from ._era import (
     VERSION,
@@ -78,6 +80,7 @@ __all__ = [
     "MAX_URIS",
     "METADATA_PATH",
     "REQUEST_ACCESS",
+    "REQUEST_LOG",
     "STATE_TTL",
     "VERSION",
     "Authorization",
@@ -94,6 +97,7 @@ __all__ = [
     "TokenExpired",
     "TokenVerifier",
     "Waits",
+    "as_seen",
     "authenticate",
     "bearer_token",
     "caller_for",
@@ -102,6 +106,7 @@ __all__ = [
     "era_capabilities",
     "handler_error",
     "honoured",
+    "is_metadata_path",
     "listen_ack",
     "listen_closing",
     "listen_frame",

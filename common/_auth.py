@@ -275,16 +275,39 @@ def auth_refusal(
     )
 
 
+def metadata_paths(endpoint_path: str, root_path: str = "") -> frozenset[str]:
+    """Where the metadata is served: :data:`METADATA_PATH`, alone and followed by the
+    endpoint's path (``endpoint_path``, which includes ``root_path``); with a
+    ``root_path`` (``--root-path``), also both under that prefix, for a proxy that
+    forwards only the prefix (``/prefix/.well-known/oauth-protected-resource/mcp``)."""
+    paths = {METADATA_PATH, METADATA_PATH + endpoint_path}
+    if root_path:
+        inner = endpoint_path.removeprefix(root_path)
+        paths |= {root_path + METADATA_PATH, root_path + METADATA_PATH + inner}
+    return frozenset(paths)
+
+
+def is_metadata_path(path: str, endpoint_path: str, root_path: str = "") -> bool:
+    """Whether ``path`` is under a metadata location (so answered by
+    :func:`metadata_answer`, never authenticated): :data:`METADATA_PATH`, or it
+    under ``root_path``; never the endpoint itself."""
+    if path == endpoint_path:
+        return False
+    return path.startswith(METADATA_PATH) or bool(
+        root_path and path.startswith(root_path + METADATA_PATH)
+    )
+
+
 def metadata_answer(
-    path: str, method: str, endpoint_path: str, auth: Authorization
+    path: str, method: str, endpoint_path: str, auth: Authorization, root_path: str = ""
 ) -> tuple[int, list[tuple[str, str]], bytes]:
     """The answer (status, headers, body) to a request for the RFC 9728 protected
-    resource metadata at ``path`` (under :data:`METADATA_PATH`; no token needed).
+    resource metadata at ``path`` (one of :func:`metadata_paths`; no token needed).
 
     Raises:
         RemoteProtocolError: 404 for another path under it, 405 for a method but GET.
     """
-    if path not in (METADATA_PATH, METADATA_PATH + endpoint_path):
+    if path not in metadata_paths(endpoint_path, root_path):
         raise RemoteProtocolError(
             f"no resource at {path}", http_status=404, reason=Reason.NOT_FOUND
         )

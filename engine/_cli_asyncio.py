@@ -48,6 +48,8 @@ SERVED: frozenset[str] = frozenset(
         "path",
         "json_response",
         "allow_host",
+        "forwarded_allow_ips",
+        "root_path",
         "log_level",
         "credit_frames",
         "credit_bytes",

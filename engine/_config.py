@@ -10,6 +10,7 @@ import trio
 
 from weir.common import principal_session_limit
 from weir.protocol import LOOPBACK_HOSTS, CreditLimits, EndpointConfig, HttpLimits
+from weir.protocol.forwarded import TrustedProxies
 from weir.protocol.resume import RESUME_POLICIES
 
 from ._auth import Authorization
@@ -105,6 +106,12 @@ class ServerConfig:
             ask for.  Each connection's handshake must finish within
             ``head_timeout``; drain tracking stays byte-exact at TLS record
             boundaries (see the README, "TLS").
+        forwarded_allow_ips: peers whose ``X-Forwarded-*`` and ``Forwarded`` headers
+            are believed, per request (:mod:`weir.protocol.forwarded`; default:
+            nobody).  What they say decides the ``Host`` the allow-list checks.
+        root_path: the prefix a proxy mounts the server under (``--root-path``).  The
+            paths above are the served ones (the command line prepends it to each);
+            this names the prefix so the resource metadata is also served under it.
     """
 
     host: str = "127.0.0.1"
@@ -147,6 +154,8 @@ class ServerConfig:
     state_keys: tuple[bytes, ...] = ()
     retry_window: float = 0.0
     ssl_context: ssl.SSLContext | None = None
+    forwarded_allow_ips: TrustedProxies = field(default_factory=TrustedProxies)
+    root_path: str = ""
 
     def __post_init__(self) -> None:
         if not 0 <= self.retry_window < 86400:
@@ -241,6 +250,8 @@ class ServerConfig:
             allowed_origins=self.allowed_origins,
             json_response=self.json_response,
             max_batch=self.max_batch,
+            trusted_proxies=self.forwarded_allow_ips,
+            root_path=self.root_path,
         )
 
 

@@ -54,6 +54,7 @@ class Connection:
         "inbound",
         "meter",
         "owners",
+        "peer",
         "poll_delay",
         "poll_due",
         "poller",
@@ -72,8 +73,12 @@ class Connection:
         heads: HeadCache | None = None,
         poller: AckPoller | None = None,
         meter: TlsMeter | None = None,
+        peer: str = "",
     ) -> None:
         self.stream = stream
+        #: The TCP peer's address (``""``: not a socket).  What a request's forwarding
+        #: headers say is worked out per request from it, never kept here.
+        self.peer = peer
         self.http = HttpConnection(limits, heads=heads)
         #: What the peer acknowledged: of the TCP socket, or (TLS, ``stream`` the
         #: ``SSLStream`` over ``meter``'s transport) of its plaintext.

@@ -42,6 +42,7 @@ from weir.protocol import (
     RemoteProtocolError,
     closing_refusal,
 )
+from weir.protocol.forwarded import peer_address
 
 from ._connection import Connection
 from ._listen import Slot
@@ -140,6 +141,7 @@ class Connections:
         With ``ssl_context`` configured, ``stream`` carries TLS: the handshake must
         finish within ``head_timeout`` (``engine._tls``)."""
         cfg, meter = self.config, None
+        peer = _peer(stream)
         if cfg.ssl_context is not None:
             tls = await accept_tls(stream, cfg.ssl_context, timeout=cfg.head_timeout)
             if tls is None:
@@ -155,6 +157,7 @@ class Connections:
             heads=self._heads,
             poller=self._acks,
             meter=meter,
+            peer=peer,
         )
         self.open_connections.add(conn)
         try:
@@ -329,6 +332,15 @@ class Connections:
         conn.http.send_failed()  # nothing else may follow on this connection
         with trio.move_on_after(1):
             await conn.send(closing_refusal(exc))
+
+
+def _peer(stream: trio.abc.Stream) -> str:
+    """The remote address of ``stream``'s socket (``""`` if it has none)."""
+    sock = getattr(stream, "socket", None)
+    try:
+        return peer_address(sock.getpeername()) if sock is not None else ""
+    except OSError:  # (already disconnected)
+        return ""
 
 
 def _only_disconnects(exc: BaseException) -> bool:

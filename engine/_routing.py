@@ -16,7 +16,14 @@ from __future__ import annotations
 
 import re
 
-from weir.common import METADATA_PATH, REQUEST_ACCESS, Authorization, authenticate, metadata_answer
+from weir.common import (
+    REQUEST_ACCESS,
+    Authorization,
+    as_seen,
+    authenticate,
+    is_metadata_path,
+    metadata_answer,
+)
 from weir.protocol import (
     DeleteSession,
     HttpRequest,
@@ -102,12 +109,14 @@ class Router:
                     reason=Reason.SHUTTING_DOWN,
                     retry_after_ms=self.config.retry_ms,
                 )
-            path = request.path
             cfg = self.config
+            # As its client sent it (what trusted proxies say about this request alone).
+            request = as_seen(request, conn.peer, self.endpoint.trusted_proxies, cfg.scheme)
+            path = request.path
             endpoint = path == cfg.path
             # Metadata and metrics need no token; the legacy endpoints and the MCP
             # endpoint do, and anything else is routed (and refused) like the endpoint.
-            if not endpoint and cfg.auth is not None and path.startswith(METADATA_PATH):
+            if cfg.auth is not None and is_metadata_path(path, cfg.path, self.endpoint.root_path):
                 await self._resource_metadata(conn, request, cfg.auth)
                 return
             if not endpoint and path == cfg.metrics_path:
@@ -153,7 +162,9 @@ class Router:
         self, conn: Connection, request: HttpRequest, auth: Authorization
     ) -> None:
         """RFC 9728 protected resource metadata (no token needed)."""
-        answer = metadata_answer(request.path, request.method, self.config.path, auth)
+        answer = metadata_answer(
+            request.path, request.method, self.config.path, auth, self.endpoint.root_path
+        )
         await conn.send(conn.http.send_response(*answer))
 
     async def _auxiliary(self, conn: Connection, request: HttpRequest) -> None:

@@ -30,6 +30,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -41,6 +42,7 @@ from weir.app import App, load_app
 from weir.common import parse_key
 from weir.common._memory import tune_allocator
 from weir.protocol import CreditLimits, HttpLimits
+from weir.protocol.forwarded import TrustedProxies
 
 from ._auth import DEFAULT_ALGORITHMS, Authorization, JwtVerifier
 from ._cli_tls import add_tls_options, ssl_context_from_args
@@ -123,6 +125,21 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME",
         help="also accept this Host/Origin name (repeatable; '*' disables the check)",
+    )
+    s.add_argument(
+        "--forwarded-allow-ips",
+        default="",
+        metavar="LIST",
+        help="believe X-Forwarded-For/-Proto/-Host and Forwarded only from these peers: "
+        "comma-separated IPs and CIDR networks, or '*' (default: nobody; see docs/proxies.md)",
+    )
+    s.add_argument(
+        "--root-path",
+        default="",
+        metavar="PREFIX",
+        help="the prefix a proxy mounts weir under (e.g. /tools): every path weir serves "
+        "(--path, /sse, /messages, /metrics, the resource metadata) and every URL it "
+        "sends starts with it (default: none)",
     )
     s.add_argument(
         "--log-level", default="warning", choices=["debug", "info", "warning", "error", "critical"]
@@ -419,6 +436,17 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if args.shutdown_grace < 0:
         raise SystemExit("weir: --shutdown-grace must be >= 0")
     check_deployment(args.store, args.resume, args.workers)
+    root = _root_path(args.root_path)
+    try:
+        trusted = TrustedProxies.parse(args.forwarded_allow_ips)
+    except ValueError as exc:
+        raise SystemExit(f"weir: --forwarded-allow-ips: {exc}") from None
+    if trusted.everyone and not _is_loopback(args.host) and not args.reuse_port:
+        log.warning(
+            "--forwarded-allow-ips '*' on %s: every client that reaches this port chooses "
+            "the Host weir checks and the address it logs; list your proxies instead",
+            args.host,
+        )
     state_keys = _state_keys(args.state_key_file)
     hosts = None
     if args.allow_host:
@@ -453,7 +481,12 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             sse_keepalive=args.sse_keepalive or None,
             host=args.host,
             port=args.port,
-            path=args.path,
+            path=root + args.path,
+            root_path=root,
+            legacy_sse_path=root + "/sse",
+            legacy_messages_path=root + "/messages",
+            metrics_path=root + "/metrics",
+            forwarded_allow_ips=trusted,
             json_response=args.json_response,
             allowed_hosts=hosts,
             shutdown_grace=args.shutdown_grace,
@@ -466,6 +499,24 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         )
     except ValueError as exc:
         raise SystemExit(f"weir: {exc}") from None
+
+
+_ROOT_PATH = re.compile(r"(?:/[!$&'()*+,;=:@A-Za-z0-9._~%-]+)+")
+
+
+def _root_path(text: str) -> str:
+    """``--root-path``: ``""``, or ``/segment[/segment...]`` (no trailing slash, no
+    query, no spaces).
+
+    Raises:
+        SystemExit: anything else, in one line.
+    """
+    if text and _ROOT_PATH.fullmatch(text) is None:
+        raise SystemExit(
+            f"weir: --root-path must be empty or /segment[/segment...] without a trailing "
+            f"slash, query or spaces (e.g. /tools), got {text!r}"
+        )
+    return text
 
 
 def _state_keys(path: str | None) -> tuple[bytes, ...]:

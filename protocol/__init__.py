@@ -32,7 +32,8 @@ and the pieces the courses and runtimes share:
 * :mod:`weir.protocol.event_ids` -- the ``<epoch>:<seq>`` event id;
 * :mod:`weir.protocol.sse` -- Server-Sent Events framing and a client-side decoder;
 * :mod:`weir.protocol.sessionless` -- the sessionless era's checks and fields;
-* :mod:`weir.protocol.legacy` -- the 2024-11-05 HTTP+SSE transport's two endpoints.
+* :mod:`weir.protocol.legacy` -- the 2024-11-05 HTTP+SSE transport's two endpoints;
+* :mod:`weir.protocol.forwarded` -- trusted proxies and the client a request speaks for.
 
 Every public name has exactly one home.  Names that start with ``_`` (modules
 included) are private; ``engine`` and ``app`` import nothing from them.

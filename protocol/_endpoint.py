@@ -33,11 +33,12 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from ._errors import INVALID_REQUEST, Reason, RemoteProtocolError
 from ._event_ids import EventId, parse_event_id
+from ._forwarded import TrustedProxies
 from ._http_events import Headers, HttpRequest
 from ._http_response import raw_error_response
 from ._jsonrpc import Message, Request, RequestId, decode_body, error_body
@@ -69,6 +70,11 @@ class EndpointConfig:
         json_response: answer requests with ``application/json`` instead of SSE;
             then ``Accept`` need only list ``application/json``.
         max_batch: most messages in one batch (400 ``batch_too_large`` beyond).
+        trusted_proxies: peers whose forwarding headers the runtimes believe
+            (:mod:`weir.protocol.forwarded`; default: none).
+        root_path: the prefix a proxy mounts the server under (``""``: none); the
+            runtimes serve the resource metadata under it as well.  ``path`` already
+            includes it.
     """
 
     path: str = "/mcp"
@@ -76,6 +82,8 @@ class EndpointConfig:
     allowed_origins: frozenset[str] = frozenset()
     json_response: bool = False
     max_batch: int = 64
+    trusted_proxies: TrustedProxies = field(default_factory=TrustedProxies)
+    root_path: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
