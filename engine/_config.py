@@ -104,7 +104,7 @@ class ServerConfig:
             HTTP); :func:`weir.engine.server_ssl_context` builds the one ``--ssl-*``
             ask for.  Each connection's handshake must finish within
             ``head_timeout``; drain tracking stays byte-exact at TLS record
-            boundaries (see the README, "TLS").
+            boundaries (see docs/serve.md, "TLS").
     """
 
     host: str = "127.0.0.1"
