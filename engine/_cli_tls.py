@@ -15,7 +15,7 @@ from weir.common._tls import TlsConfigError, server_ssl_context
 
 def add_tls_options(s: argparse.ArgumentParser) -> None:
     """The ``--ssl-*`` options of ``serve``."""
-    t = s.add_argument_group("TLS (serve https://; see the README, 'TLS')")
+    t = s.add_argument_group("TLS (serve https://; see docs/serve.md)")
     t.add_argument("--ssl-certfile", metavar="FILE", help="the server's certificate chain (PEM)")
     t.add_argument(
         "--ssl-keyfile",

@@ -105,7 +105,7 @@ class ServerConfig:
             HTTP); :func:`weir.engine.server_ssl_context` builds the one ``--ssl-*``
             ask for.  Each connection's handshake must finish within
             ``head_timeout``; drain tracking stays byte-exact at TLS record
-            boundaries (see the README, "TLS").
+            boundaries (see docs/serve.md, "TLS").
         forwarded_allow_ips: peers whose ``X-Forwarded-*`` and ``Forwarded`` headers
             are believed, per request (:mod:`weir.protocol.forwarded`; default:
             nobody).  What they say decides the ``Host`` the allow-list checks.

@@ -201,7 +201,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     st.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     d = CreditLimits()
-    c = s.add_argument_group("drain credit (per session; see the README, 'Half-open streams')")
+    c = s.add_argument_group("drain credit (per session; see docs/half-open.md)")
     c.add_argument(
         "--credit-frames",
         type=int,
@@ -234,7 +234,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _limit_options(s)
     add_tls_options(s)
-    a = s.add_argument_group("authorization (OAuth 2.1 resource server; see the README)")
+    a = s.add_argument_group("authorization (OAuth 2.1 resource server; see docs/authorization.md)")
     a.add_argument("--auth-issuer", metavar="URL", help="accept JWTs from this issuer (iss)")
     a.add_argument(
         "--auth-resource",
@@ -306,7 +306,7 @@ def auth_from_args(args: argparse.Namespace) -> Authorization | None:
 
 def _limit_options(s: argparse.ArgumentParser) -> None:
     d, h = ServerConfig(), HttpLimits()
-    g = s.add_argument_group("limits (see the README, 'Limits')")
+    g = s.add_argument_group("limits (see docs/limits.md)")
     # (flag, type, default, metavar, help); every one a ServerConfig/HttpLimits field.
     table: list[tuple[str, type, object, str, str]] = [
         (

@@ -60,7 +60,7 @@ class Reason(enum.StrEnum):
     INTERRUPTED = "interrupted"
     SHUTTING_DOWN = "shutting_down"
     STORE_UNAVAILABLE = "store_unavailable"
-    # Limits (every one a configured bound; see the README's table of limits).
+    # Limits (every one a configured bound; see the table in docs/limits.md).
     URI_TOO_LONG = "uri_too_long"
     TOO_MANY_HEADERS = "too_many_headers"
     AMBIGUOUS_FRAMING = "ambiguous_framing"

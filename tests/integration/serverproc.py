@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, NoReturn
 
@@ -45,23 +45,30 @@ class WeirProcess:
         *,
         preexec_fn: Callable[[], None] | None = None,
         driver: str = "trio",
+        argv: Sequence[str] | None = None,
+        cwd: Path = REPO_ROOT,
+        env: Mapping[str, str] | None = None,
     ) -> None:
+        """Start the server; ``argv`` replaces the whole command line (``app`` and
+        ``args`` are then unused), ``cwd`` and ``env`` the child's folder and
+        environment (default: the repository root, this process's environment)."""
         self._stdout = stdout
         self._stderr = stderr
         self.driver = driver
+        command = argv or [
+            sys.executable,
+            *DRIVERS[driver],
+            app,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            *args,
+        ]
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                *DRIVERS[driver],
-                app,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                *args,
-            ],
-            cwd=REPO_ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            command,
+            cwd=cwd,
+            env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
             stdin=subprocess.DEVNULL,
             stdout=stdout,
             stderr=stderr,
