@@ -17,7 +17,8 @@ answers under the endpoint's Host/Origin rules, GET only, and needs no token.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+from typing import TYPE_CHECKING, Any
 
 from weir.common import Credit, Metered
 from weir.protocol import HttpRequest, check_host_and_origin, check_method
@@ -99,13 +100,31 @@ def answer(driver: AsyncioDriver, request: HttpRequest) -> tuple[int, list[tuple
         RemoteProtocolError: the endpoint's Host/Origin refusals; 405 for a method but GET.
     """
     check_host_and_origin(request.headers, driver.endpoint)
-    check_method(request.method, "GET")
-    body = driver.metrics.render(
-        {sid: SessionView(s) for sid, s in driver.sessions.items()},
-        gate=ConnectionCount(driver),
-        budget=driver.budget,
-        owners=[SessionView(o) for o in driver.owners],
-        listen_streams=len(driver.listeners),
-        inline=False,
-    )
+    check_method(request.method, "GET, HEAD")
+    sessions, rest = metered(driver)
+    body = driver.metrics.render(sessions, **rest)
     return 200, [("content-type", CONTENT_TYPE)], body.encode()
+
+
+def metered(driver: AsyncioDriver) -> tuple[dict[str, Metered], dict[str, Any]]:
+    """What :meth:`Metrics.families` reads of ``driver``: its sessions, and the rest."""
+    return {sid: SessionView(s) for sid, s in driver.sessions.items()}, {
+        "gate": ConnectionCount(driver),
+        "budget": driver.budget,
+        "owners": [SessionView(o) for o in driver.owners],
+        "listen_streams": len(driver.listeners),
+        "inline": False,
+    }
+
+
+async def publish_every(driver: AsyncioDriver, period: float) -> None:
+    """With ``--workers``: publish this worker's metrics for the others' scrapes."""
+    while True:
+        await asyncio.sleep(period)
+        publish(driver)
+
+
+def publish(driver: AsyncioDriver) -> None:
+    """Publish this worker's metrics now (nothing without ``--workers``)."""
+    sessions, rest = metered(driver)
+    driver.metrics.publish(sessions, **rest)
