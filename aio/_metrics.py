@@ -12,7 +12,9 @@ Left out, because this runtime has no such thing: the ``weir_inline_*`` series (
 inline execution), ``weir_connections_shed_total`` and ``weir_accept_errors_total``
 (no accept loop of its own: ``asyncio.start_server`` accepts, and an over-limit
 connection is refused 503 ``overloaded``, counted as a refusal).  The endpoint
-answers under the endpoint's Host/Origin rules, GET only, and needs no token.
+answers under the endpoint's Host/Origin rules, GET or HEAD, and needs no token.
+With ``--workers N`` it publishes its families every second (:func:`publish_every`)
+so that any worker's scrape answers for all (:mod:`weir.common._metrics_share`).
 """
 
 from __future__ import annotations

@@ -98,6 +98,12 @@ class Histogram:
 
     def observe(self, key: tuple[str, str], seconds: float) -> None:
         """Count one observation of ``seconds`` under ``key``."""
+        row = self.row(key)
+        row[bisect_left(self.bounds, seconds)] += 1
+        row[-1] += seconds
+
+    def row(self, key: tuple[str, str]) -> list[float]:
+        """The counts of ``key`` (past the cap: of ``(other, key[1])``), made if new."""
         row = self.series.get(key)
         if row is None:
             if len(self.series) >= self.cap:
@@ -105,8 +111,7 @@ class Histogram:
                 row = self.series.get(key)
             if row is None:
                 row = self.series[key] = [0.0] * (len(self.bounds) + 2)
-        row[bisect_left(self.bounds, seconds)] += 1
-        row[-1] += seconds
+        return row
 
     def counts(self) -> dict[tuple[str, str], float]:
         """How many observations each label set has (its ``_count``)."""

@@ -33,12 +33,14 @@ With ``weir serve --workers N`` each worker also publishes its families
 from __future__ import annotations
 
 import hashlib
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Awaitable, Collection, Container, Iterable, Mapping
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from ._exposition import (
+    BUCKETS,
     OTHER,
     Family,
     Histogram,
@@ -133,6 +135,7 @@ class Metrics:
         self.share: MetricsShare | None = None
         self.requests = Histogram(("method", "outcome"))
         self.tool_calls = Histogram(("tool", "outcome"))
+        self._rows: dict[tuple[str, str | None, str], tuple[list[float], ...]] = {}
         self.admissions = 0
         self.executions = 0
         self.teardowns = 0
@@ -170,12 +173,33 @@ class Metrics:
         self.refusals[reason] += 1
 
     def observe(self, method: str, params: object, outcome: str, seconds: float) -> None:
-        """Count one request the app answered (see the module docstring for the labels)."""
-        self.requests.observe((method if method in METHODS else OTHER, outcome), seconds)
+        """Count one request the app answered (see the module docstring for the labels).
+
+        One dict lookup finds the histogram rows of a known ``(method, tool,
+        outcome)``; then one bisect and two additions per row.
+        """
+        name = params.get("name") if method == "tools/call" and isinstance(params, dict) else None
+        key = (method, name if isinstance(name, str) else None, outcome)
+        rows = self._rows.get(key)
+        if rows is None:
+            rows = self._resolve(*key)
+        i = bisect_left(BUCKETS, seconds)
+        for row in rows:
+            row[i] += 1
+            row[-1] += seconds
+
+    def _resolve(self, method: str, name: str | None, outcome: str) -> tuple[list[float], ...]:
+        """The rows ``observe`` counts into; remembered when every label is a known one
+        (so the cache is bounded like the labels, whatever names clients send)."""
+        known = method in METHODS
+        rows: tuple[list[float], ...] = (self.requests.row((method if known else OTHER, outcome)),)
         if method == "tools/call":
-            name = params.get("name") if isinstance(params, dict) else None
-            tool = name if isinstance(name, str) and name in self.tools else OTHER
-            self.tool_calls.observe((tool, outcome), seconds)
+            tool = name if name is not None and name in self.tools else None
+            known = known and tool is not None
+            rows += (self.tool_calls.row((tool or OTHER, outcome)),)
+        if known and len(self._rows) < 4 * self.requests.cap:
+            self._rows[(method, name, outcome)] = rows
+        return rows
 
     async def timed(
         self,

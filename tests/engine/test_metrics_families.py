@@ -51,6 +51,12 @@ def test_labels_are_bounded_to_known_methods_registered_tools_and_a_cap() -> Non
         ("tools/call", "error"),
         ("other", "error"),
     }
+    for i in range(1000):  # a client inventing names holds nothing more
+        metrics.observe("tools/call", {"name": f"n{i}"}, "error", 0.01)
+        metrics.observe(f"m/{i}", {}, "error", 0.01)
+        metrics.observe("tools/call", {"name": ["unhashable"]}, "error", 0.01)
+    assert set(metrics.tool_calls.series) == {("echo", "ok"), ("other", "error")}
+    assert len(metrics.requests.series) == 3 and len(metrics._rows) <= 1
     capped = Histogram(("tool", "outcome"), cap=3)
     for i in range(100):
         capped.observe((f"t{i}", "ok"), 0.001)
