@@ -144,6 +144,9 @@ async def test_metrics_keep_the_endpoints_host_rules_and_take_get_only(runtime: 
                 head = await client.request("HEAD", "/metrics")
                 assert head.status == 200 and head.body == b"", head
                 assert head.headers["content-type"].startswith("text/plain; version=0.0.4")
+                # No body went out after the HEAD's head: the next answer parses whole.
+                after = await client.request("GET", "/metrics")
+                assert after.status == 200 and b"# TYPE weir_build_info gauge" in after.body
             finally:
                 await client.aclose()
             foreign = await scrape(port, origin="https://evil.example")

@@ -63,7 +63,7 @@ async def test_one_scrape_counts_every_workers_calls(runtime: str, valkey_url: s
                 seen: list[tuple[float, float]] = []
                 # Each worker publishes its counts every second: wait (bounded) for
                 # the last ones to be seen, then keep scraping.
-                for _ in range(100):
+                for _ in range(200):
                     page = await _scrape(server.port)
                     seen.append((_value(page, CALLS), _value(page, "weir_tool_executions_total")))
                     if seen[-1] == (K, K):
