@@ -232,7 +232,8 @@ async def _run(
     session.running[req.id] = task = asyncio.current_task()  # type: ignore[assignment]
     session.started[req.id] = session.loop.time()
     try:
-        return _fit(req, encode_result(req.id, await dispatch(app, req, ctx)), session, stream)
+        result = await session.driver.metrics.timed(req.method, req.params, dispatch(app, req, ctx))
+        return _fit(req, encode_result(req.id, result), session, stream)
     except Exception as exc:
         return failure(req, exc)
     except asyncio.CancelledError:

@@ -31,6 +31,7 @@ from weir.common import (
     server_identity,
 )
 from weir.common._memory import trim
+from weir.common._metrics_share import MetricsShare
 from weir.engine._memory_store import MemoryStore
 from weir.engine._session_store import SessionStore
 from weir.protocol import (
@@ -195,7 +196,7 @@ class AsyncioDriver:
         #: Draining: every new request is refused (see :mod:`._drain`).
         self.closing, self.retry_ms = False, retry_ms
         #: The counters ``GET metrics_path`` renders (see :mod:`._metrics`).
-        self.metrics, self.metrics_path = Metrics(), metrics_path
+        self.metrics, self.metrics_path = Metrics(runtime="asyncio", tools=app.tools), metrics_path
         if retry_window > 0 and auth is None:
             raise ValueError(
                 "retry_window needs authorization: without it every client is the one "
@@ -227,6 +228,7 @@ class AsyncioDriver:
             claim_lease=claim_lease,
             resume=resume,
         )
+        self.metrics.share = MetricsShare.from_environment(self.shared.replica_id)
         #: Session streams' events carry ids (``resume="off"``: none, and no priming
         #: event: nothing is resumed, as on the Trio engine).
         self.event_ids = resume != "off"

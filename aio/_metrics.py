@@ -12,12 +12,15 @@ Left out, because this runtime has no such thing: the ``weir_inline_*`` series (
 inline execution), ``weir_connections_shed_total`` and ``weir_accept_errors_total``
 (no accept loop of its own: ``asyncio.start_server`` accepts, and an over-limit
 connection is refused 503 ``overloaded``, counted as a refusal).  The endpoint
-answers under the endpoint's Host/Origin rules, GET only, and needs no token.
+answers under the endpoint's Host/Origin rules, GET or HEAD, and needs no token.
+With ``--workers N`` it publishes its families every second (:func:`publish_every`)
+so that any worker's scrape answers for all (:mod:`weir.common._metrics_share`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+from typing import TYPE_CHECKING, Any
 
 from weir.common import Credit, Metered
 from weir.protocol import HttpRequest, check_host_and_origin, check_method
@@ -99,13 +102,31 @@ def answer(driver: AsyncioDriver, request: HttpRequest) -> tuple[int, list[tuple
         RemoteProtocolError: the endpoint's Host/Origin refusals; 405 for a method but GET.
     """
     check_host_and_origin(request.headers, driver.endpoint)
-    check_method(request.method, "GET")
-    body = driver.metrics.render(
-        {sid: SessionView(s) for sid, s in driver.sessions.items()},
-        gate=ConnectionCount(driver),
-        budget=driver.budget,
-        owners=[SessionView(o) for o in driver.owners],
-        listen_streams=len(driver.listeners),
-        inline=False,
-    )
+    check_method(request.method, "GET, HEAD")
+    sessions, rest = metered(driver)
+    body = driver.metrics.render(sessions, **rest)
     return 200, [("content-type", CONTENT_TYPE)], body.encode()
+
+
+def metered(driver: AsyncioDriver) -> tuple[dict[str, Metered], dict[str, Any]]:
+    """What :meth:`Metrics.families` reads of ``driver``: its sessions, and the rest."""
+    return {sid: SessionView(s) for sid, s in driver.sessions.items()}, {
+        "gate": ConnectionCount(driver),
+        "budget": driver.budget,
+        "owners": [SessionView(o) for o in driver.owners],
+        "listen_streams": len(driver.listeners),
+        "inline": False,
+    }
+
+
+async def publish_every(driver: AsyncioDriver, period: float) -> None:
+    """With ``--workers``: publish this worker's metrics for the others' scrapes."""
+    while True:
+        await asyncio.sleep(period)
+        publish(driver)
+
+
+def publish(driver: AsyncioDriver) -> None:
+    """Publish this worker's metrics now (nothing without ``--workers``)."""
+    sessions, rest = metered(driver)
+    driver.metrics.publish(sessions, **rest)

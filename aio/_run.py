@@ -43,12 +43,14 @@ from typing import Any
 
 from weir.app import App
 from weir.common import Authorization, declared_authorization, principal_session_limit
+from weir.common._metrics_share import PERIOD as PUBLISH_PERIOD
 from weir.engine._session_store import SessionStore
 from weir.engine._store_errors import StoreUnavailable
 from weir.protocol import CreditLimits, EndpointConfig, HttpLimits, ReadTimeouts
 
 from ._drain import drain
 from ._driver import AsyncioDriver
+from ._metrics import publish, publish_every
 from ._session import MEMORY_BUDGET, SESSION_RETAIN_BYTES
 from ._shared import CLAIM_LEASE, open_store
 
@@ -306,6 +308,9 @@ async def _serve(
             server = await asyncio.start_server(
                 driver.connection, config.host, config.port, reuse_port=config.reuse_port
             )
+            publisher = None
+            if driver.metrics.share is not None:
+                publisher = loop.create_task(publish_every(driver, PUBLISH_PERIOD))
             try:
                 if started is not None:
                     host, port = server.sockets[0].getsockname()[:2]
@@ -318,6 +323,9 @@ async def _serve(
                 server.close()  # (not wait_closed: open streams end with their sessions)
                 await drain(driver, config.shutdown_grace)
                 await driver.close_all()
+                if publisher is not None:
+                    publisher.cancel()
+                    publish(driver)  # (the last)
     except asyncio.CancelledError:
         if not forced:
             raise

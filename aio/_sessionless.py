@@ -498,7 +498,10 @@ class SessionlessPosts:
         )
         try:
             try:
-                return await dispatch(driver.app, req, ctx)
+                handler = dispatch(driver.app, req, ctx)
+                return await driver.metrics.timed(
+                    req.method, req.params, handler, pending=(InputRequired,)
+                )
             except InputRequired as asked:
                 return InputAsked(asked.requests, ctx.answered)
         except Gone:

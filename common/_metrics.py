@@ -13,17 +13,74 @@ Per-session series are limited to the ``top`` sessions by bytes of credit in use
 and sessions are labelled by a short hash of their id (never the id itself: it
 is a bearer secret), so label cardinality stays bounded however many sessions
 exist; aggregates cover all sessions.
+
+Request and tool durations
+--------------------------
+The runtimes wrap the app's handler (:func:`weir.app.dispatch`) in
+:meth:`Metrics.timed` (a tool answered inline: :meth:`Metrics.observe`): one
+observation per request that reached the app, in ``weir_request_duration_seconds``
+by ``method`` and ``outcome``, and for ``tools/call`` in
+``weir_tool_duration_seconds`` by ``tool`` and ``outcome`` too.  Labels are
+bounded: ``method`` is one of :data:`METHODS` or ``other``; ``tool`` is a tool the
+app registered (:attr:`Metrics.tools`) or ``other``; ``outcome`` is one of
+:data:`OUTCOMES`; and each histogram holds at most 500 label sets (past that,
+``other``).  ``weir_requests_total`` and ``weir_tool_calls_total`` are their counts.
+
+With ``weir serve --workers N`` each worker also publishes its families
+(:mod:`._metrics_share`), and a scrape of any worker answers for all of them.
 """
 
 from __future__ import annotations
 
 import hashlib
+from bisect import bisect_left
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Awaitable, Collection, Container, Iterable, Mapping
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+
+from ._exposition import (
+    BUCKETS,
+    OTHER,
+    Family,
+    Histogram,
+    build_info,
+    exposition,
+    label_value,
+    process_families,
+)
 
 if TYPE_CHECKING:
     from weir.protocol.budget import RetentionBudget
+
+    from ._metrics_share import MetricsShare
+
+T = TypeVar("T")
+
+#: The MCP methods that get their own ``method`` label (any other: ``other``).
+METHODS: Final = frozenset(
+    {
+        "initialize",
+        "ping",
+        "tools/list",
+        "tools/call",
+        "resources/list",
+        "resources/templates/list",
+        "resources/read",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "prompts/list",
+        "prompts/get",
+        "completion/complete",
+        "logging/setLevel",
+        "server/discover",
+        "subscriptions/listen",
+    }
+)
+#: ``outcome`` label values: a result; a tool's result with ``isError``; a JSON-RPC
+#: error (the handler raised); the handler asked the client for input first
+#: (sessionless era); cancelled (by the client, or by shutdown).
+OUTCOMES: Final = ("ok", "tool_error", "error", "input_required", "cancelled")
 
 
 class Credit(Protocol):
@@ -70,8 +127,15 @@ class Connections(Protocol):
 class Metrics:
     """The server's counters (see the module docstring)."""
 
-    def __init__(self, *, top: int = 20) -> None:
-        self.top = top
+    def __init__(self, *, top: int = 20, runtime: str = "trio", tools: Container[str] = ()) -> None:
+        self.top, self.runtime = top, runtime
+        #: The tool names that get their own ``tool`` label: the app's registry (live).
+        self.tools = tools
+        #: Where a worker of ``--workers N`` publishes its families (None: alone).
+        self.share: MetricsShare | None = None
+        self.requests = Histogram(("method", "outcome"))
+        self.tool_calls = Histogram(("tool", "outcome"))
+        self._rows: dict[tuple[str, str | None, str], tuple[list[float], ...]] = {}
         self.admissions = 0
         self.executions = 0
         self.teardowns = 0
@@ -108,7 +172,78 @@ class Metrics:
         """Count one refusal by its ``reason``."""
         self.refusals[reason] += 1
 
-    def render(
+    def observe(self, method: str, params: object, outcome: str, seconds: float) -> None:
+        """Count one request the app answered (see the module docstring for the labels).
+
+        One dict lookup finds the histogram rows of a known ``(method, tool,
+        outcome)``; then one bisect and two additions per row.
+        """
+        name = params.get("name") if method == "tools/call" and isinstance(params, dict) else None
+        key = (method, name if isinstance(name, str) else None, outcome)
+        rows = self._rows.get(key)
+        if rows is None:
+            rows = self._resolve(*key)
+        i = bisect_left(BUCKETS, seconds)
+        for row in rows:
+            row[i] += 1
+            row[-1] += seconds
+
+    def _resolve(self, method: str, name: str | None, outcome: str) -> tuple[list[float], ...]:
+        """The rows ``observe`` counts into; remembered when every label is a known one
+        (so the cache is bounded like the labels, whatever names clients send)."""
+        known = method in METHODS
+        rows: tuple[list[float], ...] = (self.requests.row((method if known else OTHER, outcome)),)
+        if method == "tools/call":
+            tool = name if name is not None and name in self.tools else None
+            known = known and tool is not None
+            rows += (self.tool_calls.row((tool or OTHER, outcome)),)
+        if known and len(self._rows) < 4 * self.requests.cap:
+            self._rows[(method, name, outcome)] = rows
+        return rows
+
+    async def timed(
+        self,
+        method: str,
+        params: object,
+        run: Awaitable[T],
+        *,
+        pending: tuple[type[BaseException], ...] = (),
+    ) -> T:
+        """Await the handler ``run`` of a ``method`` request, and :meth:`observe` it.
+
+        Its outcome: ``ok`` (``tool_error`` for a result with ``isError``), ``error``
+        if it raised an exception, ``input_required`` for one of ``pending``,
+        ``cancelled`` for anything else (a cancellation).  Exceptions pass through.
+        """
+        start, outcome = perf_counter(), "cancelled"
+        try:
+            result = await run
+            error = isinstance(result, dict) and result.get("isError") is True
+            outcome = "tool_error" if error else "ok"
+            return result
+        except Exception as exc:
+            outcome = "input_required" if isinstance(exc, pending) else "error"
+            raise
+        except BaseException as exc:
+            if isinstance(exc, pending):
+                outcome = "input_required"
+            raise
+        finally:
+            self.observe(method, params, outcome, perf_counter() - start)
+
+    def render(self, sessions: Mapping[str, Metered], **kwargs: Any) -> str:
+        """The Prometheus text of :meth:`families` (with ``--workers``: every worker's)."""
+        families = self.families(sessions, **kwargs)
+        if self.share is not None:
+            families = self.share.merged(families)
+        return exposition(families)
+
+    def publish(self, sessions: Mapping[str, Metered], **kwargs: Any) -> None:
+        """Publish :meth:`families` to the other workers (nothing without ``--workers``)."""
+        if self.share is not None:
+            self.share.publish(self.families(sessions, **kwargs))
+
+    def families(
         self,
         sessions: Mapping[str, Metered],
         *,
@@ -117,8 +252,8 @@ class Metrics:
         owners: Collection[Metered] = (),
         listen_streams: int = 0,
         inline: bool = True,
-    ) -> str:
-        """The Prometheus text exposition of every metric.
+    ) -> list[Family]:
+        """Every metric family of this process.
 
         ``owners``: the sessionless era's credit owners (connections or principals);
         ``listen_streams``: its open ``subscriptions/listen`` streams; without
@@ -126,12 +261,12 @@ class Metrics:
         are left out, as are the retention series without ``budget`` and the
         connection series without ``gate``.
         """
-        out: list[str] = []
+        from weir import __version__
+
+        out: list[Family] = [build_info(__version__, self.runtime), *process_families()]
 
         def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
-            out.append(f"# HELP {name} {help_}")
-            out.append(f"# TYPE {name} {kind}")
-            out.extend(f"{name}{labels} {value:g}" for labels, value in samples)
+            out.append(Family(name, kind, help_, [("", labels, v) for labels, v in samples]))
 
         live = [s for s in sessions.values() if not s.closed]
         metric("weir_sessions", "gauge", "Live sessions.", [("", len(live))])
@@ -158,7 +293,7 @@ class Metrics:
                 "weir_inline_calls_total",
                 "counter",
                 "Tool calls answered without a handler task, by tool.",
-                [(f'{{tool="{_label_value(t)}"}}', n) for t, n in sorted(self.inline_calls.items())]
+                [(f'{{tool="{label_value(t)}"}}', n) for t, n in sorted(self.inline_calls.items())]
                 or [("", 0)],
             )
             metric(
@@ -190,13 +325,13 @@ class Metrics:
             ],
         )
         metric(
-            "weir_credit_frames_in_use",
+            "weir_credit_in_use_frames",
             "gauge",
             "Unacknowledged frames, all sessions.",
             [("", sum(s.credit.frames_in_use for s in live))],
         )
         metric(
-            "weir_credit_bytes_in_use",
+            "weir_credit_in_use_bytes",
             "gauge",
             "Unacknowledged bytes, all sessions.",
             [("", sum(s.credit.bytes_in_use for s in live))],
@@ -305,7 +440,34 @@ class Metrics:
             "Open subscriptions/listen streams.",
             [("", listen_streams)],
         )
-        return "\n".join(out) + "\n"
+        self._durations(out)
+        return out
+
+    def _durations(self, out: list[Family]) -> None:
+        """The duration histograms and their counts, by label set."""
+        for name, hist, what in (
+            ("weir_request", self.requests, "Requests answered by the app"),
+            ("weir_tool", self.tool_calls, "tools/call requests answered by the app"),
+        ):
+            out.append(
+                Family(
+                    f"{name}_duration_seconds",
+                    "histogram",
+                    f"{what}: handler time, by {hist.labels[0]} and outcome.",
+                    hist.samples(),
+                )
+            )
+            first, second = hist.labels
+            samples: list[tuple[str, str, float]] = [
+                ("", f'{{{first}="{label_value(a)}",{second}="{b}"}}', n)
+                for (a, b), n in sorted(hist.counts().items())
+            ]
+            total = "weir_requests_total" if hist is self.requests else "weir_tool_calls_total"
+            out.append(
+                Family(
+                    total, "counter", f"{what}, by {first} and outcome.", samples or [("", "", 0)]
+                )
+            )
 
 
 def redact(secret: str) -> str:
@@ -316,8 +478,3 @@ def redact(secret: str) -> str:
 
 def _label(session: Metered) -> str:
     return redact(session.session_id)
-
-
-def _label_value(value: str) -> str:
-    """A Prometheus label value: backslash, quote and newline escaped."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -22,6 +22,7 @@ is shared, appended as its final event.
 from __future__ import annotations
 
 import contextlib
+from time import perf_counter
 
 import trio
 
@@ -107,11 +108,14 @@ class Execution:
             return ready
         req = plan.request
         self.metrics.inline_calls[str((req.params or {}).get("name"))] += 1
+        start, outcome = perf_counter(), "error"
         try:
-            payload = encode_result(req.id, call_tool_now(self.app, req.params or {}, ready))
-            payload = self.fit(req, payload, handle)
+            result = call_tool_now(self.app, req.params or {}, ready)
+            outcome = "tool_error" if result.get("isError") is True else "ok"
+            payload = self.fit(req, encode_result(req.id, result), handle)
         except Exception as exc:
             payload = failure(req, exc)
+        self.metrics.observe(req.method, req.params, outcome, perf_counter() - start)
         await self._store_outcome(session, plan.finished(payload, final_append=False))
         return payload
 
@@ -191,7 +195,10 @@ class Execution:
             session.running[req.id] = scope
             session.started[req.id] = trio.current_time()
             try:
-                payload = encode_result(req.id, await dispatch(self.app, req, ready))
+                answer = await self.metrics.timed(
+                    req.method, req.params, dispatch(self.app, req, ready)
+                )
+                payload = encode_result(req.id, answer)
                 payload = self.fit(req, payload, handle)
             except StreamLost:
                 payload = None

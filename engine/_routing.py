@@ -15,6 +15,7 @@ when the store is unavailable); once a response has begun, it ends the connectio
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from weir.common import (
     REQUEST_ACCESS,
@@ -168,18 +169,21 @@ class Router:
         await conn.send(conn.http.send_response(*answer))
 
     async def _auxiliary(self, conn: Connection, request: HttpRequest) -> None:
-        """``/metrics`` (the endpoint's Host/Origin rules)."""
+        """``/metrics`` (the endpoint's Host/Origin rules; GET, or HEAD: no body)."""
         check_host_and_origin(request.headers, self.endpoint)
-        check_method(request.method, "GET")
-        body = self.metrics.render(
-            self.shared.sessions,
-            gate=self.gate,
-            budget=self.shared.budget,
-            owners=self.owners.owners,
-            listen_streams=len(self.changes.subscribers),
-        ).encode()
+        check_method(request.method, "GET, HEAD")
+        body = self.metrics.render(self.shared.sessions, **self.metered()).encode()
         headers = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
         await conn.send(conn.http.send_response(200, headers, body))
+
+    def metered(self) -> dict[str, Any]:
+        """What :meth:`Metrics.families` reads of this server, besides its sessions."""
+        return {
+            "gate": self.gate,
+            "budget": self.shared.budget,
+            "owners": self.owners.owners,
+            "listen_streams": len(self.changes.subscribers),
+        }
 
     async def _legacy(self, conn: Connection, request: HttpRequest, who: Requester) -> None:
         """The 2024-11-05 HTTP+SSE endpoints, for ``who`` (the request's requester)."""

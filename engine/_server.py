@@ -55,6 +55,7 @@ import trio
 
 from weir.app import App
 from weir.common import StateSealer, new_key
+from weir.common._metrics_share import PERIOD as PUBLISH_PERIOD
 
 from ._calls import REBIND_METHOD as REBIND_METHOD
 from ._calls import Calls
@@ -128,7 +129,7 @@ class Server:
         calls = self._calls = Calls(shared, table, streams, execution)
         legacy = Legacy(shared, table, streams, calls, execution)
         sessionless = Sessionless(shared, owners, keyed, changes, execution)
-        router = Router(
+        router = self._router = Router(
             shared,
             calls=calls,
             streams=streams,
@@ -241,12 +242,21 @@ class Server:
                     conns.start_soon(self._replicas.relay_mail)
                     conns.start_soon(self._changes.relay_changes)
                     conns.start_soon(self._replicas.renew_leases)
+                if self.metrics.share is not None:
+                    conns.start_soon(self._publish_metrics)
                 task_status.started(self)
                 await self._shutdown.wait()
                 await self._drain()
                 conns.cancel_scope.cancel()
+                self.metrics.publish(self.sessions, **self._router.metered())  # (the last)
             handlers.cancel_scope.cancel()
         await self.store.aclose()
+
+    async def _publish_metrics(self) -> None:
+        """With ``--workers``: publish this worker's metrics for the others' scrapes."""
+        while True:
+            await trio.sleep(PUBLISH_PERIOD)
+            self.metrics.publish(self.sessions, **self._router.metered())
 
     async def _serve_listeners(self, conns: trio.Nursery) -> None:
         serve = self._connections.connection

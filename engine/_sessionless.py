@@ -413,7 +413,10 @@ class Sessionless:
                 owner.running[backend.run_key] = scope
             try:
                 try:
-                    return await dispatch(self.app, req, ctx)
+                    handler = dispatch(self.app, req, ctx)
+                    return await self.metrics.timed(
+                        req.method, req.params, handler, pending=(InputRequired,)
+                    )
                 except InputRequired as asked:
                     return InputAsked(asked.requests, ctx.answered)
             except StreamLost:

@@ -34,6 +34,7 @@ import trio
 
 from weir.app import App
 from weir.common import StateSealer, new_key
+from weir.common._metrics_share import MetricsShare
 from weir.protocol import (
     SERVER_ERROR,
     EndpointConfig,
@@ -79,7 +80,8 @@ class Shared:
         #: The endpoint's routing rules (path, Host and Origin checks).
         self.endpoint: EndpointConfig = config.endpoint()
         self.replica_id = config.replica_id or secrets.token_hex(4)
-        self.metrics = Metrics()
+        self.metrics = Metrics(runtime="trio", tools=app.tools)
+        self.metrics.share = MetricsShare.from_environment(self.replica_id)
         #: Validated response heads, shared by every connection of this server.
         self.heads = HeadCache()
         #: Every connection's unacknowledged bytes, polled by one task.

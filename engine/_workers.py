@@ -11,6 +11,11 @@ spreads new connections across them.  Sessions must be in a shared store (the
 CLI refuses ``--workers`` > 1 with ``--store memory``), so any worker serves any
 request of any session.
 
+Metrics: the parent makes a private directory (mode 0700) and names it to the
+workers in ``$WEIR_METRICS_DIR``; each publishes its counters there, so a scrape of
+any worker answers for all (:mod:`weir.common._metrics_share`).  The parent
+removes it when it exits.
+
 The parent prints ``weir: serving URL`` once every child has, forwards SIGINT and
 SIGTERM to the children, and exits with the first non-zero child status (a child
 that dies takes the others down: a half-running server is worse than none).
@@ -22,16 +27,19 @@ import argparse
 import base64
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
 from typing import IO
 
 from weir.common import new_key
+from weir.common._metrics_share import ENV as METRICS_ENV
 
 from ._server import ServerConfig
 
@@ -93,6 +101,7 @@ def run_workers(args: argparse.Namespace, config: ServerConfig, argv: Sequence[s
     env["WEIR_STATE_KEYS"] = ",".join(base64.b64encode(k).decode() for k in keys)
     children: list[subprocess.Popen[str]] = []
     readiness: list[threading.Event] = []
+    shared_metrics = env[METRICS_ENV] = tempfile.mkdtemp(prefix="weir-metrics-")
     try:
         for i in range(args.workers):
             proc = subprocess.Popen(
@@ -145,3 +154,4 @@ def run_workers(args: argparse.Namespace, config: ServerConfig, argv: Sequence[s
             except subprocess.TimeoutExpired:
                 child.kill()
         reserved.close()
+        shutil.rmtree(shared_metrics, ignore_errors=True)

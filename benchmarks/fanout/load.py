@@ -179,7 +179,7 @@ class Run(HalfOpenPeers):
                 Sample(
                     time.monotonic() - self.phase_start,
                     rss,
-                    frames_in_use=m.get("weir_credit_frames_in_use"),
+                    frames_in_use=m.get("weir_credit_in_use_frames"),
                     max_queue_depth=max(depths.values(), default=0.0),
                     half_open_depth=max(half, default=0.0),
                     half_open_sessions=m.get("weir_half_open_sessions"),

@@ -416,7 +416,7 @@ async def test_legacy_half_open_session_is_refused_then_torn_down(
         assert metrics["weir_teardowns_total"] == 1
         assert metrics["weir_half_open_sessions"] == 0
         assert metrics["weir_sessions"] == 1  # the other session lives on
-        assert metrics["weir_credit_frames_in_use"] == 0
+        assert metrics["weir_credit_in_use_frames"] == 0
         assert metrics["weir_credit_peak_frames"] == FRAMES  # the stalled one, filled
         assert STATE.counts[sid] == FRAMES
     assert server.metrics.credit_peaks(server.sessions.values())[0] == FRAMES

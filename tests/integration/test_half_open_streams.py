@@ -212,8 +212,8 @@ async def test_a_stalled_stream_never_parks_a_healthy_streams_result(runtime: st
                 assert all(log.undrained() == (0, 0) for log in server.logs(sid))
                 if runtime == "trio":  # (the asyncio runtime serves no /metrics yet)
                     metrics = await get_metrics(port)
-                    assert _metric(metrics, "weir_credit_bytes_in_use") == 0
-                    assert _metric(metrics, "weir_credit_frames_in_use") == 0
+                    assert _metric(metrics, "weir_credit_in_use_bytes") == 0
+                    assert _metric(metrics, "weir_credit_in_use_frames") == 0
 
 
 @RUNTIMES

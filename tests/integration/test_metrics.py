@@ -11,15 +11,18 @@ rather than show as zeros.
 from __future__ import annotations
 
 import re
+import sys
 
 import trio
 
+import weir
 from weir.app.samples.demo import app
 from weir.engine import ServerConfig
 
 from .configured import RUNTIMES, serve_configured
 from .rawhttp import Client, Reply, call, initialize
 
+PY = ".".join(str(n) for n in sys.version_info[:3])
 #: Series only the Trio engine has.
 TRIO_ONLY = {
     "weir_inline_calls_total",
@@ -39,8 +42,8 @@ BOTH = {
     "weir_teardowns_total",
     "weir_tool_executions_total",
     "weir_duplicate_requests_total",
-    "weir_credit_frames_in_use",
-    "weir_credit_bytes_in_use",
+    "weir_credit_in_use_frames",
+    "weir_credit_in_use_bytes",
     "weir_credit_peak_frames",
     "weir_credit_peak_bytes",
     "weir_notifications_dropped_total",
@@ -52,6 +55,16 @@ BOTH = {
     "weir_sessionless_owners",
     "weir_sessionless_half_open",
     "weir_listen_streams",
+    "weir_build_info",
+    "weir_request_duration_seconds",
+    "weir_requests_total",
+    "weir_tool_duration_seconds",
+    "weir_tool_calls_total",
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+    "process_open_fds",
+    "process_max_fds",
+    "process_start_time_seconds",
 }
 
 
@@ -102,6 +115,21 @@ async def test_the_same_series_count_the_same_things(runtime: str) -> None:
             assert value(page, "weir_admissions_total") >= 2
             assert value(page, "weir_connection_limit") > 0
             assert value(page, "weir_credit_peak_frames") >= 1
+            assert (
+                value(
+                    page,
+                    f'weir_build_info{{version="{weir.__version__}",python="{PY}",'
+                    f'runtime="{runtime}"}}',
+                )
+                == 1
+            )
+            # The call ran once (the retry was replayed): one observation, by tool.
+            assert value(page, 'weir_tool_calls_total{tool="echo",outcome="ok"}') == 1
+            assert value(page, 'weir_requests_total{method="tools/call",outcome="ok"}') == 1
+            tool = 'tool="echo",outcome="ok"'
+            assert value(page, f"weir_tool_duration_seconds_count{{{tool}}}") == 1
+            assert value(page, f'weir_tool_duration_seconds_bucket{{{tool},le="+Inf"}}') == 1
+            assert value(page, "process_open_fds") > 0
 
 
 @RUNTIMES
@@ -111,7 +139,14 @@ async def test_metrics_keep_the_endpoints_host_rules_and_take_get_only(runtime: 
             client = await Client.connect(port)
             try:
                 posted = await client.request("POST", "/metrics", {})
-                assert posted.status == 405 and posted.headers.get("allow") == "GET", posted
+                assert posted.status == 405, posted
+                assert posted.headers.get("allow") == "GET, HEAD", posted
+                head = await client.request("HEAD", "/metrics")
+                assert head.status == 200 and head.body == b"", head
+                assert head.headers["content-type"].startswith("text/plain; version=0.0.4")
+                # No body went out after the HEAD's head: the next answer parses whole.
+                after = await client.request("GET", "/metrics")
+                assert after.status == 200 and b"# TYPE weir_build_info gauge" in after.body
             finally:
                 await client.aclose()
             foreign = await scrape(port, origin="https://evil.example")

@@ -147,7 +147,7 @@ async def test_the_engines_own_endpoints_refuse_what_they_do_not_serve(runtime: 
     async with session_of(runtime) as s:
         metrics = await s.send("POST", b"{}", target="/metrics")
         refused(metrics, 405, "method_not_allowed")
-        assert metrics.headers["allow"] == "GET"
+        assert metrics.headers["allow"] == "GET, HEAD"
         sse = await s.send("DELETE", target="/sse")
         refused(sse, 405, "method_not_allowed")
         assert sse.headers["allow"] == "GET"

@@ -466,6 +466,13 @@ async def test_a_keyed_call_that_asks_for_input_is_not_its_outcome_yet(runtime: 
         replayed = await ask(server.port, round2, **key)  # the last round, re-issued
         assert replayed.json()["result"]["content"] == done.json()["result"]["content"]
         assert ran == ["greet", "greet"]
+        # The handler's two runs, by outcome (the replay ran nothing).
+        client = await Client.connect(server.port)
+        page = (await client.request("GET", "/metrics")).body.decode()
+        await client.aclose()
+        for outcome in ("input_required", "ok"):
+            line = f'\nweir_tool_calls_total{{tool="greet",outcome="{outcome}"}} 1\n'
+            assert line in page, page
 
 
 async def test_a_keyed_call_outlives_a_lost_stream_and_its_reissue_replays(runtime: str) -> None:
