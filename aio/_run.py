@@ -100,7 +100,7 @@ class AsyncioConfig:
             beyond; default: with ``auth``, a sixteenth of ``max_sessions``, at
             most 256; without, ``max_sessions``), as on the Trio engine.
         legacy_sse_path, legacy_messages_path: the 2024-11-05 HTTP+SSE transport's
-            stream (None: no new legacy sessions) and message paths.
+            stream (None: that transport is off, both paths 404) and message paths.
         retry_window: seconds within which a sessionless call without an
             ``Idempotency-Key`` that repeats one of its principal's is replayed (0:
             off; needs ``auth``).

@@ -90,6 +90,9 @@ SERVED: frozenset[str] = frozenset(
         "ssl_keyfile",
         "ssl_keyfile_password",
         "ssl_ca_certs",
+        "metrics_path",
+        "no_metrics",
+        "no_legacy_sse",
     }
 )
 

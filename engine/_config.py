@@ -97,7 +97,8 @@ class ServerConfig:
             random).
         reuse_port: listen with ``SO_REUSEPORT`` so several worker processes share
             the port (``weir serve --workers N``).
-        legacy_sse_path: the 2024-11-05 HTTP+SSE stream endpoint (``None``: off).
+        legacy_sse_path: the 2024-11-05 HTTP+SSE stream endpoint (``None``: that
+            transport is off, and both its paths are routed as unknown paths: 404).
         legacy_messages_path: the 2024-11-05 POST endpoint.
         metrics_path: Prometheus metrics (``None``: off).
         ssl_context: serve HTTPS with this server-side context (``None``: plain

@@ -30,6 +30,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -43,6 +44,8 @@ from weir.common._memory import tune_allocator
 from weir.protocol import CreditLimits, HttpLimits
 
 from ._auth import DEFAULT_ALGORITHMS, Authorization, JwtVerifier
+from ._cli_env import document, overlay, typos
+from ._cli_routes import add_route_options, route_paths
 from ._cli_tls import add_tls_options, ssl_context_from_args
 from ._declared_auth import declared_authorization
 from ._jwks import screen_keys
@@ -183,6 +186,7 @@ def _parser() -> argparse.ArgumentParser:
         "more than one needs a shared --store",
     )
     st.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    add_route_options(s)
     d = CreditLimits()
     c = s.add_argument_group("drain credit (per session; see the README, 'Half-open streams')")
     c.add_argument(
@@ -241,7 +245,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="an authorization server advertised in the metadata (default: the issuer)",
     )
+    document(s)
     return p
+
+
+def _serve_parser(top: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The ``serve`` sub-command's parser within ``top`` (from :func:`_parser`)."""
+    (sub,) = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+    serve: argparse.ArgumentParser = sub.choices["serve"]
+    return serve
 
 
 def auth_from_args(args: argparse.Namespace) -> Authorization | None:
@@ -420,6 +432,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise SystemExit("weir: --shutdown-grace must be >= 0")
     check_deployment(args.store, args.resume, args.workers)
     state_keys = _state_keys(args.state_key_file)
+    metrics_path, legacy_sse_path = route_paths(args)
     hosts = None
     if args.allow_host:
         base = ServerConfig(host=args.host).endpoint().allowed_hosts
@@ -463,6 +476,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             replica_id=args.replica_id,
             reuse_port=args.reuse_port or args.workers > 1,
             ssl_context=ssl_context_from_args(args),
+            metrics_path=metrics_path,
+            legacy_sse_path=legacy_sse_path,
         )
     except ValueError as exc:
         raise SystemExit(f"weir: {exc}") from None
@@ -703,19 +718,52 @@ def _main_asyncio(args: argparse.Namespace, argv: Sequence[str]) -> int:
     )
 
 
+def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, dict[str, str]]:
+    """``argv`` parsed, with the ``WEIR_*`` variables of the options it does not give
+    (see :mod:`weir.engine._cli_env`); also ``{option: variable}`` for those."""
+    top = _parser()
+    args = top.parse_args(argv)
+    serve = _serve_parser(top)
+    applied = overlay(top, serve, args, argv, os.environ)
+    if not args.reuse_port:  # (a worker: its parent has warned)
+        for line in typos(serve, os.environ):
+            print(line, file=sys.stderr, flush=True)
+    return args, applied
+
+
+def _blame(exc: SystemExit, applied: dict[str, str]) -> SystemExit:
+    """``exc`` naming the variable that set an option its message names, if one did."""
+    if not isinstance(exc.code, str):
+        return exc
+    named = [
+        f"${name}"
+        for flag, name in applied.items()
+        if re.search(re.escape(flag) + r"(?![\w-])", exc.code)
+    ]
+    return SystemExit(f"{exc.code} (set by {', '.join(named)})") if named else exc
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``weir`` console script."""
-    args = _parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args, applied = _parse(given)
+    try:
+        return _serve(args, given)
+    except SystemExit as exc:
+        raise _blame(exc, applied) from None
+
+
+def _serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if args.runtime == "asyncio":
-        return _main_asyncio(args, sys.argv[1:] if argv is None else argv)
+        return _main_asyncio(args, argv)
     app = _load(args.app, args.app_dir)
     config = _with_app_security(app, config_from_args(args), warn=not args.reuse_port)
     if args.workers > 1:
         from ._workers import run_workers
 
         _warn_if_open(config)
-        return run_workers(args, config, sys.argv[1:] if argv is None else argv)
+        return run_workers(args, config, argv)
     guard_lifespan(app, args.startup_timeout)
     progress = _Progress()
     try:
