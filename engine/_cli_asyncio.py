@@ -93,6 +93,8 @@ SERVED: frozenset[str] = frozenset(
         "metrics_path",
         "no_metrics",
         "no_legacy_sse",
+        "reload",
+        "reload_dir",
     }
 )
 

@@ -50,6 +50,7 @@ from ._cli_tls import add_tls_options, ssl_context_from_args
 from ._declared_auth import declared_authorization
 from ._jwks import screen_keys
 from ._memory_store import MemoryStore
+from ._reload import add_reload_options, check_reload, run_reloading
 from ._server import Server, ServerConfig
 from ._session_store import SessionStore
 from ._startup import (
@@ -187,6 +188,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     st.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     add_route_options(s)
+    add_reload_options(s)
     d = CreditLimits()
     c = s.add_argument_group("drain credit (per session; see the README, 'Half-open streams')")
     c.add_argument(
@@ -755,6 +757,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    check_reload(args)
+    if args.reload:
+        config_from_args(args)  # (a bad option is said once, here, not by each child)
+        return run_reloading(args, argv)
     if args.runtime == "asyncio":
         return _main_asyncio(args, argv)
     app = _load(args.app, args.app_dir)
