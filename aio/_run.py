@@ -43,6 +43,7 @@ from typing import Any
 
 from weir.app import App
 from weir.common import Authorization, declared_authorization, principal_session_limit
+from weir.common._unix import bind_unix, remove_unix
 from weir.engine._session_store import SessionStore
 from weir.engine._store_errors import StoreUnavailable
 from weir.protocol import CreditLimits, EndpointConfig, HttpLimits, ReadTimeouts
@@ -120,6 +121,9 @@ class AsyncioConfig:
         memory_budget: bytes of replay history and finished results all sessions
             together may keep (over it the oldest history, server-wide, goes first).
         ssl_context: serve HTTPS with this server-side context (None: plain HTTP).
+        uds: listen on this Unix domain socket path instead of ``host``/``port``
+            (see :mod:`weir.common._unix`: a stale socket file is replaced, a live
+            server's is not; the file is removed at shutdown).
     """
 
     host: str = "127.0.0.1"
@@ -152,6 +156,7 @@ class AsyncioConfig:
     memory_budget: int = MEMORY_BUDGET
     reuse_port: bool = False
     ssl_context: ssl.SSLContext | None = dataclasses.field(default=None, repr=False)
+    uds: str | None = None
 
     def driver(
         self, app: App, state: Any = None, store: SessionStore | None = None
@@ -303,19 +308,15 @@ async def _serve(
             state = await _enter_lifespan(app, stack, config.startup_timeout)
             driver = config.driver(app, state, store)
             loop.set_exception_handler(AcceptFailures(driver))
-            server = await asyncio.start_server(
-                driver.connection, config.host, config.port, reuse_port=config.reuse_port
-            )
+            server, url, inode = await _listen(driver, config)
             try:
                 if started is not None:
-                    host, port = server.sockets[0].getsockname()[:2]
-                    shown = f"[{host}]" if ":" in host else host
-                    scheme = "http" if config.ssl_context is None else "https"
-                    url = f"{scheme}://{shown}:{port}{config.endpoint.path}"
                     started(url, event_loop_name())
                 await stop.wait()
             finally:
                 server.close()  # (not wait_closed: open streams end with their sessions)
+                if config.uds is not None:
+                    remove_unix(config.uds, inode)
                 await drain(driver, config.shutdown_grace)
                 await driver.close_all()
     except asyncio.CancelledError:
@@ -323,6 +324,26 @@ async def _serve(
             raise
         # The second signal cut the shutdown short (a hook or the lifespan's exit still
         # running was cancelled); the process exits now, as asked.
+
+
+async def _listen(driver: AsyncioDriver, config: AsyncioConfig) -> tuple[asyncio.Server, str, int]:
+    """The listening server, the URL it serves, and (with ``config.uds``) the inode of
+    its socket file (else -1).
+
+    Raises:
+        OSError: it could not listen.
+    """
+    if config.uds is not None:
+        sock, inode = bind_unix(config.uds)
+        server = await asyncio.start_unix_server(driver.connection, sock=sock)
+        return server, f"unix:{config.uds}", inode
+    server = await asyncio.start_server(
+        driver.connection, config.host, config.port, reuse_port=config.reuse_port
+    )
+    host, port = server.sockets[0].getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    scheme = "http" if config.ssl_context is None else "https"
+    return server, f"{scheme}://{shown}:{port}{config.endpoint.path}", -1
 
 
 async def _open_store(url: str) -> SessionStore:

@@ -95,6 +95,7 @@ SERVED: frozenset[str] = frozenset(
         "no_legacy_sse",
         "reload",
         "reload_dir",
+        "uds",
     }
 )
 
@@ -141,6 +142,7 @@ def asyncio_config(
         memory_budget=config.memory_budget,
         reuse_port=config.reuse_port,
         ssl_context=config.ssl_context,
+        uds=config.uds,
     )
 
 

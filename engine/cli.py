@@ -117,6 +117,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--path", default="/mcp", help="endpoint path (default /mcp)")
     s.add_argument(
+        "--uds",
+        metavar="PATH",
+        help="listen on this Unix domain socket instead of --host/--port (one process; "
+        "a stale socket file is replaced, a live server's is not)",
+    )
+    s.add_argument(
         "--json-response",
         action="store_true",
         help="answer requests with application/json instead of SSE streams",
@@ -433,6 +439,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if args.shutdown_grace < 0:
         raise SystemExit("weir: --shutdown-grace must be >= 0")
     check_deployment(args.store, args.resume, args.workers)
+    if args.uds is not None and (args.workers > 1 or args.reuse_port):
+        raise SystemExit(
+            "weir: --uds is one process's socket: not with --workers > 1 or --reuse-port"
+        )
     state_keys = _state_keys(args.state_key_file)
     metrics_path, legacy_sse_path = route_paths(args)
     hosts = None
@@ -478,6 +488,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             replica_id=args.replica_id,
             reuse_port=args.reuse_port or args.workers > 1,
             ssl_context=ssl_context_from_args(args),
+            uds=args.uds,
             metrics_path=metrics_path,
             legacy_sse_path=legacy_sse_path,
         )
@@ -691,7 +702,7 @@ def _with_app_security(app: App, config: ServerConfig, *, warn: bool = True) -> 
 
 def _open_warning(config: ServerConfig) -> str | None:
     """The warning for a server reachable from other machines with no authorization."""
-    if config.auth is None and not _is_loopback(config.host):
+    if config.auth is None and config.uds is None and not _is_loopback(config.host):
         return (
             f"weir: WARNING: serving on {config.host} without --auth-*: anyone who can reach "
             "this port can use every session whose id they learn, and open sessions up to "
