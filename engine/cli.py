@@ -135,7 +135,10 @@ def _parser() -> argparse.ArgumentParser:
         help="also accept this Host/Origin name (repeatable; '*' disables the check)",
     )
     s.add_argument(
-        "--log-level", default="warning", choices=["debug", "info", "warning", "error", "critical"]
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error", "critical"],
+        help="how much weir logs on stderr (default warning)",
     )
     s.add_argument(
         "--shutdown-grace",
