@@ -9,6 +9,7 @@ after the server stops.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from .rawhttp import Client, call, initialize
+from .rawhttp import Client, call, initialize, raw_request
 from .runtimes import RUNTIMES
 from .serverproc import DRIVERS, REPO_ROOT
 from .test_cli_startup import one_line_failure, weir
@@ -34,10 +35,10 @@ def folder() -> Iterator[Path]:
         yield Path(where)
 
 
-def _serve(runtime: str, path: Path) -> subprocess.Popen[str]:
-    """``weir serve --uds PATH`` on ``runtime``, once it said it serves."""
+def _serve(runtime: str, path: Path, *args: str) -> subprocess.Popen[str]:
+    """``weir serve --uds PATH ARGS`` on ``runtime``, once it said it serves."""
     proc = subprocess.Popen(
-        [sys.executable, *DRIVERS[runtime], "demo", "--uds", str(path)],
+        [sys.executable, *DRIVERS[runtime], "demo", "--uds", str(path), *args],
         cwd=REPO_ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdin=subprocess.DEVNULL,
@@ -90,6 +91,39 @@ async def test_it_serves_on_the_socket_and_removes_it_at_the_end(
         err = _stop(proc)
     assert "Traceback" not in err, err
     assert not path.exists()
+
+
+@RUNTIMES
+async def test_a_client_that_stops_reading_is_still_refused_429(runtime: str, folder: Path) -> None:
+    # Over a Unix socket the drain meter is not exact (SIOCOUTQ counts buffer memory
+    # there): an answer counts as delivered once the kernel takes it.  A client that
+    # stops reading an answer larger than the socket's buffer still holds its credit
+    # (the rest cannot be written), and its next request is refused once the drain
+    # window has passed: the half-open guarantee holds, later by one buffer.
+    path = folder / "stall.sock"
+    credit = 1 << 20
+    args = ["--credit-bytes", str(credit), "--drain-window", "0.5", "--liveness-timeout", "30"]
+    proc = _serve(runtime, path, *args, "--max-body-bytes", str(2 * credit))
+    try:
+        with trio.fail_after(60):
+            c = Client(await trio.open_unix_socket(str(path)))
+            stalled = Client(await trio.open_unix_socket(str(path)))
+            try:
+                sid = await initialize(c)
+                big = call(1, "echo", {"text": "x" * (credit - 600)})
+                body = json.dumps(big).encode()
+                headers = {"mcp-session-id": sid, "connection": "keep-alive"}
+                await stalled.send_raw(raw_request("POST", "/mcp", body=body, headers=headers))
+                assert b" 200 " in await stalled.stream.receive_some(256)  # (then not read)
+                reply = await c.request(
+                    "POST", "/mcp", call(2, "echo", {"text": "b" * 1000}), session=sid
+                )
+                assert reply.status == 429 and reply.reason == "stream_half_open", reply
+            finally:
+                await c.aclose()
+                await stalled.aclose()
+    finally:
+        _stop(proc)
 
 
 @RUNTIMES
