@@ -139,12 +139,13 @@ def overlay(
     return applied
 
 
-def typos(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> list[str]:
-    """A warning line for each ``WEIR_*`` variable in ``environ`` that no option has
-    but that is close to the name of one (a misspelling that would go unnoticed)."""
+def typos(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> dict[str, str]:
+    """``{variable: warning line}`` for each ``WEIR_*`` variable in ``environ`` that no
+    option has but that is close to the name of one (a misspelling that would go
+    unnoticed)."""
     options = {variable(a): a for a in _actions(parser)}
     known = set(options) | OTHER_VARIABLES
-    lines = []
+    lines = {}
     for name in sorted(environ):
         if not name.startswith(PREFIX) or name in known:
             continue
@@ -152,7 +153,7 @@ def typos(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> list[s
         if near:
             action = options[near[0]]
             flag = max(action.option_strings, key=len) if action.option_strings else "APP"
-            lines.append(
+            lines[name] = (
                 f"weir: WARNING: ${name} is not a weir setting (ignored); "
                 f"did you mean ${near[0]} ({flag})?"
             )

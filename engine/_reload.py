@@ -109,6 +109,10 @@ def run_reloading(args: argparse.Namespace, argv: Sequence[str]) -> int:
     port: list[int] = []  # the port the first child serves on, once it said so
     stopping = threading.Event()
     child: subprocess.Popen[str] | None = None
+    # (a misspelt variable is ignored anyway: left out, each child does not warn again)
+    dropped = set(getattr(args, "misspelt_variables", ()))
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
+    env["PYTHONUNBUFFERED"] = "1"
 
     def start() -> subprocess.Popen[str]:
         extra = ["--app-dir", folders[0], "--no-reload"]
@@ -118,7 +122,7 @@ def run_reloading(args: argparse.Namespace, argv: Sequence[str]) -> int:
             [sys.executable, "-m", "weir", *argv, *extra],
             stdout=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env=env,
             # Its own process group: a terminal's Ctrl-C reaches it once, from here
             # (twice, the second would cut its graceful shutdown short).
             process_group=0,

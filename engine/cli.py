@@ -741,9 +741,11 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, dict[str, str]]:
     args = top.parse_args(argv)
     serve = _serve_parser(top)
     applied = overlay(top, serve, args, argv, os.environ)
+    misspelt = typos(serve, os.environ)
     if not args.reuse_port:  # (a worker: its parent has warned)
-        for line in typos(serve, os.environ):
+        for line in misspelt.values():
             print(line, file=sys.stderr, flush=True)
+    args.misspelt_variables = sorted(misspelt)  # (not handed to a --reload child)
     return args, applied
 
 

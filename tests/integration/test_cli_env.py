@@ -100,10 +100,10 @@ def test_a_bad_value_is_one_line_naming_the_variable(
 def test_a_misspelt_variable_is_a_warning_naming_the_option() -> None:
     serve = _serve_parser(_parser())
     env = {"WEIR_MAX_SESION": "3", "WEIR_STATE_KEYS": "", "WEIR_CONFORMANCE_NODE": "x"}
-    assert typos(serve, env) == [
-        "weir: WARNING: $WEIR_MAX_SESION is not a weir setting (ignored); "
+    assert typos(serve, env) == {
+        "WEIR_MAX_SESION": "weir: WARNING: $WEIR_MAX_SESION is not a weir setting (ignored); "
         "did you mean $WEIR_MAX_SESSIONS (--max-sessions)?"
-    ]
+    }
 
 
 @RUNTIMES

@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 import trio
 
 from .rawhttp import Client, call, initialize
@@ -51,7 +52,10 @@ async def _answer(port: int) -> str | None:
 
 
 @RUNTIMES
-async def test_an_edit_is_served_by_the_new_code(runtime: str, tmp_path: Path) -> None:
+async def test_an_edit_is_served_by_the_new_code(
+    runtime: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WEIR_MAX_SESION", "1")  # a typo: warned about once, not per child
     module = tmp_path / "reloadme.py"
     module.write_text(APP.format(answer="one"))
     args = ["--app-dir", str(tmp_path), "--reload"]
@@ -67,7 +71,9 @@ async def test_an_edit_is_served_by_the_new_code(runtime: str, tmp_path: Path) -
                 while (said := await _answer(server.port)) != "two":
                     assert said in (None, "one"), said
                     await trio.sleep(0.2)
-            assert "weir: reloading (" in server.stderr(), server.stderr()
+            stderr = server.stderr()
+            assert "weir: reloading (" in stderr, stderr
+            assert stderr.count("$WEIR_MAX_SESION") == 1, stderr
             server.proc.send_signal(signal.SIGINT)
             assert server.proc.wait(20) == 0, server.output()
         finally:
