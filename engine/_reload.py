@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -82,12 +83,24 @@ def snapshot(folders: Sequence[str]) -> dict[str, int]:
     return seen
 
 
-def _pump(stream: IO[str], port: list[int]) -> None:
-    """Copy a child's stdout to ours, noting the port of its ``weir: serving`` line."""
+_SERVING = re.compile(r"^weir: serving (?:https?://\S*?:(?P<port>\d+)/|unix:)")
+
+
+def serving_port(line: str) -> int | None:
+    """From a ``weir: serving`` line, the port (-1 for ``unix:PATH``); else None."""
+    match = _SERVING.match(line)
+    if match is None:
+        return None
+    return int(match["port"]) if match["port"] else -1
+
+
+def _pump(stream: IO[str], served: list[int]) -> None:
+    """Copy a child's stdout to ours; the first ``weir: serving`` line's port (see
+    :func:`serving_port`) goes into ``served``."""
     for line in stream:
-        if line.startswith("weir: serving ") and not port:
-            authority = line.split("://", 1)[-1].split("/", 1)[0]
-            port.append(int(authority.rsplit(":", 1)[1]))
+        port = serving_port(line)
+        if port is not None and not served:
+            served.append(port)
         sys.stdout.write(line)
         sys.stdout.flush()
 
@@ -106,7 +119,7 @@ def run_reloading(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the server as a child of this process, restarted at each change of the
     watched files, until SIGINT or SIGTERM; the child's last exit status."""
     folders = [os.path.abspath(d) for d in (args.app_dir, *args.reload_dir)]
-    port: list[int] = []  # the port the first child serves on, once it said so
+    served: list[int] = []  # the port the first child serves on, once it said so
     stopping = threading.Event()
     child: subprocess.Popen[str] | None = None
     # (a misspelt variable is ignored anyway: left out, each child does not warn again)
@@ -116,8 +129,8 @@ def run_reloading(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     def start() -> subprocess.Popen[str]:
         extra = ["--app-dir", folders[0], "--no-reload"]
-        if port:
-            extra += ["--port", str(port[0])]
+        if served and served[0] >= 0:
+            extra += ["--port", str(served[0])]
         proc = subprocess.Popen(
             [sys.executable, "-m", "weir", *argv, *extra],
             stdout=subprocess.PIPE,
@@ -128,7 +141,7 @@ def run_reloading(args: argparse.Namespace, argv: Sequence[str]) -> int:
             process_group=0,
         )
         assert proc.stdout is not None
-        threading.Thread(target=_pump, args=(proc.stdout, port), daemon=True).start()
+        threading.Thread(target=_pump, args=(proc.stdout, served), daemon=True).start()
         return proc
 
     def forward(signum: int, _frame: object) -> None:
@@ -144,7 +157,7 @@ def run_reloading(args: argparse.Namespace, argv: Sequence[str]) -> int:
         while not stopping.wait(POLL):
             now = snapshot(folders)
             status = child.poll()
-            if status is not None and not port:
+            if status is not None and not served:
                 return status  # the first start failed: said by the child
             if now == seen:
                 continue

@@ -756,7 +756,7 @@ def _blame(exc: SystemExit, applied: dict[str, str]) -> SystemExit:
     named = [
         f"${name}"
         for flag, name in applied.items()
-        if re.search(re.escape(flag) + r"(?![\w-])", exc.code)
+        if re.search(r"(?<![\w-])" + re.escape(flag) + r"(?![\w-])", exc.code)
     ]
     return SystemExit(f"{exc.code} (set by {', '.join(named)})") if named else exc
 

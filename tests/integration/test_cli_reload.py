@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from weir.engine._reload import serving_port
+
 from .rawhttp import Client, call, initialize
 from .runtimes import RUNTIMES
 from .serverproc import WeirProcess
@@ -91,3 +93,10 @@ def test_a_first_start_that_fails_ends_the_supervisor(tmp_path: Path) -> None:
     (tmp_path / "broken.py").write_text("raise RuntimeError('not today')\n")
     done = weir(tmp_path, "serve", "broken:app", "--reload", "--port", "0")
     assert one_line_failure(done).startswith("weir: loading 'broken:app' failed: RuntimeError")
+
+
+def test_the_supervisor_reads_the_port_or_the_socket_a_child_serves_on() -> None:
+    assert serving_port("weir: serving http://127.0.0.1:8123/mcp\n") == 8123
+    assert serving_port("weir: serving https://[::1]:443/x\n") == 443
+    assert serving_port("weir: serving unix:/run/weir.sock\n") == -1
+    assert serving_port("weir: shutting down\n") is None
