@@ -16,6 +16,10 @@ server that cannot start says why in one line on stderr and exits with status 1
 SIGINT/SIGTERM shut down gracefully (see ``engine.Server.shutdown``); a second
 signal exits at once.
 
+Every option can come from a ``WEIR_*`` environment variable instead (``--max-sessions``:
+``$WEIR_MAX_SESSIONS``; the command line wins), see :mod:`weir.engine._cli_env`;
+``--reload`` runs the server under a supervisor (:mod:`weir.engine._reload`).
+
 ``--runtime asyncio`` serves the app with :mod:`weir.asyncio` instead of Trio (see
 :mod:`weir.engine._cli_asyncio`, imported only then), with every option served as on
 Trio.
