@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 from collections.abc import Mapping, Sequence
 
 PREFIX = "WEIR_"
@@ -158,3 +159,15 @@ def typos(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> dict[s
                 f"did you mean ${near[0]} ({flag})?"
             )
     return lines
+
+
+def blame(exc: SystemExit, applied: dict[str, str]) -> SystemExit:
+    """``exc`` naming the variable that set an option its message names, if one did."""
+    if not isinstance(exc.code, str):
+        return exc
+    named = [
+        f"${name}"
+        for flag, name in applied.items()
+        if re.search(r"(?<![\w-])" + re.escape(flag) + r"(?![\w-])", exc.code)
+    ]
+    return SystemExit(f"{exc.code} (set by {', '.join(named)})") if named else exc

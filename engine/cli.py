@@ -34,7 +34,6 @@ import ipaddress
 import json
 import logging
 import os
-import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -48,7 +47,7 @@ from weir.common._memory import tune_allocator
 from weir.protocol import CreditLimits, HttpLimits
 
 from ._auth import DEFAULT_ALGORITHMS, Authorization, JwtVerifier
-from ._cli_env import document, overlay, typos
+from ._cli_env import blame, document, overlay, typos
 from ._cli_routes import add_route_options, route_paths
 from ._cli_tls import add_tls_options, ssl_context_from_args
 from ._declared_auth import declared_authorization
@@ -753,18 +752,6 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, dict[str, str]]:
     return args, applied
 
 
-def _blame(exc: SystemExit, applied: dict[str, str]) -> SystemExit:
-    """``exc`` naming the variable that set an option its message names, if one did."""
-    if not isinstance(exc.code, str):
-        return exc
-    named = [
-        f"${name}"
-        for flag, name in applied.items()
-        if re.search(r"(?<![\w-])" + re.escape(flag) + r"(?![\w-])", exc.code)
-    ]
-    return SystemExit(f"{exc.code} (set by {', '.join(named)})") if named else exc
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``weir`` console script."""
     given = list(sys.argv[1:] if argv is None else argv)
@@ -772,7 +759,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _serve(args, given)
     except SystemExit as exc:
-        raise _blame(exc, applied) from None
+        raise blame(exc, applied) from None
 
 
 def _serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
