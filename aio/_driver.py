@@ -163,7 +163,8 @@ class AsyncioDriver:
         While it drains (:func:`._drain.drain`), requests are refused 503
         ``shutting_down`` and SSE streams end with ``retry: retry_ms``.  The
         2024-11-05 HTTP+SSE transport opens sessions at ``legacy_sse_path`` (None:
-        none) and takes their messages at ``legacy_messages_path``.
+        that transport is not served, neither path) and takes their messages at
+        ``legacy_messages_path``.
 
         Session records and the gate's claims and outcomes are kept in ``store``
         (default: a :class:`~weir.engine._memory_store.MemoryStore`, this process only); a

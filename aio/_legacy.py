@@ -60,11 +60,9 @@ VERSION: Final = "2024-11-05"
 def is_legacy(conn: Connection, request: HttpRequest) -> bool:
     """Whether ``request`` is for one of the legacy transport's two paths."""
     driver, path = conn.driver, request.path
-    if path == driver.endpoint.path:
-        return False
-    return path == driver.legacy_messages_path or (
-        driver.legacy_sse_path is not None and path == driver.legacy_sse_path
-    )
+    if path == driver.endpoint.path or driver.legacy_sse_path is None:
+        return False  # (no stream path: no legacy session can exist, neither path is served)
+    return path in (driver.legacy_messages_path, driver.legacy_sse_path)
 
 
 async def serve_legacy(conn: Connection, request: HttpRequest, who: Who) -> None:

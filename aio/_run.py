@@ -44,6 +44,7 @@ from typing import Any
 from weir.app import App
 from weir.common import Authorization, declared_authorization, principal_session_limit
 from weir.common._metrics_share import PERIOD as PUBLISH_PERIOD
+from weir.common._unix import bind_unix, remove_unix
 from weir.engine._session_store import SessionStore
 from weir.engine._store_errors import StoreUnavailable
 from weir.protocol import CreditLimits, EndpointConfig, HttpLimits, ReadTimeouts
@@ -102,7 +103,7 @@ class AsyncioConfig:
             beyond; default: with ``auth``, a sixteenth of ``max_sessions``, at
             most 256; without, ``max_sessions``), as on the Trio engine.
         legacy_sse_path, legacy_messages_path: the 2024-11-05 HTTP+SSE transport's
-            stream (None: no new legacy sessions) and message paths.
+            stream (None: that transport is off, both paths 404) and message paths.
         retry_window: seconds within which a sessionless call without an
             ``Idempotency-Key`` that repeats one of its principal's is replayed (0:
             off; needs ``auth``).
@@ -122,6 +123,9 @@ class AsyncioConfig:
         memory_budget: bytes of replay history and finished results all sessions
             together may keep (over it the oldest history, server-wide, goes first).
         ssl_context: serve HTTPS with this server-side context (None: plain HTTP).
+        uds: listen on this Unix domain socket path instead of ``host``/``port``
+            (see :mod:`weir.common._unix`: a stale socket file is replaced, a live
+            server's is not; the file is removed at shutdown).
     """
 
     host: str = "127.0.0.1"
@@ -154,6 +158,7 @@ class AsyncioConfig:
     memory_budget: int = MEMORY_BUDGET
     reuse_port: bool = False
     ssl_context: ssl.SSLContext | None = dataclasses.field(default=None, repr=False)
+    uds: str | None = None
 
     def driver(
         self, app: App, state: Any = None, store: SessionStore | None = None
@@ -305,22 +310,18 @@ async def _serve(
             state = await _enter_lifespan(app, stack, config.startup_timeout)
             driver = config.driver(app, state, store)
             loop.set_exception_handler(AcceptFailures(driver))
-            server = await asyncio.start_server(
-                driver.connection, config.host, config.port, reuse_port=config.reuse_port
-            )
+            server, url, inode = await _listen(driver, config)
             publisher = None
             if driver.metrics.share is not None:
                 publisher = loop.create_task(publish_every(driver, PUBLISH_PERIOD))
             try:
                 if started is not None:
-                    host, port = server.sockets[0].getsockname()[:2]
-                    shown = f"[{host}]" if ":" in host else host
-                    scheme = "http" if config.ssl_context is None else "https"
-                    url = f"{scheme}://{shown}:{port}{config.endpoint.path}"
                     started(url, event_loop_name())
                 await stop.wait()
             finally:
                 server.close()  # (not wait_closed: open streams end with their sessions)
+                if config.uds is not None:
+                    remove_unix(config.uds, inode)
                 await drain(driver, config.shutdown_grace)
                 await driver.close_all()
                 if publisher is not None:
@@ -331,6 +332,26 @@ async def _serve(
             raise
         # The second signal cut the shutdown short (a hook or the lifespan's exit still
         # running was cancelled); the process exits now, as asked.
+
+
+async def _listen(driver: AsyncioDriver, config: AsyncioConfig) -> tuple[asyncio.Server, str, int]:
+    """The listening server, the URL it serves, and (with ``config.uds``) the inode of
+    its socket file (else -1).
+
+    Raises:
+        OSError: it could not listen.
+    """
+    if config.uds is not None:
+        sock, inode = bind_unix(config.uds)
+        server = await asyncio.start_unix_server(driver.connection, sock=sock)
+        return server, f"unix:{config.uds}", inode
+    server = await asyncio.start_server(
+        driver.connection, config.host, config.port, reuse_port=config.reuse_port
+    )
+    host, port = server.sockets[0].getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    scheme = "http" if config.ssl_context is None else "https"
+    return server, f"{scheme}://{shown}:{port}{config.endpoint.path}", -1
 
 
 async def _open_store(url: str) -> SessionStore:

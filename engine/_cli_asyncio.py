@@ -92,6 +92,12 @@ SERVED: frozenset[str] = frozenset(
         "ssl_keyfile",
         "ssl_keyfile_password",
         "ssl_ca_certs",
+        "metrics_path",
+        "no_metrics",
+        "no_legacy_sse",
+        "reload",
+        "reload_dir",
+        "uds",
     }
 )
 
@@ -138,6 +144,7 @@ def asyncio_config(
         memory_budget=config.memory_budget,
         reuse_port=config.reuse_port,
         ssl_context=config.ssl_context,
+        uds=config.uds,
     )
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import trio
 
 from weir.common import principal_session_limit
+from weir.common._unix import bind_unix
 from weir.protocol import LOOPBACK_HOSTS, CreditLimits, EndpointConfig, HttpLimits
 from weir.protocol.forwarded import TrustedProxies
 from weir.protocol.resume import RESUME_POLICIES
@@ -98,7 +99,11 @@ class ServerConfig:
             random).
         reuse_port: listen with ``SO_REUSEPORT`` so several worker processes share
             the port (``weir serve --workers N``).
-        legacy_sse_path: the 2024-11-05 HTTP+SSE stream endpoint (``None``: off).
+        uds: listen on this Unix domain socket path instead of ``host``/``port``
+            (see :mod:`weir.common._unix`: a stale socket file is replaced, a live
+            server's is not; the file is removed at shutdown).
+        legacy_sse_path: the 2024-11-05 HTTP+SSE stream endpoint (``None``: that
+            transport is off, and both its paths are routed as unknown paths: 404).
         legacy_messages_path: the 2024-11-05 POST endpoint.
         metrics_path: Prometheus metrics (``None``: off).
         ssl_context: serve HTTPS with this server-side context (``None``: plain
@@ -148,6 +153,7 @@ class ServerConfig:
     resume: str = "shared"
     replica_id: str | None = None
     reuse_port: bool = False
+    uds: str | None = None
     legacy_sse_path: str | None = "/sse"
     legacy_messages_path: str = "/messages"
     metrics_path: str | None = "/metrics"
@@ -162,6 +168,8 @@ class ServerConfig:
             raise ValueError(
                 f"retry_window must be 0 (off) to 86400 seconds, not {self.retry_window}"
             )
+        if self.uds is not None and self.reuse_port:
+            raise ValueError("a Unix socket (uds) is one process's: not with reuse_port")
         if self.retry_window > 0 and self.auth is None:
             raise ValueError(
                 "retry_window needs authorization: without it every client is the one "
@@ -276,6 +284,9 @@ def default_max_connections() -> int:
 
 
 async def _open_listeners(config: ServerConfig) -> list[trio.SocketListener]:
+    if config.uds is not None:
+        unix, _ = bind_unix(config.uds)
+        return [trio.SocketListener(trio.socket.from_stdlib_socket(unix))]
     if not config.reuse_port:
         return await trio.open_tcp_listeners(config.port, host=config.host)
     # Several processes accept on one port; the kernel spreads connections among them.

@@ -132,7 +132,8 @@ class Router:
                 who = Requester(access.principal, True, conn.secret)
             else:
                 who = Requester(cfg.principal, False, conn.secret)
-            if not endpoint and path in (cfg.legacy_sse_path, cfg.legacy_messages_path):
+            legacy = cfg.legacy_sse_path is not None  # (None: neither path is served)
+            if not endpoint and legacy and path in (cfg.legacy_sse_path, cfg.legacy_messages_path):
                 await self._legacy(conn, request, who)
                 return
             mcp = route(request, self.endpoint)

@@ -47,6 +47,7 @@ open stream with ``retry:``, then cancel what is left.
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -56,6 +57,7 @@ import trio
 from weir.app import App
 from weir.common import StateSealer, new_key
 from weir.common._metrics_share import PERIOD as PUBLISH_PERIOD
+from weir.common._unix import remove_unix
 
 from ._calls import REBIND_METHOD as REBIND_METHOD
 from ._calls import Calls
@@ -111,6 +113,7 @@ class Server:
         #: Accept loops under the connection limit (see :mod:`engine._listen`).
         self.gate = AcceptGate(config.connection_limit)
         self.listeners: list[trio.SocketListener] = []
+        self._uds_inode = -1  # (the socket file's, with config.uds: removed at the end)
         self._wire(shared, session_id_factory or (lambda: secrets.token_urlsafe(32)))
         self._shutdown = trio.Event()
         #: Set once :meth:`run` has finished (after a shutdown or cancellation).
@@ -176,7 +179,10 @@ class Server:
 
     @property
     def url(self) -> str:
-        """``http[s]://host:port/path`` of the endpoint (after start)."""
+        """``http[s]://host:port/path`` of the endpoint (after start); ``unix:PATH``
+        with :attr:`ServerConfig.uds`."""
+        if self.config.uds is not None:
+            return f"unix:{self.config.uds}"
         host = self.config.host
         if ":" in host:
             host = f"[{host}]"
@@ -219,6 +225,8 @@ class Server:
                 shared.state = state
                 if listen:
                     self.listeners = await _open_listeners(self.config)
+                    if self.config.uds is not None:
+                        self._uds_inode = os.stat(self.config.uds).st_ino
                 detach = self.app.attach_changes(self._changes.changed)
                 try:
                     await self._run(task_status)
@@ -277,6 +285,8 @@ class Server:
         await self._accepting_done.wait()
         for listener in self.listeners:
             await listener.aclose()
+        if self.config.uds is not None and self.listeners:
+            remove_unix(self.config.uds, self._uds_inode)
         # Each wait below re-checks only when a handler ends, a response is enqueued
         # or a writer detaches.  Calls finish when their response is in the log.
         with trio.move_on_after(self.config.shutdown_grace):

@@ -26,6 +26,7 @@ from typing import Any
 import trio
 
 from weir.app import App, exception_chain
+from weir.common._unix import UnixListenError
 
 #: How many exceptions :func:`explain` looks at before giving up.
 MAX_LINKS = 64
@@ -98,6 +99,8 @@ def explain(exc: BaseException, host: str, port: int) -> str | None:
 
 
 def _listen_failure(exc: OSError, host: str, port: int) -> str:
+    if isinstance(exc, UnixListenError):
+        return f"weir: cannot listen on unix:{exc.filename}: {exc.strerror}"
     where = f"weir: cannot listen on {host}:{port}"
     if isinstance(exc, socket.gaierror):
         return (

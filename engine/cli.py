@@ -16,6 +16,10 @@ server that cannot start says why in one line on stderr and exits with status 1
 SIGINT/SIGTERM shut down gracefully (see ``engine.Server.shutdown``); a second
 signal exits at once.
 
+Every option can come from a ``WEIR_*`` environment variable instead (``--max-sessions``:
+``$WEIR_MAX_SESSIONS``; the command line wins), see :mod:`weir.engine._cli_env`;
+``--reload`` runs the server under a supervisor (:mod:`weir.engine._reload`).
+
 ``--runtime asyncio`` serves the app with :mod:`weir.asyncio` instead of Trio (see
 :mod:`weir.engine._cli_asyncio`, imported only then), with every option served as on
 Trio.
@@ -45,10 +49,13 @@ from weir.protocol import CreditLimits, HttpLimits
 from weir.protocol.forwarded import TrustedProxies
 
 from ._auth import DEFAULT_ALGORITHMS, Authorization, JwtVerifier
+from ._cli_env import blame, document, overlay, typos
+from ._cli_routes import add_route_options, route_paths
 from ._cli_tls import add_tls_options, ssl_context_from_args
 from ._declared_auth import declared_authorization
 from ._jwks import screen_keys
 from ._memory_store import MemoryStore
+from ._reload import add_reload_options, check_reload, run_reloading
 from ._server import Server, ServerConfig
 from ._session_store import SessionStore
 from ._startup import (
@@ -115,6 +122,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--path", default="/mcp", help="endpoint path (default /mcp)")
     s.add_argument(
+        "--uds",
+        metavar="PATH",
+        help="listen on this Unix domain socket instead of --host/--port (one process; "
+        "a stale socket file is replaced, a live server's is not)",
+    )
+    s.add_argument(
         "--json-response",
         action="store_true",
         help="answer requests with application/json instead of SSE streams",
@@ -142,7 +155,10 @@ def _parser() -> argparse.ArgumentParser:
         "sends starts with it (default: none)",
     )
     s.add_argument(
-        "--log-level", default="warning", choices=["debug", "info", "warning", "error", "critical"]
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error", "critical"],
+        help="how much weir logs on stderr (default warning)",
     )
     s.add_argument(
         "--shutdown-grace",
@@ -200,6 +216,8 @@ def _parser() -> argparse.ArgumentParser:
         "more than one needs a shared --store",
     )
     st.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    add_route_options(s)
+    add_reload_options(s)
     d = CreditLimits()
     c = s.add_argument_group("drain credit (per session; see docs/half-open.md)")
     c.add_argument(
@@ -258,7 +276,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="an authorization server advertised in the metadata (default: the issuer)",
     )
+    document(s)
     return p
+
+
+def _serve_parser(top: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The ``serve`` sub-command's parser within ``top`` (from :func:`_parser`)."""
+    (sub,) = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+    serve: argparse.ArgumentParser = sub.choices["serve"]
+    return serve
 
 
 def auth_from_args(args: argparse.Namespace) -> Authorization | None:
@@ -436,6 +462,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if args.shutdown_grace < 0:
         raise SystemExit("weir: --shutdown-grace must be >= 0")
     check_deployment(args.store, args.resume, args.workers)
+    if args.uds is not None and (args.workers > 1 or args.reuse_port):
+        raise SystemExit(
+            "weir: --uds is one process's socket: not with --workers > 1 or --reuse-port"
+        )
     root = _root_path(args.root_path)
     try:
         trusted = TrustedProxies.parse(args.forwarded_allow_ips)
@@ -448,6 +478,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             args.host,
         )
     state_keys = _state_keys(args.state_key_file)
+    metrics_path, legacy_sse_path = route_paths(args)  # (under the root path, if any)
     hosts = None
     if args.allow_host:
         base = ServerConfig(host=args.host).endpoint().allowed_hosts
@@ -483,9 +514,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             port=args.port,
             path=root + args.path,
             root_path=root,
-            legacy_sse_path=root + "/sse",
+            legacy_sse_path=None if legacy_sse_path is None else root + legacy_sse_path,
             legacy_messages_path=root + "/messages",
-            metrics_path=root + "/metrics",
+            metrics_path=None if metrics_path is None else root + metrics_path,
             forwarded_allow_ips=trusted,
             json_response=args.json_response,
             allowed_hosts=hosts,
@@ -496,6 +527,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             replica_id=args.replica_id,
             reuse_port=args.reuse_port or args.workers > 1,
             ssl_context=ssl_context_from_args(args),
+            uds=args.uds,
         )
     except ValueError as exc:
         raise SystemExit(f"weir: {exc}") from None
@@ -725,7 +757,7 @@ def _with_app_security(app: App, config: ServerConfig, *, warn: bool = True) -> 
 
 def _open_warning(config: ServerConfig) -> str | None:
     """The warning for a server reachable from other machines with no authorization."""
-    if config.auth is None and not _is_loopback(config.host):
+    if config.auth is None and config.uds is None and not _is_loopback(config.host):
         return (
             f"weir: WARNING: serving on {config.host} without --auth-*: anyone who can reach "
             "this port can use every session whose id they learn, and open sessions up to "
@@ -754,19 +786,46 @@ def _main_asyncio(args: argparse.Namespace, argv: Sequence[str]) -> int:
     )
 
 
+def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, dict[str, str]]:
+    """``argv`` parsed, with the ``WEIR_*`` variables of the options it does not give
+    (see :mod:`weir.engine._cli_env`); also ``{option: variable}`` for those."""
+    top = _parser()
+    args = top.parse_args(argv)
+    serve = _serve_parser(top)
+    applied = overlay(top, serve, args, argv, os.environ)
+    misspelt = typos(serve, os.environ)
+    if not args.reuse_port:  # (a worker: its parent has warned)
+        for line in misspelt.values():
+            print(line, file=sys.stderr, flush=True)
+    args.misspelt_variables = sorted(misspelt)  # (not handed to a --reload child)
+    return args, applied
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``weir`` console script."""
-    args = _parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args, applied = _parse(given)
+    try:
+        return _serve(args, given)
+    except SystemExit as exc:
+        raise blame(exc, applied) from None
+
+
+def _serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    check_reload(args)
+    if args.reload:
+        config_from_args(args)  # (a bad option is said once, here, not by each child)
+        return run_reloading(args, argv)
     if args.runtime == "asyncio":
-        return _main_asyncio(args, sys.argv[1:] if argv is None else argv)
+        return _main_asyncio(args, argv)
     app = _load(args.app, args.app_dir)
     config = _with_app_security(app, config_from_args(args), warn=not args.reuse_port)
     if args.workers > 1:
         from ._workers import run_workers
 
         _warn_if_open(config)
-        return run_workers(args, config, sys.argv[1:] if argv is None else argv)
+        return run_workers(args, config, argv)
     guard_lifespan(app, args.startup_timeout)
     progress = _Progress()
     try:
