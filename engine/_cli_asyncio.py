@@ -49,6 +49,8 @@ SERVED: frozenset[str] = frozenset(
         "json_response",
         "allow_host",
         "log_level",
+        "log_format",
+        "access_log",
         "credit_frames",
         "credit_bytes",
         "drain_window",

@@ -54,6 +54,7 @@ class Connection:
         "inbound",
         "meter",
         "owners",
+        "peer",
         "poll_delay",
         "poll_due",
         "poller",
@@ -99,6 +100,8 @@ class Connection:
         #: the scope of the requests that used them, least recently used first (see
         #: ``engine._sessionless``; at most ``MAX_OWNERS`` of them).
         self.owners: dict[tuple[str, str], Session] = {}
+        #: The TCP peer's address (what the access log reports as the client).
+        self.peer: object = None
 
     async def send(
         self, data: bytes, marks: Sequence[tuple[int, tuple[Holder, int]]] | None = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 
 from weir.common import METADATA_PATH, REQUEST_ACCESS, Authorization, authenticate, metadata_answer
+from weir.common._access import speaks_for
 from weir.protocol import (
     DeleteSession,
     HttpRequest,
@@ -122,6 +123,7 @@ class Router:
                 who = Requester(access.principal, True, conn.secret)
             else:
                 who = Requester(cfg.principal, False, conn.secret)
+            speaks_for(who.principal, who.authorized)  # (the access log's line)
             if not endpoint and path in (cfg.legacy_sse_path, cfg.legacy_messages_path):
                 await self._legacy(conn, request, who)
                 return

@@ -30,6 +30,7 @@ import ipaddress
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 from collections.abc import Sequence
@@ -39,6 +40,8 @@ import trio
 import weir
 from weir.app import App, load_app
 from weir.common import parse_key
+from weir.common._access import set_key as set_access_key
+from weir.common._logs import configure as configure_logs
 from weir.common._memory import tune_allocator
 from weir.protocol import CreditLimits, HttpLimits
 
@@ -124,9 +127,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="also accept this Host/Origin name (repeatable; '*' disables the check)",
     )
-    s.add_argument(
-        "--log-level", default="warning", choices=["debug", "info", "warning", "error", "critical"]
-    )
+    _log_options(s)
     s.add_argument(
         "--shutdown-grace",
         type=float,
@@ -242,6 +243,34 @@ def _parser() -> argparse.ArgumentParser:
         help="an authorization server advertised in the metadata (default: the issuer)",
     )
     return p
+
+
+def _log_options(s: argparse.ArgumentParser) -> None:
+    """``--log-level``, ``--log-format``, ``--access-log`` (see docs/operations.md)."""
+    g = s.add_argument_group("logs (see docs/operations.md)")
+    g.add_argument(
+        "--log-level", default="warning", choices=["debug", "info", "warning", "error", "critical"]
+    )
+    g.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="text lines, or one JSON object per line (default text)",
+    )
+    g.add_argument(
+        "--access-log",
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help="one line per HTTP request on logger weir.access at INFO (default on)",
+    )
+
+
+def _setup_logs(args: argparse.Namespace) -> None:
+    """Logging as the ``--log-*`` options ask; the worker named on every line."""
+    worker = args.replica_id if args.reuse_port and args.replica_id else "main"
+    if args.workers > 1:
+        worker = "supervisor"
+    configure_logs(args.log_level, fmt=args.log_format, worker=worker, access=args.access_log)
 
 
 def auth_from_args(args: argparse.Namespace) -> Authorization | None:
@@ -690,6 +719,7 @@ def _main_asyncio(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     app = _load(args.app, args.app_dir)
     config = _with_app_security(app, config_from_args(args), warn=not args.reuse_port)
+    set_access_key(config.state_keys[0] if config.state_keys else secrets.token_bytes(32))
     if args.workers > 1:  # (each worker is `weir serve --runtime asyncio` again)
         from ._workers import run_workers
 
@@ -706,11 +736,12 @@ def _main_asyncio(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``weir`` console script."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    _setup_logs(args)
     if args.runtime == "asyncio":
         return _main_asyncio(args, sys.argv[1:] if argv is None else argv)
     app = _load(args.app, args.app_dir)
     config = _with_app_security(app, config_from_args(args), warn=not args.reuse_port)
+    set_access_key(config.state_keys[0] if config.state_keys else secrets.token_bytes(32))
     if args.workers > 1:
         from ._workers import run_workers
 
