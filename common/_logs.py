@@ -24,9 +24,12 @@ import logging
 import sys
 import time
 from collections.abc import Mapping
+from typing import TypeVar
 
 #: weir's lifecycle lines (store, drain, workers): operators' events, at INFO.
 OPS = logging.getLogger("weir.ops")
+
+_E = TypeVar("_E", bound=BaseException)
 
 _THIRD_PARTY = ("coredis", "h11", "hpack", "asyncio", "trio", "jwt", "urllib3")
 
@@ -111,3 +114,78 @@ def configure(level: str, *, fmt: str = "text", worker: str = "main", access: bo
     access_logger = logging.getLogger("weir.access")
     access_logger.setLevel(logging.INFO if access else logging.CRITICAL + 1)
     access_logger.disabled = not access
+
+
+class StoreHealth:
+    """The store's lifecycle lines: connected, lost (once per outage, however many
+    requests fail in it), recovered (the first success after).  Both runtimes' stores
+    call it from their one operation wrapper."""
+
+    __slots__ = ("down", "where")
+
+    def __init__(self, where: str) -> None:
+        self.where = where  # (redacted: no password)
+        self.down = False
+
+    def connected(self) -> None:
+        """The store answered at start-up."""
+        OPS.info("store connected: %s", self.where, extra={"fields": {"event": "store_connected"}})
+
+    def lost(self, exc: _E) -> _E:
+        """An operation failed for want of the store; returns ``exc`` (to raise)."""
+        if not self.down:
+            self.down = True
+            OPS.warning(
+                "store lost: %s: %s",
+                self.where,
+                exc,
+                extra={"fields": {"event": "store_lost", "store": self.where}},
+            )
+        return exc
+
+    def up(self) -> None:
+        """An operation succeeded."""
+        if self.down:
+            self.down = False
+            OPS.warning(
+                "store recovered: %s",
+                self.where,
+                extra={"fields": {"event": "store_recovered", "store": self.where}},
+            )
+
+
+class DrainReport:
+    """The shutdown drain's lines: its start (calls running, the grace), progress when
+    the count changes (at most one line a second), and its end (how many calls the
+    grace did not cover: those are cancelled).  Times come from the runtime's clock."""
+
+    def __init__(self, running: int, grace: float, now: float) -> None:
+        self._end = now + grace
+        self._last = running
+        self._said = now
+        OPS.info(
+            "drain: %d calls running, %.1f s of grace",
+            running,
+            grace,
+            extra={"fields": {"event": "drain_started", "running": running, "left_s": grace}},
+        )
+
+    def progress(self, running: int, now: float) -> None:
+        """``running`` calls still run at ``now``."""
+        if running != self._last and now - self._said >= 1.0:
+            self._last, self._said = running, now
+            left = max(0.0, self._end - now)
+            OPS.info(
+                "drain: %d calls still running, %.1f s left",
+                running,
+                left,
+                extra={"fields": {"event": "drain_progress", "running": running, "left_s": left}},
+            )
+
+    def done(self, running: int) -> None:
+        """The grace is over or nothing runs: ``running`` calls are cancelled."""
+        OPS.info(
+            "drain done: %d calls cancelled",
+            running,
+            extra={"fields": {"event": "drain_done", "cancelled": running}},
+        )

@@ -55,6 +55,7 @@ import trio
 
 from weir.app import App
 from weir.common import StateSealer, new_key
+from weir.common._logs import DrainReport
 
 from ._calls import REBIND_METHOD as REBIND_METHOD
 from ._calls import Calls
@@ -267,11 +268,18 @@ class Server:
         await self._accepting_done.wait()
         for listener in self.listeners:
             await listener.aclose()
+
         # Each wait below re-checks only when a handler ends, a response is enqueued
         # or a writer detaches.  Calls finish when their response is in the log.
+        def running() -> int:
+            return sum(s.inflight for s in (*self.sessions.values(), *self.owners))
+
+        report = DrainReport(running(), self.config.shutdown_grace, trio.current_time())
         with trio.move_on_after(self.config.shutdown_grace):
             while any(s.running or s.inflight for s in (*self.sessions.values(), *self.owners)):
                 await shared.activity()
+                report.progress(running(), trio.current_time())
+        report.done(running())
         self._changes.end_subscriptions()
         for session in self.sessions.values():
             for h in session.handles.values():

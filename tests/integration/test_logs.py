@@ -1,0 +1,215 @@
+"""What ``weir serve`` logs, read from a real server process's stderr, on both runtimes.
+
+One access line per request with the right fields (text and JSON), a refusal's line
+carrying its reason, never a raw session id anywhere; a store that goes away and
+comes back logs one "lost" and one "recovered" line; a shutdown with a call running
+logs the drain's start and how many calls it cancelled.  Waits are on what the
+server writes (bounded), never on how long something takes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import trio
+
+from .conftest import ValkeyProcess
+from .rawhttp import Client, call, initialize, raw_request
+from .serverproc import WeirProcess
+
+RUNTIMES = ("trio", "asyncio")
+STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
+
+
+async def wait_for(server: WeirProcess, done: Callable[[str], bool], what: str) -> str:
+    """The server's stderr once ``done(stderr)`` (at most 20 s)."""
+    with trio.move_on_after(20):
+        while not done(server.stderr(limit=10**7)):
+            await trio.sleep(0.05)
+    text = server.stderr(limit=10**7)
+    assert done(text), f"never saw {what}\n{server.output()}"
+    return text
+
+
+def access_lines(text: str, fmt: str) -> list[dict[str, Any]]:
+    """The access lines in ``text``, as dicts of their fields."""
+    out = []
+    for line in text.splitlines():
+        if fmt == "json":
+            if line.startswith("{") and '"weir.access"' in line:
+                out.append(json.loads(line))
+        elif " weir.access: " in line:
+            assert re.match(rf"^{STAMP} INFO \[main\] weir\.access: ", line), line
+            _, _, rest = line.partition(" weir.access: ")
+            method, path, *pairs = rest.split(" ")
+            fields: dict[str, Any] = dict(p.split("=", 1) for p in pairs)
+            fields.update(method=method, path=path, mcp_method=fields.pop("mcp"))
+            fields["status"] = int(fields["status"])
+            fields["bytes_sent"] = int(fields.pop("bytes"))
+            fields["duration_ms"] = float(fields.pop("ms"))
+            out.append(fields)
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_one_access_line_per_request_with_its_fields(runtime: str, fmt: str) -> None:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        server = WeirProcess("demo", out, err, ("--log-format", fmt), driver=runtime)
+        try:
+            with trio.fail_after(30):
+                c = await Client.connect(server.port)
+                try:
+                    sid = await initialize(c)  # initialize + notifications/initialized
+                    echo = await c.request(
+                        "POST", "/mcp", call(1, "echo", {"text": "hi"}), session=sid
+                    )
+                    assert echo.status == 200
+                    gone = await c.request(
+                        "POST", "/mcp", call(2, "echo", {"text": "x"}), session="nope"
+                    )
+                    assert gone.status == 404 and gone.reason == "session_not_found"
+                finally:
+                    await c.aclose()
+                text = await wait_for(
+                    server, lambda t: len(access_lines(t, fmt)) >= 4, "four access lines"
+                )
+        finally:
+            server.stop()
+        text = server.stderr(limit=10**7)
+    lines = access_lines(text, fmt)
+    assert [line["mcp_method"] for line in lines] == [
+        "initialize",
+        "notifications/initialized",
+        "tools/call",
+        "tools/call",
+    ], text
+    _, _, tool_call, refused = lines
+    assert tool_call["method"] == "POST" and tool_call["path"] == "/mcp"
+    assert tool_call["tool"] == "echo" and tool_call["status"] == 200
+    assert tool_call["reason"] == "-" and tool_call["bytes_sent"] > 0
+    assert tool_call["duration_ms"] >= 0 and re.fullmatch(r"[0-9a-f]{12}", tool_call["session"])
+    assert tool_call["principal"] == "-"  # (no authorization: nobody vouched)
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", tool_call["client"])
+    assert refused["status"] == 404 and refused["reason"] == "session_not_found"
+    assert refused["session"] not in ("-", tool_call["session"])
+    # The session id is a bearer secret: never in the logs, in any form we wrote.
+    assert sid not in text and "nope" not in text
+    if fmt == "json":
+        for line in text.splitlines():
+            if line.startswith("{"):
+                entry = json.loads(line)
+                assert re.fullmatch(STAMP, entry["ts"]) and entry["worker"] == "main"
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_no_access_log_writes_no_access_line(runtime: str) -> None:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        server = WeirProcess("demo", out, err, ("--no-access-log",), driver=runtime)
+        try:
+            with trio.fail_after(30):
+                c = await Client.connect(server.port)
+                try:
+                    await initialize(c)
+                finally:
+                    await c.aclose()
+        finally:
+            server.stop()
+        assert "weir.access" not in server.stderr(limit=10**7)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_store_outage_logs_one_lost_and_one_recovered_line(
+    runtime: str, private_valkey: ValkeyProcess
+) -> None:
+    args = ("--store", private_valkey.url, "--log-format", "json")
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        server = WeirProcess("demo", out, err, args, driver=runtime)
+        try:
+            with trio.fail_after(60):
+                c = await Client.connect(server.port)
+                try:
+                    await initialize(c)
+                finally:
+                    await c.aclose()
+                private_valkey.stop()
+                for _ in range(3):  # several requests fail: one "lost" line
+                    c = await Client.connect(server.port)
+                    try:
+                        init = await c.request("POST", "/mcp", _init())
+                        assert init.status == 503, init
+                    finally:
+                        await c.aclose()
+                private_valkey.start()
+                status, tries = 0, 0
+                while status != 200 and tries < 200:  # until the client reconnects
+                    tries += 1
+                    c = await Client.connect(server.port)
+                    try:
+                        status = (await c.request("POST", "/mcp", _init())).status
+                    finally:
+                        await c.aclose()
+                    if status != 200:
+                        await trio.sleep(0.1)
+                assert status == 200, server.output()
+                await wait_for(server, lambda t: "store recovered" in t, "the recovery")
+        finally:
+            server.stop()
+        events = [
+            json.loads(line).get("event")
+            for line in server.stderr(limit=10**7).splitlines()
+            if line.startswith("{") and '"weir.ops"' in line
+        ]
+    assert events.count("store_connected") == 1, events
+    assert events.count("store_lost") == 1, events
+    assert events.count("store_recovered") == 1, events
+    assert events.index("store_lost") < events.index("store_recovered")
+
+
+def _init() -> dict[str, Any]:
+    params = {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "logs-test", "version": "0"},
+    }
+    return {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params}
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_shutdown_with_a_call_running_logs_the_drain(runtime: str) -> None:
+    args = ("--shutdown-grace", "1", "--log-format", "json")
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        server = WeirProcess("demo", out, err, args, driver=runtime)
+        try:
+            with trio.fail_after(30):
+                c = await Client.connect(server.port)
+                sid = await initialize(c)
+                body = json.dumps(call(3, "countdown", {"seconds": 60})).encode()
+                headers = {"mcp-session-id": sid}
+                await c.send_raw(raw_request("POST", "/mcp", body=body, headers=headers))
+                seen = b""
+                while b"s left" not in seen:  # the call is running: it reported progress
+                    chunk = await c.stream.receive_some(65536)
+                    assert chunk, seen
+                    seen += chunk
+                server.proc.send_signal(signal.SIGINT)
+                text = await wait_for(server, lambda t: "drain_done" in t, "the drain's end")
+                await c.aclose()
+        finally:
+            server.stop()
+    ops = [
+        json.loads(line)
+        for line in text.splitlines()
+        if line.startswith("{") and '"weir.ops"' in line
+    ]
+    started = next(o for o in ops if o.get("event") == "drain_started")
+    assert started["running"] == 1 and started["left_s"] == 1.0, ops
+    done = next(o for o in ops if o.get("event") == "drain_done")
+    assert done["cancelled"] == 1, ops
+    assert sid not in text
