@@ -13,7 +13,7 @@ line: the record is the log call's one argument, rendered by ``str()`` (text) or
 read field by field (:mod:`weir.common._logs`'s JSON formatter).
 
 Session ids are bearer secrets and never logged: :func:`tag` gives a keyed hash
-(HMAC-SHA-256 under a key derived from the request-state keys, first 12 hex digits),
+(keyed BLAKE2b, 12 hex digits, under a key derived from the first request-state key),
 the same on every replica given the same ``--state-key-file`` (or on every worker
 of one ``--workers`` parent, which shares its keys), so one session's lines can be
 followed across replicas; without shared keys each process hashes with its own.
@@ -43,7 +43,7 @@ ACCESS = logging.getLogger("weir.access")
 #: The record of the request being served in this task (None: the log is off).
 CURRENT: ContextVar[AccessRecord | None] = ContextVar("weir_access_record", default=None)
 
-_KEY = [hashlib.sha256(b"weir access log: no key set").digest()]
+_KEY = [hashlib.sha256(b"weir access log: no key set").digest()]  # (set_key replaces it)
 
 
 def set_key(state_key: bytes) -> None:
@@ -53,7 +53,7 @@ def set_key(state_key: bytes) -> None:
 
 def tag(value: str) -> str:
     """A keyed hash of ``value`` (12 hex digits): correlates, never reveals."""
-    return hmac.new(_KEY[0], value.encode(), hashlib.sha256).hexdigest()[:12]
+    return hashlib.blake2b(value.encode(), key=_KEY[0], digest_size=6).hexdigest()
 
 
 def enabled() -> bool:
@@ -242,3 +242,11 @@ def speaks_for(principal: str, authorized: bool) -> None:
     record = CURRENT.get()
     if record is not None:
         record.speaks_for(principal, authorized)
+
+
+def new_session(session_id: str) -> None:
+    """The current request (an initialize) made session ``session_id``: its line
+    names it (hashed), so the session's first line is found with the rest."""
+    record = CURRENT.get()
+    if record is not None and record.session == "-":
+        record.session = tag(session_id)

@@ -19,15 +19,18 @@ asyncio, trio) at WARNING unless ``--log-level debug``.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
 from collections.abc import Mapping
 from typing import TypeVar
 
+import msgspec
+
 #: weir's lifecycle lines (store, drain, workers): operators' events, at INFO.
 OPS = logging.getLogger("weir.ops")
+
+_encode = msgspec.json.Encoder(enc_hook=str).encode
 
 _E = TypeVar("_E", bound=BaseException)
 
@@ -91,12 +94,16 @@ class JsonFormatter(logging.Formatter):
                 out.setdefault(key, value)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str, ensure_ascii=False)
+        return _encode(out).decode()
 
 
 def configure(level: str, *, fmt: str = "text", worker: str = "main", access: bool = True) -> None:
     """Send every logger's lines to stderr in ``fmt`` (``text`` or ``json``), levels as
     the module docstring says.  Replaces any handler the root already has."""
+    # No caller, thread or process lookups per record: the formatters use none, and
+    # the access log is on the hot path.
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     root = logging.getLogger()
     for old in root.handlers[:]:
         root.removeHandler(old)

@@ -90,7 +90,8 @@ async def test_one_access_line_per_request_with_its_fields(runtime: str, fmt: st
         "tools/call",
         "tools/call",
     ], text
-    _, _, tool_call, refused = lines
+    init, _, tool_call, refused = lines
+    assert init["session"] == tool_call["session"]  # (the new session's line names it)
     assert tool_call["method"] == "POST" and tool_call["path"] == "/mcp"
     assert tool_call["tool"] == "echo" and tool_call["status"] == 200
     assert tool_call["reason"] == "-" and tool_call["bytes_sent"] > 0
