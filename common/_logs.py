@@ -3,11 +3,12 @@
 Theory of operation
 -------------------
 :func:`configure` replaces ``logging.basicConfig``.  Every line carries the time
-(ISO 8601, UTC, milliseconds), the level, the logger, and the worker (the
-``--replica-id`` of a ``--workers`` child, ``main`` for a single process,
-``supervisor`` for the ``--workers`` parent).  A record that carries ``fields`` (the
-access log's :class:`~weir.common._access.AccessRecord`, or a mapping a lifecycle
-line passes as ``extra={"fields": {...}}``) gets them as JSON keys of their own; the
+(ISO 8601, UTC, milliseconds), the level, the logger, and the worker (its
+``--replica-id``, which a ``--workers`` parent gives each child as ``<id>-<n>``;
+``main`` without one; ``supervisor`` for the ``--workers`` parent).  A record
+that carries ``fields`` (the access log's
+:class:`~weir.common._access.AccessRecord`, or a mapping a lifecycle line
+passes as ``extra={"fields": {...}}``) gets them as JSON keys of their own; the
 text line shows the message alone (which already names them).
 
 Levels: ``--log-level`` sets the root; the access log (``weir.access``) is at INFO
@@ -128,19 +129,22 @@ class StoreHealth:
     requests fail in it), recovered (the first success after).  Both runtimes' stores
     call it from their one operation wrapper."""
 
-    __slots__ = ("down", "where")
+    __slots__ = ("down", "served", "where")
 
     def __init__(self, where: str) -> None:
         self.where = where  # (redacted: no password)
         self.down = False
+        #: It answered at start-up (before that, a failure is the start-up's to say).
+        self.served = False
 
     def connected(self) -> None:
         """The store answered at start-up."""
+        self.served = True
         OPS.info("store connected: %s", self.where, extra={"fields": {"event": "store_connected"}})
 
     def lost(self, exc: _E) -> _E:
         """An operation failed for want of the store; returns ``exc`` (to raise)."""
-        if not self.down:
+        if not self.down and self.served:
             self.down = True
             OPS.warning(
                 "store lost: %s: %s",

@@ -267,9 +267,7 @@ def _log_options(s: argparse.ArgumentParser) -> None:
 
 def _setup_logs(args: argparse.Namespace) -> None:
     """Logging as the ``--log-*`` options ask; the worker named on every line."""
-    worker = args.replica_id if args.reuse_port and args.replica_id else "main"
-    if args.workers > 1:
-        worker = "supervisor"
+    worker = "supervisor" if args.workers > 1 else args.replica_id or "main"
     configure_logs(args.log_level, fmt=args.log_format, worker=worker, access=args.access_log)
 
 

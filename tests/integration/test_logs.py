@@ -214,3 +214,35 @@ async def test_a_shutdown_with_a_call_running_logs_the_drain(runtime: str) -> No
     done = next(o for o in ops if o.get("event") == "drain_done")
     assert done["cancelled"] == 1, ops
     assert sid not in text
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_workers_name_themselves_and_the_parent_logs_their_lives(
+    runtime: str, valkey_url: str
+) -> None:
+    args = ("--workers", "2", "--store", valkey_url, "--replica-id", "r", "--log-format", "json")
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        server = WeirProcess("demo", out, err, args, driver=runtime)
+        try:
+            with trio.fail_after(60):
+                for _ in range(4):
+                    c = await Client.connect(server.port)
+                    try:
+                        await initialize(c)
+                    finally:
+                        await c.aclose()
+                await wait_for(
+                    server, lambda t: len(access_lines(t, "json")) >= 8, "eight access lines"
+                )
+            server.proc.send_signal(signal.SIGINT)  # (forwarded to every worker)
+            assert server.proc.wait(30) == 0, server.output()
+        finally:
+            server.stop()
+        text = server.stderr(limit=10**7)
+    entries = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    assert {e["worker"] for e in entries if e["logger"] == "weir.access"} <= {"r-0", "r-1"}
+    ops = [e for e in entries if e["logger"] == "weir.ops" and e["worker"] == "supervisor"]
+    started = sorted(e["replica"] for e in ops if e["event"] == "worker_started")
+    exited = sorted((e["replica"], e["status"]) for e in ops if e["event"] == "worker_exited")
+    assert started == ["r-0", "r-1"], ops
+    assert exited == [("r-0", 0), ("r-1", 0)], ops
