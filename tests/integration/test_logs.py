@@ -14,6 +14,7 @@ import re
 import signal
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ import trio
 from .conftest import ValkeyProcess
 from .rawhttp import Client, call, initialize, raw_request
 from .serverproc import WeirProcess
+from .test_auth import ISSUER, RESOURCE, jwks, token
 
 RUNTIMES = ("trio", "asyncio")
 STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
@@ -246,3 +248,39 @@ async def test_workers_name_themselves_and_the_parent_logs_their_lives(
     exited = sorted((e["replica"], e["status"]) for e in ops if e["event"] == "worker_exited")
     assert started == ["r-0", "r-1"], ops
     assert exited == [("r-0", 0), ("r-1", 0)], ops
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_principal_is_logged_hashed_and_a_refusal_with_its_reason(
+    runtime: str, tmp_path: Path
+) -> None:
+    keys = tmp_path / "jwks.json"
+    keys.write_text(json.dumps(jwks()))
+    args = (
+        "--auth-issuer", ISSUER, "--auth-resource", RESOURCE,
+        "--auth-jwks-file", str(keys), "--auth-scope", "mcp", "--log-format", "json",
+    )  # fmt: skip
+    bearer = token("alice-in-the-logs")
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        server = WeirProcess("demo", out, err, args, driver=runtime)
+        try:
+            with trio.fail_after(30):
+                c = await Client.connect(server.port)
+                try:
+                    refused = await c.request("POST", "/mcp", _init())
+                    assert refused.status == 401
+                    auth = {"authorization": f"Bearer {bearer}"}
+                    served = await c.request("POST", "/mcp", _init(), headers=auth)
+                    assert served.status == 200
+                finally:
+                    await c.aclose()
+                text = await wait_for(
+                    server, lambda t: len(access_lines(t, "json")) >= 2, "two access lines"
+                )
+        finally:
+            server.stop()
+    first, second = access_lines(text, "json")
+    assert first["status"] == 401 and first["reason"] == refused.reason != "-", first
+    assert first["principal"] == "-"
+    assert second["status"] == 200 and re.fullmatch(r"[0-9a-f]{12}", second["principal"])
+    assert "alice-in-the-logs" not in text and bearer not in text
