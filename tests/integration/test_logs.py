@@ -9,6 +9,7 @@ server writes (bounded), never on how long something takes.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import signal
@@ -131,7 +132,8 @@ async def test_no_access_log_writes_no_access_line(runtime: str) -> None:
 async def test_a_store_outage_logs_one_lost_and_one_recovered_line(
     runtime: str, private_valkey: ValkeyProcess
 ) -> None:
-    args = ("--store", private_valkey.url, "--log-format", "json")
+    # (--log-level info: the client library's own chatter must still stay out)
+    args = ("--store", private_valkey.url, "--log-format", "json", "--log-level", "info")
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         server = WeirProcess("demo", out, err, args, driver=runtime)
         try:
@@ -164,11 +166,11 @@ async def test_a_store_outage_logs_one_lost_and_one_recovered_line(
                 await wait_for(server, lambda t: "store recovered" in t, "the recovery")
         finally:
             server.stop()
-        events = [
-            json.loads(line).get("event")
-            for line in server.stderr(limit=10**7).splitlines()
-            if line.startswith("{") and '"weir.ops"' in line
-        ]
+        text = server.stderr(limit=10**7)
+        entries = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        events = [e.get("event") for e in entries if e["logger"] == "weir.ops"]
+    assert not [e for e in entries if not e["logger"].startswith("weir")], text
+    assert "NoneType: None" not in text
     assert events.count("store_connected") == 1, events
     assert events.count("store_lost") == 1, events
     assert events.count("store_recovered") == 1, events
@@ -284,3 +286,43 @@ async def test_a_principal_is_logged_hashed_and_a_refusal_with_its_reason(
     assert first["principal"] == "-"
     assert second["status"] == 200 and re.fullmatch(r"[0-9a-f]{12}", second["principal"])
     assert "alice-in-the-logs" not in text and bearer not in text
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_replicas_sharing_keys_hash_a_session_alike(
+    runtime: str, valkey_url: str, tmp_path: Path
+) -> None:
+    keys = tmp_path / "state.keys"
+    keys.write_text(base64.b64encode(bytes(range(32))).decode() + "\n")
+    args = ("--store", valkey_url, "--state-key-file", str(keys), "--log-format", "json")
+    with (
+        tempfile.TemporaryFile() as out_a,
+        tempfile.TemporaryFile() as err_a,
+        tempfile.TemporaryFile() as out_b,
+        tempfile.TemporaryFile() as err_b,
+    ):
+        a = WeirProcess("demo", out_a, err_a, args, driver=runtime)
+        b = WeirProcess("demo", out_b, err_b, args, driver="trio")
+        try:
+            with trio.fail_after(30):
+                c = await Client.connect(a.port)
+                try:
+                    sid = await initialize(c)
+                finally:
+                    await c.aclose()
+                c = await Client.connect(b.port)
+                try:
+                    echo = call(1, "echo", {"text": "elsewhere"})
+                    assert (await c.request("POST", "/mcp", echo, session=sid)).status == 200
+                finally:
+                    await c.aclose()
+                text_a = await wait_for(a, lambda t: len(access_lines(t, "json")) >= 2, "A's lines")
+                text_b = await wait_for(b, lambda t: len(access_lines(t, "json")) >= 1, "B's line")
+        finally:
+            a.stop()
+            b.stop()
+    made = access_lines(text_a, "json")[0]
+    used = access_lines(text_b, "json")[0]
+    assert made["mcp_method"] == "initialize" and used["tool"] == "echo"
+    assert made["session"] == used["session"] != "-"
+    assert sid not in text_a + text_b
