@@ -313,7 +313,12 @@ class Connections:
                 event = http.next_event()
                 if not isinstance(event, HttpRequest):
                     return
-                await self._respond(conn, [event])
+                record = _begin(conn, event) if access_log_on() else None
+                try:
+                    await self._respond(conn, [event])
+                finally:
+                    if record is not None:
+                        _end(conn, record)
                 if http.should_close:
                     return
 
