@@ -100,12 +100,22 @@ class _Refusal(msgspec.Struct):
 _refusal = msgspec.json.Decoder(_Refusal)
 
 
+def _clean(text: str, limit: int = 64) -> str:
+    """``text`` (a client's) fit for one log line: at most ``limit`` characters, each
+    visible ASCII (anything else, spaces and line breaks included, is ``?``), so a
+    client can neither break a line nor forge a field."""
+    text = text[:limit]
+    if text.isascii() and text.isprintable() and " " not in text:
+        return text or "?"
+    return "".join(c if "!" <= c <= "~" else "?" for c in text) or "?"
+
+
 def _mcp(headers: Headers, body: bytes) -> tuple[str, str]:
     """(MCP method, tool name) of a request: the ``Mcp-Method`` / ``Mcp-Name``
     headers, else the body's (a batch is ``batch``; a response ``-``)."""
     method = headers.get("mcp-method")
     if method is not None:
-        return method[:64], (headers.get("mcp-name") or "-")[:64]
+        return _clean(method), _clean(headers.get("mcp-name") or "-")
     if not body:
         return "-", "-"
     if body.lstrip()[:1] == b"[":
@@ -117,8 +127,8 @@ def _mcp(headers: Headers, body: bytes) -> tuple[str, str]:
     if not isinstance(peek.method, str):
         return "-", "-"
     name = peek.params.name if peek.params is not None else None
-    tool = name[:64] if peek.method == "tools/call" and isinstance(name, str) else "-"
-    return peek.method[:64], tool
+    tool = _clean(name) if peek.method == "tools/call" and isinstance(name, str) else "-"
+    return _clean(peek.method), tool
 
 
 def refusal_reason(body: bytes) -> str:
@@ -129,7 +139,7 @@ def refusal_reason(body: bytes) -> str:
         return "-"
     if err is None or err.data is None or not isinstance(err.data.reason, str):
         return "-"
-    return err.data.reason[:64]
+    return _clean(err.data.reason)
 
 
 #: The keys of a line, in order (the JSON formatter's keys, the text line's order).
@@ -189,7 +199,7 @@ class AccessRecord:
         """A record for a complete request, at ``now`` (the runtime's monotonic
         clock, seconds) with ``written`` bytes already sent on its connection."""
         r = cls()
-        r.method, r.path = method[:16], target.split("?", 1)[0][:256]
+        r.method, r.path = _clean(method, 16), _clean(target.split("?", 1)[0], 256)
         if method == "POST":
             r.mcp_method, r.tool = _mcp(headers, body)
         sid = headers.get("mcp-session-id")

@@ -326,3 +326,26 @@ async def test_replicas_sharing_keys_hash_a_session_alike(
     assert made["mcp_method"] == "initialize" and used["tool"] == "echo"
     assert made["session"] == used["session"] != "-"
     assert sid not in text_a + text_b
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_client_cannot_break_or_forge_an_access_line(runtime: str) -> None:
+    forged = "x\n2026-01-01T00:00:00.000Z INFO [main] weir.access: GET /admin status=200"
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        server = WeirProcess("demo", out, err, (), driver=runtime)
+        try:
+            with trio.fail_after(30):
+                c = await Client.connect(server.port)
+                try:
+                    sid = await initialize(c)
+                    await c.request("POST", "/mcp", call(1, forged, {}), session=sid)
+                finally:
+                    await c.aclose()
+                text = await wait_for(
+                    server, lambda t: len(access_lines(t, "text")) >= 3, "three access lines"
+                )
+        finally:
+            server.stop()
+    lines = access_lines(text, "text")
+    assert len(lines) == 3 and lines[2]["tool"].startswith("x?2026-01-01T00:00:00.000Z?INFO")
+    assert not any(line.startswith("2026-01-01") for line in text.splitlines())
