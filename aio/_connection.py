@@ -34,9 +34,13 @@ import logging
 import math
 import socket
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from weir.common import as_seen
+from weir.common._access import CURRENT as CURRENT_ACCESS
+from weir.common._access import AccessRecord, speaks_for
+from weir.common._access import enabled as access_log_on
 from weir.engine._store_errors import StoreUnavailable
 from weir.protocol import (
     NEED_DATA,
@@ -229,12 +233,25 @@ class Connection:
                 elif isinstance(event, HttpRequest):
                     clock.request_done()
                     self._give_back()  # (complete: its bytes are the request's now)
-                    await self.respond(event)
+                    if access_log_on():
+                        record = self._begin(event)
+                        try:
+                            await self.respond(event)
+                        finally:
+                            self._end(record)
+                    else:
+                        await self.respond(event)
                     if conn.should_close:
                         break
                 elif isinstance(event, HttpError):
                     self.driver.metrics.refused(str(event.reason))
-                    await self.send(conn.data_to_send())
+                    out = conn.data_to_send()
+                    await self.send(out)
+                    if access_log_on():
+                        peer = self.writer.get_extra_info("peername")
+                        AccessRecord.refused(
+                            event.status, str(event.reason), peer=peer, nbytes=len(out)
+                        ).emit()
                     await self._linger(reader)
                     break
                 else:  # ConnectionClosed
@@ -265,6 +282,28 @@ class Connection:
             self.writer.close()
             with contextlib.suppress(ConnectionError, TimeoutError):
                 await asyncio.wait_for(self.writer.wait_closed(), 1.0)
+
+    def _begin(self, request: HttpRequest) -> AccessRecord:
+        """The access-log record of ``request``, current in this task from now."""
+        self.conn.status = 0  # (no response yet: the previous one's must not show)
+        record = AccessRecord.begin(
+            request.method,
+            request.target,
+            request.headers,
+            request.body,
+            peer=self.writer.get_extra_info("peername"),
+            now=time.perf_counter(),
+            written=self.acks.written,
+        )
+        CURRENT_ACCESS.set(record)
+        return record
+
+    def _end(self, record: AccessRecord) -> None:
+        """The response to ``record``'s request has ended (or the connection has)."""
+        CURRENT_ACCESS.set(None)
+        conn = self.conn
+        record.end(conn.status, conn.error_body, now=time.perf_counter(), written=self.acks.written)
+        record.emit()
 
     def _charge(self, n: int) -> bool:
         """Count ``n`` more bytes of a request not yet complete against the driver's
@@ -327,6 +366,7 @@ class Connection:
             # Who this request speaks for: handed to everything below, never kept on
             # the connection (its next request may speak for someone else).
             who = await identify(auth, request)
+            speaks_for(who.principal, who.authorized)  # (the access log's line)
             if is_legacy(self, request):  # (the 2024-11-05 transport's two paths)
                 await serve_legacy(self, request, who)
                 return

@@ -31,6 +31,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
+from weir.common._logs import DrainReport
 from weir.protocol import Reason, RemoteProtocolError
 
 if TYPE_CHECKING:
@@ -65,6 +66,13 @@ def _busy(driver: AsyncioDriver) -> bool:
     )
 
 
+def _running(driver: AsyncioDriver) -> int:
+    """Requests admitted before the drain and not yet answered."""
+    holders = (*driver.sessions.values(), *driver.owners)
+    inflight = sum(s.flow.inflight for s in holders if not s.closed)
+    return max(inflight, len(driver._runs - driver._loops))
+
+
 def _writing(driver: AsyncioDriver) -> bool:
     return any(s.stream_writers for s in driver.sessions.values())
 
@@ -80,7 +88,15 @@ async def _wait_while(condition: Callable[[], bool], seconds: float) -> None:
 async def drain(driver: AsyncioDriver, grace: float) -> None:
     """Drain ``driver`` (see the module docstring); its listener is closed already."""
     driver.closing = True
-    await _wait_while(lambda: _busy(driver), grace)
+    loop = asyncio.get_running_loop()
+    report = DrainReport(_running(driver), grace, loop.time())
+
+    def busy() -> bool:
+        report.progress(_running(driver), loop.time())
+        return _busy(driver)
+
+    await _wait_while(busy, grace)
+    report.done(_running(driver))
     await driver._end_subscriptions()
     for session in list(driver.sessions.values()):
         for epoch in list(session.stream_writers):

@@ -83,6 +83,7 @@ class AsyncioRedisStore(RedisStore):
         except BaseException:
             await self.aclose()
             raise
+        self.health.connected()
 
     async def _own_aio(self, ready: asyncio.Event) -> None:
         """The task that owns the coredis client and the pipe (see the module docstring)."""
@@ -122,26 +123,30 @@ class AsyncioRedisStore(RedisStore):
         if self._closed:
             raise StoreUnavailable(f"{what}: the store {self._where} is closed")
         if not self._entered:
-            raise StoreUnavailable(
-                f"{what}: the client of {self._where} stopped: {self._failure!r}"
+            raise self.health.lost(
+                StoreUnavailable(f"{what}: the client of {self._where} stopped: {self._failure!r}")
             ) from self._failure
-        deadline = asyncio.timeout(self.timeout)
+        deadline, lost = asyncio.timeout(self.timeout), self.health.lost
         try:
             if piped:  # the pipe's watchdog is the deadline
-                return await op()
-            async with deadline:
-                return await op()
+                out = await op()
+            else:
+                async with deadline:
+                    out = await op()
         except TimeoutError as exc:
             if deadline.expired():
-                raise StoreUnavailable(
-                    f"{what}: no answer from {self._where} within {self.timeout}s"
+                raise lost(
+                    StoreUnavailable(f"{what}: no answer from {self._where} within {self.timeout}s")
                 ) from exc
-            raise StoreUnavailable(f"{what}: {self._where} unavailable: {exc}") from exc
+            raise lost(StoreUnavailable(f"{what}: {self._where} unavailable: {exc}")) from exc
         except Exception as exc:
             if isinstance(exc, StoreUnavailable):
-                raise
+                raise lost(exc)  # noqa: B904 (the same exception, its cause kept)
             if _is_outage(exc) or not self._entered:
-                raise StoreUnavailable(f"{what}: {self._where} unavailable: {exc}") from exc
+                raise lost(StoreUnavailable(f"{what}: {self._where} unavailable: {exc}")) from exc
             if isinstance(exc, cx.ResponseError):  # WRONGTYPE, a script failing on bad data
                 raise StoreUnavailable(f"{what}: {self._where} refused: {exc}") from exc
             raise
+        if self.health.down:
+            self.health.up()
+        return out

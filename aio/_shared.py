@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from weir.app import Caller
+from weir.common._access import new_session
 from weir.engine._memory_store import MemoryStore
 from weir.engine._session_store import SessionStore
 from weir.engine._store_errors import ChannelRejected, RetentionFull, SessionGone, StoreUnavailable
@@ -193,6 +194,7 @@ class SharedState:
         )
         try:
             await self.store.create_session(record)
+            new_session(record.session_id)  # (the access log's line)
         except StoreUnavailable:
             raise store_unavailable(request_id) from None
         self._touched[record.session_id] = loop.time()

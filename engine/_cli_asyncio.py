@@ -51,6 +51,8 @@ SERVED: frozenset[str] = frozenset(
         "forwarded_allow_ips",
         "root_path",
         "log_level",
+        "log_format",
+        "access_log",
         "credit_frames",
         "credit_bytes",
         "drain_window",

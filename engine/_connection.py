@@ -49,6 +49,7 @@ class Connection:
     """A client connection (see the module docstring)."""
 
     __slots__ = (
+        "address",
         "closed",
         "http",
         "inbound",
@@ -76,9 +77,12 @@ class Connection:
         peer: str = "",
     ) -> None:
         self.stream = stream
-        #: The TCP peer's address (``""``: not a socket).  What a request's forwarding
-        #: headers say is worked out per request from it, never kept here.
+        #: The TCP peer's address (``""``: not a socket): the access log's client,
+        #: unless a trusted proxy names another.  What a request's forwarding headers
+        #: say is worked out per request from it, never kept here.
         self.peer = peer
+        #: How the access log names the peer (``host:port``).
+        self.address = "-"
         self.http = HttpConnection(limits, heads=heads)
         #: What the peer acknowledged: of the TCP socket, or (TLS, ``stream`` the
         #: ``SSLStream`` over ``meter``'s transport) of its plaintext.

@@ -26,9 +26,13 @@ gives back the sessionless credit owners its requests used (``engine._owners``).
 from __future__ import annotations
 
 import math
+import time
 
 import trio
 
+from weir.common._access import CURRENT as CURRENT_ACCESS
+from weir.common._access import AccessRecord, client_address
+from weir.common._access import enabled as access_log_on
 from weir.protocol import (
     NEED_DATA,
     SERVER_ERROR,
@@ -141,7 +145,7 @@ class Connections:
         With ``ssl_context`` configured, ``stream`` carries TLS: the handshake must
         finish within ``head_timeout`` (``engine._tls``)."""
         cfg, meter = self.config, None
-        peer = _peer(stream)
+        peer, address = _peer(stream)
         if cfg.ssl_context is not None:
             tls = await accept_tls(stream, cfg.ssl_context, timeout=cfg.head_timeout)
             if tls is None:
@@ -159,6 +163,7 @@ class Connections:
             meter=meter,
             peer=peer,
         )
+        conn.address = address
         self.open_connections.add(conn)
         try:
             await self._connection_loop(conn, slot)
@@ -269,17 +274,29 @@ class Connections:
                 http.receive_data(data)
             elif isinstance(event, HttpRequest):
                 clock.request_done()
+                record = _begin(conn, event) if access_log_on() else None
                 # Handed over, not kept: a long response (an SSE stream) must not
                 # keep the request's body alive for as long as it lasts.
                 handoff, event = [event], NEED_DATA
                 self.inbound -= conn.inbound
                 conn.inbound = 0
-                await self._respond(conn, handoff)
+                if record is None:
+                    await self._respond(conn, handoff)
+                else:
+                    try:
+                        await self._respond(conn, handoff)
+                    finally:
+                        _end(conn, record)
                 if http.should_close:
                     return False
             elif isinstance(event, HttpError):
                 self.metrics.refused(str(event.reason))
-                await conn.send(http.data_to_send())
+                out = http.data_to_send()
+                await conn.send(out)
+                if access_log_on():
+                    AccessRecord.refused(
+                        event.status, str(event.reason), peer=conn.address, nbytes=len(out)
+                    ).emit()
                 return True
             elif isinstance(event, ConnectionClosed):
                 return False
@@ -298,7 +315,12 @@ class Connections:
                 event = http.next_event()
                 if not isinstance(event, HttpRequest):
                     return
-                await self._respond(conn, [event])
+                record = _begin(conn, event) if access_log_on() else None
+                try:
+                    await self._respond(conn, [event])
+                finally:
+                    if record is not None:
+                        _end(conn, record)
                 if http.should_close:
                     return
 
@@ -334,13 +356,39 @@ class Connections:
             await conn.send(closing_refusal(exc))
 
 
-def _peer(stream: trio.abc.Stream) -> str:
-    """The remote address of ``stream``'s socket (``""`` if it has none)."""
+def _peer(stream: trio.abc.Stream) -> tuple[str, str]:
+    """The remote address of ``stream``'s socket (``""`` if it has none), and how the
+    access log names it (``host:port``; ``-`` for none)."""
     sock = getattr(stream, "socket", None)
     try:
-        return peer_address(sock.getpeername()) if sock is not None else ""
+        name = sock.getpeername() if sock is not None else None
     except OSError:  # (already disconnected)
-        return ""
+        name = None
+    return peer_address(name), client_address(name, None)
+
+
+def _begin(conn: Connection, request: HttpRequest) -> AccessRecord:
+    """The access-log record of ``request``, current in this task from now."""
+    conn.http.status = 0  # (no response yet: the previous one's must not show)
+    record = AccessRecord.begin(
+        request.method,
+        request.target,
+        request.headers,
+        request.body,
+        peer=conn.address,
+        now=time.perf_counter(),
+        written=conn.tracker.written,
+    )
+    CURRENT_ACCESS.set(record)
+    return record
+
+
+def _end(conn: Connection, record: AccessRecord) -> None:
+    """The response to ``record``'s request has ended (or the connection has)."""
+    CURRENT_ACCESS.set(None)
+    http = conn.http
+    record.end(http.status, http.error_body, now=time.perf_counter(), written=conn.tracker.written)
+    record.emit()
 
 
 def _only_disconnects(exc: BaseException) -> bool:

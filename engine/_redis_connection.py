@@ -74,6 +74,8 @@ from coredis.client import Client
 from coredis.commands.script import Script
 from coredis.typing import ResponseType
 
+from weir.common._logs import StoreHealth
+
 from ._redis_codec import _enc, _ms
 from ._redis_lua import (
     _ALLOCATE,
@@ -172,6 +174,8 @@ class RedisConnection:
         #: The hot path's pipelined connection (single-node ``redis://`` only).
         self._pipe = pipe
         self._where = where
+        #: The store's lifecycle lines (connected, lost, recovered).
+        self.health = StoreHealth(where)
         self._ttl = _ms(retention.ttl)
         self._idempotency_ttl = _ms(retention.idempotency_ttl)
         self._maxlen = max(1, retention.events_per_stream)
@@ -219,6 +223,7 @@ class RedisConnection:
         except BaseException:
             await self.aclose()
             raise
+        self.health.connected()
 
     async def _own(self, ready: trio.Event) -> None:
         """The system task that owns the coredis client (see the module docstring)."""
@@ -254,26 +259,31 @@ class RedisConnection:
         if self._closed:
             raise StoreUnavailable(f"{what}: the store {self._where} is closed")
         if not self._entered:
-            raise StoreUnavailable(
-                f"{what}: the client of {self._where} stopped: {self._failure!r}"
+            raise self.health.lost(
+                StoreUnavailable(f"{what}: the client of {self._where} stopped: {self._failure!r}")
             ) from self._failure
+        lost = self.health.lost
         try:
             if piped:
-                return await op()
-            with trio.fail_after(self.timeout):
-                return await op()
+                out = await op()
+            else:
+                with trio.fail_after(self.timeout):
+                    out = await op()
         except trio.TooSlowError as exc:
-            raise StoreUnavailable(
-                f"{what}: no answer from {self._where} within {self.timeout}s"
+            raise lost(
+                StoreUnavailable(f"{what}: no answer from {self._where} within {self.timeout}s")
             ) from exc
         except Exception as exc:
             if isinstance(exc, StoreUnavailable):
-                raise
+                raise lost(exc)  # noqa: B904 (the same exception, its cause kept)
             if _is_outage(exc) or not self._entered:
-                raise StoreUnavailable(f"{what}: {self._where} unavailable: {exc}") from exc
+                raise lost(StoreUnavailable(f"{what}: {self._where} unavailable: {exc}")) from exc
             if isinstance(exc, cx.ResponseError):  # WRONGTYPE, a script failing on bad data
                 raise StoreUnavailable(f"{what}: {self._where} refused: {exc}") from exc
             raise
+        if self.health.down:
+            self.health.up()
+        return out
 
     async def _script(
         self,

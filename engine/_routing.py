@@ -25,6 +25,7 @@ from weir.common import (
     is_metadata_path,
     metadata_answer,
 )
+from weir.common._access import speaks_for
 from weir.protocol import (
     DeleteSession,
     HttpRequest,
@@ -132,6 +133,7 @@ class Router:
                 who = Requester(access.principal, True, conn.secret)
             else:
                 who = Requester(cfg.principal, False, conn.secret)
+            speaks_for(who.principal, who.authorized)  # (the access log's line)
             legacy = cfg.legacy_sse_path is not None  # (None: neither path is served)
             if not endpoint and legacy and path in (cfg.legacy_sse_path, cfg.legacy_messages_path):
                 await self._legacy(conn, request, who)

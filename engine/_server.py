@@ -56,6 +56,7 @@ import trio
 
 from weir.app import App
 from weir.common import StateSealer, new_key
+from weir.common._logs import DrainReport
 from weir.common._metrics_share import PERIOD as PUBLISH_PERIOD
 from weir.common._unix import remove_unix
 
@@ -287,11 +288,18 @@ class Server:
             await listener.aclose()
         if self.config.uds is not None and self.listeners:
             remove_unix(self.config.uds, self._uds_inode)
+
         # Each wait below re-checks only when a handler ends, a response is enqueued
         # or a writer detaches.  Calls finish when their response is in the log.
+        def running() -> int:
+            return sum(s.inflight for s in (*self.sessions.values(), *self.owners))
+
+        report = DrainReport(running(), self.config.shutdown_grace, trio.current_time())
         with trio.move_on_after(self.config.shutdown_grace):
             while any(s.running or s.inflight for s in (*self.sessions.values(), *self.owners)):
                 await shared.activity()
+                report.progress(running(), trio.current_time())
+        report.done(running())
         self._changes.end_subscriptions()
         for session in self.sessions.values():
             for h in session.handles.values():

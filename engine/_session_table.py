@@ -46,6 +46,7 @@ from functools import partial
 import trio
 
 from weir.app import SESSION_CLOSE_WAIT, Caller
+from weir.common._access import new_session
 from weir.common._memory import trim
 from weir.protocol import SERVER_ERROR, Reason, RemoteProtocolError, session_refusal
 from weir.protocol.jsonrpc import RequestId
@@ -198,6 +199,7 @@ class SessionTable:
             client=client,
         )
         await self.store.create_session(record)
+        new_session(record.session_id)  # (the access log's line)
         self._last_touch[sid] = now  # the store's record was just born: as good as a touch
         session = self._make(record, now)
         session.provisional = True

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import logging
 import os
 import secrets
 import shutil
@@ -39,6 +40,7 @@ from collections.abc import Sequence
 from typing import IO
 
 from weir.common import new_key
+from weir.common._logs import OPS
 from weir.common._metrics_share import ENV as METRICS_ENV
 
 from ._server import ServerConfig
@@ -85,6 +87,18 @@ def _pump(stream: IO[str], ready: threading.Event) -> None:
             sys.stdout.flush()
 
 
+def _exited(replica: str, pid: int, status: int) -> None:
+    """The line for a worker that exited (with ``status``)."""
+    OPS.log(
+        logging.INFO if status == 0 else logging.WARNING,
+        "worker %s exited (pid %d, status %d)",
+        replica,
+        pid,
+        status,
+        extra={"fields": {"event": "worker_exited", "replica": replica, "status": status}},
+    )
+
+
 def run_workers(args: argparse.Namespace, config: ServerConfig, argv: Sequence[str]) -> int:
     """Run ``args.workers`` children on one port, each started with ``argv`` (the
     parent's command line, see :func:`_child_argv`); return the exit status."""
@@ -115,6 +129,12 @@ def run_workers(args: argparse.Namespace, config: ServerConfig, argv: Sequence[s
             threading.Thread(target=_pump, args=(proc.stdout, ready), daemon=True).start()
             children.append(proc)
             readiness.append(ready)
+            OPS.info(
+                "worker %s started (pid %d)",
+                f"{base}-{i}",
+                proc.pid,
+                extra={"fields": {"event": "worker_started", "replica": f"{base}-{i}"}},
+            )
         deadline = time.monotonic() + _START_TIMEOUT
         for proc, ready in zip(children, readiness, strict=True):
             while not ready.wait(0.1):
@@ -133,8 +153,13 @@ def run_workers(args: argparse.Namespace, config: ServerConfig, argv: Sequence[s
 
         signal.signal(signal.SIGINT, forward)
         signal.signal(signal.SIGTERM, forward)
+        said: set[int] = set()
         while True:
             statuses = [c.poll() for c in children]
+            for i, status in enumerate(statuses):
+                if status is not None and i not in said:
+                    said.add(i)
+                    _exited(f"{base}-{i}", children[i].pid, status)
             if all(s is not None for s in statuses):
                 return next((s for s in statuses if s), 0) or 0
             failed = [s for s in statuses if s not in (None, 0)]

@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import signal
 import sys
 from collections.abc import Sequence
@@ -44,6 +45,8 @@ import trio
 import weir
 from weir.app import App, load_app
 from weir.common import parse_key
+from weir.common._access import set_key as set_access_key
+from weir.common._logs import configure as configure_logs
 from weir.common._memory import tune_allocator
 from weir.protocol import CreditLimits, HttpLimits
 from weir.protocol.forwarded import TrustedProxies
@@ -154,12 +157,7 @@ def _parser() -> argparse.ArgumentParser:
         "(--path, /sse, /messages, /metrics, the resource metadata) and every URL it "
         "sends starts with it (default: none)",
     )
-    s.add_argument(
-        "--log-level",
-        default="warning",
-        choices=["debug", "info", "warning", "error", "critical"],
-        help="how much weir logs on stderr (default warning)",
-    )
+    _log_options(s)
     s.add_argument(
         "--shutdown-grace",
         type=float,
@@ -285,6 +283,35 @@ def _serve_parser(top: argparse.ArgumentParser) -> argparse.ArgumentParser:
     (sub,) = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
     serve: argparse.ArgumentParser = sub.choices["serve"]
     return serve
+
+
+def _log_options(s: argparse.ArgumentParser) -> None:
+    """``--log-level``, ``--log-format``, ``--access-log`` (see docs/operations.md)."""
+    g = s.add_argument_group("logs (see docs/operations.md)")
+    g.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error", "critical"],
+        help="how much weir logs on stderr (default warning)",
+    )
+    g.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="text lines, or one JSON object per line (default text)",
+    )
+    g.add_argument(
+        "--access-log",
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help="one line per HTTP request on logger weir.access at INFO (default on)",
+    )
+
+
+def _setup_logs(args: argparse.Namespace) -> None:
+    """Logging as the ``--log-*`` options ask; the worker named on every line."""
+    worker = "supervisor" if args.workers > 1 else args.replica_id or "main"
+    configure_logs(args.log_level, fmt=args.log_format, worker=worker, access=args.access_log)
 
 
 def auth_from_args(args: argparse.Namespace) -> Authorization | None:
@@ -773,6 +800,7 @@ def _main_asyncio(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     app = _load(args.app, args.app_dir)
     config = _with_app_security(app, config_from_args(args), warn=not args.reuse_port)
+    set_access_key(config.state_keys[0] if config.state_keys else secrets.token_bytes(32))
     if args.workers > 1:  # (each worker is `weir serve --runtime asyncio` again)
         from ._workers import run_workers
 
@@ -812,7 +840,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    _setup_logs(args)
     check_reload(args)
     if args.reload:
         config_from_args(args)  # (a bad option is said once, here, not by each child)
@@ -821,6 +849,7 @@ def _serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return _main_asyncio(args, argv)
     app = _load(args.app, args.app_dir)
     config = _with_app_security(app, config_from_args(args), warn=not args.reuse_port)
+    set_access_key(config.state_keys[0] if config.state_keys else secrets.token_bytes(32))
     if args.workers > 1:
         from ._workers import run_workers
 

@@ -160,6 +160,11 @@ class HttpConnection:
         self._closed = False
         self._failed = False
         self._head_request = False  # the request being answered is a HEAD
+        #: The status of the last response started (0: none yet), and its body if it
+        #: was a complete error response (>= 400; ``b""`` otherwise): what an access
+        #: log reports.
+        self.status = 0
+        self.error_body = b""
         # h11 path: the checks of the request head h11 is waiting for (None while
         # it is not waiting for one).
         self._watch: HeadWatch | None = None
@@ -434,6 +439,7 @@ class HttpConnection:
         if not isinstance(headers, tuple):
             headers = tuple(headers)
         check_status(status, streamed=False, body=body)
+        self.status, self.error_body = status, (body if status >= 400 else b"")
         if self._h11 is None:
             self._fast_check(_Phase.ANSWER, "Response")
             head = self._heads.head(status, headers)
@@ -469,6 +475,7 @@ class HttpConnection:
         if not isinstance(headers, tuple):
             headers = tuple(headers)
         check_status(status, streamed=True, body=b"")
+        self.status, self.error_body = status, b""
         if self._h11 is None:
             self._fast_check(_Phase.ANSWER, "Response")
             head = self._heads.head(status, headers)

@@ -103,8 +103,10 @@ async def test_each_request_on_one_connection_has_its_own_client(
     runtime: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A proxy's one keep-alive connection carries two users: each request is
-    logged with its own client, and a third without forwarding headers as the proxy."""
-    caplog.set_level(logging.DEBUG, logger="weir.requests")
+    logged with its own client, and a third without forwarding headers as the proxy
+    (on the ``weir.requests`` debug log and on the access log alike)."""
+    caplog.set_level(logging.INFO, logger="weir.access")
+    caplog.set_level(logging.DEBUG, logger="weir.requests")  # (last: the handler's level)
     config = configured("--forwarded-allow-ips", "127.0.0.1")
     with trio.fail_after(30):
         async with serve_configured(runtime, app, config) as port:
@@ -120,6 +122,9 @@ async def test_each_request_on_one_connection_has_its_own_client(
         r.args[2] for r in caplog.records if r.name == "weir.requests" and isinstance(r.args, tuple)
     ]
     assert clients == ["198.51.100.1", "203.0.113.2", "127.0.0.1"], clients
+    access = [r.fields.client for r in caplog.records if r.name == "weir.access"]  # type: ignore[attr-defined]
+    assert access[:2] == ["198.51.100.1", "203.0.113.2"], access
+    assert access[2].startswith("127.0.0.1:"), access  # (the proxy itself: host and port)
 
 
 @RUNTIMES
