@@ -186,6 +186,23 @@ def call(rid: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+async def echo_on_fresh_connections(port: int, sid: str, n: int) -> list[Reply]:
+    """``n`` echo calls (``n0``, ``n1``, ...) of session ``sid``, each on a connection
+    of its own (so that ``--workers`` spread them); their replies, in order."""
+    replies = []
+    for i in range(n):
+        client = await Client.connect(port)
+        try:
+            replies.append(
+                await client.request(
+                    "POST", "/mcp", call(i, "echo", {"text": f"n{i}"}), session=sid
+                )
+            )
+        finally:
+            await client.aclose()
+    return replies
+
+
 def rss_bytes(pid: int) -> int:
     """The resident set size of process ``pid`` (Linux ``/proc``)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -16,7 +16,7 @@ import tempfile
 
 import trio
 
-from tests.integration.rawhttp import Client, call, initialize
+from tests.integration.rawhttp import Client, echo_on_fresh_connections, initialize
 from tests.integration.runtimes import RUNTIMES
 from tests.integration.serverproc import WeirProcess
 
@@ -51,14 +51,7 @@ async def test_one_scrape_counts_every_workers_calls(runtime: str, valkey_url: s
                     sid = await initialize(first)
                 finally:
                     await first.aclose()
-                for i in range(K):
-                    client = await Client.connect(server.port)
-                    try:
-                        reply = await client.request(
-                            "POST", "/mcp", call(i, "echo", {"text": f"n{i}"}), session=sid
-                        )
-                    finally:
-                        await client.aclose()
+                for reply in await echo_on_fresh_connections(server.port, sid, K):
                     assert reply.status == 200, (reply, server.output())
                 seen: list[tuple[float, float]] = []
                 # Each worker publishes its counts every second: wait (bounded) for

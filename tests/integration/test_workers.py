@@ -18,7 +18,7 @@ from pathlib import Path
 
 import trio
 
-from tests.integration.rawhttp import Client, call, initialize
+from tests.integration.rawhttp import Client, echo_on_fresh_connections, initialize
 from tests.integration.runtimes import RUNTIMES
 from tests.integration.serverproc import WeirProcess
 from tests.integration.test_cli_startup import one_line_failure, weir
@@ -51,14 +51,8 @@ async def test_any_worker_serves_any_session_and_all_stop_at_a_signal(
                     sid = await initialize(first)
                 finally:
                     await first.aclose()
-                for i in range(8):  # every call on a connection of its own
-                    client = await Client.connect(server.port)
-                    try:
-                        reply = await client.request(
-                            "POST", "/mcp", call(i, "echo", {"text": f"n{i}"}), session=sid
-                        )
-                    finally:
-                        await client.aclose()
+                replies = await echo_on_fresh_connections(server.port, sid, 8)
+                for i, reply in enumerate(replies):
                     assert reply.status == 200, (reply, server.output())
                     assert reply.json()["result"]["content"][0]["text"] == f"n{i}"
             # Each worker runs on the runtime the parent was asked for.
