@@ -20,11 +20,12 @@ asyncio, trio) at WARNING unless ``--log-level debug``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import TextIO, TypeVar
 
 import msgspec
 
@@ -61,41 +62,88 @@ class TextFormatter(logging.Formatter):
         self._worker = worker
         self._stamp = _Stamp()
 
+    def line(self, created: float, level: str, name: str, message: str, fields: object) -> str:
+        """The line of a record with these parts (no traceback)."""
+        return f"{self._stamp(created)} {level} [{self._worker}] {name}: {message}"
+
     def format(self, record: logging.LogRecord) -> str:
-        line = (
-            f"{self._stamp(record.created)} {record.levelname} [{self._worker}] "
-            f"{record.name}: {record.getMessage()}"
-        )
+        line = self.line(record.created, record.levelname, record.name, record.getMessage(), None)
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
 
 
-class JsonFormatter(logging.Formatter):
+class JsonFormatter(TextFormatter):
     """One JSON object per line: ``ts``, ``level``, ``worker``, ``logger``, ``msg``,
     then the record's ``fields`` as keys of their own (and ``exc``: a traceback)."""
 
-    def __init__(self, worker: str) -> None:
-        super().__init__()
-        self._worker = worker
-        self._stamp = _Stamp()
+    def line(self, created: float, level: str, name: str, message: str, fields: object) -> str:
+        return _encode(self._object(created, level, name, message, fields)).decode()
 
-    def format(self, record: logging.LogRecord) -> str:
+    def _object(
+        self, created: float, level: str, name: str, message: str, fields: object
+    ) -> dict[str, object]:
         out: dict[str, object] = {
-            "ts": self._stamp(record.created),
-            "level": record.levelname,
+            "ts": self._stamp(created),
+            "level": level,
             "worker": self._worker,
-            "logger": record.name,
-            "msg": record.getMessage(),
+            "logger": name,
+            "msg": message,
         }
-        fields = getattr(record, "fields", None)
         if fields is not None:
-            extra = fields if isinstance(fields, Mapping) else fields.fields()
+            extra = fields if isinstance(fields, Mapping) else fields.fields()  # type: ignore[attr-defined]
             for key, value in extra.items():
                 out.setdefault(key, value)
+        return out
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = getattr(record, "fields", None)
+        out = self._object(
+            record.created, record.levelname, record.name, record.getMessage(), fields
+        )
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return _encode(out).decode()
+
+
+class _Direct:
+    """The access log's short way to stderr, taken only while nothing but
+    :func:`configure`'s one handler would see its lines (no handler or filter of
+    anyone else's on the way): the same line, without building a
+    ``logging.LogRecord`` per request (most of what an access line costs)."""
+
+    __slots__ = ("formatter", "handler")
+
+    def __init__(self) -> None:
+        self.handler: logging.StreamHandler[TextIO] | None = None
+        self.formatter: TextFormatter | None = None
+
+    def write(self, name: str, message: str, fields: object) -> bool:
+        """Write an INFO line of logger ``name`` (a child of the root with no
+        handler of its own); False if the way is not plain (use ``logging``)."""
+        handler, formatter = self.handler, self.formatter
+        root = logging.root
+        if (
+            handler is None
+            or formatter is None
+            or handler.filters
+            or len(root.handlers) != 1
+            or root.handlers[0] is not handler
+            or root.filters
+        ):
+            return False
+        text = formatter.line(time.time(), "INFO", name, message, fields) + "\n"
+        with handler.lock or _NO_LOCK:
+            stream = handler.stream
+            stream.write(text)
+            stream.flush()
+        return True
+
+
+_NO_LOCK = contextlib.nullcontext()
+
+#: How :func:`configure` set logging up, for :meth:`_Direct.write`.
+DIRECT = _Direct()
 
 
 def configure(level: str, *, fmt: str = "text", worker: str = "main", access: bool = True) -> None:
@@ -109,8 +157,10 @@ def configure(level: str, *, fmt: str = "text", worker: str = "main", access: bo
     for old in root.handlers[:]:
         root.removeHandler(old)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter(worker) if fmt == "json" else TextFormatter(worker))
+    formatter = JsonFormatter(worker) if fmt == "json" else TextFormatter(worker)
+    handler.setFormatter(formatter)
     root.addHandler(handler)
+    DIRECT.handler, DIRECT.formatter = handler, formatter
     root_level = logging.getLevelName(level.upper())
     root.setLevel(root_level)
     debug = root_level <= logging.DEBUG
