@@ -27,9 +27,6 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
-import coredis.exceptions as cx
-
-from weir.engine._redis_connection import _is_outage
 from weir.engine._redis_store import RedisStore
 from weir.engine._redis_url import Pipe
 from weir.engine._store_errors import StoreUnavailable
@@ -120,12 +117,7 @@ class AsyncioRedisStore(RedisStore):
 
     async def _run(self, what: str, op: Callable[[], Awaitable[T]], *, piped: bool = False) -> T:
         """Run one store operation under the deadline, mapping outages to StoreUnavailable."""
-        if self._closed:
-            raise StoreUnavailable(f"{what}: the store {self._where} is closed")
-        if not self._entered:
-            raise self.health.lost(
-                StoreUnavailable(f"{what}: the client of {self._where} stopped: {self._failure!r}")
-            ) from self._failure
+        self._refuse_if_down(what)
         deadline, lost = asyncio.timeout(self.timeout), self.health.lost
         try:
             if piped:  # the pipe's watchdog is the deadline
@@ -140,13 +132,10 @@ class AsyncioRedisStore(RedisStore):
                 ) from exc
             raise lost(StoreUnavailable(f"{what}: {self._where} unavailable: {exc}")) from exc
         except Exception as exc:
-            if isinstance(exc, StoreUnavailable):
-                raise lost(exc)  # noqa: B904 (the same exception, its cause kept)
-            if _is_outage(exc) or not self._entered:
-                raise lost(StoreUnavailable(f"{what}: {self._where} unavailable: {exc}")) from exc
-            if isinstance(exc, cx.ResponseError):  # WRONGTYPE, a script failing on bad data
-                raise StoreUnavailable(f"{what}: {self._where} refused: {exc}") from exc
-            raise
+            failure = self._store_failure(what, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
         if self.health.down:
             self.health.up()
         return out

@@ -256,12 +256,7 @@ class RedisConnection:
         ``piped``: ``op`` goes through the pipelined connection, whose watchdog is
         the deadline (see ``engine._resp``), so no cancel scope is needed here.
         """
-        if self._closed:
-            raise StoreUnavailable(f"{what}: the store {self._where} is closed")
-        if not self._entered:
-            raise self.health.lost(
-                StoreUnavailable(f"{what}: the client of {self._where} stopped: {self._failure!r}")
-            ) from self._failure
+        self._refuse_if_down(what)
         lost = self.health.lost
         try:
             if piped:
@@ -274,16 +269,35 @@ class RedisConnection:
                 StoreUnavailable(f"{what}: no answer from {self._where} within {self.timeout}s")
             ) from exc
         except Exception as exc:
-            if isinstance(exc, StoreUnavailable):
-                raise lost(exc)  # noqa: B904 (the same exception, its cause kept)
-            if _is_outage(exc) or not self._entered:
-                raise lost(StoreUnavailable(f"{what}: {self._where} unavailable: {exc}")) from exc
-            if isinstance(exc, cx.ResponseError):  # WRONGTYPE, a script failing on bad data
-                raise StoreUnavailable(f"{what}: {self._where} refused: {exc}") from exc
-            raise
+            failure = self._store_failure(what, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
         if self.health.down:
             self.health.up()
         return out
+
+    def _refuse_if_down(self, what: str) -> None:
+        """Raise StoreUnavailable for ``what`` if this client is closed or stopped."""
+        if self._closed:
+            raise StoreUnavailable(f"{what}: the store {self._where} is closed")
+        if not self._entered:
+            raise self.health.lost(
+                StoreUnavailable(f"{what}: the client of {self._where} stopped: {self._failure!r}")
+            ) from self._failure
+
+    def _store_failure(self, what: str, exc: Exception) -> Exception:
+        """What an operation's failure ``exc`` is raised as: an outage (noted on
+        the store's health) or a refusal as StoreUnavailable; anything else as is
+        (``exc`` itself).  Both runtimes' ``_run`` share it."""
+        lost = self.health.lost
+        if isinstance(exc, StoreUnavailable):
+            return lost(exc)
+        if _is_outage(exc) or not self._entered:
+            return lost(StoreUnavailable(f"{what}: {self._where} unavailable: {exc}"))
+        if isinstance(exc, cx.ResponseError):  # WRONGTYPE, a script failing on bad data
+            return StoreUnavailable(f"{what}: {self._where} refused: {exc}")
+        return exc
 
     async def _script(
         self,
