@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from weir.app import StreamGone
 from weir.protocol.states import StreamInput, StreamState
 from weir.protocol.streams import StreamKind, StreamLog
 
@@ -34,8 +35,9 @@ def _closed(log: StreamLog) -> bool:
     return log.state is StreamState.CLOSED
 
 
-class StreamLost(Exception):
-    """A frame could not be enqueued: its stream or session is gone (stop quietly)."""
+class StreamLost(StreamGone):
+    """A frame could not be enqueued: its stream or session is gone (stop quietly).
+    To a tool it is the app's :class:`~weir.app.StreamGone`."""
 
 
 class SessionClosed(StreamLost):

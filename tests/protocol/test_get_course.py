@@ -334,6 +334,18 @@ def test_the_runtime_bound_cuts_the_tail_and_the_course_ends_the_stream() -> Non
     assert d.step() is None
 
 
+def test_the_bound_running_out_while_the_end_is_written_ends_the_course() -> None:
+    """Found by the simulator (a stalled reader): the cut can land on END_REPLAY's
+    own write; the course ends there instead of raising TailCut at its driver."""
+    d = Driver(GetCourse(get(EventId(OTHER, 3)), SHARED))
+    d.step(FakeSession())
+    d.step(Info(last_seq=3))
+    d.step([])
+    d.step()
+    assert d.fail(TailCut()) is END_REPLAY
+    assert d.fail(TailCut()) is None
+
+
 def test_a_peer_gone_during_the_tail_is_raised_not_ended() -> None:
     d = Driver(GetCourse(get(EventId(OTHER, 1)), SHARED))
     d.step(FakeSession())
