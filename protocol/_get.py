@@ -340,7 +340,17 @@ def _get(c: GetCourse) -> _GetSteps:
         yield from _replay(c, cursor, token)
         return
     check_cursor_channel(log.binding, token)
-    seq = log.cursor_after(cursor)
+    try:
+        seq = log.cursor_after(cursor)
+    except RemoteProtocolError:
+        if not (rules.shared and rules.resume == "shared"):
+            raise
+        # Past what this replica sent: with a shared store the store may hold more
+        # (an append that applied though its reply was lost, after which this
+        # replica ended the stream).  The store's log is the authority: replay it.
+        del session
+        yield from _replay(c, cursor, token)
+        return
     if (yield ClaimReader(log.epoch)) and displaces_writer(log):
         # The old connection is presumed dead: the newest reader wins.
         yield DetachStream(log.epoch)

@@ -372,6 +372,20 @@ def test_an_unknown_cursor_in_the_store_is_409_before_the_response_starts() -> N
     assert not any(isinstance(e, StartReplay) for e in d.effects)
 
 
+def test_a_cursor_past_what_this_replica_sent_is_asked_of_a_shared_store() -> None:
+    """Found by the simulator: an append that applied though its reply was lost.
+    This replica ended the stream at seq 2 (it thinks seq 3 was never stored); the
+    client got seq 3 from another replica's replay and comes back here.  The store,
+    not this replica's log, says what happened after the cursor."""
+    session = FakeSession()
+    stream(session, events=3)  # seqs 0..2 sent here
+    d = Driver(GetCourse(get(EventId(EP, 3)), SHARED))
+    assert d.step(session) == LookUpStream(EP)
+    d.step(Info(last_seq=3))
+    assert d.step([]) == StartReplay(60.0)  # resumed after seq 3: nothing from the head
+    # Without a shared store, the same cursor is still refused (tested above).
+
+
 def test_a_stored_stream_of_another_channel_is_refused() -> None:
     session = FakeSession(channel=Channel(generation=2, bound=True))
     d = Driver(GetCourse(get(EventId(OTHER, 1), mcp_channel_token="2.sekrit"), SHARED))
