@@ -55,6 +55,8 @@ class Plan:
     store_lost_reply: float = 0.0
     net_latency: float = 0.0
     net_cut: float = 0.0
+    #: Chance per connection that its client stops reading for 30 s (half-open).
+    net_stall: float = 0.0
     hostile_tries: int = 0
     #: Bugs deliberately switched on (``tests.sim.bugs``), to show the checks catch them.
     bugs: tuple[str, ...] = field(default=())
@@ -100,7 +102,8 @@ class Plan:
             store_timeout_after_apply=rng.choice((0.0, 0.0, 0.01)),
             store_lost_reply=rng.choice((0.0, 0.0, 0.01)),
             net_latency=rng.choice((0.0, 0.001, 0.01)),
-            net_cut=rng.choice((0.0, 0.0, 0.002)),
+            net_cut=rng.choice((0.0, 0.0, 0.002, 0.01)),
+            net_stall=rng.choice((0.0, 0.0, 0.02)),
             hostile_tries=rng.choice((0, 3)),
             bugs=bugs,
         )

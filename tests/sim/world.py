@@ -119,7 +119,7 @@ class World:
         self.rng_clients = random.Random(seeds.getrandbits(64))
         self.net = Network(
             random.Random(seeds.getrandbits(64)),
-            NetFaults(latency=plan.net_latency, cut=plan.net_cut),
+            NetFaults(latency=plan.net_latency, cut=plan.net_cut, stall=plan.net_stall),
             self.note,
         )
         self.store = SimStore(clock=trio.current_time)
