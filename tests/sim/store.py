@@ -34,6 +34,7 @@ which nothing it does reaches the store.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,10 +47,11 @@ from weir.engine._store_records import StoredEvent, StreamInfo
 from weir.protocol import Reason
 from weir.protocol._event_ids import epoch_number, scramble_epoch
 from weir.protocol.binding import ChannelVerdict
+from weir.protocol.course import INTERRUPTED_MESSAGE
 from weir.protocol.gate import CallOutcome, CallStart
 from weir.protocol.jsonrpc import encode_error
 
-INTERRUPTED = "the process running this call went away; it may have had effects"
+_EPOCH = re.compile(r"[0-9a-f]{8}")
 
 
 class _Scrambled:
@@ -68,6 +70,7 @@ class _Claim:
     lease_until: float  # inf: no lease
     epoch: str
     request_id: bytes
+    claim: str = ""
 
 
 class SimStore(MemoryStore):
@@ -154,18 +157,21 @@ class SimStore(MemoryStore):
         request_id: bytes = b"null",
         owner: str = "",
         lease: float | None = None,
+        claim: str = "",
     ) -> CallStart:
         self._get(principal, session_id)  # (the right permutation first)
-        start = await super().begin_call(principal, session_id, key, fingerprint, token)
+        start = await super().begin_call(
+            principal, session_id, key, fingerprint, token, claim=claim
+        )
         where = (principal, session_id, key)
         self.bindings[principal, session_id, start.epoch] = token[0] if token else 0
         if start.outcome is CallOutcome.EXECUTE:
             until = self.clock() + lease if lease else float("inf")
-            self.claims[where] = _Claim(owner, until, start.epoch, request_id)
+            self.claims[where] = _Claim(owner, until, start.epoch, request_id, claim)
         elif start.outcome is CallOutcome.RUNNING:
-            claim = self.claims.get(where)
-            if claim is not None and self.lease_ran_out(claim):
-                payload = self._interrupt(principal, session_id, key, claim)
+            held = self.claims.get(where)
+            if held is not None and self.lease_ran_out(held):
+                payload = self._interrupt(principal, session_id, key, held)
                 return CallStart(CallOutcome.DONE, start.epoch, payload)
         return start
 
@@ -178,7 +184,7 @@ class SimStore(MemoryStore):
         payload = encode_error(
             _decode_id(claim.request_id),
             -32000,
-            INTERRUPTED,
+            INTERRUPTED_MESSAGE,
             {"reason": str(Reason.INTERRUPTED)},
         )
         del self.claims[principal, session_id, key]
@@ -190,6 +196,12 @@ class SimStore(MemoryStore):
         binding = self.bindings.get((principal, session_id, claim.epoch), 0)
         log.append(StoredEvent(seq, payload, True, binding, ""))
         return payload
+
+    async def release_claim(self, principal: str, session_id: str, key: str, claim: str) -> bool:
+        released = await super().release_claim(principal, session_id, key, claim)
+        if released:
+            self.claims.pop((principal, session_id, key), None)
+        return released
 
     async def renew_claims(
         self, principal: str, session_id: str, keys: Sequence[str], owner: str, lease: float
@@ -239,14 +251,16 @@ class SimStore(MemoryStore):
         s = self._get(principal, session_id)
         if generation != s.record.generation:
             raise ChannelRejected(ChannelVerdict.STALE)
+        if seq < 0:
+            raise ValueError(f"event {epoch}:{seq}: no such seq")
         log = self.events.setdefault((principal, session_id, epoch), [])
         if log and seq <= log[-1].seq:
             same = [e for e in log if e.seq == seq]
-            if same and same[0].data == data and same[0].final == final:
-                return  # the same event again: already stored
-            raise StoreUnavailable(f"append out of order at {seq}")
+            if same and (same[0].data, same[0].final, same[0].binding) == (data, final, binding):
+                return  # the same event again (its reply was lost): already stored
+            raise ValueError(f"event {epoch}:{seq} is out of order")
         if log and seq != log[-1].seq + 1:
-            raise StoreUnavailable(f"append out of order at {seq}")
+            raise ValueError(f"event {epoch}:{seq} is out of order")
         log.append(StoredEvent(seq, data, final, binding, replica))
         if call_key is not None:
             self.claims.pop((principal, session_id, call_key), None)
@@ -256,7 +270,7 @@ class SimStore(MemoryStore):
         self, principal: str, session_id: str, epoch: str, after_seq: int
     ) -> list[StoredEvent] | None:
         s = self._table(session_id).get((principal, session_id))
-        if s is None:
+        if s is None or _EPOCH.fullmatch(epoch) is None or not -1 <= after_seq < 2**52:
             return None
         log = self.events.get((principal, session_id, epoch), [])
         if not log:
@@ -269,7 +283,7 @@ class SimStore(MemoryStore):
 
     async def stream_info(self, principal: str, session_id: str, epoch: str) -> StreamInfo | None:
         s = self._table(session_id).get((principal, session_id))
-        if s is None:
+        if s is None or _EPOCH.fullmatch(epoch) is None:
             return None
         n = epoch_number(epoch, s.record.salt)
         if not 1 <= n <= s.epochs:
