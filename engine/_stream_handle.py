@@ -157,6 +157,12 @@ class StreamHandle:
                     if not _closed(log):
                         self.handle(StreamInput.ABORT)
                     raise
+                if _closed(log):
+                    # Aborted while the store took the event (its client went, or it
+                    # was torn down): stored, so any replica can replay it, but this
+                    # stream takes nothing more.
+                    self.session.release(1, size, log.epoch)
+                    return
             self._append(payload, final, event, size, encoded)
         self.wake()
 

@@ -10,6 +10,7 @@ asks for after the gate (:class:`Record`, :class:`AppendRecords`) and reports ba
 from __future__ import annotations
 
 from ._course import (
+    CANCELLED_MESSAGE,
     GATE_STEPS,
     INTERRUPTED_MESSAGE,
     AppendRecords,
@@ -20,10 +21,12 @@ from ._course import (
     HoldCall,
     Record,
     WaitForCall,
+    cancelled,
     interrupted,
 )
 
 __all__ = [
+    "CANCELLED_MESSAGE",
     "GATE_STEPS",
     "INTERRUPTED_MESSAGE",
     "AppendRecords",
@@ -34,5 +37,6 @@ __all__ = [
     "HoldCall",
     "Record",
     "WaitForCall",
+    "cancelled",
     "interrupted",
 ]

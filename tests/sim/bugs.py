@@ -39,15 +39,31 @@ def switched_on(names: tuple[str, ...]) -> Iterator[None]:
 
 
 def _unstarted_keys_kept() -> Callable[[], None]:
-    """(a) A claim granted to a call that then never starts (its replica shuts down,
-    its stream failed to open) is not given back: the key stays claimed until the
-    lease runs out, and the call is then answered ``interrupted`` though it never ran."""
+    """(a) A claim granted to a call that then never starts (its replica stops, its
+    stream failed to open, its connection dropped) is not given back: the key stays
+    claimed until the lease runs out, and the retry is then answered ``interrupted``
+    though the call never ran -- the stranded key, in both eras."""
     from weir.engine._execution import Execution
+    from weir.engine._keyed import KeyedCalls
 
-    async def keep(self: Execution, session: Any, plans: Any) -> None:
-        return None
+    finish, record = Execution.finish_call, KeyedCalls.record
 
-    return _patch(Execution, "release_unstarted", keep)
+    async def keep_finish(self: Execution, session: Any, key: str, payload: Any, **kw: Any) -> None:
+        if payload is not None:
+            await finish(self, session, key, payload, **kw)
+
+    async def keep_record(self: KeyedCalls, principal: str, key: str, payload: Any) -> None:
+        if payload is not None:
+            await record(self, principal, key, payload)
+
+    undo_finish = _patch(Execution, "finish_call", keep_finish)
+    undo_record = _patch(KeyedCalls, "record", keep_record)
+
+    def undo() -> None:
+        undo_finish()
+        undo_record()
+
+    return undo
 
 
 def _identity_from_the_connection() -> Callable[[], None]:

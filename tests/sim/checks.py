@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 DOCUMENTED = frozenset(
     {
         "interrupted",
+        "cancelled",
         "store_unavailable",
         "overloaded",
         "in_progress",

@@ -8,9 +8,11 @@ the simulated gateway -- the network stands in for TCP -- with its idempotency k
 and backoff jitter drawn from the world's seeded source.  It resumes with
 ``Last-Event-ID``, re-sends a keyed call after a dropped connection, backs off on 429
 and 503 and rebinds on ``channel_unbound`` exactly as it does for a user.  It makes
-``calls`` calls of ``charge`` one after another, each with a run-unique tag, and
-records for each how it ended (:class:`CallRecord`): the answer, or the refusal's
-reason.  A session that is gone (404) is replaced by a new one, as the official
+``calls`` calls of ``charge`` one after another, each with a run-unique tag (a fifth
+of them it abandons after a short wait, as a user's own timeout does, and re-issues
+with the same idempotency key), and records for each how it ended
+(:class:`CallRecord`): the answer, or the refusal's reason.  A session that is gone
+(404) is replaced by a new one, as the official
 SDK's client re-initializes.
 
 A hostile client (:func:`hostile`) dials replicas directly and tries what the world
@@ -23,6 +25,7 @@ The run's checks (``tests.sim.checks``) read the records afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -46,6 +49,8 @@ from .net import DIALER, Network
 URL = "http://127.0.0.1:8000/mcp"
 #: A call must end (answer or refusal) within this many virtual seconds.
 CALL_BOUND = 600.0
+#: How often a client abandons a call after a short wait, then re-issues it.
+IMPATIENT = 0.2
 
 
 @dataclass
@@ -81,6 +86,7 @@ async def well_behaved(
     DIALER.set(plan.name)
     keys = random.Random(rng.getrandbits(64))
     jitter = random.Random(rng.getrandbits(64))
+    impatience = random.Random(rng.getrandbits(64))
 
     def key() -> str:
         return f"{plan.name}-{keys.getrandbits(64):016x}"
@@ -111,9 +117,22 @@ async def well_behaved(
                     rec = CallRecord(plan.name, tag, trio.current_time())
                     records.append(rec)
                     done += 1
+                    k = key()
+                    if impatience.random() < IMPATIENT:
+                        # A user's own timeout, shorter than the call: abandon it
+                        # (the connection goes), then re-issue it with the same key.
+                        # Half of them go at once (a client cut right after sending).
+                        patience = impatience.choice((0.05, 2.0)) * impatience.random()
+                        with trio.move_on_after(patience) as waited:
+                            with contextlib.suppress(WeirError):
+                                await client.call_tool("charge", {"tag": tag}, idempotency_key=k)
+                        if waited.cancelled_caught:
+                            note(f"{tag}: abandoned by its client, re-issued")
                     with trio.move_on_after(CALL_BOUND):
                         try:
-                            result = await client.call_tool("charge", {"tag": tag}, trace=rec.trace)
+                            result = await client.call_tool(
+                                "charge", {"tag": tag}, idempotency_key=k, trace=rec.trace
+                            )
                             texts = [getattr(c, "text", "") for c in result.content]
                             rec.answer = " ".join(texts)
                             rec.is_error = bool(result.is_error)
