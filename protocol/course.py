@@ -10,7 +10,6 @@ asks for after the gate (:class:`Record`, :class:`AppendRecords`) and reports ba
 from __future__ import annotations
 
 from ._course import (
-    CANCELLED_MESSAGE,
     GATE_STEPS,
     INTERRUPTED_MESSAGE,
     AppendRecords,
@@ -21,12 +20,10 @@ from ._course import (
     HoldCall,
     Record,
     WaitForCall,
-    cancelled,
     interrupted,
 )
 
 __all__ = [
-    "CANCELLED_MESSAGE",
     "GATE_STEPS",
     "INTERRUPTED_MESSAGE",
     "AppendRecords",
@@ -37,6 +34,5 @@ __all__ = [
     "HoldCall",
     "Record",
     "WaitForCall",
-    "cancelled",
     "interrupted",
 ]

@@ -29,6 +29,16 @@ def _patch(owner: Any, name: str, value: Any) -> Callable[[], None]:
     return undo
 
 
+def _patch_item(owner: dict[str, Any], key: str, value: Any) -> Callable[[], None]:
+    saved = owner[key]
+    owner[key] = value
+
+    def undo() -> None:
+        owner[key] = saved
+
+    return undo
+
+
 @contextmanager
 def switched_on(names: tuple[str, ...]) -> Iterator[None]:
     """Install the named bugs for the block (unknown names: ``KeyError``)."""
@@ -38,32 +48,13 @@ def switched_on(names: tuple[str, ...]) -> Iterator[None]:
         yield
 
 
-def _unstarted_keys_kept() -> Callable[[], None]:
-    """(a) A claim granted to a call that then never starts (its replica stops, its
-    stream failed to open, its connection dropped) is not given back: the key stays
-    claimed until the lease runs out, and the retry is then answered ``interrupted``
-    though the call never ran -- the stranded key, in both eras."""
-    from weir.engine._execution import Execution
-    from weir.engine._keyed import KeyedCalls
+def _claims_without_a_lease() -> Callable[[], None]:
+    """(a) A claim carries no lease that runs out (as before leases existed): a
+    replica killed between claiming a key and starting its tool -- or mid-call --
+    strands the key for good, and every retry waits in ``in_progress``."""
+    from . import world
 
-    finish, record = Execution.finish_call, KeyedCalls.record
-
-    async def keep_finish(self: Execution, session: Any, key: str, payload: Any, **kw: Any) -> None:
-        if payload is not None:
-            await finish(self, session, key, payload, **kw)
-
-    async def keep_record(self: KeyedCalls, principal: str, key: str, payload: Any) -> None:
-        if payload is not None:
-            await record(self, principal, key, payload)
-
-    undo_finish = _patch(Execution, "finish_call", keep_finish)
-    undo_record = _patch(KeyedCalls, "record", keep_record)
-
-    def undo() -> None:
-        undo_finish()
-        undo_record()
-
-    return undo
+    return _patch_item(world.REPLICA_CONFIG, "claim_lease", 1e9)
 
 
 def _identity_from_the_connection() -> Callable[[], None]:
@@ -108,7 +99,7 @@ def _lease_ignored() -> Callable[[], None]:
 
 BUGS.update(
     {
-        "unstarted-keys-kept": _unstarted_keys_kept,
+        "claim-without-lease": _claims_without_a_lease,
         "identity-from-connection": _identity_from_the_connection,
         "unknown-cursor-from-head": _unknown_cursor_from_the_head,
         "lease-ignored": _lease_ignored,

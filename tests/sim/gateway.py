@@ -13,6 +13,8 @@ transport's exactly-once promise hard:
   times) -- so a call can arrive twice, on two replicas, while the first still runs;
 * once a response head has been forwarded, a failure of the backend resets the
   client's connection (the client resumes or re-sends, as weir's client does);
+* a client that hangs up while its request is forwarded takes the backend
+  connection with it (as nginx and HAProxy close the upstream on a client abort);
 * backend connections are kept and reused for *any* client's next request, so one
   connection to a replica carries many principals' requests in turn;
 * it authenticates clients itself (by who dialed, :data:`~tests.sim.net.DIALER`) and
@@ -119,7 +121,15 @@ class Gateway:
                 events.append(h11.Data(data=body))
             events.append(h11.EndOfMessage())
             label = f"{who} {head.method.decode()} {len(body)}B"
-            if not await self._forward(events, conn, stream, label):
+            with trio.CancelScope() as hang_up:
+                async with trio.open_nursery() as watch:
+                    watch.start_soon(_watch_for_hang_up, stream, hang_up)
+                    kept = await self._forward(events, conn, stream, label)
+                    watch.cancel_scope.cancel()
+            if hang_up.cancelled_caught:
+                self.note(f"gateway: {label}: the client hung up, the backend is closed")
+                return
+            if not kept:
                 return
             if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                 return
@@ -178,18 +188,24 @@ class Gateway:
             if attempt:
                 self.redispatched += 1
                 self.note(f"gateway: {label} again, to {backend.replica}")
-            head = None
-            with trio.move_on_after(self.config.response_timeout):
-                try:
-                    for event in request:
-                        await _send(backend.stream, backend.h11, event)
-                    head = await backend.next_event()
-                except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
-                    head = None
-            if not isinstance(head, h11.Response):
-                await backend.stream.aclose()
-                continue
-            return await self._relay(backend, head, conn, client)
+            try:
+                head = None
+                with trio.move_on_after(self.config.response_timeout):
+                    try:
+                        for event in request:
+                            await _send(backend.stream, backend.h11, event)
+                        head = await backend.next_event()
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+                        head = None
+                if not isinstance(head, h11.Response):
+                    await backend.stream.aclose()
+                    continue
+                return await self._relay(backend, head, conn, client)
+            except BaseException:
+                # The client hung up (or the run ends): the backend connection goes too,
+                # as nginx and HAProxy close the upstream when their client aborts.
+                await trio.aclose_forcefully(backend.stream)
+                raise
         await _send(client, conn, h11.Response(status_code=503, headers=[("content-length", "0")]))
         await _send(client, conn, h11.EndOfMessage())
         return True
@@ -224,6 +240,17 @@ class Gateway:
         if self.config.pool and h.our_state is h11.DONE and h.their_state is h11.DONE:
             h.start_next_cycle()
             self._idle.append(backend)
+
+
+async def _watch_for_hang_up(client: trio.abc.Stream, hang_up: trio.CancelScope) -> None:
+    """While a request is forwarded, its client sends nothing (no pipelining): an end
+    of stream means it hung up, and the request's forwarding is cancelled."""
+    try:
+        data = await client.receive_some(RECV)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        data = b""
+    if not data:
+        hang_up.cancel()
 
 
 async def _send(stream: trio.abc.Stream, conn: h11.Connection, event: h11.Event) -> None:

@@ -26,7 +26,7 @@ SEEDS_ALLOWED = 60
 
 #: What each bug must be caught as (substrings of the broken promise, any of them).
 SYMPTOM = {
-    "unstarted-keys-kept": ("answered interrupted, but it never ran",),
+    "claim-without-lease": ("claims still running", "never ended"),
     "unknown-cursor-from-head": ("hostile past-the-head", "hostile unknown-epoch"),
     "lease-ignored": ("never ended", "claims still running"),
     # a session served to another principal; or clients that cannot work at all
