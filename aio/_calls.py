@@ -191,6 +191,11 @@ async def execute(
             )
         await _store(session, record)
         raise
+    if payload is None:
+        # The client cancelled it after it started: stored as ``cancelled``, so a
+        # retry under its key is told so instead of running it again.
+        await _store(session, course.cancelled())
+        return None
     await _store(session, course.finished(payload, final_append=final_append))
     return payload
 

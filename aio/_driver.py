@@ -458,6 +458,10 @@ class AsyncioDriver:
         waiting = self._closing | self._handlers | self._runs
         if waiting:
             await asyncio.wait(waiting)
+        unheard = self.shared.unheard
+        if self.shared.shared and len(unheard):  # claims whose answer was lost
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(unheard.give_back(self.shared.store), 5.0)
         self.detach()
 
     async def _end_subscriptions(self) -> None:

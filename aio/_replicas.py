@@ -110,11 +110,13 @@ async def renew_leases(shared: SharedState) -> None:
     lease = shared.claim_lease
     while True:
         await asyncio.sleep(renew_interval(lease))
+        if len(shared.unheard):  # claims whose answer was lost (engine._unheard)
+            await shared.unheard.give_back(shared.store)
         held = [s for s in list(shared.driver.sessions.values()) if s.holding and not s.closed]
         keyed: dict[str, list[str]] = {}
         for principal, key in list(shared.driver.keyed.held):
             keyed.setdefault(principal, []).append(key)
-        if not held and not keyed:
+        if not held and not keyed and not len(shared.unheard):
             return
         claims = [(s.principal, s.sid, list(s.holding)) for s in held]
         claims += [(principal, SESSIONLESS_NAMESPACE, keys) for principal, keys in keyed.items()]

@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Coroutine, Hashable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from weir.app import Caller
+from weir.app import Caller, StreamGone
 from weir.engine._memory_store import MemoryStore
 from weir.engine._store_records import SessionRecord
 from weir.protocol import Admit, CreditLimits, SessionFlow
@@ -75,8 +75,9 @@ MAX_CALL_BYTES = 256 * 1024
 MAX_FINISHED = 100
 
 
-class Gone(Exception):
-    """The session ended while something waited on it."""
+class Gone(StreamGone):
+    """The session ended while something waited on it (to a tool, the app's
+    :class:`~weir.app.StreamGone`)."""
 
 
 class Session:

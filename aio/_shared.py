@@ -67,6 +67,7 @@ from weir.engine._store_records import (
     client_record,
     is_session_id,
 )
+from weir.engine._unheard import UnheardClaims
 from weir.protocol import SERVER_ERROR, Reason, RemoteProtocolError, session_refusal
 from weir.protocol.binding import channel_refusal
 from weir.protocol.course import ClaimCall
@@ -162,6 +163,8 @@ class SharedState:
         self.logs = store.shared and resume == "shared"
         self._touched: dict[str, float] = {}
         self._renewer: asyncio.Task[None] | None = None
+        #: Shared-store claims whose answer was lost, to give back (``engine._unheard``).
+        self.unheard = UnheardClaims()
         self._relay: asyncio.Task[None] | None = None
         self._changes: asyncio.Task[None] | None = None
 
@@ -482,6 +485,7 @@ class SharedState:
         starts is given back at once, not left to block every retry until its lease
         runs out."""
         store = self.store
+        mine = secrets.token_hex(8) if store.shared else ""
         granting = asyncio.ensure_future(
             store.begin_call(
                 principal,
@@ -492,10 +496,16 @@ class SharedState:
                 request_id=msgspec.json.encode(request_id),
                 owner=self.replica_id,
                 lease=self.claim_lease if store.shared else None,
+                claim=mine,
             )
         )
         try:
             return await asyncio.shield(granting)
+        except StoreUnavailable:
+            if mine:  # it may have applied: give back what this delivery was granted
+                self.unheard.note(principal, sid, key, mine)
+                self.renew_soon()
+            raise
         except asyncio.CancelledError:
             try:
                 start = await asyncio.wait_for(asyncio.shield(granting), FINISH_WAIT)

@@ -33,7 +33,7 @@ from weir.protocol.jsonrpc import Request, RequestId, encode_error
 from weir.protocol.lifecycle import initialize_result
 
 from ._context import LOG_LEVELS, Context
-from ._registry import App, McpError, Tool, ToolError, text, tool_result
+from ._registry import App, McpError, StreamGone, Tool, ToolError, text, tool_result
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,11 @@ def _tool_failed(name: str, exc: Exception) -> dict[str, Any]:
     the fix, and its result says it needs asyncio (see :mod:`weir.app._foreign`)."""
     if isinstance(exc, ToolError):
         return {"content": [text(str(exc))], "isError": True}
+    if isinstance(exc, StreamGone):
+        # The driver's own signal (the stream cannot carry the call's messages):
+        # nothing in the tool is wrong, so no traceback.
+        log.warning("tool %s stopped: its stream is gone (%s)", name, exc)
+        return {"content": [text(f"tool {name} stopped: its stream is gone")], "isError": True}
     from ._foreign import asyncio_only_failure, asyncio_only_hint, asyncio_only_result
 
     if asyncio_only_failure(exc) is not None:

@@ -71,6 +71,17 @@ class ToolError(Exception):
     """Raise from a tool to return ``isError: true`` with this message as text."""
 
 
+class StreamGone(Exception):
+    """Raised by a context's sends (``report_progress``, ``log``...) when the call's
+    stream can no longer carry anything: the client went away, or -- with a shared
+    store -- the message could not be stored, and a message not stored is not sent.
+
+    The call cannot be answered on that stream.  A tool may catch it to stop early;
+    one that lets it out ends with a one-line warning in the log (the reason, no
+    traceback: nothing in the tool is wrong).
+    """
+
+
 class McpError(Exception):
     """Raise from any handler to answer with a JSON-RPC error.
 

@@ -415,19 +415,26 @@ class Calls:
         trip completes (bounded by the store's own timeout, and by 5 s here); a claim
         granted to a request that then never starts is given back by the caller.
         """
-        with trio.CancelScope(shield=True) as shield:
-            shield.deadline = trio.current_time() + 5.0
-            return await self.store.begin_call(
-                session.record.principal,
-                session.session_id,
-                key,
-                fp,
-                token,
-                request_id=msgspec.json.encode(req.id),
-                owner=self.replica_id,
-                lease=self.config.claim_lease,
-            )
-        raise StoreUnavailable("the store did not answer a claim within 5 s")
+        principal, sid, claim = session.record.principal, session.session_id, secrets.token_hex(8)
+        try:
+            with trio.CancelScope(shield=True) as shield:
+                shield.deadline = trio.current_time() + 5.0
+                return await self.store.begin_call(
+                    principal,
+                    sid,
+                    key,
+                    fp,
+                    token,
+                    request_id=msgspec.json.encode(req.id),
+                    owner=self.replica_id,
+                    lease=self.config.claim_lease,
+                    claim=claim,
+                )
+            raise StoreUnavailable("the store did not answer a claim within 5 s")
+        except StoreUnavailable:
+            # It may have applied: give back whatever this delivery was granted.
+            self.shared.unheard.note(principal, sid, key, claim)
+            raise
 
     # ---------------------------------------------------------------- JSON mode
     async def _post_json(

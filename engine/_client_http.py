@@ -234,6 +234,12 @@ class Pool:
                 if stale and not fresh and not isinstance(exc, trio.TooSlowError):
                     continue  # the server closed it while idle: once more on a fresh one
                 raise ConnectionDropped(f"{method} failed: {type(exc).__name__}: {exc}") from exc
+            except BaseException:
+                # Cancelled mid-request (the caller's own timeout): the connection is
+                # in an unknown state, so it is closed, never kept or leaked.
+                if conn is not None:
+                    await conn.aclose()
+                raise
             headers_out = {k.decode().lower(): v.decode("latin-1") for k, v in event.headers}
             return Response(self, conn, event.status_code, headers_out, self.timeout)
         raise AssertionError("unreachable")  # pragma: no cover

@@ -13,7 +13,9 @@ anything -- and its response goes out in the same write as the head.
 
 What is stored in the gate, and when, is the request's
 :class:`~weir.protocol.course.CallCourse`'s to say; this module performs it
-(:meth:`Execution.finish_call`).  A cancelled call releases its key.  A call this
+(:meth:`Execution.finish_call`).  A call its client cancelled after it started is
+stored as the ``cancelled`` error (it may have had effects: never run again under
+its key); one that never started gives its key back.  A call this
 process abandons at shutdown is never released (it may have had effects): its
 outcome becomes an ``interrupted`` error, stored in the gate and, where the stream
 is shared, appended as its final event.
@@ -44,8 +46,9 @@ class Execution:
     """Running handlers and recording their outcomes (see the module docstring).
 
     Guarantees: every call's outcome is recorded in the gate as its course says
-    (a cancelled call gives its key back; one abandoned at shutdown is stored as
-    ``interrupted``, never released); one handler's failure never reaches the
+    (a call cancelled by its client is stored as ``cancelled``, one abandoned at
+    shutdown or whose stream was lost as ``interrupted``, never released; only a
+    call that never started gives its key back); one handler's failure never reaches the
     handler nursery; no response exceeds the session's byte credit.
     """
 
@@ -201,7 +204,10 @@ class Execution:
                 payload = encode_result(req.id, answer)
                 payload = self.fit(req, payload, handle)
             except StreamLost:
-                payload = None
+                # Its stream is gone under it (a shared store refused the events):
+                # it may have had effects, so its key is never released.
+                await self._store_outcome(session, plan.abandoned())
+                return None
             except Exception as exc:
                 payload = failure(req, exc)
             except BaseException:
@@ -215,11 +221,15 @@ class Execution:
                 session.started.pop(req.id, None)
                 if session.on_activity is not None:
                     session.on_activity()
-        result = None if scope.cancelled_caught else payload
+        if scope.cancelled_caught:
+            # The client cancelled it after it started: stored as ``cancelled``, so a
+            # retry under its key is told so instead of running it again.
+            await self._store_outcome(session, plan.cancelled())
+            return None
         single = handle is not None and handle.sink is not None and handle.outstanding == 1
         # Alone on a shared stream, the final append records it: one round trip less.
-        await self._store_outcome(session, plan.finished(result, final_append=single))
-        return result
+        await self._store_outcome(session, plan.finished(payload, final_append=single))
+        return payload
 
     async def _store_outcome(self, session: Session, step: Record | AppendRecords | None) -> None:
         """Perform a :class:`Record` now; :class:`AppendRecords` is :meth:`run_request`'s."""

@@ -27,6 +27,7 @@ indistinguishable from a retry.
 from __future__ import annotations
 
 import contextlib
+import secrets
 from collections import OrderedDict
 from typing import Final
 
@@ -55,6 +56,7 @@ class KeyedCalls:
     """
 
     def __init__(self, shared: Shared) -> None:
+        self.unheard = shared.unheard
         self.config = shared.config
         self.store = shared.store
         self.replica_id = shared.replica_id
@@ -85,6 +87,7 @@ class KeyedCalls:
         """One claim in the principal's namespace (created first, if need be)."""
         for _ in range(2):
             await self._namespace(principal)
+            mine = secrets.token_hex(8) if self.store.shared else ""
             try:
                 with trio.CancelScope(shield=True) as shield:
                     shield.deadline = trio.current_time() + 5.0
@@ -97,7 +100,13 @@ class KeyedCalls:
                         request_id=msgspec.json.encode(req.id),
                         owner=self.replica_id,
                         lease=self.config.claim_lease if self.store.shared else None,
+                        claim=mine,
                     )
+                raise StoreUnavailable("the store did not answer a claim within 5 s")
+            except StoreUnavailable:
+                if mine:  # it may have applied: give back what this delivery was granted
+                    self.unheard.note(principal, NAMESPACE, claim.key, mine)
+                raise
             except SessionGone:
                 self._known_namespaces.pop(principal, None)  # expired: create it again
             except RetentionFull:

@@ -80,6 +80,8 @@ class _MemSession:
     calls: CallLedger
     epochs: int = 0
     boxes: dict[str, list[bytes]] = field(default_factory=dict)
+    #: The claim id of each running claim given one (see ``release_claim``).
+    claim_ids: dict[str, str] = field(default_factory=dict)
     permutation: _KeyedMixer | None = None
 
     def next_epoch(self) -> str:
@@ -188,6 +190,7 @@ class MemoryStore:
         request_id: bytes = b"null",
         owner: str = "",
         lease: float | None = None,
+        claim: str = "",
     ) -> CallStart:
         # One process: a claim lives exactly as long as the process running it, so
         # leases have nothing to guard.
@@ -210,7 +213,17 @@ class MemoryStore:
                 budget.charge(owner, s.calls.held - claimed)
                 self._drop_if_empty(principal, session_id)
                 raise RetentionFull(key)
+        if outcome is CallOutcome.EXECUTE and claim:
+            s.claim_ids[key] = claim
         return CallStart(outcome, epoch, payload)
+
+    async def release_claim(self, principal: str, session_id: str, key: str, claim: str) -> bool:
+        # (Nothing here can lose a reply; the contract is kept all the same.)
+        s = self._table(session_id).get((principal, session_id))
+        if s is None or not claim or s.claim_ids.get(key) != claim:
+            return False
+        self._record(s, principal, session_id, key, None)
+        return True
 
     async def renew_claims(
         self, principal: str, session_id: str, keys: Sequence[str], owner: str, lease: float
@@ -238,6 +251,7 @@ class MemoryStore:
     def _record(
         self, s: _MemSession, principal: str, session_id: str, key: str, payload: bytes | None
     ) -> None:
+        s.claim_ids.pop(key, None)
         before = s.calls.held
         s.calls.finish(key, payload)
         if self.budget is not None:

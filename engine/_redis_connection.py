@@ -51,8 +51,10 @@ key of the wrong type, a script failing on a field it cannot read) or a reply of
 the wrong type or shape is :class:`StoreUnavailable` too, never a traceback.
 coredis' automatic retries are **off**: a script whose reply was lost may have run,
 and running ``begin_call`` twice would report our own claim as RUNNING.  A timed-out
-``begin_call`` may therefore leave a claim that nobody executes; it reads as RUNNING
-until it expires -- at-most-once wins over liveness.
+``begin_call`` may therefore leave a claim that nobody executes; so every claim
+carries the delivery's random claim id, and the replica gives back exactly that claim
+once the store answers again (``release_claim``, see ``engine._unheard``): at-most-once
+holds, and the retry runs the call instead of being told ``interrupted``.
 
 **Connections.**  coredis 6 clients hold an anyio task group and must be used as an
 async context manager that is entered and exited by the same task.  So that
@@ -92,6 +94,7 @@ from ._redis_lua import (
     _PRELUDE,
     _READ,
     _REBIND,
+    _RELEASE,
     _RENEW,
     _TAKE,
     _TOUCH,
@@ -195,6 +198,7 @@ class RedisConnection:
         self._begin: Script[bytes] = register(_PRELUDE + _BEGIN)
         self._renew: Script[bytes] = register(_PRELUDE + _RENEW)
         self._expire: Script[bytes] = register(_PRELUDE + _EXPIRE)
+        self._release: Script[bytes] = register(_PRELUDE + _RELEASE)
         self._finish: Script[bytes] = register(_PRELUDE + _FINISH)
         self._append: Script[bytes] = register(_PRELUDE + _APPEND)
         self._read: Script[bytes] = register(_READ)

@@ -109,7 +109,7 @@ local function forget_call(key)
   local epoch = redis.call('HGET', CALLS, 'e:' .. key)
   if epoch then redis.call('HDEL', CALLS, 'k:' .. epoch) end
   redis.call('HDEL', CALLS, 'f:' .. key, 'p:' .. key, 'r:' .. key, 'e:' .. key, 'l:' .. key,
-    'o:' .. key)
+    'o:' .. key, 'c:' .. key)
   redis.call('ZREM', CEXP, key)
 end
 -- A running claim whose lease ran out: the replica running it is gone.  Its outcome
@@ -225,7 +225,8 @@ return epoch
 """
 
 # ARGV: ttl, call key, fingerprint, token generation ('' = no token), token secret,
-# request id (JSON), owner replica, lease (ms; '0' = none), the interrupted message
+# request id (JSON), owner replica, lease (ms; '0' = none), the interrupted message,
+# the delivery's claim id ('' = none: see _RELEASE)
 _BEGIN = """
 if redis.call('EXISTS', S) == 0 then return {'gone'} end
 if ARGV[4] ~= '' then
@@ -252,6 +253,7 @@ if not fp then
   if tonumber(ARGV[8]) > 0 then
     redis.call('HSET', CALLS, 'l:' .. ARGV[2], now + tonumber(ARGV[8]))
   end
+  if ARGV[10] ~= '' then redis.call('HSET', CALLS, 'c:' .. ARGV[2], ARGV[10]) end
   redis.call('ZADD', CEXP, now + TTL, ARGV[2])
   reply = {'execute', epoch}
 elseif fp ~= ARGV[3] then
@@ -346,6 +348,18 @@ end
 -- claim mid-call, and a retry runs the call again.
 if renewed > 0 then touch() end
 return renewed
+"""
+
+# ARGV: ttl, call key, claim id: give back a claim a delivery may have been granted
+# without hearing so (the reply was lost) -- only while nothing is stored for it and
+# only if that delivery's claim id is the one on record: 1 if it was given back.
+_RELEASE = """
+if redis.call('EXISTS', S) == 0 then return 0 end
+if ARGV[3] == '' or redis.call('HEXISTS', CALLS, 'p:' .. ARGV[2]) == 1 then return 0 end
+if redis.call('HGET', CALLS, 'c:' .. ARGV[2]) ~= ARGV[3] then return 0 end
+forget_call(ARGV[2])
+touch()
+return 1
 """
 
 # ARGV: ttl, epoch, the interrupted message: if the call whose response stream is

@@ -216,11 +216,12 @@ class RedisStore(RedisConnection):
         request_id: bytes = b"null",
         owner: str = "",
         lease: float | None = None,
+        claim: str = "",
     ) -> CallStart:
         """Channel check, claim and epoch allocation in one script (see the Protocol)."""
         generation, secret = ("", "") if token is None else (str(int(token[0])), token[1])
         args: list[str | bytes | int] = [key, fingerprint, generation, secret, request_id, owner]
-        args += [_ms(lease) if lease else 0, INTERRUPTED_MESSAGE]
+        args += [_ms(lease) if lease else 0, INTERRUPTED_MESSAGE, claim]
         reply = _items(await self._script("begin_call", self._begin, principal, session_id, args))
         with _reading("begin_call"):
             status = _text(reply[0])
@@ -246,6 +247,13 @@ class RedisStore(RedisConnection):
         )
         with _reading("renew_claims"):
             return int(cast(int, reply or 0))
+
+    async def release_claim(self, principal: str, session_id: str, key: str, claim: str) -> bool:
+        """Give back ``key`` if it is still claimed, unfinished, under ``claim`` (one script)."""
+        reply = await self._script(
+            "release_claim", self._release, principal, session_id, [key, claim]
+        )
+        return bool(reply)
 
     async def expire_claim(self, principal: str, session_id: str, epoch: str) -> bool:
         """Interrupt the call answered on stream ``epoch`` if its lease ran out (True)."""

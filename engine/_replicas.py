@@ -8,7 +8,8 @@ With a shared store (several replicas serving the same sessions) two tasks of
 * :meth:`Replicas.renew_leases` keeps the leases of the calls this replica runs
   alive.  If the process dies, the renewals stop and, within one lease, any replica
   answers retries and resumes of its calls with ``interrupted`` -- never an endless
-  ``in_progress``, never a second run.
+  ``in_progress``, never a second run.  On the same tick it gives back the claims
+  whose answer the store lost (``engine._unheard``), so their retries run.
 * :meth:`Replicas.relay_mail` delivers the answers (to server-to-client requests)
   and the cancellations that a client sent to another replica, forwarded through
   the session's mailboxes in the store (see ``engine._calls``).  Which boxes
@@ -63,6 +64,7 @@ class Replicas:
         self.sessions = shared.sessions
         self.replica_id = shared.replica_id
         self.keyed = keyed
+        self.unheard = shared.unheard
 
     async def renew_leases(self) -> None:
         """Shared stores only: keep the leases of the calls this replica runs alive.
@@ -75,6 +77,8 @@ class Replicas:
         lease = self.config.claim_lease
         while True:
             await trio.sleep(renew_interval(lease))
+            if len(self.unheard):  # claims whose answer was lost (engine._unheard)
+                await self.unheard.give_back(self.store)
             for session in list(self.sessions.values()):
                 if session.closed or not session.calls:
                     continue

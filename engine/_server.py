@@ -256,10 +256,19 @@ class Server:
                 task_status.started(self)
                 await self._shutdown.wait()
                 await self._drain()
+                await self._give_back_unheard()
                 conns.cancel_scope.cancel()
                 self.metrics.publish(self.sessions, **self._router.metered())  # (the last)
             handlers.cancel_scope.cancel()
         await self.store.aclose()
+
+    async def _give_back_unheard(self) -> None:
+        """Before exiting: give back the claims whose answer the store lost
+        (``engine._unheard``), within 5 s; what is left ends by its lease."""
+        unheard = self._shared.unheard
+        if self.store.shared and len(unheard):
+            with trio.move_on_after(5.0):
+                await unheard.give_back(self.store)
 
     async def _publish_metrics(self) -> None:
         """With ``--workers``: publish this worker's metrics for the others' scrapes."""

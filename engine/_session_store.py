@@ -105,6 +105,7 @@ class SessionStore(Protocol):
         request_id: bytes = b"null",
         owner: str = "",
         lease: float | None = None,
+        claim: str = "",
     ) -> CallStart:
         """Check the channel token, claim ``key`` and allocate the response stream's epoch.
 
@@ -115,6 +116,10 @@ class SessionStore(Protocol):
         error (for ``request_id``), stored and appended as its stream's final event,
         and the answer is DONE with it.  Nothing runs a second time.
 
+        ``claim`` is the delivery's own random id, recorded with a claim it is
+        granted, so that a delivery that never heard the answer can give back
+        exactly its own claim (:meth:`release_claim`) and nobody else's.
+
         Raises:
             SessionGone: unknown session.
             ChannelRejected: the token is stale or unbound (nothing claimed).
@@ -124,6 +129,12 @@ class SessionStore(Protocol):
         self, principal: str, session_id: str, keys: Sequence[str], owner: str, lease: float
     ) -> int:
         """Extend by ``lease`` seconds the leases of ``owner``'s running claims ``keys``."""
+
+    async def release_claim(self, principal: str, session_id: str, key: str, claim: str) -> bool:
+        """Give back ``key`` if it is still claimed under ``claim`` with nothing stored
+        for it: the delivery holding that claim id asked for it, lost the answer, and
+        never ran the call.  Another delivery's claim, or a call that finished, is
+        left alone (so no call can run twice).  True if it was given back."""
 
     async def expire_claim(self, principal: str, session_id: str, epoch: str) -> bool:
         """If the call answered on stream ``epoch`` runs under an expired lease, make

@@ -53,6 +53,7 @@ from ._memory_store import MemoryStore
 from ._metrics import Metrics
 from ._session import Session, StreamLost
 from ._session_store import SessionStore
+from ._unheard import UnheardClaims
 
 #: The server's logger, for every one of its modules (the name it had before the split).
 log = logging.getLogger(f"{__package__}._server")
@@ -96,6 +97,8 @@ class Shared:
         self.handlers: trio.Nursery | None = None
         #: True once the drain began: new requests are refused 503 ``shutting_down``.
         self.closing = False
+        #: Shared-store claims whose answer was lost, to give back (``engine._unheard``).
+        self.unheard = UnheardClaims()
         self._activity_event: trio.Event | None = None
         #: What a session-era POST's course needs to know of this server's setup.
         self.post_rules = PostRules(

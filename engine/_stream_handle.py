@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from weir.app import StreamGone
 from weir.protocol.states import StreamInput, StreamState
 from weir.protocol.streams import StreamKind, StreamLog
 
@@ -34,8 +35,9 @@ def _closed(log: StreamLog) -> bool:
     return log.state is StreamState.CLOSED
 
 
-class StreamLost(Exception):
-    """A frame could not be enqueued: its stream or session is gone (stop quietly)."""
+class StreamLost(StreamGone):
+    """A frame could not be enqueued: its stream or session is gone (stop quietly).
+    To a tool it is the app's :class:`~weir.app.StreamGone`."""
 
 
 class SessionClosed(StreamLost):
@@ -155,6 +157,12 @@ class StreamHandle:
                     if not _closed(log):
                         self.handle(StreamInput.ABORT)
                     raise
+                if _closed(log):
+                    # Aborted while the store took the event (its client went, or it
+                    # was torn down): stored, so any replica can replay it, but this
+                    # stream takes nothing more.
+                    self.session.release(1, size, log.epoch)
+                    return
             self._append(payload, final, event, size, encoded)
         self.wake()
 

@@ -53,6 +53,14 @@ INTERRUPTED_MESSAGE: Final = (
 )
 
 
+#: The message of the ``cancelled`` error stored for a call its client cancelled
+#: after it started: what a retry under the same key is told.
+CANCELLED_MESSAGE: Final = (
+    "this call was cancelled by its client after it started; it may have had effects, "
+    "and it will not be run again under this key"
+)
+
+
 class CoursePhase(enum.Enum):
     """Where a :class:`CallCourse` is."""
 
@@ -258,12 +266,31 @@ class CallCourse:
         self.phase, self.key = CoursePhase.DONE, None
         return Record(key, interrupted(self.request)) if key is not None else None
 
+    def cancelled(self) -> Record | None:
+        """The client cancelled the running call (``notifications/cancelled``, or its
+        session ended): record the ``cancelled`` error under its key, never release it.
+
+        The handler ran, so it may have had effects: a retry under the same key is
+        told so and never runs the call again (at most once per key).  No response
+        goes to the cancelled request itself.  ``None`` for an ungated request.
+        """
+        if self.phase is not CoursePhase.RUNNING:
+            self._misuse(CoursePhase.RUNNING, "cancelled")
+        key = self.key
+        self.phase, self.key = CoursePhase.DONE, None
+        return Record(key, cancelled(self.request)) if key is not None else None
+
     def _claim(self) -> Claim:
         assert self._claim_step is not None
         return self._claim_step
 
     def _misuse(self, phase: CoursePhase, step: str) -> NoReturn:
         raise LocalProtocolError(f"{step}() in phase {self.phase.value}, not {phase.value}")
+
+
+def cancelled(req: Request) -> bytes:
+    """The ``cancelled`` error stored for ``req``: its client cancelled it mid-run."""
+    return encode_error(req.id, SERVER_ERROR, CANCELLED_MESSAGE, {"reason": str(Reason.CANCELLED)})
 
 
 def interrupted(req: Request) -> bytes:

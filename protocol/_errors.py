@@ -58,6 +58,7 @@ class Reason(enum.StrEnum):
     IN_PROGRESS = "in_progress"
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
     INTERRUPTED = "interrupted"
+    CANCELLED = "cancelled"
     SHUTTING_DOWN = "shutting_down"
     STORE_UNAVAILABLE = "store_unavailable"
     # Limits (every one a configured bound; see the table in docs/limits.md).

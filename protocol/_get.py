@@ -50,6 +50,7 @@ nothing global.  Effects without fields are preallocated singletons.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol, cast
@@ -339,7 +340,17 @@ def _get(c: GetCourse) -> _GetSteps:
         yield from _replay(c, cursor, token)
         return
     check_cursor_channel(log.binding, token)
-    seq = log.cursor_after(cursor)
+    try:
+        seq = log.cursor_after(cursor)
+    except RemoteProtocolError:
+        if not (rules.shared and rules.resume == "shared"):
+            raise
+        # Past what this replica sent: with a shared store the store may hold more
+        # (an append that applied though its reply was lost, after which this
+        # replica ended the stream).  The store's log is the authority: replay it.
+        del session
+        yield from _replay(c, cursor, token)
+        return
     if (yield ClaimReader(log.epoch)) and displaces_writer(log):
         # The old connection is presumed dead: the newest reader wins.
         yield DetachStream(log.epoch)
@@ -375,4 +386,8 @@ def _replay(c: GetCourse, cursor: EventId, token: tuple[int, str] | None) -> _Ge
             steps = tail.feed(events, c.now)
     except TailCut:
         pass
-    yield END_REPLAY
+    # The bound may run out while the end itself is being written (a reader that
+    # stopped reading): the write is cut, the connection is unusable and closes.
+    # The stream is over either way; nothing is left to do.
+    with contextlib.suppress(TailCut):
+        yield END_REPLAY

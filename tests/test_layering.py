@@ -26,7 +26,8 @@
   of the engine it imports only the session store modules (``_session_store``,
   ``_store_records``, ``_store_errors``, ``_memory_store``, ``_redis_store`` and the
   modules it is built from, ``_redis_connection``, ``_redis_url``, ``_resp``: one
-  store, one wire format, shared by both runtimes).
+  store, one wire format, shared by both runtimes; and ``_unheard``, the claims a
+  store granted without its answer arriving, given back the same way on both).
   Importing it loads neither the CLI, anyio nor the Redis client.
 * ``common/`` (installed as ``weir.common``, what both runtimes share) imports
   neither trio, anyio, asyncio nor either runtime; importing it loads none of them.
@@ -232,6 +233,7 @@ AIO_MAY_IMPORT = frozenset(
         "weir.engine._redis_connection",
         "weir.engine._redis_url",
         "weir.engine._resp",
+        "weir.engine._unheard",
     }
 )
 

@@ -19,11 +19,9 @@ import pytest
 import trio
 import trio.testing
 
+from tests.sim.store import SimStore
 from weir.engine import App, Context, MemoryStore, Server, ServerConfig, StoreUnavailable
-from weir.engine._store_records import StoredEvent, StreamInfo
 from weir.protocol import CreditLimits
-from weir.protocol._event_ids import epoch_number
-from weir.protocol.gate import CallStart
 from weir.protocol.sse import SseComment, SseDecoder, SseEvent
 
 from .helpers import H11Client, Reply, SseReply, connect, running_server
@@ -653,98 +651,63 @@ async def test_store_unavailable_fails_closed(autojump_clock: trio.testing.MockC
         assert text_of(resp) == f"count {before + 1}"
 
 
-# ---------------------------------------------------------------- two replicas, one store
-class SharedMemoryStore(MemoryStore):
-    """A memory store that also keeps event logs and says it is shared.
+class LosesAClaimReply(SimStore):
+    """Grants the next claim, then answers as if the store had timed out (the script
+    ran; its reply was lost)."""
 
-    Two :class:`Server` instances on one instance behave as two replicas of a
-    Redis-backed deployment.  ``read_events`` follows the Redis store's read script:
-    ``[]`` at the head of a log, and for the priming cursor (seq 0, never stored) of
-    an allocated epoch whose log is still empty; ``None`` when the cursor cannot be
-    honoured.
-    """
+    lose_next = True
 
-    shared = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.events: dict[tuple[str, str, str], list[StoredEvent]] = {}
-        self.bindings: dict[tuple[str, str, str], int] = {}
-
-    async def allocate_epoch(self, principal: str, session_id: str, binding: int = 0) -> str:
-        epoch = await super().allocate_epoch(principal, session_id, binding)
-        self.bindings[(principal, session_id, epoch)] = binding
-        return epoch
-
-    async def begin_call(
-        self,
-        principal: str,
-        session_id: str,
-        key: str,
-        fingerprint: bytes,
-        token: tuple[int, str] | None,
-        *,
-        request_id: bytes = b"null",
-        owner: str = "",
-        lease: float | None = None,
-    ) -> CallStart:
-        start = await super().begin_call(principal, session_id, key, fingerprint, token)
-        self.bindings[(principal, session_id, start.epoch)] = token[0] if token else 0
+    async def begin_call(self, *args: Any, **kwargs: Any) -> Any:
+        start = await super().begin_call(*args, **kwargs)
+        if self.lose_next:
+            self.lose_next = False
+            raise StoreUnavailable("the reply was lost")
         return start
 
-    async def stream_info(self, principal: str, session_id: str, epoch: str) -> StreamInfo | None:
-        s = self._sessions.get((principal, session_id))
-        if s is None or (principal, session_id, epoch) not in self.bindings:
-            return None
-        log = self.events.get((principal, session_id, epoch), [])
-        last = log[-1] if log else None
-        return StreamInfo(
-            self.bindings[(principal, session_id, epoch)],
-            last.seq if last else -1,
-            bool(last and last.final),
-        )
 
-    async def append_event(
-        self,
-        principal: str,
-        session_id: str,
-        epoch: str,
-        seq: int,
-        data: bytes,
-        *,
-        final: bool,
-        generation: int,
-        binding: int = 0,
-        call_key: str | None = None,
-        replica: str = "",
-    ) -> None:
-        await super().append_event(
-            principal,
-            session_id,
-            epoch,
-            seq,
-            data,
-            final=final,
-            generation=generation,
-            binding=binding,
-            call_key=call_key,
-        )
-        log = self.events.setdefault((principal, session_id, epoch), [])
-        log.append(StoredEvent(seq, data, final, binding, replica))
+async def test_a_claim_whose_reply_was_lost_is_given_back_and_the_retry_runs(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Found by the cluster simulator: the store granted the claim, the replica never
+    heard it and answered 503 ("nothing was executed").  The claim is given back on
+    the next lease tick, so the retry runs the call -- once -- instead of waiting in
+    ``in_progress`` and then being told ``interrupted`` about a call that never ran."""
+    store = LosesAClaimReply()
+    config = ServerConfig(replica_id="r-a", claim_lease=6.0, in_progress_wait=0.5)
+    async with server_with_store(store, config) as (server, nursery):
+        client, token = await open_session(server, nursery)
+        before = counts["count"]
+        reply = await client.post(tool(7, "count"), hdrs(token))
+        refused(reply, 503, "store_unavailable")
+        assert len(server._shared.unheard) == 1 and store.running_claims(0.0)
+        await trio.sleep(2.5)  # one renewal tick (a third of the lease)
+        assert len(server._shared.unheard) == 0 and not store.running_claims(0.0)
+        _, resp = await call_ok(client, 7, "count", None, token)
+        assert text_of(resp) == f"count {before + 1}"  # ran, once
+        _, again = await call_ok(client, 7, "count", None, token)
+        assert again == resp and counts["count"] == before + 1
 
-    async def read_events(
-        self, principal: str, session_id: str, epoch: str, after_seq: int
-    ) -> list[StoredEvent] | None:
-        s = self._sessions.get((principal, session_id))
-        if s is None:
-            return None
-        log = self.events.get((principal, session_id, epoch), [])
-        if not log:
-            return [] if after_seq == 0 and epoch_number(epoch, s.record.salt) <= s.epochs else None
-        want = after_seq + 1
-        if want < log[0].seq or want > log[-1].seq + 1:
-            return None
-        return [e for e in log if e.seq > after_seq]
+
+async def test_a_replica_shutting_down_gives_back_a_claim_whose_reply_was_lost(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = LosesAClaimReply()
+    config = ServerConfig(replica_id="r-a", claim_lease=60.0, shutdown_grace=0.0)
+    async with trio.open_nursery() as nursery:
+        server = Server(app, config, store=store)
+        await nursery.start(partial(server.run, listen=False))
+        client, token = await open_session(server, nursery)
+        refused(await client.post(tool(8, "count"), hdrs(token)), 503, "store_unavailable")
+        assert store.running_claims(0.0)
+        server.shutdown()  # long before the first lease tick
+        await server.stopped.wait()
+    assert not store.running_claims(0.0)
+
+
+# ---------------------------------------------------------------- two replicas, one store
+#: The store model of the cluster simulator: the Redis store's semantics in one
+#: process (leases, event logs, epochs), on the test's clock.
+SharedMemoryStore = SimStore
 
 
 @asynccontextmanager

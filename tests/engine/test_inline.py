@@ -1286,3 +1286,31 @@ async def test_an_earlier_deadline_still_wakes_the_timer_on_time(
         assert heap.fired == 2 and len(heap) == 0  # woke at 23, then ended
         assert valve.stalled == 0
         valve.open()
+
+
+async def test_a_stream_aborted_while_the_store_takes_its_event_takes_nothing_more(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Found by the cluster simulator: the store's append of a call's answer was in
+    flight when the stream was aborted (its call cancelled); appending to the closed
+    log then raised LocalProtocolError, logged with a traceback.  Now the event stays
+    stored (any replica can replay it), the stream takes nothing, credit comes back."""
+    session = new_session()
+    handle = new_handle(session)
+    release = trio.Event()
+    sunk: list[int] = []
+
+    async def slow_sink(seq: int, payload: str, final: bool, call_key: str | None) -> None:
+        sunk.append(seq)
+        await release.wait()
+
+    handle.sink = slow_sink
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(handle.respond, "the answer")
+        await settle()
+        assert sunk == [0]
+        handle.handle(StreamInput.ABORT)  # aborted meanwhile
+        release.set()
+    assert log_state(handle) is StreamState.CLOSED
+    assert handle.log.next_seq == 0  # nothing appended to the closed log
+    assert session.credit.frames_in_use == 0

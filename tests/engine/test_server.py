@@ -6,6 +6,7 @@ and ``trio.current_time()`` is exact.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -152,6 +153,50 @@ async def test_cancelled_notification_cancels_the_handler(
         assert trio.current_time() < 10
         assert not any("id" in m for m in msgs)  # no response after cancellation
         assert calls["slow"] == before["slow"] + 1 and calls["finished"] == before["finished"]
+
+
+def rpc(rid: int, params: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+
+
+async def test_a_cancelled_call_is_never_run_again_under_its_key(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Found by the cluster simulator: a client that gave up on a call (its own
+    timeout: weir's client then sends ``notifications/cancelled``) and re-issued it
+    with the same ``Idempotency-Key`` got a second execution -- the cancelled call
+    had given its key back though its handler ran.  It is now stored as the
+    ``cancelled`` error: the re-issue is told so, and the tool ran once."""
+    async with running_server(app) as (server, nursery):
+        client = connect(server, nursery)
+        await client.initialize()
+        before = dict(calls)
+        call = {"name": "slow", "arguments": {"seconds": 100}}
+        keyed = {"idempotency-key": "pay-7"}
+        first = await client.send(
+            "POST",
+            json.dumps(
+                {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call}
+            ).encode(),
+            keyed,
+        )
+        other = connect(server, nursery)
+        other.session_id, other.protocol_version = client.session_id, client.protocol_version
+        await trio.sleep(5)
+        cancel = {"requestId": 1, "reason": "gave up"}
+        await other.post({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel})
+        assert isinstance(first, SseReply) and not any("id" in m for m in await first.messages())
+        again = await other.send(
+            "POST",
+            json.dumps(
+                {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call}
+            ).encode(),
+            keyed,
+        )
+        msgs = await again.messages() if isinstance(again, SseReply) else [again.json()]
+        [answer] = [m for m in msgs if "id" in m]
+        assert answer["error"]["data"]["reason"] == "cancelled", answer
+        assert calls["slow"] == before["slow"] + 1  # ran once, not again
 
 
 async def test_server_closes_stream_early_and_client_resumes(

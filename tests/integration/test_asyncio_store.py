@@ -8,7 +8,9 @@ call -- and once the store is back the same requests are served.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -16,6 +18,7 @@ from typing import Any, TypeVar
 from weir.app import App
 from weir.asyncio import AsyncioDriver
 from weir.asyncio._redis_store import AsyncioRedisStore
+from weir.engine._store_errors import StoreUnavailable
 from weir.protocol import LOOPBACK_HOSTS, EndpointConfig
 
 from .conftest import ValkeyProcess
@@ -25,7 +28,9 @@ T = TypeVar("T")
 
 
 @contextmanager
-def driver_on(url: str, app: App, **options: Any) -> Iterator[int]:
+def driver_on(
+    url: str, app: App, store_class: type[AsyncioRedisStore] = AsyncioRedisStore, **options: Any
+) -> Iterator[int]:
     """An :class:`AsyncioDriver` (``options`` passed on) on an AsyncioRedisStore at
     ``url`` (store deadline 0.5 s), in a background loop; yields its port."""
     loop = asyncio.new_event_loop()
@@ -36,7 +41,7 @@ def driver_on(url: str, app: App, **options: Any) -> Iterator[int]:
         return asyncio.run_coroutine_threadsafe(work, loop).result(TIMEOUT)
 
     try:
-        store = on_loop(AsyncioRedisStore.connect(url, timeout=0.5, prefix="weir-aio-store"))
+        store = on_loop(store_class.connect(url, timeout=0.5, prefix="weir-aio-store"))
         endpoint = EndpointConfig(allowed_hosts=LOOPBACK_HOSTS, json_response=True)
         driver = AsyncioDriver(app, endpoint, store=store, **options)
         server = on_loop(asyncio.start_server(driver.connection, "127.0.0.1", 0))
@@ -87,6 +92,62 @@ def test_with_the_store_down_nothing_runs_and_the_answer_is_503(
         assert runs == []
         reply = c.call("tools/call", {"name": "bump", "arguments": {"key": "a"}})
         assert reply.status == 200 and reply.message()["result"]["content"][0]["text"] == "ran 1"
+
+
+class LosesAClaimReply(AsyncioRedisStore):
+    """Grants the first claim in Valkey, then answers as a timed-out script would."""
+
+    lost = False
+
+    async def begin_call(self, *args: Any, **kwargs: Any) -> Any:
+        start = await super().begin_call(*args, **kwargs)
+        if not LosesAClaimReply.lost:
+            LosesAClaimReply.lost = True
+            raise StoreUnavailable("the reply was lost")
+        return start
+
+
+def test_a_claim_whose_reply_was_lost_is_given_back_and_the_retry_runs(
+    private_valkey: ValkeyProcess,
+) -> None:
+    """As on Trio (tests/engine/test_channels.py): the 503 says nothing ran, the claim
+    is given back on the next lease tick, and the retry runs the call once."""
+    app = App("lost-reply")
+    runs: list[str] = []
+
+    @app.tool()
+    async def bump(key: str) -> str:
+        """Count a run."""
+        runs.append(key)
+        return f"ran {len(runs)}"
+
+    call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call"}
+    call["params"] = {"name": "bump", "arguments": {"key": "a"}}
+    with (
+        driver_on(private_valkey.url, app, LosesAClaimReply, claim_lease=0.6) as port,
+        Client(port) as c,
+    ):
+        c.initialize()
+        headers = {
+            "content-type": "application/json",
+            "accept": "application/json, text/event-stream",
+            "mcp-session-id": c.session_id or "",
+            "mcp-protocol-version": c.version,
+            "idempotency-key": "lost-1",
+        }
+        body = json.dumps(call).encode()
+        first = c.request("POST", body, headers)
+        assert first.status == 503, first
+        assert first.json()["error"]["data"]["reason"] == "store_unavailable"
+        for _ in range(100):  # given back within a few ticks of 0.2 s; bounded
+            reply = c.request("POST", body, headers)
+            if reply.status == 200:
+                break
+            assert reply.status == 409, reply  # in_progress until it is given back
+            time.sleep(0.1)
+        assert reply.status == 200 and reply.message()["result"]["content"][0]["text"] == "ran 1"
+        again = c.request("POST", body, headers)
+        assert again.message() == reply.message() and runs == ["a"]
 
 
 def test_an_idle_session_is_expired_by_the_store_and_a_busy_one_is_not(

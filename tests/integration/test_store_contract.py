@@ -1,6 +1,7 @@
 """The SessionStore contract, run against every store; then what only RedisStore promises.
 
-The contract tests are parametrized over ``memory`` (:class:`MemoryStore`), ``redis``
+The contract tests are parametrized over ``memory`` (:class:`MemoryStore`), ``sim``
+(the cluster simulator's model of the Redis store, ``tests/sim/store.py``), ``redis``
 (:class:`RedisStore` on a real valkey-server) and ``cluster`` (RedisStore through
 ``redis+cluster://`` on a one-node Valkey cluster, where a script touching keys of
 two slots would fail with CROSSSLOT).  Every test uses fresh session ids, and every
@@ -21,6 +22,7 @@ import pytest
 import trio
 
 from tests.integration.conftest import ValkeyProcess
+from tests.sim.store import SimStore
 from weir.asyncio._redis_store import AsyncioRedisStore
 from weir.engine._memory_store import MemoryStore
 from weir.engine._redis_store import RedisStore
@@ -96,12 +98,15 @@ class OnAsyncio:
         return on_asyncio(getattr(self._store, name))
 
 
-@pytest.fixture(params=["memory", "redis", "cluster", "redis-asyncio", "cluster-asyncio"])
+@pytest.fixture(params=["memory", "sim", "redis", "cluster", "redis-asyncio", "cluster-asyncio"])
 def store_url(request: pytest.FixtureRequest) -> str | None:
-    """None for MemoryStore, else the URL a RedisStore connects to (ending in
-    ``#asyncio``: the asyncio runtime's store)."""
+    """None for MemoryStore, ``sim`` for the cluster simulator's store model, else
+    the URL a RedisStore connects to (ending in ``#asyncio``: the asyncio runtime's
+    store)."""
     if request.param == "memory":
         return None
+    if request.param == "sim":
+        return "sim"
     fixture = "valkey_url" if request.param.startswith("redis") else "valkey_cluster_url"
     url: str = request.getfixturevalue(fixture)
     return url + ("#asyncio" if request.param.endswith("asyncio") else "")
@@ -111,6 +116,9 @@ def store_url(request: pytest.FixtureRequest) -> str | None:
 async def store(store_url: str | None) -> AsyncIterator[SessionStore]:
     if store_url is None:
         yield MemoryStore()
+        return
+    if store_url == "sim":
+        yield SimStore()
         return
     if store_url.endswith("#asyncio"):
         url = store_url.removesuffix("#asyncio")
@@ -134,6 +142,20 @@ def redis_url(request: pytest.FixtureRequest) -> str:
     fixture = "valkey_url" if request.param == "redis" else "valkey_cluster_url"
     url: str = request.getfixturevalue(fixture)
     return url
+
+
+@pytest.fixture(params=["sim", "redis", "cluster"])
+async def shared(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
+    """A shared store: the simulator's model, or a RedisStore (single node, cluster).
+    The tests on it are the semantics every shared store keeps (event logs, stream
+    info, append order, fencing)."""
+    if request.param == "sim":
+        yield SimStore()
+        return
+    fixture = "valkey_url" if request.param == "redis" else "valkey_cluster_url"
+    url: str = request.getfixturevalue(fixture)
+    async with await RedisStore.connect(url, prefix=new_prefix()) as s:
+        yield s
 
 
 @pytest.fixture
@@ -326,6 +348,27 @@ async def test_cancelled_call_releases_the_key(store: SessionStore) -> None:
     assert retry.outcome is CallOutcome.EXECUTE
 
 
+async def test_a_claim_is_given_back_only_to_its_own_claim_id(store: SessionStore) -> None:
+    """``release_claim``: a delivery that never heard its claim's answer gives back
+    exactly its own claim -- not another delivery's, not a call that finished."""
+    sid = (await new_session(store)).session_id
+    first = await store.begin_call(P, sid, "k", FP, None, owner="r1", lease=30.0, claim="c-1")
+    assert first.outcome is CallOutcome.EXECUTE
+    assert not await store.release_claim(P, sid, "k", "c-2")  # another claim id
+    assert not await store.release_claim(P, sid, "k", "")
+    assert not await store.release_claim("mallory", sid, "k", "c-1")  # another principal
+    assert (await store.begin_call(P, sid, "k", FP, None)).outcome is CallOutcome.RUNNING
+    assert await store.release_claim(P, sid, "k", "c-1")
+    assert not await store.release_claim(P, sid, "k", "c-1")  # once
+    retry = await store.begin_call(P, sid, "k", FP, None, owner="r2", lease=30.0, claim="c-3")
+    assert retry.outcome is CallOutcome.EXECUTE  # the retry runs the call
+    await store.finish_call(P, sid, "k", b'{"result": 1}')
+    assert not await store.release_claim(P, sid, "k", "c-3")  # it ran: never given back
+    done = await store.begin_call(P, sid, "k", FP, None)
+    assert done.outcome is CallOutcome.DONE and done.payload == b'{"result": 1}'
+    assert not await store.release_claim(P, "no-such-session", "k", "c-3")
+
+
 async def test_calls_are_scoped_by_principal_and_session(store: SessionStore) -> None:
     rec = await new_session(store)
     await store.create_session(record(rec.session_id, "mallory"))
@@ -479,74 +522,74 @@ async def append_all(
         )  # fmt: skip
 
 
-async def test_read_events_replays_exactly_after_the_cursor(rstore: RedisStore) -> None:
-    sid = (await new_session(rstore)).session_id
-    epoch = await rstore.allocate_epoch(P, sid)
-    await append_all(rstore, sid, epoch, 10)
-    everything = await rstore.read_events(P, sid, epoch, -1)
+async def test_read_events_replays_exactly_after_the_cursor(shared: SessionStore) -> None:
+    sid = (await new_session(shared)).session_id
+    epoch = await shared.allocate_epoch(P, sid)
+    await append_all(shared, sid, epoch, 10)
+    everything = await shared.read_events(P, sid, epoch, -1)
     assert everything == [
         StoredEvent(seq, f"event {seq}".encode(), seq == 9, 1) for seq in range(10)
     ]
-    assert await rstore.read_events(P, sid, epoch, 6) == everything[7:]
-    assert await rstore.read_events(P, sid, epoch, 8) == everything[9:]
-    assert await rstore.read_events(P, sid, epoch, 9) == []  # at the head: nothing yet
-    assert await rstore.read_events(P, sid, epoch, 10) is None  # beyond the head
-    assert await rstore.read_events(P, sid, epoch, -2) is None
+    assert await shared.read_events(P, sid, epoch, 6) == everything[7:]
+    assert await shared.read_events(P, sid, epoch, 8) == everything[9:]
+    assert await shared.read_events(P, sid, epoch, 9) == []  # at the head: nothing yet
+    assert await shared.read_events(P, sid, epoch, 10) is None  # beyond the head
+    assert await shared.read_events(P, sid, epoch, -2) is None
     # Unknown epochs, another session's epochs, another principal: no such stream.
-    assert await rstore.read_events(P, sid, "0000ffff", -1) is None
-    assert await rstore.read_events(P, sid, "not an epoch}{", -1) is None
-    other = await new_session(rstore)
-    assert await rstore.read_events(P, other.session_id, epoch, -1) is None
-    assert await rstore.read_events("mallory", sid, epoch, -1) is None
+    assert await shared.read_events(P, sid, "0000ffff", -1) is None
+    assert await shared.read_events(P, sid, "not an epoch}{", -1) is None
+    other = await new_session(shared)
+    assert await shared.read_events(P, other.session_id, epoch, -1) is None
+    assert await shared.read_events("mallory", sid, epoch, -1) is None
     # Live continuation: a reader at the head sees the next event.
-    await rstore.append_event(P, sid, epoch, 10, b"late", final=True, generation=1)
-    assert await rstore.read_events(P, sid, epoch, 9) == [StoredEvent(10, b"late", True, 0)]
+    await shared.append_event(P, sid, epoch, 10, b"late", final=True, generation=1)
+    assert await shared.read_events(P, sid, epoch, 9) == [StoredEvent(10, b"late", True, 0)]
 
 
-async def test_stream_info_binding_head_and_replica(rstore: RedisStore) -> None:
+async def test_stream_info_binding_head_and_replica(shared: SessionStore) -> None:
     """What a replica needs before replaying someone else's stream (fencing, event ids)."""
-    sid = (await new_session(rstore)).session_id
-    assert await rstore.stream_info(P, sid, "00000001") is None  # never allocated
-    plain = await rstore.allocate_epoch(P, sid)
-    assert await rstore.stream_info(P, sid, plain) == StreamInfo(0, -1, False)
-    bound = await rstore.allocate_epoch(P, sid, binding=3)
-    assert (await rstore.stream_info(P, sid, bound)) == StreamInfo(3, -1, False)
-    start = await rstore.begin_call(P, sid, "k", b"fp", None)
-    assert (await rstore.stream_info(P, sid, start.epoch)) == StreamInfo(0, -1, False)
-    await rstore.append_event(P, sid, bound, 1, b"a", final=False, generation=1, replica="r9")
-    assert await rstore.stream_info(P, sid, bound) == StreamInfo(3, 1, False)
-    await rstore.append_event(P, sid, bound, 2, b"b", final=True, generation=1, binding=3)
-    assert await rstore.stream_info(P, sid, bound) == StreamInfo(3, 2, True)
-    events = await rstore.read_events(P, sid, bound, 0)
+    sid = (await new_session(shared)).session_id
+    assert await shared.stream_info(P, sid, "00000001") is None  # never allocated
+    plain = await shared.allocate_epoch(P, sid)
+    assert await shared.stream_info(P, sid, plain) == StreamInfo(0, -1, False)
+    bound = await shared.allocate_epoch(P, sid, binding=3)
+    assert (await shared.stream_info(P, sid, bound)) == StreamInfo(3, -1, False)
+    start = await shared.begin_call(P, sid, "k", b"fp", None)
+    assert (await shared.stream_info(P, sid, start.epoch)) == StreamInfo(0, -1, False)
+    await shared.append_event(P, sid, bound, 1, b"a", final=False, generation=1, replica="r9")
+    assert await shared.stream_info(P, sid, bound) == StreamInfo(3, 1, False)
+    await shared.append_event(P, sid, bound, 2, b"b", final=True, generation=1, binding=3)
+    assert await shared.stream_info(P, sid, bound) == StreamInfo(3, 2, True)
+    events = await shared.read_events(P, sid, bound, 0)
     assert events is not None and [e.replica for e in events] == ["r9", ""]
-    assert await rstore.stream_info("mallory", sid, bound) is None
-    assert await rstore.stream_info(P, sid, "zz") is None
+    assert await shared.stream_info("mallory", sid, bound) is None
+    assert await shared.stream_info(P, sid, "zz") is None
 
 
-async def test_append_is_contiguous_and_idempotent(rstore: RedisStore) -> None:
-    sid = (await new_session(rstore)).session_id
-    epoch = await rstore.allocate_epoch(P, sid)
-    await append_all(rstore, sid, epoch, 3)
+async def test_append_is_contiguous_and_idempotent(shared: SessionStore) -> None:
+    sid = (await new_session(shared)).session_id
+    epoch = await shared.allocate_epoch(P, sid)
+    await append_all(shared, sid, epoch, 3)
     # A retry of an event already stored (its reply was lost) is accepted...
-    await rstore.append_event(P, sid, epoch, 2, b"event 2", final=True, generation=1, binding=1)
+    await shared.append_event(P, sid, epoch, 2, b"event 2", final=True, generation=1, binding=1)
     # ...a different event under a used seq, or a gap, is not.
     with pytest.raises(ValueError, match="out of order"):
-        await rstore.append_event(P, sid, epoch, 2, b"other", final=True, generation=1)
+        await shared.append_event(P, sid, epoch, 2, b"other", final=True, generation=1)
     with pytest.raises(ValueError, match="out of order"):
-        await rstore.append_event(P, sid, epoch, 5, b"gap", final=False, generation=1)
+        await shared.append_event(P, sid, epoch, 5, b"gap", final=False, generation=1)
     with pytest.raises(ValueError):
-        await rstore.append_event(P, sid, epoch, -1, b"negative", final=False, generation=1)
-    events = await rstore.read_events(P, sid, epoch, -1)
+        await shared.append_event(P, sid, epoch, -1, b"negative", final=False, generation=1)
+    events = await shared.read_events(P, sid, epoch, -1)
     assert events is not None and [e.seq for e in events] == [0, 1, 2]
 
 
-async def test_append_with_a_future_generation_is_stale(rstore: RedisStore) -> None:
+async def test_append_with_a_future_generation_is_stale(shared: SessionStore) -> None:
     # Only possible when the session was deleted and re-created under the same id
     # (generation back to 1) while a writer of the old one still runs: fence it.
-    sid = (await new_session(rstore)).session_id
-    epoch = await rstore.allocate_epoch(P, sid)
+    sid = (await new_session(shared)).session_id
+    epoch = await shared.allocate_epoch(P, sid)
     with pytest.raises(ChannelRejected) as caught:
-        await rstore.append_event(P, sid, epoch, 0, b"x", final=False, generation=2)
+        await shared.append_event(P, sid, epoch, 0, b"x", final=False, generation=2)
     assert caught.value.verdict is ChannelVerdict.STALE
 
 

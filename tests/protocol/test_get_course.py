@@ -334,6 +334,18 @@ def test_the_runtime_bound_cuts_the_tail_and_the_course_ends_the_stream() -> Non
     assert d.step() is None
 
 
+def test_the_bound_running_out_while_the_end_is_written_ends_the_course() -> None:
+    """Found by the simulator (a stalled reader): the cut can land on END_REPLAY's
+    own write; the course ends there instead of raising TailCut at its driver."""
+    d = Driver(GetCourse(get(EventId(OTHER, 3)), SHARED))
+    d.step(FakeSession())
+    d.step(Info(last_seq=3))
+    d.step([])
+    d.step()
+    assert d.fail(TailCut()) is END_REPLAY
+    assert d.fail(TailCut()) is None
+
+
 def test_a_peer_gone_during_the_tail_is_raised_not_ended() -> None:
     d = Driver(GetCourse(get(EventId(OTHER, 1)), SHARED))
     d.step(FakeSession())
@@ -358,6 +370,20 @@ def test_an_unknown_cursor_in_the_store_is_409_before_the_response_starts() -> N
         d.step(None)  # trimmed: the store no longer holds the events after the cursor
     assert err.value.reason is Reason.CURSOR_UNKNOWN
     assert not any(isinstance(e, StartReplay) for e in d.effects)
+
+
+def test_a_cursor_past_what_this_replica_sent_is_asked_of_a_shared_store() -> None:
+    """Found by the simulator: an append that applied though its reply was lost.
+    This replica ended the stream at seq 2 (it thinks seq 3 was never stored); the
+    client got seq 3 from another replica's replay and comes back here.  The store,
+    not this replica's log, says what happened after the cursor."""
+    session = FakeSession()
+    stream(session, events=3)  # seqs 0..2 sent here
+    d = Driver(GetCourse(get(EventId(EP, 3)), SHARED))
+    assert d.step(session) == LookUpStream(EP)
+    d.step(Info(last_seq=3))
+    assert d.step([]) == StartReplay(60.0)  # resumed after seq 3: nothing from the head
+    # Without a shared store, the same cursor is still refused (tested above).
 
 
 def test_a_stored_stream_of_another_channel_is_refused() -> None:

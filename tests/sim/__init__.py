@@ -1,0 +1,1 @@
+"""The deterministic cluster simulator: seeded, replayable, shrinkable runs of weir."""
