@@ -207,13 +207,16 @@ def test_a_duplicate_past_the_wait_is_409_in_progress_with_retry_after() -> None
             refused = _bump(c, "stuck", seconds=3600)
             assert refused.status == 409 and "retry-after" in refused.headers
             assert refused.json()["error"]["data"]["reason"] == "in_progress"
-            # Cancel the stuck call: its key is given back, so a retry runs it.
+            # Cancel the stuck call after it started: its handler ran, so the key
+            # keeps the `cancelled` outcome and a retry under it does not run again.
             cancel = {"requestId": d.next_id}
             e.post({"method": "notifications/cancelled", "params": cancel})
             thread.join(TIMEOUT)
             assert not thread.is_alive()
-        rerun = _bump(c, "stuck").message()
-        assert rerun["result"]["content"] == [text_block("ran 2")] and runs == [1, 1]
+        retried = _bump(c, "stuck", seconds=3600).message()
+        assert retried["error"]["data"]["reason"] == "cancelled" and runs == [1]
+        fresh = _bump(c, "stuck-again").message()
+        assert fresh["result"]["content"] == [text_block("ran 2")] and runs == [1, 1]
 
 
 def text_block(value: str) -> dict[str, str]:
