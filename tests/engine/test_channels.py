@@ -705,16 +705,11 @@ async def test_a_replica_shutting_down_gives_back_a_claim_whose_reply_was_lost(
 
 
 # ---------------------------------------------------------------- two replicas, one store
-#: The store model of the cluster simulator: the Redis store's semantics in one
-#: process (leases, event logs, epochs), on the test's clock.
-SharedMemoryStore = SimStore
-
-
 @asynccontextmanager
 async def two_replicas(
     resume: str = "shared",
 ) -> AsyncIterator[tuple[Server, Server, trio.Nursery]]:
-    store = SharedMemoryStore()
+    store = SimStore()
     async with trio.open_nursery() as nursery:
         a = Server(app, ServerConfig(replica_id="r-a", resume=resume), store=store)
         b = Server(app, ServerConfig(replica_id="r-b", resume=resume), store=store)

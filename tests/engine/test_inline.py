@@ -45,8 +45,9 @@ import pytest
 import trio
 import trio.testing
 
+from tests.sim.store import SimStore
 from weir.app import never_suspends
-from weir.engine import App, Context, McpError, MemoryStore, Server, ServerConfig, ToolError
+from weir.engine import App, Context, McpError, Server, ServerConfig, ToolError
 from weir.engine._session import Session, StreamHandle
 from weir.engine._store_records import SessionRecord
 from weir.protocol import CreditLimits
@@ -674,19 +675,13 @@ async def test_context_variables_do_not_leak_between_calls(
         assert TAG.get() == "unset"
 
 
-class SharedMemoryStore(MemoryStore):
-    """The process-local store, claiming to be shared (as a networked store is)."""
-
-    shared = True
-
-
 @pytest.mark.parametrize("json_mode", MODES)
 async def test_a_shared_store_never_runs_tools_inline(
     json_mode: bool, autojump_clock: trio.testing.MockClock
 ) -> None:
     with trio.fail_after(TEST_DEADLINE):
         async with trio.open_nursery() as nursery:
-            server = Server(app, config_for(json_mode), store=SharedMemoryStore())
+            server = Server(app, config_for(json_mode), store=SimStore())
             await nursery.start(functools.partial(server.run, listen=False))
             client, session = await started(server, nursery)
             got = await answer(client, call_msg(1, "echo", {"text": "hi"}), json_mode=json_mode)
