@@ -20,11 +20,12 @@ wait, running the handler) and reports back:
    ran, so a retry may run it.
 3. Once :meth:`~CallCourse.started`, the key is never simply given back, because
    the call may have had effects.  :meth:`~CallCourse.finished` records the
-   response (or, when the client cancelled the call, releases the key, as the
-   client asked for nothing to happen).  On a shared store, a call that is the only
-   one on its stream is recorded by the append of its final event
-   (:class:`AppendRecords`): one round trip, and "stored" means "sent".  Should
-   that append fail, :meth:`~CallCourse.append_failed` records it on its own.
+   response; a call its client cancelled is recorded as the ``cancelled`` error
+   (:meth:`~CallCourse.cancelled`), so a retry under its key is told, not run.
+   On a shared store, a call that is the only one on its stream is recorded by
+   the append of its final event (:class:`AppendRecords`): one round trip, and
+   "stored" means "sent".  Should that append fail,
+   :meth:`~CallCourse.append_failed` records it on its own.
 4. A course the process abandons mid-run (shutdown) is recorded with an
    ``interrupted`` error (:meth:`~CallCourse.abandoned`): a retry on any replica
    gets that error, never a second run and never an endless ``in_progress``.

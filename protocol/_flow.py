@@ -59,6 +59,20 @@ every driver admits and grants identically:
   away the outcome of a call that has run (it is not a refusal, and a retry
   would be answered with the error); reserving more than a typical frame per
   request would cut every session's concurrency to cover atypical results.
+  One wait could never end that way: every frame acknowledged (nothing in use,
+  so no acknowledgement is coming) while results of admitted requests wait, each
+  larger than what is left of its own reservation and each kept out by the
+  others' reservations -- the credit is all reserved, and all the reservations
+  wait on one another.  The session would sit half-open for ever, since the
+  liveness timeout needs a frame in use.  So when no frame is in use, the oldest
+  waiting frame of a lane that holds a reservation is granted past the other
+  lanes' reservations (never past the credit: it is the only frame in use, and
+  only a lone frame may be larger than the byte credit).  The others' promise is
+  broken for as long as that one frame is in flight; it is kept again when it is
+  acknowledged, or the liveness timeout ends the session.  A lane without a
+  reservation (a stream with no admitted request of its own, e.g. a stalled
+  ``GET``) is never granted that way: reserved room is never given to it.
+
   A waiter that gives up calls :meth:`cancel`: ``True`` if it was still queued,
   ``False`` if it had been granted (it then owns credit it must :meth:`release`).
 * **Ending** (:meth:`close`): every queued ticket is returned so that the driver
@@ -261,12 +275,17 @@ class SessionFlow:
     def _take(self, nbytes: int, now: float, lane: Hashable | None) -> bool:
         # One frame of ``lane``, if it fits in the free credit plus its lane's unused
         # reservation; it draws on the reservation only for what the free credit lacks.
+        # With no frame in use, a lane with a reservation is granted past the other
+        # lanes' reservations (see the module docstring): nothing else could end
+        # its wait.
         credit = self.credit
         own_frames, own_bytes = self.reserved(lane)
-        if not credit.fits(nbytes, own_frames, own_bytes):
+        if not credit.fits(nbytes, own_frames, own_bytes) and (
+            credit.frames_in_use or lane not in self._reserves
+        ):
             return False
         lim = credit.limits
-        frames = 1 if credit.held_frames >= lim.frames else 0
+        frames = min(own_frames, 1 if credit.held_frames >= lim.frames else 0)
         held = credit.held_bytes
         nbytes_drawn = min(own_bytes, max(0, held + nbytes - lim.bytes)) if held else 0
         credit.take(nbytes, now)

@@ -36,6 +36,11 @@ class FlowMachine(RuleBasedStateMachine):
         #: and [frames, bytes] of them its frames draw on now.
         self.units: dict[str | None, list[tuple[int, int]]] = {}
         self.drawn: dict[str | None, list[int]] = {}
+        #: A frame was granted past other lanes' reservations (nothing was in use)
+        #: and frames have been in use ever since.
+        self.overbooked = False
+        #: Tickets queued while their lane held a reservation.
+        self.reserved_waiters: set[int] = set()
 
     def _unused(self) -> tuple[int, int]:
         frames = sum(sum(f for f, _ in u) - self.drawn[k][0] for k, u in self.units.items())
@@ -54,14 +59,19 @@ class FlowMachine(RuleBasedStateMachine):
         own_f, own_b = self._own(lane)
         held_f = len(self.held) + unused_f
         held_b = sum(s for s, _ in self.held) + unused_b
-        if held_f - own_f >= LIMITS.frames:
-            return False
-        if held_b and held_b - own_b + size > LIMITS.bytes:
-            return False
+        fits = held_f - own_f < LIMITS.frames and not (
+            held_b and held_b - own_b + size > LIMITS.bytes
+        )
+        if not fits:
+            # With nothing in use no acknowledgement can come: a lane that has an
+            # admitted request is granted past the others' reservations.
+            if self.held or lane not in self.units:
+                return False
+            self.overbooked = True
         if held_f >= LIMITS.frames:
-            self.drawn[lane][0] += 1
+            self.drawn[lane][0] += min(own_f, 1)
         if held_b and held_b + size > LIMITS.bytes:
-            self.drawn[lane][1] += held_b + size - LIMITS.bytes
+            self.drawn[lane][1] += min(own_b, held_b + size - LIMITS.bytes)
         self.held.append((size, lane))
         return True
 
@@ -90,8 +100,11 @@ class FlowMachine(RuleBasedStateMachine):
             assert lane_waits or not self._take(size, lane)
             # The reservation's promise: a frame no larger than what its own lane
             # reserved (and does not hold) is never made to wait by other lanes.
-            assert lane_waits or not (own_f >= 1 and size <= own_b)
-            self.queued.append((self.flow.wait_for(size, self.now, lane), size, lane))
+            assert lane_waits or self.overbooked or not (own_f >= 1 and size <= own_b)
+            ticket = self.flow.wait_for(size, self.now, lane)
+            self.queued.append((ticket, size, lane))
+            if lane in self.units:
+                self.reserved_waiters.add(ticket)
 
     @precondition(lambda self: self.held)
     @rule(data=st.data())
@@ -102,6 +115,8 @@ class FlowMachine(RuleBasedStateMachine):
         gone = [self.held[i] for i in mine[:k]]
         for frame in gone:
             self.held.remove(frame)
+        if not self.held:
+            self.overbooked = False
         frames, nbytes = k, sum(s for s, _ in gone)
         if lane in self.drawn:  # what the frames drew goes back to their reservation
             drawn = self.drawn[lane]
@@ -179,11 +194,33 @@ class FlowMachine(RuleBasedStateMachine):
         assert credit.frames_in_use == len(self.held)
         assert credit.bytes_in_use == sum(s for s, _ in self.held)
         assert (credit.reserved_frames, credit.reserved_bytes) == self._unused()
-        # Reservations count as held: frames and reservations together stay within
-        # the credit (only a lone frame, with nothing reserved, may exceed the bytes).
-        assert credit.held_frames <= LIMITS.frames
-        if len(self.held) > 1 or credit.reserved_bytes:
-            assert credit.held_bytes <= LIMITS.bytes
+        # Frames in use never exceed the credit (only a lone frame may exceed the bytes).
+        assert credit.frames_in_use <= LIMITS.frames
+        if len(self.held) > 1:
+            assert credit.bytes_in_use <= LIMITS.bytes
+        # Reservations alone always fit in the credit.
+        assert credit.reserved_frames <= LIMITS.frames
+        assert credit.reserved_bytes <= LIMITS.bytes
+        if self.overbooked:
+            # One frame went past the others' reservations, because nothing else
+            # could have ended their wait; by one frame at most.
+            assert credit.held_frames <= LIMITS.frames + 1
+        else:
+            # Reservations count as held: frames and reservations together stay
+            # within the credit (only a lone frame, nothing reserved, exceeds the bytes).
+            assert credit.held_frames <= LIMITS.frames
+            if len(self.held) > 1 or credit.reserved_bytes:
+                assert credit.held_bytes <= LIMITS.bytes
+
+    @invariant()
+    def a_wait_that_nothing_could_end_never_lasts(self) -> None:
+        # Nothing in use means no acknowledgement is coming: then no frame that waits
+        # in a lane holding a reservation (as it did when the frame came) is left
+        # waiting.  (A reservation made after its lane's frames queued is not how a
+        # driver works: a request reserves before its stream carries anything.)
+        if not self.held and not self.flow.closed:
+            stuck = [q for q in self.queued if q[0] in self.reserved_waiters and q[2] in self.units]
+            assert not stuck
 
     @invariant()
     def waiting_frames_mean_exhausted_credit(self) -> None:
@@ -364,3 +401,42 @@ def test_a_json_answers_reservation_stays_until_its_body_holds_credit() -> None:
     assert flow.try_acquire(200, 0.0, "j")  # the body: from its reservation
     assert flow.settle("j", 0.0) == [] and flow.reserved("j") == (0, 0)
     assert flow.credit.held_bytes == 944 and flow.credit.held_frames == 2
+
+
+def test_results_that_outgrow_reservations_filling_the_credit_do_not_wait_for_ever() -> None:
+    # Found by the cluster simulator (seed 45, credit 2 frames / 512 bytes): two
+    # requests are admitted and reserve the whole credit; each stream's priming
+    # event draws on its own reservation and is acknowledged; then each result is
+    # larger than what is left of its own reservation, and the other's keeps it
+    # out.  Nothing is in use, so no acknowledgement will ever come: the oldest
+    # waiter is granted past the other reservation, and the other follows once
+    # that frame is acknowledged.
+    flow = SessionFlow(CreditLimits(frames=2, bytes=512, drain_window=5.0), 0.0)
+    assert flow.try_admit(1, 0.0, lane="a") is Admit.ADMITTED
+    assert flow.try_admit(1, 0.0, lane="b") is Admit.ADMITTED
+    assert flow.credit.held_bytes == 512
+    for lane in ("a", "b"):
+        assert flow.try_acquire(43, 0.0, lane)  # the priming event
+    assert not flow.try_acquire(330, 0.0, "a")  # behind b's priming event: wait
+    first = flow.wait_for(330, 0.0, "a")
+    assert flow.release(1, 43, 0.1, "a") == []  # b's priming still in use
+    assert flow.release(1, 43, 0.1, "b") == [first]
+    assert flow.credit.frames_in_use == 1 and flow.credit.bytes_in_use == 330
+    # b's result waits for a's to drain, not for ever; and a stream without a
+    # reservation never gets reserved room this way.
+    assert not flow.try_acquire(330, 0.2, "b")
+    second = flow.wait_for(330, 0.2, "b")
+    assert flow.done(1, 0.2, "a") == []
+    assert flow.release(1, 330, 0.3, "a") == [second]
+    assert flow.done(1, 0.3, "b") == []
+    assert flow.release(1, 330, 0.4, "b") == []
+    assert flow.credit.held_frames == 0 and flow.credit.held_bytes == 0
+
+
+def test_a_stream_without_a_reservation_never_takes_reserved_room() -> None:
+    flow = SessionFlow(CreditLimits(frames=2, bytes=512, drain_window=5.0), 0.0)
+    assert flow.try_admit(2, 0.0, lane="a") is Admit.ADMITTED  # the whole credit
+    assert flow.credit.frames_in_use == 0
+    assert not flow.try_acquire(10, 0.0, "get")
+    flow.wait_for(10, 0.0, "get")
+    assert flow.credit.frames_in_use == 0 and flow.waiting == 1
