@@ -16,6 +16,11 @@ promise, each as one line naming the call, session or stream:
   just before the kill can end ``interrupted`` without its tool having started;
 * **bounded**: every call ended (answer or refusal) within the bound, and none was
   left waiting on ``in_progress`` forever;
+* **caps**: no session's drain credit ever held more frames or bytes than its
+  limits (the credit keeps its own peaks; every frame here is far smaller than the
+  byte limit, so the one-oversized-frame allowance never applies), and a replica's
+  retained bytes were over its budget only by what its live streams' unacknowledged
+  frames pin (watched every 0.1 virtual seconds);
 * **nothing held**: after the run settled, no claim is still running in the store, no
   replica holds a session, credit or a keyed call, and no retained byte is left
   over the budget.
@@ -86,7 +91,20 @@ def violations(out: Outcome) -> list[str]:
     for h in out.hostile:
         if 200 <= h.status < 300:
             found.append(f"hostile {h.attempt}: answered {h.status} {h.body[:120]!r}")
+    found += _caps(out)
     found += _leftovers(out)
+    return found
+
+
+def _caps(out: Outcome) -> list[str]:
+    found = list(out.retention_over)
+    for name, credit in out.credits:
+        limits = credit.limits
+        if credit.peak_frames > limits.frames or credit.peak_bytes > limits.bytes:
+            found.append(
+                f"{name}: credit peaked at {credit.peak_frames} frames / "
+                f"{credit.peak_bytes} bytes, over {limits.frames} / {limits.bytes}"
+            )
     return found
 
 

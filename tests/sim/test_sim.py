@@ -31,6 +31,7 @@ REGRESSIONS = {
     0: "a cursor past what the producing replica sent: refused, though stored",
     110: "a claim applied though its reply was lost: answered interrupted, never run",
     118: "a cursor past what the producing replica sent, after a store outage",
+    45: "two results larger than their reservations, the credit all reserved: stuck",
 }
 
 

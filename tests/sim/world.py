@@ -50,6 +50,7 @@ import trio.testing
 from weir.engine import Authorization, Server, ServerConfig
 from weir.engine._store_errors import StoreUnavailable
 from weir.protocol import CreditLimits
+from weir.protocol._credit import SessionCredit
 
 from . import bugs as bug_switches
 from .app import Ledger, SimVerifier, make_app
@@ -64,6 +65,10 @@ RUN_BOUND = 3600.0
 #: After the clients finish: long enough for every lease and idle timeout to run out.
 SETTLE = 300.0
 
+#: Caps small enough that the clients' streams reach them (a call's stream carries
+#: its progress and its answer, about 150 bytes a frame), so credit waits, and
+#: retained history is shed, in ordinary runs.
+CREDIT = CreditLimits(frames=2, bytes=512, drain_window=5.0, liveness_timeout=10.0)
 REPLICA_CONFIG = dict(
     session_idle_timeout=120.0,
     claim_lease=5.0,
@@ -71,8 +76,12 @@ REPLICA_CONFIG = dict(
     shutdown_grace=2.0,
     retry_ms=200,
     sse_keepalive=5.0,
-    credit=CreditLimits(liveness_timeout=10.0),
+    credit=CREDIT,
+    session_retain_bytes=1024,
+    memory_budget=2048,
 )
+#: How often (virtual seconds) the caps watcher looks at every replica.
+WATCH_EVERY = 0.1
 
 
 @dataclass
@@ -100,6 +109,10 @@ class Outcome:
     ended_at: float
     #: When replicas were hard-killed (virtual times).
     hard_kills: list[float]
+    #: Every session's drain credit the watcher saw, named ``replica session``.
+    credits: list[tuple[str, SessionCredit]]
+    #: Over-cap retention the watcher saw while the run went on.
+    retention_over: list[str]
 
     def digest(self) -> str:
         """A short hash of the trace: equal for two runs of one plan."""
@@ -140,6 +153,8 @@ class World:
         self.app = make_app(self.ledger, self.store)
         self.all_servers: list[Server] = []
         self.hard_kills: list[float] = []
+        self.credits: dict[int, tuple[str, SessionCredit]] = {}
+        self.retention_over: list[str] = []
         self.nursery: trio.Nursery | None = None
 
     def note(self, what: str) -> None:
@@ -244,6 +259,28 @@ class World:
         await trio.sleep(fault.length)
         await self.start(r)
 
+    # ------------------------------------------------------------ caps
+    async def watch_caps(self) -> None:
+        """Keep every session's credit (its peaks are kept by the credit itself,
+        exactly), and check each live replica's retention: it may be over its total
+        only by the unacknowledged bytes its live streams hold, which cannot be shed."""
+        while True:
+            for server in self.all_servers:
+                if server.stopped.is_set():
+                    continue
+                pinned = 0
+                for sid, session in list(server.sessions.items()):
+                    credit = session.credit
+                    self.credits.setdefault(id(credit), (f"{server.replica_id} {sid}", credit))
+                    pinned += credit.held_bytes
+                budget = server.budget
+                if budget.held > budget.total + pinned and len(self.retention_over) < 10:
+                    self.retention_over.append(
+                        f"{trio.current_time():.3f} {server.replica_id}: retention "
+                        f"{budget.held} > {budget.total} + {pinned} pinned by live streams"
+                    )
+            await trio.sleep(WATCH_EVERY)
+
     # ------------------------------------------------------------ run
     def leaked(self) -> list[tuple[str, str, str]]:
         """What a hostile client could have learned: (principal, session id, cursor)."""
@@ -264,6 +301,7 @@ class World:
             for r in self.replicas:
                 await self.start(r)
             self.net.listen("gateway", self.gateway.serve, nursery)
+            nursery.start_soon(self.watch_caps)
             start = trio.current_time()
             nursery.start_soon(self.chaos, start)
             with trio.move_on_after(RUN_BOUND):
@@ -381,6 +419,8 @@ def simulate(plan: Plan) -> Outcome:
         world.all_servers,
         clock.current_time(),
         world.hard_kills,
+        list(world.credits.values()),
+        world.retention_over,
     )
 
 
