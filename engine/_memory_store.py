@@ -24,7 +24,8 @@ anyone else reads).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
@@ -38,7 +39,9 @@ from ._store_records import (
     Retention,
     SessionRecord,
     StoredEvent,
+    StoredTask,
     StreamInfo,
+    TaskWrite,
     check_channel,
 )
 
@@ -92,6 +95,18 @@ class _MemSession:
         return self.permutation.epoch(self.epochs)
 
 
+@dataclass(slots=True)
+class _MemTask:
+    version: int
+    data: bytes
+    expires: float
+
+
+def _task_owner(principal: str) -> str:
+    """The retention budget's owner for a principal's tasks (no session id has a space)."""
+    return f"tasks of {principal}"
+
+
 def _budget_owner(principal: str, session_id: str) -> str:
     """Whose bytes a record's stored responses are in the retention budget: a client
     session's own id; an internal record's, one name per principal (a space is
@@ -111,7 +126,11 @@ class MemoryStore:
     shared = False
 
     def __init__(
-        self, retention: Retention | None = None, *, budget: RetentionBudget | None = None
+        self,
+        retention: Retention | None = None,
+        *,
+        budget: RetentionBudget | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.retention = retention or Retention()
         #: Where stored responses are charged (the server installs its own, so the
@@ -121,6 +140,11 @@ class MemoryStore:
         self._sessions: dict[tuple[str, str], _MemSession] = {}
         #: Records named by an :class:`InternalId`: a table no client id reaches.
         self._internal: dict[tuple[str, str], _MemSession] = {}
+        #: The clock tasks expire by (seconds; this process's own).
+        self.clock = clock
+        #: Tasks by (principal, task id), and each principal's (id -> expiry).
+        self._tasks: dict[tuple[str, str], _MemTask] = {}
+        self._held: dict[str, dict[str, float]] = {}
 
     def _table(self, session_id: str) -> dict[tuple[str, str], _MemSession]:
         return self._internal if isinstance(session_id, InternalId) else self._sessions
@@ -337,6 +361,57 @@ class MemoryStore:
 
     async def shared_value(self, name: str, candidate: bytes) -> bytes:
         return candidate  # one process: nobody to agree with
+
+    # -- tasks: versioned records, expired by this process's clock
+
+    async def get_task(self, principal: str, task_id: str) -> StoredTask | None:
+        entry = self._tasks.get((principal, task_id))
+        if entry is None:
+            return None
+        if entry.expires <= self.clock():
+            self._drop_task(principal, task_id)
+            return None
+        return StoredTask(entry.version, entry.data)
+
+    async def put_task(
+        self,
+        principal: str,
+        task_id: str,
+        data: bytes,
+        *,
+        version: int,
+        ttl: float,
+        cap: int,
+    ) -> TaskWrite:
+        now = self.clock()
+        key = (principal, task_id)
+        entry = self._tasks.get(key)
+        if entry is not None and entry.expires <= now:
+            self._drop_task(principal, task_id)
+            entry = None
+        if (entry.version if entry is not None else 0) != version:
+            return TaskWrite.CONFLICT
+        held = self._held.setdefault(principal, {})
+        for gone in [t for t, until in held.items() if until <= now]:
+            self._drop_task(principal, gone)
+        if entry is None and len(held) >= cap:
+            return TaskWrite.FULL
+        before = len(entry.data) if entry is not None else 0
+        self._tasks[key] = _MemTask(version + 1, data, now + ttl)
+        held[task_id] = now + ttl
+        if self.budget is not None:
+            self.budget.charge(_task_owner(principal), len(data) - before)
+        return TaskWrite.WRITTEN
+
+    def _drop_task(self, principal: str, task_id: str) -> None:
+        entry = self._tasks.pop((principal, task_id), None)
+        held = self._held.get(principal)
+        if held is not None:
+            held.pop(task_id, None)
+            if not held:
+                del self._held[principal]
+        if entry is not None and self.budget is not None:
+            self.budget.charge(_task_owner(principal), -len(entry.data))
 
     async def aclose(self) -> None:
         return None

@@ -92,6 +92,7 @@ from ._redis_lua import (
     _MARK_BOUND,
     _POST,
     _PRELUDE,
+    _PUT_TASK,
     _READ,
     _REBIND,
     _RELEASE,
@@ -205,6 +206,7 @@ class RedisConnection:
         self._post: Script[bytes] = register(_POST)
         self._info: Script[bytes] = register(_INFO)
         self._take: Script[bytes] = register(_TAKE)
+        self._put_task: Script[bytes] = register(_PUT_TASK)
 
     async def _start(self) -> None:
         ready = trio.Event()

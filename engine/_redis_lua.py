@@ -73,6 +73,26 @@ if ARGV[1] == '0' and #items > 0 then redis.call('DEL', KEYS[1]) end
 return items
 """
 
+# Tasks: KEYS[1] = the task (a hash: v = version, d = data), KEYS[2] = the
+# principal's tasks (a sorted set: id scored by its expiry, server time in ms).
+# ARGV: expected version, data, ttl (ms), cap, task id.  Returns 'written',
+# 'conflict' (another version, or expired) or 'full' (a creation past the cap).
+_PUT_TASK = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local stored = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
+if stored ~= tonumber(ARGV[1]) then return 'conflict' end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if stored == 0 and redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return 'full' end
+local ttl = tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'v', stored + 1, 'd', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[5])
+local longest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[2], math.max(now + ttl, tonumber(longest[2])))
+return 'written'
+"""
+
 
 # --------------------------------------------------------------------------- Lua
 #

@@ -55,7 +55,15 @@ from ._redis_connection import DEFAULT_TIMEOUT, RedisConnection
 from ._redis_url import Pipe, _client_for, _pipe_for, _redact
 from ._resp import RespPipe
 from ._store_errors import ChannelRejected, SessionGone, StoreUnavailable
-from ._store_records import Retention, SessionRecord, StoredEvent, StreamInfo
+from ._store_records import (
+    TASKS,
+    Retention,
+    SessionRecord,
+    StoredEvent,
+    StoredTask,
+    StreamInfo,
+    TaskWrite,
+)
 
 __all__ = ["RedisStore"]
 
@@ -394,6 +402,46 @@ class RedisStore(RedisConnection):
 
         with _reading("read_changes"):
             return await self._run("read_changes", op)
+
+    def _task_keys(self, principal: str, task_id: str) -> list[str | bytes]:
+        # In the internal keyspace ("<prefix>:i:"), hash-tagged by principal: the task
+        # and its principal's set are in one slot on a cluster.
+        tag = self._tag(principal, TASKS)
+        return [f"{tag}:t:{_enc(task_id)}", f"{tag}:all"]
+
+    async def get_task(self, principal: str, task_id: str) -> StoredTask | None:
+        """``HMGET v d`` of the task's hash (``None``: absent or expired)."""
+        key = self._task_keys(principal, task_id)[0]
+
+        async def op() -> list[bytes | str | None]:
+            return list(await self._client.hmget(key, ["v", "d"]))
+
+        version, data = await self._run("get_task", op)
+        if version is None or data is None:
+            return None
+        with _reading("get_task"):
+            return StoredTask(int(_text(version)), _blob(data))
+
+    async def put_task(
+        self,
+        principal: str,
+        task_id: str,
+        data: bytes,
+        *,
+        version: int,
+        ttl: float,
+        cap: int,
+    ) -> TaskWrite:
+        """One script: compare the version, check the principal's cap, write, expire."""
+        keys = self._task_keys(principal, task_id)
+        args: list[str | bytes | int] = [version, data, _ms(ttl), cap, task_id]
+
+        async def op() -> ResponseType:
+            return await self._put_task(keys, args)
+
+        reply = await self._run("put_task", op)
+        with _reading("put_task"):
+            return TaskWrite(_text(cast(bytes, reply)))
 
     def _box_key(self, principal: str, session_id: str, box: str) -> str:
         return f"{self._tag(principal, session_id)}:m:{_enc(box)}"

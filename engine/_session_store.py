@@ -30,6 +30,13 @@ apart -- a separate table in :class:`~._memory_store.MemoryStore`, a separate ke
 prefix on Redis -- so no id a client sends, well-formed or not, can name one of
 them.
 
+**Tasks** (the tasks extension) are versioned records in the principal's own
+internal keyspace: :meth:`~SessionStore.put_task` writes only over the version the
+writer read (compare-and-set), with the per-principal cap checked in the same step, and
+:meth:`~SessionStore.get_task` reads.  A task id a client sends is looked up under
+the principal of its request, so another principal's task is "not found" exactly
+as an unknown one is.
+
 The values a store keeps and returns are :mod:`._store_records`'; its failures,
 :mod:`._store_errors`' -- :class:`~._store_errors.SessionGone` (unknown or deleted:
 answer 404), :class:`~._store_errors.ChannelRejected` (409 ``cursor_stale`` /
@@ -48,7 +55,7 @@ from typing import Protocol
 
 from weir.protocol.gate import CallStart
 
-from ._store_records import SessionRecord, StoredEvent, StreamInfo
+from ._store_records import SessionRecord, StoredEvent, StoredTask, StreamInfo, TaskWrite
 
 
 class SessionStore(Protocol):
@@ -195,6 +202,29 @@ class SessionStore(Protocol):
         ``candidate`` stored wins (e.g. the key that seals request state).  A
         process-local store answers ``candidate``."""
         return candidate
+
+    async def get_task(self, principal: str, task_id: str) -> StoredTask | None:
+        """Task ``task_id`` of ``principal`` as last written, or ``None`` (never created,
+        expired, or another principal's: the three are indistinguishable)."""
+
+    async def put_task(
+        self,
+        principal: str,
+        task_id: str,
+        data: bytes,
+        *,
+        version: int,
+        ttl: float,
+        cap: int,
+    ) -> TaskWrite:
+        """Write task ``task_id`` of ``principal`` if its stored version is ``version``
+        (0: create it; it must not exist), to expire ``ttl`` seconds from now.
+
+        A principal holds at most ``cap`` unexpired tasks: a creation past it is
+        :attr:`TaskWrite.FULL`, nothing written.  The check and the write are one
+        atomic step on a shared store, so replicas creating tasks at the same
+        moment never pass the cap together, and of two writers that read one
+        version exactly one writes."""
 
     async def publish_change(self, change: bytes) -> None:
         """Put ``change`` (an announced change, encoded) on the bus every replica reads."""

@@ -25,6 +25,7 @@ Everything here is an immutable value or a pure function: no I/O, no clock.
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -65,6 +66,8 @@ class InternalId(str):
 #: The record under which a principal's sessionless gate records live, in every store
 #: and for both runtimes (a keyspace of its own: no client-sent session id names it).
 SESSIONLESS_NAMESPACE: Final = InternalId("~sessionless")
+#: The internal record name a principal's tasks are kept under.
+TASKS: Final = InternalId("~tasks")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,6 +164,28 @@ class StreamInfo:
     last_seq: int
     #: True if the newest stored event is the stream's final one.
     finished: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTask:
+    """A task's record as a store keeps it: its bytes and their version.
+
+    ``version`` counts the writes (1 after the creation); a write names the version
+    it read, so of two replicas updating one task at the same moment exactly one
+    succeeds and the other reads again (see :meth:`SessionStore.put_task`)."""
+
+    version: int
+    data: bytes
+
+
+class TaskWrite(enum.Enum):
+    """The answer of :meth:`~._session_store.SessionStore.put_task`."""
+
+    WRITTEN = "written"
+    #: Another write came first (or the task expired): read it again.
+    CONFLICT = "conflict"
+    #: A creation refused: the principal already holds its cap of tasks.
+    FULL = "full"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -34,7 +34,9 @@ from weir.engine._store_records import (
     Retention,
     SessionRecord,
     StoredEvent,
+    StoredTask,
     StreamInfo,
+    TaskWrite,
     client_of,
     client_record,
 )
@@ -854,3 +856,73 @@ async def test_mark_bound_is_recorded(store: SessionStore) -> None:
     assert got is not None and got.bound and got.salt == rec.salt
     with pytest.raises(SessionGone):
         await store.mark_bound(P, "no-such-session")
+
+
+# ------------------------------------------------------------------------ tasks
+
+
+async def test_a_task_is_written_over_the_version_its_writer_read(store: SessionStore) -> None:
+    tid = f"t-{uuid.uuid4().hex}"
+    assert await store.get_task(P, tid) is None
+    created = await store.put_task(P, tid, b"working", version=0, ttl=60, cap=10)
+    assert created is TaskWrite.WRITTEN
+    assert await store.get_task(P, tid) == StoredTask(1, b"working")
+    # A second creation, or a write over a version nobody stored, changes nothing.
+    assert await store.put_task(P, tid, b"again", version=0, ttl=60, cap=10) is (TaskWrite.CONFLICT)
+    assert await store.put_task(P, tid, b"ahead", version=2, ttl=60, cap=10) is (TaskWrite.CONFLICT)
+    # Two replicas read version 1: the first write wins, the second must read again.
+    first = await store.put_task(P, tid, b"completed", version=1, ttl=60, cap=10)
+    second = await store.put_task(P, tid, b"cancelled", version=1, ttl=60, cap=10)
+    assert (first, second) == (TaskWrite.WRITTEN, TaskWrite.CONFLICT)
+    assert await store.get_task(P, tid) == StoredTask(2, b"completed")
+    # Another principal's task is not found, exactly as an unknown one.
+    assert await store.get_task("mallory", tid) is None
+    assert await store.put_task("mallory", tid, b"x", version=2, ttl=60, cap=10) is (
+        TaskWrite.CONFLICT
+    )
+    assert await store.get_task(P, tid) == StoredTask(2, b"completed")
+
+
+async def test_a_principal_holds_at_most_its_cap_of_tasks(store: SessionStore) -> None:
+    who = f"p-{uuid.uuid4().hex}"
+    for i in range(3):
+        assert await store.put_task(who, f"t{i}", b"w", version=0, ttl=60, cap=3) is (
+            TaskWrite.WRITTEN
+        )
+    assert await store.put_task(who, "t3", b"w", version=0, ttl=60, cap=3) is TaskWrite.FULL
+    assert await store.get_task(who, "t3") is None
+    # Updates of held tasks are not creations; other principals have caps of their own.
+    assert await store.put_task(who, "t0", b"done", version=1, ttl=60, cap=3) is (TaskWrite.WRITTEN)
+    assert await store.put_task(P + who, "t0", b"w", version=0, ttl=60, cap=3) is (
+        TaskWrite.WRITTEN
+    )
+
+
+async def test_an_expired_task_is_gone_and_frees_its_place(
+    store_url: str | None,
+) -> None:
+    now = [100.0]
+    if store_url is None or store_url == "sim":
+        store: SessionStore = MemoryStore(clock=lambda: now[0])
+        who = "alice"
+        assert await store.put_task(who, "a", b"w", version=0, ttl=5, cap=1) is TaskWrite.WRITTEN
+        now[0] += 4.999
+        assert await store.get_task(who, "a") == StoredTask(1, b"w")  # never before its ttl
+        assert await store.put_task(who, "b", b"w", version=0, ttl=5, cap=1) is TaskWrite.FULL
+        now[0] += 0.001
+        assert await store.get_task(who, "a") is None
+        assert await store.put_task(who, "a", b"w2", version=1, ttl=5, cap=1) is (
+            TaskWrite.CONFLICT
+        )
+        assert await store.put_task(who, "b", b"w", version=0, ttl=5, cap=1) is TaskWrite.WRITTEN
+        return
+    async with await RedisStore.connect(
+        store_url.removesuffix("#asyncio"), prefix=new_prefix()
+    ) as r:
+        assert await r.put_task("alice", "a", b"w", version=0, ttl=0.05, cap=1) is (
+            TaskWrite.WRITTEN
+        )
+        with trio.fail_after(5):  # the server expires it; poll (bounded) until it has
+            while await r.get_task("alice", "a") is not None:
+                await trio.sleep(0.01)
+        assert await r.put_task("alice", "b", b"w", version=0, ttl=60, cap=1) is (TaskWrite.WRITTEN)
