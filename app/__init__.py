@@ -34,7 +34,7 @@ from ._dispatch import (
 )
 from ._foreign import exception_chain
 from ._hooks import MAX_NOTES_RUNNING, NOTE_WAIT, SESSION_CLOSE_WAIT
-from ._input import InputRequired
+from ._input import BecomeTask, InputRequired
 from ._registry import (
     BUILTIN_APPS,
     App,
@@ -63,6 +63,7 @@ __all__ = [
     "SESSION_CLOSE_WAIT",
     "AccessToken",
     "App",
+    "BecomeTask",
     "Caller",
     "Context",
     "ContextBackend",

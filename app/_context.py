@@ -27,7 +27,7 @@ from typing import Any, Final, Protocol
 from weir.protocol.jsonrpc import ErrorResponse, RequestId, Response, encode_notification
 
 from ._hooks import _change_method
-from ._input import InputRequired, check_capabilities, valid_answer
+from ._input import BecomeTask, InputRequired, check_capabilities, valid_answer
 from ._registry import McpError
 
 #: ``logging/setLevel`` levels, least to most severe (RFC 5424 names, as MCP uses).
@@ -210,6 +210,8 @@ class Context:
         self.meta = meta or {}
         self.progress_token: str | int | None = self.meta.get("progressToken")
         self._last_progress: float | None = None
+        #: The task this run is (None: a request answered in its own response).
+        self.task_id: str | None = None
 
     @property
     def backend(self) -> ContextBackend:
@@ -336,6 +338,24 @@ class Context:
         if missing:
             raise InputRequired(missing)
         return answers
+
+    def become_task(self) -> None:
+        """Continue as a task (the tasks extension), if not one already.
+
+        For a tool registered with ``task="optional"`` or ``"required"`` and
+        ``task_upfront=False``: the handler runs in its request -- its input
+        rounds answered in the request as usual -- and at this call the request is
+        answered with a task handle instead; the task then runs the handler again
+        from its start, with every answer gathered so far, and this call returns
+        at once.  In a task already, it does nothing.  Only on the sessionless era
+        with a client that declared the extension is a request turned into a
+        task; elsewhere it does nothing either and the handler goes on.
+        """
+        if self.task_id is None and self.tasks_possible:
+            raise BecomeTask(dict(getattr(self, "answered", {})))
+
+    #: Set by the runtime when this request may become a task.
+    tasks_possible: bool = False
 
     async def sample(
         self,

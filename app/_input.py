@@ -55,6 +55,18 @@ class InputRequired(BaseException):
         self.requests = requests
 
 
+class BecomeTask(BaseException):
+    """The handler asked to continue as a task (:meth:`Context.become_task`).
+
+    ``answered``: the answers its request's rounds gave so far; the task's runs
+    get them again, so the handler's asks are answered at once the next time.
+    """
+
+    def __init__(self, answered: dict[str, Any]) -> None:
+        super().__init__("become a task")
+        self.answered = answered
+
+
 def valid_answer(method: str, answer: object) -> bool:
     """Is ``answer`` shaped like a result of ``method``?"""
     if not isinstance(answer, dict):

@@ -36,6 +36,9 @@ from typing import Any, TypeVar, get_type_hints
 
 import msgspec
 
+from weir.protocol.sessionless_post import Tasking
+from weir.protocol.tasks import TaskSupport
+
 from ._hooks import AppHooks
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -174,6 +177,11 @@ class Tool:
     #: :func:`never_suspends`): the server then runs it to completion in the
     #: connection's task, with no handler task and no cancel scope.
     inline: bool = False
+    #: Whether a call may (or must) be answered with a task (the tasks extension).
+    task: TaskSupport = TaskSupport.FORBIDDEN
+    #: True: the task starts with the call; False: the handler runs in the request
+    #: and becomes a task when it calls :meth:`Context.become_task`.
+    task_upfront: bool = True
 
     def listing(self) -> dict[str, Any]:
         """The entry for ``tools/list``."""
@@ -186,6 +194,8 @@ class Tool:
             out["title"] = self.title
         if self.annotations:
             out["annotations"] = self.annotations
+        if self.task is not TaskSupport.FORBIDDEN:
+            out["execution"] = {"taskSupport": self.task.value}
         return out
 
 
@@ -380,8 +390,18 @@ class App(AppHooks):
         destructive: bool | None = None,
         idempotent: bool | None = None,
         open_world: bool | None = None,
+        task: str = "forbidden",
+        task_upfront: bool = True,
     ) -> Callable[[F], F]:
         """Register a tool.  Usable as ``@app.tool()`` or ``@app.tool("name", ...)``.
+
+        ``task`` (the tasks extension): ``"forbidden"`` (the default: the call is
+        answered in its request), ``"optional"`` (a client that declared the
+        extension gets a task handle at once, others the result) or
+        ``"required"`` (only as a task: a client that did not declare the
+        extension is refused, -32021).  With ``task_upfront=False`` the handler
+        runs in its request -- asking for input in rounds as usual -- and turns
+        into a task where it calls :meth:`Context.become_task`.
 
         The hint flags become ``annotations`` (``readOnlyHint``, ``destructiveHint``,
         ``idempotentHint``, ``openWorldHint``); clients treat them as untrusted, and
@@ -398,6 +418,12 @@ class App(AppHooks):
                 raise ValueError(f"tool name {tname!r}: use 1-128 of A-Z a-z 0-9 _ - .")
             if tname in self.tools:
                 raise ValueError(f"tool {tname!r} registered twice")
+            try:
+                support = TaskSupport(task)
+            except ValueError:
+                raise ValueError(
+                    f"tool {tname!r}: task must be 'forbidden', 'optional' or 'required'"
+                ) from None
             hints = get_type_hints(fn)
             hints.pop("return", None)
             ctx = _context_param(fn, hints)
@@ -426,7 +452,9 @@ class App(AppHooks):
                 context_param=ctx,
                 annotations=ann or None,
                 title=title,
-                inline=never_suspends(fn),
+                inline=never_suspends(fn) and support is TaskSupport.FORBIDDEN,
+                task=support,
+                task_upfront=task_upfront,
             )
             return fn
 
@@ -530,6 +558,13 @@ class App(AppHooks):
         """Register the completion handler: ``fn(ref, argument_name, value, context_arguments)``."""
         self.completion_fn = fn
         return fn
+
+    def tasking(self, name: str) -> Tasking | None:
+        """How tool ``name`` runs as a task (None: unknown, or it never does)."""
+        tool = self.tools.get(name)
+        if tool is None or tool.task is TaskSupport.FORBIDDEN:
+            return None
+        return Tasking(tool.task, tool.task_upfront)
 
     def input_schema(self, name: str) -> Mapping[str, Any] | None:
         """The ``inputSchema`` of tool ``name``: the registry's, else the

@@ -34,6 +34,7 @@ from weir.protocol.sessionless import (
     method_not_found,
     missing_capability,
 )
+from weir.protocol.tasks import TASKS_EXTENSION
 
 #: The sessionless revision served.
 VERSION: Final = SESSIONLESS_VERSIONS[-1]
@@ -63,12 +64,19 @@ def server_identity(app: App) -> dict[str, Any]:
     return dict(describe(app, VERSION)["serverInfo"])
 
 
-def discover_for(app: App, identity: dict[str, Any]) -> dict[str, Any]:
-    """``server/discover``'s result for ``app`` (``identity``: :func:`server_identity`)."""
+def discover_for(app: App, identity: dict[str, Any], *, tasks: bool = False) -> dict[str, Any]:
+    """``server/discover``'s result for ``app`` (``identity``: :func:`server_identity`);
+    ``tasks``: the runtime serves the tasks extension (advertised under
+    ``capabilities.extensions``)."""
     described = describe(app, VERSION)
+    caps = era_capabilities(app, described)
+    if tasks:
+        extensions = dict(caps.get("extensions") or {})
+        extensions.setdefault(TASKS_EXTENSION, {})
+        caps["extensions"] = extensions
     return discover_result(
         ALL_VERSIONS,
-        era_capabilities(app, described),
+        caps,
         identity,
         described.get("instructions"),
     )

@@ -90,6 +90,13 @@ class ServerConfig:
             first seals, all open (rotation).  Empty: a random key per process, so
             replicas behind one balancer must share keys to continue each other's
             rounds.
+        task_ttl: seconds a task stays readable after its last change (the tasks
+            extension's ``ttlMs``).
+        task_poll_ms: the ``pollIntervalMs`` suggested to clients polling a task.
+        max_tasks_per_principal: tasks one principal may hold at once (unexpired,
+            terminal ones included); a call past it is 429 ``task_limit``.
+        max_task_result_bytes: the largest result a task keeps; a larger one ends
+            the task ``failed`` with ``result_too_large``.
         auth: OAuth resource-server settings (:class:`~weir.engine.Authorization`);
             ``None``: no authentication, every request is ``principal``.
         resume: the resumption policy: ``shared`` (events go to the store before
@@ -158,6 +165,10 @@ class ServerConfig:
     legacy_messages_path: str = "/messages"
     metrics_path: str | None = "/metrics"
     state_keys: tuple[bytes, ...] = ()
+    task_ttl: float = 3600.0
+    task_poll_ms: int = 1000
+    max_tasks_per_principal: int = 100
+    max_task_result_bytes: int = 1024 * 1024
     retry_window: float = 0.0
     ssl_context: ssl.SSLContext | None = None
     forwarded_allow_ips: TrustedProxies = field(default_factory=TrustedProxies)
@@ -198,6 +209,7 @@ class ServerConfig:
             "body_timeout",
             "initialize_timeout",
             "claim_lease",
+            "task_ttl",
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
@@ -207,6 +219,9 @@ class ServerConfig:
             "session_retain_bytes",
             "memory_budget",
             "max_inbound_bytes",
+            "task_poll_ms",
+            "max_tasks_per_principal",
+            "max_task_result_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")

@@ -77,6 +77,7 @@ from ._session_table import SessionTable
 from ._sessionless import Sessionless
 from ._shared import Shared, with_declared_auth
 from ._streams import Streams
+from ._tasks import Tasks
 
 
 class Server:
@@ -132,7 +133,10 @@ class Server:
         streams = Streams(shared, table)
         calls = self._calls = Calls(shared, table, streams, execution)
         legacy = Legacy(shared, table, streams, calls, execution)
-        sessionless = Sessionless(shared, owners, keyed, changes, execution)
+        tasks = self._tasks = Tasks(
+            shared.app, shared.config, shared.store, shared.replica_id, shared.start
+        )
+        sessionless = Sessionless(shared, owners, keyed, changes, execution, tasks)
         router = self._router = Router(
             shared,
             calls=calls,
@@ -309,6 +313,7 @@ class Server:
                 await shared.activity()
                 report.progress(running(), trio.current_time())
         report.done(running())
+        await self._tasks.shutdown()  # each run records its task failed (interrupted)
         self._changes.end_subscriptions()
         for session in self.sessions.values():
             for h in session.handles.values():

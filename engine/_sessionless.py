@@ -64,6 +64,7 @@ from typing import Any, Final
 import trio
 
 from weir.app import (
+    BecomeTask,
     Context,
     InputRequired,
     McpError,
@@ -114,11 +115,13 @@ from weir.protocol.sessionless_post import (
     RespondJson,
     RunOnStream,
     SealState,
+    ServeTask,
     SessionlessCourse,
     SessionlessEffect,
     SessionlessRules,
     SessionlessRun,
     ToolSchema,
+    ToolTasking,
 )
 from weir.protocol.states import StreamInput, StreamState
 
@@ -133,6 +136,7 @@ from ._owners import Owners, open_answer_stream
 from ._requester import Requester
 from ._session import Session, SessionClosed, StreamHandle, StreamLost
 from ._shared import Shared
+from ._tasks import Tasks
 from ._writer import SSE_HEADERS, PeerGone, write_stream
 
 #: The revision this module serves.
@@ -156,6 +160,7 @@ class Sessionless:
         keyed: KeyedCalls,
         changes: Changes,
         execution: Execution,
+        tasks: Tasks,
     ) -> None:
         self.shared = shared
         self.app = shared.app
@@ -165,6 +170,7 @@ class Sessionless:
         self.keyed = keyed
         self.changes = changes
         self.execution = execution
+        self.tasks = tasks
         cfg = shared.config
         #: The courses' rules (the app's fallback is read again per request).
         self.rules = SessionlessRules(
@@ -172,6 +178,7 @@ class Sessionless:
             retry_window=cfg.retry_window,
             in_progress_wait=cfg.in_progress_wait,
             retry_ms=cfg.retry_ms,
+            tasks=True,
         )
         #: An app's described ``serverInfo``, read once (the stamp on every result).
         self.described_info: dict[str, Any] | None = None
@@ -254,6 +261,8 @@ class Sessionless:
         """Perform one of the steps before the credit owner is chosen; its answer."""
         if isinstance(effect, ToolSchema):
             return self.app.input_schema(effect.name)
+        if isinstance(effect, ToolTasking):
+            return self.app.tasking(effect.name)
         if isinstance(effect, OpenRequestState):
             return self.shared.sealer.open(effect.state)
         if effect is ACCEPTED:
@@ -280,6 +289,11 @@ class Sessionless:
             await send_json(conn, owner, list(_JSON), effect.payload)
         elif isinstance(effect, Listen):
             await self.changes.listen(conn, owner, effect.request, effect.lane)
+        elif isinstance(effect, ServeTask):
+            req = effect.request
+            answer = await self.tasks.serve(who.principal, req, REQUEST_ACCESS.get())
+            body = encode_result(req.id, complete(req.method, answer, self._server_info()))
+            await send_json(conn, owner, list(_JSON), body)
         else:
             raise AssertionError(f"a sessionless course asked for {effect!r} out of turn")
 
@@ -408,6 +422,10 @@ class Sessionless:
             inputs=run.inputs,
             access_token=REQUEST_ACCESS.get(),
         )
+        task = run.task
+        if task is not None and task.upfront:  # the call is a task: create it, answer
+            return await self.tasks.create(run.principal, req, ctx.access_token)
+        ctx.tasks_possible = task is not None
         with trio.CancelScope() as scope:
             if not backend.detached:  # a keyed call is not cancelled with its response
                 owner.running[backend.run_key] = scope
@@ -419,6 +437,9 @@ class Sessionless:
                     )
                 except InputRequired as asked:
                     return InputAsked(asked.requests, ctx.answered)
+                except BecomeTask as escalated:  # the rounds are done: on as a task
+                    access = ctx.access_token
+                    return await self.tasks.create(run.principal, req, access, escalated.answered)
             except StreamLost:
                 return None
             except McpError as exc:
@@ -441,7 +462,7 @@ class Sessionless:
 
     # ---------------------------------------------------------------- results
     def _discover(self) -> dict[str, Any]:
-        return discover_for(self.app, self._server_info())
+        return discover_for(self.app, self._server_info(), tasks=True)
 
     def _server_info(self) -> dict[str, Any]:
         """The identity stamped on every result (asked once: an identity does not

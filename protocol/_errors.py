@@ -73,6 +73,8 @@ class Reason(enum.StrEnum):
     RESULT_TOO_LARGE = "result_too_large"
     OUTCOME_EVICTED = "outcome_evicted"
     OVERLOADED = "overloaded"
+    TASK_NOT_FOUND = "task_not_found"
+    TASK_LIMIT = "task_limit"
     # Authorization.
     UNAUTHORIZED = "unauthorized"
     INSUFFICIENT_SCOPE = "insufficient_scope"

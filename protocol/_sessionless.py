@@ -63,6 +63,10 @@ UNSUPPORTED_VERSION: Final = -32022
 NAMED_TARGET: Final = MappingProxyType(
     {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
 )
+#: The tasks extension's methods, whose ``Mcp-Name`` header names their task.
+TASK_TARGET: Final = MappingProxyType(
+    {"tasks/get": "taskId", "tasks/update": "taskId", "tasks/cancel": "taskId"}
+)
 #: Results that may be cached, and so carry ``ttlMs`` and ``cacheScope``.
 CACHEABLE: Final = frozenset(
     {
@@ -247,7 +251,7 @@ def _check_routing(headers: Headers, req: Request) -> None:
         raise _mismatch("the Mcp-Method header is required", req.id)
     if sent.strip(" \t") != req.method:
         raise _mismatch(f"Mcp-Method {sent[:64]!r} does not match the method", req.id)
-    field = NAMED_TARGET.get(req.method)
+    field = NAMED_TARGET.get(req.method) or TASK_TARGET.get(req.method)
     if field is None:
         return
     params = req.params if isinstance(req.params, dict) else {}

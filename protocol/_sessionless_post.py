@@ -72,7 +72,7 @@ from ._course import CallCourse, ClaimCall, HoldCall, WaitForCall, gate
 from ._endpoint import accepts
 from ._errors import INVALID_PARAMS, Reason, RemoteProtocolError
 from ._gate import WindowKey
-from ._jsonrpc import Notification, Request, encode_error
+from ._jsonrpc import Notification, Request, RequestId, encode_error
 from ._post import (
     ACCEPTED,
     ATTACH_WRITER,
@@ -90,6 +90,7 @@ from ._sessionless import (
     param_headers,
 )
 from ._steps import Singleton, Steps
+from ._tasks import TASK_METHODS, TaskSupport, declared, not_declared
 
 #: The methods this era serves.
 SESSIONLESS_METHODS: Final = frozenset(
@@ -132,6 +133,8 @@ class SessionlessRules:
     in_progress_wait: float = 10.0
     #: The ``Retry-After`` (ms) a gate refusal suggests.
     retry_ms: int = 1000
+    #: The runtime serves the tasks extension (``tasks/*``, calls answered with tasks).
+    tasks: bool = False
 
 
 # ---------------------------------------------------------------- effects
@@ -161,6 +164,31 @@ class ToolSchema:
     """Answer with tool ``name``'s input schema (a mapping), or None if unknown."""
 
     name: str
+
+
+@dataclass(slots=True)
+class ToolTasking:
+    """Answer with how tool ``name`` runs as a task: a :class:`Tasking` (None for
+    an unknown tool, or one that never does)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tasking:
+    """A tool's task support, and whether its task starts with the call (else the
+    handler escalates into one itself, after its input rounds)."""
+
+    support: TaskSupport
+    upfront: bool = True
+
+
+@dataclass(slots=True)
+class ServeTask:
+    """Answer ``tasks/get``, ``tasks/update`` or ``tasks/cancel`` (the request
+    declared the extension; nothing is reserved for the answer); the course is over."""
+
+    request: Request
 
 
 @dataclass(slots=True)
@@ -260,6 +288,8 @@ SessionlessEffect = (
     Accepted
     | AnswerDiscover
     | ToolSchema
+    | ToolTasking
+    | ServeTask
     | OpenRequestState
     | ChooseOwner
     | AdmitRequests
@@ -325,7 +355,16 @@ class SessionlessRun(Steps[RunEffect]):
     ``interrupted``.
     """
 
-    __slots__ = ("_binding", "app_rounds", "authorized", "call", "inputs", "principal", "request")
+    __slots__ = (
+        "_binding",
+        "app_rounds",
+        "authorized",
+        "call",
+        "inputs",
+        "principal",
+        "request",
+        "task",
+    )
 
     def __init__(
         self,
@@ -347,6 +386,11 @@ class SessionlessRun(Steps[RunEffect]):
         self._binding: str | None = None
         #: The app keeps its own rounds' state: its ``requestState`` goes out sealed.
         self.app_rounds = app_rounds
+        #: How the call may become a task (None: it cannot): ``upfront``, the runtime
+        #: creates it instead of running the handler here and answers with its
+        #: handle; else the handler may escalate into one (the runtime then answers
+        #: :data:`RUN_HANDLER` with the handle as the result).
+        self.task: Tasking | None = None
         self.now = 0.0
         self._steps = steps = _run(self)
         self._send = steps.send
@@ -406,12 +450,23 @@ def _course(c: SessionlessCourse) -> _Steps:
         return
     req = message
     method = req.method
-    if method not in SESSIONLESS_METHODS and (not rules.fallback or method in SESSION_ERA_ONLY):
+    served = method in SESSIONLESS_METHODS or (rules.tasks and method in TASK_METHODS)
+    if not served and (not rules.fallback or method in SESSION_ERA_ONLY | TASK_METHODS):
         raise method_not_found(method, req.id)
     if method == "server/discover":
         yield ANSWER_DISCOVER
         return
+    declared_tasks = msg.meta is not None and declared(msg.meta.capabilities)
+    if method in TASK_METHODS:
+        if not declared_tasks:
+            raise not_declared(req.id)
+        yield CHOOSE_OWNER
+        yield AdmitRequests(1, req.id, c.lane)
+        yield Finished(1, c.lane)
+        yield ServeTask(req)
+        return
     params = req.params if isinstance(req.params, dict) else {}
+    tasking: Tasking | None = None
     if method == "tools/call":
         name = params.get("name")
         arguments = params.get("arguments")
@@ -421,6 +476,9 @@ def _course(c: SessionlessCourse) -> _Steps:
                 annotated = param_headers(schema)
                 if annotated:
                     check_param_headers(msg.headers, annotated, arguments, req.id)
+            if rules.tasks:  # (a runtime without tasks runs every tool inline)
+                tasking = yield ToolTasking(name)
+                tasking = _task_decision(tasking, declared_tasks, req.id)
     inputs: dict[str, Any] | None = None
     app_rounds = rules.fallback_every_method and method in INPUT_METHODS
     if method in INPUT_METHODS:
@@ -478,6 +536,7 @@ def _course(c: SessionlessCourse) -> _Steps:
     run = SessionlessRun(
         req, inputs, call, principal=c.principal, authorized=c.authorized, app_rounds=app_rounds
     )
+    run.task = tasking
     sse = method in INPUT_METHODS and not rules.json_response
     if not (sse and accepts(msg.headers.get("accept"), "text/event-stream")):
         yield RespondJson(run, lane)
@@ -494,6 +553,25 @@ def _course(c: SessionlessCourse) -> _Steps:
         raise
     yield RunOnStream(run)
     yield ATTACH_WRITER
+
+
+def _task_decision(
+    tasking: Tasking | None, declared_tasks: bool, request_id: RequestId
+) -> Tasking | None:
+    """Whether (and how) a call becomes a task: only for a tool that supports it,
+    called by a request that declared the extension.
+
+    Raises:
+        RemoteProtocolError: 400 -32021 for a tool that runs only as a task, called
+            without the extension declared.
+    """
+    if tasking is None or tasking.support is TaskSupport.FORBIDDEN:
+        return None
+    if not declared_tasks:
+        if tasking.support is TaskSupport.REQUIRED:
+            raise not_declared(request_id)
+        return None
+    return tasking
 
 
 def _run(r: SessionlessRun) -> _RunSteps:

@@ -24,11 +24,14 @@ from ._sessionless_post import (
     RespondJson,
     RunOnStream,
     SealState,
+    ServeTask,
     SessionlessCourse,
     SessionlessEffect,
     SessionlessRules,
     SessionlessRun,
+    Tasking,
     ToolSchema,
+    ToolTasking,
 )
 
 __all__ = [
@@ -46,9 +49,12 @@ __all__ = [
     "RespondJson",
     "RunOnStream",
     "SealState",
+    "ServeTask",
     "SessionlessCourse",
     "SessionlessEffect",
     "SessionlessRules",
     "SessionlessRun",
+    "Tasking",
     "ToolSchema",
+    "ToolTasking",
 ]

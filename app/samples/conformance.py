@@ -13,6 +13,7 @@ from typing import Any
 
 from weir.app import App, Context, ToolError, audio, embedded_resource, image, text
 from weir.app.samples.sessionless import register as register_sessionless
+from weir.app.samples.tasks import register as register_tasks
 
 app = App("weir-conformance", "0.1.0")
 
@@ -350,3 +351,4 @@ def complete(ref: dict[str, Any], argument: str, value: str, context: dict[str, 
 
 
 register_sessionless(app)
+register_tasks(app)

@@ -1,0 +1,427 @@
+"""Tasks on the Trio engine: created in the store, run here, answered from any replica.
+
+Theory of operation
+-------------------
+The record and its rules are the core's (:mod:`weir.protocol.tasks`); this module
+keeps them in the store and runs handlers.
+
+* **Creation is durable.**  A call that becomes a task (:meth:`Tasks.create`) writes
+  its ``working`` record to the store first -- version 0, under the principal's
+  cap -- and only then starts the handler and answers with the handle, so a
+  ``tasks/get`` sent anywhere right after the answer finds it.  The id is 32
+  random bytes, looked up under the principal of the request that names it: a
+  guessed id, or another principal's, is "not found" exactly as an unknown one.
+* **Every change is a compare-and-set** (:meth:`Tasks._change`): read, apply a pure
+  rule of the core, write over the version read; on a conflict, read again.  So
+  a ``tasks/cancel`` on one replica and the result of the run on another never
+  overwrite each other: whichever lands second sees the first and obeys the rules
+  (a terminal task never changes).
+* **A run** (:meth:`Tasks._run`) executes the handler from its start with every
+  answer gathered so far.  It renews its lease every third of
+  ``ServerConfig.claim_lease`` and, on each renewal, checks that the record still
+  names its run: a task cancelled or declared lost elsewhere stops its handler
+  within a third of a lease (one cancelled here stops at once).  It ends by
+  writing the result (``completed``, a tool's ``isError`` result included), the
+  error (``failed``), or the questions (``input_required``: nobody runs it until
+  ``tasks/update`` answers the last one, and then the replica that took the
+  answer starts the next run).
+* **A replica that dies** stops renewing; the next ``tasks/get`` on any replica
+  finds the lease run out and records the task ``failed`` (``interrupted``).  A
+  replica that shuts down records its running tasks so itself, before it exits.
+  No task is ever run again by someone else: its handler may have had effects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import msgspec
+import trio
+
+from weir.app import App, BecomeTask, Context, InputRequired, McpError, dispatch, failure
+from weir.app._context import AccessToken, Caller
+from weir.common import handler_error
+from weir.protocol import INVALID_PARAMS, Reason, RemoteProtocolError
+from weir.protocol.jsonrpc import Request
+from weir.protocol.tasks import (
+    ACK,
+    TaskRecord,
+    answered,
+    asked,
+    cancelled,
+    completed,
+    create_result,
+    decode_record,
+    detailed,
+    encode_record,
+    failed,
+    interrupted,
+    lease_ran_out,
+    new_task,
+    renewed,
+    runs,
+    task_id_of,
+    task_not_found,
+)
+
+from ._config import ServerConfig
+from ._session_store import SessionStore
+from ._shared import log
+from ._store_records import TaskWrite
+
+#: Params of a ``tools/call`` that belong to its round, not to the task's runs.
+_ROUND_PARAMS: Final = ("inputResponses", "requestState", "task")
+#: Compare-and-set attempts before a change gives up (each conflict means another
+#: writer made progress, so this is never reached by honest contention).
+MAX_ATTEMPTS: Final = 16
+
+
+class Tasks:
+    """A replica's side of the tasks extension (see the module docstring).
+
+    Guarantees: a task's handle is answered only once its record is stored; every
+    change is written over the version it was decided on; a run writes only while
+    the record names it; a task this replica runs is recorded ``failed`` before
+    the replica exits, unless it is killed.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        config: ServerConfig,
+        store: SessionStore,
+        replica_id: str,
+        start: Callable[..., None],
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.app = app
+        self.config = config
+        self.store = store
+        self.replica_id = replica_id
+        self._start = start
+        self._wall = wall
+        #: Runs in progress here: (principal, task id) -> (run number, cancel scope).
+        self.running: dict[tuple[str, str], tuple[int, trio.CancelScope]] = {}
+
+    # ------------------------------------------------------------ creation
+    async def create(
+        self,
+        principal: str,
+        req: Request,
+        access: AccessToken | None,
+        answers: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Store a new ``working`` task for ``req`` (a ``tools/call``), start its first
+        run here, and return its ``CreateTaskResult``.
+
+        Raises:
+            RemoteProtocolError: 429 ``task_limit`` when the principal holds its cap.
+            StoreUnavailable: the store is down (nothing was created or run).
+        """
+        cfg = self.config
+        params = {k: v for k, v in (req.params or {}).items() if k not in _ROUND_PARAMS}
+        record = new_task(
+            secrets.token_urlsafe(32),
+            params,
+            wall=self._wall(),
+            ttl_ms=int(cfg.task_ttl * 1000),
+            poll_ms=cfg.task_poll_ms,
+            owner=self.replica_id,
+            lease=cfg.claim_lease,
+            answers=answers,
+        )
+        written = await self.store.put_task(
+            principal,
+            record.id,
+            encode_record(record),
+            version=0,
+            ttl=cfg.task_ttl,
+            cap=cfg.max_tasks_per_principal,
+        )
+        if written is TaskWrite.FULL:
+            raise RemoteProtocolError(
+                f"this principal already holds {cfg.max_tasks_per_principal} tasks; "
+                "wait for some to expire",
+                http_status=429,
+                reason=Reason.TASK_LIMIT,
+                request_id=req.id,
+                retry_after_ms=int(cfg.task_poll_ms),
+            )
+        if written is not TaskWrite.WRITTEN:  # a 256-bit id already taken: never
+            raise RuntimeError("a fresh task id was already in the store")
+        self._start(self._run, principal, record, access)
+        return create_result(record)
+
+    # ------------------------------------------------------------ tasks/*
+    async def serve(
+        self, principal: str, req: Request, access: AccessToken | None
+    ) -> dict[str, Any]:
+        """Answer ``tasks/get``, ``tasks/update`` or ``tasks/cancel`` for ``principal``.
+
+        Raises:
+            RemoteProtocolError: 400 -32602 for a missing task id or a task this
+                principal does not have, or malformed ``inputResponses``.
+            StoreUnavailable: the store is down.
+        """
+        task_id = task_id_of(req.params, req.id)
+        wall = self._wall()
+        if req.method == "tasks/get":
+            record = await self._change(
+                principal,
+                task_id,
+                lambda r: interrupted(r, wall) if lease_ran_out(r, wall) else None,
+            )
+            if record is None:
+                raise task_not_found(req.id)
+            return detailed(record)
+        if req.method == "tasks/cancel":
+            record = await self._change(principal, task_id, lambda r: cancelled(r, wall))
+            if record is None:
+                raise task_not_found(req.id)
+            self._stop_here(principal, task_id)
+            return dict(ACK)
+        responses = (req.params or {}).get("inputResponses")
+        if not isinstance(responses, dict):
+            raise RemoteProtocolError(
+                "tasks/update needs params.inputResponses, an object",
+                http_status=400,
+                reason=Reason.INVALID_REQUEST,
+                code=INVALID_PARAMS,
+                request_id=req.id,
+            )
+        cfg = self.config
+        before: list[TaskRecord] = []
+
+        def fold(r: TaskRecord) -> TaskRecord | None:
+            before[:] = [r]
+            return answered(r, responses, wall, owner=self.replica_id, lease=cfg.claim_lease)
+
+        record = await self._change(principal, task_id, fold)
+        if record is None:
+            raise task_not_found(req.id)
+        if before and record is not before[0] and runs(record, record.run):
+            self._start(self._run, principal, record, access)  # the last answer: run again
+        return dict(ACK)
+
+    # ------------------------------------------------------------ runs
+    async def _run(self, principal: str, record: TaskRecord, access: AccessToken | None) -> None:
+        key, run = (principal, record.id), record.run
+        outcome: Callable[[TaskRecord, float], TaskRecord] | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                handler_scope = trio.CancelScope()
+                self.running[key] = (run, handler_scope)
+                nursery.start_soon(self._renew, principal, record.id, run, handler_scope)
+                with handler_scope:
+                    outcome = await self._handle(record, access)
+                nursery.cancel_scope.cancel()
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True) as shield:  # the server is going away
+                shield.deadline = trio.current_time() + 5.0
+                await self._finish(principal, record.id, run, interrupted)
+            raise
+        finally:
+            if self.running.get(key, (None,))[0] == run:
+                del self.running[key]
+        if outcome is not None:
+            await self._finish(principal, record.id, run, outcome)
+
+    async def _handle(
+        self, record: TaskRecord, access: AccessToken | None
+    ) -> Callable[[TaskRecord, float], TaskRecord]:
+        """Run the handler once; how its end changes the record."""
+        params = record.params
+        req = Request(id=f"task-{record.id[:16]}", method="tools/call", params=params)
+        sent = params.get("_meta")
+        meta: dict[str, Any] = sent if isinstance(sent, dict) else {}
+        ctx = Context(
+            TaskBackend(_caller(meta)),
+            req.id,
+            meta,
+            state=None,
+            inputs=dict(record.answers),
+            access_token=access,
+        )
+        ctx.task_id = record.id
+        try:
+            result = await dispatch(self.app, req, ctx)
+        except InputRequired as asked_for:
+            asks = dict(asked_for.requests)
+            return lambda r, wall: asked(r, asks, wall)
+        except BecomeTask:  # (never raised in a task; a handler that re-raises it)
+            return _failure(req, RuntimeError("become_task raised inside a task"))
+        except McpError as exc:
+            try:
+                return _ended_with(handler_error(req, exc))
+            except RemoteProtocolError as refusal:
+                error = {"code": refusal.code, "message": str(refusal), "data": refusal.data}
+                return lambda r, wall: failed(r, error, wall)
+        except Exception as exc:
+            return _failure(req, exc)
+        return self._fit(result)
+
+    def _fit(self, result: dict[str, Any]) -> Callable[[TaskRecord, float], TaskRecord]:
+        size = len(msgspec.json.encode(result))
+        limit = self.config.max_task_result_bytes
+        if size <= limit:
+            return lambda r, wall: completed(r, result, wall)
+        error = {
+            "code": INVALID_PARAMS,
+            "message": f"the task's result is {size} bytes; tasks keep at most {limit}",
+            "data": {"reason": str(Reason.RESULT_TOO_LARGE), "size": size, "limit": limit},
+        }
+        return lambda r, wall: failed(r, error, wall)
+
+    async def _renew(
+        self, principal: str, task_id: str, run: int, handler: trio.CancelScope
+    ) -> None:
+        lease = self.config.claim_lease
+        while True:
+            await trio.sleep(lease / 3)
+            try:
+                record = await self._change(
+                    principal,
+                    task_id,
+                    lambda r: renewed(r, self._wall(), lease) if runs(r, run) else None,
+                )
+            except Exception:  # a store hiccup: the next renewal tries again
+                log.warning("could not renew the lease of task %s", task_id[:16])
+                continue
+            if record is None or not runs(record, run):
+                handler.cancel()  # cancelled, or declared lost, elsewhere
+                return
+
+    async def _finish(
+        self,
+        principal: str,
+        task_id: str,
+        run: int,
+        outcome: Callable[[TaskRecord, float], TaskRecord],
+    ) -> None:
+        try:
+            await self._change(
+                principal,
+                task_id,
+                lambda r: outcome(r, self._wall()) if runs(r, run) else None,
+            )
+        except Exception:
+            log.warning("could not record the end of task %s", task_id[:16], exc_info=True)
+
+    def _stop_here(self, principal: str, task_id: str) -> None:
+        held = self.running.get((principal, task_id))
+        if held is not None:
+            held[1].cancel()
+
+    # ------------------------------------------------------------ the store
+    async def _change(
+        self,
+        principal: str,
+        task_id: str,
+        rule: Callable[[TaskRecord], TaskRecord | None],
+    ) -> TaskRecord | None:
+        """Read the task, apply ``rule`` (None: no change), write over the version
+        read; again on a conflict.  The record as it stands after (None: no task)."""
+        for _ in range(MAX_ATTEMPTS):
+            stored = await self.store.get_task(principal, task_id)
+            if stored is None:
+                return None
+            try:
+                record = decode_record(stored.data)
+            except msgspec.DecodeError:
+                log.warning("task %s: its stored record does not decode", task_id[:16])
+                return None
+            new = rule(record)
+            if new is None or new == record:
+                return record
+            written = await self.store.put_task(
+                principal,
+                task_id,
+                encode_record(new),
+                version=stored.version,
+                ttl=new.ttl_ms / 1000,
+                cap=self.config.max_tasks_per_principal,
+            )
+            if written is TaskWrite.WRITTEN:
+                return new
+        raise RuntimeError(f"task {task_id[:16]}: {MAX_ATTEMPTS} conflicting writes in a row")
+
+    async def shutdown(self) -> None:
+        """Stop every run here; each records its task ``failed`` (``interrupted``)."""
+        for _, scope in list(self.running.values()):
+            scope.cancel()
+        with contextlib.suppress(trio.TooSlowError), trio.fail_after(5):
+            while self.running:
+                await trio.sleep(0.01)
+
+
+def _ended_with(body: bytes) -> Callable[[TaskRecord, float], TaskRecord]:
+    """The record's end for an encoded JSON-RPC response: its result or its error."""
+    message = msgspec.json.decode(body)
+    if isinstance(message, dict) and isinstance(message.get("error"), dict):
+        error = message["error"]
+        return lambda r, wall: failed(r, error, wall)
+    result = message.get("result") if isinstance(message, dict) else None
+    out = result if isinstance(result, dict) else {"content": [], "isError": True}
+    return lambda r, wall: completed(r, out, wall)
+
+
+def _failure(req: Request, exc: Exception) -> Callable[[TaskRecord, float], TaskRecord]:
+    return _ended_with(failure(req, exc))
+
+
+def _caller(meta: dict[str, Any]) -> Caller:
+    caps = meta.get("io.modelcontextprotocol/clientCapabilities")
+    info = meta.get("io.modelcontextprotocol/clientInfo")
+    version = meta.get("io.modelcontextprotocol/protocolVersion")
+    return Caller(
+        caps if isinstance(caps, dict) else {},
+        info if isinstance(info, dict) else {},
+        protocol_version=version if isinstance(version, str) else "2026-07-28",
+    )
+
+
+class TaskBackend:
+    """What a task's handler talks to: no stream (a task's notifications go nowhere:
+    its client polls), no session, the client as the creating request described it."""
+
+    __slots__ = ("_caller",)
+
+    def __init__(self, caller: Caller) -> None:
+        self._caller = caller
+
+    @property
+    def session_id(self) -> None:
+        return None
+
+    @property
+    def caller(self) -> Caller:
+        return self._caller
+
+    async def send(self, payload: bytes) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def request(self, method: str, params: dict[str, Any] | None, timeout: float) -> None:
+        raise McpError(-32603, f"a task cannot send {method}: it asks for input instead")
+
+    def close_stream(self, retry_ms: int) -> None:
+        return None
+
+    async def sleep(self, seconds: float) -> None:
+        await trio.sleep(seconds)
+
+    def changed(self, method: str, uri: str | None) -> None:
+        return None
+
+    @property
+    def protocol_version(self) -> str:
+        return self._caller.protocol_version or "2026-07-28"
+
+    def cancel_requested(self, request_id: Any) -> bool:
+        return False
+
+    def session_channel(self) -> None:
+        return None
