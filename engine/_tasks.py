@@ -42,29 +42,38 @@ from typing import Any, Final
 import msgspec
 import trio
 
-from weir.app import App, BecomeTask, Context, InputRequired, McpError, dispatch, failure
-from weir.app._context import AccessToken, Caller
+from weir.app import (
+    AccessToken,
+    App,
+    BecomeTask,
+    Caller,
+    Context,
+    InputRequired,
+    McpError,
+    dispatch,
+    failure,
+)
 from weir.common import handler_error
 from weir.protocol import INVALID_PARAMS, Reason, RemoteProtocolError
 from weir.protocol.jsonrpc import Request
 from weir.protocol.tasks import (
-    ACK,
     TaskRecord,
-    answered,
-    asked,
-    cancelled,
-    completed,
+    ack,
     create_result,
     decode_record,
     detailed,
     encode_record,
-    failed,
-    interrupted,
     lease_ran_out,
+    lease_renewed,
     new_task,
-    renewed,
     runs,
+    task_answered,
+    task_asked,
+    task_cancelled,
+    task_completed,
+    task_failed,
     task_id_of,
+    task_interrupted,
     task_not_found,
 )
 
@@ -173,17 +182,17 @@ class Tasks:
             record = await self._change(
                 principal,
                 task_id,
-                lambda r: interrupted(r, wall) if lease_ran_out(r, wall) else None,
+                lambda r: task_interrupted(r, wall) if lease_ran_out(r, wall) else None,
             )
             if record is None:
                 raise task_not_found(req.id)
             return detailed(record)
         if req.method == "tasks/cancel":
-            record = await self._change(principal, task_id, lambda r: cancelled(r, wall))
+            record = await self._change(principal, task_id, lambda r: task_cancelled(r, wall))
             if record is None:
                 raise task_not_found(req.id)
             self._stop_here(principal, task_id)
-            return dict(ACK)
+            return ack()
         responses = (req.params or {}).get("inputResponses")
         if not isinstance(responses, dict):
             raise RemoteProtocolError(
@@ -198,14 +207,14 @@ class Tasks:
 
         def fold(r: TaskRecord) -> TaskRecord | None:
             before[:] = [r]
-            return answered(r, responses, wall, owner=self.replica_id, lease=cfg.claim_lease)
+            return task_answered(r, responses, wall, owner=self.replica_id, lease=cfg.claim_lease)
 
         record = await self._change(principal, task_id, fold)
         if record is None:
             raise task_not_found(req.id)
         if before and record is not before[0] and runs(record, record.run):
             self._start(self._run, principal, record, access)  # the last answer: run again
-        return dict(ACK)
+        return ack()
 
     # ------------------------------------------------------------ runs
     async def _run(self, principal: str, record: TaskRecord, access: AccessToken | None) -> None:
@@ -222,13 +231,14 @@ class Tasks:
         except trio.Cancelled:
             with trio.CancelScope(shield=True) as shield:  # the server is going away
                 shield.deadline = trio.current_time() + 5.0
-                await self._finish(principal, record.id, run, interrupted)
+                await self._finish(principal, record.id, run, task_interrupted)
             raise
         finally:
             if self.running.get(key, (None,))[0] == run:
                 del self.running[key]
-        if outcome is not None:
-            await self._finish(principal, record.id, run, outcome)
+        # No outcome: the handler was stopped -- by a cancel (the record says so
+        # already, and the rule leaves it), or by this server's shutdown.
+        await self._finish(principal, record.id, run, outcome or task_interrupted)
 
     async def _handle(
         self, record: TaskRecord, access: AccessToken | None
@@ -251,7 +261,7 @@ class Tasks:
             result = await dispatch(self.app, req, ctx)
         except InputRequired as asked_for:
             asks = dict(asked_for.requests)
-            return lambda r, wall: asked(r, asks, wall)
+            return lambda r, wall: task_asked(r, asks, wall)
         except BecomeTask:  # (never raised in a task; a handler that re-raises it)
             return _failure(req, RuntimeError("become_task raised inside a task"))
         except McpError as exc:
@@ -259,7 +269,7 @@ class Tasks:
                 return _ended_with(handler_error(req, exc))
             except RemoteProtocolError as refusal:
                 error = {"code": refusal.code, "message": str(refusal), "data": refusal.data}
-                return lambda r, wall: failed(r, error, wall)
+                return lambda r, wall: task_failed(r, error, wall)
         except Exception as exc:
             return _failure(req, exc)
         return self._fit(result)
@@ -268,13 +278,13 @@ class Tasks:
         size = len(msgspec.json.encode(result))
         limit = self.config.max_task_result_bytes
         if size <= limit:
-            return lambda r, wall: completed(r, result, wall)
+            return lambda r, wall: task_completed(r, result, wall)
         error = {
             "code": INVALID_PARAMS,
             "message": f"the task's result is {size} bytes; tasks keep at most {limit}",
             "data": {"reason": str(Reason.RESULT_TOO_LARGE), "size": size, "limit": limit},
         }
-        return lambda r, wall: failed(r, error, wall)
+        return lambda r, wall: task_failed(r, error, wall)
 
     async def _renew(
         self, principal: str, task_id: str, run: int, handler: trio.CancelScope
@@ -286,7 +296,7 @@ class Tasks:
                 record = await self._change(
                     principal,
                     task_id,
-                    lambda r: renewed(r, self._wall(), lease) if runs(r, run) else None,
+                    lambda r: lease_renewed(r, self._wall(), lease) if runs(r, run) else None,
                 )
             except Exception:  # a store hiccup: the next renewal tries again
                 log.warning("could not renew the lease of task %s", task_id[:16])
@@ -363,10 +373,10 @@ def _ended_with(body: bytes) -> Callable[[TaskRecord, float], TaskRecord]:
     message = msgspec.json.decode(body)
     if isinstance(message, dict) and isinstance(message.get("error"), dict):
         error = message["error"]
-        return lambda r, wall: failed(r, error, wall)
+        return lambda r, wall: task_failed(r, error, wall)
     result = message.get("result") if isinstance(message, dict) else None
     out = result if isinstance(result, dict) else {"content": [], "isError": True}
-    return lambda r, wall: completed(r, out, wall)
+    return lambda r, wall: task_completed(r, out, wall)
 
 
 def _failure(req: Request, exc: Exception) -> Callable[[TaskRecord, float], TaskRecord]:

@@ -35,7 +35,6 @@ skew can only fail a live task early, never run one twice.
 
 from __future__ import annotations
 
-import datetime
 import enum
 from collections.abc import Mapping
 from typing import Any, Final
@@ -210,22 +209,22 @@ def runs(record: TaskRecord, run: int) -> bool:
     return record.state is TaskStatus.WORKING and record.run == run
 
 
-def renewed(record: TaskRecord, wall: float, lease: float) -> TaskRecord:
+def lease_renewed(record: TaskRecord, wall: float, lease: float) -> TaskRecord:
     """The runner's lease moved to ``wall + lease``."""
     return msgspec.structs.replace(record, lease_until=wall + lease)
 
 
-def completed(record: TaskRecord, result: dict[str, Any], wall: float) -> TaskRecord:
+def task_completed(record: TaskRecord, result: dict[str, Any], wall: float) -> TaskRecord:
     """The handler returned ``result`` (a tool error's ``isError`` result included)."""
     return _ended(record, TaskStatus.COMPLETED, wall, result=result)
 
 
-def failed(record: TaskRecord, error: dict[str, Any], wall: float) -> TaskRecord:
+def task_failed(record: TaskRecord, error: dict[str, Any], wall: float) -> TaskRecord:
     """A protocol-level error ended the task (``code``, ``message``, ``data``)."""
     return _ended(record, TaskStatus.FAILED, wall, error=error)
 
 
-def interrupted(record: TaskRecord, wall: float) -> TaskRecord:
+def task_interrupted(record: TaskRecord, wall: float) -> TaskRecord:
     """The runner went away (its lease ran out, or its server shut down): failed,
     never run again -- its handler may have had effects."""
     error = {
@@ -237,14 +236,14 @@ def interrupted(record: TaskRecord, wall: float) -> TaskRecord:
     return _ended(record, TaskStatus.FAILED, wall, error=error)
 
 
-def cancelled(record: TaskRecord, wall: float) -> TaskRecord:
+def task_cancelled(record: TaskRecord, wall: float) -> TaskRecord:
     """``tasks/cancel`` of a task that had not ended (a terminal one is unchanged)."""
     if record.state.terminal:
         return record
     return _ended(record, TaskStatus.CANCELLED, wall, message="cancelled by the client")
 
 
-def asked(record: TaskRecord, asks: Mapping[str, Any], wall: float) -> TaskRecord:
+def task_asked(record: TaskRecord, asks: Mapping[str, Any], wall: float) -> TaskRecord:
     """The run stopped to ask ``asks`` (nobody runs the task until they are answered)."""
     return msgspec.structs.replace(
         record,
@@ -256,7 +255,7 @@ def asked(record: TaskRecord, asks: Mapping[str, Any], wall: float) -> TaskRecor
     )
 
 
-def answered(
+def task_answered(
     record: TaskRecord, responses: Mapping[str, Any], wall: float, *, owner: str, lease: float
 ) -> TaskRecord | None:
     """Fold ``tasks/update``'s ``responses`` into ``record``: answers to open
@@ -309,8 +308,23 @@ def _ended(
 
 # ------------------------------------------------------------------ the wire
 def _iso(wall: float) -> str:
-    stamp = datetime.datetime.fromtimestamp(wall, tz=datetime.UTC)
-    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """``wall`` (seconds since the epoch, UTC) as ISO 8601 with milliseconds."""
+    ms = int(wall * 1000)
+    days, ms_of_day = divmod(ms, 86_400_000)
+    # Days since 1970-01-01 to a civil date (the proleptic Gregorian calendar).
+    z = days + 719_468
+    era = z // 146_097
+    doe = z - era * 146_097
+    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    day = doy - (153 * mp + 2) // 5 + 1
+    month = mp + 3 if mp < 10 else mp - 9
+    year = yoe + era * 400 + (1 if month <= 2 else 0)
+    seconds, milli = divmod(ms_of_day, 1000)
+    hour, rest = divmod(seconds, 3600)
+    minute, second = divmod(rest, 60)
+    return f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:{second:02d}.{milli:03d}Z"
 
 
 def _task_fields(record: TaskRecord) -> dict[str, Any]:
@@ -345,5 +359,6 @@ def detailed(record: TaskRecord) -> dict[str, Any]:
     return out
 
 
-#: The answer of ``tasks/update`` and ``tasks/cancel``: an empty acknowledgement.
-ACK: Final = {"resultType": "complete"}
+def ack() -> dict[str, Any]:
+    """The answer of ``tasks/update`` and ``tasks/cancel``: an empty acknowledgement."""
+    return {"resultType": "complete"}

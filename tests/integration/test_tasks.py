@@ -1,0 +1,363 @@
+"""The tasks extension on real loopback sockets: lifecycle, input, cancellation,
+bounds, ownership, leases and shutdown; and across replicas on a real Valkey.
+
+In-process servers, real TCP and real time; the tools wait on events the tests
+set, and where only the server can make a condition true the test polls it,
+bounded in time and count (:func:`eventually`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+from tests.integration.rawhttp import Client, Reply
+from weir.app import Context, McpError
+from weir.engine import App, Server, ServerConfig
+from weir.engine._redis_store import RedisStore
+from weir.engine._session_store import SessionStore
+from weir.protocol.tasks import TASKS_EXTENSION, decode_record, encode_record, new_task
+
+from .test_auth import jwt_authorization, token
+from .test_sessionless_loopback import eventually
+
+V = "2026-07-28"
+DECLARED: dict[str, Any] = {"elicitation": {}, "extensions": {TASKS_EXTENSION: {}}}
+
+app = App("tasks")
+release = trio.Event()
+ran: list[str] = []
+unwound: list[str] = []
+
+
+@app.tool(task="optional")
+async def work(ctx: Context, label: str) -> str:
+    """Waits for the test's release, recording that it started and unwound."""
+    ran.append(label)
+    try:
+        await release.wait()
+    finally:
+        unwound.append(label)
+    return f"done {label}"
+
+
+@app.tool(task="optional")
+async def big(size: int) -> str:
+    """A result of ``size`` bytes."""
+    return "x" * size
+
+
+@app.tool(task="optional")
+async def breaks() -> str:
+    """A protocol-level error."""
+    raise McpError(-32603, "broken below the tool")
+
+
+@app.tool(task="required")
+async def ask_two(ctx: Context) -> str:
+    """Asks two questions at once; counts its runs."""
+    ran.append("ask_two")
+    schema = {"type": "object", "properties": {"n": {"type": "string"}}}
+    answers = await ctx.input(
+        {
+            "a": ("elicitation/create", {"message": "A?", "requestedSchema": schema}),
+            "b": ("elicitation/create", {"message": "B?", "requestedSchema": schema}),
+        }
+    )
+    return "+".join(str(answers[k]["content"]["n"]) for k in ("a", "b"))
+
+
+def rpc(
+    rid: int, method: str, params: dict[str, Any], caps: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": V,
+        "io.modelcontextprotocol/clientCapabilities": DECLARED if caps is None else caps,
+    }
+    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": {**params, "_meta": meta}}
+
+
+async def post(port: int, message: dict[str, Any], bearer: str | None = None) -> Reply:
+    hdrs = {"mcp-protocol-version": V, "mcp-method": message["method"]}
+    params = message["params"]
+    if "name" in params:
+        hdrs["mcp-name"] = params["name"]
+    if "taskId" in params:
+        hdrs["mcp-name"] = params["taskId"]
+    hdrs["accept"] = "application/json, text/event-stream"
+    if bearer is not None:
+        hdrs["authorization"] = f"Bearer {bearer}"
+    client = await Client.connect(port)
+    try:
+        return await client.request("POST", "/mcp", message, headers=hdrs)
+    finally:
+        await client.aclose()
+
+
+async def result(port: int, message: dict[str, Any], bearer: str | None = None) -> Any:
+    reply = await post(port, message, bearer)
+    body = reply.json() if reply.body.startswith(b"{") else _last_sse(reply.body)
+    assert "result" in body, body
+    return body["result"]
+
+
+def _last_sse(raw: bytes) -> Any:
+    import json
+
+    datas = [line[5:].strip() for line in raw.decode().splitlines() if line.startswith("data:")]
+    return json.loads(datas[-1])
+
+
+async def get(port: int, task_id: str, bearer: str | None = None) -> Any:
+    return await result(port, rpc(90, "tasks/get", {"taskId": task_id}), bearer)
+
+
+async def settled(port: int, task_id: str, want: str) -> Any:
+    """Poll ``tasks/get`` (bounded) until the task's status is ``want``."""
+    seen: list[Any] = []
+
+    async def check() -> bool:
+        seen[:] = [await get(port, task_id)]
+        return bool(seen[0]["status"] == want)
+
+    with trio.move_on_after(10):
+        for _ in range(200):
+            if await check():
+                return seen[0]
+            await trio.sleep(0.05)
+    raise AssertionError(f"task never reached {want}: {seen}")
+
+
+@asynccontextmanager
+async def serving(
+    config: ServerConfig | None = None, store: SessionStore | None = None
+) -> AsyncIterator[Server]:
+    async with trio.open_nursery() as nursery:
+        server: Server = await nursery.start(
+            Server(app, config or ServerConfig(port=0), store=store).run
+        )
+        try:
+            yield server
+        finally:
+            server.shutdown()
+            with trio.fail_after(30):
+                await server.stopped.wait()
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    global release
+    release = trio.Event()
+    ran.clear()
+    unwound.clear()
+
+
+# ---------------------------------------------------------------- lifecycle
+async def test_a_task_is_readable_at_once_and_inlines_its_result_when_done() -> None:
+    async with serving() as server:
+        handle = await result(
+            server.port, rpc(1, "tools/call", {"name": "work", "arguments": {"label": "one"}})
+        )
+        assert handle["resultType"] == "task" and handle["status"] == "working"
+        assert "result" not in handle and "requestState" not in handle
+        assert isinstance(handle["ttlMs"], int) and isinstance(handle["pollIntervalMs"], int)
+        tid = handle["taskId"]
+        assert len(tid) >= 40  # 32 random bytes, url-safe
+        now = await get(server.port, tid)
+        assert now["status"] == "working" and "result" not in now
+        release.set()
+        done = await settled(server.port, tid, "completed")
+        assert done["result"]["content"] == [{"type": "text", "text": "done one"}]
+        assert ran == ["one"]
+
+
+async def test_a_client_that_did_not_declare_tasks_gets_the_result_and_no_task_methods() -> None:
+    async with serving() as server:
+        release.set()
+        plain = await result(
+            server.port,
+            rpc(1, "tools/call", {"name": "work", "arguments": {"label": "p"}}, caps={}),
+        )
+        assert plain["resultType"] == "complete" and "taskId" not in plain
+        refused = await post(server.port, rpc(2, "tasks/get", {"taskId": "x"}, caps={}))
+        assert refused.status == 400 and refused.json()["error"]["code"] == -32021
+        required = await post(
+            server.port, rpc(3, "tools/call", {"name": "ask_two", "arguments": {}}, caps={})
+        )
+        error = required.json()["error"]
+        assert error["code"] == -32021
+        assert TASKS_EXTENSION in error["data"]["requiredCapabilities"]["extensions"]
+        assert "ask_two" not in ran  # refused before the handler
+        for removed in ("tasks/result", "tasks/list"):
+            gone = await post(server.port, rpc(4, removed, {"taskId": "x"}))
+            assert gone.json()["error"]["code"] == -32601
+
+
+async def test_cancelling_a_running_task_stops_its_handler_and_a_terminal_one_is_unchanged() -> (
+    None
+):
+    async with serving() as server:
+        handle = await result(
+            server.port, rpc(1, "tools/call", {"name": "work", "arguments": {"label": "c"}})
+        )
+        tid = handle["taskId"]
+        assert await eventually(lambda: ran == ["c"], timeout=5)
+        ack = await result(server.port, rpc(2, "tasks/cancel", {"taskId": tid}))
+        assert ack == {"resultType": "complete", **{k: ack[k] for k in ack if k == "_meta"}}
+        assert await eventually(lambda: unwound == ["c"], timeout=5)
+        assert (await get(server.port, tid))["status"] == "cancelled"
+        again = await result(server.port, rpc(3, "tasks/cancel", {"taskId": tid}))
+        assert again["resultType"] == "complete"
+        assert (await get(server.port, tid))["status"] == "cancelled"
+
+
+async def test_a_protocol_error_fails_the_task_and_a_large_result_is_refused() -> None:
+    async with serving(ServerConfig(port=0, max_task_result_bytes=200)) as server:
+        broke = await result(server.port, rpc(1, "tools/call", {"name": "breaks", "arguments": {}}))
+        failed = await settled(server.port, broke["taskId"], "failed")
+        assert failed["error"]["code"] == -32603 and "result" not in failed
+        fat = await result(
+            server.port, rpc(2, "tools/call", {"name": "big", "arguments": {"size": 500}})
+        )
+        failed = await settled(server.port, fat["taskId"], "failed")
+        assert failed["error"]["data"]["reason"] == "result_too_large"
+        thin = await result(
+            server.port, rpc(3, "tools/call", {"name": "big", "arguments": {"size": 10}})
+        )
+        assert (await settled(server.port, thin["taskId"], "completed"))["result"]
+
+
+# ---------------------------------------------------------------- input
+async def test_questions_are_answered_in_parts_and_the_task_resumes_once_all_are() -> None:
+    async with serving() as server:
+        handle = await result(
+            server.port, rpc(1, "tools/call", {"name": "ask_two", "arguments": {}})
+        )
+        tid = handle["taskId"]
+        waiting = await settled(server.port, tid, "input_required")
+        assert sorted(waiting["inputRequests"]) == ["a", "b"]
+        answer = {"action": "accept", "content": {"n": "1"}}
+        ack = await result(
+            server.port,
+            rpc(2, "tasks/update", {"taskId": tid, "inputResponses": {"a": answer, "zz": {}}}),
+        )
+        assert ack["resultType"] == "complete"
+        still = await get(server.port, tid)
+        assert still["status"] == "input_required" and list(still["inputRequests"]) == ["b"]
+        answer_b = {"action": "accept", "content": {"n": "2"}}
+        await result(
+            server.port, rpc(3, "tasks/update", {"taskId": tid, "inputResponses": {"b": answer_b}})
+        )
+        done = await settled(server.port, tid, "completed")
+        assert done["result"]["content"][0]["text"] == "1+2"
+        assert ran == ["ask_two", "ask_two"]  # asked once, then ran with both answers
+        bad = await post(server.port, rpc(4, "tasks/update", {"taskId": tid, "inputResponses": 7}))
+        assert bad.status == 400 and bad.json()["error"]["code"] == -32602
+
+
+# ---------------------------------------------------------------- bounds, ownership
+async def test_a_principal_holds_at_most_its_cap_of_tasks() -> None:
+    async with serving(ServerConfig(port=0, max_tasks_per_principal=2)) as server:
+        for i in range(2):
+            await result(
+                server.port, rpc(i, "tools/call", {"name": "work", "arguments": {"label": str(i)}})
+            )
+        third = await post(
+            server.port, rpc(3, "tools/call", {"name": "work", "arguments": {"label": "3"}})
+        )
+        assert third.status == 429 and third.json()["error"]["data"]["reason"] == "task_limit"
+        assert await eventually(lambda: sorted(ran) == ["0", "1"], timeout=5)
+        release.set()
+
+
+async def test_another_principals_task_is_not_found_exactly_as_an_unknown_one() -> None:
+    async with trio.open_nursery() as nursery:
+        auth = await jwt_authorization(nursery)
+        async with serving(ServerConfig(port=0, auth=auth)) as server:
+            alice, bob = token("alice"), token("bob")
+            handle = await result(
+                server.port,
+                rpc(1, "tools/call", {"name": "work", "arguments": {"label": "a"}}),
+                alice,
+            )
+            tid = handle["taskId"]
+            theirs = await post(server.port, rpc(2, "tasks/get", {"taskId": tid}), bob)
+            unknown = await post(server.port, rpc(2, "tasks/get", {"taskId": "no-such-task"}), bob)
+            assert theirs.status == unknown.status == 400
+            assert theirs.json()["error"] == unknown.json()["error"]
+            assert theirs.json()["error"]["code"] == -32602
+            cancel = await post(server.port, rpc(3, "tasks/cancel", {"taskId": tid}), bob)
+            assert cancel.json()["error"]["code"] == -32602
+            assert (await get(server.port, tid, alice))["status"] == "working"
+            release.set()
+            await settled_as(server.port, tid, alice)
+        nursery.cancel_scope.cancel()
+
+
+async def settled_as(port: int, task_id: str, bearer: str) -> None:
+    with trio.fail_after(10):
+        while (await get(port, task_id, bearer))["status"] == "working":
+            await trio.sleep(0.05)
+
+
+# ---------------------------------------------------------------- leases, shutdown
+async def test_a_task_whose_runner_stopped_renewing_is_failed_by_the_next_reader() -> None:
+    async with serving() as server:
+        wall = time.time()
+        dead = new_task("ghost-task", {"name": "work"}, wall=wall - 100, ttl_ms=60_000,
+                        poll_ms=1000, owner="replica-gone", lease=15)  # fmt: skip
+        live = new_task("live-task", {"name": "work"}, wall=wall, ttl_ms=60_000,
+                        poll_ms=1000, owner="replica-alive", lease=15)  # fmt: skip
+        for record in (dead, live):
+            await server.store.put_task("anonymous", record.id, encode_record(record),
+                                        version=0, ttl=60, cap=100)  # fmt: skip
+        failed = await get(server.port, "ghost-task")
+        assert failed["status"] == "failed" and failed["error"]["data"]["reason"] == "interrupted"
+        assert (await get(server.port, "live-task"))["status"] == "working"
+
+
+async def test_a_graceful_shutdown_records_its_running_tasks_failed() -> None:
+    async with serving() as server:
+        handle = await result(
+            server.port, rpc(1, "tools/call", {"name": "work", "arguments": {"label": "s"}})
+        )
+        assert await eventually(lambda: ran == ["s"], timeout=5)
+        store = server.store
+    stored = await store.get_task("anonymous", handle["taskId"])
+    assert stored is not None
+    record = decode_record(stored.data)
+    assert record.status == "failed" and record.error is not None
+    assert record.error["data"]["reason"] == "interrupted" and unwound == ["s"]
+
+
+# ---------------------------------------------------------------- replicas
+async def test_replicas_share_tasks_through_the_store(valkey_url: str) -> None:
+    """Created on A, read on B, answered on C, cancelled on B: one record, one run."""
+    async with (
+        await RedisStore.connect(valkey_url, prefix=f"tasks-{time.time_ns()}") as store,
+        serving(ServerConfig(port=0, replica_id="a"), store) as a,
+        serving(ServerConfig(port=0, replica_id="b"), store) as b,
+        serving(ServerConfig(port=0, replica_id="c"), store) as c,
+    ):
+        handle = await result(a.port, rpc(1, "tools/call", {"name": "ask_two", "arguments": {}}))
+        tid = handle["taskId"]
+        assert (await get(b.port, tid))["taskId"] == tid  # durable before the handle came
+        waiting = await settled(b.port, tid, "input_required")
+        assert sorted(waiting["inputRequests"]) == ["a", "b"]
+        both = {k: {"action": "accept", "content": {"n": k}} for k in ("a", "b")}
+        await result(c.port, rpc(2, "tasks/update", {"taskId": tid, "inputResponses": both}))
+        done = await settled(b.port, tid, "completed")
+        assert done["result"]["content"][0]["text"] == "a+b"
+        assert ran == ["ask_two", "ask_two"]
+        # A running task cancelled on another replica stops where it runs.
+        running = await result(
+            a.port, rpc(3, "tools/call", {"name": "work", "arguments": {"label": "r"}})
+        )
+        assert await eventually(lambda: ran[-1:] == ["r"], timeout=5)
+        await result(b.port, rpc(4, "tasks/cancel", {"taskId": running["taskId"]}))
+        assert (await get(c.port, running["taskId"]))["status"] == "cancelled"
