@@ -198,6 +198,8 @@ class CallTrace:
         rebinds: how many ``channel_unbound`` recoveries the call went through.
         reposts: re-POSTs of the same request after its connection died unread.
         replayed_by_rebind: the response came from a rebind's ``results``.
+        task_id: the task the server answered the call with (the tasks extension),
+            if it did: its handle, for ``tasks/get`` and ``tasks/cancel`` of your own.
     """
 
     request_ids: list[int] = field(default_factory=list)
@@ -208,6 +210,7 @@ class CallTrace:
     rebinds: int = 0
     reposts: int = 0
     replayed_by_rebind: bool = False
+    task_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,13 @@ The guarantees the session-era client keeps, kept here:
   ``sampling``/``elicitation``/``roots`` handlers (all of one round at once), and the
   request is issued again with ``inputResponses`` and the ``requestState``, at most
   :data:`MAX_ROUNDS` times.
+* **Tasks.**  The client declares the tasks extension; a call the server answers
+  with a task handle is driven to its end: ``tasks/get`` at the server's
+  ``pollIntervalMs`` (bounded below and above), questions answered through the
+  same handlers and ``tasks/update``, the inlined result returned as the call's
+  (a ``failed`` task is an :class:`RpcError`, a ``cancelled`` one a
+  :class:`TaskCancelled`).  A caller that gives up (its own cancellation) sends
+  ``tasks/cancel`` first.  ``trace.task_id`` is the handle, for callers who want it.
 * **Listening.**  :meth:`SessionlessClient.listen` holds a ``subscriptions/listen``
   response and yields its change notifications, acknowledgement first.
 * **Typed results, plain errors.**  ``call_tool`` and the methods of
@@ -36,7 +43,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any, Final
 
 import msgspec
@@ -56,6 +63,7 @@ from ._client_common import (
     RpcError,
     ServerRequestHandler,
     TransportError,
+    WeirError,
     _decode,
     _read_body,
     _refusal,
@@ -69,7 +77,19 @@ from ._client_types import CallToolResult, decode_result
 VERSION: Final = "2026-07-28"
 #: The most input-required rounds one request may take.
 MAX_ROUNDS: Final = 10
-_NAMED: Final = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+_NAMED: Final = {
+    "tools/call": "name",
+    "prompts/get": "name",
+    "resources/read": "uri",
+    "tasks/get": "taskId",
+    "tasks/update": "taskId",
+    "tasks/cancel": "taskId",
+}
+#: The tasks extension this client drives.
+TASKS_EXTENSION: Final = "io.modelcontextprotocol/tasks"
+#: Bounds on the interval between polls of a task (seconds), whatever the server says.
+POLL_FLOOR: Final = 0.05
+POLL_CEILING: Final = 30.0
 CAPABILITY_OF: Final = {
     "sampling/createMessage": "sampling",
     "elicitation/create": "elicitation",
@@ -78,8 +98,11 @@ CAPABILITY_OF: Final = {
 
 
 def capabilities_for(handlers: dict[str, ServerRequestHandler]) -> JsonObject:
-    """The client capabilities that the given ask handlers stand for."""
-    return {cap: {} for method, cap in CAPABILITY_OF.items() if method in handlers}
+    """The client capabilities that the given ask handlers stand for, and the tasks
+    extension (this client drives tasks itself)."""
+    caps: JsonObject = {cap: {} for method, cap in CAPABILITY_OF.items() if method in handlers}
+    caps["extensions"] = {TASKS_EXTENSION: {}}
+    return caps
 
 
 def request_meta(
@@ -243,10 +266,76 @@ class SessionlessClient(McpMethods):
         params = {**params, "_meta": self._meta(token)}
         for _ in range(MAX_ROUNDS):
             result = await self._deliver(method, params, key, on_progress, trace)
+            if result.get("resultType") == "task" and isinstance(result.get("taskId"), str):
+                trace.task_id = result["taskId"]
+                return await self._drive_task(result, trace)
             if result.get("resultType") != "input_required":
                 return result
             params = {**params, **(await self._answer_round(result))}
         raise TransportError(None, "input_required", f"{method} asked for input {MAX_ROUNDS} times")
+
+    async def _drive_task(self, handle: JsonObject, trace: CallTrace) -> JsonObject:
+        """Poll a task to its end, answering its questions; its result."""
+        task_id = str(handle["taskId"])
+        try:
+            task = handle
+            while True:
+                status = task.get("status")
+                if status == "completed":
+                    result = task.get("result")
+                    if not isinstance(result, dict):
+                        raise BadResponse(200, None, f"a completed task without result: {task!r}")
+                    return result
+                if status == "failed":
+                    sent = task.get("error")
+                    error: JsonObject = sent if isinstance(sent, dict) else {}
+                    data = error.get("data") if isinstance(error.get("data"), dict) else None
+                    raise RpcError(
+                        None,
+                        (data or {}).get("reason"),
+                        str(error.get("message", "the task failed")),
+                        data,
+                        code=error.get("code") if isinstance(error.get("code"), int) else None,
+                    )
+                if status == "cancelled":
+                    raise TaskCancelled(None, "cancelled", f"task {task_id} was cancelled")
+                if status == "input_required":
+                    answered = await self._answer_round(task)
+                    update = {"taskId": task_id, "inputResponses": answered["inputResponses"]}
+                    await self._task_request("tasks/update", update, trace)
+                else:
+                    interval = task.get("pollIntervalMs")
+                    wait = interval / 1000 if isinstance(interval, int | float) else 1.0
+                    await trio.sleep(min(max(wait, POLL_FLOOR), POLL_CEILING))
+                task = await self._task_request("tasks/get", {"taskId": task_id}, trace)
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True) as shield:  # the caller gave up: stop it
+                shield.deadline = trio.current_time() + 5.0
+                with suppress(WeirError):
+                    await self._task_request("tasks/cancel", {"taskId": task_id}, trace)
+            raise
+
+    async def get_task(self, task_id: str) -> JsonObject:
+        """``tasks/get``: the task as it stands (its result or error inlined once it ended)."""
+        return await self._task_request("tasks/get", {"taskId": task_id}, CallTrace())
+
+    async def cancel_task(self, task_id: str) -> None:
+        """``tasks/cancel`` (a task that already ended is left as it is)."""
+        await self._task_request("tasks/cancel", {"taskId": task_id}, CallTrace())
+
+    async def _task_request(self, method: str, params: JsonObject, trace: CallTrace) -> JsonObject:
+        """A ``tasks/*`` request, sent again if its connection drops: each is safe to
+        repeat (reading, cancelling, and answering a question that is already
+        answered all leave the task as the first delivery did)."""
+        params = {**params, "_meta": self._meta(None)}
+        for attempt in range(self.retry.max_reconnects + 1):
+            try:
+                return await self._deliver(method, params, None, None, trace)
+            except TransportError:
+                if attempt >= self.retry.max_reconnects:
+                    raise
+                await trio.sleep(self._delay(attempt, None))
+        raise AssertionError("unreachable")
 
     async def _answer_round(self, result: JsonObject) -> JsonObject:
         """Answer one round's asks (concurrently); the params of the next round."""
@@ -338,6 +427,10 @@ class SessionlessClient(McpMethods):
             )
         elif isinstance(method, str) and self._on_notification is not None:
             await self._on_notification(method, params)
+
+
+class TaskCancelled(RpcError):
+    """The call's task was cancelled (by another holder of its handle, or the server)."""
 
 
 async def _sse_messages(resp: Response) -> AsyncIterator[JsonObject]:

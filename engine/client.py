@@ -67,7 +67,13 @@ from ._client_exchange import Exchange
 from ._client_http import ConnectionDropped, Pool
 from ._client_loop import SessionTransport
 from ._client_methods import MAX_PAGES, McpMethods
-from ._client_sessionless import VERSION, SessionlessClient, capabilities_for, discover
+from ._client_sessionless import (
+    VERSION,
+    SessionlessClient,
+    TaskCancelled,
+    capabilities_for,
+    discover,
+)
 from ._client_types import (
     Annotations,
     AudioContent,
@@ -138,6 +144,7 @@ __all__ = [
     "SessionGone",
     "SessionlessClient",
     "StreamResumeViolation",
+    "TaskCancelled",
     "TextContent",
     "Tool",
     "ToolAnnotations",

@@ -361,3 +361,46 @@ async def test_replicas_share_tasks_through_the_store(valkey_url: str) -> None:
         assert await eventually(lambda: ran[-1:] == ["r"], timeout=5)
         await result(b.port, rpc(4, "tasks/cancel", {"taskId": running["taskId"]}))
         assert (await get(c.port, running["taskId"]))["status"] == "cancelled"
+
+
+# ---------------------------------------------------------------- weir's client
+async def test_weirs_client_drives_a_task_to_its_result_answering_its_questions() -> None:
+    from weir.engine.client import CallTrace, SessionlessClient, open_client
+
+    async def elicit(params: dict[str, Any]) -> dict[str, Any]:
+        return {"action": "accept", "content": {"n": params["message"][0]}}
+
+    async with serving() as server:
+        url = f"http://127.0.0.1:{server.port}/mcp"
+        async with open_client(url, elicitation=elicit) as client:
+            trace = CallTrace()
+            out = await client.call_tool("ask_two", trace=trace)
+            assert out.text == "A+B" and trace.task_id is not None
+            assert isinstance(client, SessionlessClient)
+            task = await client.get_task(trace.task_id)
+            assert task["status"] == "completed"
+            release.set()
+            plain = await client.call_tool("work", {"label": "w"})
+            assert plain.text == "done w"
+
+
+async def test_a_caller_that_gives_up_cancels_its_task() -> None:
+    from weir.engine.client import CallTrace, open_client
+
+    async with serving() as server:
+        url = f"http://127.0.0.1:{server.port}/mcp"
+        async with open_client(url) as client:
+            trace = CallTrace()
+            async with trio.open_nursery() as nursery:
+
+                async def call() -> None:
+                    await client.call_tool("work", {"label": "g"}, trace=trace)
+
+                nursery.start_soon(call)
+                assert await eventually(
+                    lambda: ran == ["g"] and trace.task_id is not None, timeout=5
+                )
+                nursery.cancel_scope.cancel()  # the caller gives up
+            assert trace.task_id is not None
+            assert await eventually(lambda: unwound == ["g"], timeout=5)
+            assert (await get(server.port, trace.task_id))["status"] == "cancelled"
