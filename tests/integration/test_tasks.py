@@ -232,6 +232,35 @@ async def test_a_protocol_error_fails_the_task_and_a_large_result_is_refused() -
         assert (await settled(server.port, thin["taskId"], "completed"))["result"]
 
 
+async def test_a_keyed_call_that_created_a_task_gets_the_same_handle_again() -> None:
+    async with serving() as server:
+        message = rpc(1, "tools/call", {"name": "work", "arguments": {"label": "k"}})
+        hdrs_key = {"idempotency-key": "order-7"}
+        first = await post_with(server.port, message, hdrs_key)
+        again = await post_with(server.port, {**message, "id": 2}, hdrs_key)
+        assert first["result"]["taskId"] == again["result"]["taskId"]
+        assert await eventually(lambda: ran == ["k"], timeout=5)
+        release.set()
+        await settled(server.port, first["result"]["taskId"], "completed")
+        assert ran == ["k"]  # one task, one run
+
+
+async def post_with(port: int, message: dict[str, Any], extra: dict[str, str]) -> Any:
+    hdrs = {
+        "mcp-protocol-version": V,
+        "mcp-method": message["method"],
+        "mcp-name": message["params"]["name"],
+        "accept": "application/json, text/event-stream",
+        **extra,
+    }
+    client = await Client.connect(port)
+    try:
+        reply = await client.request("POST", "/mcp", message, headers=hdrs)
+        return reply.json() if reply.body.startswith(b"{") else _last_sse(reply.body)
+    finally:
+        await client.aclose()
+
+
 # ---------------------------------------------------------------- input
 async def test_questions_are_answered_in_parts_and_the_task_resumes_once_all_are() -> None:
     async with serving() as server:
@@ -291,6 +320,7 @@ async def test_another_principals_task_is_not_found_exactly_as_an_unknown_one() 
             assert theirs.status == unknown.status == 400
             assert theirs.json()["error"] == unknown.json()["error"]
             assert theirs.json()["error"]["code"] == -32602
+            assert theirs.json()["error"]["data"]["reason"] == "task_not_found"
             cancel = await post(server.port, rpc(3, "tasks/cancel", {"taskId": tid}), bob)
             assert cancel.json()["error"]["code"] == -32602
             assert (await get(server.port, tid, alice))["status"] == "working"
