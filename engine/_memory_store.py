@@ -396,6 +396,9 @@ class MemoryStore:
             self._drop_task(principal, gone)
         if entry is None and len(held) >= cap:
             return TaskWrite.FULL
+        budget = self.budget
+        if entry is None and budget is not None and budget.held + len(data) > budget.total:
+            return TaskWrite.NO_ROOM  # (results, once written, are never shed)
         before = len(entry.data) if entry is not None else 0
         self._tasks[key] = _MemTask(version + 1, data, now + ttl)
         held[task_id] = now + ttl

@@ -221,7 +221,8 @@ class SessionStore(Protocol):
         (0: create it; it must not exist), to expire ``ttl`` seconds from now.
 
         A principal holds at most ``cap`` unexpired tasks: a creation past it is
-        :attr:`TaskWrite.FULL`, nothing written.  The check and the write are one
+        :attr:`TaskWrite.FULL`, nothing written (and a process-local store whose
+        retention budget is full answers :attr:`TaskWrite.NO_ROOM`).  The check and the write are one
         atomic step on a shared store, so replicas creating tasks at the same
         moment never pass the cap together, and of two writers that read one
         version exactly one writes."""

@@ -186,6 +186,8 @@ class TaskWrite(enum.Enum):
     CONFLICT = "conflict"
     #: A creation refused: the principal already holds its cap of tasks.
     FULL = "full"
+    #: A creation refused: the process-local store's retention budget is full.
+    NO_ROOM = "no_room"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

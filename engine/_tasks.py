@@ -160,6 +160,14 @@ class Tasks:
                 request_id=req.id,
                 retry_after_ms=int(cfg.task_poll_ms),
             )
+        if written is TaskWrite.NO_ROOM:
+            raise RemoteProtocolError(
+                "the server's memory budget has no room for another task",
+                http_status=503,
+                reason=Reason.OVERLOADED,
+                request_id=req.id,
+                retry_after_ms=int(cfg.task_poll_ms),
+            )
         if written is not TaskWrite.WRITTEN:  # a 256-bit id already taken: never
             raise RuntimeError("a fresh task id was already in the store")
         self._start(self._run, principal, record, access)

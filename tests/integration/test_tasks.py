@@ -304,6 +304,26 @@ async def test_a_principal_holds_at_most_its_cap_of_tasks() -> None:
         release.set()
 
 
+async def test_the_embedded_stores_budget_bounds_what_tasks_hold() -> None:
+    config = ServerConfig(port=0, memory_budget=2000, session_retain_bytes=2000)
+    async with serving(config) as server:
+        statuses = []
+        for i in range(20):
+            reply = await post(
+                server.port, rpc(i, "tools/call", {"name": "work", "arguments": {"label": str(i)}})
+            )
+            statuses.append(reply.status)
+            if reply.status != 200:
+                assert reply.status == 503
+                assert reply.json()["error"]["data"]["reason"] == "overloaded"
+                break
+        assert statuses[0] == 200 and statuses[-1] == 503
+        made = len(statuses) - 1
+        assert await eventually(lambda: len(ran) == made, timeout=5)  # the refused one never ran
+        assert server.budget.held <= 2000
+        release.set()
+
+
 async def test_another_principals_task_is_not_found_exactly_as_an_unknown_one() -> None:
     async with trio.open_nursery() as nursery:
         auth = await jwt_authorization(nursery)
