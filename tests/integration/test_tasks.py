@@ -454,3 +454,55 @@ async def test_a_caller_that_gives_up_cancels_its_task() -> None:
             assert trace.task_id is not None
             assert await eventually(lambda: unwound == ["g"], timeout=5)
             assert (await get(server.port, trace.task_id))["status"] == "cancelled"
+
+
+async def test_a_sigkilled_replicas_task_ends_failed_within_the_lease_on_every_survivor(
+    valkey_url: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL the ``weir serve`` process running a task: nothing in it runs, so only
+    the lapsed lease (``--claim-lease 2``) tells the others.  Each survivor then
+    answers the task ``failed`` (``interrupted``) -- the creating client long gone --
+    within the lease plus the allowed clock skew, and the task never runs again."""
+    from .serverproc import WeirProcess
+
+    ledger = tmp_path / "ledger"
+    ledger.write_text("")
+    monkeypatch.setenv("WEIR_TEST_LEDGER", str(ledger))
+    args = ["--store", valkey_url, "--claim-lease", "2", "--shutdown-grace", "0"]
+    files = [(tmp_path / f"{n}.out").open("w+b") for n in range(6)]
+    procs: list[WeirProcess] = []
+    try:
+        for n in range(3):
+            extra = [*args, "--replica-id", f"t{n}"]
+            procs.append(
+                WeirProcess(
+                    "tests.integration.lease_app:app", files[2 * n], files[2 * n + 1], extra
+                )
+            )
+        victim, survivors = procs[0], procs[1:]
+        with trio.fail_after(40):
+            call = rpc(1, "tools/call", {"name": "charge_task", "arguments": {"key": "k1"}})
+            handle = await result(victim.port, call)
+            tid = handle["taskId"]
+            while "start k1" not in ledger.read_text():
+                await trio.sleep(0.05)
+            for other in survivors:
+                assert (await get(other.port, tid))["status"] == "working"
+            victim.proc.kill()  # SIGKILL: no cleanup, nothing recorded
+            victim.proc.wait()
+            killed_at = trio.current_time()
+            for other in survivors:
+                while (task := await get(other.port, tid))["status"] == "working":
+                    await trio.sleep(0.1)
+                assert task["status"] == "failed"
+                assert task["error"]["data"]["reason"] == "interrupted"
+            waited = trio.current_time() - killed_at
+        # The lease (2 s) from its last renewal, plus the 2 s of allowed skew; the
+        # rest is slack for a loaded machine (the promise is the first 4 s).
+        assert waited < 2 + 2 + 6, waited
+        assert ledger.read_text().count("start k1") == 1  # never run again
+    finally:
+        for proc in procs:
+            proc.stop()
+        for f in files:
+            f.close()
