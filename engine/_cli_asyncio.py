@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Iterable
+from typing import Any
 
 from weir.app import App
 from weir.asyncio import AsyncioConfig, StartupFailed, run
@@ -102,6 +103,23 @@ SERVED: frozenset[str] = frozenset(
         "uds",
     }
 )
+
+
+#: ``serve`` options of the tasks extension, which the asyncio runtime does not serve
+#: (yet): accepted, and named in a warning at start-up when given another value.
+TRIO_ONLY: frozenset[str] = frozenset(
+    {"task_ttl", "task_poll_ms", "max_tasks_per_principal", "max_task_result_bytes"}
+)
+
+
+def tasks_options_given(args: Any) -> list[str]:
+    """The tasks options ``args`` sets away from their defaults, as ``--flag``s."""
+    defaults = ServerConfig()
+    return [
+        "--" + name.replace("_", "-")
+        for name in sorted(TRIO_ONLY)
+        if getattr(args, name, None) not in (None, getattr(defaults, name))
+    ]
 
 
 def asyncio_config(

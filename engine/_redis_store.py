@@ -412,11 +412,14 @@ class RedisStore(RedisConnection):
     async def get_task(self, principal: str, task_id: str) -> StoredTask | None:
         """``HMGET v d`` of the task's hash (``None``: absent or expired)."""
         key = self._task_keys(principal, task_id)[0]
+        pipe = self._pipe
 
         async def op() -> list[bytes | str | None]:
+            if pipe is not None:
+                return list(await pipe.call("HMGET", key, "v", "d"))
             return list(await self._client.hmget(key, ["v", "d"]))
 
-        version, data = await self._run("get_task", op)
+        version, data = await self._run("get_task", op, piped=pipe is not None)
         if version is None or data is None:
             return None
         with _reading("get_task"):
@@ -435,11 +438,16 @@ class RedisStore(RedisConnection):
         """One script: compare the version, check the principal's cap, write, expire."""
         keys = self._task_keys(principal, task_id)
         args: list[str | bytes | int] = [version, data, _ms(ttl), cap, task_id]
+        pipe, script = self._pipe, self._put_task
 
         async def op() -> ResponseType:
-            return await self._put_task(keys, args)
+            if pipe is not None:
+                return cast(
+                    "ResponseType", await pipe.evalsha(script.script, script.sha, keys, args)
+                )
+            return await script(keys, args)
 
-        reply = await self._run("put_task", op)
+        reply = await self._run("put_task", op, piped=pipe is not None)
         with _reading("put_task"):
             return TaskWrite(_text(cast(bytes, reply)))
 

@@ -222,9 +222,10 @@ class SessionStore(Protocol):
 
         A principal holds at most ``cap`` unexpired tasks: a creation past it is
         :attr:`TaskWrite.FULL`, nothing written (and a process-local store whose
-        retention budget is full answers :attr:`TaskWrite.NO_ROOM`).  The check and the write are one
-        atomic step on a shared store, so replicas creating tasks at the same
-        moment never pass the cap together, and of two writers that read one
+        retention budget is full answers :attr:`TaskWrite.NO_ROOM`).  The check
+        and the write are one atomic step on a shared store, so replicas creating
+        tasks at the same moment never pass the cap together, and of two writers
+        that read one
         version exactly one writes."""
 
     async def publish_change(self, change: bytes) -> None:

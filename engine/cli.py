@@ -459,6 +459,28 @@ def _limit_options(s: argparse.ArgumentParser) -> None:
             "SECONDS",
             "a ':' comment on quiet SSE streams this often; 0: never",
         ),
+        (
+            "--task-ttl",
+            float,
+            d.task_ttl,
+            "SECONDS",
+            "a task stays readable this long after a change",
+        ),
+        ("--task-poll-ms", int, d.task_poll_ms, "MS", "the polling interval tasks suggest"),
+        (
+            "--max-tasks-per-principal",
+            int,
+            d.max_tasks_per_principal,
+            "N",
+            "tasks one principal may hold, ended ones included (429)",
+        ),
+        (
+            "--max-task-result-bytes",
+            int,
+            d.max_task_result_bytes,
+            "BYTES",
+            "the largest result a task keeps (larger: the task fails)",
+        ),
     ]
     for flag, kind, default, metavar, help_ in table:
         shown = (
@@ -536,6 +558,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             memory_budget=args.memory_budget,
             max_inbound_bytes=args.max_inbound_bytes,
             claim_lease=args.claim_lease,
+            task_ttl=args.task_ttl,
+            task_poll_ms=args.task_poll_ms,
+            max_tasks_per_principal=args.max_tasks_per_principal,
+            max_task_result_bytes=args.max_task_result_bytes,
             sse_keepalive=args.sse_keepalive or None,
             host=args.host,
             port=args.port,
@@ -796,7 +822,7 @@ def _open_warning(config: ServerConfig) -> str | None:
 
 def _main_asyncio(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``weir serve --runtime asyncio``: the same options, served on asyncio."""
-    from ._cli_asyncio import asyncio_config, serve_on_asyncio
+    from ._cli_asyncio import asyncio_config, serve_on_asyncio, tasks_options_given
 
     app = _load(args.app, args.app_dir)
     config = _with_app_security(app, config_from_args(args), warn=not args.reuse_port)
@@ -807,11 +833,15 @@ def _main_asyncio(args: argparse.Namespace, argv: Sequence[str]) -> int:
         _warn_if_open(config)
         return run_workers(args, config, argv)
     warning = None if config.reuse_port else _open_warning(config)  # (a worker: the parent has)
-    return serve_on_asyncio(
-        app,
-        asyncio_config(config, args.startup_timeout, args.store),
-        [warning] if warning else [],
-    )
+    warnings = [warning] if warning else []
+    unserved = tasks_options_given(args)
+    if unserved:
+        warnings.append(
+            "weir: the asyncio runtime does not serve tasks; "
+            + ", ".join(unserved)
+            + " have no effect"
+        )
+    return serve_on_asyncio(app, asyncio_config(config, args.startup_timeout, args.store), warnings)
 
 
 def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, dict[str, str]]:
