@@ -117,6 +117,8 @@ def _mcp(headers: Headers, body: bytes) -> tuple[str, str]:
     headers, else the body's (a batch is ``batch``; a response ``-``)."""
     method = headers.get("mcp-method")
     if method is not None:
+        if method.startswith("tasks/"):  # its Mcp-Name is a task id: a handle, not logged
+            return _clean(method), "-"
         return _clean(method), _clean(headers.get("mcp-name") or "-")
     if not body:
         return "-", "-"

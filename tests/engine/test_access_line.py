@@ -102,3 +102,14 @@ def test_a_handler_of_its_own_on_the_access_logger_gets_every_line(
         ACCESS.removeHandler(keep)
     assert len(seen) == 1 and "status=200" in seen[0].getMessage()
     assert len(stderr_logs.getvalue().splitlines()) == 1  # (and stderr still once)
+
+
+def test_a_task_id_is_never_logged() -> None:
+    headers = Headers.from_raw(
+        [(b"host", b"127.0.0.1"), (b"mcp-method", b"tasks/get"), (b"mcp-name", b"SECRET-ID")]
+    )
+    record = AccessRecord.begin(
+        "POST", "/mcp", headers, BODY, peer="127.0.0.1:5000", now=10.0, written=0
+    )
+    record.end(200, b"", now=10.25, written=321)
+    assert record.mcp_method == "tasks/get" and record.tool == "-"
