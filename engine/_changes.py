@@ -16,14 +16,16 @@ session table hands its :meth:`Changes.changed` to every session and owner.
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
+from collections.abc import Awaitable, Callable, Hashable
 
+import msgspec
 import trio
 
 from weir.common import era_capabilities, honoured
 from weir.protocol.jsonrpc import Request, encode_notification
 from weir.protocol.messages import CHANGE_POLL, encode_change, first_change_cursor, read_change
 from weir.protocol.states import StreamInput, StreamState
+from weir.protocol.tasks import TaskRecord, decode_record, detailed, not_declared
 
 from ._connection import Connection
 from ._owners import open_answer_stream
@@ -31,8 +33,13 @@ from ._session import Session
 from ._shared import Shared, log
 from ._store_errors import StoreUnavailable
 from ._stream_handle import StreamHandle, StreamLost
-from ._subscriptions import Listener
+from ._subscriptions import MAX_TASK_IDS, Listener
 from ._writer import SSE_HEADERS, write_stream
+
+#: The method a task's change goes on the bus (and to listeners) as.
+TASK_NOTIFICATION = "notifications/tasks"
+#: ``(principal, ids)`` -> the ids among them that are that principal's tasks.
+TaskLookup = Callable[[str, list[str]], Awaitable[list[str]]]
 
 
 class Changes:
@@ -55,15 +62,41 @@ class Changes:
         #: GET streams whose change notice is on its way to the store (one at a time).
         self._storing: set[StreamHandle] = set()
 
-    async def listen(self, conn: Connection, owner: Session, req: Request, lane: Hashable) -> None:
-        """``subscriptions/listen``: acknowledge, then stream changes until the end."""
+    async def listen(
+        self,
+        conn: Connection,
+        owner: Session,
+        req: Request,
+        lane: Hashable,
+        principal: str = "",
+        tasks: TaskLookup | None = None,
+        tasks_declared: bool = False,
+    ) -> None:
+        """``subscriptions/listen``: acknowledge, then stream changes until the end.
+
+        ``tasks``: how to tell which of the ``notifications.taskIds`` asked for are
+        ``principal``'s own tasks (None: this runtime serves no tasks);
+        ``tasks_declared``: the request declared the tasks extension.
+
+        Raises:
+            RemoteProtocolError: 400 -32021 for task ids asked without the tasks
+                extension declared.
+        """
         params = req.params if isinstance(req.params, dict) else {}
-        flags, kinds, uris = honoured(
-            params.get("notifications"), era_capabilities(self.shared.app)
-        )
+        asked = params.get("notifications")
+        flags, kinds, uris = honoured(asked, era_capabilities(self.shared.app))
+        task_ids: list[str] = []
+        wanted = asked.get("taskIds") if isinstance(asked, dict) else None
+        if tasks is not None and isinstance(wanted, list) and wanted:
+            if not tasks_declared:
+                raise not_declared(req.id)
+            names = [t for t in wanted if isinstance(t, str) and 0 < len(t) <= 256]
+            task_ids = await tasks(principal, names[:MAX_TASK_IDS])
+            flags["taskIds"] = task_ids
         handle = open_answer_stream(owner, self.config.max_stream_events)
         owner.move_reservations(lane, handle.log.epoch)
         listener = Listener(req, handle, kinds, uris)
+        listener.principal, listener.task_ids = principal, frozenset(task_ids)
         if not handle.try_send_now(listener.ack(flags)):
             self.shared.start(handle.send, listener.ack(flags))
         owner.done(1, handle.log.epoch)  # its "answer" (the acknowledgement) is enqueued
@@ -93,6 +126,38 @@ class Changes:
         if self.store.shared:
             change = encode_change(method, uri, self.replica_id)
             self.shared.start(self._publish_change, change)
+
+    def task_changed(self, principal: str, record: TaskRecord) -> None:
+        """A task's record changed here: tell its principal's listeners that follow it
+        and, with a shared store, the other replicas (they read the record again)."""
+        self._deliver_task(principal, record)
+        if self.store.shared:
+            where = msgspec.json.encode([principal, record.id]).decode()
+            change = encode_change(TASK_NOTIFICATION, where, self.replica_id)
+            self.shared.start(self._publish_change, change)
+
+    def _deliver_task(self, principal: str, record: TaskRecord) -> None:
+        state = detailed(record)
+        state.pop("resultType", None)
+        for listener in list(self.subscribers):
+            listener.notify_task(principal, record.id, state)
+
+    async def _relay_task(self, where: str) -> None:
+        """Another replica changed a task: if anyone here follows it, read it and tell."""
+        try:
+            principal, task_id = msgspec.json.decode(where)
+        except (msgspec.DecodeError, ValueError, TypeError):
+            return
+        if not isinstance(principal, str) or not isinstance(task_id, str):
+            return
+        if not any(task_id in listener.task_ids for listener in self.subscribers):
+            return
+        try:
+            stored = await self.store.get_task(principal, task_id)
+        except StoreUnavailable:
+            return
+        if stored is not None:
+            self._deliver_task(principal, decode_record(stored.data))
 
     async def _publish_change(self, change: bytes) -> None:
         try:
@@ -124,8 +189,14 @@ class Changes:
                 continue
             for raw in changes:
                 change = read_change(raw, self.replica_id)
-                if change is not None:
-                    self._deliver_change(*change)
+                if change is None:
+                    continue
+                method, where = change
+                if method == TASK_NOTIFICATION:  # (never a list change: not for GET streams)
+                    if where is not None:
+                        self.shared.start(self._relay_task, where)
+                else:
+                    self._deliver_change(method, where)
 
     def _deliver_change(self, method: str, uri: str | None) -> None:
         """Tell every client here that wants it that a list changed, or resource

@@ -134,7 +134,12 @@ class Server:
         calls = self._calls = Calls(shared, table, streams, execution)
         legacy = Legacy(shared, table, streams, calls, execution)
         tasks = self._tasks = Tasks(
-            shared.app, shared.config, shared.store, shared.replica_id, shared.start
+            shared.app,
+            shared.config,
+            shared.store,
+            shared.replica_id,
+            shared.start,
+            on_change=changes.task_changed,
         )
         sessionless = Sessionless(shared, owners, keyed, changes, execution, tasks)
         router = self._router = Router(

@@ -288,7 +288,15 @@ class Sessionless:
             self.metrics.duplicates_replayed += 1
             await send_json(conn, owner, list(_JSON), effect.payload)
         elif isinstance(effect, Listen):
-            await self.changes.listen(conn, owner, effect.request, effect.lane)
+            await self.changes.listen(
+                conn,
+                owner,
+                effect.request,
+                effect.lane,
+                who.principal,
+                self.tasks.owned,
+                effect.tasks_declared,
+            )
         elif isinstance(effect, ServeTask):
             req = effect.request
             answer = await self.tasks.serve(who.principal, req, REQUEST_ACCESS.get())
@@ -462,7 +470,8 @@ class Sessionless:
 
     # ---------------------------------------------------------------- results
     def _discover(self) -> dict[str, Any]:
-        return discover_for(self.app, self._server_info(), tasks=True)
+        tasks = any(self.app.tasking(name) is not None for name in self.app.tools)
+        return discover_for(self.app, self._server_info(), tasks=tasks)
 
     def _server_info(self) -> dict[str, Any]:
         """The identity stamped on every result (asked once: an identity does not

@@ -20,6 +20,10 @@ send (:func:`weir.common.honoured`: the kinds asked for that this app can change
 * **Ending.**  The client ends a subscription by closing the response.  At shutdown
   the server ends each one gracefully: the final JSON-RPC result (``resultType:
   "complete"`` and the subscription id), then the end of the stream.
+* **Task status** (the tasks extension): a listener may name up to
+  :data:`MAX_TASK_IDS` of its principal's tasks (``notifications.taskIds``); each
+  change of one is sent as ``notifications/tasks`` with the task as ``tasks/get``
+  would answer it then.  Pending states coalesce per task: the newest wins.
 * **Bounds.**  One listen stream per connection at a time (a connection carries one
   request at a time), so listeners are bounded by the connection limit; each holds
   at most :data:`~weir.common.MAX_URIS` URIs and one pending mark per kind and URI.
@@ -37,6 +41,9 @@ from weir.protocol.jsonrpc import Request
 
 from ._session import SessionClosed, StreamHandle, StreamLost
 
+#: The most tasks one listener may follow.
+MAX_TASK_IDS = 64
+
 
 @dataclass(eq=False, slots=True)
 class Listener:
@@ -49,6 +56,19 @@ class Listener:
     pending: set[str] = field(default_factory=set)  # methods to send
     updated: set[str] = field(default_factory=set)  # URIs updated, to send
     wake: trio.Event = field(default_factory=trio.Event)
+    #: Who listens (a task's status goes only to its own principal's listeners).
+    principal: str = ""
+    #: Tasks whose status this listener agreed to send (the tasks extension).
+    task_ids: frozenset[str] = frozenset()
+    #: Task id -> its newest ``notifications/tasks`` params, to send (coalesced).
+    task_states: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def notify_task(self, principal: str, task_id: str, state: dict[str, Any]) -> None:
+        """Mark task ``task_id``'s new state for sending, if this listener asked for
+        it and is that task's principal's; only the newest state is kept."""
+        if task_id in self.task_ids and principal == self.principal:
+            self.task_states[task_id] = state
+            self.wake.set()
 
     def notify(self, method: str, uri: str | None) -> None:
         """Mark a change this listener wants (coalesced) and wake its task."""
@@ -85,5 +105,8 @@ class Listener:
                     await self.handle.send(
                         self.frame("notifications/resources/updated", {"uri": uri})
                     )
+                states, self.task_states = self.task_states, {}
+                for state in states.values():
+                    await self.handle.send(self.frame("notifications/tasks", state))
         except (StreamLost, SessionClosed):
             return

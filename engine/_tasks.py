@@ -106,6 +106,7 @@ class Tasks:
         replica_id: str,
         start: Callable[..., None],
         wall: Callable[[], float] = time.time,
+        on_change: Callable[[str, TaskRecord], None] | None = None,
     ) -> None:
         self.app = app
         self.config = config
@@ -113,6 +114,8 @@ class Tasks:
         self.replica_id = replica_id
         self._start = start
         self._wall = wall
+        #: Told of every change this replica writes (status notifications).
+        self.on_change = on_change
         #: Runs in progress here: (principal, task id) -> (run number, cancel scope).
         self.running: dict[tuple[str, str], tuple[int, trio.CancelScope]] = {}
 
@@ -364,8 +367,18 @@ class Tasks:
                 cap=self.config.max_tasks_per_principal,
             )
             if written is TaskWrite.WRITTEN:
+                if self.on_change is not None and new.updated != record.updated:
+                    self.on_change(principal, new)  # (a lease renewal changes nothing seen)
                 return new
         raise RuntimeError(f"task {task_id[:16]}: {MAX_ATTEMPTS} conflicting writes in a row")
+
+    async def owned(self, principal: str, task_ids: list[str]) -> list[str]:
+        """Which of ``task_ids`` are ``principal``'s tasks (in order, each once)."""
+        mine: list[str] = []
+        for task_id in dict.fromkeys(task_ids):
+            if await self.store.get_task(principal, task_id) is not None:
+                mine.append(task_id)
+        return mine
 
     async def shutdown(self) -> None:
         """Stop every run here; each records its task ``failed`` (``interrupted``)."""

@@ -206,6 +206,8 @@ class Listen:
 
     request: Request
     lane: object
+    #: The request declared the tasks extension (it may follow tasks' status).
+    tasks_declared: bool = False
 
 
 @dataclass(slots=True)
@@ -511,7 +513,7 @@ def _course(c: SessionlessCourse) -> _Steps:
     lane = c.lane
     yield AdmitRequests(1, req.id, lane)
     if method == "subscriptions/listen":
-        yield Listen(req, lane)
+        yield Listen(req, lane, declared_tasks)
         return
     call: CallCourse | None = None
     if method == "tools/call":

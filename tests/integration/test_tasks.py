@@ -8,6 +8,7 @@ bounded in time and count (:func:`eventually`).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -506,3 +507,82 @@ async def test_a_sigkilled_replicas_task_ends_failed_within_the_lease_on_every_s
             proc.stop()
         for f in files:
             f.close()
+
+
+# ---------------------------------------------------------------- status notifications
+async def _listening(port: int, task_ids: list[str], caps: dict[str, Any] | None = None) -> Client:
+    """A ``subscriptions/listen`` for ``task_ids``, once acknowledged."""
+    from .rawhttp import raw_request
+
+    listen = rpc(50, "subscriptions/listen", {"notifications": {"taskIds": task_ids}}, caps)
+    hdrs = {"mcp-protocol-version": V, "mcp-method": "subscriptions/listen"}
+    hdrs["accept"] = "application/json, text/event-stream"
+    client = await Client.connect(port)
+    await client.send_raw(
+        raw_request("POST", "/mcp", body=json.dumps(listen).encode(), headers=hdrs)
+    )
+    return client
+
+
+async def _read_until(client: Client, seen: bytearray, needle: bytes) -> list[dict[str, Any]]:
+    from .rawhttp import sse_messages
+
+    with trio.fail_after(10):
+        while needle not in seen:
+            seen += await client.stream.receive_some(65536)
+    return sse_messages(bytes(seen))
+
+
+async def test_a_listener_hears_its_own_tasks_change_and_nothing_else() -> None:
+    async with serving() as server:
+        handle = await result(
+            server.port, rpc(1, "tools/call", {"name": "ask_two", "arguments": {}})
+        )
+        tid = handle["taskId"]
+        await settled(server.port, tid, "input_required")
+        client = await _listening(server.port, [tid, "not-a-task-of-mine"])
+        seen = bytearray()
+        try:
+            (ack,) = await _read_until(client, seen, b"acknowledged")
+            assert ack["params"]["notifications"]["taskIds"] == [tid]
+            both = {k: {"action": "accept", "content": {"n": k}} for k in ("a", "b")}
+            await result(
+                server.port, rpc(2, "tasks/update", {"taskId": tid, "inputResponses": both})
+            )
+            messages = await _read_until(client, seen, b'"completed"')
+            states = [m["params"] for m in messages if m.get("method") == "notifications/tasks"]
+            assert states[-1]["taskId"] == tid and states[-1]["status"] == "completed"
+            assert states[-1]["result"]["content"][0]["text"] == "a+b"
+            assert all("resultType" not in s for s in states)
+        finally:
+            await client.aclose()
+        refused = await post(
+            server.port,
+            rpc(3, "subscriptions/listen", {"notifications": {"taskIds": [tid]}}, caps={}),
+        )
+        assert refused.status == 400 and refused.json()["error"]["code"] == -32021
+
+
+async def test_a_listener_on_one_replica_hears_a_task_that_runs_on_another(
+    valkey_url: str,
+) -> None:
+    async with (
+        await RedisStore.connect(valkey_url, prefix=f"tasks-{time.time_ns()}") as store,
+        serving(ServerConfig(port=0, replica_id="a"), store) as a,
+        serving(ServerConfig(port=0, replica_id="b"), store) as b,
+    ):
+        handle = await result(
+            a.port, rpc(1, "tools/call", {"name": "work", "arguments": {"label": "x"}})
+        )
+        tid = handle["taskId"]
+        client = await _listening(b.port, [tid])
+        seen = bytearray()
+        try:
+            await _read_until(client, seen, b"acknowledged")
+            assert await eventually(lambda: ran == ["x"], timeout=5)
+            release.set()
+            messages = await _read_until(client, seen, b'"completed"')
+            (state,) = [m["params"] for m in messages if m.get("method") == "notifications/tasks"]
+            assert state["taskId"] == tid and state["result"]["content"][0]["text"] == "done x"
+        finally:
+            await client.aclose()
