@@ -339,6 +339,14 @@ class Context:
             raise InputRequired(missing)
         return answers
 
+    async def set_status(self, message: str) -> None:
+        """In a task: its ``statusMessage`` (``tasks/get`` and status notifications show
+        it; at most 1 KiB is kept).  Elsewhere it does nothing: a request's client
+        hears progress through :meth:`report_progress` instead."""
+        write = getattr(self._backend, "task_status", None)
+        if self.task_id is not None and write is not None:
+            await write(message)
+
     def become_task(self) -> None:
         """Continue as a task (the tasks extension), if not one already.
 

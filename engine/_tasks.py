@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
@@ -75,6 +75,7 @@ from weir.protocol.tasks import (
     task_id_of,
     task_interrupted,
     task_not_found,
+    task_status_message,
 )
 
 from ._config import ServerConfig
@@ -237,7 +238,7 @@ class Tasks:
                 self.running[key] = (run, handler_scope)
                 nursery.start_soon(self._renew, principal, record.id, run, handler_scope)
                 with handler_scope:
-                    outcome = await self._handle(record, access)
+                    outcome = await self._handle(principal, record, access)
                 nursery.cancel_scope.cancel()
         except trio.Cancelled:
             with trio.CancelScope(shield=True) as shield:  # the server is going away
@@ -247,20 +248,31 @@ class Tasks:
         finally:
             if self.running.get(key, (None,))[0] == run:
                 del self.running[key]
+
         # No outcome: the handler was stopped -- by a cancel (the record says so
         # already, and the rule leaves it), or by this server's shutdown.
         await self._finish(principal, record.id, run, outcome or task_interrupted)
 
     async def _handle(
-        self, record: TaskRecord, access: AccessToken | None
+        self, principal: str, record: TaskRecord, access: AccessToken | None
     ) -> Callable[[TaskRecord, float], TaskRecord]:
         """Run the handler once; how its end changes the record."""
         params = record.params
         req = Request(id=f"task-{record.id[:16]}", method="tools/call", params=params)
         sent = params.get("_meta")
         meta: dict[str, Any] = sent if isinstance(sent, dict) else {}
+        run = record.run
+
+        async def task_status(message: str) -> None:
+            wall = self._wall()
+            await self._change(
+                principal,
+                record.id,
+                lambda r: task_status_message(r, message, wall) if runs(r, run) else None,
+            )
+
         ctx = Context(
-            TaskBackend(_caller(meta)),
+            TaskBackend(_caller(meta), task_status),
             req.id,
             meta,
             state=None,
@@ -417,12 +429,14 @@ def _caller(meta: dict[str, Any]) -> Caller:
 
 class TaskBackend:
     """What a task's handler talks to: no stream (a task's notifications go nowhere:
-    its client polls), no session, the client as the creating request described it."""
+    its client polls), no session, the client as the creating request described it;
+    ``task_status`` writes the task's ``statusMessage``."""
 
-    __slots__ = ("_caller",)
+    __slots__ = ("_caller", "task_status")
 
-    def __init__(self, caller: Caller) -> None:
+    def __init__(self, caller: Caller, task_status: Callable[[str], Awaitable[None]]) -> None:
         self._caller = caller
+        self.task_status = task_status
 
     @property
     def session_id(self) -> None:

@@ -243,6 +243,15 @@ def task_cancelled(record: TaskRecord, wall: float) -> TaskRecord:
     return _ended(record, TaskStatus.CANCELLED, wall, message="cancelled by the client")
 
 
+#: The longest ``statusMessage`` kept (longer ones are cut).
+MAX_STATUS_MESSAGE: Final = 1024
+
+
+def task_status_message(record: TaskRecord, message: str, wall: float) -> TaskRecord:
+    """The handler says where it is: ``statusMessage`` (cut to :data:`MAX_STATUS_MESSAGE`)."""
+    return msgspec.structs.replace(record, message=message[:MAX_STATUS_MESSAGE], updated=wall)
+
+
 def task_asked(record: TaskRecord, asks: Mapping[str, Any], wall: float) -> TaskRecord:
     """The run stopped to ask ``asks`` (nobody runs the task until they are answered)."""
     return msgspec.structs.replace(

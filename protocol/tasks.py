@@ -26,6 +26,7 @@ from ._tasks import (
     task_id_of,
     task_interrupted,
     task_not_found,
+    task_status_message,
 )
 
 __all__ = [
@@ -50,4 +51,5 @@ __all__ = [
     "task_id_of",
     "task_interrupted",
     "task_not_found",
+    "task_status_message",
 ]

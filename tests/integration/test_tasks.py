@@ -48,6 +48,16 @@ async def work(ctx: Context, label: str) -> str:
 
 
 @app.tool(task="optional")
+async def stages(ctx: Context) -> str:
+    """Says where it is, waits for the release, then says it is done."""
+    await ctx.set_status("stage 1 of 2")
+    ran.append("stages")
+    await release.wait()
+    await ctx.set_status("x" * 5000)
+    return "staged"
+
+
+@app.tool(task="optional")
 async def big(size: int) -> str:
     """A result of ``size`` bytes."""
     return "x" * size
@@ -260,6 +270,19 @@ async def post_with(port: int, message: dict[str, Any], extra: dict[str, str]) -
         return reply.json() if reply.body.startswith(b"{") else _last_sse(reply.body)
     finally:
         await client.aclose()
+
+
+async def test_a_handler_sets_its_tasks_status_message() -> None:
+    async with serving() as server:
+        handle = await result(
+            server.port, rpc(1, "tools/call", {"name": "stages", "arguments": {}})
+        )
+        tid = handle["taskId"]
+        assert await eventually(lambda: ran == ["stages"], timeout=5)
+        assert (await get(server.port, tid))["statusMessage"] == "stage 1 of 2"
+        release.set()
+        done = await settled(server.port, tid, "completed")
+        assert done["statusMessage"] == "x" * 1024  # kept at most 1 KiB
 
 
 # ---------------------------------------------------------------- input
