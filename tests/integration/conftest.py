@@ -31,9 +31,12 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import pytest
+
+if TYPE_CHECKING:
+    from .valkey_cluster import ValkeyCluster
 
 HOST = "127.0.0.1"
 START_TIMEOUT = 10.0  # seconds for a server to answer PING
@@ -129,11 +132,24 @@ class ValkeyProcess:
         cluster: start in cluster mode and take all 16384 slots.
     """
 
-    def __init__(self, binary: Path, workdir: Path, port: int, *, cluster: bool = False) -> None:
+    def __init__(
+        self,
+        binary: Path,
+        workdir: Path,
+        port: int,
+        *,
+        cluster: bool = False,
+        claim_slots: bool = True,
+        node_timeout_ms: int = 15000,
+    ) -> None:
         self.binary = binary
         self.workdir = workdir
         self.port = port
         self.cluster = cluster
+        #: A cluster node takes every slot itself (a one-node cluster); else it waits
+        #: to be joined into a larger one (:mod:`tests.integration.valkey_cluster`).
+        self.claim_slots = claim_slots
+        self.node_timeout_ms = node_timeout_ms
         self.log = workdir / f"valkey-{port}.log"
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -185,6 +201,7 @@ class ValkeyProcess:
             args += [
                 "--cluster-enabled", "yes",
                 "--cluster-config-file", str(self.workdir / f"nodes-{self.port}.conf"),
+                "--cluster-node-timeout", str(self.node_timeout_ms),
             ]  # fmt: skip
         try:
             self._proc = subprocess.Popen(
@@ -199,7 +216,7 @@ class ValkeyProcess:
             if time.monotonic() > deadline:
                 self._fail(f"valkey-server did not answer PING within {START_TIMEOUT}s")
             time.sleep(_POLL)
-        if self.cluster:
+        if self.cluster and self.claim_slots:
             self._claim_all_slots()
 
     def _claim_all_slots(self) -> None:
@@ -286,6 +303,33 @@ def valkey_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
     server = _start(tmp_path_factory.mktemp("valkey-cluster"), cluster=True)
     yield server.cluster_url
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster6(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyCluster]:
+    """A shared 3-primary, 3-replica Valkey Cluster (tests must not kill its nodes:
+    use ``private_cluster6``)."""
+    cluster = _form_cluster(tmp_path_factory.mktemp("valkey-cluster6"))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def private_cluster6(tmp_path: Path) -> Iterator[ValkeyCluster]:
+    """A 3+3 cluster of the test's own, to kill nodes of and fail over (fast: a node
+    is judged down after 1 s); stopped afterwards."""
+    cluster = _form_cluster(tmp_path, node_timeout_ms=1000)
+    yield cluster
+    cluster.stop()
+
+
+def _form_cluster(workdir: Path, *, node_timeout_ms: int = 15000) -> ValkeyCluster:
+    from .valkey_cluster import ValkeyCluster
+
+    try:
+        return ValkeyCluster.form(valkey_binary(), workdir, node_timeout_ms=node_timeout_ms)
+    except ValkeyUnavailable as exc:
+        unavailable(str(exc))
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ import pytest
 import trio
 
 from tests.integration.conftest import ValkeyProcess
+from tests.integration.valkey_cluster import ValkeyCluster
 from tests.sim.store import SimStore
 from weir.asyncio._redis_store import AsyncioRedisStore
 from weir.engine._memory_store import MemoryStore
@@ -100,15 +101,20 @@ class OnAsyncio:
         return on_asyncio(getattr(self._store, name))
 
 
-@pytest.fixture(params=["memory", "sim", "redis", "cluster", "redis-asyncio", "cluster-asyncio"])
+@pytest.fixture(
+    params=["memory", "sim", "redis", "cluster", "cluster6", "redis-asyncio", "cluster-asyncio"]
+)
 def store_url(request: pytest.FixtureRequest) -> str | None:
     """None for MemoryStore, ``sim`` for the cluster simulator's store model, else
     the URL a RedisStore connects to (ending in ``#asyncio``: the asyncio runtime's
-    store)."""
+    store); ``cluster6`` is a real 3-primary, 3-replica cluster."""
     if request.param == "memory":
         return None
     if request.param == "sim":
         return "sim"
+    if request.param == "cluster6":
+        cluster: ValkeyCluster = request.getfixturevalue("valkey_cluster6")
+        return cluster.url
     fixture = "valkey_url" if request.param.startswith("redis") else "valkey_cluster_url"
     url: str = request.getfixturevalue(fixture)
     return url + ("#asyncio" if request.param.endswith("asyncio") else "")
@@ -146,13 +152,18 @@ def redis_url(request: pytest.FixtureRequest) -> str:
     return url
 
 
-@pytest.fixture(params=["sim", "redis", "cluster"])
+@pytest.fixture(params=["sim", "redis", "cluster", "cluster6"])
 async def shared(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
     """A shared store: the simulator's model, or a RedisStore (single node, cluster).
     The tests on it are the semantics every shared store keeps (event logs, stream
     info, append order, fencing)."""
     if request.param == "sim":
         yield SimStore()
+        return
+    if request.param == "cluster6":
+        cluster: ValkeyCluster = request.getfixturevalue("valkey_cluster6")
+        async with await RedisStore.connect(cluster.url, prefix=new_prefix()) as s:
+            yield s
         return
     fixture = "valkey_url" if request.param == "redis" else "valkey_cluster_url"
     url: str = request.getfixturevalue(fixture)
