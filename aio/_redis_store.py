@@ -24,9 +24,11 @@ The Trio code is not touched on its hot path: nothing here is imported by it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
+from weir.engine._redis_connection import _is_outage
 from weir.engine._redis_store import RedisStore
 from weir.engine._redis_url import Pipe
 from weir.engine._store_errors import StoreUnavailable
@@ -135,6 +137,10 @@ class AsyncioRedisStore(RedisStore):
             failure = self._store_failure(what, exc)
             if failure is exc:
                 raise
+            if _is_outage(exc) and self._layout() is not None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.timeout):
+                        await self._refresh_layout()
             raise failure from exc
         if self.health.down:
             self.health.up()

@@ -66,8 +66,9 @@ that task ever stops, every later operation raises :class:`StoreUnavailable`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import anyio
 import coredis.exceptions as cx
@@ -105,6 +106,7 @@ from ._store_errors import StoreUnavailable
 from ._store_records import InternalId, Retention
 
 T = TypeVar("T")
+log = logging.getLogger("weir.engine._redis_store")
 
 #: Default deadline (seconds) of one store operation, including connecting.
 DEFAULT_TIMEOUT = 2.0
@@ -188,6 +190,8 @@ class RedisConnection:
         self._entered = False
         self._closed = False
         self._failure: BaseException | None = None
+        #: A cluster layout refresh is under way (see :meth:`_refresh_layout`).
+        self._refreshing = False
         register = client.register_script
         self._create: Script[bytes] = register(_PRELUDE + _CREATE)
         self._delete: Script[bytes] = register(_PRELUDE + _DELETE)
@@ -278,10 +282,35 @@ class RedisConnection:
             failure = self._store_failure(what, exc)
             if failure is exc:
                 raise
+            if _is_outage(exc) and self._layout() is not None:
+                with trio.move_on_after(self.timeout):
+                    await self._refresh_layout()
             raise failure from exc
         if self.health.down:
             self.health.up()
         return out
+
+    def _layout(self) -> Any:
+        """A cluster client's slot layout (None for a single node)."""
+        pool = getattr(self._client, "connection_pool", None)
+        return getattr(pool, "cluster_layout", None)
+
+    async def _refresh_layout(self) -> None:
+        """A cluster node did not answer: ask the cluster for its layout again now, so
+        slots a promoted replica took over are served from it at once (the client
+        alone re-reads the layout only after many reported errors, and an error
+        while connecting is not reported).  One refresh at a time; its failure is
+        the next request's to find."""
+        layout = self._layout()
+        if layout is None or self._refreshing:
+            return
+        self._refreshing = True
+        try:
+            await layout.initialize()
+        except Exception as exc:  # the cluster may still be electing: next time
+            log.debug("cluster layout refresh failed: %r", exc)
+        finally:
+            self._refreshing = False
 
     def _refuse_if_down(self, what: str) -> None:
         """Raise StoreUnavailable for ``what`` if this client is closed or stopped."""

@@ -17,8 +17,9 @@ that id with nothing stored for it -- never another delivery's claim, never a ca
 that ran -- so the retry runs the call, once.  A release the store did not answer
 is tried again next time; one that found nothing (the claim never applied) is done.
 
-Bounded: at most :data:`MAX_UNHEARD` are kept; past that the oldest is dropped with
-a warning, and its lease ends it as before (``interrupted``).  Nothing here depends
+Bounded: at most :data:`MAX_UNHEARD` are kept; past that the oldest is dropped (a
+warning for the first, then one per thousand), and its lease ends it as before
+(``interrupted``).  Nothing here depends
 on the event loop: both runtimes use it.
 """
 
@@ -43,6 +44,8 @@ class UnheardClaims:
     def __init__(self, limit: int = MAX_UNHEARD) -> None:
         self.limit = limit
         self._claims: OrderedDict[tuple[str, str, str, str], None] = OrderedDict()
+        #: Claims dropped past the limit, left to their leases.
+        self.dropped = 0
 
     def __len__(self) -> int:
         return len(self._claims)
@@ -52,7 +55,14 @@ class UnheardClaims:
         self._claims[principal, session_id, key, claim] = None
         while len(self._claims) > self.limit:
             (_, _, dropped, _), _ = self._claims.popitem(last=False)
-            log.warning("more than %d unheard claims: %s left to its lease", self.limit, dropped)
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 1000 == 0:  # (a long outage: no flood)
+                log.warning(
+                    "more than %d unheard claims: %s left to its lease (%d so far)",
+                    self.limit,
+                    dropped,
+                    self.dropped,
+                )
 
     async def give_back(self, store: SessionStore) -> int:
         """Try to release every noted claim; how many the store gave back.  A claim the

@@ -62,5 +62,10 @@ async def test_bounded_the_oldest_is_left_to_its_lease(caplog: pytest.LogCapture
     unheard = UnheardClaims(limit=3)
     for i in range(5):
         unheard.note(P, "s-1", f"k{i}", f"c{i}")
-    assert len(unheard) == 3
+    assert len(unheard) == 3 and unheard.dropped == 2
+    # One warning for the first drop, then one per thousand: a long outage floods nothing.
+    assert sum("unheard claims" in r.getMessage() for r in caplog.records) == 1
+    for i in range(5, 1003):
+        unheard.note(P, "s-1", f"k{i}", f"c{i}")
+    assert unheard.dropped == 1000 and len(unheard) == 3
     assert sum("unheard claims" in r.getMessage() for r in caplog.records) == 2
