@@ -102,7 +102,7 @@ from ._redis_lua import (
     _TOUCH,
 )
 from ._redis_url import Pipe
-from ._store_errors import StoreUnavailable
+from ._store_errors import ReplicasBehind, StoreUnavailable
 from ._store_records import InternalId, Retention
 
 T = TypeVar("T")
@@ -171,8 +171,14 @@ class RedisConnection:
         retention: Retention,
         prefix: str,
         timeout: float,
+        replicas: int = 0,
+        replica_timeout: float = 0.5,
     ) -> None:
         """Use :meth:`connect`; this only wires the parts together."""
+        #: Replicas that must hold a claim, an outcome, an event or a task before
+        #: the write counts (``WAIT``; 0: the primary's word is enough).
+        self.replicas = replicas
+        self._replica_wait_ms = _ms(replica_timeout)
         self.retention = retention
         self.prefix = prefix
         self.timeout = timeout
@@ -326,6 +332,8 @@ class RedisConnection:
         the store's health) or a refusal as StoreUnavailable; anything else as is
         (``exc`` itself).  Both runtimes' ``_run`` share it."""
         lost = self.health.lost
+        if isinstance(exc, ReplicasBehind):
+            return exc  # the store answered: its replicas are behind, not it down
         if isinstance(exc, StoreUnavailable):
             return lost(exc)
         if _is_outage(exc) or not self._entered:
@@ -343,24 +351,56 @@ class RedisConnection:
         args: Sequence[str | bytes | int],
         *,
         stream: str | None = None,
+        durable: bool = False,
     ) -> ResponseType:
         keys = self._keys(principal, session_id)
         if stream is not None:
             keys.append(self._stream_key(principal, session_id, stream))
+        return await self._eval(what, script, keys, [self._ttl, *args], durable=durable)
 
+    async def _eval(
+        self,
+        what: str,
+        script: Script[bytes],
+        keys: Sequence[str | bytes],
+        args: Sequence[str | bytes | int],
+        *,
+        durable: bool = False,
+    ) -> ResponseType:
+        """Run ``script``; ``durable``: then make sure :attr:`replicas` replicas hold
+        what it wrote (``WAIT`` on the same connection), else raise
+        :class:`ReplicasBehind` -- the write may stand on the primary alone."""
         pipe = self._pipe
+        wait = durable and self.replicas > 0
         if pipe is not None:
 
             async def piped() -> ResponseType:
-                reply = await pipe.evalsha(script.script, script.sha, keys, [self._ttl, *args])
+                reply = await pipe.evalsha(script.script, script.sha, keys, args)
+                if wait:
+                    held = await pipe.call("WAIT", self.replicas, self._replica_wait_ms)
+                    self._check_replicas(what, int(held))
                 return cast("ResponseType", reply)
 
             return await self._run(what, piped, piped=True)
 
         async def op() -> ResponseType:
-            return await script(keys, [self._ttl, *args])
+            if not wait:
+                return await script(keys, args)
+            try:
+                with self._client.ensure_replication(self.replicas, self._replica_wait_ms):
+                    return await script(keys, args)
+            except cx.ReplicationError:
+                self._check_replicas(what, 0)
+                raise  # (unreachable: the check raised)
 
         return await self._run(what, op)
+
+    def _check_replicas(self, what: str, held: int) -> None:
+        if held < self.replicas:
+            raise ReplicasBehind(
+                f"{what}: {held} of the {self.replicas} replica(s) required confirmed the "
+                f"write within {self._replica_wait_ms} ms"
+            )
 
     # -- keys
 

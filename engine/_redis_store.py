@@ -93,6 +93,8 @@ class RedisStore(RedisConnection):
         retention: Retention | None = None,
         prefix: str = "weir",
         timeout: float = DEFAULT_TIMEOUT,
+        replicas: int = 0,
+        replica_timeout: float = 0.5,
     ) -> RedisStore:
         """Connect to the server at ``url`` and check that it answers.
 
@@ -104,6 +106,12 @@ class RedisStore(RedisConnection):
             retention: how long and how much to keep (default :class:`Retention()`).
             prefix: the first component of every key (no ``{`` or ``}``).
             timeout: the deadline, in seconds, of every operation (connecting included).
+            replicas: how many replicas must hold a claim, an outcome, an event or a
+                task before weir acts on it or tells a client (``WAIT``; 0, the
+                default: the primary's acknowledgement suffices, and a primary lost
+                before replicating takes its latest writes with it).
+            replica_timeout: seconds to wait for them; past it the operation is
+                refused as the store being unavailable (nothing runs on it).
 
         Raises:
             ValueError: a malformed or unsupported URL or prefix.
@@ -111,6 +119,8 @@ class RedisStore(RedisConnection):
         """
         if not prefix or "{" in prefix or "}" in prefix:
             raise ValueError(f"store key prefix {prefix!r} must be non-empty, without '{{' or '}}'")
+        if not 0 <= replicas <= 16 or not (replica_timeout > 0 and math.isfinite(replica_timeout)):
+            raise ValueError("store replicas must be 0 to 16, their timeout a positive number")
         if not (timeout > 0 and math.isfinite(timeout)):
             raise ValueError(f"store timeout must be a positive number of seconds, not {timeout!r}")
         client = _client_for(url, timeout=timeout)
@@ -121,6 +131,8 @@ class RedisStore(RedisConnection):
             retention=retention or Retention(),
             prefix=prefix,
             timeout=timeout,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
         )
         await store._start()
         return store
@@ -230,7 +242,9 @@ class RedisStore(RedisConnection):
         generation, secret = ("", "") if token is None else (str(int(token[0])), token[1])
         args: list[str | bytes | int] = [key, fingerprint, generation, secret, request_id, owner]
         args += [_ms(lease) if lease else 0, INTERRUPTED_MESSAGE, claim]
-        reply = _items(await self._script("begin_call", self._begin, principal, session_id, args))
+        reply = _items(
+            await self._script("begin_call", self._begin, principal, session_id, args, durable=True)
+        )
         with _reading("begin_call"):
             status = _text(reply[0])
             if status == "gone":
@@ -277,7 +291,7 @@ class RedisStore(RedisConnection):
         args: list[str | bytes | int] = (
             [key, b"", "0", 0] if payload is None else [key, payload, "1", self._idempotency_ttl]
         )
-        await self._script("finish_call", self._finish, principal, session_id, args)
+        await self._script("finish_call", self._finish, principal, session_id, args, durable=True)
 
     async def append_event(
         self,
@@ -322,7 +336,13 @@ class RedisStore(RedisConnection):
         ]
         status = _text(
             await self._script(
-                "append_event", self._append, principal, session_id, args, stream=epoch
+                "append_event",
+                self._append,
+                principal,
+                session_id,
+                args,
+                stream=epoch,
+                durable=True,
             )
         )
         if status in ("ok", "duplicate"):
@@ -438,16 +458,7 @@ class RedisStore(RedisConnection):
         """One script: compare the version, check the principal's cap, write, expire."""
         keys = self._task_keys(principal, task_id)
         args: list[str | bytes | int] = [version, data, _ms(ttl), cap, task_id]
-        pipe, script = self._pipe, self._put_task
-
-        async def op() -> ResponseType:
-            if pipe is not None:
-                return cast(
-                    "ResponseType", await pipe.evalsha(script.script, script.sha, keys, args)
-                )
-            return await script(keys, args)
-
-        reply = await self._run("put_task", op, piped=pipe is not None)
+        reply = await self._eval("put_task", self._put_task, keys, args, durable=True)
         with _reading("put_task"):
             return TaskWrite(_text(cast(bytes, reply)))
 

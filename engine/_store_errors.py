@@ -39,3 +39,9 @@ class ChannelRejected(Exception):
     def __init__(self, verdict: ChannelVerdict) -> None:
         super().__init__(verdict.value)
         self.verdict = verdict
+
+
+class ReplicasBehind(StoreUnavailable):
+    """A write the store applied, but fewer replicas confirmed it than the store's
+    durability setting requires (``WAIT``): refused as the store being unavailable
+    (503, nothing run on its strength), though it may stand on the primary."""

@@ -139,3 +139,96 @@ async def test_a_killed_primary_fails_over_and_no_call_runs_twice(
     # Failover here: 1 s to judge the primary down, then the election; the bound is slack.
     assert window < 30, window
     assert cluster.role(cluster.replicas[cluster.primaries.index(victim)]) == "master"
+
+
+async def _until_answered(port: int, key: str, rid: int) -> tuple[Any, list[str | None]]:
+    """Send the keyed call (again under its key, as a retrying client does) until it
+    is answered; the answer and the refusals on the way."""
+    refused: list[str | None] = []
+    with trio.fail_after(60):
+        for attempt in range(1200):
+            status, body = await _call(port, rid + attempt, key)
+            if status == 200:
+                return body, refused
+            refused.append(body)
+            await trio.sleep(0.05)
+    raise AssertionError("never answered")
+
+
+async def _lose_the_primary(cluster: ValkeyCluster, slot: int, replicas: int) -> tuple[int, Any]:
+    """The case that loses data: the slot's replica is frozen (SIGSTOP) and its
+    replication link cut (``CLIENT KILL TYPE replica``), so the primary alone holds
+    what it acknowledges next; a keyed call is made; the primary is killed, the
+    replica thaws and is promoted, the old primary comes back as its replica; the call
+    is re-sent under its key.  How many times it ran, and the first answer."""
+    runs.clear()
+    primary = cluster.slot_owner(slot)
+    replica = cluster.replicas[cluster.primaries.index(primary)]
+    prefix = f"loss-{secrets.token_hex(4)}"
+    config = ServerConfig(port=0, claim_lease=2.0, in_progress_wait=1.0)
+    async with (
+        await RedisStore.connect(
+            cluster.url, prefix=prefix, timeout=2.0, replicas=replicas, replica_timeout=0.2
+        ) as store,
+        trio.open_nursery() as nursery,
+    ):
+        server: Server = await nursery.start(Server(app, config, store=store).run)
+        await _until_answered(server.port, "warm", 1)  # the namespace exists everywhere
+        while not _replicated(cluster, primary.port):
+            await trio.sleep(0.05)
+        replica.pause()
+        try:
+            primary.command("CLIENT", "KILL", "TYPE", "replica")
+            first = await _call(server.port, 100, "lost")
+        finally:
+            cluster.kill(primary)
+            replica.resume()
+        with trio.fail_after(60):
+            while cluster.role(replica) != "master":
+                await trio.sleep(0.1)
+        primary.start()  # back, as the promoted replica's replica
+        await trio.to_thread.run_sync(cluster.wait_ok)
+        await _until_answered(server.port, "lost", 200)
+        server.shutdown()
+        with trio.fail_after(30):
+            await server.stopped.wait()
+    return runs["lost"], first
+
+
+async def test_a_write_lost_with_its_primary_runs_a_call_twice_unless_replicas_confirm(
+    private_cluster6: ValkeyCluster,
+) -> None:
+    """Without the durability setting, a claim the primary acknowledged and took with it
+    when it died is gone from the promoted replica: the re-sent call runs again.  With
+    ``replicas=1`` the claim is refused before the tool runs (503, the replica never
+    confirmed it), and the re-sent call runs once, on the promoted replica."""
+    cluster = private_cluster6
+    store_key = RedisStore.__new__(RedisStore)
+    store_key.prefix = "x"
+    calls_key = store_key._keys("anonymous", NAMESPACE)[2]
+    slot = int(cluster.primaries[0].command("CLUSTER", "KEYSLOT", calls_key).lstrip(b":"))
+    # (The slot depends only on the hash tag, not on the prefix.)
+    ran, first = await _lose_the_primary(cluster, slot, replicas=1)
+    assert first[0] == 503 and first[1] == "store_unavailable", first
+    assert ran == 1
+    print(f"\ndurable: the first try was refused {first}, the call ran {ran} time(s)")
+
+
+async def test_without_replicas_confirming_a_lost_primary_can_run_a_call_twice(
+    tmp_path: Any,
+) -> None:
+    """What the default (``replicas=0``) risks, measured rather than hoped about."""
+    from .conftest import valkey_binary
+
+    cluster = ValkeyCluster.form(valkey_binary(), tmp_path, node_timeout_ms=1000)
+    try:
+        store_key = RedisStore.__new__(RedisStore)
+        store_key.prefix = "x"
+        calls_key = store_key._keys("anonymous", NAMESPACE)[2]
+        slot = int(cluster.primaries[0].command("CLUSTER", "KEYSLOT", calls_key).lstrip(b":"))
+        ran, first = await _lose_the_primary(cluster, slot, replicas=0)
+        assert first[0] == 200  # acknowledged by the primary alone
+        assert ran == 2, ran  # its claim and outcome died with the primary
+        print(f"\nnot durable: answered {first[0]}, then the re-sent call ran again ({ran})")
+    finally:
+        cluster.stop()

@@ -28,7 +28,12 @@ from weir.asyncio._redis_store import AsyncioRedisStore
 from weir.engine._memory_store import MemoryStore
 from weir.engine._redis_store import RedisStore
 from weir.engine._session_store import SessionStore
-from weir.engine._store_errors import ChannelRejected, SessionGone, StoreUnavailable
+from weir.engine._store_errors import (
+    ChannelRejected,
+    ReplicasBehind,
+    SessionGone,
+    StoreUnavailable,
+)
 from weir.engine._store_records import (
     MAX_CLIENT_RECORD,
     InternalId,
@@ -937,3 +942,32 @@ async def test_an_expired_task_is_gone_and_frees_its_place(
             while await r.get_task("alice", "a") is not None:
                 await trio.sleep(0.01)
         assert await r.put_task("alice", "b", b"w", version=0, ttl=60, cap=1) is (TaskWrite.WRITTEN)
+
+
+# ------------------------------------------------------------------------ durability
+async def test_a_durable_write_needs_its_replicas(
+    valkey_url: str, valkey_cluster6: ValkeyCluster
+) -> None:
+    """``replicas=1``: a claim, an outcome, an event or a task counts only once a
+    replica holds it.  On a cluster whose primaries each have one, writes go through;
+    on a lone node (no replica) each is refused -- though it may stand on the node."""
+    async with await RedisStore.connect(
+        valkey_cluster6.url, prefix=new_prefix(), replicas=1
+    ) as durable:
+        sid = (await new_session(durable)).session_id
+        start = await durable.begin_call(P, sid, "k", FP, None, owner="r", lease=5)
+        assert start.outcome is CallOutcome.EXECUTE
+        await durable.finish_call(P, sid, "k", b"ok")
+        assert await durable.put_task(P, "t", b"w", version=0, ttl=60, cap=5) is (TaskWrite.WRITTEN)
+    async with await RedisStore.connect(
+        valkey_url, prefix=new_prefix(), replicas=1, replica_timeout=0.05
+    ) as alone:
+        sid = (await new_session(alone)).session_id
+        with pytest.raises(ReplicasBehind):
+            await alone.begin_call(P, sid, "k", FP, None, owner="r", lease=5)
+        with pytest.raises(ReplicasBehind):
+            await alone.put_task(P, "t", b"w", version=0, ttl=60, cap=5)
+        # The store itself is up: reads and non-durable writes go on.
+        assert await alone.get_session(P, sid) is not None
+    with pytest.raises(ValueError):
+        await RedisStore.connect(valkey_url, replicas=-1)
