@@ -151,6 +151,9 @@ class AsyncioConfig:
     retry_window: float = 0.0
     retry_ms: int = 1000
     store: str = dataclasses.field(default="memory", repr=False)  # (a URL may hold a password)
+    #: With a Redis store: replicas that must confirm a durable write (``WAIT``).
+    store_replicas: int = 0
+    store_replica_timeout: float = 0.5
     replica_id: str | None = None
     claim_lease: float = CLAIM_LEASE
     resume: str = "pinned"
@@ -305,7 +308,9 @@ async def _serve(
         loop.add_signal_handler(signum, on_signal)
     try:
         async with contextlib.AsyncExitStack() as stack:
-            store = await _open_store(config.store)
+            store = await _open_store(
+                config.store, config.store_replicas, config.store_replica_timeout
+            )
             stack.push_async_callback(store.aclose)
             state = await _enter_lifespan(app, stack, config.startup_timeout)
             driver = config.driver(app, state, store)
@@ -354,14 +359,14 @@ async def _listen(driver: AsyncioDriver, config: AsyncioConfig) -> tuple[asyncio
     return server, f"{scheme}://{shown}:{port}{config.endpoint.path}", -1
 
 
-async def _open_store(url: str) -> SessionStore:
-    """The store ``url`` names, connected.
+async def _open_store(url: str, replicas: int = 0, replica_timeout: float = 0.5) -> SessionStore:
+    """The store ``url`` names, connected (``replicas``: see ``RedisStore.connect``).
 
     Raises:
         StartupFailed: a malformed URL, or a store that does not answer.
     """
     try:
-        return await open_store(url)
+        return await open_store(url, replicas, replica_timeout)
     except ValueError as exc:
         raise StartupFailed(f"weir: --store: {' '.join(str(exc).split())}") from None
     except (StoreUnavailable, OSError) as exc:

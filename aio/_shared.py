@@ -104,9 +104,10 @@ def memory_store() -> MemoryStore:
     )
 
 
-async def open_store(url: str) -> SessionStore:
+async def open_store(url: str, replicas: int = 0, replica_timeout: float = 0.5) -> SessionStore:
     """The store ``url`` names: ``"memory"``, or a Redis-protocol URL (see
-    :meth:`weir.engine._redis_store.RedisStore.connect`).
+    :meth:`weir.engine._redis_store.RedisStore.connect`, which takes ``replicas`` and
+    ``replica_timeout`` too).
 
     Raises:
         ValueError: a malformed URL.
@@ -116,7 +117,7 @@ async def open_store(url: str) -> SessionStore:
         return memory_store()
     from ._redis_store import AsyncioRedisStore  # (the Redis client only when asked for)
 
-    return await AsyncioRedisStore.connect(url)
+    return await AsyncioRedisStore.connect(url, replicas=replicas, replica_timeout=replica_timeout)
 
 
 def store_unavailable(request_id: RequestId | None = None) -> RemoteProtocolError:

@@ -85,6 +85,8 @@ SERVED: frozenset[str] = frozenset(
         "retry_window",
         "store",
         "replica_id",
+        "store_replicas",
+        "store_replica_timeout",
         "claim_lease",
         "session_retain_bytes",
         "memory_budget",

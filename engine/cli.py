@@ -182,6 +182,22 @@ def _parser() -> argparse.ArgumentParser:
         "event ids). Default shared",
     )
     st.add_argument(
+        "--store-replicas",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with a Redis store: replicas that must confirm a claim, an outcome, an event "
+        "or a task (WAIT) before weir acts on it; fewer in time is 503 store_unavailable "
+        "and nothing runs (default 0: the primary's word)",
+    )
+    st.add_argument(
+        "--store-replica-timeout",
+        type=float,
+        default=0.5,
+        metavar="SECONDS",
+        help="how long to wait for --store-replicas (default 0.5)",
+    )
+    st.add_argument(
         "--replica-id",
         default=None,
         metavar="ID",
@@ -511,6 +527,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if args.shutdown_grace < 0:
         raise SystemExit("weir: --shutdown-grace must be >= 0")
     check_deployment(args.store, args.resume, args.workers)
+    if args.store_replicas and args.store == "memory":
+        raise SystemExit("weir: --store-replicas needs a Redis store (--store redis://...)")
+    if not 0 <= args.store_replicas <= 16 or not args.store_replica_timeout > 0:
+        raise SystemExit("weir: --store-replicas must be 0 to 16, --store-replica-timeout > 0")
     if args.uds is not None and (args.workers > 1 or args.reuse_port):
         raise SystemExit(
             "weir: --uds is one process's socket: not with --workers > 1 or --reuse-port"
@@ -683,7 +703,7 @@ def check_store_url(url: str) -> None:
         raise SystemExit(f"weir: --store {shown!r}: a cluster has only database 0")
 
 
-async def _open_store(url: str) -> SessionStore:
+async def _open_store(url: str, replicas: int = 0, replica_timeout: float = 0.5) -> SessionStore:
     if url == "memory":
         return MemoryStore()
     from ._redis_store import RedisStore
@@ -691,7 +711,7 @@ async def _open_store(url: str) -> SessionStore:
     scheme, _, rest = url.partition("://")
     where = f"{scheme}://{rest.rpartition('@')[2].partition('?')[0]}"  # (no secrets)
     try:
-        return await RedisStore.connect(url)
+        return await RedisStore.connect(url, replicas=replicas, replica_timeout=replica_timeout)
     except ValueError as exc:
         raise StartupError(f"weir: --store: {' '.join(str(exc).split())}") from None
     except (StoreUnavailable, OSError) as exc:
@@ -721,9 +741,13 @@ class _Progress:
 
 
 async def _run(
-    app: App, config: ServerConfig, store_url: str = "memory", progress: _Progress | None = None
+    app: App,
+    config: ServerConfig,
+    store_url: str = "memory",
+    progress: _Progress | None = None,
+    replicas: tuple[int, float] = (0, 0.5),
 ) -> None:
-    store = await _open_store(store_url)
+    store = await _open_store(store_url, *replicas)
     async with trio.open_nursery() as nursery:
         server: Server = await nursery.start(Server(app, config, store=store).run)
         _tune_gc()
@@ -841,7 +865,13 @@ def _main_asyncio(args: argparse.Namespace, argv: Sequence[str]) -> int:
             + ", ".join(unserved)
             + " have no effect"
         )
-    return serve_on_asyncio(app, asyncio_config(config, args.startup_timeout, args.store), warnings)
+    settings = asyncio_config(config, args.startup_timeout, args.store)
+    settings = dataclasses.replace(
+        settings,
+        store_replicas=args.store_replicas,
+        store_replica_timeout=args.store_replica_timeout,
+    )
+    return serve_on_asyncio(app, settings, warnings)
 
 
 def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, dict[str, str]]:
@@ -888,7 +918,8 @@ def _serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
     guard_lifespan(app, args.startup_timeout)
     progress = _Progress()
     try:
-        trio.run(_run, app, config, args.store, progress)
+        replicas = (args.store_replicas, args.store_replica_timeout)
+        trio.run(_run, app, config, args.store, progress, replicas)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # (ExceptionGroup included)

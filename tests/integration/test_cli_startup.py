@@ -135,6 +135,15 @@ def test_a_store_url_that_cannot_be_right(tmp_path: Path, url: str, words: str) 
     assert words in line
 
 
+def test_store_replicas_need_a_redis_store_and_a_sane_count(tmp_path: Path) -> None:
+    line = one_line_failure(weir(tmp_path, "serve", "--store-replicas", "1", "--port", "0"))
+    assert line == "weir: --store-replicas needs a Redis store (--store redis://...)"
+    line = one_line_failure(
+        weir(tmp_path, "serve", "--store", "redis://127.0.0.1:1", "--store-replicas", "99")
+    )
+    assert "--store-replicas must be 0 to 16" in line
+
+
 def test_a_database_the_store_does_not_have(tmp_path: Path, valkey_url: str) -> None:
     done = weir(tmp_path, "serve", "--store", f"{valkey_url}/99", "--port", "0")
     assert "has no such database" in one_line_failure(done)
