@@ -232,3 +232,41 @@ async def test_without_replicas_confirming_a_lost_primary_can_run_a_call_twice(
         print(f"\nnot durable: answered {first[0]}, then the re-sent call ran again ({ran})")
     finally:
         cluster.stop()
+
+
+async def test_a_planned_failover_moves_the_slots_without_a_call_running_twice(
+    private_cluster6: ValkeyCluster,
+) -> None:
+    """``CLUSTER FAILOVER`` on the replica: it takes over its primary's slots in step
+    with it (no write lost), the old primary becomes its replica; calls go on, at most
+    briefly refused, and none runs twice."""
+    cluster = private_cluster6
+    runs.clear()
+    prefix = f"planned-{secrets.token_hex(4)}"
+    config = ServerConfig(port=0, claim_lease=2.0, in_progress_wait=1.0)
+    refused: list[str | None] = []
+    async with (
+        await RedisStore.connect(cluster.url, prefix=prefix, timeout=2.0, replicas=1) as store,
+        trio.open_nursery() as nursery,
+    ):
+        calls_key = store._keys("anonymous", NAMESPACE)[2]
+        slot = int(cluster.primaries[0].command("CLUSTER", "KEYSLOT", calls_key).lstrip(b":"))
+        server: Server = await nursery.start(Server(app, config, store=store).run)
+        primary = cluster.slot_owner(slot)
+        replica = cluster.replicas[cluster.primaries.index(primary)]
+        for i in range(30):
+            if i == 10:  # the rest are served by the new primary, through MOVED
+                assert replica.command("CLUSTER", "FAILOVER") == b"+OK"
+                with trio.fail_after(30):
+                    while cluster.role(replica) != "master":
+                        await trio.sleep(0.05)
+            body, no = await _until_answered(server.port, f"p{i}", 100 * i)
+            refused += no
+            assert body["result"]["content"][0]["text"] == f"charged p{i}", body
+        server.shutdown()
+        with trio.fail_after(30):
+            await server.stopped.wait()
+    assert all(n == 1 for n in runs.values()) and len(runs) == 30, runs
+    assert cluster.role(primary) == "slave"
+    assert all(reason in ("store_unavailable", "in_progress") for reason in refused), refused
+    print(f"\nplanned failover: {len(refused)} refusal(s) on the way")
