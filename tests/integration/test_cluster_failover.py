@@ -270,3 +270,66 @@ async def test_a_planned_failover_moves_the_slots_without_a_call_running_twice(
     assert cluster.role(primary) == "slave"
     assert all(reason in ("store_unavailable", "in_progress") for reason in refused), refused
     print(f"\nplanned failover: {len(refused)} refusal(s) on the way")
+
+
+async def test_a_sessions_slot_migrates_and_its_scripts_follow(
+    private_cluster6: ValkeyCluster,
+) -> None:
+    """Every key of a session shares one hash tag, so its slot moves whole.  Mid-move
+    (``MIGRATING``/``IMPORTING``, the record already on the new owner, the rest not) a
+    read of the moved record is redirected (``ASK``); after the move the session's
+    multi-key scripts run on the new owner, the stored outcome with them."""
+    from weir.engine._store_records import SessionRecord
+
+    cluster = private_cluster6
+    prefix = f"migrate-{secrets.token_hex(4)}"
+    async with await RedisStore.connect(cluster.url, prefix=prefix, timeout=2.0) as store:
+        record = SessionRecord(
+            session_id=f"s-{secrets.token_urlsafe(24)}",
+            principal="alice",
+            protocol_version="2025-11-25",
+            created_at=0.0,
+            secret="x",
+            salt="y",
+        )
+        await store.create_session(record)
+        sid = record.session_id
+        keys = store._keys("alice", sid)
+        slot = int(cluster.primaries[0].command("CLUSTER", "KEYSLOT", keys[0]).lstrip(b":"))
+        source = cluster.slot_owner(slot)
+        target = next(p for p in cluster.primaries if p is not source)
+        source_id = source.command("CLUSTER", "MYID").decode()
+        target_id = target.command("CLUSTER", "MYID").decode()
+        start = await store.begin_call("alice", sid, "before", b"fp", None, owner="r", lease=30)
+        await store.finish_call("alice", sid, "before", b"done-before")
+        assert target.command("CLUSTER", "SETSLOT", str(slot), "IMPORTING", source_id) == b"+OK"
+        assert source.command("CLUSTER", "SETSLOT", str(slot), "MIGRATING", target_id) == b"+OK"
+        # Move one key now (the record) and leave the rest.
+        moved = source.command("MIGRATE", "127.0.0.1", str(target.port), keys[0], "0", "5000")
+        assert moved == b"+OK", moved
+        mid = None
+        for _ in range(50):
+            try:
+                mid = await store.get_session("alice", sid)
+                break
+            except Exception:
+                await trio.sleep(0.05)
+        assert mid is not None and mid.session_id == sid
+        # Finish the move: every remaining key, then the slot.
+        for key in keys[1:]:
+            source.command("MIGRATE", "127.0.0.1", str(target.port), key, "0", "5000")
+        for node in cluster.primaries:
+            assert node.command("CLUSTER", "SETSLOT", str(slot), "NODE", target_id) == b"+OK"
+        with trio.fail_after(20):
+            while True:
+                try:
+                    again = await store.begin_call(
+                        "alice", sid, "before", b"fp", None, owner="r", lease=30
+                    )
+                    break
+                except Exception:
+                    await trio.sleep(0.05)
+        assert again.payload == b"done-before"  # the outcome moved with its slot
+        after = await store.begin_call("alice", sid, "after", b"fp", None, owner="r", lease=30)
+        assert start.outcome is after.outcome  # a new key: claimed, on the new owner
+        assert cluster.slot_owner(slot) is target
