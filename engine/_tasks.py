@@ -25,6 +25,10 @@ keeps them in the store and runs handlers.
   error (``failed``), or the questions (``input_required``: nobody runs it until
   ``tasks/update`` answers the last one, and then the replica that took the
   answer starts the next run).
+* **Who hears of a change.**  Every write that changes what a client sees (not a
+  lease renewal) is handed to ``on_change``: the server's change bus, which tells the
+  principal's ``subscriptions/listen`` streams that follow the task, on every replica.
+  A handler's ``ctx.set_status`` is such a write (``statusMessage``).
 * **A replica that dies** stops renewing; the next ``tasks/get`` on any replica
   finds the lease run out and records the task ``failed`` (``interrupted``).  A
   replica that shuts down records its running tasks so itself, before it exits.
