@@ -24,6 +24,7 @@ anyone else reads).
 from __future__ import annotations
 
 import hashlib
+import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -145,6 +146,8 @@ class MemoryStore:
         #: Tasks by (principal, task id), and each principal's (id -> expiry).
         self._tasks: dict[tuple[str, str], _MemTask] = {}
         self._held: dict[str, dict[str, float]] = {}
+        #: (expiry, principal, task id) of every write, soonest first (see _sweep_tasks).
+        self._expiries: list[tuple[float, str, str]] = []
 
     def _table(self, session_id: str) -> dict[tuple[str, str], _MemSession]:
         return self._internal if isinstance(session_id, InternalId) else self._sessions
@@ -364,7 +367,20 @@ class MemoryStore:
 
     # -- tasks: versioned records, expired by this process's clock
 
+    def _sweep_tasks(self, now: float) -> None:
+        """Drop every task whose ttl ran out, whoever holds it (so expired tasks of
+        principals that never return do not keep their bytes): amortized O(log n)
+        per write, from a heap of expiries (an entry superseded by a later write is
+        skipped)."""
+        heap = self._expiries
+        while heap and heap[0][0] <= now:
+            expires, principal, task_id = heapq.heappop(heap)
+            entry = self._tasks.get((principal, task_id))
+            if entry is not None and entry.expires == expires:
+                self._drop_task(principal, task_id)
+
     async def get_task(self, principal: str, task_id: str) -> StoredTask | None:
+        self._sweep_tasks(self.clock())
         entry = self._tasks.get((principal, task_id))
         if entry is None:
             return None
@@ -384,24 +400,22 @@ class MemoryStore:
         cap: int,
     ) -> TaskWrite:
         now = self.clock()
+        self._sweep_tasks(now)
         key = (principal, task_id)
         entry = self._tasks.get(key)
-        if entry is not None and entry.expires <= now:
-            self._drop_task(principal, task_id)
-            entry = None
         if (entry.version if entry is not None else 0) != version:
             return TaskWrite.CONFLICT
-        held = self._held.setdefault(principal, {})
-        for gone in [t for t, until in held.items() if until <= now]:
-            self._drop_task(principal, gone)
+        held = self._held.get(principal, {})
         if entry is None and len(held) >= cap:
             return TaskWrite.FULL
         budget = self.budget
         if entry is None and budget is not None and budget.held + len(data) > budget.total:
             return TaskWrite.NO_ROOM  # (results, once written, are never shed)
         before = len(entry.data) if entry is not None else 0
-        self._tasks[key] = _MemTask(version + 1, data, now + ttl)
-        held[task_id] = now + ttl
+        expires = now + ttl
+        self._tasks[key] = _MemTask(version + 1, data, expires)
+        self._held.setdefault(principal, held)[task_id] = expires
+        heapq.heappush(self._expiries, (expires, principal, task_id))
         if self.budget is not None:
             self.budget.charge(_task_owner(principal), len(data) - before)
         return TaskWrite.WRITTEN

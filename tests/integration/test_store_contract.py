@@ -914,6 +914,25 @@ async def test_a_principal_holds_at_most_its_cap_of_tasks(store: SessionStore) -
     )
 
 
+async def test_the_memory_store_forgets_expired_tasks_of_principals_that_never_return() -> None:
+    from weir.protocol.budget import RetentionBudget
+
+    now = [0.0]
+    budget = RetentionBudget(total=10_000, per_owner=10_000)
+    store = MemoryStore(clock=lambda: now[0], budget=budget)
+    for i in range(50):  # fifty principals, one task each, never read again
+        assert await store.put_task(f"p{i}", "t", b"x" * 100, version=0, ttl=10, cap=5) is (
+            TaskWrite.WRITTEN
+        )
+    assert budget.held == 5000
+    await store.put_task("p0", "t", b"y" * 100, version=1, ttl=30, cap=5)  # p0's lives on
+    now[0] = 11.0
+    assert await store.put_task("late", "t", b"z", version=0, ttl=10, cap=5) is (TaskWrite.WRITTEN)
+    assert budget.held == 100 + 1  # the others' bytes are given back on the next write
+    assert await store.get_task("p0", "t") == StoredTask(2, b"y" * 100)
+    assert await store.get_task("p7", "t") is None
+
+
 async def test_an_expired_task_is_gone_and_frees_its_place(
     store_url: str | None,
 ) -> None:
