@@ -15,7 +15,8 @@ per task, the server's CPU seconds per task (``/proc/<pid>/stat``, the whole pha
 creations, runs, lease renewals and polls), its RSS before and at the end, and with
 ``--store``, the store's commands per task (``INFO commandstats``, every command but
 ``INFO`` itself, those a script runs included) and the round trips among them (the
-task operations' ``EVALSHA`` and ``HMGET``), over the phase.  Every loop here is bounded.
+task operations' ``EVALSHA`` and ``HMGET``, and the change bus's ``XADD``), over the
+phase.  Every loop here is bounded.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def _rss_mib(pid: int) -> float:
 def _store_commands(url: str) -> tuple[int, int]:
     """Commands the store has run so far (``INFO commandstats``, ``info`` left out),
     those inside scripts included; and of them the round trips weir's task operations
-    make (``evalsha``, ``eval``, ``hmget``)."""
+    make (``evalsha``, ``eval``, ``hmget``; ``xadd``, the change bus)."""
     host, port = re.match(r"redis://([^:/]+):(\d+)", url).groups()  # type: ignore[union-attr]
     with socket.create_connection((host, int(port)), timeout=5) as s:
         s.sendall(b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n")
@@ -156,7 +157,7 @@ def _store_commands(url: str) -> tuple[int, int]:
     for name, calls in re.findall(r"cmdstat_([a-z|]+):calls=(\d+)", text):
         if name != "info":
             total += int(calls)
-        if name in ("evalsha", "eval", "hmget"):
+        if name in ("evalsha", "eval", "hmget", "xadd"):
             trips += int(calls)
     return total, trips
 

@@ -137,21 +137,29 @@ class Changes:
             self.shared.start(self._publish_change, change)
 
     def _deliver_task(self, principal: str, record: TaskRecord) -> None:
+        following = [s for s in self.subscribers if record.id in s.task_ids]
+        if not following:
+            return  # (the common case: nobody here listens; build nothing)
         state = detailed(record)
         state.pop("resultType", None)
-        for listener in list(self.subscribers):
+        for listener in following:
             listener.notify_task(principal, record.id, state)
 
-    async def _relay_task(self, where: str) -> None:
-        """Another replica changed a task: if anyone here follows it, read it and tell."""
+    def _followed(self, where: str) -> tuple[str, str] | None:
+        """``(principal, task id)`` of a task change read off the bus, if a listener here
+        follows that task (else nothing to do, and no task is started for it)."""
         try:
             principal, task_id = msgspec.json.decode(where)
         except (msgspec.DecodeError, ValueError, TypeError):
-            return
+            return None
         if not isinstance(principal, str) or not isinstance(task_id, str):
-            return
+            return None
         if not any(task_id in listener.task_ids for listener in self.subscribers):
-            return
+            return None
+        return principal, task_id
+
+    async def _relay_task(self, principal: str, task_id: str) -> None:
+        """Another replica changed a task someone here follows: read it and tell."""
         try:
             stored = await self.store.get_task(principal, task_id)
         except StoreUnavailable:
@@ -193,8 +201,9 @@ class Changes:
                     continue
                 method, where = change
                 if method == TASK_NOTIFICATION:  # (never a list change: not for GET streams)
-                    if where is not None:
-                        self.shared.start(self._relay_task, where)
+                    followed = self._followed(where) if where is not None else None
+                    if followed is not None:
+                        self.shared.start(self._relay_task, *followed)
                 else:
                     self._deliver_change(method, where)
 
