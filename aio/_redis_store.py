@@ -34,6 +34,7 @@ from weir.engine._redis_url import Pipe
 from weir.engine._store_errors import StoreUnavailable
 
 from ._resp import AsyncioRespPipe
+from ._resp_cluster import AsyncioClusterPipe
 
 __all__ = ["AsyncioRedisStore"]
 
@@ -48,6 +49,7 @@ class AsyncioRedisStore(RedisStore):
     """
 
     _pipe_kind: ClassVar[Callable[..., Pipe]] = AsyncioRespPipe
+    _cluster_pipe_kind: ClassVar[Callable[..., Pipe]] = AsyncioClusterPipe
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -34,13 +34,12 @@ import asyncio
 import contextlib
 import ssl
 from collections import deque
-from collections.abc import Sequence
 from typing import Any
 
 import coredis.exceptions as cx
 import hiredis
 
-from weir.engine._resp import _BACKOFF_MAX, _BACKOFF_MIN, Arg, _pack, _reply_error
+from weir.engine._resp import _BACKOFF_MAX, _BACKOFF_MIN, Arg, PipeCalls, _pack, _reply_error
 
 __all__ = ["AsyncioRespPipe"]
 
@@ -61,7 +60,7 @@ class _Wire(asyncio.Protocol):
         self.pipe._lost(self, exc)
 
 
-class AsyncioRespPipe:
+class AsyncioRespPipe(PipeCalls):
     """A pipelined connection to one Redis-protocol server (see the module docstring).
 
     Args:
@@ -104,13 +103,21 @@ class AsyncioRespPipe:
         self.commands = 0
 
     # ------------------------------------------------------------------ calls
-    async def call(self, *args: Arg) -> Any:
+    async def call(self, *args: Arg, asking: bool = False) -> Any:
         """Send one command and return its reply (raises ``ResponseError`` for an error
-        reply, ``ConnectionError`` if the connection is or goes down)."""
+        reply, ``ConnectionError`` if the connection is or goes down).  ``asking``:
+        an ``ASKING`` goes right before it (its reply is dropped)."""
         if not self._up:
             await self._reconnected()
         self.commands += 1
+        if asking:
+            self._send(("ASKING",)).add_done_callback(_dropped)
         return await self._send(args)
+
+    @property
+    def up(self) -> bool:
+        """Whether the connection is up now."""
+        return self._up
 
     def _send(self, args: tuple[Arg, ...]) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
@@ -139,16 +146,6 @@ class AsyncioRespPipe:
             raise cx.ConnectionError(
                 f"store connection to {self.host}:{self.port} is down"
             ) from self.failure
-
-    async def evalsha(
-        self, source: str | bytes, sha: str | bytes, keys: Sequence[Arg], args: Sequence[Arg]
-    ) -> Any:
-        """``EVALSHA`` of ``source`` (whose SHA-1 is ``sha``), loading it if the server lost it."""
-        try:
-            return await self.call("EVALSHA", sha, len(keys), *keys, *args)
-        except cx.NoScriptError:
-            pass
-        return await self.call("EVAL", source, len(keys), *keys, *args)
 
     # ------------------------------------------------------------------ the wire
     def _received(self, wire: _Wire, data: bytes) -> None:
@@ -273,3 +270,9 @@ class AsyncioRespPipe:
                     self._drop(outcome)
                     raise outcome
             return wire
+
+
+def _dropped(future: asyncio.Future[Any]) -> None:
+    # A reply nobody reads (ASKING's): retrieve its failure so asyncio does not log it.
+    if not future.cancelled():
+        future.exception()

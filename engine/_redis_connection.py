@@ -183,7 +183,7 @@ class RedisConnection:
         self.prefix = prefix
         self.timeout = timeout
         self._client = client
-        #: The hot path's pipelined connection (single-node ``redis://`` only).
+        #: The hot path's pipelined connection (plain ``redis://`` and ``redis+cluster://``).
         self._pipe = pipe
         self._where = where
         #: The store's lifecycle lines (connected, lost, recovered).
@@ -373,12 +373,15 @@ class RedisConnection:
         pipe = self._pipe
         wait = durable and self.replicas > 0
         if pipe is not None:
+            sha = script.sha
 
             async def piped() -> ResponseType:
-                reply = await pipe.evalsha(script.script, script.sha, keys, args)
-                if wait:
-                    held = await pipe.call("WAIT", self.replicas, self._replica_wait_ms)
-                    self._check_replicas(what, int(held))
+                if not wait:
+                    return cast("ResponseType", await pipe.evalsha(script.script, sha, keys, args))
+                reply, held = await pipe.evalsha_durable(
+                    script.script, sha, keys, args, self.replicas, self._replica_wait_ms
+                )
+                self._check_replicas(what, held)
                 return cast("ResponseType", reply)
 
             return await self._run(what, piped, piped=True)

@@ -54,6 +54,7 @@ from ._redis_codec import _blob, _enc, _items, _ms, _pairs, _reading, _record, _
 from ._redis_connection import DEFAULT_TIMEOUT, RedisConnection
 from ._redis_url import Pipe, _client_for, _pipe_for, _redact
 from ._resp import RespPipe
+from ._resp_cluster import TrioClusterPipe
 from ._store_errors import ChannelRejected, SessionGone, StoreUnavailable
 from ._store_records import (
     TASKS,
@@ -84,6 +85,7 @@ class RedisStore(RedisConnection):
     shared = True
     #: The pipelined connection this runtime uses (the asyncio runtime's store differs).
     _pipe_kind: ClassVar[Callable[..., Pipe]] = RespPipe
+    _cluster_pipe_kind: ClassVar[Callable[..., Pipe]] = TrioClusterPipe
 
     @classmethod
     async def connect(
@@ -126,7 +128,9 @@ class RedisStore(RedisConnection):
         client = _client_for(url, timeout=timeout)
         store = cls(
             client,
-            pipe=_pipe_for(url, timeout=timeout, kind=cls._pipe_kind),
+            pipe=_pipe_for(
+                url, timeout=timeout, kind=cls._pipe_kind, cluster_kind=cls._cluster_pipe_kind
+            ),
             where=_redact(url),
             retention=retention or Retention(),
             prefix=prefix,

@@ -11,12 +11,15 @@ not entered yet, so a bad URL is ``ValueError`` and never an outage.
   automatic retries **off** (a script whose reply was lost may have run; see
   :mod:`._redis_connection`).  A plain ``redis://`` store also gets a pipelined
   connection (:class:`Pipe`; :class:`~._resp.RespPipe` on Trio) that carries the
-  hot path's scripts and session reads; a TLS or cluster store has none, and
-  coredis carries everything.
+  hot path's scripts and session reads; a TLS store has none, and coredis carries
+  everything.
 * ``redis+cluster://[user:password@]host:port[,host:port...]`` and
   ``rediss+cluster://...`` build a Redis Cluster client from its seed nodes: no
   database or path, only the ``ssl_*`` options (anything else is refused), and
-  only ``CLUSTERDOWN`` is retried (the command was refused, so nothing ran).
+  only ``CLUSTERDOWN`` is retried (the command was refused, so nothing ran).  A
+  plain ``redis+cluster://`` store also gets a cluster pipe (one pipelined
+  connection per primary, commands routed by slot: :mod:`._slots`) for the same
+  hot path.
 
 Every client's connect, read and pool timeouts are the store's one deadline.  A
 malformed or unsupported URL, or TLS material that cannot be loaded, is
@@ -60,6 +63,25 @@ def _redact(url: str) -> str:
     return parts._replace(netloc=f"{user}:***@{hosts}").geturl()
 
 
+def _cluster_seeds(url: str) -> tuple[str | None, str | None, list[tuple[str, int]]]:
+    """A cluster URL's username, password and seed nodes (ValueError if malformed)."""
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    username: str | None = None
+    password: str | None = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+    seeds: list[tuple[str, int]] = []
+    for seed in hosts.split(","):
+        node = urlsplit(f"//{seed}")
+        if not node.hostname:
+            raise ValueError(f"store URL {_redact(url)!r}: a cluster seed node has no host")
+        seeds.append((node.hostname, node.port or 6379))  # port: ValueError if bad
+    return username, password, seeds
+
+
 def _cluster_client(url: str, *, tls: bool, timeout: float) -> coredis.RedisCluster[bytes]:
     parts = urlsplit(url)
     if parts.path not in ("", "/", "/0") or parts.fragment:
@@ -71,19 +93,8 @@ def _cluster_client(url: str, *, tls: bool, timeout: float) -> coredis.RedisClus
             f"store URL {_redact(url)!r}: unsupported cluster option(s) {sorted(unknown)}; "
             f"supported: {sorted(_CLUSTER_QUERY)}"
         )
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    username: str | None = None
-    password: str | None = None
-    if at:
-        user, colon, secret = userinfo.partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if colon else None
-    nodes: list[TCPLocation] = []
-    for seed in hosts.split(","):
-        node = urlsplit(f"//{seed}")
-        if not node.hostname:
-            raise ValueError(f"store URL {_redact(url)!r}: a cluster seed node has no host")
-        nodes.append(TCPLocation(node.hostname, node.port or 6379))  # port: ValueError if bad
+    username, password, seeds = _cluster_seeds(url)
+    nodes = [TCPLocation(host, port) for host, port in seeds]
     cert_reqs = query.get("ssl_cert_reqs")
     if cert_reqs not in (None, "optional", "required", "none"):
         raise ValueError(f"store URL {_redact(url)!r}: bad ssl_cert_reqs {cert_reqs!r}")
@@ -143,25 +154,57 @@ def _client_for(url: str, *, timeout: float) -> Client[bytes]:
 
 class Pipe(Protocol):
     """What the store asks of its pipelined connection (:class:`~._resp.RespPipe` on
-    Trio, :class:`weir.asyncio._resp.AsyncioRespPipe` on asyncio)."""
+    Trio, :class:`weir.asyncio._resp.AsyncioRespPipe` on asyncio, or either runtime's
+    cluster pipe, :class:`~._slots.ClusterPipe`)."""
 
-    failure: BaseException | None
+    @property
+    def failure(self) -> BaseException | None: ...
 
-    async def call(self, *args: Arg) -> Any: ...
+    async def call(self, *args: Arg, asking: bool = False) -> Any: ...
 
     async def evalsha(
-        self, source: str | bytes, sha: str | bytes, keys: Sequence[Arg], args: Sequence[Arg]
+        self,
+        source: str | bytes,
+        sha: str | bytes,
+        keys: Sequence[Arg],
+        args: Sequence[Arg],
+        *,
+        asking: bool = False,
     ) -> Any: ...
+
+    async def evalsha_durable(
+        self,
+        source: str | bytes,
+        sha: str | bytes,
+        keys: Sequence[Arg],
+        args: Sequence[Arg],
+        replicas: int,
+        wait_ms: int,
+        *,
+        asking: bool = False,
+    ) -> tuple[Any, int]: ...
 
     async def wait_up(self) -> None: ...
 
     async def run(self) -> None: ...
 
 
-def _pipe_for(url: str, *, timeout: float, kind: Callable[..., Pipe] = RespPipe) -> Pipe | None:
-    """The pipelined hot-path connection for a single-node ``redis://`` URL (else None)."""
+def _pipe_for(
+    url: str,
+    *,
+    timeout: float,
+    kind: Callable[..., Pipe] = RespPipe,
+    cluster_kind: Callable[..., Pipe] | None = None,
+) -> Pipe | None:
+    """The pipelined hot-path connection for a plain ``redis://`` URL (``kind``) or a
+    plain ``redis+cluster://`` URL (``cluster_kind``, one pipe per primary); None for
+    TLS URLs, which coredis carries whole."""
     parts = urlsplit(url)
-    if parts.scheme.lower() != "redis" or not parts.hostname:
+    scheme = parts.scheme.lower()
+    if scheme == "redis+cluster" and cluster_kind is not None:
+        username, password, seeds = _cluster_seeds(url)
+        return cluster_kind(seeds, username=username, password=password, timeout=timeout)
+    if scheme != "redis" or not parts.hostname:
         return None
     path = parts.path.strip("/")
     db = int(path) if path.isdigit() else 0

@@ -54,6 +54,7 @@ import trio
 _RECV = 65536
 _BACKOFF_MIN = 0.05
 _BACKOFF_MAX = 1.0
+_ASKING = b"*1\r\n$6\r\nASKING\r\n"
 
 Arg = str | bytes | int
 
@@ -88,7 +89,50 @@ class _Slot:
         self.error: BaseException | None = None
 
 
-class RespPipe:
+class PipeCalls:
+    """What both runtimes' pipes (and the cluster pipe) build on :meth:`call`: the
+    script calls.  A subclass supplies ``call(*args, asking=False)``."""
+
+    async def call(self, *args: Arg, asking: bool = False) -> Any:
+        """Send one command and return its reply (``asking``: right after an
+        ``ASKING``, on the same connection, for a slot being imported)."""
+        raise NotImplementedError
+
+    async def evalsha(
+        self,
+        source: str | bytes,
+        sha: str | bytes,
+        keys: Sequence[Arg],
+        args: Sequence[Arg],
+        *,
+        asking: bool = False,
+    ) -> Any:
+        """``EVALSHA`` of ``source`` (whose SHA-1 is ``sha``), loading it if the server lost it."""
+        try:
+            return await self.call("EVALSHA", sha, len(keys), *keys, *args, asking=asking)
+        except cx.NoScriptError:
+            pass
+        return await self.call("EVAL", source, len(keys), *keys, *args, asking=asking)
+
+    async def evalsha_durable(
+        self,
+        source: str | bytes,
+        sha: str | bytes,
+        keys: Sequence[Arg],
+        args: Sequence[Arg],
+        replicas: int,
+        wait_ms: int,
+        *,
+        asking: bool = False,
+    ) -> tuple[Any, int]:
+        """:meth:`evalsha`, then ``WAIT replicas wait_ms`` on the same connection:
+        the reply and how many replicas hold everything this connection wrote."""
+        reply = await self.evalsha(source, sha, keys, args, asking=asking)
+        held = await self.call("WAIT", replicas, wait_ms)
+        return reply, int(held)
+
+
+class RespPipe(PipeCalls):
     """A pipelined connection to one Redis-protocol server (see the module docstring).
 
     Args:
@@ -129,14 +173,21 @@ class RespPipe:
         self.commands = 0
 
     # ------------------------------------------------------------------ calls
-    async def call(self, *args: Arg) -> Any:
+    async def call(self, *args: Arg, asking: bool = False) -> Any:
         """Send one command and return its reply (raises ``ResponseError`` for an error
-        reply, ``ConnectionError`` if the connection is or goes down)."""
+        reply, ``ConnectionError`` if the connection is or goes down).  ``asking``:
+        an ``ASKING`` goes right before it (its reply is dropped)."""
         if self._stream is None:
             await self._reconnected()
-        slot = _Slot(trio.current_time())
-        self._slots.append(slot)
-        if len(self._slots) == 1:
+        slots = self._slots
+        idle = not slots
+        now = trio.current_time()
+        if asking:
+            slots.append(_Slot(now))
+            self._out.append(_ASKING)
+        slot = _Slot(now)
+        slots.append(slot)
+        if idle:
             self._busy.set()  # the watchdog starts timing
         self._out.append(_pack(args))
         self.commands += 1
@@ -145,6 +196,11 @@ class RespPipe:
         if slot.error is not None:
             raise slot.error
         return slot.reply
+
+    @property
+    def up(self) -> bool:
+        """Whether the connection is up now."""
+        return self._stream is not None
 
     async def _reconnected(self) -> None:
         # Down: cut the reconnect back-off short and wait (within the deadline) for it.
@@ -155,16 +211,6 @@ class RespPipe:
             raise cx.ConnectionError(
                 f"store connection to {self.host}:{self.port} is down"
             ) from self.failure
-
-    async def evalsha(
-        self, source: str | bytes, sha: str | bytes, keys: Sequence[Arg], args: Sequence[Arg]
-    ) -> Any:
-        """``EVALSHA`` of ``source`` (whose SHA-1 is ``sha``), loading it if the server lost it."""
-        try:
-            return await self.call("EVALSHA", sha, len(keys), *keys, *args)
-        except cx.NoScriptError:
-            pass
-        return await self.call("EVAL", source, len(keys), *keys, *args)
 
     # ------------------------------------------------------------------ connection
     async def wait_up(self) -> None:
@@ -315,4 +361,4 @@ def script_sha(source: str) -> str:
     return hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
 
 
-__all__ = ["RespPipe", "script_sha"]
+__all__ = ["PipeCalls", "RespPipe", "script_sha"]
