@@ -108,8 +108,6 @@ from ._store_records import InternalId, Retention
 T = TypeVar("T")
 log = logging.getLogger("weir.engine._redis_store")
 
-#: Default deadline (seconds) of one store operation, including connecting.
-DEFAULT_TIMEOUT = 2.0
 
 # Error replies that mean "the server cannot serve this now", not "your script is wrong".
 _UNAVAILABLE_REPLIES = (

@@ -51,12 +51,13 @@ from weir.protocol.course import INTERRUPTED_MESSAGE
 from weir.protocol.gate import CallOutcome, CallStart
 
 from ._redis_codec import _blob, _enc, _items, _ms, _pairs, _reading, _record, _text
-from ._redis_connection import DEFAULT_TIMEOUT, RedisConnection
+from ._redis_connection import RedisConnection
 from ._redis_url import Pipe, _client_for, _pipe_for, _redact
 from ._resp import RespPipe
 from ._resp_cluster import TrioClusterPipe
 from ._store_errors import ChannelRejected, SessionGone, StoreUnavailable
 from ._store_records import (
+    DEFAULT_TIMEOUT,
     TASKS,
     Retention,
     SessionRecord,
@@ -112,8 +113,9 @@ class RedisStore(RedisConnection):
                 task before weir acts on it or tells a client (``WAIT``; 0, the
                 default: the primary's acknowledgement suffices, and a primary lost
                 before replicating takes its latest writes with it).
-            replica_timeout: seconds to wait for them; past it the operation is
-                refused as the store being unavailable (nothing runs on it).
+            replica_timeout: seconds to wait for them (shorter than ``timeout``); past
+                it the operation is refused as the store being unavailable (nothing
+                runs on it).
 
         Raises:
             ValueError: a malformed or unsupported URL or prefix.
@@ -125,6 +127,13 @@ class RedisStore(RedisConnection):
             raise ValueError("store replicas must be 0 to 16, their timeout a positive number")
         if not (timeout > 0 and math.isfinite(timeout)):
             raise ValueError(f"store timeout must be a positive number of seconds, not {timeout!r}")
+        if replicas and replica_timeout >= timeout:
+            # WAIT holds the pipelined connection: past the store's deadline the
+            # connection itself would be given up as dead.
+            raise ValueError(
+                f"store replica timeout ({replica_timeout}s) must be shorter than the store "
+                f"timeout ({timeout}s)"
+            )
         client = _client_for(url, timeout=timeout)
         store = cls(
             client,

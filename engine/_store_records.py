@@ -36,6 +36,9 @@ import msgspec
 from weir.protocol.binding import ChannelVerdict, channel_verdict
 from weir.protocol.lifecycle import CLIENT_INFO_KEPT, MAX_CLIENT_CAPABILITIES, MAX_CLIENT_INFO_FIELD
 
+#: Default deadline (seconds) of one shared-store operation, including connecting.
+DEFAULT_TIMEOUT: Final = 2.0
+
 #: The format of every session id weir mints: 22 to 128 characters of the base64url
 #: alphabet (the default, ``secrets.token_urlsafe(32)``, gives 43).  An
 #: ``Mcp-Session-Id`` outside it was never minted here: 404 before any store lookup.

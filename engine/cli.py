@@ -70,6 +70,7 @@ from ._startup import (
     store_failure,
 )
 from ._store_errors import StoreUnavailable
+from ._store_records import DEFAULT_TIMEOUT
 
 log = logging.getLogger(__name__)
 
@@ -529,8 +530,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     check_deployment(args.store, args.resume, args.workers)
     if args.store_replicas and args.store == "memory":
         raise SystemExit("weir: --store-replicas needs a Redis store (--store redis://...)")
-    if not 0 <= args.store_replicas <= 16 or not args.store_replica_timeout > 0:
-        raise SystemExit("weir: --store-replicas must be 0 to 16, --store-replica-timeout > 0")
+    if not 0 <= args.store_replicas <= 16 or not 0 < args.store_replica_timeout < DEFAULT_TIMEOUT:
+        raise SystemExit(
+            "weir: --store-replicas must be 0 to 16, --store-replica-timeout more than 0 and "
+            f"less than the store's {DEFAULT_TIMEOUT:g} s deadline"
+        )
     if args.uds is not None and (args.workers > 1 or args.reuse_port):
         raise SystemExit(
             "weir: --uds is one process's socket: not with --workers > 1 or --reuse-port"

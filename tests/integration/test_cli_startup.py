@@ -142,6 +142,14 @@ def test_store_replicas_need_a_redis_store_and_a_sane_count(tmp_path: Path) -> N
         weir(tmp_path, "serve", "--store", "redis://127.0.0.1:1", "--store-replicas", "99")
     )
     assert "--store-replicas must be 0 to 16" in line
+    line = one_line_failure(
+        weir(
+            tmp_path,
+            *("serve", "--store", "redis://127.0.0.1:1", "--store-replicas", "1"),
+            *("--store-replica-timeout", "2"),
+        )
+    )
+    assert "less than the store's 2 s deadline" in line
 
 
 def test_a_database_the_store_does_not_have(tmp_path: Path, valkey_url: str) -> None:

@@ -990,3 +990,6 @@ async def test_a_durable_write_needs_its_replicas(
         assert await alone.get_session(P, sid) is not None
     with pytest.raises(ValueError):
         await RedisStore.connect(valkey_url, replicas=-1)
+    # WAIT holds the pipelined connection: it must end within the store's deadline.
+    with pytest.raises(ValueError, match="shorter than the store timeout"):
+        await RedisStore.connect(valkey_url, replicas=1, replica_timeout=2.0, timeout=2.0)
