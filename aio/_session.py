@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from weir.app import Caller, StreamGone
 from weir.engine._memory_store import MemoryStore
+from weir.engine._store_errors import epoch_reissued
 from weir.engine._store_records import SessionRecord
 from weir.protocol import Admit, CreditLimits, SessionFlow
 from weir.protocol.event_ids import format_epoch
@@ -478,7 +479,10 @@ class Session:
             emit_ids=self.driver.event_ids if emit_ids is None else emit_ids,
             binding=binding,
         )
-        self.streams.add(log)
+        try:
+            self.streams.add(log)
+        except ValueError:  # a shared store handed the epoch out twice: it lost writes
+            raise epoch_reissued(log.epoch) from None
         for stale in self.streams.evicted:  # (closed streams past MAX_CLOSED_STREAMS)
             self._forget_stream(stale)
         if self.streams.evicted:

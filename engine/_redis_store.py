@@ -173,7 +173,12 @@ class RedisStore(RedisConnection):
             "epochs", 0,
         ]  # fmt: skip
         created = await self._script(
-            "create_session", self._create, record.principal, record.session_id, fields
+            "create_session",
+            self._create,
+            record.principal,
+            record.session_id,
+            fields,
+            durable=True,
         )
         if created != 1:
             raise ValueError(f"session {record.session_id!r} already exists")
@@ -224,9 +229,11 @@ class RedisStore(RedisConnection):
         return _record(principal, session_id, fields)
 
     async def allocate_epoch(self, principal: str, session_id: str, binding: int = 0) -> str:
-        """A fresh epoch (``HINCRBY`` on the record).  Raises SessionGone."""
+        """A fresh epoch (``HINCRBY`` on the record; held by ``replicas`` replicas
+        before it is used, as an epoch issued twice would mix two streams' event
+        ids).  Raises SessionGone."""
         reply = await self._script(
-            "allocate_epoch", self._allocate, principal, session_id, [int(binding)]
+            "allocate_epoch", self._allocate, principal, session_id, [int(binding)], durable=True
         )
         if reply is None:
             raise SessionGone(session_id)

@@ -54,6 +54,7 @@ from weir.protocol.states import (
 )
 from weir.protocol.streams import StreamKind, StreamLog, StreamTable
 
+from ._store_errors import epoch_reissued
 from ._store_records import SessionRecord
 
 # (Re-exported: their importers name them from here.)
@@ -255,11 +256,19 @@ class Session:
         replica: str | None = None,
         binding: int = 0,
     ) -> StreamHandle:
-        """Create and register a stream with a store-allocated epoch."""
+        """Create and register a stream with a store-allocated epoch.
+
+        Raises:
+            StoreUnavailable: the store handed out ``epoch`` before (it lost writes).
+        """
         log = StreamLog(
             epoch, kind, max_events=max_events, emit_ids=emit_ids, replica=replica, binding=binding
         )
-        h = StreamHandle(self.streams.add(log), self)
+        try:
+            self.streams.add(log)
+        except ValueError:
+            raise epoch_reissued(epoch) from None
+        h = StreamHandle(log, self)
         self.handles[epoch] = h
         for stale in self.streams.evicted:
             self.handles.pop(stale, None)

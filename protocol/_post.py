@@ -432,6 +432,11 @@ def _course(c: PostCourse) -> _Steps:
         epoch = course.epoch  # (a claim on a shared store brings its stream's epoch)
         if not epoch and not json:
             epoch = yield AllocateEpoch(token[0] if token else 0)
+        if not json:
+            # (The runtime refuses an epoch the store handed out before: after a
+            # store that lost writes, nothing may run under a reused epoch.)
+            assert epoch
+            yield OpenRequestStream(epoch, token, lane, 1)
     except GeneratorExit:
         raise
     except BaseException:
@@ -449,8 +454,6 @@ def _course(c: PostCourse) -> _Steps:
         del courses
         yield answer
         return
-    assert epoch
-    yield OpenRequestStream(epoch, token, lane, 1)
     # The handler owns the request now; the stream may outlive it by far.
     del requests, req, course, absorbed
     messages.clear()

@@ -967,8 +967,8 @@ async def test_an_expired_task_is_gone_and_frees_its_place(
 async def test_a_durable_write_needs_its_replicas(
     valkey_url: str, valkey_cluster6: ValkeyCluster
 ) -> None:
-    """``replicas=1``: a claim, an outcome, an event or a task counts only once a
-    replica holds it.  On a cluster whose primaries each have one, writes go through;
+    """``replicas=1``: a session, a stream epoch, a claim, an outcome, an event or a
+    task counts only once a replica holds it.  On a cluster whose primaries each have one, writes go through;
     on a lone node (no replica) each is refused -- though it may stand on the node."""
     async with await RedisStore.connect(
         valkey_cluster6.url, prefix=new_prefix(), replicas=1
@@ -978,10 +978,18 @@ async def test_a_durable_write_needs_its_replicas(
         assert start.outcome is CallOutcome.EXECUTE
         await durable.finish_call(P, sid, "k", b"ok")
         assert await durable.put_task(P, "t", b"w", version=0, ttl=60, cap=5) is (TaskWrite.WRITTEN)
-    async with await RedisStore.connect(
-        valkey_url, prefix=new_prefix(), replicas=1, replica_timeout=0.05
-    ) as alone:
-        sid = (await new_session(alone)).session_id
+    prefix = new_prefix()
+    async with (
+        await RedisStore.connect(valkey_url, prefix=prefix) as plain,
+        await RedisStore.connect(
+            valkey_url, prefix=prefix, replicas=1, replica_timeout=0.05
+        ) as alone,
+    ):
+        with pytest.raises(ReplicasBehind):  # a session id told to a client, an epoch
+            await new_session(alone)
+        sid = (await new_session(plain)).session_id
+        with pytest.raises(ReplicasBehind):
+            await alone.allocate_epoch(P, sid)
         with pytest.raises(ReplicasBehind):
             await alone.begin_call(P, sid, "k", FP, None, owner="r", lease=5)
         with pytest.raises(ReplicasBehind):

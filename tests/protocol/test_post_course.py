@@ -254,6 +254,26 @@ def test_a_failure_after_the_claim_gives_the_key_back() -> None:
     assert err.value is boom
 
 
+def test_a_stream_that_cannot_open_gives_the_claimed_key_back() -> None:
+    # A store that lost acknowledged writes can hand out an epoch the session
+    # already used; the runtime refuses to open the stream (its StoreUnavailable),
+    # and nothing ran: the reservation ends, the key goes back, the failure is raised.
+    d = Driver(PostCourse(post(call()), RULES))
+    d.step(d.session)
+    d.step()
+    d.step(True)  # admitted
+    hold = d.step(started(CallOutcome.EXECUTE))
+    assert isinstance(hold, HoldCall)
+    opening = d.step()
+    assert isinstance(opening, OpenRequestStream) and opening.epoch == "ep1"
+    reused = OSError("the store issued stream epoch ep1 a second time")
+    assert d.fail(reused) == Finished(1, d.course.lane)
+    assert d.step() == GiveBack(hold.key)
+    with pytest.raises(OSError) as err:
+        d.step()
+    assert err.value is reused
+
+
 def test_connection_lost_before_the_stream_releases_the_key() -> None:
     d = Driver(PostCourse(post(Request(id=4, method="tools/list")), RULES))
     d.step(d.session)
