@@ -60,6 +60,8 @@ from weir.engine._memory_store import MemoryStore
 from weir.engine._session_store import SessionStore
 from weir.engine._store_errors import ChannelRejected, RetentionFull, SessionGone, StoreUnavailable
 from weir.engine._store_records import (
+    APPEND_PATIENCE,
+    APPEND_RETRY_DELAY,
     SESSIONLESS_NAMESPACE,
     Retention,
     SessionRecord,
@@ -351,19 +353,31 @@ class SharedState:
         """Append event ``seq`` of ``stream`` to the store (with ``call_key``: recording
         the call's outcome in the same step).  Not stored means not sent: on any
         failure the stream is aborted and :class:`Gone` raised."""
+        data = payload.encode()
+        loop = asyncio.get_running_loop()
+        deadline, delay = loop.time() + APPEND_PATIENCE, APPEND_RETRY_DELAY
         try:
-            await self.store.append_event(
-                session.principal,
-                session.sid,
-                stream.epoch,
-                seq,
-                payload.encode(),
-                final=final,
-                generation=session.generation,
-                binding=stream.binding,
-                call_key=call_key,
-                replica=self.replica_id,
-            )
+            while True:
+                try:
+                    await self.store.append_event(
+                        session.principal,
+                        session.sid,
+                        stream.epoch,
+                        seq,
+                        data,
+                        final=final,
+                        generation=session.generation,
+                        binding=stream.binding,
+                        call_key=call_key,
+                        replica=self.replica_id,
+                    )
+                    break
+                except StoreUnavailable:
+                    # A failover takes seconds: wait it out, bounded (see the Trio sink).
+                    if loop.time() + delay > deadline:
+                        raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
         except (SessionGone, ChannelRejected, StoreUnavailable, ValueError) as exc:
             log.warning("event %s:%d not stored (%r): the stream ends", stream.epoch, seq, exc)
             if stream.state is not StreamState.CLOSED:

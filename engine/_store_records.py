@@ -38,6 +38,13 @@ from weir.protocol.lifecycle import CLIENT_INFO_KEPT, MAX_CLIENT_CAPABILITIES, M
 
 #: Default deadline (seconds) of one shared-store operation, including connecting.
 DEFAULT_TIMEOUT: Final = 2.0
+#: Seconds an event's append is retried through a store outage (a failover) before its
+#: stream is given up.  The append is idempotent (the same event re-sent is answered
+#: ``duplicate``), so a retry after a lost reply never writes it twice; meanwhile the
+#: stream's later frames wait behind it, in order.
+APPEND_PATIENCE: Final = 10.0
+#: The first wait between two such retries (doubling, at most a second).
+APPEND_RETRY_DELAY: Final = 0.05
 
 #: The format of every session id weir mints: 22 to 128 characters of the base64url
 #: alphabet (the default, ``secrets.token_urlsafe(32)``, gives 43).  An

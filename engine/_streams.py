@@ -77,6 +77,7 @@ from ._session import Session, StreamHandle, StreamLost
 from ._session_table import SessionTable
 from ._shared import Shared
 from ._store_errors import ChannelRejected, SessionGone, StoreUnavailable
+from ._store_records import APPEND_PATIENCE, APPEND_RETRY_DELAY
 from ._writer import SSE_HEADERS, write_stream
 
 
@@ -132,23 +133,35 @@ class Streams:
         async def sink(seq: int, payload: str, final: bool, call_key: str | None) -> None:
             if seq == 0 and payload == "":
                 return  # the priming event carries nothing to replay
-            try:
-                await store.append_event(
-                    principal,
-                    sid,
-                    epoch,
-                    seq,
-                    payload.encode(),
-                    final=final,
-                    generation=generation,
-                    binding=binding,
-                    call_key=call_key,
-                    replica=replica,
-                )
-            except (SessionGone, ChannelRejected, StoreUnavailable) as exc:
-                # Not stored means not sent: the stream ends here (a rebind fenced
-                # it, the session is gone, or the store failed -- fail closed).
-                raise StreamLost(f"{epoch}:{seq} not appended: {exc!r}") from exc
+            data = payload.encode()
+            deadline = trio.current_time() + APPEND_PATIENCE
+            delay = APPEND_RETRY_DELAY
+            while True:
+                try:
+                    await store.append_event(
+                        principal,
+                        sid,
+                        epoch,
+                        seq,
+                        data,
+                        final=final,
+                        generation=generation,
+                        binding=binding,
+                        call_key=call_key,
+                        replica=replica,
+                    )
+                    return
+                except StoreUnavailable as exc:
+                    # A failover takes seconds: wait it out (bounded), so an answer
+                    # already computed still reaches its client.
+                    if trio.current_time() + delay > deadline:
+                        raise StreamLost(f"{epoch}:{seq} not appended: {exc!r}") from exc
+                except (SessionGone, ChannelRejected) as exc:
+                    # Not stored means not sent: the stream ends here (a rebind fenced
+                    # it, the session is gone) -- fail closed.
+                    raise StreamLost(f"{epoch}:{seq} not appended: {exc!r}") from exc
+                await trio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
         return sink
 
