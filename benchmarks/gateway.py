@@ -2,18 +2,23 @@
 
 Every downstream (client) connection gets its own keep-alive upstream connection.
 A request is forwarded upstream; if the upstream's response *headers* do not arrive
-within ``--timeout`` seconds, the gateway gives up on that upstream connection
-(closes it, as real gateways do) and re-sends the same request -- same body, same
-JSON-RPC id -- on a new upstream connection, up to ``--retries`` times, then answers
-``504``.  Only POSTs are retried; other methods are relayed once.  Responses are
+within ``--timeout`` seconds (or the upstream cannot be reached), the gateway gives
+up on that upstream connection (closes it, as real gateways do) and re-sends the
+same request -- same body, same JSON-RPC id -- on a new upstream connection, up to
+``--retries`` times, then answers ``504``.  Only POSTs are retried; other methods
+are relayed once.  With several ``--upstream`` servers, each new upstream
+connection goes to the next one in turn, so a retry lands on another server
+(HAProxy's ``option redispatch``).  Responses are
 relayed as they arrive (an SSE stream stays a stream), with back-pressure: the
 gateway reads upstream only as fast as the client reads from it.
 
 ``GET /_gateway/stats`` is answered by the gateway itself (JSON: requests, retries,
-``gave_up``), never forwarded.
+``gave_up``, and per relayed status its count and the first and last time it was
+seen, on the gateway's clock), never forwarded.
 
-``python -m benchmarks.gateway --upstream http://127.0.0.1:PORT [--retries 2]
-[--timeout 1.0]`` prints ``gateway: serving http://127.0.0.1:PORT`` first on stdout.
+``python -m benchmarks.gateway --upstream http://127.0.0.1:PORT [--upstream ...]
+[--retries 2] [--timeout 1.0]`` prints ``gateway: serving http://127.0.0.1:PORT``
+first on stdout.
 """
 
 from __future__ import annotations
@@ -63,12 +68,32 @@ class _Upstream:
 class Gateway:
     """The retrying gateway (see the module docstring)."""
 
-    def __init__(self, host: str, port: int, retries: int, timeout: float) -> None:
-        self.host = host
-        self.port = port
+    def __init__(self, upstreams: list[tuple[str, int]], retries: int, timeout: float) -> None:
+        self.upstreams = upstreams
         self.retries = retries
         self.timeout = timeout
         self.stats = {"requests": 0, "retries": 0, "gave_up": 0}
+        #: Per status relayed: [count, first seen, last seen] (trio.current_time()).
+        self.statuses: dict[int, list[float]] = {}
+        self._turn = 0
+
+    def _next_upstream(self) -> tuple[str, int]:
+        self._turn += 1
+        return self.upstreams[self._turn % len(self.upstreams)]
+
+    def _saw(self, status: int) -> None:
+        now = trio.current_time()
+        seen = self.statuses.setdefault(status, [0, now, now])
+        seen[0] += 1
+        seen[2] = now
+
+    def report(self) -> dict[str, object]:
+        """The stats, with the statuses seen."""
+        statuses = {
+            str(k): {"count": int(v[0]), "first": v[1], "last": v[2]}
+            for k, v in sorted(self.statuses.items())
+        }
+        return {**self.stats, "statuses": statuses}
 
     async def _head(self, up: _Upstream, request: h11.Request, body: bytes) -> h11.Response | None:
         """Send the request and wait (bounded) for the response head."""
@@ -105,7 +130,7 @@ class Gateway:
             head = None
             try:
                 if up is None:
-                    up = _Upstream(await trio.open_tcp_stream(self.host, self.port))
+                    up = _Upstream(await trio.open_tcp_stream(*self._next_upstream()))
                 head = await self._head(up, request, body)
             except (OSError, trio.BrokenResourceError, trio.TooSlowError, h11.ProtocolError):
                 pass
@@ -116,10 +141,12 @@ class Gateway:
                 up = None
         else:
             self.stats["gave_up"] += 1
+            self._saw(504)
             await _send(stream, down, h11.Response(status_code=504, headers=[], reason=b"Timeout"))
             await _send(stream, down, h11.EndOfMessage())
             return None
         assert up is not None and head is not None
+        self._saw(head.status_code)
         headers = [(k, v) for k, v in head.headers if k not in _HOP or k == b"content-length"]
         await _send(stream, down, h11.Response(status_code=head.status_code, headers=headers))
         while True:
@@ -159,7 +186,7 @@ class Gateway:
                 elif isinstance(event, h11.EndOfMessage) and request is not None:
                     self.stats["requests"] += 1
                     if request.target == b"/_gateway/stats":
-                        data = json.dumps(self.stats).encode()
+                        data = json.dumps(self.report()).encode()
                         hdrs = [(b"content-type", b"application/json")]
                         hdrs.append((b"content-length", b"%d" % len(data)))
                         await _send(stream, down, h11.Response(status_code=200, headers=hdrs))
@@ -190,10 +217,13 @@ async def _send(stream: trio.SocketStream, conn: h11.Connection, event: h11.Even
 
 
 async def _main(args: argparse.Namespace) -> None:
-    target = urlsplit(args.upstream)
-    if target.hostname is None or target.port is None:
-        raise SystemExit("gateway: --upstream must be http://HOST:PORT")
-    gateway = Gateway(target.hostname, target.port, args.retries, args.timeout)
+    upstreams: list[tuple[str, int]] = []
+    for url in args.upstream:
+        target = urlsplit(url)
+        if target.hostname is None or target.port is None:
+            raise SystemExit("gateway: --upstream must be http://HOST:PORT")
+        upstreams.append((target.hostname, target.port))
+    gateway = Gateway(upstreams, args.retries, args.timeout)
     listeners = await trio.open_tcp_listeners(args.port, host=args.host)
     bound = listeners[0].socket.getsockname()[1]
     print(f"gateway: serving http://{args.host}:{bound}", flush=True)
@@ -203,7 +233,9 @@ async def _main(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     """``python -m benchmarks.gateway``."""
     p = argparse.ArgumentParser(prog="benchmarks.gateway", description=__doc__.split("\n")[0])
-    p.add_argument("--upstream", required=True, help="http://HOST:PORT of the server")
+    p.add_argument(
+        "--upstream", required=True, action="append", help="http://HOST:PORT (repeatable)"
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--retries", type=int, default=2, help="re-sends of a POST (default 2)")
