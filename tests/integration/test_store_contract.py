@@ -968,8 +968,9 @@ async def test_a_durable_write_needs_its_replicas(
     valkey_url: str, valkey_cluster6: ValkeyCluster
 ) -> None:
     """``replicas=1``: a session, a stream epoch, a claim, an outcome, an event or a
-    task counts only once a replica holds it.  On a cluster whose primaries each have one, writes go through;
-    on a lone node (no replica) each is refused -- though it may stand on the node."""
+    task counts only once a replica holds it.  On a cluster whose primaries each have
+    one, writes go through; on a lone node (no replica) each is refused -- though it
+    may stand on the node."""
     async with await RedisStore.connect(
         valkey_cluster6.url, prefix=new_prefix(), replicas=1
     ) as durable:
