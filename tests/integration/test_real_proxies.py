@@ -1,4 +1,4 @@
-"""The nginx and HAProxy configurations of docs/proxies.md, run for real.
+"""The nginx, HAProxy and Caddy configurations of docs/proxies.md, run for real.
 
 Each proxy is started with the exact text of the docs' ``tested`` code block (only
 its ports changed to free loopback ones), in front of two ``weir serve`` processes
@@ -9,7 +9,9 @@ answered over SSE, and a sessionless call routed on ``Mcp-Method``.  The docs an
 the test cannot drift: the blocks are read from the docs.
 
 Skipped, saying so, when the proxy's binary is not installed (``apt-get install
-nginx-light haproxy``; ``.ci/run`` installs both, so CI never skips).
+nginx-light haproxy caddy``; ``.ci/run`` installs them, so CI never skips).  Caddy's
+block names a public site (automatic HTTPS); here it is served over plain HTTP on a
+loopback port, with Caddy's admin endpoint off.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def documented(kind: str) -> str:
 def _binary(name: str) -> str:
     found = shutil.which(name, path=_PATH)
     if found is None:
-        pytest.skip(f"{name} is not installed (apt-get install -y nginx-light haproxy)")
+        pytest.skip(f"{name} is not installed (apt-get install -y nginx-light haproxy caddy)")
     return found
 
 
@@ -72,14 +74,19 @@ def _ported(text: str, kind: str, listen: int, weir: int, tools: int) -> str:
     text = _replace_once(text, "127.0.0.1:8001", f"127.0.0.1:{tools}")
     if kind == "nginx":
         return _replace_once(text, "listen 8080;", f"listen 127.0.0.1:{listen};")
+    if kind == "caddy":
+        site = f"http://{PUBLIC}:{listen} {{\n    bind 127.0.0.1"
+        text = _replace_once(text, f"{PUBLIC} {{", site)
+        return "{\n    auto_https off\n    admin off\n}\n" + text
     return _replace_once(text, "bind :8080", f"bind 127.0.0.1:{listen}")
 
 
 @contextmanager
 def proxy(kind: str, tmp: Path, listen: int, weir: int, tools: int) -> Iterator[None]:
     """The documented ``kind`` proxy on 127.0.0.1:``listen``, until the block ends."""
-    binary = _binary("nginx" if kind == "nginx" else "haproxy")
+    binary = _binary(kind)
     config = _ported(documented(kind), kind, listen, weir, tools)
+    env = None
     if kind == "nginx":
         # The docs' file is one for conf.d/: included in a minimal nginx.conf whose
         # paths are the test's own (the pid, logs and temporary files).
@@ -94,13 +101,23 @@ def proxy(kind: str, tmp: Path, listen: int, weir: int, tools: int) -> Iterator[
             f"    include {tmp}/weir.conf;\n}}\n"
         )
         argv = [binary, "-p", str(tmp), "-e", f"{tmp}/error.log", "-c", f"{tmp}/nginx.conf"]
+        check = [*argv, "-t"]
+    elif kind == "caddy":
+        (tmp / "Caddyfile").write_text(config)
+        # Caddy keeps its state under $HOME / $XDG_*: the test's own directory.
+        env = {**os.environ, "HOME": str(tmp), "XDG_DATA_HOME": str(tmp / "data")}
+        env["XDG_CONFIG_HOME"] = str(tmp / "config")
+        flags = ["--config", f"{tmp}/Caddyfile", "--adapter", "caddyfile"]
+        argv = [binary, "run", *flags]
+        check = [binary, "validate", *flags]
     else:
         (tmp / "haproxy.cfg").write_text(config)
         argv = [binary, "-db", "-f", f"{tmp}/haproxy.cfg"]
-    check = subprocess.run([*argv, "-t" if kind == "nginx" else "-c"], capture_output=True)
-    assert check.returncode == 0, check.stderr.decode(errors="replace")
+        check = [*argv, "-c"]
+    checked = subprocess.run(check, capture_output=True, env=env)
+    assert checked.returncode == 0, checked.stderr.decode(errors="replace")
     log = (tmp / f"{kind}.out").open("wb")
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
     try:
         deadline = time.monotonic() + 10
         for _ in range(400):  # until it accepts (bounded in count and time)
@@ -128,11 +145,11 @@ def _requests_seen(server: WeirProcess) -> int:
 
 
 @pytest.mark.parametrize("runtime", ["trio", "asyncio"])
-@pytest.mark.parametrize("kind", ["nginx", "haproxy"])
+@pytest.mark.parametrize("kind", ["nginx", "haproxy", "caddy"])
 async def test_the_documented_proxy_serves_both_eras(
     kind: str, runtime: str, tmp_path: Path
 ) -> None:
-    _binary("nginx" if kind == "nginx" else "haproxy")
+    _binary(kind)
     args = ["--forwarded-allow-ips", "127.0.0.1", "--allow-host", PUBLIC, "--log-level", "debug"]
     with ExitStack() as stack:
         servers = []
