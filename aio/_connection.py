@@ -41,6 +41,7 @@ from weir.common import as_seen
 from weir.common._access import CURRENT as CURRENT_ACCESS
 from weir.common._access import AccessRecord, speaks_for
 from weir.common._access import enabled as access_log_on
+from weir.common._tls import LINGER_QUIET
 from weir.engine._store_errors import StoreUnavailable
 from weir.protocol import (
     NEED_DATA,
@@ -342,11 +343,21 @@ class Connection:
         discard for at most the linger timeout -- closing with unread bytes would reset
         the connection and could destroy the refusal before the peer reads it."""
         linger = self.driver.read_timeouts.linger
-        if not linger or not self.writer.can_write_eof():
+        if not linger:
             return
-        self.writer.write_eof()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(linger):
+                if not self.writer.can_write_eof():
+                    # TLS: no half-close; discard until the peer has been quiet a moment.
+                    while True:
+                        try:
+                            async with asyncio.timeout(LINGER_QUIET):
+                                data = await reader.read(65536)
+                        except TimeoutError:
+                            return
+                        if not data:
+                            return
+                self.writer.write_eof()
                 while await reader.read(65536):
                     pass
 

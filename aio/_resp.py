@@ -114,6 +114,24 @@ class AsyncioRespPipe(PipeCalls):
             self._send(("ASKING",)).add_done_callback(_dropped)
         return await self._send(args)
 
+    async def call_pair(
+        self, first: tuple[Arg, ...], second: tuple[Arg, ...], *, asking: bool = False
+    ) -> tuple[Any, Any]:
+        """Two commands back to back, one round trip (see
+        :class:`~weir.engine._resp.PipeCalls`)."""
+        if not self._up:
+            await self._reconnected()
+        self.commands += 2
+        if asking:
+            self._send(("ASKING",)).add_done_callback(_dropped)
+        replies: tuple[Any, Any] = await asyncio.gather(
+            self._send(first), self._send(second), return_exceptions=True
+        )
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        return replies[0], replies[1]
+
     @property
     def up(self) -> bool:
         """Whether the connection is up now."""

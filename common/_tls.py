@@ -23,6 +23,12 @@ unit a peer can have received anyway.  Pairs are pruned as they are acknowledged
 at most :data:`MAX_PAIRS` are kept (beyond, the newest is merged into the one
 before it, which can only delay, never advance, what counts as acknowledged).
 
+:data:`LINGER_QUIET` is how a refused TLS connection lingers: TLS has no half-close,
+so instead of sending EOF and reading to the peer's, the runtime reads and discards
+until the peer has been quiet that long (or the linger timeout passes), then closes
+-- a client that writes its whole refused request before reading gets the refusal,
+not a reset.
+
 It imports neither trio nor asyncio.
 """
 
@@ -34,6 +40,9 @@ from typing import Final
 
 #: Most (plaintext, ciphertext) pairs one connection keeps unacknowledged.
 MAX_PAIRS: Final = 4096
+#: Seconds without a byte from the peer after which a refused TLS connection stops
+#: lingering and closes (see the module docstring).
+LINGER_QUIET: Final = 0.25
 #: The most plaintext one TLS record carries (RFC 8446 section 5.1): the runtime
 #: writes at most this much per recorded pair.
 RECORD_PLAINTEXT: Final = 16384

@@ -121,6 +121,13 @@ class TransportError(WeirError):
     """The connection failed or timed out and the request could not be completed."""
 
 
+class GatewayError(TransportError):
+    """502 or 504 from a proxy between us and the server, with no answer of the
+    server's in it: the request may or may not have reached the server.  A keyed
+    ``tools/call`` is re-sent under its key (the gate replays or waits, never runs it
+    twice), at most ``max_reconnects`` times; anything else is raised."""
+
+
 class BadResponse(WeirError):
     """The server's answer was not what MCP allows (wrong type, bad JSON, bad SSE)."""
 
@@ -302,7 +309,13 @@ def _refusal(status: int, headers: dict[str, str], body: bytes) -> WeirError:
             reason = data["reason"]
     cls = _BY_REASON.get(reason or "")
     if cls is None:
-        cls = {404: SessionGone, 429: Overloaded, 503: Overloaded}.get(status, WeirError)
+        cls = {
+            404: SessionGone,
+            429: Overloaded,
+            502: GatewayError,
+            503: Overloaded,
+            504: GatewayError,
+        }.get(status, WeirError)
     return cls(status, reason, message, data, code=code, retry_after=_retry_after(headers, data))
 
 

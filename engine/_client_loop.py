@@ -87,6 +87,7 @@ from ._client_common import (
     BadResponse,
     CallTrace,
     ChannelUnbound,
+    GatewayError,
     InProgress,
     JsonObject,
     NotificationHandler,
@@ -205,9 +206,12 @@ class SessionTransport:
             sent_token = self.channel_token
             try:
                 msg = await self._attempt(ex)
-            except ConnectionDropped as exc:
-                # Died before the first event id: only a keyed call may be re-sent.
+            except (ConnectionDropped, GatewayError) as exc:
+                # Died before the first event id (or a proxy gave up on the server):
+                # only a keyed call may be re-sent.
                 if not ex.resendable or ex.key is None or reposts >= self.retry.max_reconnects:
+                    if isinstance(exc, GatewayError):
+                        raise
                     raise TransportError(None, "transport", str(exc)) from None
                 await trio.sleep(self._delay(reposts, None))
                 reposts += 1

@@ -54,6 +54,7 @@ from weir.protocol.sse import SseDecodeError, SseDecoder, SseEvent
 from ._client_common import (
     BadResponse,
     CallTrace,
+    GatewayError,
     InProgress,
     JsonObject,
     NotificationHandler,
@@ -382,6 +383,15 @@ class SessionlessClient(McpMethods):
                 resp = await self._pool.request("POST", self._headers(method, params, key), body)
                 accepted = resp.status == 200
                 msg = await self._answer_of(resp, rid, on_progress)
+            except GatewayError:
+                # A proxy gave up on the server: it may have run; only a key makes a
+                # re-send safe.
+                if key is None or reposts >= self.retry.max_reconnects:
+                    raise
+                await trio.sleep(self._delay(reposts, None))
+                reposts += 1
+                trace.reposts += 1
+                continue
             except ConnectionDropped as exc:
                 # No resumption in this revision: re-issue, safely only under a key.
                 if (accepted and key is None) or reposts >= self.retry.max_reconnects:

@@ -33,6 +33,7 @@ import trio
 from weir.common._access import CURRENT as CURRENT_ACCESS
 from weir.common._access import AccessRecord, client_address
 from weir.common._access import enabled as access_log_on
+from weir.common._tls import LINGER_QUIET
 from weir.protocol import (
     NEED_DATA,
     SERVER_ERROR,
@@ -327,10 +328,16 @@ class Connections:
     async def _linger(self, stream: trio.abc.Stream) -> None:
         """Half-close, then read and discard what the peer still sends, for at most the
         linger timeout: closing with unread bytes would reset the connection, and a
-        reset can destroy the refusal just sent before the peer reads it."""
-        if not isinstance(stream, trio.abc.HalfCloseableStream):
-            return  # (e.g. TLS: no half-close to make; close at once)
+        reset can destroy the refusal just sent before the peer reads it.  (Under TLS,
+        which cannot half-close: discard until the peer is quiet for ``LINGER_QUIET``.)"""
         with trio.move_on_after(self._read_timeouts.linger):
+            if not isinstance(stream, trio.abc.HalfCloseableStream):
+                # TLS: no half-close; discard until the peer has been quiet a moment.
+                while True:
+                    with trio.move_on_after(LINGER_QUIET) as quiet:
+                        data = await stream.receive_some(RECV_BYTES)
+                    if quiet.cancelled_caught or not data:
+                        return
             await stream.send_eof()
             while await stream.receive_some(RECV_BYTES):
                 pass

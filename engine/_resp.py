@@ -114,6 +114,13 @@ class PipeCalls:
             pass
         return await self.call("EVAL", source, len(keys), *keys, *args, asking=asking)
 
+    async def call_pair(
+        self, first: tuple[Arg, ...], second: tuple[Arg, ...], *, asking: bool = False
+    ) -> tuple[Any, Any]:
+        """Two commands sent back to back on one connection, in one round trip: both
+        replies (raises the first's error, else the second's)."""
+        raise NotImplementedError
+
     async def evalsha_durable(
         self,
         source: str | bytes,
@@ -125,10 +132,18 @@ class PipeCalls:
         *,
         asking: bool = False,
     ) -> tuple[Any, int]:
-        """:meth:`evalsha`, then ``WAIT replicas wait_ms`` on the same connection:
-        the reply and how many replicas hold everything this connection wrote."""
-        reply = await self.evalsha(source, sha, keys, args, asking=asking)
-        held = await self.call("WAIT", replicas, wait_ms)
+        """:meth:`evalsha` with ``WAIT replicas wait_ms`` right behind it on the same
+        connection (one round trip): the reply and how many replicas hold everything
+        this connection wrote, the script's writes included."""
+        wait: tuple[Arg, ...] = ("WAIT", replicas, wait_ms)
+        try:
+            reply, held = await self.call_pair(
+                ("EVALSHA", sha, len(keys), *keys, *args), wait, asking=asking
+            )
+        except cx.NoScriptError:
+            reply, held = await self.call_pair(
+                ("EVAL", source, len(keys), *keys, *args), wait, asking=asking
+            )
         return reply, int(held)
 
 
@@ -179,6 +194,28 @@ class RespPipe(PipeCalls):
         an ``ASKING`` goes right before it (its reply is dropped)."""
         if self._stream is None:
             await self._reconnected()
+        slot = self._queue(args, asking)
+        await slot.done.wait()
+        if slot.error is not None:
+            raise slot.error
+        return slot.reply
+
+    async def call_pair(
+        self, first: tuple[Arg, ...], second: tuple[Arg, ...], *, asking: bool = False
+    ) -> tuple[Any, Any]:
+        """Two commands back to back, one round trip (see :class:`PipeCalls`)."""
+        if self._stream is None:
+            await self._reconnected()
+        one = self._queue(first, asking)
+        two = self._queue(second, False)
+        await two.done.wait()  # (replies come in order: ``one`` is settled too)
+        for slot in (one, two):
+            if slot.error is not None:
+                raise slot.error
+        return one.reply, two.reply
+
+    def _queue(self, args: tuple[Arg, ...], asking: bool) -> _Slot:
+        # A slot for the reply and the bytes for the writer (ASKING first if asked).
         slots = self._slots
         idle = not slots
         now = trio.current_time()
@@ -192,10 +229,7 @@ class RespPipe(PipeCalls):
         self._out.append(_pack(args))
         self.commands += 1
         self._wake.set()
-        await slot.done.wait()
-        if slot.error is not None:
-            raise slot.error
-        return slot.reply
+        return slot
 
     @property
     def up(self) -> bool:
