@@ -8,9 +8,11 @@ Every read is bounded by a timeout.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import resource
 import socket
+import ssl
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,21 +82,44 @@ def raw_request(
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-class Client:
-    """One TCP connection speaking HTTP/1.1 through h11 (client side)."""
+#: When set (a test's transport parameter does it), :meth:`Client.connect` speaks TLS
+#: over the connection with this client context (server name ``127.0.0.1``).
+DIAL_TLS: contextvars.ContextVar[ssl.SSLContext | None] = contextvars.ContextVar(
+    "DIAL_TLS", default=None
+)
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+
+class Client:
+    """One TCP (or TLS) connection speaking HTTP/1.1 through h11 (client side)."""
+
+    def __init__(self, stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]) -> None:
         self.stream = stream
         self.h11 = h11.Connection(h11.CLIENT)
 
+    @property
+    def socket(self) -> trio.socket.SocketType:
+        """The TCP socket under the connection (under TLS too)."""
+        stream = self.stream
+        if isinstance(stream, trio.SSLStream):
+            return stream.transport_stream.socket
+        return stream.socket
+
     @classmethod
     async def connect(cls, port: int, *, rcvbuf: int | None = None) -> Client:
-        """Connect to 127.0.0.1:``port`` (``rcvbuf``: a tiny receive buffer, for stalling)."""
+        """Connect to 127.0.0.1:``port`` (``rcvbuf``: a tiny receive buffer, for
+        stalling), over TLS when :data:`DIAL_TLS` says so."""
         sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)
         if rcvbuf is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         await sock.connect(("127.0.0.1", port))
-        return cls(trio.SocketStream(sock))
+        tls = DIAL_TLS.get()
+        if tls is None:
+            return cls(trio.SocketStream(sock))
+        stream = trio.SSLStream(
+            trio.SocketStream(sock), tls, server_hostname="127.0.0.1", https_compatible=True
+        )
+        await stream.do_handshake()
+        return cls(stream)
 
     async def send_raw(self, data: bytes) -> None:
         """Write bytes as they are (h11 is told only what it must know to parse the answer)."""
@@ -112,7 +137,7 @@ class Client:
             while True:
                 event = conn.next_event()
                 if event is h11.NEED_DATA:
-                    conn.receive_data(await self.stream.receive_some(65536))
+                    conn.receive_data(bytes(await self.stream.receive_some(65536)))
                     continue
                 if isinstance(event, h11.InformationalResponse):
                     informational.append(event.status_code)
@@ -248,15 +273,26 @@ def limit_fds(n: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
 
 
-def send_regardless(port: int, head: bytes, body_bytes: int, timeout: float = 10.0) -> bytes:
+def send_regardless(
+    port: int,
+    head: bytes,
+    body_bytes: int,
+    timeout: float = 10.0,
+    *,
+    tls: ssl.SSLContext | None = None,
+) -> bytes:
     """As a client that never waits for an early answer: write ``head`` and
-    ``body_bytes`` of body in one blocking ``sendall``, then return everything the
-    server sent before it closed.  A server that closes on a refusal with the body
-    still arriving, without draining it, resets the connection and this raises
-    ``ConnectionResetError`` (or ``BrokenPipeError``) instead."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+    ``body_bytes`` of body in one blocking ``sendall`` (over TLS with ``tls``), then
+    return everything the server sent before it closed.  A server that closes on a
+    refusal with the body still arriving, without draining it, resets the connection
+    and this raises ``ConnectionResetError`` (or ``BrokenPipeError``) instead."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw:
+        sock = raw if tls is None else tls.wrap_socket(raw, server_hostname="127.0.0.1")
         sock.sendall(head + b" " * body_bytes)
         received = bytearray()
-        while chunk := sock.recv(65536):  # ends at EOF (or the socket's timeout)
-            received += chunk
+        try:
+            while chunk := sock.recv(65536):  # ends at EOF (or the socket's timeout)
+                received += chunk
+        except ssl.SSLEOFError:  # a TLS close without close_notify: EOF all the same
+            pass
     return bytes(received)

@@ -128,7 +128,7 @@ async def open_stream(port: int, sid: str, token: str | None) -> Client:
         while True:
             event = c.h11.next_event()
             if event is h11.NEED_DATA:
-                c.h11.receive_data(await c.stream.receive_some(65536))
+                c.h11.receive_data(bytes(await c.stream.receive_some(65536)))
             elif isinstance(event, h11.Response):
                 assert event.status_code == 200, event
                 return c

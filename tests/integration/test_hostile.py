@@ -11,7 +11,10 @@ matter (a trickled head is cut within 60 s by default).
 The tests of what the asyncio runtime serves too (HTTP framing and limits, read
 deadlines, the budget on request bytes in flight, abandoned initializes, batches,
 JSON answers' credit, SSE keep-alives, running out of descriptors) run against both
-runtimes (``weir serve --runtime asyncio``).  Those that check the Trio engine's
+runtimes (``weir serve --runtime asyncio``).  Those about what a client does on the
+wire also run over TLS (``transport``: ``weir serve --ssl-certfile ...`` and every
+client connection a TLS one), where the server reads and writes through a TLS layer
+and judges a stalled reader from the TCP socket under it.  Those that check the Trio engine's
 connection policy (shedding idle keep-alive connections; the asyncio runtime
 refuses 503 past its limit instead) run on the Trio engine only.
 """
@@ -33,6 +36,7 @@ import trio
 from weir.engine import ServerConfig
 
 from .rawhttp import (
+    DIAL_TLS,
     INIT_PARAMS,
     Client,
     Reply,
@@ -47,6 +51,7 @@ from .rawhttp import (
     send_regardless,
 )
 from .serverproc import WeirProcess
+from .tlspki import client_context, server_ssl_args
 
 MiB = 1024 * 1024
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT_PARAMS}
@@ -56,6 +61,17 @@ INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT_
 RUNTIMES = pytest.mark.parametrize("runtime", ["trio", "asyncio"])
 
 
+@pytest.fixture(params=["plain", "tls"])
+def transport(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Plain TCP or TLS: the server started by :func:`weir` and every
+    ``Client.connect`` of the test follow it."""
+    token = DIAL_TLS.set(client_context() if request.param == "tls" else None)
+    try:
+        yield str(request.param)
+    finally:
+        DIAL_TLS.reset(token)
+
+
 @contextmanager
 def weir(
     tmp_path: Path,
@@ -63,7 +79,10 @@ def weir(
     preexec_fn: Callable[[], None] | None = None,
     runtime: str = "trio",
 ) -> Iterator[WeirProcess]:
-    """``weir serve demo ARGS`` on a free loopback port, stopped afterwards."""
+    """``weir serve demo ARGS`` on a free loopback port, stopped afterwards (over TLS
+    when the test's ``transport`` is ``tls``)."""
+    if DIAL_TLS.get() is not None:
+        args = (*server_ssl_args(), *args)
     with (
         (tmp_path / "stdout").open("w+b") as out,
         (tmp_path / "stderr").open("w+b") as err,
@@ -102,7 +121,7 @@ async def settle_rss(pid: int, seconds: float = 1.0) -> int:
 
 @RUNTIMES
 async def test_large_results_are_retained_within_the_session_budget(
-    tmp_path: Path, runtime: str
+    tmp_path: Path, runtime: str, transport: str
 ) -> None:
     # 2 sessions x 30 calls with 3 MB results, read to the end.  Before the budget,
     # every result stayed twice (closed stream log + gate) until DELETE: ~180 MB.
@@ -248,7 +267,7 @@ async def test_on_a_shared_store_the_store_decides_which_abandoned_initialize_ex
 
 @RUNTIMES
 async def test_initialize_whose_answer_cannot_be_sent_leaves_no_session(
-    tmp_path: Path, runtime: str
+    tmp_path: Path, runtime: str, transport: str
 ) -> None:
     with weir(tmp_path, runtime=runtime) as server, trio.fail_after(30):
         for _ in range(50):
@@ -256,10 +275,10 @@ async def test_initialize_whose_answer_cannot_be_sent_leaves_no_session(
             body = json.dumps(INITIALIZE).encode()
             await c.send_raw(raw_request("POST", "/mcp", body=body))
             # Reset at once (SO_LINGER 0), before the answer can be read.
-            c.stream.socket.setsockopt(
+            c.socket.setsockopt(
                 trio.socket.SOL_SOCKET, trio.socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
             )
-            c.stream.socket.close()
+            c.socket.close()
         await trio.sleep(0.5)
         # Most are answered into the kernel before the reset arrives; what matters
         # is that every session whose answer failed was removed, and none leaks
@@ -272,7 +291,7 @@ async def test_initialize_whose_answer_cannot_be_sent_leaves_no_session(
 
 @RUNTIMES
 async def test_huge_batch_is_refused_at_once_and_neighbours_are_unaffected(
-    tmp_path: Path, runtime: str
+    tmp_path: Path, runtime: str, transport: str
 ) -> None:
     with weir(tmp_path, runtime=runtime) as server, trio.fail_after(60):
         async with connected(server.port) as c:
@@ -318,7 +337,7 @@ async def test_huge_batch_is_refused_at_once_and_neighbours_are_unaffected(
 
 @RUNTIMES
 async def test_trickled_head_is_cut_and_waiting_clients_are_then_served(
-    tmp_path: Path, runtime: str
+    tmp_path: Path, runtime: str, transport: str
 ) -> None:
     limit = 20
     args = ("--head-timeout", "2", "--max-connections", str(limit))
@@ -329,22 +348,40 @@ async def test_trickled_head_is_cut_and_waiting_clients_are_then_served(
         await trio.sleep(0.3)
         t0 = time.monotonic()
         sid: str | None = None
-        async with connected(server.port) as polite:
-            if runtime == "trio":
-                # Served once the tricklers are cut (the kernel backlog held it meanwhile).
+        if runtime == "trio":
+            # Served once the tricklers are cut (the kernel backlog held it meanwhile).
+            async with connected(server.port) as polite:
                 sid = await initialize(polite)
-            else:  # the asyncio runtime refuses past its limit, and says when to retry
+        elif transport == "plain":  # the asyncio runtime refuses past its limit
+            async with connected(server.port) as polite:
                 busy = await polite.request("POST", "/mcp", INITIALIZE)
                 assert busy.status == 503 and busy.reason == "overloaded"
                 assert "retry-after" in busy.headers
+        else:  # (on a TLS port there is no plaintext refusal: cut before the handshake)
+            with pytest.raises(trio.BrokenResourceError):
+                await Client.connect(server.port)
         for c in tricklers:
             reply = await c.read_reply(5)
             assert reply.status == 408 and reply.reason == "request_timeout"
             assert await c.closed_by_peer()
             await c.aclose()
-        if sid is None:  # the tricklers are cut: the retry is served
-            async with connected(server.port) as polite:
-                sid = await initialize(polite)
+        for _ in range(100):  # the tricklers are cut: a retry is served
+            if sid is not None:
+                break
+            # (The server counts a connection gone once its close is done, which may
+            # be a moment after the client saw it close: retry as a client would.)
+            try:
+                async with connected(server.port) as polite:
+                    reply = await polite.request("POST", "/mcp", INITIALIZE)
+            except trio.BrokenResourceError:  # (TLS, still at the limit: cut)
+                assert transport == "tls"
+                await trio.sleep(0.02)
+                continue
+            if reply.status == 200:
+                sid = reply.headers["mcp-session-id"]
+            else:
+                assert (reply.status, reply.reason) == (503, "overloaded"), reply
+                await trio.sleep(0.02)
         waited = time.monotonic() - t0
         assert sid and waited < 5
         text = await metrics(server.port)
@@ -353,7 +390,7 @@ async def test_trickled_head_is_cut_and_waiting_clients_are_then_served(
 
 
 @RUNTIMES
-async def test_trickled_body_is_cut(tmp_path: Path, runtime: str) -> None:
+async def test_trickled_body_is_cut(tmp_path: Path, runtime: str, transport: str) -> None:
     with weir(tmp_path, "--body-timeout", "1", runtime=runtime) as server, trio.fail_after(30):
         async with connected(server.port) as c:
             head = raw_request("POST", "/mcp", body=b"{" * 100)[:-100]
@@ -393,7 +430,9 @@ async def served_once_bytes_free(port: int, body: bytes, tries: int = 200) -> Re
 
 
 @RUNTIMES
-async def test_request_bytes_in_flight_are_capped_server_wide(tmp_path: Path, runtime: str) -> None:
+async def test_request_bytes_in_flight_are_capped_server_wide(
+    tmp_path: Path, runtime: str, transport: str
+) -> None:
     args = ("--max-inbound-bytes", str(MiB))
     with weir(tmp_path, *args, runtime=runtime) as server, trio.fail_after(60):
         partial_body = b"[" + b" " * 400_000  # each declares 2 MB and sends 400 KB
@@ -424,7 +463,7 @@ async def test_request_bytes_in_flight_are_capped_server_wide(tmp_path: Path, ru
 
 @RUNTIMES
 async def test_a_refused_request_still_arriving_is_answered_not_reset(
-    tmp_path: Path, runtime: str
+    tmp_path: Path, runtime: str, transport: str
 ) -> None:
     # Clients that write the whole request without waiting for an early answer: the
     # server refuses at the head, then drains what still arrives, so the client reads
@@ -435,11 +474,13 @@ async def test_a_refused_request_still_arriving_is_answered_not_reset(
     ):
         size = 8 * MiB
         head = raw_request("POST", "/mcp", headers={"content-length": str(size)})
-        received = await trio.to_thread.run_sync(send_regardless, server.port, head, size)
+        tls = DIAL_TLS.get()
+        send = partial(send_regardless, tls=tls)
+        received = await trio.to_thread.run_sync(send, server.port, head, size)
         assert received.startswith(b"HTTP/1.1 413 ")
         assert b'"reason":"payload_too_large"' in received
         huge_head = raw_request("POST", "/mcp", headers={"x-filler": "a" * 1_000_000})
-        received = await trio.to_thread.run_sync(send_regardless, server.port, huge_head, 0)
+        received = await trio.to_thread.run_sync(send, server.port, huge_head, 0)
         assert received.startswith(b"HTTP/1.1 431 ")
         text = await metrics(server.port)
         assert metric(text, "weir_refusals_total", '{reason="payload_too_large"}') == 1
@@ -448,7 +489,7 @@ async def test_a_refused_request_still_arriving_is_answered_not_reset(
 
 @RUNTIMES
 async def test_a_refused_client_that_never_stops_sending_is_cut_at_the_linger_timeout(
-    tmp_path: Path, runtime: str
+    tmp_path: Path, runtime: str, transport: str
 ) -> None:
     args = ("--linger-timeout", "1", "--max-body-bytes", "1000")
     with weir(tmp_path, *args, runtime=runtime) as server:
@@ -518,7 +559,7 @@ async def test_out_of_descriptors_is_back_pressure_not_a_log_flood(
 
 @RUNTIMES
 async def test_content_length_with_transfer_encoding_is_refused_and_closed(
-    tmp_path: Path, runtime: str
+    tmp_path: Path, runtime: str, transport: str
 ) -> None:
     with weir(tmp_path, runtime=runtime) as server, trio.fail_after(20):
         async with connected(server.port) as c:
@@ -543,7 +584,7 @@ async def test_content_length_with_transfer_encoding_is_refused_and_closed(
 
 @RUNTIMES
 async def test_expect_100_continue_is_answered_before_the_body(
-    tmp_path: Path, runtime: str
+    tmp_path: Path, runtime: str, transport: str
 ) -> None:
     with weir(tmp_path, runtime=runtime) as server, trio.fail_after(20):
         async with connected(server.port) as c:
@@ -575,7 +616,9 @@ async def test_expect_100_continue_is_answered_before_the_body(
 
 
 @RUNTIMES
-async def test_overlong_target_and_too_many_headers(tmp_path: Path, runtime: str) -> None:
+async def test_overlong_target_and_too_many_headers(
+    tmp_path: Path, runtime: str, transport: str
+) -> None:
     with weir(tmp_path, runtime=runtime) as server, trio.fail_after(20):
         async with connected(server.port) as c:
             await c.send_raw(b"GET /" + b"a" * 10_000 + b" HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
@@ -597,7 +640,7 @@ async def test_overlong_target_and_too_many_headers(tmp_path: Path, runtime: str
 
 @RUNTIMES
 async def test_a_result_larger_than_the_credit_is_refused_not_queued(
-    tmp_path: Path, runtime: str
+    tmp_path: Path, runtime: str, transport: str
 ) -> None:
     with (
         weir(tmp_path, "--credit-bytes", str(256 * 1024), runtime=runtime) as server,
@@ -647,7 +690,7 @@ STALL_ROUNDS = 3
 @RUNTIMES
 @pytest.mark.parametrize("mode", [(), ("--json-response",)], ids=["sse", "json"])
 async def test_stalled_sessions_are_torn_down_and_memory_comes_back(
-    tmp_path: Path, mode: Sequence[str], runtime: str
+    tmp_path: Path, mode: Sequence[str], runtime: str, transport: str
 ) -> None:
     # Each round: 20 sessions with a ~900 KB result their clients never read.  The
     # teardown cuts their connections while the clients still hold them open, and
@@ -694,7 +737,9 @@ async def test_stalled_sessions_are_torn_down_and_memory_comes_back(
 
 
 @RUNTIMES
-async def test_json_mode_half_open_session_gets_429(tmp_path: Path, runtime: str) -> None:
+async def test_json_mode_half_open_session_gets_429(
+    tmp_path: Path, runtime: str, transport: str
+) -> None:
     args = ("--json-response", "--drain-window", "1", "--liveness-timeout", "30")
     with weir(tmp_path, *args, runtime=runtime) as server, trio.fail_after(60):
         async with connected(server.port) as c:
@@ -718,7 +763,7 @@ async def test_json_mode_half_open_session_gets_429(tmp_path: Path, runtime: str
         # the drain window (pacing only: a slow machine just takes more tries).
         with trio.fail_after(20):
             for _ in range(1000):
-                socks = [s.stream.socket.fileno() for s in stalled]
+                socks = [s.socket.fileno() for s in stalled]
                 if select.select(socks, [], [], 0)[0]:
                     break
                 await trio.sleep(0.02)
@@ -740,7 +785,9 @@ async def test_json_mode_half_open_session_gets_429(tmp_path: Path, runtime: str
 
 
 @RUNTIMES
-async def test_quiet_sse_streams_carry_keepalive_comments(tmp_path: Path, runtime: str) -> None:
+async def test_quiet_sse_streams_carry_keepalive_comments(
+    tmp_path: Path, runtime: str, transport: str
+) -> None:
     with weir(tmp_path, "--sse-keepalive", "0.5", runtime=runtime) as server, trio.fail_after(20):
         async with connected(server.port) as c:
             sid = await initialize(c)

@@ -300,7 +300,7 @@ async def _sse_events(c: Client, n: int, head: bytes = b"") -> list[tuple[str, s
             return events[:n]
         event = conn.next_event()
         if event is h11.NEED_DATA:
-            conn.receive_data(await c.stream.receive_some(65536))
+            conn.receive_data(bytes(await c.stream.receive_some(65536)))
         elif isinstance(event, h11.Data):
             buf += bytes(event.data)
         elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):

@@ -47,7 +47,7 @@ from tests.integration.rawhttp import Client, raw_request
 from tests.integration.runtimes import RUNTIMES
 from tests.integration.serverproc import REPO_ROOT, WeirProcess
 from tests.integration.test_asyncio_driver import Client as AsyncioClient
-from tests.integration.tlspki import HOST, client_context, connect_tls, pki
+from tests.integration.tlspki import HOST, client_context, connect_tls, pki, server_ssl_args
 from weir.asyncio import AsyncioDriver
 from weir.asyncio._tls import TlsWriter as AsyncioTlsWriter
 from weir.engine import App, Authorization, Server, ServerConfig, TlsConfigError
@@ -440,18 +440,12 @@ async def _eventually(condition: Any, *, timeout: float, every: float = 0.005) -
 
 
 # ---------------------------------------------------------------- weir serve --ssl-*
-def ssl_args(**extra: str) -> list[str]:
-    p = pki()
-    args = ["--ssl-certfile", str(p.server_cert), "--ssl-keyfile", str(p.server_key)]
-    for flag, value in extra.items():
-        args += [f"--{flag.replace('_', '-')}", value]
-    return args
 
 
 @contextmanager
 def weir_tls(tmp_path: Path, *args: str, runtime: str = "trio") -> Iterator[WeirProcess]:
     with (tmp_path / "out").open("w+b") as out, (tmp_path / "err").open("w+b") as err:
-        server = WeirProcess("demo", out, err, [*ssl_args(), *args], driver=runtime)
+        server = WeirProcess("demo", out, err, [*server_ssl_args(), *args], driver=runtime)
         try:
             yield server
         finally:
@@ -473,7 +467,7 @@ async def test_hostile_clients_over_tls(tmp_path: Path, runtime: str) -> None:
             silent.close()
             # Plain HTTP on the TLS port: no answer in plaintext, closed.
             plain = Client(trio.SocketStream(trio.socket.socket()))
-            await plain.stream.socket.connect((HOST, server.port))
+            await plain.socket.connect((HOST, server.port))
             await plain.send_raw(raw_request("GET", "/mcp"))
             assert await plain.closed_by_peer(5)
             await plain.aclose()

@@ -185,3 +185,13 @@ async def connect_tls(
     )
     await stream.do_handshake()
     return stream
+
+
+def server_ssl_args(**extra: str) -> list[str]:
+    """``weir serve`` options serving TLS with the test PKI's server certificate
+    (``extra``: more ``--ssl-*`` options, e.g. ``ssl_ca_certs=...``)."""
+    p = pki()
+    args = ["--ssl-certfile", str(p.server_cert), "--ssl-keyfile", str(p.server_key)]
+    for flag, value in extra.items():
+        args += [f"--{flag.replace('_', '-')}", value]
+    return args
