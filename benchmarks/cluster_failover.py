@@ -85,6 +85,7 @@ class Run:
     started: float = 0.0
     fault_at: float = 0.0
     fault_done: float = 0.0
+    stopped_at: float = 0.0
     answered: dict[str, str] = field(default_factory=dict)  # key -> "ok" | "wrong" | ...
     done_at: list[float] = field(default_factory=list)  # completion times of "ok"
     errors: Counter[str] = field(default_factory=Counter)
@@ -261,6 +262,7 @@ async def _one(
                 baseline = dict(gateway.statuses)
                 await _fault(scenario, cluster, victim, run)
                 await trio.sleep(max(0.0, run.fault_at + args.after - trio.current_time()))
+                run.stopped_at = trio.current_time()
                 stop.set()
             nursery.cancel_scope.cancel()
     finally:
@@ -293,13 +295,14 @@ def _report(
             }
     buckets = Counter(int((t - run.started) / BUCKET) for t in run.done_at)
     fault_bucket = int((run.fault_at - run.started) / BUCKET)
-    last_bucket = int((max(run.done_at, default=run.started) - run.started) / BUCKET)
+    stop_bucket = int((run.stopped_at - run.started) / BUCKET)  # (then the calls drain)
     warm = [buckets[b] for b in range(2, fault_bucket)] or [0]
     rate = statistics.mean(warm)
-    after = range(fault_bucket, last_bucket)  # (the last bucket is partial)
-    slow = [b for b in after if buckets[b] < 0.8 * rate]
-    recovered = (max(slow) + 1) * BUCKET - (run.fault_at - run.started) if slow else 0.0
-    dip = min((buckets[b] for b in after), default=0) / rate if rate else 0.0
+    # One-second windows (two buckets) from the fault to the stop, against the rate before.
+    windows = [(b, buckets[b] + buckets[b + 1]) for b in range(fault_bucket, stop_bucket - 1)]
+    slow = [b for b, n in windows if n < 0.8 * 2 * rate]
+    recovered = (max(slow) + 2) * BUCKET - (run.fault_at - run.started) if slow else 0.0
+    dip = min((n for _, n in windows), default=0) / (2 * rate) if rate else 0.0
     return {
         "scenario": scenario,
         "store_replicas": replicas,
@@ -320,7 +323,7 @@ def _report(
         "recovered_s": round(max(0.0, recovered), 2),
         "lowest_rate_pct": round(100 * dip),
         "examples": run.examples,
-        "timeline": [buckets[b] for b in range(last_bucket + 1)],
+        "timeline": [buckets[b] for b in range(stop_bucket + 1)],
         "tracebacks": sum(log.count("Traceback") for log in logs),
     }
 

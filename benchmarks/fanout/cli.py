@@ -164,6 +164,13 @@ def parser() -> argparse.ArgumentParser:
         "also reports store round trips per call",
     )
     p.add_argument("--workers", type=int, default=1, help="weir: --workers N (needs --store)")
+    p.add_argument(
+        "--store-replicas",
+        type=int,
+        default=0,
+        metavar="N",
+        help="weir: --store-replicas N on the run(s) with a store (0)",
+    )
     p.add_argument("--sample-interval", type=float, default=1.0, help="/metrics period (1.0 s)")
     p.add_argument("--call-timeout", type=float, default=30.0, help="seconds per call (30)")
     p.add_argument("--weir-app", default=WEIR_APP, help=f"app weir serves ({WEIR_APP})")
@@ -285,6 +292,7 @@ def options(args: argparse.Namespace) -> Options:
         progress=not args.no_progress,
         quiet_wait=args.quiet_wait,
         store=args.store,
+        store_replicas=args.store_replicas,
         workers=args.workers,
         peer_process=args.peer_process,
         peer_nice=args.peer_nice,

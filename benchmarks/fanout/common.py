@@ -57,6 +57,7 @@ class Options:
     progress: bool
     quiet_wait: float
     store: str | None = None
+    store_replicas: int = 0  # weir: --store-replicas (only where a store is used)
     workers: int = 1
     peer_process: bool = False
     peer_nice: int = 0

@@ -26,17 +26,11 @@ import trio
 from .client import Client, HttpError
 
 
-def store_round_trips(url: str) -> int | None:
-    """Commands clients sent to the Redis-protocol server at ``url`` so far.
-
-    Counts the top-level commands weir's store issues (EVALSHA/EVAL scripts and
-    HGETALL), from ``INFO commandstats``; commands run inside scripts are not
-    round trips and are not counted.
-    """
-    parts = urlsplit(url)
+def _bulk(host: str, port: int, command: bytes) -> str | None:
+    """One command's bulk-string reply (``INFO ...``, ``CLUSTER NODES``), or None."""
     try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), 2) as c:
-            c.sendall(b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n")
+        with socket.create_connection((host, port), 2) as c:
+            c.sendall(command)
             data = b""
             while not data.endswith(b"\r\n") or data.count(b"\r\n") < 2:
                 chunk = c.recv(65536)
@@ -48,11 +42,38 @@ def store_round_trips(url: str) -> int | None:
                     break
     except OSError:
         return None
+    return data.decode("utf-8", "replace")
+
+
+def store_round_trips(url: str) -> int | None:
+    """Commands clients sent to the Redis-protocol server at ``url`` so far (on a
+    ``redis+cluster://`` URL: to every primary the seed node names).
+
+    Counts the top-level commands weir's store issues (EVALSHA/EVAL scripts and
+    HGETALL), from ``INFO commandstats``; commands run inside scripts are not
+    round trips and are not counted.
+    """
+    parts = urlsplit(url)
+    nodes = [(parts.hostname or "127.0.0.1", parts.port or 6379)]
+    if "cluster" in parts.scheme:
+        layout = _bulk(*nodes[0], b"*2\r\n$7\r\nCLUSTER\r\n$5\r\nNODES\r\n")
+        if layout is None:
+            return None
+        nodes = []
+        for line in layout.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 2 and "master" in fields[2] and "fail" not in fields[2]:
+                name, _, number = fields[1].split("@", 1)[0].rpartition(":")
+                nodes.append((name or "127.0.0.1", int(number)))
     total = 0
-    for line in data.decode("utf-8", "replace").splitlines():
-        name, _, stats = line.partition(":")
-        if name in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_hgetall"):
-            total += int(stats.split("calls=", 1)[1].split(",", 1)[0])
+    for host, port in nodes:
+        data = _bulk(host, port, b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n")
+        if data is None:
+            return None
+        for line in data.splitlines():
+            name, _, stats = line.partition(":")
+            if name in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_hgetall"):
+                total += int(stats.split("calls=", 1)[1].split(",", 1)[0])
     return total
 
 

@@ -140,6 +140,8 @@ def server_argv(name: str, opts: Options, weir_flags: set[str]) -> tuple[str, li
             argv += ["--max-sessions", str(opts.sessions)]
         if opts.store:
             argv += ["--store", opts.store]
+            if opts.store_replicas:
+                argv += ["--store-replicas", str(opts.store_replicas)]
         if opts.workers > 1:
             argv += ["--workers", str(opts.workers)]
         for key, flag in (
