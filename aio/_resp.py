@@ -20,6 +20,8 @@ between the socket and the callers:
   ``SELECT`` / ``PING``, and when the connection breaks reconnects with the same
   back-off (50 ms doubling to 1 s, cut short by a caller who waits, at most
   ``timeout``).
+* **Durable writes** share one ``WAIT`` per flush, sent behind them in the same write
+  (group commit, as on Trio).
 * Error replies are the same coredis exception types as on Trio (``_reply_error``).
 
 It keeps the Trio pipe's interface (``call``, ``evalsha``, ``wait_up``, ``run``,
@@ -94,6 +96,10 @@ class AsyncioRespPipe(PipeCalls):
         self._out: list[bytes] = []
         self._flush_due = False
         self._timer: asyncio.TimerHandle | None = None
+        # The WAIT the next flush sends behind the durable writes queued since the last
+        # one, and its (replicas, timeout) (as on Trio).
+        self._group: asyncio.Future[Any] | None = None
+        self._group_wait: tuple[int, int] = (0, 0)
         self._parser = hiredis.Reader(replyError=_reply_error)
         self._connected = asyncio.Event()
         self._demand = asyncio.Event()
@@ -114,23 +120,25 @@ class AsyncioRespPipe(PipeCalls):
             self._send(("ASKING",)).add_done_callback(_dropped)
         return await self._send(args)
 
-    async def call_pair(
-        self, first: tuple[Arg, ...], second: tuple[Arg, ...], *, asking: bool = False
-    ) -> tuple[Any, Any]:
-        """Two commands back to back, one round trip (see
-        :class:`~weir.engine._resp.PipeCalls`)."""
+    async def call_durable(
+        self, args: tuple[Arg, ...], replicas: int, wait_ms: int, *, asking: bool = False
+    ) -> tuple[Any, int]:
+        """The write, then the group's ``WAIT`` (see
+        :class:`~weir.engine._resp.PipeCalls`; the Trio pipe's docstring)."""
         if not self._up:
             await self._reconnected()
-        self.commands += 2
+        self.commands += 1
         if asking:
             self._send(("ASKING",)).add_done_callback(_dropped)
-        replies: tuple[Any, Any] = await asyncio.gather(
-            self._send(first), self._send(second), return_exceptions=True
-        )
-        for reply in replies:
-            if isinstance(reply, BaseException):
-                raise reply
-        return replies[0], replies[1]
+        reply = self._send(args)
+        group = self._group
+        if group is None:  # (sent by the next flush, behind every durable write till then)
+            group = self._group = asyncio.get_running_loop().create_future()
+            group.add_done_callback(_dropped)
+        self._group_wait = max(self._group_wait, (replicas, wait_ms))
+        answer = await reply
+        held = await asyncio.shield(group)  # (shared: one caller's cancellation is its own)
+        return answer, int(held)
 
     @property
     def up(self) -> bool:
@@ -151,6 +159,18 @@ class AsyncioRespPipe(PipeCalls):
 
     def _flush(self) -> None:
         self._flush_due = False
+        group = self._group
+        if group is not None:  # one WAIT behind every durable write queued so far
+            self._group = None
+            if self._transport is not None:
+                self._slots.append((group, asyncio.get_running_loop().time()))
+                self._out.append(_pack(("WAIT", *self._group_wait)))
+                self.commands += 1
+            elif not group.done():
+                group.set_exception(
+                    cx.ConnectionError(f"store connection to {self.host}:{self.port} is down")
+                )
+            self._group_wait = (0, 0)
         if self._out and self._transport is not None:
             self._transport.write(b"".join(self._out))
         self._out.clear()
@@ -222,6 +242,9 @@ class AsyncioRespPipe(PipeCalls):
             future = self._slots.popleft()[0]
             if not future.done():
                 future.set_exception(error)
+        if self._group is not None and not self._group.done():  # never sent
+            self._group.set_exception(error)
+        self._group = None
         self._out.clear()
         if self._timer is not None:
             self._timer.cancel()

@@ -30,6 +30,11 @@ One connection, pipelined:
   ``StoreUnavailable``: 503, never a hang), and ``run`` reconnects, backing off
   50 ms doubling to 1 s.  A call made while it is down cuts the back-off short
   and waits for the reconnection, at most ``timeout``, then fails.
+* **Durable writes** (``--store-replicas``) share their ``WAIT``: the writer puts one
+  ``WAIT`` behind all the durable writes queued since its last flush, in the same
+  ``send``, and each of them reads its own reply and that ``WAIT``'s count (a
+  ``WAIT`` covers everything its connection wrote before it): one round trip per
+  durable write, and one ``WAIT`` per batch instead of one each.
 * Error replies become :class:`coredis.exceptions.ResponseError`, so the store's
   reading of "cannot serve now" replies (``LOADING``, ``READONLY``, ...) is the same
   on both paths.  ``NOSCRIPT`` is answered by :meth:`evalsha` once with ``EVAL``
@@ -114,11 +119,12 @@ class PipeCalls:
             pass
         return await self.call("EVAL", source, len(keys), *keys, *args, asking=asking)
 
-    async def call_pair(
-        self, first: tuple[Arg, ...], second: tuple[Arg, ...], *, asking: bool = False
-    ) -> tuple[Any, Any]:
-        """Two commands sent back to back on one connection, in one round trip: both
-        replies (raises the first's error, else the second's)."""
+    async def call_durable(
+        self, args: tuple[Arg, ...], replicas: int, wait_ms: int, *, asking: bool = False
+    ) -> tuple[Any, int]:
+        """A write, then -- in the same write to the server, shared with every durable
+        write queued meanwhile -- ``WAIT replicas wait_ms``: its reply, and how many
+        replicas hold everything this connection wrote up to the ``WAIT``."""
         raise NotImplementedError
 
     async def evalsha_durable(
@@ -132,19 +138,16 @@ class PipeCalls:
         *,
         asking: bool = False,
     ) -> tuple[Any, int]:
-        """:meth:`evalsha` with ``WAIT replicas wait_ms`` right behind it on the same
-        connection (one round trip): the reply and how many replicas hold everything
-        this connection wrote, the script's writes included."""
-        wait: tuple[Arg, ...] = ("WAIT", replicas, wait_ms)
+        """:meth:`evalsha`, with the ``WAIT`` of :meth:`call_durable` behind it: the
+        reply and how many replicas hold the script's writes."""
         try:
-            reply, held = await self.call_pair(
-                ("EVALSHA", sha, len(keys), *keys, *args), wait, asking=asking
+            return await self.call_durable(
+                ("EVALSHA", sha, len(keys), *keys, *args), replicas, wait_ms, asking=asking
             )
         except cx.NoScriptError:
-            reply, held = await self.call_pair(
-                ("EVAL", source, len(keys), *keys, *args), wait, asking=asking
+            return await self.call_durable(
+                ("EVAL", source, len(keys), *keys, *args), replicas, wait_ms, asking=asking
             )
-        return reply, int(held)
 
 
 class RespPipe(PipeCalls):
@@ -182,6 +185,10 @@ class RespPipe(PipeCalls):
         self._connected = trio.Event()  # set while the connection is up
         self._demand = trio.Event()  # a caller waits for a reconnection
         self._reader_state = hiredis.Reader(replyError=_reply_error)
+        # The WAIT the next flush sends behind the durable writes queued since the last
+        # one (group commit: one WAIT covers them all), and its (replicas, timeout).
+        self._group: _Slot | None = None
+        self._group_wait: tuple[int, int] = (0, 0)
         #: Why the connection is down (None while it is up or before the first try).
         self.failure: BaseException | None = None
         #: Commands sent (a round trip each, though pipelined).
@@ -200,19 +207,22 @@ class RespPipe(PipeCalls):
             raise slot.error
         return slot.reply
 
-    async def call_pair(
-        self, first: tuple[Arg, ...], second: tuple[Arg, ...], *, asking: bool = False
-    ) -> tuple[Any, Any]:
-        """Two commands back to back, one round trip (see :class:`PipeCalls`)."""
+    async def call_durable(
+        self, args: tuple[Arg, ...], replicas: int, wait_ms: int, *, asking: bool = False
+    ) -> tuple[Any, int]:
+        """The write, then the group's ``WAIT`` (see :class:`PipeCalls`)."""
         if self._stream is None:
             await self._reconnected()
-        one = self._queue(first, asking)
-        two = self._queue(second, False)
-        await two.done.wait()  # (replies come in order: ``one`` is settled too)
-        for slot in (one, two):
-            if slot.error is not None:
-                raise slot.error
-        return one.reply, two.reply
+        slot = self._queue(args, asking)
+        group = self._group
+        if group is None:
+            group = self._group = _Slot(0.0)  # (sent, and timed, by the next flush)
+        self._group_wait = max(self._group_wait, (replicas, wait_ms))
+        await group.done.wait()  # (replies come in order: ``slot`` is settled too)
+        for settled in (slot, group):
+            if settled.error is not None:
+                raise settled.error
+        return slot.reply, int(group.reply)
 
     def _queue(self, args: tuple[Arg, ...], asking: bool) -> _Slot:
         # A slot for the reply and the bytes for the writer (ASKING first if asked).
@@ -353,8 +363,17 @@ class RespPipe(PipeCalls):
                 self._wake = trio.Event()
                 await self._wake.wait()
                 continue
-            data = b"".join(self._out)
-            self._out.clear()
+            out = self._out
+            group = self._group
+            if group is not None:  # one WAIT behind every durable write queued so far
+                self._group = None
+                group.sent_at = trio.current_time()
+                self._slots.append(group)
+                out.append(_pack(("WAIT", *self._group_wait)))
+                self._group_wait = (0, 0)
+                self.commands += 1
+            data = b"".join(out)
+            out.clear()
             await stream.send_all(data)
 
     async def _reader(self, stream: trio.abc.Stream) -> None:
@@ -382,6 +401,10 @@ class RespPipe(PipeCalls):
             slot = self._slots.popleft()
             slot.error = error
             slot.done.set()
+        if self._group is not None:  # queued writes that were never sent, nor their WAIT
+            self._group.error = error
+            self._group.done.set()
+            self._group = None
         self._out.clear()
 
 
