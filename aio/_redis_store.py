@@ -30,7 +30,7 @@ from typing import Any, ClassVar, TypeVar
 
 from weir.engine._redis_connection import _is_outage
 from weir.engine._redis_store import RedisStore
-from weir.engine._redis_url import Pipe
+from weir.engine._resp import Pipe
 from weir.engine._store_errors import StoreUnavailable
 
 from ._resp import AsyncioRespPipe

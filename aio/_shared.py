@@ -385,7 +385,7 @@ class SharedState:
                 session.wake(stream)
             raise Gone from exc
         if call_key is not None:
-            session.keep_result(call_key, payload.encode())  # (its outcome: for a rebind here)
+            session.keep_result(call_key, data)  # (its outcome: for a rebind here)
 
     async def append_interrupted(
         self, session: Session, stream: StreamLog, payload: bytes, key: str

@@ -101,7 +101,7 @@ from ._redis_lua import (
     _TAKE,
     _TOUCH,
 )
-from ._redis_url import Pipe
+from ._resp import Pipe
 from ._store_errors import ReplicasBehind, StoreUnavailable
 from ._store_records import InternalId, Retention
 

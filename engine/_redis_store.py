@@ -52,8 +52,8 @@ from weir.protocol.gate import CallOutcome, CallStart
 
 from ._redis_codec import _blob, _enc, _items, _ms, _pairs, _reading, _record, _text
 from ._redis_connection import RedisConnection
-from ._redis_url import Pipe, _client_for, _pipe_for, _redact
-from ._resp import RespPipe
+from ._redis_url import _client_for, _pipe_for, _redact
+from ._resp import Pipe, RespPipe
 from ._resp_cluster import TrioClusterPipe
 from ._store_errors import ChannelRejected, SessionGone, StoreUnavailable
 from ._store_records import (

@@ -10,7 +10,7 @@ not entered yet, so a bad URL is ``ValueError`` and never an outage.
   ``ssl_*`` query options apply) build a single-node coredis client with its
   automatic retries **off** (a script whose reply was lost may have run; see
   :mod:`._redis_connection`).  A plain ``redis://`` store also gets a pipelined
-  connection (:class:`Pipe`; :class:`~._resp.RespPipe` on Trio) that carries the
+  connection (:class:`~._resp.Pipe`; :class:`~._resp.RespPipe` on Trio) that carries the
   hot path's scripts and session reads; a TLS store has none, and coredis carries
   everything.
 * ``redis+cluster://[user:password@]host:port[,host:port...]`` and
@@ -29,8 +29,8 @@ malformed or unsupported URL, or TLS material that cannot be loaded, is
 from __future__ import annotations
 
 import ssl
-from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol, cast
+from collections.abc import Callable
+from typing import Literal, cast
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import coredis
@@ -39,7 +39,7 @@ from coredis.client import Client
 from coredis.connection import TCPLocation
 from coredis.retry import ConstantRetryPolicy, NoRetryPolicy
 
-from ._resp import Arg, RespPipe
+from ._resp import Pipe, RespPipe
 
 _SCHEMES: dict[str, tuple[bool, bool]] = {  # scheme -> (tls, cluster)
     "redis": (False, False),
@@ -150,43 +150,6 @@ def _client_for(url: str, *, timeout: float) -> Client[bytes]:
         raise ValueError(f"store URL {_redact(url)!r}: {exc}") from exc
     except (ssl.SSLError, OSError) as exc:  # e.g. an unreadable CA file
         raise ValueError(f"store URL {_redact(url)!r}: TLS setup failed: {exc}") from exc
-
-
-class Pipe(Protocol):
-    """What the store asks of its pipelined connection (:class:`~._resp.RespPipe` on
-    Trio, :class:`weir.asyncio._resp.AsyncioRespPipe` on asyncio, or either runtime's
-    cluster pipe, :class:`~._slots.ClusterPipe`)."""
-
-    @property
-    def failure(self) -> BaseException | None: ...
-
-    async def call(self, *args: Arg, asking: bool = False) -> Any: ...
-
-    async def evalsha(
-        self,
-        source: str | bytes,
-        sha: str | bytes,
-        keys: Sequence[Arg],
-        args: Sequence[Arg],
-        *,
-        asking: bool = False,
-    ) -> Any: ...
-
-    async def evalsha_durable(
-        self,
-        source: str | bytes,
-        sha: str | bytes,
-        keys: Sequence[Arg],
-        args: Sequence[Arg],
-        replicas: int,
-        wait_ms: int,
-        *,
-        asking: bool = False,
-    ) -> tuple[Any, int]: ...
-
-    async def wait_up(self) -> None: ...
-
-    async def run(self) -> None: ...
 
 
 def _pipe_for(

@@ -50,7 +50,7 @@ import hashlib
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import coredis.exceptions as cx
 import hiredis
@@ -92,6 +92,43 @@ class _Slot:
         self.done = trio.Event()
         self.reply: Any = None
         self.error: BaseException | None = None
+
+
+class Pipe(Protocol):
+    """What the store asks of its pipelined connection (:class:`RespPipe` on
+    Trio, :class:`weir.asyncio._resp.AsyncioRespPipe` on asyncio, or either runtime's
+    cluster pipe, :class:`~._slots.ClusterPipe`)."""
+
+    @property
+    def failure(self) -> BaseException | None: ...
+
+    async def call(self, *args: Arg, asking: bool = False) -> Any: ...
+
+    async def evalsha(
+        self,
+        source: str | bytes,
+        sha: str | bytes,
+        keys: Sequence[Arg],
+        args: Sequence[Arg],
+        *,
+        asking: bool = False,
+    ) -> Any: ...
+
+    async def evalsha_durable(
+        self,
+        source: str | bytes,
+        sha: str | bytes,
+        keys: Sequence[Arg],
+        args: Sequence[Arg],
+        replicas: int,
+        wait_ms: int,
+        *,
+        asking: bool = False,
+    ) -> tuple[Any, int]: ...
+
+    async def wait_up(self) -> None: ...
+
+    async def run(self) -> None: ...
 
 
 class PipeCalls:
@@ -418,4 +455,4 @@ def script_sha(source: str) -> str:
     return hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
 
 
-__all__ = ["PipeCalls", "RespPipe", "script_sha"]
+__all__ = ["Pipe", "PipeCalls", "RespPipe", "script_sha"]

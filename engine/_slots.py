@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 import coredis.exceptions as cx
 
-from ._resp import Arg, PipeCalls
+from ._resp import Arg, Pipe, PipeCalls
 
 #: Slots in a Redis Cluster.
 SLOTS = 16384
@@ -115,42 +115,14 @@ class SlotTable:
         return primaries
 
 
-class NodePipe(Protocol):
-    """What :class:`ClusterPipe` asks of one node's pipe (either runtime's)."""
+class NodePipe(Pipe, Protocol):
+    """What :class:`ClusterPipe` asks of one node's pipe (either runtime's): a
+    :class:`~._resp.Pipe` that says whether it is connected and counts its commands."""
 
-    failure: BaseException | None
     commands: int
 
     @property
     def up(self) -> bool: ...
-
-    async def call(self, *args: Arg, asking: bool = False) -> Any: ...
-
-    async def evalsha(
-        self,
-        source: str | bytes,
-        sha: str | bytes,
-        keys: Sequence[Arg],
-        args: Sequence[Arg],
-        *,
-        asking: bool = False,
-    ) -> Any: ...
-
-    async def evalsha_durable(
-        self,
-        source: str | bytes,
-        sha: str | bytes,
-        keys: Sequence[Arg],
-        args: Sequence[Arg],
-        replicas: int,
-        wait_ms: int,
-        *,
-        asking: bool = False,
-    ) -> tuple[Any, int]: ...
-
-    async def wait_up(self) -> None: ...
-
-    async def run(self) -> None: ...
 
 
 class Flag(Protocol):

@@ -25,7 +25,8 @@
   through its public surface, as the engine does, and imports neither trio nor anyio;
   of the engine it imports only the session store modules (``_session_store``,
   ``_store_records``, ``_store_errors``, ``_memory_store``, ``_redis_store`` and the
-  modules it is built from, ``_redis_connection``, ``_redis_url``, ``_resp``: one
+  modules it is built from, ``_redis_connection``, ``_redis_url``, ``_resp``,
+  ``_slots`` (the cluster pipe's routing, written for either loop): one
   store, one wire format, shared by both runtimes; and ``_unheard``, the claims a
   store granted without its answer arriving, given back the same way on both).
   Importing it loads neither the CLI, anyio nor the Redis client.
@@ -233,6 +234,7 @@ AIO_MAY_IMPORT = frozenset(
         "weir.engine._redis_connection",
         "weir.engine._redis_url",
         "weir.engine._resp",
+        "weir.engine._slots",
         "weir.engine._unheard",
     }
 )
