@@ -31,7 +31,7 @@ from typing import Any
 from weir.app import App, Caller, Context, McpError, dispatch, failure, id_in_use
 from weir.common import REQUEST_ACCESS
 from weir.protocol import INTERNAL_ERROR, Reason
-from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
+from weir.protocol.budget import fit_response
 from weir.protocol.course import AppendRecords, CallCourse, ClaimCall, HoldCall, Record, WaitForCall
 from weir.protocol.jsonrpc import (
     ErrorResponse,
@@ -213,11 +213,7 @@ async def _store(session: Session, step: Record | AppendRecords | None) -> None:
 def _fit(req: Request, payload: bytes, session: Session, stream: StreamLog | None) -> bytes:
     """``payload``, or ``result_too_large`` if it could never be sent within the
     session's byte credit (the core's rule, as on the Trio engine)."""
-    limit = session.flow.credit.limits.bytes
-    if len(payload) + 512 <= limit:
-        return payload  # fits whatever its framing adds: no need to measure it
-    size = len(payload) + HEAD_ALLOWANCE if stream is None else stream.size_of(payload.decode())
-    fitted = fit_result(req.id, payload, size, limit)
+    fitted = fit_response(req.id, payload, session.flow.credit.limits.bytes, stream)
     if fitted is not payload:
         session.driver.metrics.refused(str(Reason.RESULT_TOO_LARGE))
     return fitted

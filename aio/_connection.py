@@ -26,14 +26,10 @@ write.
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
-import fcntl
 import logging
 import math
-import socket
-import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -41,6 +37,7 @@ from weir.common import as_seen
 from weir.common._access import CURRENT as CURRENT_ACCESS
 from weir.common._access import AccessRecord, speaks_for
 from weir.common._access import enabled as access_log_on
+from weir.common._sendqueue import KernelSendQueue
 from weir.common._tls import LINGER_QUIET
 from weir.engine._store_errors import StoreUnavailable
 from weir.protocol import (
@@ -85,12 +82,9 @@ if TYPE_CHECKING:
     from ._driver import AsyncioDriver
 
 log = logging.getLogger("weir.asyncio")
-#: ``ioctl(SIOCOUTQ)``: bytes in a TCP socket's send queue not yet acknowledged (Linux).
-_SIOCOUTQ = 0x5411
 #: How often a connection with unacknowledged frames asks the kernel (seconds).
 _ACK_POLL_S = 0.002
 _ACK_POLL_MAX_S = 0.05
-_TCP = (socket.AF_INET, socket.AF_INET6)
 
 
 class Connection:
@@ -110,11 +104,9 @@ class Connection:
         #: Each session with unacknowledged bytes here: the end of its last mark (it
         #: counts this connection among its ``carrying`` until the peer acks that).
         self._marked: dict[Session, int] = {}
-        self._fd = -1
-        self._outq = array.array("i", [0])
-        sock = writer.get_extra_info("socket")
-        if sys.platform == "linux" and sock is not None and sock.family in _TCP:
-            self._fd = sock.fileno()
+        # (No TCP_NOTSENT_LOWAT here: asyncio's transport buffers what the kernel
+        # does not take, and that buffer is counted as unacknowledged too.)
+        self._kernel = KernelSendQueue(writer.get_extra_info("socket"), notsent_lowat=None)
         self._watcher: asyncio.Task[None] | None = None
         self._reader: asyncio.StreamReader | TlsReader | None = None
         self._early = b""  # bytes the peer sent while a stream was being written
@@ -150,26 +142,21 @@ class Connection:
     def _unacknowledged(self) -> int:
         """Bytes written and not acknowledged: asyncio's buffer plus the kernel's queue
         (under TLS those count ciphertext, which :class:`TlsWriter` maps to plaintext)."""
-        unacked = self.writer.transport.get_write_buffer_size()
-        if self._fd >= 0:  # (else "accepted by the kernel" stands in for acked)
-            with contextlib.suppress(OSError):
-                fcntl.ioctl(self._fd, _SIOCOUTQ, self._outq, True)
-                unacked += int(self._outq[0])
+        unacked = self.writer.transport.get_write_buffer_size() + self._kernel.unacknowledged()
         writer = self.writer
         return writer.unacknowledged(unacked) if isinstance(writer, TlsWriter) else unacked
 
     def check_acks(self) -> bool:
         """Release the credit of every frame the peer has acknowledged; any progress?"""
         acked = self.acks.acked
-        pending = self.acks.oldest()
-        drained = self.acks.acknowledged_total(self._unacknowledged())
+        drained, partial = self.acks.settle(self._unacknowledged())
         for session, stream, upto in drained:
             if stream is None:
                 session.release(1, upto)  # a JSON body
             else:
                 session.drained(stream, upto)
-        if self.acks.acked > acked and pending is not None and not drained:
-            session = pending[0]
+        if partial is not None:
+            session = partial[0]
             session.flow.credit.progress(session.loop.time())  # part of a frame
         if drained:
             self._unmark(self.acks.acked)

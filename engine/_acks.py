@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from weir.common._sendqueue import KernelSendQueue
+
 if TYPE_CHECKING:
     from ._connection import Connection
 
@@ -90,4 +92,11 @@ class AckPoller:
             await trio.lowlevel.checkpoint()
 
 
-__all__ = ["MAX_POLL", "MIN_POLL", "AckPoller"]
+def kernel_queue(stream: trio.abc.Stream, notsent_lowat: int | None) -> KernelSendQueue:
+    """The kernel send queue of ``stream``'s TCP socket (inexact for any other
+    stream: a Unix socket, an in-memory test stream)."""
+    sock = stream.socket if isinstance(stream, trio.SocketStream) else None
+    return KernelSendQueue(sock, notsent_lowat=notsent_lowat)
+
+
+__all__ = ["MAX_POLL", "MIN_POLL", "AckPoller", "kernel_queue"]

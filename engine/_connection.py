@@ -10,7 +10,7 @@ offset of the frame's last byte (:class:`weir.protocol.DrainTracker`).  Under TL
 the stream is a ``trio.SSLStream``: it writes one record's plaintext at a time and
 its :class:`~weir.engine._tls.TlsMeter` maps the plaintext offsets to ciphertext ones.
 
-:meth:`Connection.check_acks` asks the :class:`~weir.engine._drain.DrainMeter` how many
+:meth:`Connection.check_acks` asks the :class:`~weir.common._sendqueue.KernelSendQueue` how many
 of those bytes the peer has acknowledged and hands the result to the core: frames
 whose last byte is acknowledged give their session's credit back, and any
 acknowledged byte of a pending frame counts as progress for that frame's session
@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from weir.common._sendqueue import KernelSendQueue
 from weir.common._tls import RECORD_PLAINTEXT
 from weir.protocol import DrainTracker, HeadCache, HttpConnection, HttpLimits
 
-from ._acks import MIN_POLL, AckPoller
-from ._drain import DrainMeter
+from ._acks import MIN_POLL, AckPoller, kernel_queue
 from ._session import JsonCharge
 from ._tls import TlsMeter
 
@@ -86,7 +86,7 @@ class Connection:
         self.http = HttpConnection(limits, heads=heads)
         #: What the peer acknowledged: of the TCP socket, or (TLS, ``stream`` the
         #: ``SSLStream`` over ``meter``'s transport) of its plaintext.
-        self.meter: DrainMeter | TlsMeter = meter or DrainMeter(stream, notsent_lowat=notsent_lowat)
+        self.meter: KernelSendQueue | TlsMeter = meter or kernel_queue(stream, notsent_lowat)
         self.tracker: DrainTracker[tuple[Holder, int]] = DrainTracker()
         #: The server's re-checker of acknowledgements (None: nothing re-checks).
         self.poller = poller
@@ -162,13 +162,9 @@ class Connection:
         Returns whether bytes are still unacknowledged.
         """
         tracker = self.tracker
-        before = tracker.acked
-        # Only bytes of a pending frame are progress, and only for the session that
-        # owns it: a 429 body or another session's response is nobody's progress.
-        owner = tracker.oldest()
-        tokens = tracker.acknowledged_total(self.meter.unacknowledged())
-        if tracker.acked > before and owner is not None and not tokens:
-            owner[0].session.progress()
+        tokens, partial = tracker.settle(self.meter.unacknowledged())
+        if partial is not None:
+            partial[0].session.progress()
         for holder, seq in tokens:
             holder.drained(seq + 1)
         return bool(tracker.outstanding)

@@ -30,7 +30,7 @@ import trio
 
 from weir.app import Context, call_tool_now, dispatch, failure, id_in_use, inline_tool
 from weir.protocol import Reason
-from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
+from weir.protocol.budget import fit_response
 from weir.protocol.course import AppendRecords, CallCourse, CoursePhase, Record, interrupted
 from weir.protocol.jsonrpc import Request, encode_result
 from weir.protocol.states import StreamInput, StreamState
@@ -173,14 +173,8 @@ class Execution:
         sent within it: it is refused (and that refusal is the call's recorded
         outcome, so a retry does not run it again) rather than queued past the bound.
         """
-        limit = self.config.credit.bytes
-        if len(payload) + 512 <= limit:
-            return payload  # fits whatever its framing adds: no need to measure it
-        if handle is not None:
-            size = handle.log.size_of(payload.decode())
-        else:
-            size = len(payload) + HEAD_ALLOWANCE
-        fitted = fit_result(req.id, payload, size, limit)
+        log = handle.log if handle is not None else None
+        fitted = fit_response(req.id, payload, self.config.credit.bytes, log)
         if fitted is not payload:
             self.metrics.refused(str(Reason.RESULT_TOO_LARGE))
         return fitted

@@ -10,7 +10,7 @@ certificate, plain HTTP on the TLS port -- closes the connection with one debug 
 
 :class:`CountingStream` writes ciphertext with ``send()`` on the socket itself, so
 its count of bytes the kernel accepted is exact even while a write is blocked
-part-way.  :class:`TlsMeter` is the :class:`~weir.engine._drain.DrainMeter` of such a
+part-way.  :class:`TlsMeter` is the :class:`~weir.common._sendqueue.KernelSendQueue` of such a
 connection: ``SIOCOUTQ`` gives the ciphertext not yet acknowledged, and
 :class:`weir.common._tls.CipherOffsets` turns the ciphertext acknowledged into
 plaintext acknowledged, which is what the connection's drain marks are in.  The
@@ -27,7 +27,7 @@ import trio
 
 from weir.common._tls import CipherOffsets
 
-from ._drain import DrainMeter
+from ._acks import kernel_queue
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class TlsMeter:
 
     def __init__(self, counting: CountingStream, *, notsent_lowat: int | None) -> None:
         self._counting = counting
-        self._tcp = DrainMeter(counting.tcp, notsent_lowat=notsent_lowat)
+        self._tcp = kernel_queue(counting.tcp, notsent_lowat)
         self.offsets = CipherOffsets()
 
     @property

@@ -49,10 +49,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ._errors import INTERNAL_ERROR, Reason
 from ._jsonrpc import RequestId, encode_error
+
+if TYPE_CHECKING:
+    from ._streams import StreamLog
 
 #: Asked to free at least ``n`` bytes, oldest first; reports what it frees by charging.
 Shed = Callable[[int], object]
@@ -182,4 +185,34 @@ def fit_result(request_id: RequestId, payload: bytes, size: int, limit: int) -> 
     )
 
 
-__all__ = ["HEAD_ALLOWANCE", "RetentionBudget", "Shed", "fit_result"]
+#: The most a response's framing adds to its payload: an SSE frame's ``id:``,
+#: ``event:`` and ``data:`` lines (event ids are bounded well under 200 bytes), or
+#: :data:`HEAD_ALLOWANCE` for a JSON body's head.  A payload this far under the
+#: credit fits whatever its framing, so it is not measured.
+FRAMING_ALLOWANCE: Final = 512
+
+
+def fit_response(
+    request_id: RequestId, payload: bytes, limit: int, stream: StreamLog | None
+) -> bytes:
+    """``payload`` if its response fits a byte credit of ``limit`` -- as the next
+    frame of ``stream``, or as a JSON body when ``stream`` is ``None`` -- else the
+    ``result_too_large`` error answering ``request_id`` (:func:`fit_result`).
+
+    Both runtimes call this on every result: the common case (a payload more than
+    :data:`FRAMING_ALLOWANCE` under the credit) costs one comparison.
+    """
+    if len(payload) + FRAMING_ALLOWANCE <= limit:
+        return payload
+    size = len(payload) + HEAD_ALLOWANCE if stream is None else stream.size_of(payload.decode())
+    return fit_result(request_id, payload, size, limit)
+
+
+__all__ = [
+    "FRAMING_ALLOWANCE",
+    "HEAD_ALLOWANCE",
+    "RetentionBudget",
+    "Shed",
+    "fit_response",
+    "fit_result",
+]

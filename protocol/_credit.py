@@ -293,6 +293,21 @@ class DrainTracker(Generic[T]):
         """Convenience: the kernel says ``unacknowledged`` bytes are still in flight."""
         return self.bytes_drained(max(0, self.written - unacknowledged - self.acked))
 
+    def settle(self, unacknowledged: int) -> tuple[list[T], T | None]:
+        """The kernel says ``unacknowledged`` bytes are still in flight: the tokens
+        now wholly acknowledged, oldest first, and the token whose frame the peer
+        acknowledged only part of (``None`` unless bytes were acknowledged and no
+        frame completed).
+
+        The second is the one rule of progress both runtimes apply: acknowledged
+        bytes of a pending frame are progress for that frame's owner only -- bytes
+        of a refusal or of another owner's frame before it are nobody's progress.
+        """
+        before, owner = self.acked, self.oldest()
+        drained = self.acknowledged_total(unacknowledged)
+        partial = owner if (self.acked > before and not drained) else None
+        return drained, partial
+
     def take_pending(self) -> list[T]:
         """Every token not yet acknowledged, oldest first; the tracker forgets them."""
         out = [token for _, token in self._marks]

@@ -6,10 +6,18 @@ session's credit becomes.
 
 from __future__ import annotations
 
-from ._budget import HEAD_ALLOWANCE, RetentionBudget, fit_result
+from ._budget import (
+    FRAMING_ALLOWANCE,
+    HEAD_ALLOWANCE,
+    RetentionBudget,
+    fit_response,
+    fit_result,
+)
 
 __all__ = [
+    "FRAMING_ALLOWANCE",
     "HEAD_ALLOWANCE",
     "RetentionBudget",
+    "fit_response",
     "fit_result",
 ]

@@ -347,15 +347,16 @@ def _asyncio_side(driver: AsyncioDriver) -> ServerSide:
     [conn] = session.carrying
     writer = conn.writer
     assert isinstance(writer, AsyncioTlsWriter)
-    settled = _ioctl(conn._fd, SIOCOUTQ) == _ioctl(conn._fd, SIOCOUTQNSD)
+    fd = writer.get_extra_info("socket").fileno()
+    settled = _ioctl(fd, SIOCOUTQ) == _ioctl(fd, SIOCOUTQNSD)
     unacked = conn._unacknowledged()
-    ciphertext_unacked = writer.transport.get_write_buffer_size() + _ioctl(conn._fd, SIOCOUTQ)
+    ciphertext_unacked = writer.transport.get_write_buffer_size() + _ioctl(fd, SIOCOUTQ)
     return ServerSide(
         settled and conn.acks.acked == conn.acks.written - unacked,
         conn.acks.acked,
         conn.acks.written,
         writer.ciphertext_written - ciphertext_unacked,
-        _ioctl(conn._fd, SIOCOUTQNSD) > 0,
+        _ioctl(fd, SIOCOUTQNSD) > 0,
     )
 
 

@@ -541,3 +541,25 @@ def test_peaks_are_high_water_marks_that_release_does_not_lower() -> None:
     # could be sent); the peak says so.
     assert credit.try_acquire(250, 1.0)
     assert credit.peak_bytes == 250 and credit.peak_frames == 2
+
+
+def test_settle_names_the_owner_of_a_partly_acknowledged_frame_only() -> None:
+    # Two frames: A's bytes [0, 100), B's [100, 250).  Acknowledged bytes of A's
+    # frame are A's progress; once A completes, nothing is "partial" in that step.
+    tracker: DrainTracker[str] = DrainTracker()
+    tracker.mark(tracker.wrote(100), "A")
+    tracker.mark(tracker.wrote(150), "B")
+    assert tracker.settle(250) == ([], None)  # nothing acknowledged: no progress
+    assert tracker.settle(200) == ([], "A")  # 50 bytes of A's frame
+    assert tracker.settle(200) == ([], None)  # no new bytes: no progress again
+    assert tracker.settle(120) == (["A"], None)  # A done (and 20 of B's bytes)
+    assert tracker.settle(10) == ([], "B")
+    assert tracker.settle(0) == (["B"], None)
+    assert tracker.settle(0) == ([], None) and tracker.outstanding == 0
+
+
+def test_settle_gives_no_owner_for_bytes_written_without_a_mark() -> None:
+    # A refusal's body carries no mark: its acknowledgement is nobody's progress.
+    tracker: DrainTracker[str] = DrainTracker()
+    tracker.wrote(300)
+    assert tracker.settle(100) == ([], None)

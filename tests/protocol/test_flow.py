@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from weir.protocol import Admit, CreditLimits, Reason, RemoteProtocolError, SessionFlow
-from weir.protocol.budget import HEAD_ALLOWANCE, fit_result
+from weir.protocol.budget import FRAMING_ALLOWANCE, HEAD_ALLOWANCE, fit_response, fit_result
 from weir.protocol.states import CreditState
+from weir.protocol.streams import StreamKind, StreamLog
 
 LIMITS = CreditLimits(frames=4, bytes=1000, drain_window=5.0, liveness_timeout=60.0)
 LANES = [None, "a", "b"]
@@ -389,6 +390,23 @@ def test_a_result_that_fits_is_itself_and_one_that_cannot_is_result_too_large() 
     assert refused["id"] == 3 and refused["error"]["code"] == -32603
     assert refused["error"]["data"] == {"reason": "result_too_large", "size": 1001, "limit": 1000}
     assert HEAD_ALLOWANCE > 0
+
+
+def test_fit_response_measures_the_frame_it_would_be_sent_in() -> None:
+    payload = b'{"jsonrpc":"2.0","id":3,"result":{"t":"' + b"x" * 900 + b'"}}'
+    log = StreamLog("0000000a", StreamKind.REQUEST, max_events=8)
+    framed = log.size_of(payload.decode())
+    assert len(payload) < framed < len(payload) + FRAMING_ALLOWANCE
+    # Far under the credit: itself, unmeasured.
+    assert fit_response(3, payload, len(payload) + FRAMING_ALLOWANCE, log) is payload
+    # Exactly the frame's size fits; one byte less cannot.
+    assert fit_response(3, payload, framed, log) is payload
+    refused = msgspec.json.decode(fit_response(3, payload, framed - 1, log))
+    assert refused["error"]["data"]["size"] == framed
+    # A JSON body is its payload plus the head's allowance.
+    json_size = len(payload) + HEAD_ALLOWANCE
+    assert fit_response(3, payload, json_size, None) is payload
+    assert msgspec.json.decode(fit_response(3, payload, json_size - 1, None))["error"]
 
 
 def test_a_json_answers_reservation_stays_until_its_body_holds_credit() -> None:
