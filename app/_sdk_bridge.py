@@ -23,6 +23,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -59,8 +60,11 @@ from ._registry import App, McpError
 from .sdk import SdkSecurity
 
 log = logging.getLogger(__name__)
-#: Where MCPServer logs a tool, resource or prompt that raised (with the exception).
-_SDK_HANDLER_LOG = "mcp.server.mcpserver.server"
+#: Where MCPServer and FastMCP log a tool, resource or prompt that raised (with the
+#: exception): the SDK as ``"Tool %s ..."`` with the name an argument, FastMCP as
+#: ``"Error calling tool 'name'"`` with the name in the message.
+_HANDLER_LOGS = ("mcp.server.mcpserver.server", "fastmcp.server.server")
+_FASTMCP_FAILED = re.compile(r"Error calling (tool|resource|prompt) '([^']{1,200})'")
 #: What :class:`_AsyncioHint` saw fail for asyncio in the request this task serves
 #: (the handler names it rewrote), so :meth:`Bridge.request` tells the client too.
 _ASYNCIO_FAILED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
@@ -214,6 +218,17 @@ def unserved_routes_of(server: Any) -> tuple[str, ...]:
     return tuple(named)
 
 
+def _handler_named(record: logging.LogRecord) -> str:
+    """``"tool add"`` for the SDK's or FastMCP's log of that tool failing, else
+    ``"an SDK handler"``."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    kind = str(record.msg).split(" ", 1)[0].lower()
+    if args and kind in ("tool", "resource"):
+        return f"{kind} {args[0]}"
+    fastmcp = _FASTMCP_FAILED.match(str(record.msg))
+    return f"{fastmcp[1]} {fastmcp[2]}" if fastmcp else "an SDK handler"
+
+
 class _AsyncioHint(logging.Filter):
     """Rewrites the SDK's log of a tool (or resource, prompt) that raised because it
     used an asyncio-only library into weir's hint naming the fix (traceback kept)."""
@@ -224,11 +239,7 @@ class _AsyncioHint(logging.Filter):
             return True  # (another bridge in this process rewrote it already)
         if exc is not None and asyncio_only_failure(exc) is not None:
             record.weir_hinted = True
-            args = record.args if isinstance(record.args, tuple) else ()
-            kind = str(record.msg).split(" ", 1)[0].lower()
-            what = (
-                f"{kind} {args[0]}" if args and kind in ("tool", "resource") else "an SDK handler"
-            )
+            what = _handler_named(record)
             record.msg, record.args = asyncio_only_hint(what), ()
             failed = _ASYNCIO_FAILED.get()
             if failed is not None and len(failed) < 8:
@@ -295,15 +306,17 @@ class Bridge:
                 app.changed(_EVENT_LISTS[type(event)])
 
         hint = _AsyncioHint()
-        sdk_log = logging.getLogger(_SDK_HANDLER_LOG)
+        handler_logs = [logging.getLogger(name) for name in _HANDLER_LOGS]
         async with self.low.lifespan(self.low) as state:
             self.state = state
             unsubscribe = self.bus.subscribe(announce) if self.bus is not None else None
-            sdk_log.addFilter(hint)
+            for handler_log in handler_logs:
+                handler_log.addFilter(hint)
             try:
                 yield state
             finally:
-                sdk_log.removeFilter(hint)
+                for handler_log in handler_logs:
+                    handler_log.removeFilter(hint)
                 if unsubscribe is not None:
                     unsubscribe()
                 for sid in list(self.connections):

@@ -10,6 +10,7 @@ skipped without it unless ``WEIR_REQUIRE_FASTMCP=1`` (CI sets it).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -57,7 +58,11 @@ async def test_a_fastmcp_server_is_served_unchanged(fastmcp_server: WeirProcess,
         assert client.protocol_version == (
             SESSIONLESS_VERSION if sessionless else NEGOTIATED_VERSION
         )
-        assert {t.name for t in (await client.list_tools()).tools} == {"add", "count"}
+        assert {t.name for t in (await client.list_tools()).tools} == {
+            "add",
+            "count",
+            "wait_then_hash",
+        }
         assert text_of(await client.call_tool("add", {"a": 2, "b": 40})) == "42"
         done = await client.call_tool("count", {"n": 3}, progress_callback=on_progress)
         assert text_of(done) == "counted to 3"
@@ -70,3 +75,24 @@ async def test_a_fastmcp_server_is_served_unchanged(fastmcp_server: WeirProcess,
             assert init is not None and init.server_info.name == "fastmcp-test"
             assert init.instructions == "adds numbers"
     assert steps == [1, 2, 3]
+
+
+@on_asyncio
+async def test_a_fastmcp_tool_written_for_asyncio_runs_only_on_the_asyncio_runtime(
+    fastmcp_server: WeirProcess,
+) -> None:
+    """``wait_then_hash`` uses asyncio's queue, timers and executor: the asyncio runtime
+    answers it; the Trio engine answers a tool error that names the cause, and its log
+    names the fix (FastMCP catches the exception itself: weir reads FastMCP's log)."""
+    async with Client(fastmcp_server.url, mode="legacy") as client:
+        result = await client.call_tool("wait_then_hash", {"text": "weir"})
+    if fastmcp_server.driver == "asyncio":
+        assert not result.is_error
+        assert text_of(result) == hashlib.sha256(b"weir").hexdigest()[:12]
+    else:
+        assert result.is_error
+        assert str(result.content[0]).count("needs an asyncio event loop") == 1, result
+        # (FastMCP logs through its own rich handler, which wraps lines: compare words.)
+        logged = " ".join(fastmcp_server.stderr(limit=60_000).split())
+        assert "tool wait_then_hash failed: it used a library written for asyncio" in logged
+        assert "weir serve --runtime asyncio" in logged
