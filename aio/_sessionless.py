@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 The order of a request's decisions is the core's
 :class:`~weir.protocol.sessionless_post.SessionlessCourse` (and its handler run's,
-:class:`~weir.protocol.sessionless_post.SessionlessRun`), as on the Trio engine; this
+:class:`~weir.protocol.sessionless_run.SessionlessRun`), as on the Trio engine; this
 module performs each effect they ask for and decides nothing about their order.
 What the answers say (``server/discover``, capabilities, an app's errors, listen
 frames, sealed request state) is :mod:`weir.common`'s, shared with the Trio engine.
@@ -75,22 +75,24 @@ from weir.protocol.sessionless import SessionlessMessage, complete
 from weir.protocol.sessionless_post import (
     ANSWER_DISCOVER,
     CHOOSE_OWNER,
-    RUN_HANDLER,
     AnswerReplay,
-    EncodeResult,
-    InputAsked,
     Listen,
     OpenAnswerStream,
     OpenRequestState,
-    RecordOutcome,
-    Respond,
     RespondJson,
     RunOnStream,
-    SealState,
     SessionlessCourse,
     SessionlessEffect,
-    SessionlessRun,
     ToolSchema,
+)
+from weir.protocol.sessionless_run import (
+    RUN_HANDLER,
+    EncodeResult,
+    InputAsked,
+    RecordOutcome,
+    Respond,
+    SealState,
+    SessionlessRun,
 )
 from weir.protocol.states import StreamInput, StreamState
 from weir.protocol.streams import StreamKind, StreamLog

@@ -36,7 +36,9 @@ from typing import Any, TypeVar, get_type_hints
 
 import msgspec
 
-from weir.protocol.sessionless_post import Tasking
+from weir.protocol.sessionless_run import (
+    Tasking,
+)
 from weir.protocol.tasks import TaskSupport
 
 from ._hooks import AppHooks

@@ -6,7 +6,7 @@ A request of this era carries its client's version, capabilities, info and log
 level itself (checked by the core's :func:`~weir.protocol.route`), so nothing is
 looked up and nothing outlives the response.  The order of a request's decisions
 is the core's :class:`~weir.protocol.sessionless_post.SessionlessCourse` (and its
-handler run's, :class:`~weir.protocol.sessionless_post.SessionlessRun`): this module
+handler run's, :class:`~weir.protocol.sessionless_run.SessionlessRun`): this module
 performs the effects they ask for, and decides nothing about their order.
 
 
@@ -103,25 +103,27 @@ from weir.protocol.sessionless import (
 from weir.protocol.sessionless_post import (
     ANSWER_DISCOVER,
     CHOOSE_OWNER,
-    RUN_HANDLER,
     AnswerReplay,
-    EncodeResult,
-    InputAsked,
     Listen,
     OpenAnswerStream,
     OpenRequestState,
-    RecordOutcome,
-    Respond,
     RespondJson,
     RunOnStream,
-    SealState,
     ServeTask,
     SessionlessCourse,
     SessionlessEffect,
     SessionlessRules,
-    SessionlessRun,
     ToolSchema,
     ToolTasking,
+)
+from weir.protocol.sessionless_run import (
+    RUN_HANDLER,
+    EncodeResult,
+    InputAsked,
+    RecordOutcome,
+    Respond,
+    SealState,
+    SessionlessRun,
 )
 from weir.protocol.states import StreamInput, StreamState
 
@@ -381,7 +383,7 @@ class Sessionless:
         handle: StreamHandle | None,
         backend: SessionlessBackend,
     ) -> bytes | None:
-        """Carry out a :class:`~weir.protocol.sessionless_post.SessionlessRun`: run the
+        """Carry out a :class:`~weir.protocol.sessionless_run.SessionlessRun`: run the
         handler, seal, encode and record as it asks; the body it responds with."""
         backend.detached = run.detached  # a keyed call is not cancelled with its response
         req = run.request

@@ -41,13 +41,10 @@ The order, and what each step may refuse:
 7. The answer: :class:`OpenAnswerStream`, :class:`RunOnStream` and
    :data:`~._post.ATTACH_WRITER` for a method that may stream, when the client
    accepts SSE and the server is not in JSON mode; else :class:`RespondJson`.
-   :class:`RunOnStream` and :class:`RespondJson` carry a :class:`SessionlessRun`,
-   the handler's own course, which the runtime drives where the handler runs:
-   :data:`RUN_HANDLER`; :class:`SealState` for an ``input_required`` answer (the
-   keys are the runtime's); :class:`EncodeResult`; for a keyed call
-   :class:`RecordOutcome` or, when nothing finished (an ``input_required``
-   answer, a refusal, the client's cancellation), :class:`~._post.GiveBack`;
-   ``interrupted`` recorded for a run the process abandons; :class:`Respond`.
+   :class:`RunOnStream` and :class:`RespondJson` carry a
+   :class:`~._sessionless_run.SessionlessRun`, the handler's own course (run,
+   seal an ``input_required`` state, encode, record a keyed call's outcome,
+   respond), which the runtime drives where the handler runs.
 
 Between admission and the answer, a failure first asks for
 :class:`~._post.Finished` (the reservation ends) and :class:`~._post.GiveBack` for
@@ -72,7 +69,7 @@ from ._course import CallCourse, ClaimCall, HoldCall, WaitForCall, gate
 from ._endpoint import accepts
 from ._errors import INVALID_PARAMS, Reason, RemoteProtocolError
 from ._gate import WindowKey
-from ._jsonrpc import Notification, Request, RequestId, encode_error
+from ._jsonrpc import Notification, Request, RequestId
 from ._post import (
     ACCEPTED,
     ATTACH_WRITER,
@@ -89,6 +86,7 @@ from ._sessionless import (
     method_not_found,
     param_headers,
 )
+from ._sessionless_run import SessionlessRun, Tasking, state_binding
 from ._steps import Singleton, Steps
 from ._tasks import TASK_METHODS, TaskSupport, declared, not_declared
 
@@ -113,8 +111,6 @@ SESSION_ERA_ONLY: Final = frozenset(
 )
 #: Methods that may answer ``input_required``, and stream notifications first.
 INPUT_METHODS: Final = frozenset(NAMED_TARGET)
-#: Params that are the round's, not the request's (left out of a state's binding).
-_ROUND_PARAMS: Final = ("_meta", "inputResponses", "requestState")
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,17 +142,8 @@ class ChooseOwner(Singleton):
     """Choose the credit owner of the request's answer (answer: None)."""
 
 
-class RunHandler(Singleton):
-    """Run the handler of :attr:`SessionlessRun.request` with its inputs.
-
-    Answer: the result (a dict), :class:`InputAsked`, an encoded error body (the
-    app's failure), or None (cancelled); raise the refusal of a handler that needs
-    what this request cannot give (404 -32601, 400 -32021)."""
-
-
 ANSWER_DISCOVER: Final = AnswerDiscover("ANSWER_DISCOVER")
 CHOOSE_OWNER: Final = ChooseOwner("CHOOSE_OWNER")
-RUN_HANDLER: Final = RunHandler("RUN_HANDLER")
 
 
 @dataclass(slots=True)
@@ -172,15 +159,6 @@ class ToolTasking:
     an unknown tool, or one that never does)."""
 
     name: str
-
-
-@dataclass(frozen=True, slots=True)
-class Tasking:
-    """A tool's task support, and whether its task starts with the call (else the
-    handler escalates into one itself, after its input rounds)."""
-
-    support: TaskSupport
-    upfront: bool = True
 
 
 @dataclass(slots=True)
@@ -244,48 +222,6 @@ class RunOnStream:
     run: SessionlessRun
 
 
-@dataclass(slots=True)
-class InputAsked:
-    """A handler's answer to :data:`RUN_HANDLER`: it asked the client for input.
-
-    ``requests``: what it asks (``inputRequests``); ``answered``: the answers it was
-    given so far (they go into the new request state)."""
-
-    requests: Mapping[str, Any]
-    answered: Mapping[str, Any]
-
-
-@dataclass(slots=True)
-class SealState:
-    """Seal ``claims`` as a request state: answer with the token, or raise
-    ``ValueError`` (too large to seal)."""
-
-    claims: Mapping[str, Any]
-
-
-@dataclass(slots=True)
-class EncodeResult:
-    """Stamp ``result`` with this era's fields (:func:`~._sessionless.complete`) and
-    encode it, within the result size limit: answer with the body."""
-
-    result: dict[str, Any]
-
-
-@dataclass(slots=True)
-class RecordOutcome:
-    """Store ``payload`` as the keyed call's outcome under ``key`` (answer: None)."""
-
-    key: str
-    payload: bytes
-
-
-@dataclass(slots=True)
-class Respond:
-    """The run's answer: send ``body`` (None: cancelled, nothing to send); the run is over."""
-
-    body: bytes | None
-
-
 SessionlessEffect = (
     Accepted
     | AnswerDiscover
@@ -307,10 +243,7 @@ SessionlessEffect = (
     | RunOnStream
     | AttachWriter
 )
-RunEffect = RunHandler | SealState | EncodeResult | RecordOutcome | GiveBack | Respond
-
 _Steps = Generator[SessionlessEffect, Any, None]
-_RunSteps = Generator[RunEffect, Any, None]
 
 
 class SessionlessCourse(Steps[SessionlessEffect]):
@@ -343,84 +276,6 @@ class SessionlessCourse(Steps[SessionlessEffect]):
         self.now = 0.0
         self._steps = steps = _course(self)
         self._send = steps.send
-
-
-class SessionlessRun(Steps[RunEffect]):
-    """One run of a sessionless request's handler: run it, seal the state of an
-    ``input_required`` answer, encode the result, record a keyed call's outcome,
-    and respond -- in that order, whatever happens to the handler.
-
-    ``call``: the gate's course of a keyed ``tools/call`` (None: not keyed; the
-    handler then ends with its response).  A keyed call records its answer; an
-    ``input_required`` answer, a refusal or the client's cancellation gives the
-    key back (nothing finished); a run the process abandons is recorded
-    ``interrupted``.
-    """
-
-    __slots__ = (
-        "_binding",
-        "app_rounds",
-        "authorized",
-        "call",
-        "inputs",
-        "principal",
-        "request",
-        "task",
-    )
-
-    def __init__(
-        self,
-        request: Request,
-        inputs: dict[str, Any] | None,
-        call: CallCourse | None,
-        *,
-        principal: str,
-        authorized: bool,
-        app_rounds: bool,
-    ) -> None:
-        self.request = request
-        #: The answers this round carries, for the handler (None: the app's own rounds).
-        self.inputs = inputs
-        self.call = call
-        #: Who the request speaks for (a new request state is bound to them).
-        self.principal = principal
-        self.authorized = authorized
-        self._binding: str | None = None
-        #: The app keeps its own rounds' state: its ``requestState`` goes out sealed.
-        self.app_rounds = app_rounds
-        #: How the call may become a task (None: it cannot): ``upfront``, the runtime
-        #: creates it instead of running the handler here and answers with its
-        #: handle; else the handler may escalate into one (the runtime then answers
-        #: :data:`RUN_HANDLER` with the handle as the result).
-        self.task: Tasking | None = None
-        self.now = 0.0
-        self._steps = steps = _run(self)
-        self._send = steps.send
-
-    @property
-    def binding(self) -> str:
-        """What a new request state is bound to (:func:`state_binding`; computed once,
-        and only when a state is sealed)."""
-        if self._binding is None:
-            self._binding = state_binding(self.principal, self.authorized, self.request)
-        return self._binding
-
-    @property
-    def detached(self) -> bool:
-        """A keyed call outlives its response: it is not cancelled when it goes."""
-        return self.call is not None
-
-
-def state_binding(principal: str, authorized: bool, req: Request) -> str:
-    """What a request state is bound to: the request's principal (and whether a token
-    vouched for it), its method, and its params other than the round's own (a
-    digest).  Not the connection: clients send the next round on whichever
-    connection (and replica) they have."""
-    params = req.params if isinstance(req.params, dict) else {}
-    kept = {k: v for k, v in params.items() if k not in _ROUND_PARAMS}
-    bound = [principal, authorized, req.method, kept]
-    canonical = msgspec.json.encode(bound, order="sorted")
-    return hashlib.sha256(canonical).hexdigest()
 
 
 def same_request_key(req: Request, window: float, wall: float) -> WindowKey | None:
@@ -574,59 +429,3 @@ def _task_decision(
             raise not_declared(request_id)
         return None
     return tasking
-
-
-def _run(r: SessionlessRun) -> _RunSteps:
-    req, call = r.request, r.call
-    if call is not None:
-        call.started()
-    try:
-        outcome = yield RUN_HANDLER
-        asked = isinstance(outcome, InputAsked)
-        body: bytes | None = None
-        if outcome is None or isinstance(outcome, bytes):
-            body = outcome
-        else:
-            result: dict[str, Any]
-            if isinstance(outcome, InputAsked):
-                result = {"resultType": "input_required", "inputRequests": outcome.requests}
-                seal = True
-            else:
-                result = outcome
-                asked = result.get("resultType") == "input_required"  # the app's own round
-                seal = asked and r.app_rounds
-            if seal:  # (the binding's digest is computed only for a state to seal)
-                claims: dict[str, Any] = {"b": r.binding}
-                if isinstance(outcome, InputAsked):
-                    claims["a"] = dict(outcome.answered)
-                elif isinstance(inner := result.get("requestState"), str):
-                    claims["x"] = inner
-                try:
-                    state: str = yield SealState(claims)
-                except ValueError as exc:  # too large to seal: the call's own error
-                    body = encode_error(req.id, INVALID_PARAMS, str(exc))
-                else:
-                    result["requestState"] = state
-            if body is None:
-                body = yield EncodeResult(result)
-    except GeneratorExit:
-        raise
-    except RemoteProtocolError:
-        if call is not None:
-            step = call.finished(None, final_append=False)  # a refusal: nothing finished
-            if step is not None:
-                yield GiveBack(step.key)
-        raise
-    except BaseException:
-        if call is not None:
-            abandoned = call.abandoned()
-            if abandoned is not None and abandoned.payload is not None:
-                yield RecordOutcome(abandoned.key, abandoned.payload)
-        raise
-    if call is not None:
-        step = call.finished(body if body is not None and not asked else None, final_append=False)
-        if step is not None and step.payload is not None:
-            yield RecordOutcome(step.key, step.payload)
-        elif step is not None:
-            yield GiveBack(step.key)
-    yield Respond(body)

@@ -1,6 +1,7 @@
 """The course of a sessionless (2026-07-28) POST, for runtimes: :class:`SessionlessCourse`
 decides the order, the runtime performs each effect it asks for and delivers the
-answer; :class:`SessionlessRun` is one run of the request's handler.
+answer.  The run of the request's handler it hands over is
+:mod:`weir.protocol.sessionless_run`'s.
 
 The effects it shares with the session era's course (admission, the gate, the
 reservation's end, the writer) are :mod:`weir.protocol.post`'s.  See
@@ -12,24 +13,16 @@ from __future__ import annotations
 from ._sessionless_post import (
     ANSWER_DISCOVER,
     CHOOSE_OWNER,
-    RUN_HANDLER,
     AnswerReplay,
-    EncodeResult,
-    InputAsked,
     Listen,
     OpenAnswerStream,
     OpenRequestState,
-    RecordOutcome,
-    Respond,
     RespondJson,
     RunOnStream,
-    SealState,
     ServeTask,
     SessionlessCourse,
     SessionlessEffect,
     SessionlessRules,
-    SessionlessRun,
-    Tasking,
     ToolSchema,
     ToolTasking,
 )
@@ -37,24 +30,16 @@ from ._sessionless_post import (
 __all__ = [
     "ANSWER_DISCOVER",
     "CHOOSE_OWNER",
-    "RUN_HANDLER",
     "AnswerReplay",
-    "EncodeResult",
-    "InputAsked",
     "Listen",
     "OpenAnswerStream",
     "OpenRequestState",
-    "RecordOutcome",
-    "Respond",
     "RespondJson",
     "RunOnStream",
-    "SealState",
     "ServeTask",
     "SessionlessCourse",
     "SessionlessEffect",
     "SessionlessRules",
-    "SessionlessRun",
-    "Tasking",
     "ToolSchema",
     "ToolTasking",
 ]

@@ -12,7 +12,8 @@ from weir.protocol import INVALID_PARAMS, Reason, RemoteProtocolError
 from weir.protocol._gate import WindowKey
 from weir.protocol._http_events import Headers
 from weir.protocol._sessionless import HEADER_MISMATCH, RequestMeta
-from weir.protocol._sessionless_post import same_request_key, state_binding
+from weir.protocol._sessionless_post import same_request_key
+from weir.protocol._sessionless_run import state_binding
 from weir.protocol.course import ClaimCall, HoldCall, WaitForCall
 from weir.protocol.gate import CallOutcome, CallStart
 from weir.protocol.jsonrpc import Notification, Request
@@ -27,22 +28,24 @@ from weir.protocol.sessionless import SessionlessMessage
 from weir.protocol.sessionless_post import (
     ANSWER_DISCOVER,
     CHOOSE_OWNER,
-    RUN_HANDLER,
     AnswerReplay,
-    EncodeResult,
-    InputAsked,
     Listen,
     OpenAnswerStream,
     OpenRequestState,
-    RecordOutcome,
-    Respond,
     RespondJson,
     RunOnStream,
-    SealState,
     SessionlessCourse,
     SessionlessRules,
-    SessionlessRun,
     ToolSchema,
+)
+from weir.protocol.sessionless_run import (
+    RUN_HANDLER,
+    EncodeResult,
+    InputAsked,
+    RecordOutcome,
+    Respond,
+    SealState,
+    SessionlessRun,
 )
 
 META = RequestMeta(version="2026-07-28", capabilities={}, client_info=None, log_level=None)
