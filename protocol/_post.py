@@ -413,10 +413,37 @@ def _course(c: PostCourse) -> _Steps:
     lane = c.lane
     if not (yield AdmitRequests(1, req.id, lane)):
         raise session_refusal(post.ctx.session_id or "", req.id)
+    course = yield from _gate_and_open(c, req, token, lane, json)
+    courses = [course]
+    if json:
+        # The body's writer accounts for the request from here.
+        del requests, req, course, absorbed
+        messages.clear()
+        answer = AnswerJson(courses, post.is_batch, lane)
+        del courses
+        yield answer
+        return
+    # The handler owns the request now; the stream may outlive it by far.
+    del requests, req, course, absorbed
+    messages.clear()
+    run = RunCalls(courses, primes)
+    del courses
+    yield run
+    del run
+    yield ATTACH_WRITER
+
+
+def _gate_and_open(
+    c: PostCourse, req: Request, token: tuple[int, str] | None, lane: object, json: bool
+) -> Generator[Effect, Any, CallCourse]:
+    """An admitted request's course: through the gate when it is a keyed call, then
+    its stream opened (SSE mode).  A failure ends the reservation and gives back a
+    key claimed but never run, then goes on."""
+    rules = c.rules
     try:
         course = CallCourse(
             req,
-            post.ctx.headers.get("idempotency-key"),
+            c.post.ctx.headers.get("idempotency-key"),
             now=c.now,
             wait=rules.in_progress_wait,
             retry_ms=rules.retry_ms,
@@ -445,23 +472,7 @@ def _course(c: PostCourse) -> _Steps:
         if given is not None:
             yield GiveBack(given.key)
         raise
-    courses = [course]
-    if json:
-        # The body's writer accounts for the request from here.
-        del requests, req, course, absorbed
-        messages.clear()
-        answer = AnswerJson(courses, post.is_batch, lane)
-        del courses
-        yield answer
-        return
-    # The handler owns the request now; the stream may outlive it by far.
-    del requests, req, course, absorbed
-    messages.clear()
-    run = RunCalls(courses, primes)
-    del courses
-    yield run
-    del run
-    yield ATTACH_WRITER
+    return course
 
 
 class BatchEntries(Steps[Effect]):

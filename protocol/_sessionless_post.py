@@ -325,71 +325,22 @@ def _course(c: SessionlessCourse) -> _Steps:
     params = req.params if isinstance(req.params, dict) else {}
     tasking: Tasking | None = None
     if method == "tools/call":
-        name = params.get("name")
-        arguments = params.get("arguments")
-        if isinstance(name, str):
-            schema: Mapping[str, Any] | None = yield ToolSchema(name)
-            if schema is not None and isinstance(arguments, dict):
-                annotated = param_headers(schema)
-                if annotated:
-                    check_param_headers(msg.headers, annotated, arguments, req.id)
-            if rules.tasks:  # (a runtime without tasks runs every tool inline)
-                tasking = yield ToolTasking(name)
-                tasking = _task_decision(tasking, declared_tasks, req.id)
+        tasking = yield from _tool_checks(c, req, params, declared_tasks)
     inputs: dict[str, Any] | None = None
     app_rounds = rules.fallback_every_method and method in INPUT_METHODS
     if method in INPUT_METHODS:
-        claims: dict[str, Any] | None = None
-        state = params.get("requestState")
-        if state is not None:
-            opened = (yield OpenRequestState(state)) if isinstance(state, str) else None
-            claims = cast(dict[str, Any] | None, opened)
-            if claims is None or claims.get("b") != state_binding(c.principal, c.authorized, req):
-                raise _state_refusal(req)
-        if app_rounds:
-            if claims is not None:  # the app's inner state, once weir's seal opened
-                params = dict(params)
-                inner = claims.get("x")
-                if isinstance(inner, str):
-                    params["requestState"] = inner
-                else:
-                    params.pop("requestState", None)
-                req = msgspec.structs.replace(req, params=params)
-        else:
-            inputs = {}
-            if claims is not None:
-                answers = claims.get("a")
-                if isinstance(answers, dict):
-                    inputs.update(answers)
-            responses = params.get("inputResponses")
-            if isinstance(responses, dict):
-                inputs.update(responses)
+        req, inputs = yield from _round_inputs(c, req, params, app_rounds)
     yield CHOOSE_OWNER
     lane = c.lane
     yield AdmitRequests(1, req.id, lane)
     if method == "subscriptions/listen":
         yield Listen(req, lane, declared_tasks)
         return
-    call: CallCourse | None = None
-    if method == "tools/call":
-        key = msg.headers.get("idempotency-key")
-        if key is None:
-            key = same_request_key(req, rules.retry_window, c.wall)
-        if key is not None:
-            try:
-                call = CallCourse(
-                    req, key, now=c.now, wait=rules.in_progress_wait, retry_ms=rules.retry_ms
-                )
-                yield from gate(call, None, c)
-            except GeneratorExit:
-                raise  # abandoned by its runtime: nothing more may be asked
-            except BaseException:
-                yield Finished(1, lane)
-                raise
-            if call.replay is not None:  # it ran: its stored answer, nothing runs
-                yield Finished(1, lane)
-                yield AnswerReplay(call.replay)
-                return
+    call = (yield from _gate_keyed(c, req, lane)) if method == "tools/call" else None
+    if call is not None and call.replay is not None:  # it ran: its answer, nothing runs
+        yield Finished(1, lane)
+        yield AnswerReplay(call.replay)
+        return
     run = SessionlessRun(
         req, inputs, call, principal=c.principal, authorized=c.authorized, app_rounds=app_rounds
     )
@@ -410,6 +361,83 @@ def _course(c: SessionlessCourse) -> _Steps:
         raise
     yield RunOnStream(run)
     yield ATTACH_WRITER
+
+
+def _gate_keyed(
+    c: SessionlessCourse, req: Request, lane: object
+) -> Generator[SessionlessEffect, Any, CallCourse | None]:
+    """A ``tools/call`` under an ``Idempotency-Key`` (or the retry window's key of the
+    same bytes) through the gate in the principal's namespace: its course (None:
+    not keyed).  A refusal or failure ends the reservation first, then goes on."""
+    key = c.msg.headers.get("idempotency-key")
+    if key is None:
+        key = same_request_key(req, c.rules.retry_window, c.wall)
+    if key is None:
+        return None
+    rules = c.rules
+    try:
+        call = CallCourse(req, key, now=c.now, wait=rules.in_progress_wait, retry_ms=rules.retry_ms)
+        yield from gate(call, None, c)
+    except GeneratorExit:
+        raise  # abandoned by its runtime: nothing more may be asked
+    except BaseException:
+        yield Finished(1, lane)
+        raise
+    return call
+
+
+def _tool_checks(
+    c: SessionlessCourse, req: Request, params: Mapping[str, Any], declared_tasks: bool
+) -> Generator[SessionlessEffect, Any, Tasking | None]:
+    """A ``tools/call``'s ``Mcp-Param-*`` headers against its tool's schema, then how
+    it may become a task (None: it runs inline)."""
+    name = params.get("name")
+    if not isinstance(name, str):
+        return None
+    arguments = params.get("arguments")
+    schema: Mapping[str, Any] | None = yield ToolSchema(name)
+    if schema is not None and isinstance(arguments, dict):
+        annotated = param_headers(schema)
+        if annotated:
+            check_param_headers(c.msg.headers, annotated, arguments, req.id)
+    if not c.rules.tasks:  # (a runtime without tasks runs every tool inline)
+        return None
+    tasking = yield ToolTasking(name)
+    return _task_decision(tasking, declared_tasks, req.id)
+
+
+def _round_inputs(
+    c: SessionlessCourse, req: Request, params: Mapping[str, Any], app_rounds: bool
+) -> Generator[SessionlessEffect, Any, tuple[Request, dict[str, Any] | None]]:
+    """Open and check the round's ``requestState``: the request the handler gets and
+    its inputs (the sealed answers and this round's ``inputResponses``), or, for an
+    app that keeps its own rounds' state, the request carrying that inner state."""
+    claims: dict[str, Any] | None = None
+    state = params.get("requestState")
+    if state is not None:
+        opened = (yield OpenRequestState(state)) if isinstance(state, str) else None
+        claims = cast(dict[str, Any] | None, opened)
+        if claims is None or claims.get("b") != state_binding(c.principal, c.authorized, req):
+            raise _state_refusal(req)
+    if app_rounds:
+        if claims is not None:  # the app's inner state, once weir's seal opened
+            rewritten = dict(params)
+            inner = claims.get("x")
+            if isinstance(inner, str):
+                rewritten["requestState"] = inner
+            else:
+                rewritten.pop("requestState", None)
+            req = msgspec.structs.replace(req, params=rewritten)
+        return req, None
+    inputs: dict[str, Any] = {}
+    if claims is not None:
+        answers = claims.get("a")
+        if isinstance(answers, dict):
+            inputs.update(answers)
+    responses = params.get("inputResponses")
+    if isinstance(responses, dict):
+        inputs.update(responses)
+    return req, inputs
 
 
 def _task_decision(
