@@ -97,6 +97,7 @@ async def drain(driver: AsyncioDriver, grace: float) -> None:
 
     await _wait_while(busy, grace)
     report.done(_running(driver))
+    await driver.tasks.shutdown()  # each run records its task failed (interrupted)
     await driver._end_subscriptions()
     for session in list(driver.sessions.values()):
         for epoch in list(session.stream_writers):

@@ -34,6 +34,7 @@ from weir.common._memory import trim
 from weir.common._metrics_share import MetricsShare
 from weir.engine._memory_store import MemoryStore
 from weir.engine._session_store import SessionStore
+from weir.engine._tasks import TaskSettings
 from weir.protocol import (
     LOOPBACK_HOSTS,
     SERVER_ERROR,
@@ -51,6 +52,7 @@ from weir.protocol.jsonrpc import Notification, RequestId, encode_error, encode_
 from weir.protocol.post import PostRules
 from weir.protocol.sessionless_post import SessionlessRules
 from weir.protocol.states import StreamState
+from weir.protocol.tasks import TaskRecord, detailed
 
 from ._auth import bind
 from ._connection import Connection
@@ -60,6 +62,7 @@ from ._owners import SharedOwners
 from ._session import MEMORY_BUDGET, SESSION_RETAIN_BYTES, Session
 from ._sessionless import Listener
 from ._shared import CLAIM_LEASE, SharedState, memory_store
+from ._tasks import AsyncioTasks
 from ._tls import accept_tls
 
 log = logging.getLogger(__name__)
@@ -121,6 +124,7 @@ class AsyncioDriver:
         session_retain_bytes: int = SESSION_RETAIN_BYTES,
         memory_budget: int = MEMORY_BUDGET,
         ssl_context: ssl.SSLContext | None = None,
+        tasks: TaskSettings | None = None,
     ) -> None:
         """Serve ``app``.  Everything a client can make the driver hold is bounded:
         ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
@@ -187,6 +191,10 @@ class AsyncioDriver:
 
         With ``ssl_context`` every connection speaks TLS, its handshake within the
         head deadline, its drain tracking exact at record boundaries (:mod:`._tls`).
+
+        The tasks extension is served with ``tasks``' bounds (default
+        :class:`~weir.engine._tasks.TaskSettings`; its lease is ``claim_lease``), its
+        records in ``store`` beside the Trio engine's (see :mod:`._tasks`).
         """
         #: Replay history and kept results, in bytes, per session and in total.
         self.budget = RetentionBudget(total=memory_budget, per_owner=session_retain_bytes)
@@ -261,6 +269,16 @@ class AsyncioDriver:
             json_response=always_json,
             in_progress_wait=in_progress_wait,
             retry_window=retry_window,
+            tasks=True,
+        )
+        #: The tasks extension: records in the store, runs here (see :mod:`._tasks`).
+        self.tasks = AsyncioTasks(
+            app,
+            dataclasses.replace(tasks or TaskSettings(), lease=claim_lease),
+            store,
+            self.shared.replica_id,
+            lambda fn, *args: self.spawn(fn(*args), loop=True),
+            on_change=self.task_changed,
         )
         self.sealer = StateSealer(tuple(state_keys) or (new_key(),))
         #: The sessionless idempotency gate, listeners, and keyed calls' runs (a
@@ -370,6 +388,26 @@ class AsyncioDriver:
         it on the store's bus for the other replicas (``._shared``)."""
         self.deliver_change(method, uri)
         self.shared.publish_change(method, uri)
+
+    def task_changed(self, principal: str, record: TaskRecord) -> None:
+        """A task's record changed here: tell its principal's listeners here that
+        follow it and, with a shared store, the other replicas (they read it again)."""
+        self.deliver_task(principal, record)
+        self.shared.publish_task_change(principal, record.id)
+
+    def deliver_task(self, principal: str, record: TaskRecord) -> None:
+        """Give ``record``'s state to each listener here following that task."""
+        following = [s for s in self.listeners if record.id in s.task_ids]
+        if not following:
+            return  # (the common case: nobody here listens; build nothing)
+        state = detailed(record)
+        state.pop("resultType", None)
+        for listener in following:
+            listener.notify_task(principal, record.id, state)
+
+    def follows(self, task_id: str) -> bool:
+        """Whether a listener here follows task ``task_id``."""
+        return any(task_id in listener.task_ids for listener in self.listeners)
 
     def deliver_change(self, method: str, uri: str | None) -> None:
         """Tell every ``subscriptions/listen`` stream here that asked for the change,

@@ -10,7 +10,8 @@ as on the Trio runtime):
   answer or run a request for over a second: answers another replica received for a
   request of this one, and cancellations of requests running here;
 * :func:`relay_changes` reads the store's change bus while anyone here may hear a
-  change, and delivers what other replicas announced;
+  change, and delivers what other replicas announced (for a task change, a listener
+  here that follows the task makes it read the record again and tell);
 * :func:`renew_leases` renews the claims of the calls running here, session-era and
   sessionless, while there are any; if this process dies the renewals stop, and
   after one lease any replica answers a retry ``interrupted``.
@@ -19,10 +20,14 @@ as on the Trio runtime):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING
 
+import msgspec
+
+from weir.common._listen import TASK_NOTIFICATION, task_change_read
 from weir.engine._store_errors import SessionGone, StoreUnavailable
 from weir.engine._store_records import SESSIONLESS_NAMESPACE
 from weir.protocol.messages import (
@@ -36,6 +41,7 @@ from weir.protocol.messages import (
     read_change,
     renew_interval,
 )
+from weir.protocol.tasks import decode_record
 
 from ._session import Session
 
@@ -64,8 +70,26 @@ async def relay_changes(shared: SharedState) -> None:
             continue
         for raw in changes:
             change = read_change(raw, shared.replica_id)
-            if change is not None:
-                driver.deliver_change(*change)
+            if change is None:
+                continue
+            method, where = change
+            if method != TASK_NOTIFICATION:
+                driver.deliver_change(method, where)
+                continue  # (a task's change is never a list change: not for GET streams)
+            followed = task_change_read(where) if where is not None else None
+            if followed is not None and driver.follows(followed[1]):
+                driver.spawn(_relay_task(shared, *followed))
+
+
+async def _relay_task(shared: SharedState, principal: str, task_id: str) -> None:
+    """Another replica changed a task someone here follows: read it and tell."""
+    try:
+        stored = await shared.store.get_task(principal, task_id)
+    except StoreUnavailable:
+        return
+    if stored is not None:
+        with contextlib.suppress(msgspec.DecodeError):
+            shared.driver.deliver_task(principal, decode_record(stored.data))
 
 
 async def relay_mail(shared: SharedState) -> None:

@@ -47,6 +47,7 @@ from weir.common._metrics_share import PERIOD as PUBLISH_PERIOD
 from weir.common._unix import bind_unix, remove_unix
 from weir.engine._session_store import SessionStore
 from weir.engine._store_errors import StoreUnavailable
+from weir.engine._tasks import TaskSettings
 from weir.protocol import CreditLimits, EndpointConfig, HttpLimits, ReadTimeouts
 
 from ._drain import drain
@@ -123,6 +124,7 @@ class AsyncioConfig:
         memory_budget: bytes of replay history and finished results all sessions
             together may keep (over it the oldest history, server-wide, goes first).
         ssl_context: serve HTTPS with this server-side context (None: plain HTTP).
+        tasks: the tasks extension's bounds (its lease is ``claim_lease``).
         uds: listen on this Unix domain socket path instead of ``host``/``port``
             (see :mod:`weir.common._unix`: a stale socket file is replaced, a live
             server's is not; the file is removed at shutdown).
@@ -161,6 +163,7 @@ class AsyncioConfig:
     memory_budget: int = MEMORY_BUDGET
     reuse_port: bool = False
     ssl_context: ssl.SSLContext | None = dataclasses.field(default=None, repr=False)
+    tasks: TaskSettings = dataclasses.field(default_factory=TaskSettings)
     uds: str | None = None
 
     def driver(
@@ -199,6 +202,7 @@ class AsyncioConfig:
             session_retain_bytes=self.session_retain_bytes,
             memory_budget=self.memory_budget,
             ssl_context=self.ssl_context,
+            tasks=self.tasks,
         )
 
 

@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Final
 
-from weir.app import Caller, Context, InputRequired, McpError, dispatch, failure
+from weir.app import BecomeTask, Caller, Context, InputRequired, McpError, dispatch, failure
 from weir.common import (
     REQUEST_ACCESS,
     VERSION,
@@ -60,6 +60,7 @@ from weir.common import (
     listen_frame,
     request_meta,
 )
+from weir.common._listen import TASK_NOTIFICATION, tasks_asked
 from weir.protocol import RemoteProtocolError
 from weir.protocol.course import GATE_STEPS
 from weir.protocol.jsonrpc import ErrorResponse, Request, RequestId, Response, encode_result
@@ -81,9 +82,11 @@ from weir.protocol.sessionless_post import (
     OpenRequestState,
     RespondJson,
     RunOnStream,
+    ServeTask,
     SessionlessCourse,
     SessionlessEffect,
     ToolSchema,
+    ToolTasking,
 )
 from weir.protocol.sessionless_run import (
     RUN_HANDLER,
@@ -115,7 +118,9 @@ _JSON: Final = (("content-type", "application/json"),)
 
 
 class Listener:
-    """One open ``subscriptions/listen`` response: the changes it waits to send."""
+    """One open ``subscriptions/listen`` response: the changes it waits to send (list
+    kinds, resource URIs and, with the tasks extension, its principal's tasks'
+    states; each coalesced, the newest state of a task winning)."""
 
     def __init__(
         self,
@@ -124,11 +129,18 @@ class Listener:
         stream: StreamLog,
         kinds: frozenset[str],
         uris: frozenset[str],
+        principal: str = "",
+        task_ids: frozenset[str] = frozenset(),
     ) -> None:
         self.request, self.owner, self.stream = req, owner, stream
         self.kinds, self.uris = kinds, uris
+        #: Who listens (a task's status goes only to its own principal's listeners).
+        self.principal = principal
+        #: Tasks whose status this listener agreed to send.
+        self.task_ids = task_ids
         self.pending: set[str] = set()
         self.updated: set[str] = set()
+        self.task_states: dict[str, dict[str, Any]] = {}
         self.wake = asyncio.Event()
 
     def notify(self, method: str, uri: str | None) -> None:
@@ -143,6 +155,13 @@ class Listener:
             return
         self.wake.set()
 
+    def notify_task(self, principal: str, task_id: str, state: dict[str, Any]) -> None:
+        """Mark task ``task_id``'s new state for sending, if this listener follows it
+        and is that task's principal's; only the newest state is kept."""
+        if task_id in self.task_ids and principal == self.principal:
+            self.task_states[task_id] = state
+            self.wake.set()
+
     async def run(self) -> None:
         """Send what is pending, in credit, until the stream ends."""
         rid = self.request.id
@@ -156,6 +175,10 @@ class Listener:
                     await self.owner.append(self.stream, listen_frame(rid, method))
                 for uri in uris:
                     frame = listen_frame(rid, "notifications/resources/updated", {"uri": uri})
+                    await self.owner.append(self.stream, frame)
+                states, self.task_states = self.task_states, {}
+                for state in states.values():
+                    frame = listen_frame(rid, TASK_NOTIFICATION, state)
                     await self.owner.append(self.stream, frame)
 
 
@@ -341,6 +364,8 @@ class SessionlessPosts:
         conn, driver = self.conn, self.driver
         if isinstance(effect, ToolSchema):
             return driver.app.input_schema(effect.name)
+        if isinstance(effect, ToolTasking):
+            return driver.app.tasking(effect.name)
         if isinstance(effect, OpenRequestState):
             return driver.sealer.open(effect.state)
         if effect is ACCEPTED:
@@ -348,7 +373,8 @@ class SessionlessPosts:
         elif effect is ANSWER_DISCOVER:
             req = msg.message
             assert isinstance(req, Request)
-            found = encode_result(req.id, discover_for(driver.app, driver.identity()))
+            tasks = any(driver.app.tasking(name) is not None for name in driver.app.tools)
+            found = encode_result(req.id, discover_for(driver.app, driver.identity(), tasks=tasks))
             await conn.send(conn.conn.send_response(200, _JSON, found))
         else:
             raise AssertionError(f"a sessionless course asked for {effect!r} out of turn")
@@ -365,7 +391,12 @@ class SessionlessPosts:
             self.driver.metrics.duplicates_replayed += 1
             await self._send_json(owner, effect.payload, None)
         elif isinstance(effect, Listen):
-            await self._listen(owner, effect.request, effect.lane)
+            await self._listen(owner, effect, principal)
+        elif isinstance(effect, ServeTask):
+            req = effect.request
+            answer = await self.driver.tasks.serve(principal, req, REQUEST_ACCESS.get())
+            body = encode_result(req.id, complete(req.method, answer, self.driver.identity()))
+            await self._send_json(owner, body, None)
         else:
             raise AssertionError(f"a sessionless course asked for {effect!r} out of turn")
 
@@ -498,6 +529,10 @@ class SessionlessPosts:
             inputs=run.inputs,
             access_token=REQUEST_ACCESS.get(),  # (the request's own: its task's context)
         )
+        task = run.task
+        if task is not None and task.upfront:  # the call is a task: create it, answer
+            return await driver.tasks.create(run.principal, req, ctx.access_token)
+        ctx.tasks_possible = task is not None
         try:
             try:
                 handler = dispatch(driver.app, req, ctx)
@@ -506,6 +541,9 @@ class SessionlessPosts:
                 )
             except InputRequired as asked:
                 return InputAsked(asked.requests, ctx.answered)
+            except BecomeTask as escalated:  # the rounds are done: on as a task
+                access = ctx.access_token
+                return await driver.tasks.create(run.principal, req, access, escalated.answered)
         except Gone:
             return None
         except McpError as exc:
@@ -524,14 +562,25 @@ class SessionlessPosts:
             return failure(req, exc)
 
     # ---------------------------------------------------------------- listen
-    async def _listen(self, owner: Session, req: Request, lane: Hashable) -> None:
-        """``subscriptions/listen``: acknowledge, then stream changes until the end."""
-        driver = self.driver
+    async def _listen(self, owner: Session, effect: Listen, principal: str) -> None:
+        """``subscriptions/listen``: acknowledge, then stream changes until the end.
+
+        Raises:
+            RemoteProtocolError: 400 -32021 for task ids asked without the tasks
+                extension declared.
+        """
+        driver, req, lane = self.driver, effect.request, effect.lane
         params = req.params if isinstance(req.params, dict) else {}
-        flags, kinds, uris = honoured(params.get("notifications"), era_capabilities(driver.app))
+        asked = params.get("notifications")
+        flags, kinds, uris = honoured(asked, era_capabilities(driver.app))
+        task_ids: list[str] = []
+        names = tasks_asked(asked, effect.tasks_declared, req.id)
+        if names:
+            task_ids = await driver.tasks.owned(principal, names)
+            flags["taskIds"] = task_ids
         stream = owner.open_stream(StreamKind.REQUEST, emit_ids=False)
         owner.flow.move(lane, stream.epoch)
-        listener = Listener(req, owner, stream, kinds, uris)
+        listener = Listener(req, owner, stream, kinds, uris, principal, frozenset(task_ids))
         ack = listen_ack(req.id, flags)
         if not owner.try_append(stream, ack):
             owner.spawn(_append_quietly(owner, stream, ack))

@@ -56,6 +56,7 @@ import msgspec
 
 from weir.app import Caller
 from weir.common._access import new_session
+from weir.common._listen import TASK_NOTIFICATION, task_change_where
 from weir.engine._memory_store import MemoryStore
 from weir.engine._session_store import SessionStore
 from weir.engine._store_errors import ChannelRejected, RetentionFull, SessionGone, StoreUnavailable
@@ -583,6 +584,14 @@ class SharedState:
         """With a shared store, put an announced change on its bus (in a task)."""
         if self.store.shared:
             change = encode_change(method, uri, self.replica_id)
+            self.driver.spawn(self._publish(change))
+
+    def publish_task_change(self, principal: str, task_id: str) -> None:
+        """With a shared store, say on its bus that ``principal``'s task ``task_id``
+        changed (the other replicas read the record again; the bus carries no content)."""
+        if self.store.shared:
+            where = task_change_where(principal, task_id)
+            change = encode_change(TASK_NOTIFICATION, where, self.replica_id)
             self.driver.spawn(self._publish(change))
 
     async def _publish(self, change: bytes) -> None:

@@ -9,19 +9,33 @@ on its stream carries the request's id as
 ``_meta["io.modelcontextprotocol/subscriptionId"]`` (:func:`listen_frame`), and the
 stream's last message, when the server ends it, is :func:`listen_closing`.  Both
 runtimes send these same bytes; how they wait, and within whose credit, is theirs.
+
+With the tasks extension a listener may follow up to :data:`MAX_TASK_IDS` of its
+principal's tasks (:func:`tasks_asked`); a change of one travels between replicas on
+the store's change bus as :data:`TASK_NOTIFICATION` naming ``(principal, task id)``
+(:func:`task_change_where`, :func:`task_change_read`), and each replica that has a
+follower reads the record again: the bus never carries a task's content.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
+import msgspec
+
 from weir.protocol.jsonrpc import RequestId, encode_notification, encode_result
 from weir.protocol.sessionless import META_SUBSCRIPTION_ID
+from weir.protocol.tasks import not_declared
 
 #: The most resource URIs one subscription may watch (more are not acknowledged).
 MAX_URIS: Final = 256
 #: The longest resource URI a subscription may watch.
 MAX_URI: Final = 2048
+
+#: The most tasks one listener may follow.
+MAX_TASK_IDS: Final = 64
+#: The method a task's change goes on the bus (and to listeners) as.
+TASK_NOTIFICATION: Final = "notifications/tasks"
 
 #: Listen flag -> the notification it asks for.
 KINDS: Final = {
@@ -79,3 +93,37 @@ def honoured(
         if uris:
             flags["resourceSubscriptions"] = uris
     return flags, frozenset(kinds), frozenset(uris)
+
+
+def tasks_asked(asked: object, tasks_declared: bool, request_id: RequestId) -> list[str]:
+    """The task ids a listen request's ``notifications.taskIds`` names (at most
+    :data:`MAX_TASK_IDS`, each 1-256 characters); which are the principal's own is
+    the store's to say.
+
+    Raises:
+        RemoteProtocolError: 400 -32021 for task ids asked without the tasks
+            extension declared.
+    """
+    wanted = asked.get("taskIds") if isinstance(asked, dict) else None
+    if not isinstance(wanted, list) or not wanted:
+        return []
+    if not tasks_declared:
+        raise not_declared(request_id)
+    names = [t for t in wanted if isinstance(t, str) and 0 < len(t) <= 256]
+    return names[:MAX_TASK_IDS]
+
+
+def task_change_where(principal: str, task_id: str) -> str:
+    """What a task change on the bus names: its principal and id, nothing else."""
+    return msgspec.json.encode([principal, task_id]).decode()
+
+
+def task_change_read(where: str) -> tuple[str, str] | None:
+    """``(principal, task id)`` of a task change read off the bus (None: malformed)."""
+    try:
+        principal, task_id = msgspec.json.decode(where)
+    except (msgspec.DecodeError, ValueError, TypeError):
+        return None
+    if not isinstance(principal, str) or not isinstance(task_id, str):
+        return None
+    return principal, task_id

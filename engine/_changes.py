@@ -18,14 +18,19 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Hashable
 
-import msgspec
 import trio
 
 from weir.common import era_capabilities, honoured
+from weir.common._listen import (
+    TASK_NOTIFICATION,
+    task_change_read,
+    task_change_where,
+    tasks_asked,
+)
 from weir.protocol.jsonrpc import Request, encode_notification
 from weir.protocol.messages import CHANGE_POLL, encode_change, first_change_cursor, read_change
 from weir.protocol.states import StreamInput, StreamState
-from weir.protocol.tasks import TaskRecord, decode_record, detailed, not_declared
+from weir.protocol.tasks import TaskRecord, decode_record, detailed
 
 from ._connection import Connection
 from ._owners import open_answer_stream
@@ -33,11 +38,9 @@ from ._session import Session
 from ._shared import Shared, log
 from ._store_errors import StoreUnavailable
 from ._stream_handle import StreamHandle, StreamLost
-from ._subscriptions import MAX_TASK_IDS, Listener
+from ._subscriptions import Listener
 from ._writer import SSE_HEADERS, write_stream
 
-#: The method a task's change goes on the bus (and to listeners) as.
-TASK_NOTIFICATION = "notifications/tasks"
 #: ``(principal, ids)`` -> the ids among them that are that principal's tasks.
 TaskLookup = Callable[[str, list[str]], Awaitable[list[str]]]
 
@@ -86,12 +89,9 @@ class Changes:
         asked = params.get("notifications")
         flags, kinds, uris = honoured(asked, era_capabilities(self.shared.app))
         task_ids: list[str] = []
-        wanted = asked.get("taskIds") if isinstance(asked, dict) else None
-        if tasks is not None and isinstance(wanted, list) and wanted:
-            if not tasks_declared:
-                raise not_declared(req.id)
-            names = [t for t in wanted if isinstance(t, str) and 0 < len(t) <= 256]
-            task_ids = await tasks(principal, names[:MAX_TASK_IDS])
+        names = tasks_asked(asked, tasks_declared, req.id) if tasks is not None else []
+        if tasks is not None and names:
+            task_ids = await tasks(principal, names)
             flags["taskIds"] = task_ids
         handle = open_answer_stream(owner, self.config.max_stream_events)
         owner.move_reservations(lane, handle.log.epoch)
@@ -132,7 +132,7 @@ class Changes:
         and, with a shared store, the other replicas (they read the record again)."""
         self._deliver_task(principal, record)
         if self.store.shared:
-            where = msgspec.json.encode([principal, record.id]).decode()
+            where = task_change_where(principal, record.id)
             change = encode_change(TASK_NOTIFICATION, where, self.replica_id)
             self.shared.start(self._publish_change, change)
 
@@ -148,12 +148,10 @@ class Changes:
     def _followed(self, where: str) -> tuple[str, str] | None:
         """``(principal, task id)`` of a task change read off the bus, if a listener here
         follows that task (else nothing to do, and no task is started for it)."""
-        try:
-            principal, task_id = msgspec.json.decode(where)
-        except (msgspec.DecodeError, ValueError, TypeError):
+        read = task_change_read(where)
+        if read is None:
             return None
-        if not isinstance(principal, str) or not isinstance(task_id, str):
-            return None
+        principal, task_id = read
         if not any(task_id in listener.task_ids for listener in self.subscribers):
             return None
         return principal, task_id

@@ -22,11 +22,11 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Iterable
-from typing import Any
 
 from weir.app import App
 from weir.asyncio import AsyncioConfig, StartupFailed, run
 from weir.common._memory import tune_allocator
+from weir.engine._tasks import TaskSettings
 from weir.protocol import ReadTimeouts
 
 from ._config import ServerConfig
@@ -103,25 +103,12 @@ SERVED: frozenset[str] = frozenset(
         "reload",
         "reload_dir",
         "uds",
+        "task_ttl",
+        "task_poll_ms",
+        "max_tasks_per_principal",
+        "max_task_result_bytes",
     }
 )
-
-
-#: ``serve`` options of the tasks extension, which the asyncio runtime does not serve
-#: (yet): accepted, and named in a warning at start-up when given another value.
-TRIO_ONLY: frozenset[str] = frozenset(
-    {"task_ttl", "task_poll_ms", "max_tasks_per_principal", "max_task_result_bytes"}
-)
-
-
-def tasks_options_given(args: Any) -> list[str]:
-    """The tasks options ``args`` sets away from their defaults, as ``--flag``s."""
-    defaults = ServerConfig()
-    return [
-        "--" + name.replace("_", "-")
-        for name in sorted(TRIO_ONLY)
-        if getattr(args, name, None) not in (None, getattr(defaults, name))
-    ]
 
 
 def asyncio_config(
@@ -166,6 +153,7 @@ def asyncio_config(
         memory_budget=config.memory_budget,
         reuse_port=config.reuse_port,
         ssl_context=config.ssl_context,
+        tasks=TaskSettings.of(config),
         uds=config.uds,
     )
 

@@ -77,7 +77,8 @@ from ._session_table import SessionTable
 from ._sessionless import Sessionless
 from ._shared import Shared, with_declared_auth
 from ._streams import Streams
-from ._tasks import Tasks
+from ._tasks import TaskSettings
+from ._tasks_trio import TrioTasks
 
 
 class Server:
@@ -133,9 +134,9 @@ class Server:
         streams = Streams(shared, table)
         calls = self._calls = Calls(shared, table, streams, execution)
         legacy = Legacy(shared, table, streams, calls, execution)
-        tasks = self._tasks = Tasks(
+        tasks = self._tasks = TrioTasks(
             shared.app,
-            shared.config,
+            TaskSettings.of(shared.config),
             shared.store,
             shared.replica_id,
             shared.start,

@@ -21,9 +21,10 @@ send (:func:`weir.common.honoured`: the kinds asked for that this app can change
   the server ends each one gracefully: the final JSON-RPC result (``resultType:
   "complete"`` and the subscription id), then the end of the stream.
 * **Task status** (the tasks extension): a listener may name up to
-  :data:`MAX_TASK_IDS` of its principal's tasks (``notifications.taskIds``); each
-  change of one is sent as ``notifications/tasks`` with the task as ``tasks/get``
-  would answer it then.  Pending states coalesce per task: the newest wins.
+  :data:`~weir.common._listen.MAX_TASK_IDS` of its principal's tasks
+  (``notifications.taskIds``); each change of one is sent as
+  ``notifications/tasks`` with the task as ``tasks/get`` would answer it then.
+  Pending states coalesce per task: the newest wins.
 * **Bounds.**  One listen stream per connection at a time (a connection carries one
   request at a time), so listeners are bounded by the connection limit; each holds
   at most :data:`~weir.common.MAX_URIS` URIs and one pending mark per kind and URI.
@@ -40,9 +41,6 @@ from weir.common import listen_ack, listen_closing, listen_frame
 from weir.protocol.jsonrpc import Request
 
 from ._session import SessionClosed, StreamHandle, StreamLost
-
-#: The most tasks one listener may follow.
-MAX_TASK_IDS = 64
 
 
 @dataclass(eq=False, slots=True)

@@ -1,9 +1,13 @@
-"""Tasks on the Trio engine: created in the store, run here, answered from any replica.
+"""Tasks on either runtime: created in the store, run here, answered from any replica.
 
 Theory of operation
 -------------------
 The record and its rules are the core's (:mod:`weir.protocol.tasks`); this module
-keeps them in the store and runs handlers.
+keeps them in the store and runs handlers.  :class:`Tasks` holds every decision and
+no event loop: a runtime subclasses it with how a run is started beside its lease
+renewal, how a run is stopped, and how shutdown waits (``engine._tasks_trio`` for
+Trio, ``weir.asyncio._tasks`` for asyncio), so a task created on one runtime is
+read, answered, cancelled or declared lost by a replica on the other.
 
 * **Creation is durable.**  A call that becomes a task (:meth:`Tasks.create`) writes
   its ``working`` record to the store first -- version 0, under the principal's
@@ -16,7 +20,7 @@ keeps them in the store and runs handlers.
   a ``tasks/cancel`` on one replica and the result of the run on another never
   overwrite each other: whichever lands second sees the first and obeys the rules
   (a terminal task never changes).
-* **A run** (:meth:`Tasks._run`) executes the handler from its start with every
+* **A run** (the runtime's ``_run``) executes the handler from its start with every
   answer gathered so far.  It renews its lease every third of
   ``ServerConfig.claim_lease`` and, on each renewal, checks that the record still
   names its run: a task cancelled or declared lost elsewhere stops its handler
@@ -24,7 +28,7 @@ keeps them in the store and runs handlers.
   writing the result (``completed``, a tool's ``isError`` result included), the
   error (``failed``), or the questions (``input_required``: nobody runs it until
   ``tasks/update`` answers the last one, and then the replica that took the
-  answer starts the next run).
+  answer starts the next run).  Each renewal is :meth:`Tasks.renewed`.
 * **Who hears of a change.**  Every write that changes what a client sees (not a
   lease renewal) is handed to ``on_change``: the server's change bus, which tells the
   principal's ``subscriptions/listen`` streams that follow the task, on every replica.
@@ -37,14 +41,14 @@ keeps them in the store and runs handlers.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
 
 import msgspec
-import trio
 
 from weir.app import (
     AccessToken,
@@ -82,20 +86,72 @@ from weir.protocol.tasks import (
     task_status_message,
 )
 
-from ._config import ServerConfig
 from ._session_store import SessionStore
-from ._shared import log
 from ._store_records import TaskWrite
+
+log = logging.getLogger("weir.tasks")
 
 #: Params of a ``tools/call`` that belong to its round, not to the task's runs.
 _ROUND_PARAMS: Final = ("inputResponses", "requestState", "task")
 #: Compare-and-set attempts before a change gives up (each conflict means another
 #: writer made progress, so this is never reached by honest contention).
 MAX_ATTEMPTS: Final = 16
+#: Seconds a stopping runtime waits for its runs to record their tasks ``failed``.
+SHUTDOWN_WAIT: Final = 5.0
+
+
+class TaskConfig(Protocol):
+    """Where :meth:`TaskSettings.of` reads them (a :class:`~weir.engine.ServerConfig`)."""
+
+    @property
+    def task_ttl(self) -> float: ...
+    @property
+    def task_poll_ms(self) -> int: ...
+    @property
+    def claim_lease(self) -> float: ...
+    @property
+    def max_tasks_per_principal(self) -> int: ...
+    @property
+    def max_task_result_bytes(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSettings:
+    """The bounds of the tasks extension, as either runtime is configured."""
+
+    #: Seconds a task stays readable after its last change.
+    ttl: float = 3600.0
+    #: The ``pollIntervalMs`` suggested to clients.
+    poll_ms: int = 1000
+    #: Seconds a run's lease lasts unless renewed (renewed every third of it).
+    lease: float = 15.0
+    #: Tasks one principal may hold at once (429 ``task_limit`` beyond).
+    max_per_principal: int = 100
+    #: The largest result a task keeps (a larger one fails the task).
+    max_result_bytes: int = 1024 * 1024
+
+    @classmethod
+    def of(cls, config: TaskConfig) -> TaskSettings:
+        """The settings a :class:`~weir.engine.ServerConfig` (or the command line's
+        checked configuration) asks for."""
+        return cls(
+            ttl=config.task_ttl,
+            poll_ms=config.task_poll_ms,
+            lease=config.claim_lease,
+            max_per_principal=config.max_tasks_per_principal,
+            max_result_bytes=config.max_task_result_bytes,
+        )
+
+
+class Stoppable(Protocol):
+    """What stops a run: a Trio cancel scope or an asyncio task."""
+
+    def cancel(self) -> Any: ...
 
 
 class Tasks:
-    """A replica's side of the tasks extension (see the module docstring).
+    """A replica's side of the tasks extension (see the module docstring); a runtime
+    subclass supplies ``_run`` (a run beside its lease renewal) and ``shutdown``.
 
     Guarantees: a task's handle is answered only once its record is stored; every
     change is written over the version it was decided on; a run writes only while
@@ -106,23 +162,23 @@ class Tasks:
     def __init__(
         self,
         app: App,
-        config: ServerConfig,
+        settings: TaskSettings,
         store: SessionStore,
         replica_id: str,
-        start: Callable[..., None],
+        start: Callable[..., object],
         wall: Callable[[], float] = time.time,
         on_change: Callable[[str, TaskRecord], None] | None = None,
     ) -> None:
         self.app = app
-        self.config = config
+        self.settings = settings
         self.store = store
         self.replica_id = replica_id
         self._start = start
         self._wall = wall
         #: Told of every change this replica writes (status notifications).
         self.on_change = on_change
-        #: Runs in progress here: (principal, task id) -> (run number, cancel scope).
-        self.running: dict[tuple[str, str], tuple[int, trio.CancelScope]] = {}
+        #: Runs in progress here: (principal, task id) -> (run number, its stopper).
+        self.running: dict[tuple[str, str], tuple[int, Stoppable]] = {}
 
     # ------------------------------------------------------------ creation
     async def create(
@@ -139,16 +195,16 @@ class Tasks:
             RemoteProtocolError: 429 ``task_limit`` when the principal holds its cap.
             StoreUnavailable: the store is down (nothing was created or run).
         """
-        cfg = self.config
+        cfg = self.settings
         params = {k: v for k, v in (req.params or {}).items() if k not in _ROUND_PARAMS}
         record = new_task(
             secrets.token_urlsafe(32),
             params,
             wall=self._wall(),
-            ttl_ms=int(cfg.task_ttl * 1000),
-            poll_ms=cfg.task_poll_ms,
+            ttl_ms=int(cfg.ttl * 1000),
+            poll_ms=cfg.poll_ms,
             owner=self.replica_id,
-            lease=cfg.claim_lease,
+            lease=cfg.lease,
             answers=answers,
         )
         written = await self.store.put_task(
@@ -156,17 +212,17 @@ class Tasks:
             record.id,
             encode_record(record),
             version=0,
-            ttl=cfg.task_ttl,
-            cap=cfg.max_tasks_per_principal,
+            ttl=cfg.ttl,
+            cap=cfg.max_per_principal,
         )
         if written is TaskWrite.FULL:
             raise RemoteProtocolError(
-                f"this principal already holds {cfg.max_tasks_per_principal} tasks; "
+                f"this principal already holds {cfg.max_per_principal} tasks; "
                 "wait for some to expire",
                 http_status=429,
                 reason=Reason.TASK_LIMIT,
                 request_id=req.id,
-                retry_after_ms=int(cfg.task_poll_ms),
+                retry_after_ms=int(cfg.poll_ms),
             )
         if written is TaskWrite.NO_ROOM:
             raise RemoteProtocolError(
@@ -174,7 +230,7 @@ class Tasks:
                 http_status=503,
                 reason=Reason.OVERLOADED,
                 request_id=req.id,
-                retry_after_ms=int(cfg.task_poll_ms),
+                retry_after_ms=int(cfg.poll_ms),
             )
         if written is not TaskWrite.WRITTEN:  # a 256-bit id already taken: never
             raise RuntimeError("a fresh task id was already in the store")
@@ -218,12 +274,12 @@ class Tasks:
                 code=INVALID_PARAMS,
                 request_id=req.id,
             )
-        cfg = self.config
+        lease = self.settings.lease
         before: list[TaskRecord] = []
 
         def fold(r: TaskRecord) -> TaskRecord | None:
             before[:] = [r]
-            return task_answered(r, responses, wall, owner=self.replica_id, lease=cfg.claim_lease)
+            return task_answered(r, responses, wall, owner=self.replica_id, lease=lease)
 
         record = await self._change(principal, task_id, fold)
         if record is None:
@@ -234,28 +290,21 @@ class Tasks:
 
     # ------------------------------------------------------------ runs
     async def _run(self, principal: str, record: TaskRecord, access: AccessToken | None) -> None:
-        key, run = (principal, record.id), record.run
-        outcome: Callable[[TaskRecord, float], TaskRecord] | None = None
-        try:
-            async with trio.open_nursery() as nursery:
-                handler_scope = trio.CancelScope()
-                self.running[key] = (run, handler_scope)
-                nursery.start_soon(self._renew, principal, record.id, run, handler_scope)
-                with handler_scope:
-                    outcome = await self._handle(principal, record, access)
-                nursery.cancel_scope.cancel()
-        except trio.Cancelled:
-            with trio.CancelScope(shield=True) as shield:  # the server is going away
-                shield.deadline = trio.current_time() + 5.0
-                await self._finish(principal, record.id, run, task_interrupted)
-            raise
-        finally:
-            if self.running.get(key, (None,))[0] == run:
-                del self.running[key]
+        """Run the handler of ``record``'s current run here beside its lease renewal
+        (:meth:`renewed` every third of a lease; stop the handler once it says no),
+        register its stopper in :attr:`running`, then :meth:`_finish` with what
+        :meth:`_handle` returned -- or ``task_interrupted`` when the handler was
+        stopped, or the runtime is going away (within :data:`SHUTDOWN_WAIT`)."""
+        raise NotImplementedError
 
-        # No outcome: the handler was stopped -- by a cancel (the record says so
-        # already, and the rule leaves it), or by this server's shutdown.
-        await self._finish(principal, record.id, run, outcome or task_interrupted)
+    async def sleep(self, seconds: float) -> None:
+        """The runtime's sleep (a handler's ``ctx.sleep``)."""
+        raise NotImplementedError
+
+    async def shutdown(self) -> None:
+        """Stop every run here; each records its task ``failed`` (``interrupted``)
+        before this returns, or :data:`SHUTDOWN_WAIT` seconds pass."""
+        raise NotImplementedError
 
     async def _handle(
         self, principal: str, record: TaskRecord, access: AccessToken | None
@@ -276,7 +325,7 @@ class Tasks:
             )
 
         ctx = Context(
-            TaskBackend(_caller(meta), task_status),
+            TaskBackend(_caller(meta), task_status, self.sleep),
             req.id,
             meta,
             state=None,
@@ -303,7 +352,7 @@ class Tasks:
 
     def _fit(self, result: dict[str, Any]) -> Callable[[TaskRecord, float], TaskRecord]:
         size = len(msgspec.json.encode(result))
-        limit = self.config.max_task_result_bytes
+        limit = self.settings.max_result_bytes
         if size <= limit:
             return lambda r, wall: task_completed(r, result, wall)
         error = {
@@ -313,24 +362,21 @@ class Tasks:
         }
         return lambda r, wall: task_failed(r, error, wall)
 
-    async def _renew(
-        self, principal: str, task_id: str, run: int, handler: trio.CancelScope
-    ) -> None:
-        lease = self.config.claim_lease
-        while True:
-            await trio.sleep(lease / 3)
-            try:
-                record = await self._change(
-                    principal,
-                    task_id,
-                    lambda r: lease_renewed(r, self._wall(), lease) if runs(r, run) else None,
-                )
-            except Exception:  # a store hiccup: the next renewal tries again
-                log.warning("could not renew the lease of task %s", task_id[:16])
-                continue
-            if record is None or not runs(record, run):
-                handler.cancel()  # cancelled, or declared lost, elsewhere
-                return
+    async def renewed(self, principal: str, task_id: str, run: int) -> bool:
+        """One lease renewal of run ``run``: False once the record no longer names it
+        (cancelled, or declared lost, elsewhere) -- its handler must stop.  A store
+        hiccup is not a no: the next renewal tries again."""
+        lease = self.settings.lease
+        try:
+            record = await self._change(
+                principal,
+                task_id,
+                lambda r: lease_renewed(r, self._wall(), lease) if runs(r, run) else None,
+            )
+        except Exception:
+            log.warning("could not renew the lease of task %s", task_id[:16])
+            return True
+        return record is not None and runs(record, run)
 
     async def _finish(
         self,
@@ -380,7 +426,7 @@ class Tasks:
                 encode_record(new),
                 version=stored.version,
                 ttl=new.ttl_ms / 1000,
-                cap=self.config.max_tasks_per_principal,
+                cap=self.settings.max_per_principal,
             )
             if written is TaskWrite.WRITTEN:
                 if self.on_change is not None and new.updated != record.updated:
@@ -395,14 +441,6 @@ class Tasks:
             if await self.store.get_task(principal, task_id) is not None:
                 mine.append(task_id)
         return mine
-
-    async def shutdown(self) -> None:
-        """Stop every run here; each records its task ``failed`` (``interrupted``)."""
-        for _, scope in list(self.running.values()):
-            scope.cancel()
-        with contextlib.suppress(trio.TooSlowError), trio.fail_after(5):
-            while self.running:
-                await trio.sleep(0.01)
 
 
 def _ended_with(body: bytes) -> Callable[[TaskRecord, float], TaskRecord]:
@@ -434,13 +472,19 @@ def _caller(meta: dict[str, Any]) -> Caller:
 class TaskBackend:
     """What a task's handler talks to: no stream (a task's notifications go nowhere:
     its client polls), no session, the client as the creating request described it;
-    ``task_status`` writes the task's ``statusMessage``."""
+    ``task_status`` writes the task's ``statusMessage``; ``sleep`` is the runtime's."""
 
-    __slots__ = ("_caller", "task_status")
+    __slots__ = ("_caller", "_sleep", "task_status")
 
-    def __init__(self, caller: Caller, task_status: Callable[[str], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        caller: Caller,
+        task_status: Callable[[str], Awaitable[None]],
+        sleep: Callable[[float], Awaitable[None]],
+    ) -> None:
         self._caller = caller
         self.task_status = task_status
+        self._sleep = sleep
 
     @property
     def session_id(self) -> None:
@@ -451,7 +495,7 @@ class TaskBackend:
         return self._caller
 
     async def send(self, payload: bytes) -> None:
-        await trio.lowlevel.checkpoint()
+        await self._sleep(0)  # (a checkpoint: nothing is sent)
 
     async def request(self, method: str, params: dict[str, Any] | None, timeout: float) -> None:
         raise McpError(-32603, f"a task cannot send {method}: it asks for input instead")
@@ -460,7 +504,7 @@ class TaskBackend:
         return None
 
     async def sleep(self, seconds: float) -> None:
-        await trio.sleep(seconds)
+        await self._sleep(seconds)
 
     def changed(self, method: str, uri: str | None) -> None:
         return None

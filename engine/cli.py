@@ -850,7 +850,7 @@ def _open_warning(config: ServerConfig) -> str | None:
 
 def _main_asyncio(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``weir serve --runtime asyncio``: the same options, served on asyncio."""
-    from ._cli_asyncio import asyncio_config, serve_on_asyncio, tasks_options_given
+    from ._cli_asyncio import asyncio_config, serve_on_asyncio
 
     app = _load(args.app, args.app_dir)
     config = _with_app_security(app, config_from_args(args), warn=not args.reuse_port)
@@ -862,13 +862,6 @@ def _main_asyncio(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return run_workers(args, config, argv)
     warning = None if config.reuse_port else _open_warning(config)  # (a worker: the parent has)
     warnings = [warning] if warning else []
-    unserved = tasks_options_given(args)
-    if unserved:
-        warnings.append(
-            "weir: the asyncio runtime does not serve tasks; "
-            + ", ".join(unserved)
-            + " have no effect"
-        )
     settings = asyncio_config(config, args.startup_timeout, args.store)
     settings = dataclasses.replace(
         settings,

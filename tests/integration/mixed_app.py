@@ -45,3 +45,14 @@ async def announce(ctx: Context) -> str:
     """Announce that the tool list changed (every replica's listeners hear it)."""
     ctx.changed("tools")
     return "announced"
+
+
+@app.tool(task="required")
+async def charge_task(key: str, ctx: Context, seconds: float = 30.0) -> str:
+    """:func:`charge` as a task (the tasks extension), noting when its run ends."""
+    _note(f"start {key} {os.getpid()}")
+    try:
+        await ctx.sleep(seconds)
+    finally:
+        _note(f"stop {key} {os.getpid()}")
+    return f"charged {key}"

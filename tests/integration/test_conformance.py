@@ -193,16 +193,18 @@ TASK_SCENARIOS = (
 )
 
 
-def test_conformance_0_2_0_alpha_12_tasks_extension(request: pytest.FixtureRequest) -> None:
-    """Every tasks scenario against the Trio engine (the asyncio runtime does not
-    serve tasks: its task-capable tools answer in their requests)."""
+@pytest.mark.parametrize("runtime", ["trio", "asyncio"])
+def test_conformance_0_2_0_alpha_12_tasks_extension(
+    request: pytest.FixtureRequest, runtime: str
+) -> None:
+    """Every tasks scenario, against each runtime."""
     version = "0.2.0-alpha.12"
     server: WeirProcess | None = None
     lines: list[str] = []
     passed = 0
     try:
         ensure_suite(version)
-        server = request.getfixturevalue("weir_servers")("trio")
+        server = request.getfixturevalue("weir_servers")(runtime)
         assert isinstance(server, WeirProcess)
         for name in TASK_SCENARIOS:
             report = run_conformance(server.url, version=version, scenario=name)
@@ -213,9 +215,9 @@ def test_conformance_0_2_0_alpha_12_tasks_extension(request: pytest.FixtureReque
     except ConformanceUnavailable as exc:
         _unavailable(exc.reason)
     summary = f"conformance: {passed} passed, 0 failed of {len(TASK_SCENARIOS)}"
-    print("\n[conformance tasks extension, trio driver]\n" + "\n".join([*lines, summary]))
+    print(f"\n[conformance tasks extension, {runtime} driver]\n" + "\n".join([*lines, summary]))
     report_dir = os.environ.get("WEIR_CONFORMANCE_REPORT_DIR")
     if report_dir:
         path = Path(report_dir)
         path.mkdir(parents=True, exist_ok=True)
-        (path / f"trio-{version}-tasks.txt").write_text("\n".join([*lines, summary]) + "\n")
+        (path / f"{runtime}-{version}-tasks.txt").write_text("\n".join([*lines, summary]) + "\n")

@@ -485,3 +485,43 @@ async def test_a_rebind_on_one_runtime_fences_the_old_token_on_the_other(
             served = await send(port[runtime], "POST", sid, charge(10 + n, f"gen2-{runtime}"), new)
             assert served.status == 200, served
         assert (await send(port[other], "DELETE", sid, token=new)).status == 200
+
+
+@pytest.mark.parametrize("created_on", ["trio", "asyncio"])
+async def test_a_task_from_one_runtime_is_cancelled_and_declared_lost_by_the_other(
+    created_on: str, valkey_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tasks extension across runtimes, on one store: a task created on one is
+    read on the other at once, cancelled there (its run stops where it runs, at its
+    next lease renewal), and a task whose replica is SIGKILLed is answered ``failed``
+    (``interrupted``) by the other once the lease (2 s) has run out -- never run again."""
+    from .test_tasks import get, result
+    from .test_tasks import rpc as task_rpc
+
+    other = "asyncio" if created_on == "trio" else "trio"
+
+    def runs(key: str) -> list[str]:
+        return [line.split()[0] for line in ledger(tmp_path) if line.split()[1] == key]
+
+    with replicas(valkey_url, tmp_path, monkeypatch) as procs, trio.fail_after(60):
+        home, away = procs[created_on].port, procs[other].port
+        call = task_rpc(1, "tools/call", {"name": "charge_task", "arguments": {"key": "c"}})
+        tid = (await result(home, call))["taskId"]
+        assert (await get(away, tid))["status"] == "working"  # stored before the handle
+        while runs("c") != ["start"]:
+            await trio.sleep(0.02)
+        await result(away, task_rpc(2, "tasks/cancel", {"taskId": tid}))
+        while runs("c") != ["start", "stop"]:  # (its run hears it at the next renewal)
+            await trio.sleep(0.05)
+        assert (await get(home, tid))["status"] == "cancelled"
+
+        call = task_rpc(3, "tools/call", {"name": "charge_task", "arguments": {"key": "k"}})
+        doomed = (await result(home, call))["taskId"]
+        while runs("k") != ["start"]:
+            await trio.sleep(0.02)
+        procs[created_on].proc.kill()  # SIGKILL: nothing recorded, only the lease tells
+        procs[created_on].proc.wait()
+        while (task := await get(away, doomed))["status"] == "working":
+            await trio.sleep(0.1)
+        assert task["status"] == "failed" and task["error"]["data"]["reason"] == "interrupted"
+        assert runs("k") == ["start"]  # never run again

@@ -1,17 +1,23 @@
 """The tasks extension on real loopback sockets: lifecycle, input, cancellation,
-bounds, ownership, leases and shutdown; and across replicas on a real Valkey.
+bounds, ownership, leases and shutdown, on both runtimes; and across replicas on a
+real Valkey.
 
-In-process servers, real TCP and real time; the tools wait on events the tests
-set, and where only the server can make a condition true the test polls it,
-bounded in time and count (:func:`eventually`).
+In-process servers, real TCP and real time; the tools wait on a thread event the
+tests set (:func:`~tests.integration.runtimes.wait_in_thread`, so they run under
+either loop), and where only the server can make a condition true the test polls
+it, bounded in time and count (:func:`eventually`).  Tests parametrised with
+``runtime`` run once on the Trio engine and once on the asyncio runtime (configured
+from the same ``ServerConfig`` as ``weir serve --runtime asyncio``).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -20,10 +26,13 @@ import trio
 from tests.integration.rawhttp import Client, Reply
 from weir.app import Context, McpError
 from weir.engine import App, Server, ServerConfig
+from weir.engine._memory_store import MemoryStore
 from weir.engine._redis_store import RedisStore
 from weir.engine._session_store import SessionStore
 from weir.protocol.tasks import TASKS_EXTENSION, decode_record, encode_record, new_task
 
+from .configured import RUNTIMES, run_configured
+from .runtimes import wait_in_thread
 from .test_auth import jwt_authorization, token
 from .test_sessionless_loopback import eventually
 
@@ -31,7 +40,7 @@ V = "2026-07-28"
 DECLARED: dict[str, Any] = {"elicitation": {}, "extensions": {TASKS_EXTENSION: {}}}
 
 app = App("tasks")
-release = trio.Event()
+release = threading.Event()
 ran: list[str] = []
 unwound: list[str] = []
 
@@ -41,7 +50,7 @@ async def work(ctx: Context, label: str) -> str:
     """Waits for the test's release, recording that it started and unwound."""
     ran.append(label)
     try:
-        await release.wait()
+        await wait_in_thread(release)
     finally:
         unwound.append(label)
     return f"done {label}"
@@ -52,7 +61,7 @@ async def stages(ctx: Context) -> str:
     """Says where it is, waits for the release, then says it is done."""
     await ctx.set_status("stage 1 of 2")
     ran.append("stages")
-    await release.wait()
+    await wait_in_thread(release)
     await ctx.set_status("x" * 5000)
     return "staged"
 
@@ -144,33 +153,51 @@ async def settled(port: int, task_id: str, want: str) -> Any:
     raise AssertionError(f"task never reached {want}: {seen}")
 
 
+@dataclass
+class Serving:
+    """A server a test talks to: its port and its store."""
+
+    port: int
+    store: SessionStore
+
+
 @asynccontextmanager
 async def serving(
-    config: ServerConfig | None = None, store: SessionStore | None = None
-) -> AsyncIterator[Server]:
-    async with trio.open_nursery() as nursery:
-        server: Server = await nursery.start(
-            Server(app, config or ServerConfig(port=0), store=store).run
-        )
-        try:
-            yield server
-        finally:
-            server.shutdown()
-            with trio.fail_after(30):
-                await server.stopped.wait()
+    runtime: str = "trio", config: ServerConfig | None = None, store: SessionStore | None = None
+) -> AsyncIterator[Serving]:
+    """``app`` served on ``runtime`` with ``config`` (port 0) on ``store`` (default: a
+    fresh memory store), stopped gracefully on the way out (within 30 s)."""
+    config = config or ServerConfig(port=0)
+    if isinstance(store, RedisStore):  # (a Trio client: the Trio engine only)
+        assert runtime == "trio"
+        async with trio.open_nursery() as nursery:
+            server: Server = await nursery.start(Server(app, config, store=store).run)
+            try:
+                yield Serving(server.port, store)
+            finally:
+                server.shutdown()
+                with trio.fail_after(30):
+                    await server.stopped.wait()
+        return
+    memory = store if isinstance(store, MemoryStore) else MemoryStore()
+    async with run_configured(runtime, app, config, memory) as running:
+        yield Serving(running.port, memory)
 
 
 @pytest.fixture(autouse=True)
-def _reset() -> None:
+def _reset() -> Iterator[None]:
     global release
-    release = trio.Event()
+    release = threading.Event()
     ran.clear()
     unwound.clear()
+    yield
+    release.set()  # (frees the worker threads of tools still waiting)
 
 
 # ---------------------------------------------------------------- lifecycle
-async def test_a_task_is_readable_at_once_and_inlines_its_result_when_done() -> None:
-    async with serving() as server:
+@RUNTIMES
+async def test_a_task_is_readable_at_once_and_inlines_its_result_when_done(runtime: str) -> None:
+    async with serving(runtime) as server:
         handle = await result(
             server.port, rpc(1, "tools/call", {"name": "work", "arguments": {"label": "one"}})
         )
@@ -187,8 +214,11 @@ async def test_a_task_is_readable_at_once_and_inlines_its_result_when_done() -> 
         assert ran == ["one"]
 
 
-async def test_a_client_that_did_not_declare_tasks_gets_the_result_and_no_task_methods() -> None:
-    async with serving() as server:
+@RUNTIMES
+async def test_a_client_that_did_not_declare_tasks_gets_the_result_and_no_task_methods(
+    runtime: str,
+) -> None:
+    async with serving(runtime) as server:
         release.set()
         plain = await result(
             server.port,
@@ -209,10 +239,11 @@ async def test_a_client_that_did_not_declare_tasks_gets_the_result_and_no_task_m
             assert gone.json()["error"]["code"] == -32601
 
 
-async def test_cancelling_a_running_task_stops_its_handler_and_a_terminal_one_is_unchanged() -> (
-    None
-):
-    async with serving() as server:
+@RUNTIMES
+async def test_cancelling_a_running_task_stops_its_handler_and_a_terminal_one_is_unchanged(
+    runtime: str,
+) -> None:
+    async with serving(runtime) as server:
         handle = await result(
             server.port, rpc(1, "tools/call", {"name": "work", "arguments": {"label": "c"}})
         )
@@ -227,8 +258,9 @@ async def test_cancelling_a_running_task_stops_its_handler_and_a_terminal_one_is
         assert (await get(server.port, tid))["status"] == "cancelled"
 
 
-async def test_a_protocol_error_fails_the_task_and_a_large_result_is_refused() -> None:
-    async with serving(ServerConfig(port=0, max_task_result_bytes=200)) as server:
+@RUNTIMES
+async def test_a_protocol_error_fails_the_task_and_a_large_result_is_refused(runtime: str) -> None:
+    async with serving(runtime, ServerConfig(port=0, max_task_result_bytes=200)) as server:
         broke = await result(server.port, rpc(1, "tools/call", {"name": "breaks", "arguments": {}}))
         failed = await settled(server.port, broke["taskId"], "failed")
         assert failed["error"]["code"] == -32603 and "result" not in failed
@@ -243,8 +275,9 @@ async def test_a_protocol_error_fails_the_task_and_a_large_result_is_refused() -
         assert (await settled(server.port, thin["taskId"], "completed"))["result"]
 
 
-async def test_a_keyed_call_that_created_a_task_gets_the_same_handle_again() -> None:
-    async with serving() as server:
+@RUNTIMES
+async def test_a_keyed_call_that_created_a_task_gets_the_same_handle_again(runtime: str) -> None:
+    async with serving(runtime) as server:
         message = rpc(1, "tools/call", {"name": "work", "arguments": {"label": "k"}})
         hdrs_key = {"idempotency-key": "order-7"}
         first = await post_with(server.port, message, hdrs_key)
@@ -272,8 +305,9 @@ async def post_with(port: int, message: dict[str, Any], extra: dict[str, str]) -
         await client.aclose()
 
 
-async def test_a_handler_sets_its_tasks_status_message() -> None:
-    async with serving() as server:
+@RUNTIMES
+async def test_a_handler_sets_its_tasks_status_message(runtime: str) -> None:
+    async with serving(runtime) as server:
         handle = await result(
             server.port, rpc(1, "tools/call", {"name": "stages", "arguments": {}})
         )
@@ -286,8 +320,11 @@ async def test_a_handler_sets_its_tasks_status_message() -> None:
 
 
 # ---------------------------------------------------------------- input
-async def test_questions_are_answered_in_parts_and_the_task_resumes_once_all_are() -> None:
-    async with serving() as server:
+@RUNTIMES
+async def test_questions_are_answered_in_parts_and_the_task_resumes_once_all_are(
+    runtime: str,
+) -> None:
+    async with serving(runtime) as server:
         handle = await result(
             server.port, rpc(1, "tools/call", {"name": "ask_two", "arguments": {}})
         )
@@ -314,8 +351,9 @@ async def test_questions_are_answered_in_parts_and_the_task_resumes_once_all_are
 
 
 # ---------------------------------------------------------------- bounds, ownership
-async def test_a_principal_holds_at_most_its_cap_of_tasks() -> None:
-    async with serving(ServerConfig(port=0, max_tasks_per_principal=2)) as server:
+@RUNTIMES
+async def test_a_principal_holds_at_most_its_cap_of_tasks(runtime: str) -> None:
+    async with serving(runtime, ServerConfig(port=0, max_tasks_per_principal=2)) as server:
         for i in range(2):
             await result(
                 server.port, rpc(i, "tools/call", {"name": "work", "arguments": {"label": str(i)}})
@@ -328,9 +366,10 @@ async def test_a_principal_holds_at_most_its_cap_of_tasks() -> None:
         release.set()
 
 
-async def test_the_embedded_stores_budget_bounds_what_tasks_hold() -> None:
+@RUNTIMES
+async def test_the_embedded_stores_budget_bounds_what_tasks_hold(runtime: str) -> None:
     config = ServerConfig(port=0, memory_budget=2000, session_retain_bytes=2000)
-    async with serving(config) as server:
+    async with serving(runtime, config) as server:
         statuses = []
         for i in range(20):
             reply = await post(
@@ -344,14 +383,17 @@ async def test_the_embedded_stores_budget_bounds_what_tasks_hold() -> None:
         assert statuses[0] == 200 and statuses[-1] == 503
         made = len(statuses) - 1
         assert await eventually(lambda: len(ran) == made, timeout=5)  # the refused one never ran
-        assert server.budget.held <= 2000
+        store = server.store
+        assert isinstance(store, MemoryStore) and store.budget is not None
+        assert store.budget.held <= 2000
         release.set()
 
 
-async def test_another_principals_task_is_not_found_exactly_as_an_unknown_one() -> None:
+@RUNTIMES
+async def test_another_principals_task_is_not_found_exactly_as_an_unknown_one(runtime: str) -> None:
     async with trio.open_nursery() as nursery:
         auth = await jwt_authorization(nursery)
-        async with serving(ServerConfig(port=0, auth=auth)) as server:
+        async with serving(runtime, ServerConfig(port=0, auth=auth)) as server:
             alice, bob = token("alice"), token("bob")
             handle = await result(
                 server.port,
@@ -380,8 +422,11 @@ async def settled_as(port: int, task_id: str, bearer: str) -> None:
 
 
 # ---------------------------------------------------------------- leases, shutdown
-async def test_a_task_whose_runner_stopped_renewing_is_failed_by_the_next_reader() -> None:
-    async with serving() as server:
+@RUNTIMES
+async def test_a_task_whose_runner_stopped_renewing_is_failed_by_the_next_reader(
+    runtime: str,
+) -> None:
+    async with serving(runtime) as server:
         wall = time.time()
         dead = new_task("ghost-task", {"name": "work"}, wall=wall - 100, ttl_ms=60_000,
                         poll_ms=1000, owner="replica-gone", lease=15)  # fmt: skip
@@ -395,8 +440,9 @@ async def test_a_task_whose_runner_stopped_renewing_is_failed_by_the_next_reader
         assert (await get(server.port, "live-task"))["status"] == "working"
 
 
-async def test_a_graceful_shutdown_records_its_running_tasks_failed() -> None:
-    async with serving() as server:
+@RUNTIMES
+async def test_a_graceful_shutdown_records_its_running_tasks_failed(runtime: str) -> None:
+    async with serving(runtime) as server:
         handle = await result(
             server.port, rpc(1, "tools/call", {"name": "work", "arguments": {"label": "s"}})
         )
@@ -414,9 +460,9 @@ async def test_replicas_share_tasks_through_the_store(valkey_url: str) -> None:
     """Created on A, read on B, answered on C, cancelled on B: one record, one run."""
     async with (
         await RedisStore.connect(valkey_url, prefix=f"tasks-{time.time_ns()}") as store,
-        serving(ServerConfig(port=0, replica_id="a"), store) as a,
-        serving(ServerConfig(port=0, replica_id="b"), store) as b,
-        serving(ServerConfig(port=0, replica_id="c"), store) as c,
+        serving("trio", ServerConfig(port=0, replica_id="a"), store) as a,
+        serving("trio", ServerConfig(port=0, replica_id="b"), store) as b,
+        serving("trio", ServerConfig(port=0, replica_id="c"), store) as c,
     ):
         handle = await result(a.port, rpc(1, "tools/call", {"name": "ask_two", "arguments": {}}))
         tid = handle["taskId"]
@@ -438,13 +484,16 @@ async def test_replicas_share_tasks_through_the_store(valkey_url: str) -> None:
 
 
 # ---------------------------------------------------------------- weir's client
-async def test_weirs_client_drives_a_task_to_its_result_answering_its_questions() -> None:
+@RUNTIMES
+async def test_weirs_client_drives_a_task_to_its_result_answering_its_questions(
+    runtime: str,
+) -> None:
     from weir.engine.client import CallTrace, SessionlessClient, open_client
 
     async def elicit(params: dict[str, Any]) -> dict[str, Any]:
         return {"action": "accept", "content": {"n": params["message"][0]}}
 
-    async with serving() as server:
+    async with serving(runtime) as server:
         url = f"http://127.0.0.1:{server.port}/mcp"
         async with open_client(url, elicitation=elicit) as client:
             trace = CallTrace()
@@ -458,10 +507,11 @@ async def test_weirs_client_drives_a_task_to_its_result_answering_its_questions(
             assert plain.text == "done w"
 
 
-async def test_a_caller_that_gives_up_cancels_its_task() -> None:
+@RUNTIMES
+async def test_a_caller_that_gives_up_cancels_its_task(runtime: str) -> None:
     from weir.engine.client import CallTrace, open_client
 
-    async with serving() as server:
+    async with serving(runtime) as server:
         url = f"http://127.0.0.1:{server.port}/mcp"
         async with open_client(url) as client:
             trace = CallTrace()
@@ -556,8 +606,9 @@ async def _read_until(client: Client, seen: bytearray, needle: bytes) -> list[di
     return sse_messages(bytes(seen))
 
 
-async def test_a_listener_hears_its_own_tasks_change_and_nothing_else() -> None:
-    async with serving() as server:
+@RUNTIMES
+async def test_a_listener_hears_its_own_tasks_change_and_nothing_else(runtime: str) -> None:
+    async with serving(runtime) as server:
         handle = await result(
             server.port, rpc(1, "tools/call", {"name": "ask_two", "arguments": {}})
         )
@@ -591,8 +642,8 @@ async def test_a_listener_on_one_replica_hears_a_task_that_runs_on_another(
 ) -> None:
     async with (
         await RedisStore.connect(valkey_url, prefix=f"tasks-{time.time_ns()}") as store,
-        serving(ServerConfig(port=0, replica_id="a"), store) as a,
-        serving(ServerConfig(port=0, replica_id="b"), store) as b,
+        serving("trio", ServerConfig(port=0, replica_id="a"), store) as a,
+        serving("trio", ServerConfig(port=0, replica_id="b"), store) as b,
     ):
         handle = await result(
             a.port, rpc(1, "tools/call", {"name": "work", "arguments": {"label": "x"}})
