@@ -77,7 +77,7 @@ every driver admits and grants identically:
   ``False`` if it had been granted (it then owns credit it must :meth:`release`).
 * **Ending** (:meth:`close`): every queued ticket is returned so that the driver
   wakes its waiter, which then finds the flow closed.
-* **Too large** (:func:`~weir.protocol.budget.fit_result`).  A response bigger than
+* **Too large** (:func:`~weir.protocol.budget.fit_response`).  A response bigger than
   the session's whole byte credit could only be sent by exceeding the bound, so it
   is replaced by a ``result_too_large`` error -- which is also the call's recorded
   outcome, so a retry does not run the call again to the same end.

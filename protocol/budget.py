@@ -6,18 +6,6 @@ session's credit becomes.
 
 from __future__ import annotations
 
-from ._budget import (
-    FRAMING_ALLOWANCE,
-    HEAD_ALLOWANCE,
-    RetentionBudget,
-    fit_response,
-    fit_result,
-)
+from ._budget import RetentionBudget, fit_response
 
-__all__ = [
-    "FRAMING_ALLOWANCE",
-    "HEAD_ALLOWANCE",
-    "RetentionBudget",
-    "fit_response",
-    "fit_result",
-]
+__all__ = ["RetentionBudget", "fit_response"]

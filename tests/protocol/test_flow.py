@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from weir.protocol import Admit, CreditLimits, Reason, RemoteProtocolError, SessionFlow
-from weir.protocol.budget import FRAMING_ALLOWANCE, HEAD_ALLOWANCE, fit_response, fit_result
+from weir.protocol._budget import FRAMING_ALLOWANCE, HEAD_ALLOWANCE, fit_result
+from weir.protocol.budget import fit_response
 from weir.protocol.states import CreditState
 from weir.protocol.streams import StreamKind, StreamLog
 
