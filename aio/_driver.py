@@ -30,6 +30,7 @@ from weir.common import (
     new_key,
     server_identity,
 )
+from weir.common._listen import deliver_task
 from weir.common._memory import trim
 from weir.common._metrics_share import MetricsShare
 from weir.engine._memory_store import MemoryStore
@@ -52,7 +53,7 @@ from weir.protocol.jsonrpc import Notification, RequestId, encode_error, encode_
 from weir.protocol.post import PostRules
 from weir.protocol.sessionless_post import SessionlessRules
 from weir.protocol.states import StreamState
-from weir.protocol.tasks import TaskRecord, detailed
+from weir.protocol.tasks import TaskRecord
 
 from ._auth import bind
 from ._connection import Connection
@@ -397,13 +398,7 @@ class AsyncioDriver:
 
     def deliver_task(self, principal: str, record: TaskRecord) -> None:
         """Give ``record``'s state to each listener here following that task."""
-        following = [s for s in self.listeners if record.id in s.task_ids]
-        if not following:
-            return  # (the common case: nobody here listens; build nothing)
-        state = detailed(record)
-        state.pop("resultType", None)
-        for listener in following:
-            listener.notify_task(principal, record.id, state)
+        deliver_task(self.listeners, principal, record)
 
     def follows(self, task_id: str) -> bool:
         """Whether a listener here follows task ``task_id``."""

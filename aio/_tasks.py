@@ -7,9 +7,8 @@ store, so a task created here is read, answered, cancelled or declared lost by a
 Trio replica and the other way round); this module gives it asyncio's tasks.  A run
 (started by the driver as a background task: a drain does not wait for it) starts
 its handler as a task of its own -- the run's stopper in
-:attr:`~weir.engine._tasks.Tasks.running` -- and a renewal task that sleeps a third
-of a lease and cancels the handler once
-:meth:`~weir.engine._tasks.Tasks.renewed` says the record no longer names this run.
+:attr:`~weir.engine._tasks.Tasks.running` -- and the base's renewal loop as another,
+which cancels the handler once the record no longer names this run.
 The run waits for the handler without being cancelled by its end: a handler stopped
 that way ends the run with ``task_interrupted`` (which leaves a cancelled record as
 it is).  A run cancelled from outside (shutdown) stops its handler, records the task
@@ -24,7 +23,7 @@ import contextlib
 from collections.abc import Callable
 
 from weir.app import AccessToken
-from weir.engine._tasks import SHUTDOWN_WAIT, Stoppable, Tasks
+from weir.engine._tasks import SHUTDOWN_WAIT, Tasks
 from weir.protocol.tasks import TaskRecord, task_interrupted
 
 
@@ -56,13 +55,6 @@ class AsyncioTasks(Tasks):
         # No outcome: the handler was stopped -- by a cancel (the record says so
         # already, and the rule leaves it), or declared lost elsewhere.
         await self._finish(principal, record.id, run, outcome or task_interrupted)
-
-    async def _renew(self, principal: str, task_id: str, run: int, handler: Stoppable) -> None:
-        while True:
-            await asyncio.sleep(self.settings.lease / 3)
-            if not await self.renewed(principal, task_id, run):
-                handler.cancel()  # cancelled, or declared lost, elsewhere
-                return
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)

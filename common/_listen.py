@@ -19,13 +19,14 @@ follower reads the record again: the bus never carries a task's content.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from collections.abc import Iterable
+from typing import Any, Final, Protocol
 
 import msgspec
 
 from weir.protocol.jsonrpc import RequestId, encode_notification, encode_result
 from weir.protocol.sessionless import META_SUBSCRIPTION_ID
-from weir.protocol.tasks import not_declared
+from weir.protocol.tasks import TaskRecord, detailed, not_declared
 
 #: The most resource URIs one subscription may watch (more are not acknowledged).
 MAX_URIS: Final = 256
@@ -127,3 +128,24 @@ def task_change_read(where: str) -> tuple[str, str] | None:
     if not isinstance(principal, str) or not isinstance(task_id, str):
         return None
     return principal, task_id
+
+
+class TaskFollower(Protocol):
+    """A listener as :func:`deliver_task` sees it (either runtime's)."""
+
+    @property
+    def task_ids(self) -> frozenset[str]: ...
+
+    def notify_task(self, principal: str, task_id: str, state: dict[str, Any]) -> None: ...
+
+
+def deliver_task(listeners: Iterable[TaskFollower], principal: str, record: TaskRecord) -> None:
+    """Give ``record``'s state (as ``tasks/get`` answers it, without ``resultType``) to
+    each of ``listeners`` that follows the task; nothing is built when none does."""
+    following = [s for s in listeners if record.id in s.task_ids]
+    if not following:
+        return  # (the common case: nobody here listens)
+    state = detailed(record)
+    state.pop("resultType", None)
+    for listener in following:
+        listener.notify_task(principal, record.id, state)

@@ -23,6 +23,7 @@ import trio
 from weir.common import era_capabilities, honoured
 from weir.common._listen import (
     TASK_NOTIFICATION,
+    deliver_task,
     task_change_read,
     task_change_where,
     tasks_asked,
@@ -30,7 +31,7 @@ from weir.common._listen import (
 from weir.protocol.jsonrpc import Request, encode_notification
 from weir.protocol.messages import CHANGE_POLL, encode_change, first_change_cursor, read_change
 from weir.protocol.states import StreamInput, StreamState
-from weir.protocol.tasks import TaskRecord, decode_record, detailed
+from weir.protocol.tasks import TaskRecord, decode_record
 
 from ._connection import Connection
 from ._owners import open_answer_stream
@@ -137,13 +138,7 @@ class Changes:
             self.shared.start(self._publish_change, change)
 
     def _deliver_task(self, principal: str, record: TaskRecord) -> None:
-        following = [s for s in self.subscribers if record.id in s.task_ids]
-        if not following:
-            return  # (the common case: nobody here listens; build nothing)
-        state = detailed(record)
-        state.pop("resultType", None)
-        for listener in following:
-            listener.notify_task(principal, record.id, state)
+        deliver_task(self.subscribers, principal, record)
 
     def _followed(self, where: str) -> tuple[str, str] | None:
         """``(principal, task id)`` of a task change read off the bus, if a listener here

@@ -362,6 +362,15 @@ class Tasks:
         }
         return lambda r, wall: task_failed(r, error, wall)
 
+    async def _renew(self, principal: str, task_id: str, run: int, handler: Stoppable) -> None:
+        """Renew run ``run``'s lease every third of a lease; stop ``handler`` once the
+        record no longer names the run (cancelled, or declared lost, elsewhere)."""
+        while True:
+            await self.sleep(self.settings.lease / 3)
+            if not await self.renewed(principal, task_id, run):
+                handler.cancel()
+                return
+
     async def renewed(self, principal: str, task_id: str, run: int) -> bool:
         """One lease renewal of run ``run``: False once the record no longer names it
         (cancelled, or declared lost, elsewhere) -- its handler must stop.  A store

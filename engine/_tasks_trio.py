@@ -4,9 +4,8 @@ Theory of operation
 -------------------
 Every decision is :class:`weir.engine._tasks.Tasks`'s; this module gives it Trio's
 structured concurrency.  A run opens a nursery holding its handler (in a cancel scope
-registered as the run's stopper) and its renewal loop, which sleeps a third of a lease
-and cancels the handler's scope once :meth:`~weir.engine._tasks.Tasks.renewed` says
-the record no longer names this run.  A run cancelled from outside (the server going
+registered as the run's stopper) and the base's renewal loop, which cancels that scope
+once the record no longer names this run.  A run cancelled from outside (the server going
 away) records its task ``interrupted`` in a shielded scope bounded by
 :data:`~weir.engine._tasks.SHUTDOWN_WAIT`, then lets the cancellation go on.
 """
@@ -49,15 +48,6 @@ class TrioTasks(Tasks):
         # No outcome: the handler was stopped -- by a cancel (the record says so
         # already, and the rule leaves it), or by this server's shutdown.
         await self._finish(principal, record.id, run, outcome or task_interrupted)
-
-    async def _renew(
-        self, principal: str, task_id: str, run: int, handler: trio.CancelScope
-    ) -> None:
-        while True:
-            await trio.sleep(self.settings.lease / 3)
-            if not await self.renewed(principal, task_id, run):
-                handler.cancel()  # cancelled, or declared lost, elsewhere
-                return
 
     async def sleep(self, seconds: float) -> None:
         await trio.sleep(seconds)
