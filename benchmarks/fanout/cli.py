@@ -165,6 +165,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--workers", type=int, default=1, help="weir: --workers N (needs --store)")
     p.add_argument(
+        "--runtime",
+        choices=["trio", "asyncio"],
+        default="trio",
+        help="weir: the runtime it serves on (weir serve --runtime)",
+    )
+    p.add_argument(
         "--store-replicas",
         type=int,
         default=0,
@@ -294,6 +300,7 @@ def options(args: argparse.Namespace) -> Options:
         store=args.store,
         store_replicas=args.store_replicas,
         workers=args.workers,
+        runtime=args.runtime,
         peer_process=args.peer_process,
         peer_nice=args.peer_nice,
         pin_server=args.pin_server,

@@ -59,6 +59,8 @@ class Options:
     store: str | None = None
     store_replicas: int = 0  # weir: --store-replicas (only where a store is used)
     workers: int = 1
+    #: The runtime weir serves on (``weir serve --runtime``).
+    runtime: str = "trio"
     peer_process: bool = False
     peer_nice: int = 0
     pin_server: bool = False

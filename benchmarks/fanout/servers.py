@@ -144,6 +144,8 @@ def server_argv(name: str, opts: Options, weir_flags: set[str]) -> tuple[str, li
                 argv += ["--store-replicas", str(opts.store_replicas)]
         if opts.workers > 1:
             argv += ["--workers", str(opts.workers)]
+        if opts.runtime != "trio":
+            argv += ["--runtime", opts.runtime]
         for key, flag in (
             ("frames", "--credit-frames"),
             ("bytes", "--credit-bytes"),

@@ -297,3 +297,13 @@ def test_store_clients_measure_every_client(valkey_url: str) -> None:
         "resp-pipe",
     }
     assert result["clients"]["coredis"]["vs_coredis"] == 1.0
+
+
+@pytest.mark.parametrize("era", ["session", "sessionless"])
+def test_weir_on_the_asyncio_runtime_answers_every_call_once(tmp_path: Path, era: str) -> None:
+    """``--runtime asyncio`` serves weir on asyncio; the same tally holds."""
+    mode = ["--sessionless"] if era == "sessionless" else []
+    args = ("--server", "weir", "--runtime", "asyncio", "--sessions", "6", "--calls", "4")
+    run = fanout(tmp_path, *args, *mode)
+    assert run["calls"] == 24 and run["errors"] == 0
+    assert run["executions"] == run["requests_sent"] == 24 and run["duplicates"] == 0
