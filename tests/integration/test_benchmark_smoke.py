@@ -307,3 +307,20 @@ def test_weir_on_the_asyncio_runtime_answers_every_call_once(tmp_path: Path, era
     run = fanout(tmp_path, *args, *mode)
     assert run["calls"] == 24 and run["errors"] == 0
     assert run["executions"] == run["requests_sent"] == 24 and run["duplicates"] == 0
+
+
+def test_across_commits_compares_revisions_side_by_side() -> None:
+    """Two revisions (here the same one twice), one round each: both measured, the
+    second's ratio to the first printed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.across_commits", "HEAD", "HEAD:asyncio"]
+        + ["--sessions", "3", "--calls", "2", "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("session ")]
+    assert [(r[1], r[2]) for r in rows] == [("HEAD", "trio"), ("HEAD", "asyncio")], done.stdout
+    assert rows[0][-1] == "x1.00" and rows[1][-1].startswith("x")
