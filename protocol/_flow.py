@@ -111,24 +111,47 @@ class Admit(enum.Enum):
 
 
 class _Reserve:
-    """What one lane's admitted requests reserved, and how much its frames draw on."""
+    """What one lane's admitted requests reserved, and how much its frames draw on.
 
-    __slots__ = ("drawn_bytes", "drawn_frames", "units")
+    ``frames`` and ``nbytes`` are the sums over ``units``, kept as units come and go
+    (every admission and every answer reads them)."""
+
+    __slots__ = ("drawn_bytes", "drawn_frames", "frames", "nbytes", "units")
 
     def __init__(self) -> None:
         #: (frames, bytes) reserved per admitted request of the lane.
         self.units: list[tuple[int, int]] = []
+        #: Their sums.
+        self.frames = 0
+        self.nbytes = 0
         #: The part of it that frames of the lane hold now (restored as they drain).
         self.drawn_frames = 0
         self.drawn_bytes = 0
 
-    @property
-    def frames(self) -> int:
-        return sum(f for f, _ in self.units)
+    def add(self, units: list[tuple[int, int]]) -> tuple[int, int]:
+        """Reserve ``units`` too; the (frames, bytes) they add."""
+        self.units.extend(units)
+        if len(units) == 1:
+            frames, nbytes = units[0]
+        else:
+            frames, nbytes = sum(f for f, _ in units), sum(b for _, b in units)
+        self.frames += frames
+        self.nbytes += nbytes
+        return frames, nbytes
 
-    @property
-    def nbytes(self) -> int:
-        return sum(b for _, b in self.units)
+    def drop(self, n: int | None) -> None:
+        """End the ``n`` smallest reservations (None: all of them); a refused batch
+        entry's empty one goes first, as it is its own."""
+        units = self.units
+        if n is None or n >= len(units):
+            units.clear()
+            self.frames = self.nbytes = 0
+            return
+        units.sort()
+        for frames, nbytes in units[:n]:
+            self.frames -= frames
+            self.nbytes -= nbytes
+        del units[:n]
 
 
 class SessionFlow:
@@ -197,9 +220,9 @@ class SessionFlow:
         reserve = self._reserves.get(lane)
         if reserve is None:
             reserve = self._reserves[lane] = _Reserve()
-        reserve.units.extend(units)
-        self.credit.reserved_frames += sum(f for f, _ in units)
-        self.credit.reserved_bytes += sum(b for _, b in units)
+        frames, nbytes = reserve.add(units)
+        self.credit.reserved_frames += frames
+        self.credit.reserved_bytes += nbytes
 
     def count_in(self, n: int = 1, lane: Hashable | None = None) -> None:
         """Account ``n`` requests of ``lane`` as in flight without asking and without
@@ -227,12 +250,11 @@ class SessionFlow:
         reserve = self._reserves.get(lane)
         if reserve is None:
             return []
-        credit, units = self.credit, reserve.units
+        credit = self.credit
         unused_frames = reserve.frames - reserve.drawn_frames
         unused_bytes = reserve.nbytes - reserve.drawn_bytes
-        units.sort()  # the smallest go first: a refused entry's empty one is its own
-        del units[: len(units) if n is None else n]
-        if not units:
+        reserve.drop(n)
+        if not reserve.units:
             del self._reserves[lane]
         # Frames drawn on a reservation that ended simply hold credit of their own.
         reserve.drawn_frames = min(reserve.drawn_frames, reserve.frames)
@@ -251,7 +273,7 @@ class SessionFlow:
         if into is None:
             self._reserves[dst] = reserve
             return
-        into.units.extend(reserve.units)
+        into.add(reserve.units)
         into.drawn_frames += reserve.drawn_frames
         into.drawn_bytes += reserve.drawn_bytes
 
