@@ -312,9 +312,9 @@ def test_weir_on_the_asyncio_runtime_answers_every_call_once(tmp_path: Path, era
 def test_across_commits_compares_revisions_side_by_side() -> None:
     """Two revisions (here the same one twice), one round each: both measured, the
     second's ratio to the first printed."""
+    argv = ["benchmarks.across_commits", "HEAD", "HEAD:asyncio", "--sessions", "3"]
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.across_commits", "HEAD", "HEAD:asyncio"]
-        + ["--sessions", "3", "--calls", "2", "--rounds", "1"],
+        [sys.executable, "-m", *argv, "--calls", "2", "--rounds", "1"],
         capture_output=True,
         text=True,
         timeout=240,
