@@ -21,7 +21,9 @@ byte is marked in a :class:`~weir.protocol.DrainTracker`; the kernel's send queu
 its credit come back (under TLS, :mod:`._tls` maps the plaintext offsets to the
 ciphertext the kernel counts).  A reader watches the socket while a stream is
 written, so a peer that hangs up is noticed at once rather than at the next failed
-write.
+write.  A stream whose answer is complete when its writer attaches (the common case:
+a tool that answered at once) goes out in one write -- head, frames and terminator --
+with no watcher: each write on loopback costs the peer's receive path too.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ from weir.protocol.resume import displaces_writer
 from weir.protocol.sessionless import SessionlessMessage
 from weir.protocol.sse import encode_comment, encode_retry
 from weir.protocol.states import StreamInput, StreamState
-from weir.protocol.streams import StreamLog, WriterStep, writer_step
+from weir.protocol.streams import StreamLog, WriterStep, completes, writer_step
 
 from ._auth import identify, is_metadata, metadata
 from ._drain import refuse_if_closing
@@ -122,15 +124,20 @@ class Connection:
 
     # ----------------------------------------------------------- bytes out, acks in
     async def send(
-        self, data: bytes, token: tuple[Session, StreamLog | None, int] | None = None
+        self,
+        data: bytes,
+        token: tuple[Session, StreamLog | None, int] | None = None,
+        tail: int = 0,
     ) -> None:
         """Write ``data``; with ``token``, mark its last byte for acknowledgement first
-        (so the mark exists even if the peer stalls and the drain never returns)."""
+        (so the mark exists even if the peer stalls and the drain never returns) --
+        or, with ``tail``, the byte ``tail`` bytes before its end (a stream's
+        terminator written with its last frames is not a frame)."""
         try:
             self.writer.write(data)
             self.acks.wrote(len(data))
             if token is not None:
-                self.acks.mark(self.acks.written, token)
+                self.acks.mark(self.acks.written - tail, token)
                 self._marked[token[0]] = self.acks.written
                 token[0].carrying.add(self)
                 self._watch_acks()
@@ -412,7 +419,7 @@ class Connection:
                 reason=Reason.STREAM_CONFLICT,
             )
         sid = () if session.sessionless else (("mcp-session-id", session.sid),)
-        await self.send(self.conn.start_stream(200, (*SSE_HEADERS, *sid)))
+        head = self.conn.start_stream(200, (*SSE_HEADERS, *sid))  # (sent with the frames)
         if stream.state is not StreamState.CLOSED:  # a closed one is replayed, no more
             stream.handle(StreamInput.ATTACH)
         session.abandoned.discard(stream.epoch)  # a reader again: frames hold credit
@@ -420,13 +427,16 @@ class Connection:
         # connection writes many.)
         self._wrote = {(s, w) for s, w in self._wrote if not s.closed and _may_hold(w)}
         self._wrote.add((session, stream))
-        watch = self._watch_for_hang_up()
+        # A stream whose answer is all there goes out in one write (head, frames and
+        # terminator) and needs no watcher: nothing is left to wait for.
+        at_once = completes(stream, stream.next_seq) and start < stream.next_seq
+        watch = None if at_once else self._watch_for_hang_up()
         me = asyncio.current_task()
         if me is not None:
             session.writers.add(me)
             session.stream_writers[stream.epoch] = me
         try:
-            await self._stream_frames(session, stream, start)
+            await self._stream_frames(session, stream, start, head)
         except asyncio.CancelledError:
             if not self._peer_gone:
                 raise
@@ -435,7 +445,8 @@ class Connection:
                 task.uncancel()
             raise ConnectionResetError("the peer hung up mid-stream") from None
         finally:
-            watch.cancel()
+            if watch is not None:
+                watch.cancel()
             session.writers.discard(me)
             if session.stream_writers.get(stream.epoch) is me:
                 del session.stream_writers[stream.epoch]
@@ -469,7 +480,12 @@ class Connection:
         watch.add_done_callback(done)
         return watch
 
-    async def _stream_frames(self, session: Session, stream: StreamLog, start: int) -> None:
+    async def _stream_frames(
+        self, session: Session, stream: StreamLog, start: int, pending: bytes
+    ) -> None:
+        """Write the stream from ``start``; ``pending`` (the head) goes out with the
+        first frames, or before the first wait.  Frames that complete the stream go
+        out in the same write as its terminator."""
         cursor = start
         while True:
             retry = session.close_requests.get(stream.epoch)
@@ -477,12 +493,20 @@ class Connection:
             if step is WriterStep.SEND:
                 frames = stream.frames_from(cursor)
                 cursor += len(frames)
-                await self.send(
-                    self.conn.send_stream_data(b"".join(frames)), (session, stream, cursor)
-                )
+                out = pending + self.conn.send_stream_data(b"".join(frames))
+                pending = b""
+                if completes(stream, cursor):
+                    end = self.conn.end_stream()
+                    await self.send(out + end, (session, stream, cursor), tail=len(end))
+                    stream.handle(StreamInput.DELIVERED)  # (its frames: history, in the budget)
+                    return
+                await self.send(out, (session, stream, cursor))
                 continue
+            if pending:
+                await self.send(pending)  # the head goes out before any wait
+                pending = b""
             if step is WriterStep.FINISH:
-                stream.handle(StreamInput.DELIVERED)  # (its frames: history, in the budget)
+                stream.handle(StreamInput.DELIVERED)
                 break
             if step is WriterStep.RETRY and retry is not None:
                 # The handler ended this response early: the client reconnects after
