@@ -109,7 +109,13 @@ class Connection:
         # (No TCP_NOTSENT_LOWAT here: asyncio's transport buffers what the kernel
         # does not take, and that buffer is counted as unacknowledged too.)
         self._kernel = KernelSendQueue(writer.get_extra_info("socket"), notsent_lowat=None)
-        self._watcher: asyncio.Task[None] | None = None
+        #: The next look at the kernel's send queue while marks are pending (a timer,
+        #: not a task: one per connection with bytes in flight), and its back-off.
+        self._ack_timer: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._ack_delay = _ACK_POLL_S
+        #: The last stream's hang-up watcher, cancelled: the next read waits for it to
+        #: let go of the reader first (a reader takes one waiting read at a time).
+        self._watching: asyncio.Task[bytes] | None = None
         self._reader: asyncio.StreamReader | TlsReader | None = None
         self._early = b""  # bytes the peer sent while a stream was being written
         #: Bytes of the request being read, counted in the driver's ``inbound``.
@@ -185,15 +191,21 @@ class Connection:
             self.writer.transport.abort()
 
     def _watch_acks(self) -> None:
-        if self._watcher is None or self._watcher.done():
-            self._watcher = asyncio.get_running_loop().create_task(self._poll_acks())
+        if self._ack_timer is None:
+            self._ack_delay = _ACK_POLL_S
+            self._ack_timer = asyncio.get_running_loop().call_soon(self._poll_acks)
 
-    async def _poll_acks(self) -> None:
-        # The kernel tells nobody when the peer acknowledges: ask while marks are pending.
-        delay = _ACK_POLL_S
-        while self.acks.pending:
-            delay = _ACK_POLL_S if self.check_acks() else min(delay * 2, _ACK_POLL_MAX_S)
-            await asyncio.sleep(delay)
+    def _poll_acks(self) -> None:
+        # The kernel tells nobody when the peer acknowledges: ask while marks are
+        # pending, soon after progress, backing off (doubling) while there is none.
+        self._ack_timer = None
+        if not self.acks.pending:
+            return
+        progress = self.check_acks()
+        self._ack_delay = _ACK_POLL_S if progress else min(self._ack_delay * 2, _ACK_POLL_MAX_S)
+        if self.acks.pending:
+            loop = asyncio.get_running_loop()
+            self._ack_timer = loop.call_later(self._ack_delay, self._poll_acks)
 
     # ---------------------------------------------------------------- requests
     async def run(self, reader: asyncio.StreamReader | TlsReader) -> None:
@@ -212,8 +224,13 @@ class Connection:
                     if conn.has_data_to_send:
                         await self.send(conn.data_to_send())  # e.g. 100 Continue
                     wait = clock.deadline(conn.inbound, loop.time()) - loop.time()
+                    if self._watching is not None:
+                        if not self._watching.done():
+                            await asyncio.wait({self._watching})
+                        self._watching = None
                     try:
-                        data = await asyncio.wait_for(reader.read(65536), max(0.0, wait))
+                        async with asyncio.timeout(max(0.0, wait)):  # (no task per read)
+                            data = await reader.read(65536)
                     except TimeoutError:
                         if clock.owed:  # a head or body trickled past its deadline: 408
                             self.driver.metrics.refused(str(Reason.REQUEST_TIMEOUT))
@@ -270,8 +287,9 @@ class Connection:
             self._wrote.clear()
             if self._sessionless is not None:
                 self._sessionless.close()  # its owner ends with it
-            if self._watcher is not None:
-                self._watcher.cancel()
+            if self._ack_timer is not None:
+                self._ack_timer.cancel()
+                self._ack_timer = None
             if self.writer.transport.get_write_buffer_size():
                 self.writer.transport.abort()  # a peer that stopped reading: do not flush
             self.writer.close()
@@ -447,6 +465,7 @@ class Connection:
         finally:
             if watch is not None:
                 watch.cancel()
+                self._watching = watch
             session.writers.discard(me)
             if session.stream_writers.get(stream.epoch) is me:
                 del session.stream_writers[stream.epoch]

@@ -497,7 +497,8 @@ class Session:
     async def wait_for_frames(self, stream: StreamLog, timeout: float | None) -> None:
         event = self._wakeups.setdefault(stream.epoch, asyncio.Event())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout)
+            async with asyncio.timeout(timeout):  # (no task per wait, as wait_for makes)
+                await event.wait()
 
     def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """Run ``work`` as a task of the session (teardown cancels it, a hang-up does not)."""
