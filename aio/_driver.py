@@ -58,10 +58,10 @@ from weir.protocol.tasks import TaskRecord
 from ._auth import bind
 from ._connection import Connection
 from ._keyed import KeyedCalls
+from ._listen import Listener
 from ._metrics import view
 from ._owners import SharedOwners
 from ._session import MEMORY_BUDGET, SESSION_RETAIN_BYTES, Session
-from ._sessionless import Listener
 from ._shared import CLAIM_LEASE, SharedState, memory_store
 from ._tasks import AsyncioTasks
 from ._tls import accept_tls

@@ -587,8 +587,7 @@ class SharedState:
             self.driver.spawn(self._publish(change))
 
     def publish_task_change(self, principal: str, task_id: str) -> None:
-        """With a shared store, say on its bus that ``principal``'s task ``task_id``
-        changed (the other replicas read the record again; the bus carries no content)."""
+        """With a shared store, tell the bus ``principal``'s task ``task_id`` changed."""
         if self.store.shared:
             where = task_change_where(principal, task_id)
             change = encode_change(TASK_NOTIFICATION, where, self.replica_id)
