@@ -223,9 +223,11 @@ def test_the_asyncio_runtime_imports_neither_trio_nor_the_engine(path: Path) -> 
     assert not bad, "\n".join(bad)
 
 
-#: The engine's modules the asyncio runtime uses: the session stores, nothing else.
+#: The engine's modules the asyncio runtime uses: the session stores, and the tasks'
+#: decisions (runtime-neutral: each runtime subclasses them), nothing else.
 AIO_MAY_IMPORT = frozenset(
     {
+        "weir.engine._tasks",
         "weir.engine._session_store",
         "weir.engine._store_records",
         "weir.engine._store_errors",
@@ -238,6 +240,27 @@ AIO_MAY_IMPORT = frozenset(
         "weir.engine._unheard",
     }
 )
+
+
+def test_the_tasks_decisions_need_no_event_loop() -> None:
+    """``engine/_tasks.py`` (which both runtimes subclass) imports no event loop, and
+    from the engine only what the asyncio runtime may import too."""
+    path = ENGINE / "_tasks.py"
+    tree = _parse(path)
+    bad = [
+        f"{_rel(path)}:{line}: {name}"
+        for line, name, _ in _absolute_imports(tree)
+        if name.split(".", 1)[0] in {"trio", "anyio", "asyncio"}
+        or (name.startswith("weir.engine") and name not in AIO_MAY_IMPORT)
+    ]
+    bad += [
+        f"{_rel(path)}:{node.lineno}: .{node.module}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        and node.level == 1
+        and f"weir.engine.{node.module}" not in AIO_MAY_IMPORT
+    ]
+    assert not bad, "\n".join(bad)
 
 
 def test_importing_the_asyncio_runtime_loads_no_cli_and_no_redis_client() -> None:
