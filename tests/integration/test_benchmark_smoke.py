@@ -323,4 +323,5 @@ def test_across_commits_compares_revisions_side_by_side() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith("session ")]
     assert [(r[1], r[2]) for r in rows] == [("HEAD", "trio"), ("HEAD", "asyncio")], done.stdout
-    assert rows[0][-1] == "x1.00" and rows[1][-1].startswith("x")
+    # (A run this small may read 0 µs of CPU, in 10 ms ticks: then no ratio.)
+    assert rows[0][-1] in ("x1.00", "x-") and rows[1][-1].startswith("x")
