@@ -186,8 +186,11 @@ async def call_tool(app: App, params: dict[str, Any], ctx: Context) -> dict[str,
 
 
 def inline_tool(app: App, req: Request) -> Tool | None:
-    """The tool ``req`` calls if it is a ``tools/call`` that can run inline, else None."""
+    """The tool ``req`` calls if it is a ``tools/call`` that can run inline, else None
+    (also None when the app's fallback serves every method, tools included)."""
     if req.method != "tools/call" or not req.params:
+        return None
+    if app.fallback_every_method and app.fallback_fn is not None:
         return None
     name = req.params.get("name")
     tool = app.tools.get(name) if isinstance(name, str) else None

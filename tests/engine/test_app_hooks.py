@@ -114,7 +114,10 @@ async def test_an_every_method_fallback_gets_set_level_and_lists_but_not_ping(
             "result"
         ] == {}
         assert (await answer(client, rpc(3, "ping")))["result"] == {}
-    assert methods == ["tools/list", "logging/setLevel"]  # ping stays weir's
+        # Even a tool that could run inline is the fallback's to answer.
+        called = await answer(client, rpc(4, "tools/call", {"name": "hidden", "arguments": {}}))
+        assert called["result"] == {}
+    assert methods == ["tools/list", "logging/setLevel", "tools/call"]  # ping stays weir's
 
 
 async def test_describe_shapes_initialize_and_discover(
