@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from time import perf_counter
 from typing import Any, Final
 
 import trio
@@ -68,8 +69,10 @@ from weir.app import (
     Context,
     InputRequired,
     McpError,
+    call_tool_now,
     dispatch,
     failure,
+    inline_tool,
 )
 from weir.common import (
     caller_for,
@@ -324,7 +327,10 @@ class Sessionless:
         try:
             try:
                 backend = SessionlessBackend(owner, None, caller_for(msg))
-                body = await self._drive_run(owner, who, effect.run, None, backend)
+                run = effect.run
+                body = await self._drive_run(
+                    owner, who, run, None, backend, inline=self._runs_now(run)
+                )
             finally:
                 owner.done(1, lane, keep=True)  # the reservation is the body's
             if body is None:
@@ -345,6 +351,9 @@ class Sessionless:
         after :data:`FIRST_OUTPUT_WAIT`), raising its refusal if it was refused first.
         The handler is cancelled if the client goes away (:func:`_end`)."""
         handle = answering.handle
+        if self._runs_now(run):
+            await self._run_now(owner, msg, who, run, answering)
+            return
         first = trio.Event()
         backend = answering.backend = SessionlessBackend(
             owner, handle, caller_for(msg), on_output=first.set
@@ -374,6 +383,54 @@ class Sessionless:
             raise answering.refused[0]
         answering.started = True
 
+    def _runs_now(self, run: SessionlessRun) -> bool:
+        """Can ``run``'s handler run in the connection's task, with no handler task?
+
+        Yes for a ``tools/call`` of a tool that never suspends
+        (:func:`weir.app.never_suspends`; such a tool is never a task) when the store
+        is process-local, so that recording a keyed outcome never blocks either.
+        Nothing can cancel such a handler half-way or let it outlive its response,
+        so running it here changes nothing a client can see but the latency.
+        """
+        return not self.shared.store.shared and inline_tool(self.app, run.request) is not None
+
+    async def _run_now(
+        self,
+        owner: Session,
+        msg: SessionlessMessage,
+        who: Requester,
+        run: SessionlessRun,
+        answering: _Answering,
+    ) -> None:
+        """:meth:`_run_on_stream` for a run :meth:`_runs_now` accepts: the whole run
+        here, its answer put into the stream at once when credit allows (so the
+        writer sends head, frame and end in one write), else by a task that waits
+        for the credit.  A refusal raises before anything was sent, as the POST's
+        status."""
+        handle = answering.handle
+        backend = answering.backend = SessionlessBackend(owner, handle, caller_for(msg))
+        try:
+            body = await self._drive_run(owner, who, run, handle, backend, inline=True)
+        except BaseException:
+            owner.done(1, handle.log.epoch)
+            raise
+        answering.started = True
+        text = body.decode() if body is not None else None
+        if text is not None and handle.try_respond_now(text):
+            owner.done(1, handle.log.epoch)
+            return
+        self.metrics.inline_deferred["plain"] += 1
+
+        async def respond() -> None:
+            try:
+                await handle.respond(text)
+            except StreamLost:
+                pass
+            finally:
+                owner.done(1, handle.log.epoch)
+
+        self.shared.start(respond)
+
     # ---------------------------------------------------------------- one run
     async def _drive_run(
         self,
@@ -382,9 +439,12 @@ class Sessionless:
         run: SessionlessRun,
         handle: StreamHandle | None,
         backend: SessionlessBackend,
+        *,
+        inline: bool = False,
     ) -> bytes | None:
         """Carry out a :class:`~weir.protocol.sessionless_run.SessionlessRun`: run the
-        handler, seal, encode and record as it asks; the body it responds with."""
+        handler (``inline``: in this task, see :meth:`_runs_now`), seal, encode and
+        record as it asks; the body it responds with."""
         backend.detached = run.detached  # a keyed call is not cancelled with its response
         req = run.request
         body: bytes | None = None
@@ -394,7 +454,7 @@ class Sessionless:
             try:
                 answer: object = None
                 if effect is RUN_HANDLER:
-                    answer = await self._run_handler(owner, run, backend)
+                    answer = await self._run_handler(owner, run, backend, inline)
                 elif isinstance(effect, EncodeResult):
                     answer = self._encode_result(req, effect.result, handle)
                 elif isinstance(effect, SealState):
@@ -413,7 +473,7 @@ class Sessionless:
         return body
 
     async def _run_handler(
-        self, owner: Session, run: SessionlessRun, backend: SessionlessBackend
+        self, owner: Session, run: SessionlessRun, backend: SessionlessBackend, inline: bool
     ) -> object:
         """Run one request's handler: its result, :class:`InputAsked`, an error body,
         or None if cancelled.
@@ -436,6 +496,8 @@ class Sessionless:
         if task is not None and task.upfront:  # the call is a task: create it, answer
             return await self.tasks.create(run.principal, req, ctx.access_token)
         ctx.tasks_possible = task is not None
+        if inline:
+            return self._call_now(req, ctx)
         with trio.CancelScope() as scope:
             if not backend.detached:  # a keyed call is not cancelled with its response
                 owner.running[backend.run_key] = scope
@@ -459,6 +521,25 @@ class Sessionless:
             finally:
                 owner.running.pop(backend.run_key, None)
         return None
+
+    def _call_now(self, req: Request, ctx: Context) -> object:
+        """A never-suspending tool's handler, run synchronously: what
+        :meth:`_run_handler` answers for it, observed in the metrics the same way."""
+        self.metrics.inline_calls[str((req.params or {}).get("name"))] += 1
+        start, outcome = perf_counter(), "error"
+        try:
+            result = call_tool_now(self.app, req.params or {}, ctx)
+            outcome = "tool_error" if result.get("isError") is True else "ok"
+            return result
+        except InputRequired as asked:
+            outcome = "input_required"
+            return InputAsked(asked.requests, ctx.answered)
+        except McpError as exc:
+            return handler_error(req, exc)
+        except Exception as exc:
+            return failure(req, exc)
+        finally:
+            self.metrics.observe(req.method, req.params, outcome, perf_counter() - start)
 
     def _encode_result(
         self, req: Request, result: dict[str, Any], handle: StreamHandle | None
