@@ -402,7 +402,7 @@ class AsyncioDriver:
 
     def follows(self, task_id: str) -> bool:
         """Whether a listener here follows task ``task_id``."""
-        return any(task_id in listener.task_ids for listener in self.listeners)
+        return any(task_id in listener.marks.task_ids for listener in self.listeners)
 
     def deliver_change(self, method: str, uri: str | None) -> None:
         """Tell every ``subscriptions/listen`` stream here that asked for the change,

@@ -51,6 +51,7 @@ from weir.app import BecomeTask, Caller, Context, InputRequired, McpError, dispa
 from weir.common import (
     REQUEST_ACCESS,
     VERSION,
+    ListenMarks,
     caller_for,
     discover_for,
     era_capabilities,
@@ -515,7 +516,8 @@ class SessionlessPosts:
             flags["taskIds"] = task_ids
         stream = owner.open_stream(StreamKind.REQUEST, emit_ids=False)
         owner.flow.move(lane, stream.epoch)
-        listener = Listener(req, owner, stream, kinds, uris, principal, frozenset(task_ids))
+        marks = ListenMarks(req.id, kinds, uris, principal, frozenset(task_ids))
+        listener = Listener(req, owner, stream, marks)
         ack = listen_ack(req.id, flags)
         if not owner.try_append(stream, ack):
             owner.spawn(_append_quietly(owner, stream, ack))

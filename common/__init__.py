@@ -16,7 +16,8 @@ client to see the same server on either:
   :func:`era_capabilities`, :func:`server_identity`, :func:`caller_for`,
   :func:`handler_error`).
 * **What a ``subscriptions/listen`` stream says** (:func:`honoured`,
-  :func:`listen_ack`, :func:`listen_frame`, :func:`listen_closing`).
+  :func:`listen_ack`, :func:`listen_frame`, :func:`listen_closing`) and what one
+  has yet to say (:class:`ListenMarks`).
 * **Authorization** (:class:`Authorization`, :func:`authenticate`,
   :func:`metadata_answer`, :data:`REQUEST_ACCESS`): what a request must carry, the
   401/403/400/503 refusals and their ``WWW-Authenticate``, the RFC 9728 metadata,
@@ -62,6 +63,7 @@ from ._listen import (
     KINDS,
     MAX_URI,
     MAX_URIS,
+    ListenMarks,
     honoured,
     listen_ack,
     listen_closing,
@@ -91,6 +93,7 @@ __all__ = [
     "InvalidToken",
     "JwksError",
     "JwtVerifier",
+    "ListenMarks",
     "Metered",
     "Metrics",
     "StateSealer",

@@ -130,11 +130,86 @@ def task_change_read(where: str) -> tuple[str, str] | None:
     return principal, task_id
 
 
+class ListenMarks:
+    """What one listen response has yet to send, kept without any event loop.
+
+    A change only marks (:meth:`mark`, :meth:`mark_task`); the runtime's sender wakes
+    when a mark was made and sends :meth:`take`'s frames within its owner's credit.
+    Guarantees: only what the listener was acknowledged is marked (its kinds, its
+    URIs, the tasks it follows and only for its own principal); marks coalesce (a
+    kind or URI once however often it changed, a task's newest state); :meth:`take`
+    gives list notices, then resource updates, then task states, each kind sorted
+    or in marking order, and clears what it gave.  At most one mark per kind, URI
+    (:data:`MAX_URIS`) and task (:data:`MAX_TASK_IDS`) is ever held.
+    """
+
+    __slots__ = (
+        "_kinds_marked",
+        "_states",
+        "_updated",
+        "kinds",
+        "principal",
+        "request_id",
+        "task_ids",
+        "uris",
+    )
+
+    def __init__(
+        self,
+        request_id: RequestId,
+        kinds: frozenset[str],
+        uris: frozenset[str],
+        principal: str = "",
+        task_ids: frozenset[str] = frozenset(),
+    ) -> None:
+        self.request_id = request_id
+        #: Notification methods acknowledged; resource URIs acknowledged.
+        self.kinds, self.uris = kinds, uris
+        #: Who listens (a task's status goes only to its own principal's listeners).
+        self.principal = principal
+        #: Tasks whose status this listener agreed to send (the tasks extension).
+        self.task_ids = task_ids
+        self._kinds_marked: set[str] = set()
+        self._updated: set[str] = set()
+        self._states: dict[str, dict[str, Any]] = {}
+
+    def mark(self, method: str, uri: str | None) -> bool:
+        """Mark a list change (``uri`` None) or a resource's update, if this listener
+        was acknowledged it; True if marked (its sender should wake)."""
+        if uri is not None:
+            if uri not in self.uris:
+                return False
+            self._updated.add(uri)
+        elif method in self.kinds:
+            self._kinds_marked.add(method)
+        else:
+            return False
+        return True
+
+    def mark_task(self, principal: str, task_id: str, state: dict[str, Any]) -> bool:
+        """Mark task ``task_id``'s new state, if this listener follows it and is its
+        principal's (the newest state replaces an unsent one); True if marked."""
+        if task_id not in self.task_ids or principal != self.principal:
+            return False
+        self._states[task_id] = state
+        return True
+
+    def take(self) -> list[str]:
+        """The frames to send now, in order, the marks they came from cleared."""
+        rid = self.request_id
+        frames = [listen_frame(rid, method) for method in sorted(self._kinds_marked)]
+        updated = "notifications/resources/updated"
+        frames += [listen_frame(rid, updated, {"uri": uri}) for uri in sorted(self._updated)]
+        frames += [listen_frame(rid, TASK_NOTIFICATION, s) for s in self._states.values()]
+        self._kinds_marked, self._updated, self._states = set(), set(), {}
+        return frames
+
+
 class TaskFollower(Protocol):
     """A listener as :func:`deliver_task` sees it (either runtime's)."""
 
     @property
-    def task_ids(self) -> frozenset[str]: ...
+    def marks(self) -> ListenMarks: ...
 
     def notify_task(self, principal: str, task_id: str, state: dict[str, Any]) -> None: ...
 
@@ -142,7 +217,7 @@ class TaskFollower(Protocol):
 def deliver_task(listeners: Iterable[TaskFollower], principal: str, record: TaskRecord) -> None:
     """Give ``record``'s state (as ``tasks/get`` answers it, without ``resultType``) to
     each of ``listeners`` that follows the task; nothing is built when none does."""
-    following = [s for s in listeners if record.id in s.task_ids]
+    following = [s for s in listeners if record.id in s.marks.task_ids]
     if not following:
         return  # (the common case: nobody here listens)
     state = detailed(record)

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Hashable
 
 import trio
 
-from weir.common import era_capabilities, honoured
+from weir.common import ListenMarks, era_capabilities, honoured
 from weir.common._listen import (
     TASK_NOTIFICATION,
     deliver_task,
@@ -96,8 +96,8 @@ class Changes:
             flags["taskIds"] = task_ids
         handle = open_answer_stream(owner, self.config.max_stream_events)
         owner.move_reservations(lane, handle.log.epoch)
-        listener = Listener(req, handle, kinds, uris)
-        listener.principal, listener.task_ids = principal, frozenset(task_ids)
+        marks = ListenMarks(req.id, kinds, uris, principal, frozenset(task_ids))
+        listener = Listener(req, handle, marks)
         if not handle.try_send_now(listener.ack(flags)):
             self.shared.start(handle.send, listener.ack(flags))
         owner.done(1, handle.log.epoch)  # its "answer" (the acknowledgement) is enqueued
@@ -147,7 +147,7 @@ class Changes:
         if read is None:
             return None
         principal, task_id = read
-        if not any(task_id in listener.task_ids for listener in self.subscribers):
+        if not any(task_id in listener.marks.task_ids for listener in self.subscribers):
             return None
         return principal, task_id
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import trio
 
-from weir.common import listen_ack, listen_closing, listen_frame
+from weir.common import ListenMarks, listen_ack, listen_closing
 from weir.protocol.jsonrpc import Request
 
 from ._session import SessionClosed, StreamHandle, StreamLost
@@ -45,43 +45,25 @@ from ._session import SessionClosed, StreamHandle, StreamLost
 
 @dataclass(eq=False, slots=True)
 class Listener:
-    """One open ``subscriptions/listen`` response."""
+    """One open ``subscriptions/listen`` response: what it has yet to send is its
+    :class:`~weir.common.ListenMarks` (the same rules as the asyncio runtime's);
+    this adds the task that sends it and the event that wakes that task."""
 
     request: Request
     handle: StreamHandle
-    kinds: frozenset[str]  # notification methods acknowledged
-    uris: frozenset[str]  # resource URIs acknowledged
-    pending: set[str] = field(default_factory=set)  # methods to send
-    updated: set[str] = field(default_factory=set)  # URIs updated, to send
+    marks: ListenMarks
     wake: trio.Event = field(default_factory=trio.Event)
-    #: Who listens (a task's status goes only to its own principal's listeners).
-    principal: str = ""
-    #: Tasks whose status this listener agreed to send (the tasks extension).
-    task_ids: frozenset[str] = frozenset()
-    #: Task id -> its newest ``notifications/tasks`` params, to send (coalesced).
-    task_states: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def notify_task(self, principal: str, task_id: str, state: dict[str, Any]) -> None:
-        """Mark task ``task_id``'s new state for sending, if this listener asked for
-        it and is that task's principal's; only the newest state is kept."""
-        if task_id in self.task_ids and principal == self.principal:
-            self.task_states[task_id] = state
-            self.wake.set()
 
     def notify(self, method: str, uri: str | None) -> None:
         """Mark a change this listener wants (coalesced) and wake its task."""
-        if uri is not None:
-            if uri not in self.uris:
-                return
-            self.updated.add(uri)
-        elif method in self.kinds:
-            self.pending.add(method)
-        else:
-            return
-        self.wake.set()
+        if self.marks.mark(method, uri):
+            self.wake.set()
 
-    def frame(self, method: str, params: dict[str, Any] | None = None) -> str:
-        return listen_frame(self.request.id, method, params)
+    def notify_task(self, principal: str, task_id: str, state: dict[str, Any]) -> None:
+        """Mark task ``task_id``'s new state, if this listener follows it and is that
+        task's principal's, and wake its task."""
+        if self.marks.mark_task(principal, task_id, state):
+            self.wake.set()
 
     def ack(self, honoured_flags: dict[str, Any]) -> str:
         return listen_ack(self.request.id, honoured_flags)
@@ -90,21 +72,12 @@ class Listener:
         return listen_closing(self.request.id)
 
     async def run(self) -> None:
-        """Send what is pending, in credit, until the stream ends."""
+        """Send what is marked, in credit, until the stream ends."""
         try:
             while True:
                 await self.wake.wait()
                 self.wake = trio.Event()
-                methods, self.pending = sorted(self.pending), set()
-                uris, self.updated = sorted(self.updated), set()
-                for method in methods:
-                    await self.handle.send(self.frame(method))
-                for uri in uris:
-                    await self.handle.send(
-                        self.frame("notifications/resources/updated", {"uri": uri})
-                    )
-                states, self.task_states = self.task_states, {}
-                for state in states.values():
-                    await self.handle.send(self.frame("notifications/tasks", state))
+                for frame in self.marks.take():
+                    await self.handle.send(frame)
         except (StreamLost, SessionClosed):
             return
