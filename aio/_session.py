@@ -305,13 +305,15 @@ class Session:
 
     def try_append(self, stream: StreamLog, payload: str, *, final: bool = False) -> bool:
         """:meth:`append` if it needs no wait (credit now, nothing of this stream queued);
-        True if done."""
+        True if done; then its size feeds the typical frame size, as
+        :meth:`take_credit`'s does (admission divides the free credit by it)."""
         encoded = stream.encode_next(payload)
         size = len(encoded[1])
         if self.closed or stream.state is StreamState.CLOSED:
             return False
         if not self.flow.try_acquire(size, self.loop.time(), stream.epoch):
             return False
+        self.flow.observe_frame(size)
         if self.flow.credit.frames_in_use == 1:
             self.arm_timer()
         if self.logged:  # the store first: in a task of the session's, in order
