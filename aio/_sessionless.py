@@ -45,22 +45,28 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Hashable
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, Final
 
-from weir.app import BecomeTask, Caller, Context, InputRequired, McpError, dispatch, failure
+from weir.app import (
+    BecomeTask,
+    Caller,
+    Context,
+    InputRequired,
+    McpError,
+    call_tool_now,
+    dispatch,
+    failure,
+    inline_tool,
+)
 from weir.common import (
     REQUEST_ACCESS,
     VERSION,
-    ListenMarks,
     caller_for,
     discover_for,
-    era_capabilities,
     handler_error,
-    honoured,
-    listen_ack,
     request_meta,
 )
-from weir.common._listen import tasks_asked
 from weir.protocol import RemoteProtocolError
 from weir.protocol.course import GATE_STEPS
 from weir.protocol.jsonrpc import ErrorResponse, Request, RequestId, Response, encode_result
@@ -102,7 +108,7 @@ from weir.protocol.streams import StreamKind, StreamLog
 
 from ._auth import Who
 from ._calls import _fit
-from ._listen import Listener
+from ._listen import serve_listen
 from ._owners import new_owner
 from ._session import Gone, Session
 
@@ -327,7 +333,7 @@ class SessionlessPosts:
             self.driver.metrics.duplicates_replayed += 1
             await self._send_json(owner, effect.payload, None)
         elif isinstance(effect, Listen):
-            await self._listen(owner, effect, principal)
+            await serve_listen(self.driver, self.conn, owner, effect, principal)
         elif isinstance(effect, ServeTask):
             req = effect.request
             answer = await self.driver.tasks.serve(principal, req, REQUEST_ACCESS.get())
@@ -354,7 +360,9 @@ class SessionlessPosts:
         """Run the handler here and answer with one JSON body."""
         backend = SessionlessBackend(owner, None, caller_for(msg), self.driver)
         try:
-            body = await self._drive_run(owner, effect.run, None, backend, principal)
+            run = effect.run
+            inline = self._runs_now(run)
+            body = await self._drive_run(owner, run, None, backend, principal, inline=inline)
         except BaseException:
             owner.done(effect.lane)
             raise
@@ -376,6 +384,9 @@ class SessionlessPosts:
         The handler is cancelled if the client goes away (:func:`_end`), unless the
         call is keyed: then it is the runtime's task, and runs to its end."""
         stream = answering.stream
+        if self._runs_now(run):
+            await self._run_now(owner, msg, run, answering, principal)
+            return
         first = asyncio.Event()
         backend = SessionlessBackend(owner, stream, caller_for(msg), self.driver, first.set)
 
@@ -409,6 +420,48 @@ class SessionlessPosts:
             raise answering.refused[0]
         answering.started = True
 
+    def _runs_now(self, run: SessionlessRun) -> bool:
+        """Can ``run``'s handler run in the connection's task?  For a tool that never
+        suspends with a process-local store (the rule of :func:`~._calls.runs_now`)."""
+        driver = self.driver
+        return not driver.shared.shared and inline_tool(driver.app, run.request) is not None
+
+    async def _run_now(
+        self,
+        owner: Session,
+        msg: SessionlessMessage,
+        run: SessionlessRun,
+        answering: _Answering,
+        principal: str,
+    ) -> None:
+        """:meth:`_run_on_stream` for a run :meth:`_runs_now` accepts: the whole run
+        here, its answer put into the stream at once when credit allows, else by a task
+        that waits for it.  A refusal raises before anything was sent (the POST's status)."""
+        stream = answering.stream
+        backend = SessionlessBackend(owner, stream, caller_for(msg), self.driver)
+        try:
+            body = await self._drive_run(owner, run, stream, backend, principal, inline=True)
+        except BaseException:
+            owner.done(stream.epoch)
+            raise
+        answering.started = True
+        assert body is not None  # (an inline run cannot be cancelled)
+        text = body.decode()
+        if owner.try_append(stream, text, final=True):
+            owner.done(stream.epoch)
+            return
+        self.driver.metrics.inline_deferred["plain"] += 1
+
+        async def append() -> None:
+            try:
+                await owner.append(stream, text, final=True)
+            except Gone:
+                pass
+            finally:
+                owner.done(stream.epoch)
+
+        owner.spawn(append())
+
     # ---------------------------------------------------------------- one run
     async def _drive_run(
         self,
@@ -417,9 +470,12 @@ class SessionlessPosts:
         stream: StreamLog | None,
         backend: SessionlessBackend,
         principal: str,
+        *,
+        inline: bool = False,
     ) -> bytes | None:
-        """Carry out a :class:`SessionlessRun`: run the handler, seal, encode and
-        record as it asks; the body it responds with."""
+        """Carry out a :class:`SessionlessRun`: run the handler (``inline``: in this
+        task, see :meth:`_runs_now`), seal, encode and record as it asks; the body it
+        responds with."""
         backend.detached = run.detached  # a keyed call is not cancelled with its response
         driver, req = self.driver, run.request
         body: bytes | None = None
@@ -429,7 +485,7 @@ class SessionlessPosts:
             try:
                 answer: object = None
                 if effect is RUN_HANDLER:
-                    answer = await self._run_handler(run, backend)
+                    answer = await self._run_handler(run, backend, inline)
                 elif isinstance(effect, EncodeResult):
                     answer = self._encode_result(owner, req, effect.result, stream)
                 elif isinstance(effect, SealState):
@@ -447,7 +503,9 @@ class SessionlessPosts:
                 effect = run.deliver(answer, clock())
         return body
 
-    async def _run_handler(self, run: SessionlessRun, backend: SessionlessBackend) -> object:
+    async def _run_handler(
+        self, run: SessionlessRun, backend: SessionlessBackend, inline: bool
+    ) -> object:
         """Run one request's handler: its result, :class:`InputAsked`, an error body,
         or None if its stream went away.
 
@@ -469,6 +527,8 @@ class SessionlessPosts:
         if task is not None and task.upfront:  # the call is a task: create it, answer
             return await driver.tasks.create(run.principal, req, ctx.access_token)
         ctx.tasks_possible = task is not None
+        if inline:
+            return _call_now(driver, req, ctx)
         try:
             try:
                 handler = dispatch(driver.app, req, ctx)
@@ -498,49 +558,32 @@ class SessionlessPosts:
             return failure(req, exc)
 
     # ---------------------------------------------------------------- listen
-    async def _listen(self, owner: Session, effect: Listen, principal: str) -> None:
-        """``subscriptions/listen``: acknowledge, then stream changes until the end.
 
-        Raises:
-            RemoteProtocolError: 400 -32021 for task ids asked without the tasks
-                extension declared.
-        """
-        driver, req, lane = self.driver, effect.request, effect.lane
-        params = req.params if isinstance(req.params, dict) else {}
-        asked = params.get("notifications")
-        flags, kinds, uris = honoured(asked, era_capabilities(driver.app))
-        task_ids: list[str] = []
-        names = tasks_asked(asked, effect.tasks_declared, req.id)
-        if names:
-            task_ids = await driver.tasks.owned(principal, names)
-            flags["taskIds"] = task_ids
-        stream = owner.open_stream(StreamKind.REQUEST, emit_ids=False)
-        owner.flow.move(lane, stream.epoch)
-        marks = ListenMarks(req.id, kinds, uris, principal, frozenset(task_ids))
-        listener = Listener(req, owner, stream, marks)
-        ack = listen_ack(req.id, flags)
-        if not owner.try_append(stream, ack):
-            owner.spawn(_append_quietly(owner, stream, ack))
-        owner.done(stream.epoch)  # its "answer" (the acknowledgement) is enqueued
-        driver.listeners.add(listener)
-        sender = owner.spawn(listener.run())
-        try:
-            await self.conn.write_stream(owner, stream, 0)
-        finally:
-            sender.cancel()
-            driver.listeners.discard(listener)
-            if stream.state is not StreamState.CLOSED:
-                stream.handle(StreamInput.ABORT)
+
+def _call_now(driver: AsyncioDriver, req: Request, ctx: Context) -> object:
+    """A never-suspending tool's handler, run synchronously: what
+    :meth:`SessionlessPosts._run_handler` answers for it, observed the same way."""
+    metrics = driver.metrics
+    metrics.inline_calls[str((req.params or {}).get("name"))] += 1
+    start, outcome = perf_counter(), "error"
+    try:
+        result = call_tool_now(driver.app, req.params or {}, ctx)
+        outcome = "tool_error" if result.get("isError") is True else "ok"
+        return result
+    except InputRequired as asked:
+        outcome = "input_required"
+        return InputAsked(asked.requests, ctx.answered)
+    except McpError as exc:
+        return handler_error(req, exc)
+    except Exception as exc:
+        return failure(req, exc)
+    finally:
+        metrics.observe(req.method, req.params, outcome, perf_counter() - start)
 
 
 def _count_execution(driver: AsyncioDriver, run: SessionlessRun) -> None:
     if run.request.method == "tools/call":
         driver.metrics.executions += 1  # (a replay never gets here: AnswerReplay)
-
-
-async def _append_quietly(owner: Session, stream: StreamLog, payload: str) -> None:
-    with contextlib.suppress(Gone):
-        await owner.append(stream, payload)
 
 
 def _end(answering: _Answering) -> None:
