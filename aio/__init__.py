@@ -81,14 +81,16 @@ runs on asyncio here).
   event appended under an older generation is refused by the store).
 * **Metrics** (:mod:`._metrics`).  ``GET /metrics``: :class:`weir.common.Metrics`'s
   Prometheus text, the same counters bumped where this runtime does the same things
-  (no ``weir_inline_*``, shed or accept-error series: it has none of those).
+  (no shed or accept-error series: it has no accept loop of its own).
 * **The 2024-11-05 HTTP+SSE transport** (:mod:`._legacy`).  ``GET /sse`` opens a
   session with its one LEGACY stream; ``POST /messages`` follows the core's
   :class:`~weir.protocol.legacy.LegacyPostCourse`.
 
-Not here: inline execution (the Trio engine runs a ``never_suspends`` tool on the
-connection's own task; this runtime always starts one).  Every ``weir serve`` option
-is served.
+* **Inline execution** (:func:`._calls.runs_now`).  As on the Trio engine, a lone
+  ``tools/call`` of a tool that never suspends, with the process-local store, runs in
+  the connection's task and its answer goes into the stream at once (both eras).
+
+Every ``weir serve`` option is served.
 """
 
 from __future__ import annotations

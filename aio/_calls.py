@@ -26,9 +26,20 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Awaitable, Callable
+from time import perf_counter
 from typing import Any
 
-from weir.app import App, Caller, Context, McpError, dispatch, failure, id_in_use
+from weir.app import (
+    App,
+    Caller,
+    Context,
+    McpError,
+    call_tool_now,
+    dispatch,
+    failure,
+    id_in_use,
+    inline_tool,
+)
 from weir.common import REQUEST_ACCESS
 from weir.protocol import INTERNAL_ERROR, Reason
 from weir.protocol.budget import fit_response
@@ -157,10 +168,14 @@ async def execute(
     state: Any = None,
     *,
     final_append: bool = False,
+    inline: bool = False,
 ) -> bytes | None:
     """The encoded JSON-RPC response of ``course``'s request, or None if the client
     cancelled it; a gated call's outcome is recorded as its course says (a cancelled
     call gives its key back, so a retry runs it; one torn down is ``interrupted``).
+
+    ``inline``: :func:`runs_now` accepted the course; its tool runs synchronously in
+    the caller's task (:func:`_run_now`).
 
     ``final_append``: the call is alone on a stream logged in a shared store, so its
     response's append records its outcome too -- left to the caller (the course is
@@ -181,7 +196,10 @@ async def execute(
         metrics.executions += 1  # (a gated call: tools/call)
     course.started()
     try:
-        payload = await _run(app, session, req, stream, state)
+        if inline:
+            payload: bytes | None = _run_now(app, session, req, stream, state)
+        else:
+            payload = await _run(app, session, req, stream, state)
     except BaseException:
         record = course.abandoned()
         if record is not None and record.payload is not None and final_append:
@@ -198,6 +216,20 @@ async def execute(
         return None
     await _store(session, course.finished(payload, final_append=final_append))
     return payload
+
+
+def runs_now(app: App, session: Session, course: CallCourse) -> bool:
+    """Can ``course`` be answered in the calling task, with no handler task?
+
+    Yes for a replay (nothing runs) and for a ``tools/call`` of a tool that never
+    suspends (:func:`weir.app.never_suspends`), when the store is process-local (its
+    calls never wait either).  Such a call cannot be cancelled half-way or outlive a
+    dropped connection, so running it there changes nothing a client can see but
+    the latency -- the same rule as the Trio engine's.
+    """
+    if session.driver.shared.shared:
+        return False
+    return course.replay is not None or inline_tool(app, course.request) is not None
 
 
 async def give_back(session: Session, course: CallCourse) -> None:
@@ -247,6 +279,33 @@ async def _run(
         if session.running.get(req.id) is task:
             del session.running[req.id]
             session.started.pop(req.id, None)
+
+
+def _run_now(
+    app: App, session: Session, req: Request, stream: StreamLog | None, state: Any
+) -> bytes:
+    """:func:`_run` for a tool :func:`runs_now` accepted, run synchronously (nothing
+    can cancel it, so it is never in ``session.running``); observed in the metrics
+    as an inline call."""
+    meta = (req.params or {}).get("_meta")
+    ctx = Context(
+        Backend(session, stream),
+        req.id,
+        meta if isinstance(meta, dict) else None,
+        state=state,
+        access_token=REQUEST_ACCESS.get(),
+    )
+    metrics = session.driver.metrics
+    metrics.inline_calls[str((req.params or {}).get("name"))] += 1
+    start, outcome = perf_counter(), "error"
+    try:
+        result = call_tool_now(app, req.params or {}, ctx)
+        outcome = "tool_error" if result.get("isError") is True else "ok"
+        return _fit(req, encode_result(req.id, result), session, stream)
+    except Exception as exc:
+        return failure(req, exc)
+    finally:
+        metrics.observe(req.method, req.params, outcome, perf_counter() - start)
 
 
 async def append_recording(

@@ -44,7 +44,7 @@ from weir.protocol.post import (
 from weir.protocol.states import SessionInput, StreamInput, StreamState, session_transition
 from weir.protocol.streams import StreamKind, StreamLog
 
-from ._calls import append_recording, execute, gate_step
+from ._calls import append_recording, execute, gate_step, runs_now
 from ._feeds import Feed, entries, given, never_run
 from ._lifecycle import serve_rebind
 from ._session import Gone, Session
@@ -133,13 +133,19 @@ class PostEffects:
             self.outstanding = effect.outstanding
         elif isinstance(effect, RunCalls):
             assert self.stream is not None
-            self._run_on_stream(self.stream, given(effect.courses), effect.primes)
+            if self._lone_now(effect.courses):
+                await self._run_now(self.stream, effect.courses[0], effect.primes)
+            else:
+                self._run_on_stream(self.stream, given(effect.courses), effect.primes)
         elif effect is ATTACH_WRITER:
             stream, self.stream = self.stream, None
             assert stream is not None
             await self.conn.write_stream(session, stream, 0)
         elif isinstance(effect, AnswerJson):
-            await self._json(effect.is_batch, given(effect.courses), effect.lane)
+            if not effect.is_batch and self._lone_now(effect.courses):
+                await self._json_now(effect.courses[0], effect.lane)
+            else:
+                await self._json(effect.is_batch, given(effect.courses), effect.lane)
         elif isinstance(effect, RunBatch):
             feed = entries(session, effect.requests, effect.token, self.conn.driver.post_rules)
             lane = object()
@@ -155,6 +161,48 @@ class PostEffects:
         else:
             raise AssertionError(f"a POST course asked for {effect!r} out of turn")
         return None
+
+    def _lone_now(self, courses: list[CallCourse]) -> bool:
+        """Is this a lone request :func:`~._calls.runs_now` accepts (run in this task)?"""
+        return len(courses) == 1 and runs_now(self.conn.driver.app, self.session, courses[0])
+
+    async def _json_now(self, course: CallCourse, lane: Hashable) -> None:
+        """:meth:`_json` for a lone request answered in this task: no session task."""
+        session, driver = self.session, self.conn.driver
+        try:
+            body = await execute(driver.app, session, course, None, driver.state, inline=True)
+            assert body is not None  # (an inline call cannot be cancelled)
+            if session.closed:
+                raise Gone
+            await session.take_credit(len(body), lane)  # JSON bodies hold credit like frames
+        finally:
+            session.done(lane)
+        headers = [("content-type", "application/json"), ("mcp-session-id", session.sid)]
+        await self.conn.send(
+            self.conn.conn.send_response(200, headers, body), (session, None, len(body))
+        )
+
+    async def _run_now(self, stream: StreamLog, course: CallCourse, primes: bool) -> None:
+        """:meth:`_run_on_stream` for a lone request answered in this task: its frames
+        (the priming event first, if ``primes``) go into the stream at once when credit
+        allows, so the writer finds them on its first look; when a frame would wait for
+        credit, a session task appends them instead, in order."""
+        session, driver = self.session, self.conn.driver
+        try:
+            payload = await execute(driver.app, session, course, stream, driver.state, inline=True)
+        except BaseException:
+            session.done(stream.epoch)
+            raise
+        assert payload is not None  # (an inline call cannot be cancelled)
+        text = payload.decode()
+        if primes and not session.try_append(stream, ""):
+            driver.metrics.inline_deferred["primed"] += 1
+            session.spawn(_deliver(session, stream, text, prime=True))
+        elif session.try_append(stream, text, final=True):
+            session.done(stream.epoch)
+        else:
+            driver.metrics.inline_deferred["plain"] += 1
+            session.spawn(_deliver(session, stream, text, prime=False))
 
     async def _json(self, is_batch: bool, feed: Feed, lane: Hashable) -> None:
         """Run the requests as session tasks; one body (a batch's array) when all end.
@@ -234,3 +282,16 @@ class PostEffects:
                 await feed(lambda p: session.spawn(run(p)), stream.epoch)
 
         session.spawn(prime_then_run())  # the session owns them: a hang-up is no cancel
+
+
+async def _deliver(session: Session, stream: StreamLog, text: str, *, prime: bool) -> None:
+    """Append an answer computed in a connection's task that had to wait for credit
+    (after its priming event, if ``prime``); the request is done either way."""
+    try:
+        if prime:
+            await session.append(stream, "")
+        await session.append(stream, text, final=True)
+    except Gone:
+        pass
+    finally:
+        session.done(stream.epoch)

@@ -3,8 +3,8 @@
 Theory of operation
 -------------------
 Both runtimes count into one :class:`Metrics` and render the same text (what a
-runtime does not have -- the asyncio runtime has no inline execution, no retention
-budget and no accept loop of its own -- it does not pass, and those series are
+runtime does not have -- the asyncio runtime has no retention budget and no accept
+loop of its own -- it does not pass, and those series are
 left out rather than shown as zeros).  A runtime's sessions are seen through
 :class:`Metered` (its Trio session is one; the asyncio runtime passes views).
 The hot path only bumps integer attributes of :class:`Metrics`; everything else

@@ -4,7 +4,7 @@ The demo app is served on a loopback port by the Trio engine and by the asyncio
 runtime (in a thread of its own); a raw HTTP client opens a session, calls a tool,
 retries the call, asks for a session that does not exist, and reads ``/metrics``
 between.  The series are the same on both, except the few the asyncio runtime
-cannot have (no inline execution, no accept loop of its own), which it leaves out
+cannot have (no accept loop of its own), which it leaves out
 rather than show as zeros.
 """
 
@@ -25,8 +25,6 @@ from .rawhttp import Client, Reply, call, initialize
 PY = ".".join(str(n) for n in sys.version_info[:3])
 #: Series only the Trio engine has.
 TRIO_ONLY = {
-    "weir_inline_calls_total",
-    "weir_inline_deferred_total",
     "weir_connections_shed_total",
     "weir_accept_errors_total",
 }
@@ -37,6 +35,8 @@ BOTH = {
     "weir_retention_evicted_bytes_total",
     "weir_sessions",
     "weir_half_open_sessions",
+    "weir_inline_calls_total",
+    "weir_inline_deferred_total",
     "weir_admissions_total",
     "weir_refusals_total",
     "weir_teardowns_total",
