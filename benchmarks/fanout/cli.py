@@ -89,6 +89,12 @@ def parser() -> argparse.ArgumentParser:
         "round (the shared store's cost per call)",
     )
     p.add_argument("--pid", type=int, help="with --url: the server's pid, for CPU and RSS")
+    p.add_argument(
+        "--client",
+        metavar="CMD",
+        help="an independent load generator drives the servers (e.g. 'python -m "
+        "benchmarks.h11_client'; see benchmarks/fanout/external.py)",
+    )
     p.add_argument("--sessions", type=int, default=400, help="sessions (default 400)")
     p.add_argument("--calls", type=int, default=25, help="tools/call per session (default 25)")
     p.add_argument("--concurrency", type=int, help="most calls in flight (default: sessions)")
@@ -251,6 +257,13 @@ def options(args: argparse.Namespace) -> Options:
         args.measure = "phase" if paced else "session"
     if args.measure != "phase" and paced:
         raise SystemExit("fanout: --duration, --rate and --half-open need --measure phase")
+    if args.client is not None and (
+        args.half_open or args.ab or paced or args.measure == "idle" or args.gateway_retries
+    ):
+        raise SystemExit(
+            "fanout: --client runs its own calls (not with --half-open, --ab, --duration, "
+            "--rate, --gateway-retries or --measure idle)"
+        )
     if args.ab < 0:
         raise SystemExit("fanout: --ab must be >= 0")
     if args.ab and (
@@ -306,6 +319,7 @@ def options(args: argparse.Namespace) -> Options:
         pin_server=args.pin_server,
         measure=args.measure,
         idle_hold=args.idle_hold,
+        client=args.client,
     )
 
 

@@ -69,3 +69,5 @@ class Options:
     #: setup phase; ``idle``: sessions opened and left idle, for memory.
     measure: str = "session"
     idle_hold: float = 2.0
+    #: ``--client CMD``: this command drives the server instead of fanout's own client.
+    client: str | None = None

@@ -54,6 +54,7 @@ import trio
 
 from .client import Client, Endpoint, HttpError
 from .common import REPO, BenchError, Options
+from .external import run_external
 from .load import Run
 from .report import RunResult
 from .sdk_side import SDK_APP, WEIR_KINDS
@@ -227,6 +228,8 @@ async def run_one(
             half_endpoint = through
             if opts.gateway_scope == "all":
                 main_endpoint = through
+        if opts.client is not None:  # an independent client drives it (:mod:`.external`)
+            return await run_external(opts.client, opts, name, url, pid)
         gateway_pid = procs[-1].pid if gateway_url is not None else None
         run = Run(opts, name, endpoint, pid, main_endpoint, half_endpoint, gateway_pid)
         run.logdir = logdir

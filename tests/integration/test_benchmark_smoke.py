@@ -7,7 +7,9 @@ and, with a half-open peer, refusals, a bounded queue and no duplicates; with
 ``--half-open-control``, the same peer reading its stream and never refused; with
 ``--ab``, a run without the peer and one with it (in its own, lowered process, the
 server pinned to its own CPU), compared; with ``--server sdk-compare``, the SDK's app
-served by weir and by the SDK's own transport, side by side.
+served by weir and by the SDK's own transport, side by side; with ``--client``, an
+independent client (``benchmarks/h11_client.py``) driving weir and the floor on both
+eras, and a client that reports nothing failing the run loudly.
 Each run is a subprocess bounded by a timeout, on 127.0.0.1.  Marked ``bench``
 (about half a minute in all): ``python3 -m pytest -m bench`` runs them, as CI does.
 """
@@ -325,3 +327,33 @@ def test_across_commits_compares_revisions_side_by_side() -> None:
     assert [(r[1], r[2]) for r in rows] == [("HEAD", "trio"), ("HEAD", "asyncio")], done.stdout
     # (A run this small may read 0 µs of CPU, in 10 ms ticks: then no ratio.)
     assert rows[0][-1] in ("x1.00", "x-") and rows[1][-1].startswith("x")
+
+
+CLIENT = f"{sys.executable} -m benchmarks.h11_client"
+
+
+@pytest.mark.parametrize("era", ["session", "sessionless"])
+@pytest.mark.parametrize("mode", ["sse", "json"])
+def test_an_independent_client_drives_weir_and_the_floor(
+    tmp_path: Path, era: str, mode: str
+) -> None:
+    args = ["--server", "compare", "--client", CLIENT, "--sessions", "3", "--calls", "4"]
+    args += ["--sessionless"] if era == "sessionless" else []
+    args += ["--json-response"] if mode == "json" else []
+    record = fanout_record(tmp_path, *args)
+    runs = {run["server"]: run for run in record["runs"]}
+    assert set(runs) == {"weir", "floor", "ceiling"}
+    for run in runs.values():  # every call answered, and measured on the server's side
+        assert (run["calls"], run["errors"]) == (12, 0), run
+        assert run["server_cpu_s"] is not None and run["cpu_us_per_call"] is not None
+        assert run["p50_ms"] > 0 and run["response_mode"] == mode
+    assert record["options"]["client"] == CLIENT
+
+
+def test_a_client_that_reports_nothing_fails_the_run(tmp_path: Path) -> None:
+    silent = f"{sys.executable} -c \"print('phase')\""
+    cmd = [sys.executable, "-m", "benchmarks.fanout", "--no-progress", "--plot", ""]
+    cmd += ["--server", "floor", "--client", silent, "--sessions", "2", "--calls", "2"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert 'must end its output with a JSON line holding "calls"' in done.stderr
