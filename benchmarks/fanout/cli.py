@@ -11,7 +11,9 @@ exits with a message, before anything starts), and :func:`main` runs and reports
   another (the SDK is skipped with a message if the ``sdk`` extra is not installed);
   ``--server sdk-compare``: the SDK's app served by weir (``sdk-weir``), by the SDK's
   own transport (``sdk``), and weir's native app, one after another
-  (:mod:`.sdk_side`: the ratios and a side-by-side table, medians of the rounds).
+  (:mod:`.sdk_side`: the ratios and a side-by-side table, medians of the rounds);
+  ``--server table``: the floor, weir and the SDK on both eras and both response modes
+  at each ``--table-sessions`` count, and their ratios to the floor (:mod:`.matrix`).
 * ``--ab PAIRS`` answers "the other sessions' p99 with the peers against a run without
   them" in one invocation: PAIRS runs without the peers and PAIRS with them, in ABBA
   order, each on a fresh server with the same options.  The headline ratio compares the
@@ -40,6 +42,7 @@ import trio
 
 from .common import REPO, BenchError, Options
 from .load import run_peers_only
+from .matrix import matrix_summary, matrix_table, run_matrix
 from .peers import _PEER_COUNTS
 from .report import RunResult, machine, plot, ratios, source_tree, table
 from .sdk_side import ROTATION, sdk_ratios, side_by_side, side_by_side_table
@@ -60,11 +63,20 @@ def parser() -> argparse.ArgumentParser:
     target.add_argument("--url", help="benchmark this running server (needs an echo tool)")
     target.add_argument(
         "--server",
-        choices=["weir", "floor", "ceiling", "sdk", "sdk-weir", "compare", "all", "sdk-compare"],
+        choices=[
+            *("weir", "floor", "ceiling", "sdk", "sdk-weir"),
+            *("compare", "all", "sdk-compare", "table"),
+        ],
         default="weir",
         help="start this server here (sdk-weir: the sdk's app served by weir; compare: "
         "weir, floor and ceiling; all: those and sdk; sdk-compare: sdk-weir, sdk and weir; "
-        "one after another)",
+        "one after another; table: the floor, weir and the SDK on both eras and both "
+        "response modes at each --table-sessions count, and the table of ratios)",
+    )
+    p.add_argument(
+        "--table-sessions",
+        default="50,400",
+        help="--server table: the session counts, comma-separated (50,400)",
     )
     p.add_argument(
         "--measure",
@@ -264,6 +276,21 @@ def options(args: argparse.Namespace) -> Options:
             "fanout: --client runs its own calls (not with --half-open, --ab, --duration, "
             "--rate, --gateway-retries or --measure idle)"
         )
+    if args.server == "table" and (
+        args.url or args.ab or args.half_open or args.compare_store or args.gateway_retries
+    ):
+        raise SystemExit(
+            "fanout: --server table starts its own servers (not with --url, --ab, "
+            "--half-open, --compare-store or --gateway-retries)"
+        )
+    try:
+        args.table_counts = [int(n) for n in args.table_sessions.split(",") if n.strip()]
+    except ValueError:
+        raise SystemExit("fanout: --table-sessions takes numbers, e.g. 50,400") from None
+    if not args.table_counts or min(args.table_counts) < 1:
+        raise SystemExit("fanout: --table-sessions needs session counts >= 1")
+    if args.server == "table":
+        _ensure_descriptors(max(args.table_counts) + 64)
     if args.ab < 0:
         raise SystemExit("fanout: --ab must be >= 0")
     if args.ab and (
@@ -337,6 +364,9 @@ async def _main(args: argparse.Namespace, opts: Options) -> list[RunResult]:
                     result.arm = arm
                     results.append(result)
             return results
+        if args.server == "table":
+            counts, repeat = args.table_counts, args.repeat
+            return await run_matrix(opts, counts, repeat, Path(tmp), _have_sdk())
         names = {
             "all": ["weir", "floor", "ceiling", "sdk"],
             "compare": ["weir", "floor", "ceiling"],
@@ -386,7 +416,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     print(table(results))
-    found = ratios(results) | sdk_ratios(results)
+    grid = matrix_table(results)
+    if grid:
+        print(grid)
+    # (--server table mixes eras and modes: its ratios are the grid's, per cell)
+    found = {} if grid else ratios(results) | sdk_ratios(results)
     sides = side_by_side(results)
     if sides:
         print(side_by_side_table(sides))
@@ -440,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
             "runs": [r.public() for r in results],
             "ratios": found,
             **({"side_by_side": sides} if sides else {}),
+            **({"matrix": matrix_summary(results)} if grid else {}),
         },
         separators=(",", ":"),
     )

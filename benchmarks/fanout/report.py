@@ -135,6 +135,7 @@ class RunResult:
     busy_before_cores: float | None = None
     p99_timeline_ms: list[float] = field(default_factory=list)  # p99 per 5 s of the phase
     arm: str | None = None  # with --ab: "without" or "with" the half-open peers
+    era: str | None = None  # with --server table: "session" or "sessionless"
     layout: dict[str, Any] | None = None  # with --pin-server / --peer-process: who ran where
     latencies_ms: list[float] = field(default_factory=list, repr=False)
     init_ms: list[float] = field(default_factory=list, repr=False)

@@ -9,7 +9,9 @@ and, with a half-open peer, refusals, a bounded queue and no duplicates; with
 server pinned to its own CPU), compared; with ``--server sdk-compare``, the SDK's app
 served by weir and by the SDK's own transport, side by side; with ``--client``, an
 independent client (``benchmarks/h11_client.py``) driving weir and the floor on both
-eras, and a client that reports nothing failing the run loudly.
+eras, and a client that reports nothing failing the run loudly; with ``--server
+table``, the floor, weir and the SDK on both eras and response modes, and the grid of
+their ratios.
 Each run is a subprocess bounded by a timeout, on 127.0.0.1.  Marked ``bench``
 (about half a minute in all): ``python3 -m pytest -m bench`` runs them, as CI does.
 """
@@ -357,3 +359,18 @@ def test_a_client_that_reports_nothing_fails_the_run(tmp_path: Path) -> None:
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1
     assert 'must end its output with a JSON line holding "calls"' in done.stderr
+
+
+def test_the_table_runs_every_server_on_both_eras_and_modes(tmp_path: Path) -> None:
+    args = ["--server", "table", "--table-sessions", "2", "--calls", "3", "--sessions", "2"]
+    record = fanout_record(tmp_path, *args, timeout=240)
+    cells = {(r["server"], r["era"], r["response_mode"]) for r in record["runs"]}
+    servers = {"floor", "weir", "sdk"}
+    assert cells == {
+        (s, e, m) for s in servers for e in ("session", "sessionless") for m in ("sse", "json")
+    }
+    assert all(r["errors"] == 0 and r["calls"] == 6 for r in record["runs"])
+    grid = record["matrix"]
+    for label in ("weir SSE, session era", "sdk JSON, 2026-07-28", "weir SSE, 2026-07-28"):
+        assert "2 sessions" in grid[f"{label}: CPU per call / floor"]
+    assert record["ratios"] == {}  # (per cell, in the grid)
