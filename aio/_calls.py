@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Awaitable, Callable
-from time import perf_counter
 from typing import Any
 
 from weir.app import (
@@ -34,13 +33,12 @@ from weir.app import (
     Caller,
     Context,
     McpError,
-    call_tool_now,
     dispatch,
     failure,
     id_in_use,
     inline_tool,
 )
-from weir.common import REQUEST_ACCESS
+from weir.common import REQUEST_ACCESS, call_inline
 from weir.protocol import INTERNAL_ERROR, Reason
 from weir.protocol.budget import fit_response
 from weir.protocol.course import AppendRecords, CallCourse, ClaimCall, HoldCall, Record, WaitForCall
@@ -251,17 +249,23 @@ def _fit(req: Request, payload: bytes, session: Session, stream: StreamLog | Non
     return fitted
 
 
-async def _run(
-    app: App, session: Session, req: Request, stream: StreamLog | None, state: Any
-) -> bytes | None:
+def _context(session: Session, req: Request, stream: StreamLog | None, state: Any) -> Context:
+    """The handler's :class:`Context` for ``req`` (its token: the request's own, which
+    the handler's task copied, or the reading task's for an inline call)."""
     meta = (req.params or {}).get("_meta")
-    ctx = Context(
+    return Context(
         Backend(session, stream),
         req.id,
         meta if isinstance(meta, dict) else None,
         state=state,
-        access_token=REQUEST_ACCESS.get(),  # (its own request's: the task copied it)
+        access_token=REQUEST_ACCESS.get(),
     )
+
+
+async def _run(
+    app: App, session: Session, req: Request, stream: StreamLog | None, state: Any
+) -> bytes | None:
+    ctx = _context(session, req, stream, state)
     session.running[req.id] = task = asyncio.current_task()  # type: ignore[assignment]
     session.started[req.id] = session.loop.time()
     try:
@@ -287,25 +291,12 @@ def _run_now(
     """:func:`_run` for a tool :func:`runs_now` accepted, run synchronously (nothing
     can cancel it, so it is never in ``session.running``); observed in the metrics
     as an inline call."""
-    meta = (req.params or {}).get("_meta")
-    ctx = Context(
-        Backend(session, stream),
-        req.id,
-        meta if isinstance(meta, dict) else None,
-        state=state,
-        access_token=REQUEST_ACCESS.get(),
-    )
-    metrics = session.driver.metrics
-    metrics.inline_calls[str((req.params or {}).get("name"))] += 1
-    start, outcome = perf_counter(), "error"
+    ctx = _context(session, req, stream, state)
     try:
-        result = call_tool_now(app, req.params or {}, ctx)
-        outcome = "tool_error" if result.get("isError") is True else "ok"
+        result = call_inline(app, session.driver.metrics, req, ctx)
         return _fit(req, encode_result(req.id, result), session, stream)
     except Exception as exc:
         return failure(req, exc)
-    finally:
-        metrics.observe(req.method, req.params, outcome, perf_counter() - start)
 
 
 async def append_recording(

@@ -45,7 +45,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Hashable
-from time import perf_counter
 from typing import TYPE_CHECKING, Any, Final
 
 from weir.app import (
@@ -54,7 +53,6 @@ from weir.app import (
     Context,
     InputRequired,
     McpError,
-    call_tool_now,
     dispatch,
     failure,
     inline_tool,
@@ -66,6 +64,7 @@ from weir.common import (
     discover_for,
     handler_error,
     request_meta,
+    sessionless_inline,
 )
 from weir.protocol import RemoteProtocolError
 from weir.protocol.course import GATE_STEPS
@@ -528,7 +527,7 @@ class SessionlessPosts:
             return await driver.tasks.create(run.principal, req, ctx.access_token)
         ctx.tasks_possible = task is not None
         if inline:
-            return _call_now(driver, req, ctx)
+            return sessionless_inline(driver.app, driver.metrics, req, ctx)
         try:
             try:
                 handler = dispatch(driver.app, req, ctx)
@@ -558,27 +557,6 @@ class SessionlessPosts:
             return failure(req, exc)
 
     # ---------------------------------------------------------------- listen
-
-
-def _call_now(driver: AsyncioDriver, req: Request, ctx: Context) -> object:
-    """A never-suspending tool's handler, run synchronously: what
-    :meth:`SessionlessPosts._run_handler` answers for it, observed the same way."""
-    metrics = driver.metrics
-    metrics.inline_calls[str((req.params or {}).get("name"))] += 1
-    start, outcome = perf_counter(), "error"
-    try:
-        result = call_tool_now(driver.app, req.params or {}, ctx)
-        outcome = "tool_error" if result.get("isError") is True else "ok"
-        return result
-    except InputRequired as asked:
-        outcome = "input_required"
-        return InputAsked(asked.requests, ctx.answered)
-    except McpError as exc:
-        return handler_error(req, exc)
-    except Exception as exc:
-        return failure(req, exc)
-    finally:
-        metrics.observe(req.method, req.params, outcome, perf_counter() - start)
 
 
 def _count_execution(driver: AsyncioDriver, run: SessionlessRun) -> None:

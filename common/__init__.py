@@ -24,6 +24,9 @@ client to see the same server on either:
   the principal; :class:`JwtVerifier` (PyJWT), which waits and fetches its JWKS URL
   with the :class:`Waits` of the runtime serving it; an SDK app's own verifier
   (:func:`declared_authorization`).
+* **Inline execution** (:func:`call_inline`, :func:`sessionless_inline`): a tool
+  that never suspends, run in the task that read its request, counted and observed
+  the same way on both runtimes.
 * **Metrics** (:class:`Metrics`): the counters and the Prometheus text of
   ``GET /metrics``, over any runtime's sessions (:class:`Metered`).
 
@@ -57,6 +60,7 @@ from ._era import (
     request_meta,
     server_identity,
 )
+from ._inline import call_inline, sessionless_inline
 from ._jwks import MAX_JWKS_BYTES, JwksError
 from ._jwt import DEFAULT_ALGORITHMS, Flag, JwtVerifier, Waits
 from ._listen import (
@@ -103,6 +107,7 @@ __all__ = [
     "as_seen",
     "authenticate",
     "bearer_token",
+    "call_inline",
     "caller_for",
     "declared_authorization",
     "discover_for",
@@ -120,4 +125,5 @@ __all__ = [
     "redact",
     "request_meta",
     "server_identity",
+    "sessionless_inline",
 ]

@@ -24,11 +24,11 @@ is shared, appended as its final event.
 from __future__ import annotations
 
 import contextlib
-from time import perf_counter
 
 import trio
 
-from weir.app import Context, call_tool_now, dispatch, failure, id_in_use, inline_tool
+from weir.app import Context, dispatch, failure, id_in_use, inline_tool
+from weir.common import call_inline
 from weir.protocol import Reason
 from weir.protocol.budget import fit_response
 from weir.protocol.course import AppendRecords, CallCourse, CoursePhase, Record, interrupted
@@ -110,15 +110,11 @@ class Execution:
         if isinstance(ready, bytes):
             return ready
         req = plan.request
-        self.metrics.inline_calls[str((req.params or {}).get("name"))] += 1
-        start, outcome = perf_counter(), "error"
         try:
-            result = call_tool_now(self.app, req.params or {}, ready)
-            outcome = "tool_error" if result.get("isError") is True else "ok"
+            result = call_inline(self.app, self.metrics, req, ready)
             payload = self.fit(req, encode_result(req.id, result), handle)
         except Exception as exc:
             payload = failure(req, exc)
-        self.metrics.observe(req.method, req.params, outcome, perf_counter() - start)
         await self._store_outcome(session, plan.finished(payload, final_append=False))
         return payload
 

@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from time import perf_counter
 from typing import Any, Final
 
 import trio
@@ -69,7 +68,6 @@ from weir.app import (
     Context,
     InputRequired,
     McpError,
-    call_tool_now,
     dispatch,
     failure,
     inline_tool,
@@ -80,6 +78,7 @@ from weir.common import (
     handler_error,
     request_meta,
     server_identity,
+    sessionless_inline,
 )
 from weir.protocol import (
     Reason,
@@ -497,7 +496,7 @@ class Sessionless:
             return await self.tasks.create(run.principal, req, ctx.access_token)
         ctx.tasks_possible = task is not None
         if inline:
-            return self._call_now(req, ctx)
+            return sessionless_inline(self.app, self.metrics, req, ctx)
         with trio.CancelScope() as scope:
             if not backend.detached:  # a keyed call is not cancelled with its response
                 owner.running[backend.run_key] = scope
@@ -521,25 +520,6 @@ class Sessionless:
             finally:
                 owner.running.pop(backend.run_key, None)
         return None
-
-    def _call_now(self, req: Request, ctx: Context) -> object:
-        """A never-suspending tool's handler, run synchronously: what
-        :meth:`_run_handler` answers for it, observed in the metrics the same way."""
-        self.metrics.inline_calls[str((req.params or {}).get("name"))] += 1
-        start, outcome = perf_counter(), "error"
-        try:
-            result = call_tool_now(self.app, req.params or {}, ctx)
-            outcome = "tool_error" if result.get("isError") is True else "ok"
-            return result
-        except InputRequired as asked:
-            outcome = "input_required"
-            return InputAsked(asked.requests, ctx.answered)
-        except McpError as exc:
-            return handler_error(req, exc)
-        except Exception as exc:
-            return failure(req, exc)
-        finally:
-            self.metrics.observe(req.method, req.params, outcome, perf_counter() - start)
 
     def _encode_result(
         self, req: Request, result: dict[str, Any], handle: StreamHandle | None
