@@ -36,9 +36,8 @@ from weir.app import (
     dispatch,
     failure,
     id_in_use,
-    inline_tool,
 )
-from weir.common import REQUEST_ACCESS, call_inline
+from weir.common import REQUEST_ACCESS, call_inline, runs_inline
 from weir.protocol import INTERNAL_ERROR, Reason
 from weir.protocol.budget import fit_response
 from weir.protocol.course import AppendRecords, CallCourse, ClaimCall, HoldCall, Record, WaitForCall
@@ -219,15 +218,12 @@ async def execute(
 def runs_now(app: App, session: Session, course: CallCourse) -> bool:
     """Can ``course`` be answered in the calling task, with no handler task?
 
-    Yes for a replay (nothing runs) and for a ``tools/call`` of a tool that never
-    suspends (:func:`weir.app.never_suspends`), when the store is process-local (its
-    calls never wait either).  Such a call cannot be cancelled half-way or outlive a
-    dropped connection, so running it there changes nothing a client can see but
-    the latency -- the same rule as the Trio engine's.
+    Yes for a replay (nothing runs) when the store is process-local, and for what
+    :func:`weir.common.runs_inline` accepts -- as on the Trio engine.
     """
     if session.driver.shared.shared:
         return False
-    return course.replay is not None or inline_tool(app, course.request) is not None
+    return course.replay is not None or runs_inline(app, False, course.request)
 
 
 async def give_back(session: Session, course: CallCourse) -> None:

@@ -55,7 +55,6 @@ from weir.app import (
     McpError,
     dispatch,
     failure,
-    inline_tool,
 )
 from weir.common import (
     REQUEST_ACCESS,
@@ -64,6 +63,7 @@ from weir.common import (
     discover_for,
     handler_error,
     request_meta,
+    runs_inline,
     sessionless_inline,
 )
 from weir.protocol import RemoteProtocolError
@@ -420,10 +420,8 @@ class SessionlessPosts:
         answering.started = True
 
     def _runs_now(self, run: SessionlessRun) -> bool:
-        """Can ``run``'s handler run in the connection's task?  For a tool that never
-        suspends with a process-local store (the rule of :func:`~._calls.runs_now`)."""
-        driver = self.driver
-        return not driver.shared.shared and inline_tool(driver.app, run.request) is not None
+        """Can ``run``'s handler run in the connection's task (:func:`weir.common.runs_inline`)?"""
+        return runs_inline(self.driver.app, self.driver.shared.shared, run.request)
 
     async def _run_now(
         self,

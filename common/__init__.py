@@ -24,7 +24,8 @@ client to see the same server on either:
   the principal; :class:`JwtVerifier` (PyJWT), which waits and fetches its JWKS URL
   with the :class:`Waits` of the runtime serving it; an SDK app's own verifier
   (:func:`declared_authorization`).
-* **Inline execution** (:func:`call_inline`, :func:`sessionless_inline`): a tool
+* **Inline execution** (:func:`runs_inline`, :func:`call_inline`,
+  :func:`sessionless_inline`): a tool
   that never suspends, run in the task that read its request, counted and observed
   the same way on both runtimes.
 * **Metrics** (:class:`Metrics`): the counters and the Prometheus text of
@@ -60,7 +61,7 @@ from ._era import (
     request_meta,
     server_identity,
 )
-from ._inline import call_inline, sessionless_inline
+from ._inline import call_inline, runs_inline, sessionless_inline
 from ._jwks import MAX_JWKS_BYTES, JwksError
 from ._jwt import DEFAULT_ALGORITHMS, Flag, JwtVerifier, Waits
 from ._listen import (
@@ -124,6 +125,7 @@ __all__ = [
     "principal_session_limit",
     "redact",
     "request_meta",
+    "runs_inline",
     "server_identity",
     "sessionless_inline",
 ]

@@ -4,12 +4,12 @@ Theory of operation
 -------------------
 A lone ``tools/call`` of a tool whose ``async def`` has no suspension point
 (:func:`weir.app.never_suspends`), with a process-local store, runs in the task that
-read the request instead of a handler task of its own (each runtime decides *when*:
-the Trio engine's ``Execution.runs_now``, the asyncio runtime's ``runs_now``).  What
-happens then is the same on both and written once here: the tool is stepped once
-(:func:`weir.app.call_tool_now`), counted in ``weir_inline_calls_total`` and observed
-in the duration histograms exactly as :meth:`Metrics.timed` observes a handler task
-(``ok``, ``tool_error``, ``error``, ``input_required``).
+read the request instead of a handler task of its own (:func:`runs_inline`, the rule
+both runtimes apply).  What happens then is the same on both and written once here:
+the tool is stepped once (:func:`weir.app.call_tool_now`), counted in
+``weir_inline_calls_total`` and observed in the duration histograms exactly as
+:meth:`Metrics.timed` observes a handler task (``ok``, ``tool_error``, ``error``,
+``input_required``).
 """
 
 from __future__ import annotations
@@ -17,12 +17,32 @@ from __future__ import annotations
 from time import perf_counter
 from typing import Any
 
-from weir.app import App, Context, InputRequired, McpError, call_tool_now, failure
+from weir.app import (
+    App,
+    Context,
+    InputRequired,
+    McpError,
+    call_tool_now,
+    failure,
+    inline_tool,
+)
 from weir.protocol.jsonrpc import Request
 from weir.protocol.sessionless_run import InputAsked
 
 from ._era import handler_error
 from ._metrics import Metrics
+
+
+def runs_inline(app: App, store_shared: bool, req: Request) -> bool:
+    """May ``req``'s handler run in the task that read it, with no handler task?
+
+    Yes for a ``tools/call`` of a tool that never suspends (such a tool is never a task)
+    when the store is process-local, so that nothing the call does waits either --
+    recording a keyed outcome included.  Nothing can cancel such a handler half-way or
+    let it outlive its response, so running it there changes nothing a client can see
+    but the latency.  The one rule both runtimes apply, on both eras.
+    """
+    return not store_shared and inline_tool(app, req) is not None
 
 
 def call_inline(app: App, metrics: Metrics, req: Request, ctx: Context) -> dict[str, Any]:

@@ -251,15 +251,13 @@ class Metrics:
         budget: RetentionBudget | None = None,
         owners: Collection[Metered] = (),
         listen_streams: int = 0,
-        inline: bool = True,
     ) -> list[Family]:
         """Every metric family of this process.
 
         ``owners``: the sessionless era's credit owners (connections or principals);
-        ``listen_streams``: its open ``subscriptions/listen`` streams; without
-        ``inline`` (a runtime with no inline execution) the ``weir_inline_*`` series
-        are left out, as are the retention series without ``budget`` and the
-        connection series without ``gate``.
+        ``listen_streams``: its open ``subscriptions/listen`` streams; the retention
+        series are left out without ``budget``, and the connection series without
+        ``gate``.
         """
         from weir import __version__
 
@@ -288,21 +286,19 @@ class Metrics:
             "Requests refused, by reason.",
             [(f'{{reason="{r}"}}', n) for r, n in sorted(self.refusals.items())] or [("", 0)],
         )
-        if inline:
-            metric(
-                "weir_inline_calls_total",
-                "counter",
-                "Tool calls answered without a handler task, by tool.",
-                [(f'{{tool="{label_value(t)}"}}', n) for t, n in sorted(self.inline_calls.items())]
-                or [("", 0)],
-            )
-            metric(
-                "weir_inline_deferred_total",
-                "counter",
-                "Inline answers that waited for credit in a task.",
-                [(f'{{wait="{w}"}}', n) for w, n in sorted(self.inline_deferred.items())]
-                or [("", 0)],
-            )
+        metric(
+            "weir_inline_calls_total",
+            "counter",
+            "Tool calls answered without a handler task, by tool.",
+            [(f'{{tool="{label_value(t)}"}}', n) for t, n in sorted(self.inline_calls.items())]
+            or [("", 0)],
+        )
+        metric(
+            "weir_inline_deferred_total",
+            "counter",
+            "Inline answers that waited for credit in a task.",
+            [(f'{{wait="{w}"}}', n) for w, n in sorted(self.inline_deferred.items())] or [("", 0)],
+        )
         metric(
             "weir_teardowns_total",
             "counter",

@@ -27,8 +27,8 @@ import contextlib
 
 import trio
 
-from weir.app import Context, dispatch, failure, id_in_use, inline_tool
-from weir.common import call_inline
+from weir.app import Context, dispatch, failure, id_in_use
+from weir.common import call_inline, runs_inline
 from weir.protocol import Reason
 from weir.protocol.budget import fit_response
 from weir.protocol.course import AppendRecords, CallCourse, CoursePhase, Record, interrupted
@@ -62,15 +62,12 @@ class Execution:
     def runs_now(self, plan: CallCourse) -> bool:
         """Can ``plan`` be answered in the connection's task, with no handler task?
 
-        Yes for a replay (nothing executes) and for a ``tools/call`` of a tool that
-        never suspends (:func:`weir.app.never_suspends`), when the store is
-        process-local (its calls never block either).  Such a call cannot be
-        cancelled half-way, observe its task, or outlive a dropped connection, so
-        running it here changes nothing a client can see -- except the latency.
+        Yes for a replay (nothing executes) when the store is process-local, and for
+        what :func:`weir.common.runs_inline` accepts.
         """
         if self.store.shared:
             return False
-        return plan.replay is not None or inline_tool(self.app, plan.request) is not None
+        return plan.replay is not None or runs_inline(self.app, False, plan.request)
 
     async def _answer_or_context(
         self, session: Session, plan: CallCourse, handle: StreamHandle | None

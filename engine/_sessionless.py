@@ -70,13 +70,13 @@ from weir.app import (
     McpError,
     dispatch,
     failure,
-    inline_tool,
 )
 from weir.common import (
     caller_for,
     discover_for,
     handler_error,
     request_meta,
+    runs_inline,
     server_identity,
     sessionless_inline,
 )
@@ -383,15 +383,8 @@ class Sessionless:
         answering.started = True
 
     def _runs_now(self, run: SessionlessRun) -> bool:
-        """Can ``run``'s handler run in the connection's task, with no handler task?
-
-        Yes for a ``tools/call`` of a tool that never suspends
-        (:func:`weir.app.never_suspends`; such a tool is never a task) when the store
-        is process-local, so that recording a keyed outcome never blocks either.
-        Nothing can cancel such a handler half-way or let it outlive its response,
-        so running it here changes nothing a client can see but the latency.
-        """
-        return not self.shared.store.shared and inline_tool(self.app, run.request) is not None
+        """Can ``run``'s handler run in the connection's task (:func:`weir.common.runs_inline`)?"""
+        return runs_inline(self.app, self.shared.store.shared, run.request)
 
     async def _run_now(
         self,
