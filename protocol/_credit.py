@@ -37,7 +37,6 @@ marks that are now fully acknowledged, in order.
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -255,7 +254,9 @@ class DrainTracker(Generic[T]):
     def __init__(self) -> None:
         self.written = 0
         self.acked = 0
-        self._marks: deque[tuple[int, T]] = deque()
+        #: (end offset, token), oldest first; a list (56 bytes empty, a deque 760) with
+        #: the acknowledged prefix cut in one slice.
+        self._marks: list[tuple[int, T]] = []
 
     def wrote(self, nbytes: int) -> int:
         """Record ``nbytes`` handed to the kernel; return the new total written."""
@@ -283,10 +284,17 @@ class DrainTracker(Generic[T]):
                 f"cannot acknowledge {nbytes} bytes: {self.written - self.acked} outstanding"
             )
         self.acked += nbytes
-        out: list[T] = []
         marks = self._marks
-        while marks and marks[0][0] <= self.acked:
-            out.append(marks.popleft()[1])
+        acked = self.acked
+        n = 0
+        for end, _ in marks:
+            if end > acked:
+                break
+            n += 1
+        if not n:
+            return []
+        out = [token for _, token in marks[:n]]
+        del marks[:n]
         return out
 
     def acknowledged_total(self, unacknowledged: int) -> list[T]:

@@ -23,7 +23,7 @@ State changes go through :mod:`protocol._states`.
 from __future__ import annotations
 
 import enum
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 from ._errors import Reason, RemoteProtocolError
@@ -90,7 +90,9 @@ class StreamLog:
         self.state = StreamState.LIVE_DETACHED
         #: Called with the epoch when the stream becomes CLOSED (its table's bookkeeping).
         self.on_closed: Callable[[str], object] | None = None
-        self._frames: deque[tuple[int, bytes]] = deque()
+        #: (seq, frame), oldest first: a list, as an empty deque costs 760 bytes and
+        #: every retained stream holds one; drops from the front are rare and short.
+        self._frames: list[tuple[int, bytes]] = []
         self._next_seq = 0
         self._drained = 0  # frames with seq < _drained have been acknowledged by a peer
         #: Encoded bytes of every frame the log holds now (for the retention budget).
@@ -141,7 +143,7 @@ class StreamLog:
         # credit, and dropping it would lose data); drained ones go first.
         frames = self._frames
         while len(frames) > self.max_events and frames[0][0] < self._drained:
-            self.retained_bytes -= len(frames.popleft()[1])
+            self.retained_bytes -= len(frames.pop(0)[1])
         if final:
             self.state = stream_transition(self.state, StreamInput.FINISH)
         return _trusted(self.epoch, seq)
@@ -211,8 +213,13 @@ class StreamLog:
         A later cursor into what was dropped is ``cursor_unknown``.
         """
         frames = self._frames
-        while frames and frames[0][0] < self._drained:
-            self.retained_bytes -= len(frames.popleft()[1])
+        n = 0
+        for seq, data in frames:
+            if seq >= self._drained:
+                break
+            self.retained_bytes -= len(data)
+            n += 1
+        del frames[:n]
         return self.retained_bytes
 
     # ---------------------------------------------------------------- reading
@@ -242,7 +249,7 @@ class StreamLog:
         if seq == self._next_seq:
             return []
         start = seq - self._frames[0][0]
-        return [f for _, f in _islice(self._frames, start)]
+        return [f for _, f in self._frames[start:]]
 
     def cursor_after(self, cursor: EventId) -> int:
         """The next seq to write for a client whose last event was ``cursor``.
@@ -318,11 +325,6 @@ def completes(log: StreamLog, next_seq: int) -> bool:
     return log.state is StreamState.FINAL_ATTACHED and next_seq == log.next_seq
 
 
-def _islice(frames: deque[tuple[int, bytes]], start: int) -> Iterator[tuple[int, bytes]]:
-    for i in range(start, len(frames)):
-        yield frames[i]
-
-
 class StreamTable:
     """One session's streams, by epoch, with bounded retention of closed ones.
 
@@ -334,7 +336,9 @@ class StreamTable:
     def __init__(self, *, max_closed: int = 64) -> None:
         self.max_closed = max_closed
         self._streams: OrderedDict[str, StreamLog] = OrderedDict()
-        self._closed: deque[str] = deque()  # epochs of CLOSED streams, in closing order
+        #: Epochs of CLOSED streams, in closing order (at most ``max_closed`` + 1; a list,
+        #: as an empty deque costs 760 bytes per session).
+        self._closed: list[str] = []
         self.standalone: StreamLog | None = None
         #: The epochs the last :meth:`add` dropped (so owners can forget them too),
         #: and the bytes their logs held.
@@ -389,7 +393,7 @@ class StreamTable:
         """
         closed = self._closed
         while closed:
-            epoch = closed.popleft()
+            epoch = closed.pop(0)
             log = self._streams.get(epoch)
             if log is not None and log.state is StreamState.CLOSED:
                 del self._streams[epoch]
@@ -408,7 +412,7 @@ class StreamTable:
         dropped: list[str] = []
         freed = 0
         while len(self._closed) > self.max_closed:
-            epoch = self._closed.popleft()
+            epoch = self._closed.pop(0)
             log = self._streams.get(epoch)
             if log is not None and log.state is StreamState.CLOSED:
                 del self._streams[epoch]
