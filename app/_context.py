@@ -58,7 +58,7 @@ def log_passes(level: str, threshold: str | None) -> bool:
     return LOG_LEVELS.get(level, 0) >= LOG_LEVELS.get(threshold, 0)
 
 
-@dataclass
+@dataclass(slots=True)
 class Caller:
     """What the app layer remembers about whoever sent a request.
 

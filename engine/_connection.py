@@ -35,6 +35,7 @@ from weir.protocol import DrainTracker, HeadCache, HttpConnection, HttpLimits
 
 from ._acks import MIN_POLL, AckPoller, kernel_queue
 from ._session import JsonCharge
+from ._socket_io import SocketIO, socket_io
 from ._tls import TlsMeter
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ class Connection:
         "closed",
         "http",
         "inbound",
+        "io",
         "meter",
         "owners",
         "peer",
@@ -77,6 +79,9 @@ class Connection:
         peer: str = "",
     ) -> None:
         self.stream = stream
+        #: A plain TCP stream's descriptor, read and written directly (None: TLS or
+        #: another kind of stream, used through its own methods).
+        self.io: SocketIO | None = socket_io(stream)
         #: The TCP peer's address (``""``: not a socket): the access log's client,
         #: unless a trusted proxy names another.  What a request's forwarding headers
         #: say is worked out per request from it, never kept here.
@@ -109,6 +114,13 @@ class Connection:
         #: ``engine._sessionless``; at most ``MAX_OWNERS`` of them).
         self.owners: dict[tuple[str, str], Session] = {}
 
+    async def receive(self, max_bytes: int) -> bytes | bytearray:
+        """Up to ``max_bytes`` from the peer (``b""``: it closed its side)."""
+        io = self.io
+        if io is not None:
+            return await io.receive(max_bytes)
+        return await self.stream.receive_some(max_bytes)
+
     async def send(
         self, data: bytes, marks: Sequence[tuple[int, tuple[Holder, int]]] | None = None
     ) -> None:
@@ -118,13 +130,13 @@ class Connection:
         """
         start = self.tracker.written
         try:
-            sock = self.stream.socket if isinstance(self.stream, trio.SocketStream) else None
+            io = self.io
             if isinstance(self.meter, TlsMeter):
                 await self._send_records(data, self.meter)
-            elif sock is not None and self.meter.exact:
+            elif io is not None and self.meter.exact:
                 view = memoryview(data)
                 while view:
-                    n = await sock.send(view)
+                    n = await io.send(view)
                     self.tracker.wrote(n)
                     view = view[n:]
             else:

@@ -167,7 +167,15 @@ class Connections:
         conn.address = address
         self.open_connections.add(conn)
         try:
-            await self._connection_loop(conn, slot)
+            # (Not a coroutine of its own: each level of this chain is held, as a
+            # frame, by every idle connection.)
+            try:
+                refused = await self._serve_requests(conn, slot)
+            finally:
+                self.inbound -= conn.inbound
+                conn.inbound = 0
+            if refused and self._read_timeouts.linger:
+                await self._linger(conn.stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError, PeerGone):
             pass
         except StoreUnavailable as exc:
@@ -190,26 +198,16 @@ class Connections:
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()
 
-    async def _connection_loop(self, conn: Connection, slot: Slot | None) -> None:
-        """Read requests and answer them, each read under the deadline of its phase.
-
-        Waiting for the first byte of a request: the keep-alive timeout, and the
-        connection may be shed (see :mod:`engine._listen`); then the whole head
-        must arrive within ``head_timeout`` of its first byte and the body within
-        ``body_timeout`` of the head -- however the bytes trickle in.  A head or
-        body that misses its deadline gets 408 and the connection is closed.
-        """
-        try:
-            refused = await self._serve_requests(conn, slot)
-        finally:
-            self.inbound -= conn.inbound
-            conn.inbound = 0
-        if refused and self._read_timeouts.linger:
-            await self._linger(conn.stream)
-
     async def _serve_requests(self, conn: Connection, slot: Slot | None) -> bool:
         """Serve requests until the connection is done; True if it ends on a refusal
         sent while the peer may still be sending (408, 413, 431, 503 ``overloaded``).
+
+        Each read is under the deadline of its phase.  Waiting for the first byte of a
+        request: the keep-alive timeout, and the connection may be shed (see
+        :mod:`engine._listen`); then the whole head must arrive within
+        ``head_timeout`` of its first byte and the body within ``body_timeout`` of
+        the head -- however the bytes trickle in.  A head or body that misses its
+        deadline gets 408 and the connection is closed.
 
         One scope is cancelled when a read misses its deadline (or the connection is
         shed); the deadline itself is a float in a :class:`_ReadTimer`.
@@ -237,7 +235,9 @@ class Connections:
         is done (or a read misses its deadline: ``timer.scope`` is cancelled)."""
         http, reads, timers = conn.http, timer.scope, self.read_deadlines
         cfg = self.config
-        keepalive, receive = cfg.keepalive_timeout, conn.stream.receive_some
+        keepalive = cfg.keepalive_timeout
+        # (The descriptor's own reader when there is one: a coroutine less per wait.)
+        receive = conn.io.receive if conn.io is not None else conn.stream.receive_some
         while True:
             event = http.next_event()
             if event is NEED_DATA:

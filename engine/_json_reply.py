@@ -67,14 +67,14 @@ async def send_json(
         session.settle(lane)  # the body holds credit of its own now
     charge = JsonCharge(session, n, lane)
     with trio.CancelScope() as scope:
-        session.json_writers.add(scope)
+        session.json_writers[scope] = None
         try:
             await conn.send(data, [(n, (charge, 0))])
         except BaseException:
             charge.drained(0)  # never written whole: nothing to wait for
             raise
         finally:
-            session.json_writers.discard(scope)
+            session.json_writers.pop(scope, None)
     if scope.cancelled_caught:
         conn.http.send_failed()
         raise PeerGone

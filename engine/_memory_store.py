@@ -78,7 +78,7 @@ class _KeyedMixer:
         return "%08x" % (h ^ self._k2)
 
 
-@dataclass
+@dataclass(slots=True)
 class _MemSession:
     record: SessionRecord
     calls: CallLedger

@@ -257,7 +257,7 @@ class SessionTable:
         self.equip(session)
         store = self.store
         if isinstance(store, MemoryStore):
-            session.shed_results = partial(store.shed_results, principal, sid)
+            session.results_kept_by = store
 
     # ---------------------------------------------------------------- ending
     async def end_session(self, session: Session, *, forget: bool = False) -> None:

@@ -85,7 +85,7 @@ async def write_stream(
     async def watch_peer() -> None:
         nonlocal peer_gone
         try:
-            data = await conn.stream.receive_some(RECV_BYTES)
+            data = await conn.receive(RECV_BYTES)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             data = b""
         if data:

@@ -333,6 +333,8 @@ class StreamTable:
     each closure from the log).  Live and FINAL streams are never dropped.
     """
 
+    __slots__ = ("_closed", "_streams", "evicted", "evicted_bytes", "max_closed", "standalone")
+
     def __init__(self, *, max_closed: int = 64) -> None:
         self.max_closed = max_closed
         self._streams: OrderedDict[str, StreamLog] = OrderedDict()
