@@ -218,7 +218,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _ensure_descriptors(needed: int) -> None:
-    """Raise this process's open-file limit to ``needed`` if the hard limit allows, else exit.
+    """Raise this process's open-file limit to ``needed`` (the hard one too, where the
+    process may), else exit with a clear message.
 
     Each session holds a socket here, and one in the server (whose own soft limit, less a
     reserve, is ``weir serve``'s default connection limit); 10,000 sessions need more than
@@ -230,10 +231,14 @@ def _ensure_descriptors(needed: int) -> None:
     if soft >= needed:
         return
     if hard != resource.RLIM_INFINITY and hard < needed:
-        raise SystemExit(
-            f"fanout: {needed} open files needed, but the hard limit is {hard}; "
-            "raise it (ulimit -Hn) or run fewer sessions"
-        )
+        try:  # (allowed with CAP_SYS_RESOURCE, up to the kernel's fs.nr_open)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (needed, needed))
+        except (OSError, ValueError):
+            raise SystemExit(
+                f"fanout: {needed} open files needed, but the hard limit is {hard} and this "
+                "process may not raise it; raise it (ulimit -Hn) or run fewer sessions"
+            ) from None
+        return
     resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 

@@ -11,7 +11,7 @@ served by weir and by the SDK's own transport, side by side; with ``--client``, 
 independent client (``benchmarks/h11_client.py``) driving weir and the floor on both
 eras, and a client that reports nothing failing the run loudly; with ``--server
 table``, the floor, weir and the SDK on both eras and response modes, and the grid of
-their ratios.
+their ratios; ``benchmarks.idle_memory``, what an idle session holds by line.
 Each run is a subprocess bounded by a timeout, on 127.0.0.1.  Marked ``bench``
 (about half a minute in all): ``python3 -m pytest -m bench`` runs them, as CI does.
 """
@@ -374,3 +374,22 @@ def test_the_table_runs_every_server_on_both_eras_and_modes(tmp_path: Path) -> N
     for label in ("weir SSE, session era", "sdk JSON, 2026-07-28", "weir SSE, 2026-07-28"):
         assert "2 sessions" in grid[f"{label}: CPU per call / floor"]
     assert record["ratios"] == {}  # (per cell, in the grid)
+
+
+def test_idle_memory_breaks_an_idle_session_down_by_line() -> None:
+    """``benchmarks.idle_memory``: the server under tracemalloc, two snapshots, a table."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.idle_memory", "--sessions", "40", "--top", "60"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("40 idle sessions: ")
+    per_session_kib = float(lines[0].split(": ")[1].split()[0])
+    assert 1.0 < per_session_kib < 200.0  # something is held, and not absurdly much
+    # The session's own record and its connection are among what it holds.
+    assert any("engine/_session_table.py:" in line for line in lines), proc.stdout
+    assert any("engine/_connections.py:" in line for line in lines), proc.stdout
