@@ -144,7 +144,7 @@ def measure(sessions: int, server_args: list[str]) -> list[list[Any]]:
                 hold = 600.0  # (fanout is stopped once the snapshot is taken)
                 run = _fanout(url, proc.pid, sessions, hold)
                 _wait_for_connections(url, sessions, run)
-                time.sleep(2.0)  # let anything deferred settle, as fanout's idle figure does
+                time.sleep(5.0)  # let anything deferred settle (timers, parking: 2 s)
                 os.kill(proc.pid, signal.SIGUSR1)
                 _wait_for(out, 120)
                 run.terminate()

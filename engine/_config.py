@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import resource
 import ssl
 from dataclasses import dataclass, field
@@ -33,6 +34,10 @@ class ServerConfig:
         credit: per-session drain credit and its timers.
         notsent_lowat: ``TCP_NOTSENT_LOWAT`` for accepted sockets (``None``: leave as is).
         keepalive_timeout: idle seconds before an idle keep-alive connection is closed.
+        park_idle_after: idle seconds after which a keep-alive connection (plain TCP,
+            accepted by the server's listener) is held without a task of its own
+            until its next request, saving about 4.7 KiB per idle connection
+            (``engine._parking``); 0: never.
         head_timeout: seconds a request head may take, from its first byte to its
             blank line (408 and close beyond; a trickled header is cut here).
         body_timeout: seconds a request body may take after its head (408 and close).
@@ -136,6 +141,7 @@ class ServerConfig:
     credit: CreditLimits = field(default_factory=CreditLimits)
     notsent_lowat: int | None = 16384
     keepalive_timeout: float = 75.0
+    park_idle_after: float = 2.0
     head_timeout: float = 30.0
     body_timeout: float = 60.0
     linger_timeout: float = 2.0
@@ -225,6 +231,11 @@ class ServerConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if not 0 <= self.park_idle_after < math.inf:
+            raise ValueError(
+                f"park_idle_after must be 0 (never) or a number of seconds, "
+                f"got {self.park_idle_after!r}"
+            )
         if not 0 <= self.linger_timeout <= 60:
             raise ValueError(f"linger_timeout must be 0 (off) to 60, got {self.linger_timeout!r}")
         if self.max_connections is not None and self.max_connections < 1:

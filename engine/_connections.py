@@ -18,6 +18,14 @@ A connection closed on such a refusal (or a 413/431 from the parser) lingers fir
 half-closed, discarding what the peer still sends for at most ``linger_timeout``,
 so the peer reads the refusal rather than a reset.
 
+A connection that has waited ``park_idle_after`` seconds for its next request (plain
+TCP, accepted by the server's own listener) is parked: its task ends and
+:class:`~weir.engine._parking.IdleLot` holds it, without a task, until bytes arrive (a
+new task resumes it: :meth:`Connections._resume`), its keep-alive deadline passes, it is
+shed, or the server stops (closed: :meth:`Connections._close_parked`).  The park is
+armed on the same read-deadline heap: the park instant is the read's deadline, marked
+as such, and a read interrupted by it hands the connection over instead of closing it.
+
 Each complete request is handed to the router (:meth:`~._routing.Router.respond`,
 ``engine._routing``), which answers it or refuses it.  When a connection ends it
 gives back the sessionless credit owners its requests used (``engine._owners``).
@@ -25,6 +33,7 @@ gives back the sessionless credit owners its requests used (``engine._owners``).
 
 from __future__ import annotations
 
+import enum
 import math
 import time
 
@@ -52,6 +61,7 @@ from weir.protocol.forwarded import peer_address
 from ._connection import Connection
 from ._listen import Slot
 from ._owners import Owners
+from ._parking import IdleLot
 from ._routing import Router
 from ._shared import Shared, log
 from ._store_errors import StoreUnavailable
@@ -69,15 +79,26 @@ class _ReadTimer:
     request instead of re-arming a Trio deadline twice.
     """
 
-    __slots__ = ("closed", "deadline", "scope", "timer_at", "timer_key")
+    __slots__ = ("closed", "deadline", "parks", "scope", "timer_at", "timer_key")
 
     def __init__(self, scope: trio.CancelScope) -> None:
         self.scope = scope
         #: When the read in progress must have completed (inf: not reading).
         self.deadline = math.inf
+        #: The deadline is the instant to park, not the keep-alive timeout.
+        self.parks = False
         self.timer_at = math.inf
         self.timer_key = 0
         self.closed = False
+
+
+class _End(enum.Enum):
+    """How :meth:`Connections._serve_requests` ended."""
+
+    DONE = "done"  # the connection closes
+    REFUSED = "refused"  # closes after a refusal sent while the peer may still send
+    PARK = "park"  # idle long enough: handed to the idle lot
+    AGAIN = "again"  # bytes came just as it was to park: serve on, in a new scope
 
 
 class Connections:
@@ -118,6 +139,8 @@ class Connections:
         #: The connections being served right now (read-only, for introspection: each
         #: one's drain tracking, ``tracker.written``/``acked``, ``meter.exact``).
         self.open_connections: set[Connection] = set()
+        #: Idle connections held without a task (None: ``park_idle_after`` is 0).
+        self.lot = IdleLot(self._resume, self._close_parked) if cfg.park_idle_after > 0 else None
 
     async def serve_read_deadlines(self) -> None:
         """Serve the read-deadline heap; when it stops (the server stopped), hand every
@@ -140,11 +163,13 @@ class Connections:
         elif timed.deadline != math.inf:
             self.read_deadlines.schedule(timed, timed.deadline)
 
-    async def connection(self, stream: trio.abc.Stream, slot: Slot | None = None) -> None:
+    async def connection(self, stream: trio.abc.Stream, slot: Slot | None = None) -> bool:
         """Serve ``stream`` until it closes (``slot``: its place under the accept gate).
 
         With ``ssl_context`` configured, ``stream`` carries TLS: the handshake must
-        finish within ``head_timeout`` (``engine._tls``)."""
+        finish within ``head_timeout`` (``engine._tls``).  True: the connection was
+        parked (it lives on in :attr:`lot`, which gives ``slot`` back when it ends);
+        only a connection with a ``slot`` is ever parked."""
         cfg, meter = self.config, None
         peer, address = _peer(stream)
         if cfg.ssl_context is not None:
@@ -152,7 +177,7 @@ class Connections:
             if tls is None:
                 with trio.CancelScope(shield=True), trio.move_on_after(1):
                     await stream.aclose()
-                return
+                return False
             stream, counting = tls
             meter = TlsMeter(counting, notsent_lowat=cfg.notsent_lowat)
         conn = Connection(
@@ -166,15 +191,52 @@ class Connections:
         )
         conn.address = address
         self.open_connections.add(conn)
+        return await self._serve(conn, slot)
+
+    async def _resume(self, conn: Connection, slot: Slot) -> None:
+        """Serve a parked connection whose bytes arrived (its own task, from the lot)."""
+        kept = False
         try:
-            # (Not a coroutine of its own: each level of this chain is held, as a
-            # frame, by every idle connection.)
+            kept = await self._serve(conn, slot)
+        finally:
+            if not kept:
+                slot.release()
+
+    def _close_parked(self, conn: Connection, slot: Slot) -> None:
+        """Close a parked connection now (its deadline passed, shed, or the server stops)."""
+        self._forget(conn, slot)
+        stream = conn.stream
+        assert isinstance(stream, trio.SocketStream)  # (only plain TCP is ever parked)
+        stream.socket.close()
+        slot.release()
+
+    def _forget(self, conn: Connection, slot: Slot | None) -> None:
+        if slot is not None:
+            slot.unpark()
+        # Last look before the socket goes: what the peer acknowledged counts.
+        conn.check_acks()
+        conn.closed = True
+        conn.abandon()
+        self._owners.release(conn)
+        self.open_connections.discard(conn)
+
+    async def _serve(self, conn: Connection, slot: Slot | None) -> bool:
+        """Serve ``conn`` until it closes (False) or is parked (True: it lives on in
+        the idle lot, and its slot stays taken)."""
+        parked = False
+        try:
             try:
-                refused = await self._serve_requests(conn, slot)
+                end = await self._serve_requests(conn, slot)
+                while end is _End.AGAIN:
+                    end = await self._serve_requests(conn, slot)
             finally:
                 self.inbound -= conn.inbound
                 conn.inbound = 0
-            if refused and self._read_timeouts.linger:
+            if end is _End.PARK and slot is not None and self.lot is not None:
+                assert slot.idle_since is not None
+                until = slot.idle_since + self._read_timeouts.keepalive
+                parked = self.lot.park(conn, slot, until)
+            elif end is _End.REFUSED and self._read_timeouts.linger:
                 await self._linger(conn.stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError, PeerGone):
             pass
@@ -187,20 +249,17 @@ class Connections:
             if not _only_disconnects(exc):
                 log.exception("connection handler failed")
         finally:
-            if slot is not None:
-                slot.unpark()
-            # Last look before the socket goes: what the peer acknowledged counts.
-            conn.check_acks()
-            conn.closed = True
-            conn.abandon()
-            self._owners.release(conn)
-            self.open_connections.discard(conn)
-            with trio.CancelScope(shield=True), trio.move_on_after(1):
-                await stream.aclose()
+            if not parked:
+                self._forget(conn, slot)
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await conn.stream.aclose()
+        return parked
 
-    async def _serve_requests(self, conn: Connection, slot: Slot | None) -> bool:
-        """Serve requests until the connection is done; True if it ends on a refusal
-        sent while the peer may still be sending (408, 413, 431, 503 ``overloaded``).
+    async def _serve_requests(self, conn: Connection, slot: Slot | None) -> _End:
+        """Serve requests until the connection is done: ``REFUSED`` if it ends on a
+        refusal sent while the peer may still be sending (408, 413, 431, 503
+        ``overloaded``), ``PARK`` if it waited ``park_idle_after`` for a request,
+        ``AGAIN`` if a request came just as it was to park.
 
         Each read is under the deadline of its phase.  Waiting for the first byte of a
         request: the keep-alive timeout, and the connection may be shed (see
@@ -225,12 +284,19 @@ class Connections:
             timer.closed = True  # its heap entry, if any, is skipped
         if reads.cancelled_caught and clock.owed:
             await self._time_out(conn, clock)
-            return True
-        return False
+            return _End.REFUSED
+        if (
+            reads.cancelled_caught
+            and timer.parks
+            and slot is not None
+            and slot.idle_since is not None  # (not shed: shedding clears it)
+        ):
+            return _End.PARK
+        return _End.DONE
 
     async def _read_loop(
         self, conn: Connection, slot: Slot | None, clock: ReadClock, timer: _ReadTimer
-    ) -> bool:
+    ) -> _End:
         """:meth:`_serve_requests`'s loop: read, parse, respond, until the connection
         is done (or a read misses its deadline: ``timer.scope`` is cancelled)."""
         http, reads, timers = conn.http, timer.scope, self.read_deadlines
@@ -238,6 +304,8 @@ class Connections:
         keepalive = cfg.keepalive_timeout
         # (The descriptor's own reader when there is one: a coroutine less per wait.)
         receive = conn.io.receive if conn.io is not None else conn.stream.receive_some
+        # Parked after this long idle (plain TCP under the accept gate only).
+        park_after = cfg.park_idle_after if slot is not None and conn.io is not None else 0.0
         while True:
             event = http.next_event()
             if event is NEED_DATA:
@@ -245,34 +313,37 @@ class Connections:
                     await conn.send(http.data_to_send())  # e.g. 100 Continue
                 now = trio.current_time()
                 inbound = http.inbound
-                deadline = timer.deadline = clock.deadline(inbound, now)
+                deadline = clock.deadline(inbound, now)
+                if inbound is Inbound.IDLE and slot is not None:
+                    slot.idle_since = now  # idle: it may be shed
+                    if park_after and now + park_after < deadline and self._reads_on_heap:
+                        deadline, timer.parks = now + park_after, True
+                timer.deadline = deadline
                 if not self._reads_on_heap:
                     reads.deadline = deadline  # (the heap's task has stopped)
                 elif deadline < timer.timer_at:
                     timers.schedule(timer, deadline)
-                if inbound is Inbound.IDLE and slot is not None:
-                    slot.idle_since = now  # parked: it may be shed
                 try:
                     data = await receive(RECV_BYTES)
                 finally:
                     timer.deadline = math.inf
                     if not self._reads_on_heap:
                         reads.deadline = math.inf
+                parking, timer.parks = timer.parks, False
                 if slot is not None:
+                    parking = parking and slot.idle_since is not None  # (not shed)
                     slot.idle_since = None
                 if conn.tracker.outstanding:
                     conn.check_acks()  # a new request: the peer has likely read our last
-                if reads.cancel_called:  # shed (or timed out) just as bytes arrived
+                if reads.cancel_called:
+                    if parking:  # bytes came just as it was to park: go on, in a new scope
+                        return _End.DONE if self._take_in(conn, data) else _End.AGAIN
+                    # Shed (or timed out) just as bytes arrived.
                     await self._last_requests(conn, data, now + keepalive)
-                    return False
-                # Bytes of requests not yet complete count against one process-wide cap.
-                n = len(data)
-                conn.inbound += n
-                self.inbound += n
-                if self.inbound > cfg.max_inbound_bytes:
+                    return _End.DONE
+                if self._take_in(conn, data):
                     await self._overloaded(conn)
-                    return True
-                http.receive_data(data)
+                    return _End.REFUSED
             elif isinstance(event, HttpRequest):
                 clock.request_done()
                 record = _begin(conn, event) if access_log_on() else None
@@ -289,7 +360,7 @@ class Connections:
                     finally:
                         _end(conn, record)
                 if http.should_close:
-                    return False
+                    return _End.DONE
             elif isinstance(event, HttpError):
                 self.metrics.refused(str(event.reason))
                 out = http.data_to_send()
@@ -298,9 +369,21 @@ class Connections:
                     AccessRecord.refused(
                         event.status, str(event.reason), peer=conn.address, nbytes=len(out)
                     ).emit()
-                return True
+                return _End.REFUSED
             elif isinstance(event, ConnectionClosed):
-                return False
+                return _End.DONE
+
+    def _take_in(self, conn: Connection, data: bytes | bytearray) -> bool:
+        """Hand ``data`` to the parser; True if that takes the bytes of requests not
+        yet complete, over all connections, past ``max_inbound_bytes`` (the data is
+        then not handed over: the caller refuses 503 ``overloaded``)."""
+        n = len(data)
+        conn.inbound += n
+        self.inbound += n
+        if self.inbound > self.config.max_inbound_bytes:
+            return True
+        conn.http.receive_data(data)
+        return False
 
     async def _last_requests(self, conn: Connection, data: bytes | bytearray, until: float) -> None:
         """Serve the complete requests in ``data`` and stop (the connection then closes).

@@ -22,7 +22,9 @@ for the first byte of its next request, in the cancel scope that carries its rea
 deadlines (:attr:`Slot.scope`); shedding cancels that scope, which the connection
 treats like its keep-alive timeout.  A cancel
 that arrives after the read completed is a no-op (the scope has already exited),
-so a request that has arrived is never lost to shedding.
+so a request that has arrived is never lost to shedding.  A connection parked
+without a task (``engine._parking``) is shed by its lot instead, at once; its slot
+stays taken while it is parked and comes back when the lot closes it.
 """
 
 from __future__ import annotations
@@ -33,8 +35,12 @@ import math
 import os
 import socket
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import trio
+
+if TYPE_CHECKING:
+    from ._parking import IdleLot
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +54,30 @@ _LOG_EVERY = 10.0
 
 
 class Slot:
-    """One connection's place under the limit (parking costs two attribute stores)."""
+    """One connection's place under the limit (marking it idle costs two attribute stores)."""
 
-    __slots__ = ("idle_since", "scope")
+    __slots__ = ("gate", "idle_since", "parked_fd", "parked_in", "scope")
 
-    def __init__(self) -> None:
+    def __init__(self, gate: AcceptGate | None = None) -> None:
+        #: The gate the slot belongs to (:meth:`release` gives it back there).
+        self.gate = gate
         #: When the connection began waiting for its next request (None: busy).
         self.idle_since: float | None = None
         #: The scope of the connection's reads; cancelling it sheds the connection.
         self.scope: trio.CancelScope | None = None
+        #: The lot holding the connection without a task (``engine._parking``), and
+        #: its descriptor there; shedding asks the lot instead of cancelling a scope.
+        self.parked_in: IdleLot | None = None
+        self.parked_fd = -1
 
     def unpark(self) -> None:
         """The connection is busy again (or gone)."""
         self.idle_since = None
+
+    def release(self) -> None:
+        """The connection is closed: its place goes back to the gate."""
+        if self.gate is not None:
+            self.gate.give_back(self)
 
 
 class AcceptGate:
@@ -87,11 +104,14 @@ class AcceptGate:
 
     def _take(self) -> Slot:
         self.open += 1
-        slot = Slot()
+        slot = Slot(self)
         self._slots.add(slot)
         return slot
 
-    def _give_back(self, slot: Slot) -> None:
+    def give_back(self, slot: Slot) -> None:
+        """``slot``'s connection is closed (once per slot)."""
+        if slot not in self._slots:
+            return
         slot.unpark()
         self._slots.discard(slot)
         self.open -= 1
@@ -105,14 +125,18 @@ class AcceptGate:
         idle = [
             s
             for s in self._slots
-            if s.idle_since is not None and s.scope is not None and not s.scope.cancel_called
+            if s.idle_since is not None
+            and (s.parked_in is not None or (s.scope is not None and not s.scope.cancel_called))
         ]
         if not idle:
             return False
         slot = min(idle, key=lambda s: s.idle_since or 0.0)
-        assert slot.scope is not None
-        slot.scope.cancel()
-        slot.unpark()
+        if slot.parked_in is not None:
+            slot.parked_in.evict(slot)  # closed at once; its slot comes back now
+        else:
+            assert slot.scope is not None
+            slot.scope.cancel()
+            slot.unpark()
         self.shed_total += 1
         return True
 
@@ -125,8 +149,10 @@ class AcceptGate:
             if self.open < self.limit:
                 return
             # The shed connection (if one was idle) frees its slot once its task has
-            # unwound; either way, wait for a slot to come back.
+            # unwound (a parked one at once); either way, wait for a slot to come back.
             self._shed_one()
+            if self.open < self.limit:
+                return
             room = self._room
             if room is None:
                 room = self._room = trio.Event()
@@ -151,7 +177,7 @@ class AcceptGate:
     async def serve(
         self,
         listener: trio.SocketListener,
-        handler: Callable[[trio.SocketStream, Slot], Awaitable[None]],
+        handler: Callable[[trio.SocketStream, Slot], Awaitable[bool | None]],
         nursery: trio.Nursery,
     ) -> None:
         """Accept on ``listener`` forever, each connection handled in ``nursery``.
@@ -193,14 +219,18 @@ class AcceptGate:
 
     async def _run(
         self,
-        handler: Callable[[trio.SocketStream, Slot], Awaitable[None]],
+        handler: Callable[[trio.SocketStream, Slot], Awaitable[bool | None]],
         stream: trio.SocketStream,
         slot: Slot,
     ) -> None:
+        kept = False
         try:
-            await handler(stream, slot)
+            # True: the connection lives on without this task (parked); whoever
+            # closes it gives its slot back.
+            kept = bool(await handler(stream, slot))
         finally:
-            self._give_back(slot)
+            if not kept:
+                self.give_back(slot)
 
 
 __all__ = ["ACCEPT_BATCH", "CAPACITY_ERRNOS", "AcceptGate", "Slot"]

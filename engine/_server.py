@@ -256,6 +256,8 @@ class Server:
             handlers.start_soon(self.acks.run)
             async with trio.open_nursery() as conns:
                 conns.start_soon(self._serve_listeners, conns)
+                if self._connections.lot is not None:
+                    conns.start_soon(self._connections.lot.run, conns)
                 conns.start_soon(self._table.sweep)
                 if self.store.shared:
                     conns.start_soon(self._replicas.relay_mail)

@@ -41,6 +41,11 @@ class SocketIO:
         self._sock = sock
         self._fd = sock.fileno()
 
+    @property
+    def fileno(self) -> int:
+        """The descriptor (as it was when this object was made)."""
+        return self._fd
+
     def _live(self) -> int:
         fd = self._fd
         if self._sock.fileno() != fd:

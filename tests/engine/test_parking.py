@@ -1,0 +1,159 @@
+"""Idle keep-alive connections parked without a task (real sockets, virtual time).
+
+A connection idle for ``park_idle_after`` leaves its task for the idle lot; its next
+request is served on the same connection, by a new task; its keep-alive deadline,
+shedding at the connection limit and the server's shutdown still close it, and
+its place under the limit comes back each time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from weir.engine import App, Server, ServerConfig
+from weir.engine._parking import IdleLot
+
+from .helpers import H11Client
+
+app = App("parking-test")
+
+
+@app.tool()
+async def echo(text: str) -> str:
+    """Echo."""
+    return text
+
+
+@asynccontextmanager
+async def serving(**options: Any) -> AsyncIterator[Server]:
+    server = Server(app, ServerConfig(port=0, **options))
+    with trio.fail_after(3600):  # (virtual time: a hang fails, it does not stall)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            try:
+                yield server
+            finally:
+                server.shutdown()
+                await server.stopped.wait()
+
+
+async def connect(server: Server) -> H11Client:
+    stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+    return H11Client(stream, host=f"127.0.0.1:{server.port}")
+
+
+def lot_of(server: Server) -> IdleLot:
+    lot = server._connections.lot
+    assert lot is not None
+    return lot
+
+
+async def settle(seconds: float) -> None:
+    """Let virtual time pass, then let every task that woke finish its step."""
+    await trio.sleep(seconds)
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_an_idle_connection_is_parked_and_its_next_request_served_on_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with serving(park_idle_after=2.0) as server:
+        client = await connect(server)
+        await client.initialize()
+        await settle(1.0)
+        assert len(lot_of(server)) == 0  # not idle long enough yet
+        await settle(1.5)
+        assert len(lot_of(server)) == 1
+        assert server.gate.open == 1  # parked, still counted under the limit
+        reply = await client.call(1, "echo", {"text": "hi"})  # the same socket
+        [message] = await reply.messages()
+        assert message["result"]["content"][0]["text"] == "hi"
+        assert len(lot_of(server)) == 0
+        await settle(3.0)  # idle again: parked again
+        assert len(lot_of(server)) == 1
+        ping = await client.post({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+        assert ping.status == 200
+
+
+async def test_a_parked_connection_is_closed_at_its_keepalive_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with serving(park_idle_after=2.0, keepalive_timeout=30) as server:
+        client = await connect(server)
+        await client.initialize()
+        start = trio.current_time()
+        assert await client.stream.receive_some(100) == b""  # closed by the server
+        # The deadline counts from when it went idle, not from when it was parked.
+        assert trio.current_time() - start == pytest.approx(30, abs=0.1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(lot_of(server)) == 0
+        assert server.gate.open == 0
+        assert not server.open_connections
+
+
+async def test_a_peer_that_closes_while_parked_gives_its_place_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with serving(park_idle_after=2.0) as server:
+        client = await connect(server)
+        await client.initialize()
+        await settle(3.0)
+        assert len(lot_of(server)) == 1
+        await client.stream.aclose()
+        await settle(0.1)
+        assert len(lot_of(server)) == 0
+        assert server.gate.open == 0
+        assert not server.open_connections
+
+
+async def test_at_the_limit_a_parked_connection_is_shed_for_a_new_client(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with serving(park_idle_after=2.0, max_connections=1) as server:
+        first = await connect(server)
+        await first.initialize()
+        await settle(3.0)
+        assert len(lot_of(server)) == 1
+        second = await connect(server)  # waits in the backlog: the first is shed for it
+        await second.initialize()
+        assert await first.stream.receive_some(100) == b""
+        assert len(lot_of(server)) == 0
+        assert server.gate.open == 1
+        assert server.gate.shed_total == 1
+
+
+async def test_shutdown_closes_parked_connections(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    clients: list[H11Client] = []
+    async with serving(park_idle_after=2.0) as server:
+        for _ in range(3):
+            client = await connect(server)
+            await client.initialize()
+            clients.append(client)
+        await settle(3.0)
+        assert len(lot_of(server)) == 3
+    for client in clients:
+        assert await client.stream.receive_some(100) == b""
+    assert server.gate.open == 0
+
+
+async def test_park_idle_after_zero_never_parks(autojump_clock: trio.testing.MockClock) -> None:
+    async with serving(park_idle_after=0) as server:
+        assert server._connections.lot is None
+        client = await connect(server)
+        await client.initialize()
+        await settle(10.0)
+        ping = await client.post({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        assert ping.status == 200
+
+
+def test_a_negative_park_delay_is_refused() -> None:
+    with pytest.raises(ValueError, match="park_idle_after"):
+        ServerConfig(park_idle_after=-1)
