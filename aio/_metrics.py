@@ -8,8 +8,9 @@ the same things (admissions, tool executions, duplicates replayed or still in
 progress, refusals by reason, liveness teardowns, idle expiries, dropped client
 notifications, credit peaks), hands its sessions to the renderer through
 :class:`SessionView` and its retention budget as it is (the retention series).
-Left out, because this runtime has no such thing: ``weir_connections_shed_total`` and
-``weir_accept_errors_total``
+Left out, because this runtime has no such thing: ``weir_connections_shed_total``,
+``weir_accept_errors_total`` and ``weir_connections_parked`` (idle connections keep
+their task here)
 (no accept loop of its own: ``asyncio.start_server`` accepts, and an over-limit
 connection is refused 503 ``overloaded``, counted as a refusal).  The endpoint
 answers under the endpoint's Host/Origin rules, GET or HEAD, and needs no token.
@@ -81,6 +82,10 @@ class ConnectionCount:
 
     @property
     def accept_errors(self) -> None:
+        return None
+
+    @property
+    def parked(self) -> None:
         return None
 
 

@@ -112,7 +112,8 @@ class Metered(Protocol):
 class Connections(Protocol):
     """What the metrics read of the runtime's connections: how many are open, the
     limit, and (where the runtime has them: None otherwise, and not rendered) the
-    idle ones shed at the limit and the failed ``accept()`` calls."""
+    idle ones shed at the limit, the failed ``accept()`` calls and the idle ones
+    parked without a task."""
 
     @property
     def open(self) -> int: ...
@@ -122,6 +123,8 @@ class Connections(Protocol):
     def shed_total(self) -> int | None: ...
     @property
     def accept_errors(self) -> int | None: ...
+    @property
+    def parked(self) -> int | None: ...
 
 
 class Metrics:
@@ -395,6 +398,13 @@ class Metrics:
                     "counter",
                     "Idle keep-alive connections closed to make room at the limit.",
                     [("", gate.shed_total)],
+                )
+            if gate.parked is not None:
+                metric(
+                    "weir_connections_parked",
+                    "gauge",
+                    "Idle keep-alive connections held without a task (--park-idle-after).",
+                    [("", gate.parked)],
                 )
             if gate.accept_errors is not None:
                 metric(

@@ -102,6 +102,12 @@ class AcceptGate:
         self._last_log = -math.inf
         self._unlogged = 0
 
+    @property
+    def parked(self) -> int:
+        """Connections held without a task (``engine._parking``); a scan of the open
+        ones, made per metrics scrape."""
+        return sum(1 for s in self._slots if s.parked_in is not None)
+
     def _take(self) -> Slot:
         self.open += 1
         slot = Slot(self)

@@ -394,6 +394,13 @@ def _limit_options(s: argparse.ArgumentParser) -> None:
             "idle keep-alive connections are closed after this",
         ),
         (
+            "--park-idle-after",
+            float,
+            d.park_idle_after,
+            "SECONDS",
+            "an idle keep-alive connection is held without a task after this; 0: never",
+        ),
+        (
             "--head-timeout",
             float,
             d.head_timeout,
@@ -569,6 +576,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             retry_window=args.retry_window,
             limits=limits,
             keepalive_timeout=args.keepalive_timeout,
+            park_idle_after=args.park_idle_after,
             head_timeout=args.head_timeout,
             body_timeout=args.body_timeout,
             linger_timeout=args.linger_timeout,

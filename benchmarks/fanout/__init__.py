@@ -35,7 +35,8 @@ What is measured (``--measure``):
   paced with ``--rate``) are measured, while ``/metrics`` is sampled; the mode of
   the half-open and gateway runs.
 * ``idle``: the sessions are opened (one call each) and left idle on their
-  connections for ``--idle-hold`` seconds; the report is the server's RSS per
+  connections for ``--idle-hold`` seconds (5: weir parks connections idle for 2 s);
+  the report is the server's RSS per
   session over its RSS before the first.
 
 A ``phase`` run has three phases -- **setup**, the **measured phase** (while the

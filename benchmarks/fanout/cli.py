@@ -93,7 +93,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         help="run the servers N times in rotation; ratios are medians of the rounds'",
     )
-    p.add_argument("--idle-hold", type=float, default=2.0, help="--measure idle: seconds idle (2)")
+    p.add_argument(
+        "--idle-hold",
+        type=float,
+        default=5.0,
+        help="--measure idle: seconds idle before weighing (5: past weir's 2 s --park-idle-after)",
+    )
     p.add_argument(
         "--compare-store",
         metavar="URL",
@@ -268,7 +273,7 @@ def options(args: argparse.Namespace) -> Options:
         )
     if not 1 <= args.repeat <= 50:
         raise SystemExit("fanout: --repeat must be in [1, 50]")
-    _ensure_descriptors(args.sessions + args.half_open * (args.half_open_posters + 2) + 64)
+    _ensure_descriptors(args.sessions + args.half_open * (args.half_open_posters + 2) + 256)
     paced = bool(args.duration or args.rate or args.half_open)
     if args.measure is None:
         args.measure = "phase" if paced else "session"

@@ -70,11 +70,15 @@ class Client:
     parsed, not when the stream ends.
     """
 
-    __slots__ = ("buf", "host", "port", "stream")
+    __slots__ = ("buf", "host", "local_address", "port", "stream")
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, local_address: str | None = None) -> None:
         self.host = host
         self.port = port
+        #: The source address to connect from (None: the kernel's choice); past about
+        #: 28,000 connections to one address and port, loopback runs out of source
+        #: ports, so large runs spread sessions over 127.0.0.x.
+        self.local_address = local_address
         self.stream: trio.SocketStream | None = None
         self.buf = bytearray()
 
@@ -103,7 +107,9 @@ class Client:
             reused = self.stream is not None
             if self.stream is None:
                 try:
-                    self.stream = await trio.open_tcp_stream(self.host, self.port)
+                    self.stream = await trio.open_tcp_stream(
+                        self.host, self.port, local_address=self.local_address
+                    )
                 except OSError as exc:
                     raise HttpError(f"connect: {exc}") from exc
             try:
@@ -300,10 +306,17 @@ class McpSession:
 
     __slots__ = ("client", "endpoint", "meta", "name", "next_id", "prefix", "session_id")
 
-    def __init__(self, endpoint: Endpoint, name: str, *, sessionless: bool = False) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        name: str,
+        *,
+        sessionless: bool = False,
+        local_address: str | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.name = name
-        self.client = Client(endpoint.host, endpoint.port)
+        self.client = Client(endpoint.host, endpoint.port, local_address)
         self.session_id: str | None = None
         self.next_id = 1
         self.prefix = ""

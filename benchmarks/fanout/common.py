@@ -68,6 +68,6 @@ class Options:
     #: the calls), all sessions starting at once; ``phase``: only the calls, after a
     #: setup phase; ``idle``: sessions opened and left idle, for memory.
     measure: str = "session"
-    idle_hold: float = 2.0
+    idle_hold: float = 5.0
     #: ``--client CMD``: this command drives the server instead of fanout's own client.
     client: str | None = None

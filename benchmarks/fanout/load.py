@@ -63,6 +63,9 @@ from .system import (
 )
 
 _PAGE_LIMIT = 10_000_000  # upper bound on calls per session in --duration mode
+#: Sessions per loopback source address (the kernel's ephemeral ports, 32768-60999
+#: by default, give about 28,000 connections to one address and port).
+PER_SOURCE = 25_000
 
 
 class Progress:
@@ -189,9 +192,18 @@ class Run(HalfOpenPeers):
 
     # ------------------------------------------------------------------ sessions
     def new_sessions(self) -> list[McpSession]:
+        """The sessions; past :data:`PER_SOURCE` of them against a 127.x server, spread
+        over as many loopback source addresses (127.0.0.1, .2, ...) as they need."""
         opts = self.opts
+        host = self.main_endpoint.host
+        sources = -(-opts.sessions // PER_SOURCE) if host.startswith("127.") else 1
         return [
-            McpSession(self.main_endpoint, f"fanout-{i}", sessionless=opts.sessionless)
+            McpSession(
+                self.main_endpoint,
+                f"fanout-{i}",
+                sessionless=opts.sessionless,
+                local_address=f"127.0.0.{1 + i % sources}" if sources > 1 else None,
+            )
             for i in range(opts.sessions)
         ]
 
@@ -222,7 +234,7 @@ class Run(HalfOpenPeers):
             async with limiter:
                 await self.open_one(s, self.opts.warmup, failures)
 
-        with trio.move_on_after(120):
+        with trio.move_on_after(120 + len(sessions) / 200):
             async with trio.open_nursery() as nursery:
                 for s in sessions:
                     nursery.start_soon(one, s)
@@ -296,7 +308,7 @@ class Run(HalfOpenPeers):
         t0 = time.monotonic()
         sessions = await self.open_sessions(at_once=256)
         result.setup_s = time.monotonic() - t0
-        await trio.sleep(opts.idle_hold)  # let anything deferred (timers, GC) settle
+        await trio.sleep(opts.idle_hold)  # let anything deferred (timers, GC, parking) settle
         rss = proc_memory(self.pid)[0]
         result.rss_after_setup_mib = result.peak_rss_mib = rss / 2**20
         result.idle_rss_per_session_kib = (

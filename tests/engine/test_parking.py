@@ -19,7 +19,7 @@ import trio.testing
 from weir.engine import App, Server, ServerConfig
 from weir.engine._parking import IdleLot
 
-from .helpers import H11Client
+from .helpers import H11Client, Reply
 
 app = App("parking-test")
 
@@ -71,6 +71,12 @@ async def test_an_idle_connection_is_parked_and_its_next_request_served_on_it(
         await settle(1.5)
         assert len(lot_of(server)) == 1
         assert server.gate.open == 1  # parked, still counted under the limit
+        scrape = await connect(server)
+        metrics = await scrape.send("GET", target="/metrics")
+        assert metrics.status == 200
+        assert isinstance(metrics, Reply)
+        assert "\nweir_connections_parked 1\n" in metrics.body.decode()
+        await scrape.stream.aclose()
         reply = await client.call(1, "echo", {"text": "hi"})  # the same socket
         [message] = await reply.messages()
         assert message["result"]["content"][0]["text"] == "hi"

@@ -393,3 +393,27 @@ def test_idle_memory_breaks_an_idle_session_down_by_line() -> None:
     # The session's own record and its connection are among what it holds.
     assert any("engine/_session_table.py:" in line for line in lines), proc.stdout
     assert any("engine/_connections.py:" in line for line in lines), proc.stdout
+
+
+def test_large_runs_spread_sessions_over_loopback_source_addresses() -> None:
+    # Past ~28,000 connections to one address and port, loopback runs out of source
+    # ports: fanout spreads the sessions over 127.0.0.1, .2, ... (checked without
+    # opening them; this machine's descriptor limit allows 20,000 at most).
+    from benchmarks.fanout.cli import options, parser
+    from benchmarks.fanout.client import Endpoint
+    from benchmarks.fanout.load import PER_SOURCE, Run
+
+    here = Endpoint.parse("http://127.0.0.1:9/mcp")
+
+    def sources(sessions: int) -> dict[str | None, int]:
+        opts = options(parser().parse_args(["--server", "weir"]))
+        opts.sessions = sessions
+        counts: dict[str | None, int] = {}
+        for s in Run(opts, "weir", here, None, here, here).new_sessions():
+            counts[s.client.local_address] = counts.get(s.client.local_address, 0) + 1
+        return counts
+
+    assert sources(PER_SOURCE) == {None: PER_SOURCE}
+    spread = sources(2 * PER_SOURCE + 3)
+    assert set(spread) == {"127.0.0.1", "127.0.0.2", "127.0.0.3"}
+    assert max(spread.values()) - min(spread.values()) <= 1

@@ -27,6 +27,7 @@ PY = ".".join(str(n) for n in sys.version_info[:3])
 TRIO_ONLY = {
     "weir_connections_shed_total",
     "weir_accept_errors_total",
+    "weir_connections_parked",
 }
 #: Series both runtimes render.
 BOTH = {
