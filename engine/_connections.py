@@ -203,12 +203,18 @@ class Connections:
                 slot.release()
 
     def _close_parked(self, conn: Connection, slot: Slot) -> None:
-        """Close a parked connection now (its deadline passed, shed, or the server stops)."""
-        self._forget(conn, slot)
-        stream = conn.stream
-        assert isinstance(stream, trio.SocketStream)  # (only plain TCP is ever parked)
-        stream.socket.close()
-        slot.release()
+        """Close a parked connection now (its deadline passed, shed, or the server stops).
+
+        Runs in the idle lot's task: nothing here may take that task down."""
+        try:
+            self._forget(conn, slot)
+        except Exception:
+            log.exception("closing a parked connection failed")
+        finally:
+            stream = conn.stream
+            assert isinstance(stream, trio.SocketStream)  # (only plain TCP is ever parked)
+            stream.socket.close()
+            slot.release()
 
     def _forget(self, conn: Connection, slot: Slot | None) -> None:
         if slot is not None:
