@@ -154,10 +154,8 @@ class Session:
         self.record = record
         #: Where this session's replay history and kept results are charged.
         self.budget = budget
-        #: Who keeps this session's finished results: the memory store (set by the
-        #: server), or None -- the session itself, in :attr:`finished` (a shared store).
-        #: Shedding asks it to free the oldest.  (A shared reference, not a bound
-        #: method or partial per session: idle sessions should cost little.)
+        #: Who keeps this session's finished results (shedding asks it to free the
+        #: oldest): the memory store, or None -- :attr:`finished`, with a shared store.
         self.results_kept_by: KeepsResults | None = None
         if budget is not None:
             budget.register(record.session_id, self.shed)
