@@ -54,6 +54,13 @@ def lot_of(server: Server) -> IdleLot:
     return lot
 
 
+def assert_nothing_held(server: Server) -> None:
+    """No parked connection, no open one, every slot back under the limit."""
+    assert len(lot_of(server)) == 0
+    assert server.gate.open == 0
+    assert not server.open_connections
+
+
 async def settle(seconds: float) -> None:
     """Let virtual time pass, then let every task that woke finish its step."""
     await trio.sleep(seconds)
@@ -98,9 +105,7 @@ async def test_a_parked_connection_is_closed_at_its_keepalive_deadline(
         # The deadline counts from when it went idle, not from when it was parked.
         assert trio.current_time() - start == pytest.approx(30, abs=0.1)
         await trio.testing.wait_all_tasks_blocked()
-        assert len(lot_of(server)) == 0
-        assert server.gate.open == 0
-        assert not server.open_connections
+        assert_nothing_held(server)
 
 
 async def test_a_peer_that_closes_while_parked_gives_its_place_back(
@@ -113,9 +118,7 @@ async def test_a_peer_that_closes_while_parked_gives_its_place_back(
         assert len(lot_of(server)) == 1
         await client.stream.aclose()
         await settle(0.1)
-        assert len(lot_of(server)) == 0
-        assert server.gate.open == 0
-        assert not server.open_connections
+        assert_nothing_held(server)
 
 
 async def test_at_the_limit_a_parked_connection_is_shed_for_a_new_client(
