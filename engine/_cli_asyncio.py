@@ -19,6 +19,7 @@ imports neither it nor Trio, and is imported from here only when asked for.  Wit
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from collections.abc import Iterable
@@ -111,12 +112,29 @@ SERVED: frozenset[str] = frozenset(
 )
 
 
+#: ``serve`` options that only the Trio runtime has.  With ``--runtime asyncio`` each
+#: must be left at its default or turned off: anything else is refused, never ignored.
+TRIO_ONLY: frozenset[str] = frozenset({"park_idle_after"})
+_PARK_DEFAULT = next(
+    f.default for f in dataclasses.fields(ServerConfig) if f.name == "park_idle_after"
+)
+
+
 def asyncio_config(
     config: ServerConfig, startup_timeout: float, store: str = "memory"
 ) -> AsyncioConfig:
     """The asyncio runtime's settings for what ``config`` (checked, from the command
     line) asks, every field of it that the asyncio runtime serves, on the ``--store``
-    named ``store`` (checked by the command line too)."""
+    named ``store`` (checked by the command line too).
+
+    Raises:
+        ValueError: a :data:`TRIO_ONLY` setting was asked for.
+    """
+    if config.park_idle_after not in (0, _PARK_DEFAULT):
+        raise ValueError(
+            "--park-idle-after is the Trio runtime's: on asyncio an idle connection keeps "
+            "its task; leave it unset or 0 with --runtime asyncio"
+        )
     return AsyncioConfig(
         host=config.host,
         port=config.port,

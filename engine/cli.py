@@ -870,7 +870,11 @@ def _main_asyncio(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return run_workers(args, config, argv)
     warning = None if config.reuse_port else _open_warning(config)  # (a worker: the parent has)
     warnings = [warning] if warning else []
-    settings = asyncio_config(config, args.startup_timeout, args.store)
+    try:
+        settings = asyncio_config(config, args.startup_timeout, args.store)
+    except ValueError as exc:
+        print(f"weir: {exc}", file=sys.stderr)
+        return 2
     settings = dataclasses.replace(
         settings,
         store_replicas=args.store_replicas,

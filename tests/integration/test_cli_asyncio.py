@@ -21,7 +21,7 @@ import pytest
 import trio
 
 from weir.common import StateSealer, new_key
-from weir.engine._cli_asyncio import SERVED
+from weir.engine._cli_asyncio import SERVED, TRIO_ONLY
 from weir.engine.cli import _parser
 
 from .rawhttp import INIT_PARAMS, Client, call, initialize
@@ -38,7 +38,8 @@ def _serve_dests() -> set[str]:
 
 def test_every_serve_option_is_served_by_the_asyncio_runtime() -> None:
     dests = _serve_dests()
-    classified = SERVED
+    classified = SERVED | TRIO_ONLY
+    assert not SERVED & TRIO_ONLY
     assert dests == classified, (
         f"not classified for the asyncio runtime: {sorted(dests - classified)}; "
         f"gone from the parser: {sorted(classified - dests)}"
@@ -280,3 +281,29 @@ def test_a_second_signal_cuts_a_stuck_shutdown_short(tmp_path: Path) -> None:
             assert "Traceback" not in server.stderr(), server.stderr()
         finally:
             server.stop()
+
+
+def test_a_trio_only_option_is_refused_on_asyncio_not_ignored(tmp_path: Path) -> None:
+    """``--park-idle-after 5 --runtime asyncio``: one clear line, status 2; 0 and the
+    default are accepted (idle connections keep their task on asyncio)."""
+    from weir.engine import ServerConfig
+    from weir.engine._cli_asyncio import asyncio_config
+
+    with pytest.raises(ValueError, match="park-idle-after is the Trio runtime"):
+        asyncio_config(ServerConfig(park_idle_after=5.0), 10.0)
+    asyncio_config(ServerConfig(park_idle_after=0), 10.0)
+    asyncio_config(ServerConfig(), 10.0)
+    (tmp_path / "plainapp.py").write_text('from weir.app import App\napp = App("plain")\n')
+    done = weir(
+        tmp_path,
+        "serve",
+        "plainapp:app",
+        "--port",
+        "0",
+        "--runtime",
+        "asyncio",
+        "--park-idle-after",
+        "5",
+    )
+    assert done.returncode == 2
+    assert one_line_failure(done).startswith("weir: --park-idle-after is the Trio runtime's")
