@@ -31,6 +31,9 @@ from ._event_ids import EventId, _trusted
 from ._sse import encode_comment, encode_event
 from ._states import StreamInput, StreamState, stream_transition
 
+#: A stream log cuts its dropped frames off the list's front after this many.
+_COMPACT_AFTER = 64
+
 
 class StreamKind(enum.Enum):
     """What a stream carries."""
@@ -53,6 +56,7 @@ class StreamLog:
     __slots__ = (
         "_drained",
         "_frames",
+        "_head",
         "_next_seq",
         "_undrained_bytes",
         "binding",
@@ -90,9 +94,13 @@ class StreamLog:
         self.state = StreamState.LIVE_DETACHED
         #: Called with the epoch when the stream becomes CLOSED (its table's bookkeeping).
         self.on_closed: Callable[[str], object] | None = None
-        #: (seq, frame), oldest first: a list, as an empty deque costs 760 bytes and
-        #: every retained stream holds one; drops from the front are rare and short.
+        #: (seq, frame), oldest first, from index ``_head`` on: a list, as an empty
+        #: deque costs 760 bytes and every retained stream holds one.  Dropping from
+        #: the front moves ``_head``; the dropped entries are cut off in one ``del``
+        #: every ``_COMPACT_AFTER`` drops, so a stream at its retention limit pays
+        #: O(1) per event, not a shift of the whole list.
         self._frames: list[tuple[int, bytes]] = []
+        self._head = 0
         self._next_seq = 0
         self._drained = 0  # frames with seq < _drained have been acknowledged by a peer
         #: Encoded bytes of every frame the log holds now (for the retention budget).
@@ -142,11 +150,21 @@ class StreamLog:
         # Retention never drops a frame no peer has acknowledged yet (it holds
         # credit, and dropping it would lose data); drained ones go first.
         frames = self._frames
-        while len(frames) > self.max_events and frames[0][0] < self._drained:
-            self.retained_bytes -= len(frames.pop(0)[1])
+        if len(frames) - self._head > self.max_events:
+            self._drop_oldest_drained(frames)
         if final:
             self.state = stream_transition(self.state, StreamInput.FINISH)
         return _trusted(self.epoch, seq)
+
+    def _drop_oldest_drained(self, frames: list[tuple[int, bytes]]) -> None:
+        head = self._head
+        while len(frames) - head > self.max_events and frames[head][0] < self._drained:
+            self.retained_bytes -= len(frames[head][1])
+            head += 1
+        if head and (head >= _COMPACT_AFTER or head * 2 >= len(frames)):
+            del frames[:head]
+            head = 0
+        self._head = head
 
     def prime(self) -> EventId:
         """Append the priming event (an id and empty data; MCP 2025-11-25)."""
@@ -169,7 +187,7 @@ class StreamLog:
 
     def last_frame_size(self) -> int:
         """The encoded size of the newest frame (0 if none is retained)."""
-        return len(self._frames[-1][1]) if self._frames else 0
+        return len(self._frames[-1][1]) if len(self._frames) > self._head else 0
 
     # ---------------------------------------------------------------- credit
     @property
@@ -213,13 +231,12 @@ class StreamLog:
         A later cursor into what was dropped is ``cursor_unknown``.
         """
         frames = self._frames
-        n = 0
-        for seq, data in frames:
-            if seq >= self._drained:
-                break
-            self.retained_bytes -= len(data)
+        n = self._head
+        while n < len(frames) and frames[n][0] < self._drained:
+            self.retained_bytes -= len(frames[n][1])
             n += 1
         del frames[:n]
+        self._head = 0
         return self.retained_bytes
 
     # ---------------------------------------------------------------- reading
@@ -230,7 +247,8 @@ class StreamLog:
 
     def first_retained(self) -> int:
         """The oldest seq still held (``next_seq`` when the log is empty)."""
-        return self._frames[0][0] if self._frames else self._next_seq
+        frames = self._frames
+        return frames[self._head][0] if len(frames) > self._head else self._next_seq
 
     def frames_from(self, seq: int) -> list[bytes]:
         """All retained frames with ``seq >= seq``, in order.
@@ -248,8 +266,9 @@ class StreamLog:
             )
         if seq == self._next_seq:
             return []
-        start = seq - self._frames[0][0]
-        return [f for _, f in self._frames[start:]]
+        frames = self._frames
+        start = self._head + seq - frames[self._head][0]
+        return [f for _, f in frames[start:]]
 
     def cursor_after(self, cursor: EventId) -> int:
         """The next seq to write for a client whose last event was ``cursor``.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from weir.protocol import Reason, RemoteProtocolError
 from weir.protocol._errors import LocalProtocolError
@@ -334,3 +336,50 @@ def test_after_the_frames_end_retry_and_wait_in_that_order() -> None:
     aborted = _writer_log(StreamInput.ATTACH, StreamInput.ABORT)
     assert writer_step(aborted, 0, session_closed=False, close_retry_ms=None) is WriterStep.END
     assert not completes(live, 1)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    max_events=st.integers(min_value=1, max_value=24),
+    steps=st.lists(
+        st.one_of(
+            st.tuples(st.just("append"), st.integers(min_value=0, max_value=40)),
+            st.tuples(st.just("drain"), st.integers(min_value=0, max_value=400)),
+            st.just(("trim", 0)),
+        ),
+        max_size=400,
+    ),
+)
+def test_retention_matches_a_plain_model(max_events: int, steps: list[tuple[str, int]]) -> None:
+    """Whatever the order of appends, acknowledgements and trims, the log holds exactly
+    what the rule says: every unacknowledged frame, and at most ``max_events`` frames
+    unless more are unacknowledged; the retained bytes, the first retained seq and the
+    replay from every retained seq agree with a list kept the obvious way."""
+    log = StreamLog(EPOCH, StreamKind.REQUEST, max_events=max_events)
+    model: list[tuple[int, bytes]] = []
+    drained = 0
+    for kind, n in steps:
+        if kind == "append":
+            seq = log.next_seq
+            log.append("x" * n)
+            model.append((seq, log.frame(seq, "x" * n)))
+            while len(model) > max_events and model[0][0] < drained:
+                model.pop(0)
+        elif kind == "drain":
+            log.mark_drained(n)
+            drained = max(drained, min(n, log.next_seq))
+        else:
+            log.trim_drained()
+            model = [(s, f) for s, f in model if s >= drained]
+        first = model[0][0] if model else log.next_seq
+        assert log.first_retained() == first
+        assert log.retained_bytes == sum(len(f) for _, f in model)
+        assert log.last_frame_size() == (len(model[-1][1]) if model else 0)
+        if model:
+            middle = len(model) // 2
+            assert log.frames_from(model[middle][0]) == [f for _, f in model[middle:]]
+    for i, (seq, _) in enumerate(model):
+        assert log.frames_from(seq) == [f for _, f in model[i:]]
+    if model and model[0][0] > 0:
+        with pytest.raises(RemoteProtocolError):
+            log.frames_from(model[0][0] - 1)
