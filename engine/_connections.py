@@ -218,7 +218,7 @@ class Connections:
 
     def _forget(self, conn: Connection, slot: Slot | None) -> None:
         if slot is not None:
-            slot.unpark()
+            slot.busy()
         # Last look before the socket goes: what the peer acknowledged counts.
         conn.check_acks()
         conn.closed = True

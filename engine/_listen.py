@@ -70,9 +70,22 @@ class Slot:
         self.parked_in: IdleLot | None = None
         self.parked_fd = -1
 
-    def unpark(self) -> None:
-        """The connection is busy again (or gone)."""
+    def busy(self) -> None:
+        """The connection is busy again (or gone): no longer a candidate to shed."""
         self.idle_since = None
+
+    def enter_lot(self, lot: IdleLot, fd: int) -> None:
+        """The connection is parked in ``lot`` under descriptor ``fd`` (counted by the gate)."""
+        self.parked_in, self.parked_fd = lot, fd
+        if self.gate is not None:
+            self.gate.parked += 1
+
+    def leave_lot(self) -> None:
+        """The connection left its lot (resumed, or about to be closed)."""
+        if self.parked_in is not None:
+            self.parked_in, self.parked_fd = None, -1
+            if self.gate is not None:
+                self.gate.parked -= 1
 
     def release(self) -> None:
         """The connection is closed: its place goes back to the gate."""
@@ -97,16 +110,12 @@ class AcceptGate:
         self.shed_total = 0
         #: ``accept()`` calls that failed for lack of descriptors or memory.
         self.accept_errors = 0
+        #: Connections held without a task (``engine._parking``) now.
+        self.parked = 0
         self._slots: set[Slot] = set()
         self._room: trio.Event | None = None
         self._last_log = -math.inf
         self._unlogged = 0
-
-    @property
-    def parked(self) -> int:
-        """Connections held without a task (``engine._parking``); a scan of the open
-        ones, made per metrics scrape."""
-        return sum(1 for s in self._slots if s.parked_in is not None)
 
     def _take(self) -> Slot:
         self.open += 1
@@ -118,7 +127,7 @@ class AcceptGate:
         """``slot``'s connection is closed (once per slot)."""
         if slot not in self._slots:
             return
-        slot.unpark()
+        slot.busy()
         self._slots.discard(slot)
         self.open -= 1
         room = self._room
@@ -142,7 +151,7 @@ class AcceptGate:
         else:
             assert slot.scope is not None
             slot.scope.cancel()
-            slot.unpark()
+            slot.busy()
         self.shed_total += 1
         return True
 

@@ -88,7 +88,7 @@ class IdleLot:
         except OSError:
             return False
         self._parked[fd] = (conn, slot, until)
-        slot.parked_in, slot.parked_fd = self, fd
+        slot.enter_lot(self, fd)
         heapq.heappush(self._heap, (until, fd))
         if len(self._heap) > 2 * len(self._parked) + 64:
             self._heap = [(u, f) for f, (_, _, u) in self._parked.items()]
@@ -114,8 +114,7 @@ class IdleLot:
             # (OSError: already gone from the set -- the socket was closed.)
             with contextlib.suppress(OSError):
                 self._ep.unregister(fd)
-        slot = entry[1]
-        slot.parked_in, slot.parked_fd = None, -1
+        entry[1].leave_lot()
         return entry
 
     async def run(self, nursery: trio.Nursery) -> None:
@@ -133,7 +132,7 @@ class IdleLot:
                 for fd, _ in ep.poll(0):
                     entry = self._take(fd)
                     if entry is not None:
-                        entry[1].idle_since = None  # (busy: no longer a candidate to shed)
+                        entry[1].busy()
                         nursery.start_soon(self._resume, entry[0], entry[1])
                 self._expire(trio.current_time())
         finally:

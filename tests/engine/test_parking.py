@@ -57,6 +57,7 @@ def lot_of(server: Server) -> IdleLot:
 def assert_nothing_held(server: Server) -> None:
     """No parked connection, no open one, every slot back under the limit."""
     assert len(lot_of(server)) == 0
+    assert server.gate.parked == 0
     assert server.gate.open == 0
     assert not server.open_connections
 
@@ -88,8 +89,10 @@ async def test_an_idle_connection_is_parked_and_its_next_request_served_on_it(
         [message] = await reply.messages()
         assert message["result"]["content"][0]["text"] == "hi"
         assert len(lot_of(server)) == 0
+        assert server.gate.parked == 0  # the gauge follows it out of the lot
         await settle(3.0)  # idle again: parked again
         assert len(lot_of(server)) == 1
+        assert server.gate.parked == 1
         ping = await client.post({"jsonrpc": "2.0", "id": 2, "method": "ping"})
         assert ping.status == 200
 
