@@ -128,6 +128,12 @@ def parser() -> argparse.ArgumentParser:
         help="speak MCP 2026-07-28: server/discover instead of initialize, every call "
         "self-contained (_meta, MCP-Protocol-Version, Mcp-Method, Mcp-Name)",
     )
+    p.add_argument(
+        "--idempotency-keys",
+        action="store_true",
+        help="with --sessionless: every tools/call carries a fresh Idempotency-Key, so "
+        "weir claims and records it in its gate (the keyed call's store path)",
+    )
     p.add_argument("--half-open", type=int, default=0, metavar="N", help="stalled peers (0)")
     p.add_argument("--half-open-rate", type=float, default=20.0, help="POSTs/s per peer (20)")
     p.add_argument("--half-open-pad", type=int, default=16384, help="bytes echoed per frame")
@@ -271,6 +277,8 @@ def options(args: argparse.Namespace) -> Options:
         raise SystemExit(
             "fanout: --compare-store runs weir twice (not with --server/--store/--url)"
         )
+    if args.idempotency_keys and not args.sessionless:
+        raise SystemExit("fanout: --idempotency-keys is for --sessionless calls")
     if not 1 <= args.repeat <= 50:
         raise SystemExit("fanout: --repeat must be in [1, 50]")
     _ensure_descriptors(args.sessions + args.half_open * (args.half_open_posters + 2) + 256)
@@ -331,6 +339,7 @@ def options(args: argparse.Namespace) -> Options:
         text_size=args.text_size,
         json_response=args.json_response,
         sessionless=args.sessionless,
+        idempotency_keys=args.idempotency_keys,
         half_open=args.half_open,
         half_open_rate=args.half_open_rate,
         half_open_pad=args.half_open_pad,

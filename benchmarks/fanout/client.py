@@ -25,6 +25,7 @@ transport with the same bodies.
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -304,7 +305,7 @@ class Endpoint:
 class McpSession:
     """One MCP session on one keep-alive connection."""
 
-    __slots__ = ("client", "endpoint", "meta", "name", "next_id", "prefix", "session_id")
+    __slots__ = ("client", "endpoint", "keyed", "meta", "name", "next_id", "prefix", "session_id")
 
     def __init__(
         self,
@@ -312,6 +313,7 @@ class McpSession:
         name: str,
         *,
         sessionless: bool = False,
+        idempotency_keys: bool = False,
         local_address: str | None = None,
     ) -> None:
         self.endpoint = endpoint
@@ -322,6 +324,9 @@ class McpSession:
         self.prefix = ""
         #: Sessionless (2026-07-28): the ``_meta`` every request carries, else None.
         self.meta = _sessionless_meta(name) if sessionless else None
+        #: Sessionless: each call carries ``Idempotency-Key: <name>-<random>-<id>``,
+        #: never reused (a shared store outlives a run; a reused key would replay).
+        self.keyed = f"{name}-{secrets.token_hex(6)}" if sessionless and idempotency_keys else ""
 
     async def open(self) -> None:
         """``initialize`` and ``notifications/initialized`` -- or, sessionless,
@@ -368,6 +373,8 @@ class McpSession:
         self.next_id += 1
         ep = self.endpoint
         extra = self.prefix if self.meta is None else f"{self.prefix}Mcp-Name: {tool}\r\n"
+        if self.keyed:
+            extra += f"Idempotency-Key: {self.keyed}-{rid}\r\n"
         data = _post(ep.authority, ep.path, _call_body(rid, tool, arguments, self.meta), extra)
         start = time.perf_counter()
         return await self.client.exchange(data, rid), start

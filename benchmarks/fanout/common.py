@@ -57,6 +57,8 @@ class Options:
     progress: bool
     quiet_wait: float
     store: str | None = None
+    #: Sessionless: every tools/call carries a fresh ``Idempotency-Key`` (weir's gate).
+    idempotency_keys: bool = False
     store_replicas: int = 0  # weir: --store-replicas (only where a store is used)
     workers: int = 1
     #: The runtime weir serves on (``weir serve --runtime``).

@@ -202,6 +202,7 @@ class Run(HalfOpenPeers):
                 self.main_endpoint,
                 f"fanout-{i}",
                 sessionless=opts.sessionless,
+                idempotency_keys=opts.idempotency_keys,
                 local_address=f"127.0.0.{1 + i % sources}" if sources > 1 else None,
             )
             for i in range(opts.sessions)

@@ -185,7 +185,7 @@ def test_idle_mode_weighs_open_sessions(tmp_path: Path) -> None:
     (run,) = record["runs"]
     assert run["measure"] == "idle" and run["calls"] == 0
     assert run["idle_rss_per_session_kib"] is not None
-    assert record["ratios"]["weir_idle_kib_per_session"]["target_max"] == 20.0
+    assert record["ratios"]["weir_idle_kib_per_session"]["target_max"] == 12.0
 
 
 def test_compare_store_counts_round_trips_per_call(tmp_path: Path, valkey_url: str) -> None:
@@ -210,6 +210,30 @@ def test_compare_store_counts_round_trips_per_call(tmp_path: Path, valkey_url: s
         assert ratio["value"] == pytest.approx(expected), ratio
     else:
         assert ratio is None, ratio
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_sessionless_calls_reach_the_store_only_with_idempotency_keys(
+    tmp_path: Path, valkey_url: str, keyed: bool
+) -> None:
+    """2026-07-28 calls are gated (claimed, then recorded: two round trips each) only
+    when they carry an ``Idempotency-Key``; without one, nothing touches the store."""
+    keys = ("--idempotency-keys",) if keyed else ()
+    record = fanout_record(
+        tmp_path,
+        "--compare-store",
+        valkey_url,
+        "--sessionless",
+        *keys,
+        "--sessions",
+        "3",
+        "--calls",
+        "4",
+    )
+    shared = record["runs"][1]
+    assert shared["server"] == "weir-store" and shared["calls"] == 12, shared
+    assert shared["errors"] == 0 and shared["duplicates"] == 0, shared
+    assert shared["store_rtt_per_call"] == (pytest.approx(2.0, abs=0.5) if keyed else 0.0)
 
 
 def test_sdk_compare_runs_the_sdk_app_on_weir_and_on_the_sdk(tmp_path: Path) -> None:
