@@ -79,6 +79,12 @@ def parser() -> argparse.ArgumentParser:
         help="--server table: the session counts, comma-separated (50,400)",
     )
     p.add_argument(
+        "--table-no-sdk",
+        action="store_true",
+        help="--server table: leave the SDK out (at thousands of sessions it takes "
+        "many times weir's wall time)",
+    )
+    p.add_argument(
         "--measure",
         choices=["session", "phase", "idle"],
         help="session: each session's whole life (connect, initialize, the calls), all "
@@ -385,7 +391,9 @@ async def _main(args: argparse.Namespace, opts: Options) -> list[RunResult]:
             return results
         if args.server == "table":
             counts, repeat = args.table_counts, args.repeat
-            return await run_matrix(opts, counts, repeat, Path(tmp), _have_sdk())
+            return await run_matrix(
+                opts, counts, repeat, Path(tmp), _have_sdk() and not args.table_no_sdk
+            )
         names = {
             "all": ["weir", "floor", "ceiling", "sdk"],
             "compare": ["weir", "floor", "ceiling"],

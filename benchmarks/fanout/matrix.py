@@ -12,7 +12,7 @@ tagged with its era.  The table gives each server's CPU per call divided by the
 floor's in the same round (the median of the rounds, their range), the floor's own
 CPU per call, and the p50 latency over the floor's for weir -- what the performance
 issue's targets are stated in.  The SDK is left out, with a message, when the ``sdk``
-extra is not installed.
+extra is not installed or ``--table-no-sdk`` says so.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ async def run_matrix(
     """Every cell's rounds (see the module docstring); the runs, tagged with their era."""
     servers = ["floor", "weir"] + (["sdk"] if have_sdk else [])
     if not have_sdk:
-        print("fanout: the mcp SDK is not installed (extra 'sdk'): sdk skipped", file=sys.stderr)
+        print("fanout: sdk skipped (--table-no-sdk, or the extra 'sdk' missing)", file=sys.stderr)
     results: list[RunResult] = []
     for n in sessions:
         for era in ERAS:

@@ -400,6 +400,13 @@ def test_the_table_runs_every_server_on_both_eras_and_modes(tmp_path: Path) -> N
     assert record["ratios"] == {}  # (per cell, in the grid)
 
 
+def test_the_table_leaves_the_sdk_out_when_asked(tmp_path: Path) -> None:
+    args = ["--server", "table", "--table-sessions", "2", "--calls", "2", "--table-no-sdk"]
+    record = fanout_record(tmp_path, *args, timeout=240)
+    assert {r["server"] for r in record["runs"]} == {"floor", "weir"}
+    assert len(record["runs"]) == 8  # 2 servers x 2 eras x 2 modes
+
+
 def test_idle_memory_breaks_an_idle_session_down_by_line() -> None:
     """``benchmarks.idle_memory``: the server under tracemalloc, two snapshots, a table."""
     proc = subprocess.run(
