@@ -106,6 +106,8 @@ def matrix_summary(results: list[RunResult]) -> dict[str, dict[str, list[float]]
                 floor = cell.get("floor", [])
                 label = f"{mode.upper()}, {ERA_NAMES[era]}"
                 for server in ("weir", "sdk"):
+                    if server not in cell:  # (left out: no row of n/a)
+                        continue
                     values = _ratios(cell.get(server, []), floor, cpu)
                     rows.setdefault(f"{server} {label}: CPU per call / floor", {})[col] = values
                 rows.setdefault(f"weir {label}: p50 / floor's", {})[col] = _ratios(

@@ -405,6 +405,7 @@ def test_the_table_leaves_the_sdk_out_when_asked(tmp_path: Path) -> None:
     record = fanout_record(tmp_path, *args, timeout=240)
     assert {r["server"] for r in record["runs"]} == {"floor", "weir"}
     assert len(record["runs"]) == 8  # 2 servers x 2 eras x 2 modes
+    assert not any(label.startswith("sdk") for label in record["matrix"])
 
 
 def test_idle_memory_breaks_an_idle_session_down_by_line() -> None:
