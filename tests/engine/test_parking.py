@@ -18,6 +18,7 @@ import trio.testing
 
 from weir.engine import App, Server, ServerConfig
 from weir.engine._parking import IdleLot
+from weir.engine._socket_io import SocketIO
 
 from .helpers import H11Client, Reply
 
@@ -169,3 +170,40 @@ async def test_park_idle_after_zero_never_parks(autojump_clock: trio.testing.Moc
 def test_a_negative_park_delay_is_refused() -> None:
     with pytest.raises(ValueError, match="park_idle_after"):
         ServerConfig(park_idle_after=-1)
+
+
+async def test_a_request_that_arrives_as_the_park_deadline_fires_is_served(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race the park has with a request: the read's deadline cancels its scope in
+    the same scheduling round in which the bytes are read.  The bytes are already
+    taken from the socket, so the connection must serve them (in a fresh scope), not
+    park and not close.  Real sockets; the deadline's firing is placed exactly there
+    by cancelling the read's scope as the read returns."""
+    armed: list[Server] = []
+    receive = SocketIO.receive
+
+    async def receive_then_deadline(self: SocketIO, max_bytes: int) -> bytes:
+        data = await receive(self, max_bytes)
+        if armed and data:
+            server = armed.pop()
+            [conn] = [c for c in server.open_connections if c.io is self]
+            assert conn.scope is not None
+            conn.scope.cancel()  # what the park deadline does, in this very round
+        return data
+
+    monkeypatch.setattr(SocketIO, "receive", receive_then_deadline)
+    async with serving(park_idle_after=2.0) as server:
+        client = await connect(server)
+        await client.initialize()
+        await settle(1.0)  # idle, its park deadline armed, not yet parked
+        armed.append(server)
+        reply = await client.call(1, "echo", {"text": "raced"})
+        [message] = await reply.messages()
+        assert message["result"]["content"][0]["text"] == "raced"
+        assert not armed  # the race was run
+        assert len(lot_of(server)) == 0
+        await settle(3.0)  # and the connection goes on as before: parked when idle
+        assert len(lot_of(server)) == 1
+        ping = await client.post({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+        assert ping.status == 200
