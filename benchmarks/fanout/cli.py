@@ -24,8 +24,10 @@ exits with a message, before anything starts), and :func:`main` runs and reports
 
 Output: a progress bar on stderr when it is a terminal, then a table and exactly
 one JSON line on stdout (with the p99 of every 5 s of the phase), and a PNG when
-``--plot`` names one and matplotlib is installed.  Exit status 0, 1 when a run could
-not be carried out (:class:`benchmarks.fanout.common.BenchError`), 130 on Ctrl-C.
+``--plot`` names one and matplotlib is installed -- for ``--server table``, an SVG of
+CPU per call, p50 and p99 against sessions instead (:mod:`.svg_plot`, no library).
+Exit status 0, 1 when a run could not be carried out
+(:class:`benchmarks.fanout.common.BenchError`), 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from .peers import _PEER_COUNTS
 from .report import RunResult, machine, plot, ratios, source_tree, table
 from .sdk_side import ROTATION, sdk_ratios, side_by_side, side_by_side_table
 from .servers import run_one
+from .svg_plot import table_svg
 from .system import own_cpu_seconds
 
 WEIR_APP = "benchmarks.weir_app:app"
@@ -220,7 +223,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--plot",
         default=str(DEFAULT_PLOT),
-        help="PNG to write ('' for none; default benchmarks/out/fanout.png)",
+        help="PNG to write ('' for none; default benchmarks/out/fanout.png); --server "
+        "table writes an SVG of CPU per call, p50 and p99 against sessions beside it",
     )
     p.add_argument("--out-json", help="also write the JSON line to this file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -508,7 +512,13 @@ def main(argv: list[str] | None = None) -> int:
     print(line)
     if args.out_json:
         Path(args.out_json).write_text(line + "\n")
-    if args.plot:
+    if args.plot and grid:
+        # Against sessions, per server: SVG, drawn without a plotting library.
+        svg = Path(args.plot).with_suffix(".svg")
+        svg.parent.mkdir(parents=True, exist_ok=True)
+        svg.write_text(table_svg(r.public() for r in results))
+        print(f"fanout: wrote {svg}", file=sys.stderr)
+    elif args.plot:
         problem = plot(results, args.plot)
         print(f"fanout: {problem}" if problem else f"fanout: wrote {args.plot}", file=sys.stderr)
     return 0

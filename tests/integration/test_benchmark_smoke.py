@@ -24,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import pytest
 
@@ -400,12 +401,42 @@ def test_the_table_runs_every_server_on_both_eras_and_modes(tmp_path: Path) -> N
     assert record["ratios"] == {}  # (per cell, in the grid)
 
 
-def test_the_table_leaves_the_sdk_out_when_asked(tmp_path: Path) -> None:
-    args = ["--server", "table", "--table-sessions", "2", "--calls", "2", "--table-no-sdk"]
-    record = fanout_record(tmp_path, *args, timeout=240)
+def test_the_table_leaves_the_sdk_out_when_asked_and_plots_against_sessions(
+    tmp_path: Path,
+) -> None:
+    plot = tmp_path / "grid.png"
+    args = ["--server", "table", "--table-sessions", "2,3", "--calls", "2", "--table-no-sdk"]
+    record = fanout_record(tmp_path, *args, "--plot", str(plot), timeout=240)
     assert {r["server"] for r in record["runs"]} == {"floor", "weir"}
-    assert len(record["runs"]) == 8  # 2 servers x 2 eras x 2 modes
+    assert len(record["runs"]) == 16  # 2 counts x 2 servers x 2 eras x 2 modes
     assert not any(label.startswith("sdk") for label in record["matrix"])
+    # The SVG: three panels (CPU per call, p50, p99), a line per series (server x era x
+    # mode) through both session counts.  Latency is never 0; CPU per call of a run
+    # this small can read 0 ticks, and a point without a value is left out.
+    svg = ElementTree.parse(plot.with_suffix(".svg")).getroot()
+    lines = svg.findall("{http://www.w3.org/2000/svg}polyline")
+    titles = [line.findtext("{http://www.w3.org/2000/svg}title") for line in lines]
+    series = {
+        f"{s} {m}, {e}"
+        for s in ("floor", "weir")
+        for m in ("SSE", "JSON")
+        for e in ("session era", "2026-07-28")
+    }
+    assert set(titles) == series
+    assert len(lines) <= 3 * 8
+    assert sum(len(line.attrib["points"].split()) == 2 for line in lines) >= 2 * 8
+    # Drawn again from the JSON line alone, the same lines.
+    again = tmp_path / "again.svg"
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.fanout.svg_plot",
+        str(again),
+        str(tmp_path / "run.json"),
+    ]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert again.read_text() == plot.with_suffix(".svg").read_text()
 
 
 def test_idle_memory_breaks_an_idle_session_down_by_line() -> None:
