@@ -3,12 +3,12 @@
 Theory of operation
 -------------------
 A lone ``tools/call`` of a tool whose ``async def`` has no suspension point
-(:func:`weir.app.never_suspends`), with a process-local store, runs in the task that
-read the request instead of a handler task of its own (:func:`runs_inline`, the rule
-both runtimes apply).  What happens then is the same on both and written once here:
-the tool is stepped once (:func:`weir.app.call_tool_now`), counted in
-``weir_inline_calls_total`` and observed in the duration histograms exactly as
-:meth:`Metrics.timed` observes a handler task (``ok``, ``tool_error``, ``error``,
+(:func:`weir.app.never_suspends`), when what the call records cannot wait either, runs
+in the task that read the request instead of a handler task of its own
+(:func:`runs_inline`, the rule both runtimes apply).  What happens then is the same on
+both and written once here: the tool is stepped once (:func:`weir.app.call_tool_now`),
+counted in ``weir_inline_calls_total`` and observed in the duration histograms exactly
+as :meth:`Metrics.timed` observes a handler task (``ok``, ``tool_error``, ``error``,
 ``input_required``).
 """
 
@@ -33,16 +33,21 @@ from ._era import handler_error
 from ._metrics import Metrics
 
 
-def runs_inline(app: App, store_shared: bool, req: Request) -> bool:
+def runs_inline(app: App, records_on_shared_store: bool, req: Request) -> bool:
     """May ``req``'s handler run in the task that read it, with no handler task?
 
     Yes for a ``tools/call`` of a tool that never suspends (such a tool is never a task)
-    when the store is process-local, so that nothing the call does waits either --
-    recording a keyed outcome included.  Nothing can cancel such a handler half-way or
-    let it outlive its response, so running it there changes nothing a client can see
-    but the latency.  The one rule both runtimes apply, on both eras.
+    unless its run records something on a shared store (``records_on_shared_store``: a
+    keyed sessionless call there, or one that may become a task), so that nothing the
+    run does waits either.  Nothing can cancel such a handler half-way or let it
+    outlive its response, so running it there changes nothing a client can see but the
+    latency.  A keyed run whose record waits on the network must not run in the
+    connection's task: a client going away would cancel the record with it.  (The
+    session era records every call in its gate, so on a shared store its runtimes
+    never ask: only with a process-local one, passing False.)  The one rule both
+    runtimes apply, on both eras.
     """
-    return not store_shared and inline_tool(app, req) is not None
+    return not records_on_shared_store and inline_tool(app, req) is not None
 
 
 def call_inline(app: App, metrics: Metrics, req: Request, ctx: Context) -> dict[str, Any]:

@@ -383,8 +383,11 @@ class Sessionless:
         answering.started = True
 
     def _runs_now(self, run: SessionlessRun) -> bool:
-        """Can ``run``'s handler run in the connection's task (:func:`weir.common.runs_inline`)?"""
-        return runs_inline(self.app, self.shared.store.shared, run.request)
+        """Can ``run``'s handler run in the connection's task (:func:`weir.common.runs_inline`)?
+        Not a keyed run (or one that may become a task) on a shared store: what it
+        records waits on the network."""
+        records = run.call is not None or run.task is not None
+        return runs_inline(self.app, self.shared.store.shared and records, run.request)
 
     async def _run_now(
         self,

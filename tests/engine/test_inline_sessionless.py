@@ -9,7 +9,8 @@ What this module guarantees, through the real Trio server, streamed and JSON:
   :mod:`tests.engine.test_inline`), stamped with this era's fields, and the
   connection stays usable; the metrics count it as an inline call and an execution;
 * a keyed call (``Idempotency-Key``) still executes once and replays after;
-* with a shared store no tool runs inline (the store's calls may block);
+* with a shared store, a call that records nothing (unkeyed) still runs inline, and
+  a keyed call runs in a handler task (its record waits on the store);
 * a tool that can suspend still runs in a handler task.
 
 Time is Trio's MockClock; all I/O is in-memory streams.
@@ -161,9 +162,12 @@ async def test_a_keyed_inline_call_executes_once_and_replays(
 
 
 @pytest.mark.parametrize("json_mode", MODES)
-async def test_a_shared_store_never_runs_tools_inline(
+async def test_on_a_shared_store_only_a_call_that_records_nothing_runs_inline(
     json_mode: bool, autojump_clock: trio.testing.MockClock
 ) -> None:
+    """An unkeyed call records nothing, so it runs inline on a shared store too; a
+    keyed call's record waits on the store, so it runs in a handler task (a client
+    going away must not cancel the record) -- and still executes once."""
     with trio.fail_after(TEST_DEADLINE):
         async with trio.open_nursery() as nursery:
             server = Server(app, config_for(json_mode), store=SimStore())
@@ -171,7 +175,16 @@ async def test_a_shared_store_never_runs_tools_inline(
             client = client_of(server, nursery)
             got = await answer(client, call(1, "echo", {"text": "hi"}), json_mode=json_mode)
             assert got["result"]["content"] == [{"type": "text", "text": "hi"}]
-            assert inline_runs(server) == Counter()
+            assert inline_runs(server) == Counter(["echo"])
+            key = {"idempotency-key": "order-7"}
+            first = await answer(client, call(2, "counted"), json_mode=json_mode, headers=key)
+            assert first["result"]["content"] == [{"type": "text", "text": "1"}]
+            again = await answer(
+                client, call(3, "counted"), json_mode=json_mode, headers=key, replay=True
+            )
+            assert again == {**first, "id": 3}
+            assert COUNTS["counted"] == 1
+            assert inline_runs(server) == Counter(["echo"])  # the keyed call ran in a task
             server.shutdown()
             await server.stopped.wait()
 

@@ -31,6 +31,13 @@ async def charge(key: str, ctx: Context, seconds: float = 0.0) -> str:
     return f"charged {key}"
 
 
+@app.tool(idempotent=False)
+async def stamp(key: str) -> str:
+    """Note ``key`` in the ledger; never suspends (it may run in the connection's task)."""
+    _note(f"stamp {key} {os.getpid()}")
+    return f"stamped {key}"
+
+
 @app.tool()
 async def chatter(count: int, ctx: Context) -> str:
     """Send ``count`` log messages on the call's stream, one every 50 ms, then answer."""

@@ -419,6 +419,57 @@ async def test_a_keyed_sessionless_call_replays_on_the_other_runtime(
         assert [line.split()[0] for line in ledger(tmp_path)] == ["start", "done"]
 
 
+def inline_count(metrics: Reply, tool: str) -> float:
+    """``weir_inline_calls_total`` of ``tool`` in a ``/metrics`` reply (0 if absent)."""
+    for line in metrics.body.decode().splitlines():
+        if line.startswith(f'weir_inline_calls_total{{tool="{tool}"}} '):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.parametrize("runtime", ["trio", "asyncio"])
+async def test_on_a_shared_store_only_an_unkeyed_sessionless_call_runs_inline(
+    runtime: str, valkey_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With Valkey as the store, a 2026-07-28 call that records nothing runs in the
+    connection's task; a keyed one, whose outcome is recorded in the store, runs in a
+    task of its own -- and is replayed by the other runtime without running again."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    headers = {
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/call",
+        "mcp-name": "stamp",
+        "accept": "application/json, text/event-stream",
+    }
+
+    def stamp(rid: int, key: str) -> dict[str, Any]:
+        params = {"name": "stamp", "arguments": {"key": key}, "_meta": meta}
+        return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+
+    other = "asyncio" if runtime == "trio" else "trio"
+    with replicas(valkey_url, tmp_path, monkeypatch) as procs, trio.fail_after(60):
+        c = await Client.connect(procs[runtime].port)
+        plain = await c.request("POST", "/mcp", stamp(1, "plain"), headers=headers)
+        assert answer_of(plain)["result"]["content"][0]["text"] == "stamped plain"
+        assert inline_count(await c.request("GET", "/metrics"), "stamp") == 1
+        keyed = {**headers, "idempotency-key": f"inline-{runtime}"}
+        first = await c.request("POST", "/mcp", stamp(2, "keyed"), headers=keyed)
+        assert answer_of(first)["result"]["content"][0]["text"] == "stamped keyed"
+        assert inline_count(await c.request("GET", "/metrics"), "stamp") == 1  # a task
+        await c.aclose()
+        c = await Client.connect(procs[other].port)
+        again = await c.request("POST", "/mcp", stamp(2, "keyed"), headers=keyed)
+        await c.aclose()
+        assert answer_of(again) == answer_of(first)
+        assert [line.split()[:2] for line in ledger(tmp_path)] == [
+            ["stamp", "plain"],
+            ["stamp", "keyed"],
+        ]
+
+
 @pytest.mark.parametrize("rebinder", ["trio", "asyncio"])
 async def test_a_rebind_on_one_runtime_fences_the_old_token_on_the_other(
     rebinder: str, valkey_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
