@@ -114,27 +114,13 @@ def run_workers(args: argparse.Namespace, config: ServerConfig, argv: Sequence[s
     keys = config.state_keys or (new_key(),)
     env["WEIR_STATE_KEYS"] = ",".join(base64.b64encode(k).decode() for k in keys)
     children: list[subprocess.Popen[str]] = []
-    readiness: list[threading.Event] = []
     shared_metrics = env[METRICS_ENV] = tempfile.mkdtemp(prefix="weir-metrics-")
     try:
+        readiness = []
         for i in range(args.workers):
-            proc = subprocess.Popen(
-                _child_argv(argv, args.app_dir, port, f"{base}-{i}"),
-                stdout=subprocess.PIPE,
-                text=True,
-                env=env,
-            )
-            ready = threading.Event()
-            assert proc.stdout is not None
-            threading.Thread(target=_pump, args=(proc.stdout, ready), daemon=True).start()
-            children.append(proc)
-            readiness.append(ready)
-            OPS.info(
-                "worker %s started (pid %d)",
-                f"{base}-{i}",
-                proc.pid,
-                extra={"fields": {"event": "worker_started", "replica": f"{base}-{i}"}},
-            )
+            replica = f"{base}-{i}"
+            child_argv = _child_argv(argv, args.app_dir, port, replica)
+            readiness.append(_start_worker(children, replica, child_argv, env))
         deadline = time.monotonic() + _START_TIMEOUT
         for proc, ready in zip(children, readiness, strict=True):
             while not ready.wait(0.1):
@@ -145,38 +131,67 @@ def run_workers(args: argparse.Namespace, config: ServerConfig, argv: Sequence[s
             f"weir: serving {config.scheme}://{host}:{port}{config.path} ({args.workers} workers)",
             flush=True,
         )
-
-        def forward(signum: int, _frame: object) -> None:
-            for child in children:
-                if child.poll() is None:
-                    child.send_signal(signum)
-
-        signal.signal(signal.SIGINT, forward)
-        signal.signal(signal.SIGTERM, forward)
-        said: set[int] = set()
-        while True:
-            statuses = [c.poll() for c in children]
-            for i, status in enumerate(statuses):
-                if status is not None and i not in said:
-                    said.add(i)
-                    _exited(f"{base}-{i}", children[i].pid, status)
-            if all(s is not None for s in statuses):
-                return next((s for s in statuses if s), 0) or 0
-            failed = [s for s in statuses if s not in (None, 0)]
-            if failed:
-                forward(signal.SIGTERM, None)
-            time.sleep(0.2)
+        return _supervise(children, base)
     except RuntimeError as exc:
         print(f"weir: {exc}", file=sys.stderr)
         return 1
     finally:
-        for child in children:
-            if child.poll() is None:
-                child.terminate()
-        for child in children:
-            try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        _stop_workers(children)
         reserved.close()
         shutil.rmtree(shared_metrics, ignore_errors=True)
+
+
+def _start_worker(
+    children: list[subprocess.Popen[str]], replica: str, argv: list[str], env: dict[str, str]
+) -> threading.Event:
+    """Start worker ``replica`` (added to ``children`` at once, so it is stopped
+    whatever happens next); the event is set when it says it is serving."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+    children.append(proc)
+    ready = threading.Event()
+    assert proc.stdout is not None
+    threading.Thread(target=_pump, args=(proc.stdout, ready), daemon=True).start()
+    OPS.info(
+        "worker %s started (pid %d)",
+        replica,
+        proc.pid,
+        extra={"fields": {"event": "worker_started", "replica": replica}},
+    )
+    return ready
+
+
+def _supervise(children: list[subprocess.Popen[str]], base: str) -> int:
+    """Forward SIGINT and SIGTERM to the workers, say when each exits, stop the rest
+    when one fails; the exit status once all have exited (the first failure's)."""
+
+    def forward(signum: int, _frame: object) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    said: set[int] = set()
+    while True:
+        statuses = [c.poll() for c in children]
+        for i, status in enumerate(statuses):
+            if status is not None and i not in said:
+                said.add(i)
+                _exited(f"{base}-{i}", children[i].pid, status)
+        if all(s is not None for s in statuses):
+            return next((s for s in statuses if s), 0) or 0
+        if any(s not in (None, 0) for s in statuses):
+            forward(signal.SIGTERM, None)
+        time.sleep(0.2)
+
+
+def _stop_workers(children: list[subprocess.Popen[str]]) -> None:
+    """Terminate the workers still running; kill one that has not exited in 15 s."""
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    for child in children:
+        try:
+            child.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            child.kill()
