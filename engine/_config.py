@@ -181,10 +181,11 @@ class ServerConfig:
     root_path: str = ""
 
     def __post_init__(self) -> None:
-        if not 0 <= self.retry_window < 86400:
-            raise ValueError(
-                f"retry_window must be 0 (off) to 86400 seconds, not {self.retry_window}"
-            )
+        self._check_ranges()
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        """Options that each make sense alone but not together (``ValueError``)."""
         if self.uds is not None and self.reuse_port:
             raise ValueError("a Unix socket (uds) is one process's: not with reuse_port")
         if self.retry_window > 0 and self.auth is None:
@@ -208,7 +209,18 @@ class ServerConfig:
                 f"max_stream_events ({self.max_stream_events}) must be >= the frame credit "
                 f"({self.credit.frames}): a stream must retain every unacknowledged frame"
             )
+        if self.session_retain_bytes > self.memory_budget:
+            raise ValueError(
+                f"session_retain_bytes ({self.session_retain_bytes}) must be <= "
+                f"memory_budget ({self.memory_budget})"
+            )
 
+    def _check_ranges(self) -> None:
+        """Each number within its own bounds (``ValueError`` naming the option)."""
+        if not 0 <= self.retry_window < 86400:
+            raise ValueError(
+                f"retry_window must be 0 (off) to 86400 seconds, not {self.retry_window}"
+            )
         for name in (
             "keepalive_timeout",
             "head_timeout",
@@ -246,11 +258,6 @@ class ServerConfig:
             raise ValueError("session_idle_timeout must be > 0 (or None: never)")
         if self.sse_keepalive is not None and not self.sse_keepalive > 0:
             raise ValueError("sse_keepalive must be > 0 (or None: off)")
-        if self.session_retain_bytes > self.memory_budget:
-            raise ValueError(
-                f"session_retain_bytes ({self.session_retain_bytes}) must be <= "
-                f"memory_budget ({self.memory_budget})"
-            )
 
     @property
     def scheme(self) -> str:
