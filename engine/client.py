@@ -399,25 +399,17 @@ async def open_client(
     if mode not in ("auto", "session", "sessionless"):
         raise ValueError(f"mode must be 'auto', 'session' or 'sessionless', not {mode!r}")
     info = client_info or {"name": "weir-client", "version": "0.1.0"}
-    handlers: dict[str, ServerRequestHandler] = {}
-    for method, handler in (
-        ("sampling/createMessage", sampling),
-        ("elicitation/create", elicitation),
-        ("roots/list", roots),
-    ):
-        if handler is not None:
-            handlers[method] = handler
+    handlers = {
+        method: handler
+        for method, handler in (
+            ("sampling/createMessage", sampling),
+            ("elicitation/create", elicitation),
+            ("roots/list", roots),
+        )
+        if handler is not None
+    }
     if mode != "session":
-        pool = Pool(url, timeout)
-        caps = capabilities_for(handlers)
-        try:
-            found = await discover(pool, info, caps)
-        except ConnectionDropped as exc:
-            await pool.aclose()
-            raise TransportError(None, "transport", str(exc)) from None
-        except BaseException:
-            await pool.aclose()
-            raise
+        pool, found = await _probe(url, timeout, info, handlers)
         if found is not None:
             client = SessionlessClient(
                 pool,
@@ -451,3 +443,23 @@ async def open_client(
         rng=rng,
     ) as session:
         yield session
+
+
+async def _probe(
+    url: str, timeout: float, info: JsonObject, handlers: dict[str, ServerRequestHandler]
+) -> tuple[Pool, JsonObject | None]:
+    """A connection pool for ``url`` and its ``server/discover`` result (None: the
+    server does not serve 2026-07-28).  The pool is closed if the probe fails.
+
+    Raises:
+        TransportError: the connection failed.
+    """
+    pool = Pool(url, timeout)
+    try:
+        return pool, await discover(pool, info, capabilities_for(handlers))
+    except ConnectionDropped as exc:
+        await pool.aclose()
+        raise TransportError(None, "transport", str(exc)) from None
+    except BaseException:
+        await pool.aclose()
+        raise
