@@ -256,15 +256,7 @@ class Connection:
                     if conn.should_close:
                         break
                 elif isinstance(event, HttpError):
-                    self.driver.metrics.refused(str(event.reason))
-                    out = conn.data_to_send()
-                    await self.send(out)
-                    if access_log_on():
-                        peer = self.writer.get_extra_info("peername")
-                        AccessRecord.refused(
-                            event.status, str(event.reason), peer=peer, nbytes=len(out)
-                        ).emit()
-                    await self._linger(reader)
+                    await self._refuse(event, reader)
                     break
                 else:  # ConnectionClosed
                     break
@@ -273,28 +265,43 @@ class Connection:
         except Exception:
             log.exception("connection handler failed")
         finally:
-            self._give_back()
-            # Nothing written here will be acknowledged any more: JSON bodies cannot
-            # be replayed, so nothing is owed; the streams this connection wrote stay
-            # in their logs as replay history (a resumption writes them again) but
-            # stop holding credit, unless another connection writes them now.
-            for session, stream, nbytes in self.acks.take_pending():
-                if stream is None:
-                    session.release(1, nbytes)
-            self._unmark(math.inf)
-            for session, stream in self._wrote:
-                session.let_go(stream)
-            self._wrote.clear()
-            if self._sessionless is not None:
-                self._sessionless.close()  # its owner ends with it
-            if self._ack_timer is not None:
-                self._ack_timer.cancel()
-                self._ack_timer = None
-            if self.writer.transport.get_write_buffer_size():
-                self.writer.transport.abort()  # a peer that stopped reading: do not flush
-            self.writer.close()
-            with contextlib.suppress(ConnectionError, TimeoutError):
-                await asyncio.wait_for(self.writer.wait_closed(), 1.0)
+            await self._teardown()
+
+    async def _refuse(self, event: HttpError, reader: asyncio.StreamReader | TlsReader) -> None:
+        """Send the core's refusal of a request it could not parse, log it, and let
+        the peer's remaining bytes drain for a moment (then the connection ends)."""
+        self.driver.metrics.refused(str(event.reason))
+        out = self.conn.data_to_send()
+        await self.send(out)
+        if access_log_on():
+            peer = self.writer.get_extra_info("peername")
+            AccessRecord.refused(event.status, str(event.reason), peer=peer, nbytes=len(out)).emit()
+        await self._linger(reader)
+
+    async def _teardown(self) -> None:
+        """The connection's last steps, however it ended."""
+        self._give_back()
+        # Nothing written here will be acknowledged any more: JSON bodies cannot
+        # be replayed, so nothing is owed; the streams this connection wrote stay
+        # in their logs as replay history (a resumption writes them again) but
+        # stop holding credit, unless another connection writes them now.
+        for session, stream, nbytes in self.acks.take_pending():
+            if stream is None:
+                session.release(1, nbytes)
+        self._unmark(math.inf)
+        for session, stream in self._wrote:
+            session.let_go(stream)
+        self._wrote.clear()
+        if self._sessionless is not None:
+            self._sessionless.close()  # its owner ends with it
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        if self.writer.transport.get_write_buffer_size():
+            self.writer.transport.abort()  # a peer that stopped reading: do not flush
+        self.writer.close()
+        with contextlib.suppress(ConnectionError, TimeoutError):
+            await asyncio.wait_for(self.writer.wait_closed(), 1.0)
 
     def _begin(self, request: HttpRequest) -> AccessRecord:
         """The access-log record of ``request``, current in this task from now."""
