@@ -305,7 +305,16 @@ class Endpoint:
 class McpSession:
     """One MCP session on one keep-alive connection."""
 
-    __slots__ = ("client", "endpoint", "keyed", "meta", "name", "next_id", "prefix", "session_id")
+    __slots__ = (
+        "client",
+        "endpoint",
+        "key_prefix",
+        "meta",
+        "name",
+        "next_id",
+        "prefix",
+        "session_id",
+    )
 
     def __init__(
         self,
@@ -326,7 +335,8 @@ class McpSession:
         self.meta = _sessionless_meta(name) if sessionless else None
         #: Sessionless: each call carries ``Idempotency-Key: <name>-<random>-<id>``,
         #: never reused (a shared store outlives a run; a reused key would replay).
-        self.keyed = f"{name}-{secrets.token_hex(6)}" if sessionless and idempotency_keys else ""
+        keyed = sessionless and idempotency_keys
+        self.key_prefix = f"{name}-{secrets.token_hex(6)}" if keyed else ""
 
     async def open(self) -> None:
         """``initialize`` and ``notifications/initialized`` -- or, sessionless,
@@ -373,8 +383,8 @@ class McpSession:
         self.next_id += 1
         ep = self.endpoint
         extra = self.prefix if self.meta is None else f"{self.prefix}Mcp-Name: {tool}\r\n"
-        if self.keyed:
-            extra += f"Idempotency-Key: {self.keyed}-{rid}\r\n"
+        if self.key_prefix:
+            extra += f"Idempotency-Key: {self.key_prefix}-{rid}\r\n"
         data = _post(ep.authority, ep.path, _call_body(rid, tool, arguments, self.meta), extra)
         start = time.perf_counter()
         return await self.client.exchange(data, rid), start

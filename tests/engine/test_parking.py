@@ -49,6 +49,13 @@ async def connect(server: Server) -> H11Client:
     return H11Client(stream, host=f"127.0.0.1:{server.port}")
 
 
+async def initialized(server: Server) -> H11Client:
+    """A new connection with a session initialized on it (then idle)."""
+    client = await connect(server)
+    await client.initialize()
+    return client
+
+
 def lot_of(server: Server) -> IdleLot:
     lot = server._connections.lot
     assert lot is not None
@@ -73,8 +80,7 @@ async def test_an_idle_connection_is_parked_and_its_next_request_served_on_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with serving(park_idle_after=2.0) as server:
-        client = await connect(server)
-        await client.initialize()
+        client = await initialized(server)
         await settle(1.0)
         assert len(lot_of(server)) == 0  # not idle long enough yet
         await settle(1.5)
@@ -102,8 +108,7 @@ async def test_a_parked_connection_is_closed_at_its_keepalive_deadline(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with serving(park_idle_after=2.0, keepalive_timeout=30) as server:
-        client = await connect(server)
-        await client.initialize()
+        client = await initialized(server)
         start = trio.current_time()
         assert await client.stream.receive_some(100) == b""  # closed by the server
         # The deadline counts from when it went idle, not from when it was parked.
@@ -116,8 +121,7 @@ async def test_a_peer_that_closes_while_parked_gives_its_place_back(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with serving(park_idle_after=2.0) as server:
-        client = await connect(server)
-        await client.initialize()
+        client = await initialized(server)
         await settle(3.0)
         assert len(lot_of(server)) == 1
         await client.stream.aclose()
@@ -129,8 +133,7 @@ async def test_at_the_limit_a_parked_connection_is_shed_for_a_new_client(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with serving(park_idle_after=2.0, max_connections=1) as server:
-        first = await connect(server)
-        await first.initialize()
+        first = await initialized(server)
         await settle(3.0)
         assert len(lot_of(server)) == 1
         second = await connect(server)  # waits in the backlog: the first is shed for it
@@ -147,8 +150,7 @@ async def test_shutdown_closes_parked_connections(
     clients: list[H11Client] = []
     async with serving(park_idle_after=2.0) as server:
         for _ in range(3):
-            client = await connect(server)
-            await client.initialize()
+            client = await initialized(server)
             clients.append(client)
         await settle(3.0)
         assert len(lot_of(server)) == 3
@@ -160,8 +162,7 @@ async def test_shutdown_closes_parked_connections(
 async def test_park_idle_after_zero_never_parks(autojump_clock: trio.testing.MockClock) -> None:
     async with serving(park_idle_after=0) as server:
         assert server._connections.lot is None
-        client = await connect(server)
-        await client.initialize()
+        client = await initialized(server)
         await settle(10.0)
         ping = await client.post({"jsonrpc": "2.0", "id": 1, "method": "ping"})
         assert ping.status == 200
@@ -194,8 +195,7 @@ async def test_a_request_that_arrives_as_the_park_deadline_fires_is_served(
 
     monkeypatch.setattr(SocketIO, "receive", receive_then_deadline)
     async with serving(park_idle_after=2.0) as server:
-        client = await connect(server)
-        await client.initialize()
+        client = await initialized(server)
         await settle(1.0)  # idle, its park deadline armed, not yet parked
         armed.append(server)
         reply = await client.call(1, "echo", {"text": "raced"})
