@@ -5,8 +5,10 @@ Theory of operation
 Two readers of a request head share the rules here (see :mod:`weir.protocol._http`
 for the two paths):
 
-* :func:`parse_head` reads a complete head of the common shape in one pass and
-  answers None for anything else, which then goes to h11;
+* :func:`parse_head` reads a complete head of the common shape (the request line
+  matched, the header block checked in one regular-expression pass and its fields
+  taken in a second, with no per-line matching) and answers None for anything
+  else, which then goes to h11;
 * :func:`head_fault` checks the line grammar (CRLF line ends, no obs-fold, no
   control byte but HTAB), resumable where the last check stopped, so a trickled
   head is checked in linear time;
@@ -64,8 +66,7 @@ Then, once a head is complete, in this order (the first that applies answers):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 import h11
 
@@ -74,9 +75,8 @@ from ._errors import Reason
 from ._http_events import Headers, HttpLimits
 
 
-@dataclass(frozen=True, slots=True)
-class ParsedHead:
-    """A request head in the fast path's shape."""
+class ParsedHead(NamedTuple):
+    """A request head in the fast path's shape (a tuple: made once per request)."""
 
     method: str
     target: str
@@ -91,6 +91,13 @@ _REQUEST_LINE = re.compile(r"(GET|POST|DELETE) (/[\x21-\x7e]*) HTTP/1\.1")
 _TOKEN = r"[-!#$%&'*+.^_`|~0-9A-Za-z]+"
 _FIELD_VALUE = r"(?:[\x21-\x7e\x80-\xff]+(?:[ \t]+[\x21-\x7e\x80-\xff]+)*)?"
 _HEADER_LINE = re.compile(rf"({_TOKEN}):[ \t]*({_FIELD_VALUE})[ \t]*")
+# The header block after the request line, checked in one pass: each line a token, a
+# colon, then only HTAB, SP, visible bytes and obs-text.  Every such rest of a line
+# is a field value with optional whitespace around it (words of those bytes parted by
+# SP/HTAB runs), so this is the field-line grammar of RFC 9112 section 5; the value
+# is the rest with the whitespace stripped.
+_HEADER_BLOCK = re.compile(rf"(?:\r\n{_TOKEN}:[\t\x20-\x7e\x80-\xff]*+)*+")
+_HEADER_FIELD = re.compile(rf"\r\n({_TOKEN}):([\t\x20-\x7e\x80-\xff]*)")
 TOKEN_RE = re.compile(_TOKEN)
 _TOKEN_BYTES = re.compile(_TOKEN.encode())
 _TARGET_END = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f ]")
@@ -127,56 +134,48 @@ def parse_head(buf: bytearray, end: int, limits: HttpLimits) -> ParsedHead | Non
     applies the limits.
     """
     text = buf[:end].decode("latin-1")
-    lines = text.split("\r\n")
-    if len(lines) > limits.max_header_fields + 1:
-        return None  # too many header fields: the h11 path refuses them (431)
-    m = _REQUEST_LINE.fullmatch(lines[0])
+    line_end = text.find("\r\n")
+    if line_end < 0:
+        return None  # no header at all (no Host): the h11 path refuses it
+    m = _REQUEST_LINE.fullmatch(text, 0, line_end)
     if m is None or len(m[2]) > limits.max_target_bytes:
         return None  # (a target over the limit: the h11 path refuses it, 414)
-    items: list[tuple[str, str]] = []
-    merged: dict[str, str] = {}
-    length = -1
-    hosts = 0
-    keep_alive = True
-    for line in lines[1:]:
-        h = _HEADER_LINE.fullmatch(line)
-        if h is None:
+    if _HEADER_BLOCK.fullmatch(text, line_end) is None:
+        return None  # a line off the grammar: the h11 path says which and refuses it
+    items = [(n.lower(), v.strip(" \t")) for n, v in _HEADER_FIELD.findall(text, line_end)]
+    if len(items) > limits.max_header_fields:
+        return None  # too many header fields: the h11 path refuses them (431)
+    merged = dict(items)
+    if len(merged) != len(items):  # a repeated name (rare): values joined in order
+        names = [n for n, _ in items]
+        if names.count("host") != 1 or names.count("content-length") > 1:
             return None
-        name = h[1].lower()
-        value = h[2]
-        if name in _H11_ONLY:
-            return None
-        if name == "host":
-            hosts += 1
-        elif name == "content-length":
-            if length >= 0 or _DIGITS.fullmatch(value) is None:
-                return None
-            length = int(value)
-        elif name == "connection":
-            tokens = {t.strip().lower() for t in value.split(",")}
-            if not tokens <= {"keep-alive", "close"}:
-                return None
-            if "close" in tokens:
-                keep_alive = False
-        items.append((name, value))
-        merged[name] = f"{merged[name]}, {value}" if name in merged else value
-    if hosts != 1:
+        merged = {}
+        for name, value in items:
+            merged[name] = f"{merged[name]}, {value}" if name in merged else value
+    if "host" not in merged or not _H11_ONLY.isdisjoint(merged):
         return None
+    length = 0
+    declared = merged.get("content-length")
+    if declared is not None:
+        if _DIGITS.fullmatch(declared) is None:
+            return None
+        length = int(declared)
+    keep_alive = True
+    connection = merged.get("connection")
+    if connection is not None:
+        tokens = {t.strip().lower() for t in connection.split(",")}
+        if not tokens <= {"keep-alive", "close"}:
+            return None
+        keep_alive = "close" not in tokens
     max_head = limits.max_header_bytes
-    if end + 4 + len(lines) > max_head:
+    if end + 5 + len(items) > max_head:
         # Near the limit: apply it to the canonical form, exactly as the h11 path
         # does (``head_size``), so both paths agree on every head.
         size = len(m[1]) + len(m[2]) + len("1.1") + len("  HTTP/\r\n") + 2
         if size + sum(len(n) + len(v) + 4 for n, v in items) > max_head:
             return None
-    return ParsedHead(
-        method=m[1],
-        target=m[2],
-        headers=Headers(tuple(items), merged),
-        size=end + 4,
-        content_length=max(length, 0),
-        keep_alive=keep_alive,
-    )
+    return ParsedHead(m[1], m[2], Headers(tuple(items), merged), end + 4, length, keep_alive)
 
 
 def head_fault(
