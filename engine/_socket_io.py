@@ -12,7 +12,11 @@ those layers do, in one frame: raise ``Cancelled`` if the task is already cancel
 ``BlockingIOError`` wait with ``trio.lowlevel.wait_readable`` /
 ``wait_writable``; after a call that succeeded at once, still yield (a
 cancel-shielded checkpoint, exactly as Trio's own socket methods do), so a task
-that never blocks cannot starve the others.
+that never blocks cannot starve the others.  After a write that yield also saves
+work: without it a connection reads again before its client can have sent the next
+request, and that read fails and waits in ``epoll``; with it, other connections run
+first and the read usually finds its request (dropping it cost 1.16 times the CPU
+per call at 50 sessions, measured side by side).
 
 The descriptor is an ``int``: before each call it is checked against the socket's
 current ``fileno()``, so once the socket is closed (by any task) this object
