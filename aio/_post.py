@@ -100,16 +100,7 @@ class PostEffects:
             self.conn.driver.metrics.admissions += effect.n
             return True
         if isinstance(effect, Mail):
-            if effect.initialized:
-                session.state = session_transition(session.state, SessionInput.INITIALIZED)
-            if effect.notes:
-                session.driver.hand_notes(session.sid, effect.notes)
-            for answer in effect.answer_here:
-                session.answer(answer)  # to a server-to-client request
-            for rid in effect.cancel_here:
-                session.cancel(rid)
-            for mail in effect.forward:  # (a shared store: for another replica)
-                await self.conn.driver.shared.post(session, mail.box, mail.data)
+            await self._mail(effect)
         elif effect is ENTER_REQUEST:
             session.state = session_transition(session.state, SessionInput.REQUEST)
         elif effect is ACCEPTED:
@@ -147,20 +138,40 @@ class PostEffects:
             else:
                 await self._json(effect.is_batch, given(effect.courses), effect.lane)
         elif isinstance(effect, RunBatch):
-            feed = entries(session, effect.requests, effect.token, self.conn.driver.post_rules)
-            lane = object()
-            if effect.json:
-                await self._json(True, feed, lane)
-            else:
-                binding = effect.token[0] if effect.token else 0
-                epoch = await self.conn.driver.shared.epoch(session, binding)
-                stream = session.open_stream(StreamKind.REQUEST, epoch, binding=binding)
-                self.outstanding = len(effect.requests)
-                self._run_on_stream(stream, feed, effect.primes)
-                await self.conn.write_stream(session, stream, 0)
+            await self._batch(effect)
         else:
             raise AssertionError(f"a POST course asked for {effect!r} out of turn")
         return None
+
+    async def _mail(self, mail: Mail) -> None:
+        """A POST's notifications, answers and cancellations (the core's :class:`Mail`):
+        each handled here, or forwarded to the replica that runs what it names."""
+        session = self.session
+        if mail.initialized:
+            session.state = session_transition(session.state, SessionInput.INITIALIZED)
+        if mail.notes:
+            session.driver.hand_notes(session.sid, mail.notes)
+        for answer in mail.answer_here:
+            session.answer(answer)  # to a server-to-client request
+        for rid in mail.cancel_here:
+            session.cancel(rid)
+        for item in mail.forward:  # (a shared store: for another replica)
+            await self.conn.driver.shared.post(session, item.box, item.data)
+
+    async def _batch(self, batch: RunBatch) -> None:
+        """A batch (2025-03-26): one JSON body, or one stream its entries are run on
+        as they are admitted, one at a time (:func:`entries`)."""
+        session = self.session
+        feed = entries(session, batch.requests, batch.token, self.conn.driver.post_rules)
+        if batch.json:
+            await self._json(True, feed, object())  # (the body's own lane)
+            return
+        binding = batch.token[0] if batch.token else 0
+        epoch = await self.conn.driver.shared.epoch(session, binding)
+        stream = session.open_stream(StreamKind.REQUEST, epoch, binding=binding)
+        self.outstanding = len(batch.requests)
+        self._run_on_stream(stream, feed, batch.primes)
+        await self.conn.write_stream(session, stream, 0)
 
     def _lone_now(self, courses: list[CallCourse]) -> bool:
         """Is this a lone request :func:`~._calls.runs_now` accepts (run in this task)?"""

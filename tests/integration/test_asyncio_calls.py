@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import pytest
+
 from weir.app import App, Context
 from weir.app.samples.demo import app as demo_app
 from weir.protocol import CreditLimits
@@ -325,3 +327,41 @@ def test_a_torn_down_session_leaves_nothing_in_the_store() -> None:
             assert not stored(), "the torn-down session's record stayed in the store"
         finally:
             stalled.close()
+
+
+_BATCH = [
+    {"jsonrpc": "2.0", "id": 1, "method": "ping"},
+    {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "echo", "arguments": {"text": "b"}},
+    },
+    {
+        "jsonrpc": "2.0",
+        "method": "notifications/progress",
+        "params": {"progressToken": 1, "progress": 1},
+    },
+]
+
+
+@pytest.mark.parametrize("always_json", [False, True], ids=["sse", "json"])
+def test_a_2025_03_26_batch_is_answered_entry_by_entry(always_json: bool) -> None:
+    # Batches exist only at 2025-03-26, which the conformance suite does not test.
+    with running_driver(demo_app, always_json=always_json) as running, Client(running.port) as c:
+        c.initialize("2025-03-26")
+        headers = {"content-type": "application/json", "accept": BOTH}
+        headers |= {"mcp-session-id": str(c.session_id), "mcp-protocol-version": "2025-03-26"}
+        reply = c.request("POST", json.dumps(_BATCH).encode(), headers)
+        assert reply.status == 200
+        if always_json:
+            answers = reply.json()  # one body: the batch's answers, as a batch
+            assert isinstance(answers, list)
+        else:
+            events = reply.events()
+            assert all(e.data for e in events)  # (no priming event below 2025-11-25)
+            answers = [json.loads(e.data) for e in events]
+        by_id = {a["id"]: a for a in answers}
+        assert sorted(by_id) == [1, 2]  # the notification has no answer
+        assert by_id[1]["result"] == {}
+        assert by_id[2]["result"]["content"][0]["text"] == "b"
