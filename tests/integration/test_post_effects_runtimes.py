@@ -1,10 +1,11 @@
-"""Effects of a session-era POST that no conformance scenario observes, on both runtimes.
+"""Effects of a POST that no conformance scenario observes, on both runtimes and eras.
 
 Each runtime performs the effects a POST's course asks for; these are the ones whose
 omission no other test noticed on the asyncio runtime (found by removing them one at a
-time): the end of a reservation for a request refused after its admission, the
-admissions counter, and a client notification handed to the app.  Real loopback
-sockets; the notification hook signals a ``threading.Event``, so nothing sleeps.
+time): the end of a reservation for a request refused after its admission (session era
+and 2026-07-28, whose credit owner is the connection's), the admissions and executions
+counters, and a client notification handed to the app.  Real loopback sockets; the
+notification hook signals a ``threading.Event``, so nothing sleeps.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import json
 import threading
 from typing import Any
+
+import pytest
 
 from weir.app import App
 from weir.protocol import INVALID_REQUEST, CreditLimits
@@ -81,3 +84,42 @@ def test_a_client_notification_reaches_the_app_with_its_session(runtime: str) ->
         assert arrived.wait(TIMEOUT)
         # Only the app's notification: the transport's own (initialized) is not handed on.
         assert heard == [("notifications/roots/list_changed", {"n": 1}, c.session_id)]
+
+
+_V = "2026-07-28"
+_META = {
+    "io.modelcontextprotocol/protocolVersion": _V,
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
+
+@RUNTIMES
+@pytest.mark.parametrize("json_response", [False, True], ids=["sse", "json"])
+def test_a_sessionless_call_refused_after_admission_gives_its_reservation_back(
+    runtime: str, json_response: bool
+) -> None:
+    # The same on the 2026-07-28 era, whose credit owner is the connection's own: six
+    # calls refused after admission, then one answered, all on one connection.
+    credit = CreditLimits(frames=4, bytes=1 << 20)
+    with (
+        serving(runtime, _echo_app(), credit=credit, json_response=json_response) as served,
+        Client(served.port) as c,
+    ):
+        headers = {"content-type": "application/json", "accept": BOTH}
+        headers |= {"mcp-protocol-version": _V, "mcp-method": "tools/call", "mcp-name": "echo"}
+
+        def call(rid: int, text: str, **extra: str) -> Any:
+            params = {"name": "echo", "arguments": {"text": text}, "_meta": _META}
+            body = {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+            return c.request("POST", json.dumps(body).encode(), headers | extra)
+
+        for i in range(6):
+            refused = call(100 + i, "x", **{"idempotency-key": "k" * 257})
+            assert refused.status == 400
+            assert refused.message()["error"]["data"]["limit"] == 256
+        answer = call(200, "still here", **{"idempotency-key": "fresh"})
+        assert answer.status == 200
+        assert answer.message()["result"]["content"][0]["text"] == "still here"
+        metrics = served.probe(lambda: served.target.metrics)
+        counts = served.probe(lambda: (metrics.admissions, metrics.executions))
+        assert counts == (7, 1)  # every admission counted; only the answered call ran
