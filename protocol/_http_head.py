@@ -90,7 +90,6 @@ class ParsedHead(NamedTuple):
 _REQUEST_LINE = re.compile(r"(GET|POST|DELETE) (/[\x21-\x7e]*) HTTP/1\.1")
 _TOKEN = r"[-!#$%&'*+.^_`|~0-9A-Za-z]+"
 _FIELD_VALUE = r"(?:[\x21-\x7e\x80-\xff]+(?:[ \t]+[\x21-\x7e\x80-\xff]+)*)?"
-_HEADER_LINE = re.compile(rf"({_TOKEN}):[ \t]*({_FIELD_VALUE})[ \t]*")
 # The header block after the request line, checked in one pass: each line a token, a
 # colon, then only HTAB, SP, visible bytes and obs-text.  Every such rest of a line
 # is a field value with optional whitespace around it (words of those bytes parted by
