@@ -6,7 +6,8 @@ every ``Last-Event-ID`` is refused 409 ``cursor_unknown`` (a malformed one is st
 400 ``cursor_invalid``): never a replay from the head of a stream.  Each test serves
 one app configured as ``weir serve --resume off`` configures it
 (:mod:`tests.integration.configured`), over real loopback sockets, once per runtime;
-nothing waits for a timer.
+nothing waits for a timer.  The last test is the contrast: with resumption on, a stream
+opens with its priming event.
 """
 
 from __future__ import annotations
@@ -121,3 +122,30 @@ async def test_resume_off_still_calls_a_malformed_cursor_malformed(runtime: str)
             refused(
                 await client.send("GET", headers={"last-event-id": "42"}), 400, "cursor_invalid"
             )
+
+
+@RUNTIMES
+async def test_with_resumption_on_a_standalone_stream_opens_with_a_priming_event(
+    runtime: str,
+) -> None:
+    # The contrast to the first test, with the default resumption: a 2025-11-25 session's
+    # GET stream starts with an event that has an id and empty data, before the first
+    # message (without it a client that loses the stream early has no cursor to resume).
+    with trio.fail_after(30):
+        async with serve_configured(runtime, app, ServerConfig(port=0)) as port:
+            client, token = await session(port)
+            get = await (await peer(port, client)).send("GET", headers={TOKEN: token})
+            assert isinstance(get, SseReply) and get.status == 200, get
+            said = await (await peer(port, client)).send(
+                "POST", tool(2, "announce"), {TOKEN: token}
+            )
+            assert isinstance(said, SseReply) and said.status == 200, said
+            await said.events()
+            events = await get.next_batch()
+            for _ in range(8):  # (the two events may arrive in pieces)
+                if len(events) >= 2:
+                    break
+                events += await get.next_batch()
+            assert events[0].id is not None and events[0].data == ""
+            assert json.loads(events[1].data)["method"] == "notifications/tools/list_changed"
+            assert events[1].id is not None
