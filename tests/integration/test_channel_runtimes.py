@@ -183,6 +183,17 @@ async def test_the_first_token_binds_the_session(runtime: str) -> None:
 
 
 @RUNTIMES
+async def test_a_token_first_presented_on_a_get_binds_the_session(runtime: str) -> None:
+    async with session(runtime) as (port, sid, token, _):
+        # No POST has shown the token: the GET stream is where the channel is proven.
+        stream = await open_stream(port, sid, token)
+        await stream.aclose()
+        refused(await send(port, "GET", sid), "channel_unbound")
+        refused(await send(port, "DELETE", sid), "channel_unbound")
+        assert (await send(port, "DELETE", sid, token=token)).status == 200
+
+
+@RUNTIMES
 async def test_rebind_fences_the_old_token_and_its_streams(runtime: str) -> None:
     async with session(runtime) as (port, sid, token, ran):
         ticked(await send(port, "POST", sid, tick(1, "before"), token), "before")
