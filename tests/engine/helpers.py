@@ -17,6 +17,22 @@ from weir.engine import App, Server, ServerConfig
 from weir.protocol.sse import SseDecoder, SseEvent
 
 ACCEPT_BOTH = "application/json, text/event-stream"
+#: A 2025-03-26 batch (the only revision with batches): a ping, a call of an ``echo``
+#: tool answering "b", and a notification (which gets no answer).
+BATCH_2025_03_26: list[dict[str, Any]] = [
+    {"jsonrpc": "2.0", "id": 1, "method": "ping"},
+    {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "echo", "arguments": {"text": "b"}},
+    },
+    {
+        "jsonrpc": "2.0",
+        "method": "notifications/progress",
+        "params": {"progressToken": 1, "progress": 1},
+    },
+]
 
 
 @dataclass

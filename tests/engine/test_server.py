@@ -14,7 +14,7 @@ import trio
 
 from weir.engine import App, Context, ServerConfig, ToolError
 
-from .helpers import H11Client, Reply, SseReply, connect, running_server
+from .helpers import BATCH_2025_03_26, H11Client, Reply, SseReply, connect, running_server
 
 app = App("driver-test")
 calls: dict[str, int] = {"slow": 0, "finished": 0}
@@ -385,22 +385,7 @@ async def test_batch_at_2025_03_26(autojump_clock: trio.testing.MockClock) -> No
     async with running_server(app) as (server, nursery):
         client = connect(server, nursery)
         await client.initialize("2025-03-26")
-        reply = await client.post(
-            [
-                {"jsonrpc": "2.0", "id": 1, "method": "ping"},
-                {
-                    "jsonrpc": "2.0",
-                    "id": 2,
-                    "method": "tools/call",
-                    "params": {"name": "echo", "arguments": {"text": "b"}},
-                },
-                {
-                    "jsonrpc": "2.0",
-                    "method": "notifications/progress",
-                    "params": {"progressToken": 1, "progress": 1},
-                },
-            ]
-        )
+        reply = await client.post(BATCH_2025_03_26)
         assert isinstance(reply, SseReply)
         events = await reply.events()
         assert all(e.data for e in events)  # no priming event below 2025-11-25

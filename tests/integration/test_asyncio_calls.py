@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.engine.helpers import BATCH_2025_03_26
 from weir.app import App, Context
 from weir.app.samples.demo import app as demo_app
 from weir.protocol import CreditLimits
@@ -329,22 +330,6 @@ def test_a_torn_down_session_leaves_nothing_in_the_store() -> None:
             stalled.close()
 
 
-_BATCH = [
-    {"jsonrpc": "2.0", "id": 1, "method": "ping"},
-    {
-        "jsonrpc": "2.0",
-        "id": 2,
-        "method": "tools/call",
-        "params": {"name": "echo", "arguments": {"text": "b"}},
-    },
-    {
-        "jsonrpc": "2.0",
-        "method": "notifications/progress",
-        "params": {"progressToken": 1, "progress": 1},
-    },
-]
-
-
 @pytest.mark.parametrize("always_json", [False, True], ids=["sse", "json"])
 def test_a_2025_03_26_batch_is_answered_entry_by_entry(always_json: bool) -> None:
     # Batches exist only at 2025-03-26, which the conformance suite does not test.
@@ -352,7 +337,7 @@ def test_a_2025_03_26_batch_is_answered_entry_by_entry(always_json: bool) -> Non
         c.initialize("2025-03-26")
         headers = {"content-type": "application/json", "accept": BOTH}
         headers |= {"mcp-session-id": str(c.session_id), "mcp-protocol-version": "2025-03-26"}
-        reply = c.request("POST", json.dumps(_BATCH).encode(), headers)
+        reply = c.request("POST", json.dumps(BATCH_2025_03_26).encode(), headers)
         assert reply.status == 200
         if always_json:
             answers = reply.json()  # one body: the batch's answers, as a batch

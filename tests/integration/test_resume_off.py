@@ -65,6 +65,17 @@ async def peer(port: int, of: H11Client) -> H11Client:
     return other
 
 
+async def announced_on_a_get_stream(port: int, of: H11Client, token: str) -> SseReply:
+    """``of``'s session's GET stream (its head arrived), after a call of ``announce``
+    on another connection has put a change notification on it."""
+    get = await (await peer(port, of)).send("GET", headers={TOKEN: token})
+    assert isinstance(get, SseReply) and get.status == 200, get
+    said = await (await peer(port, of)).send("POST", tool(2, "announce"), {TOKEN: token})
+    assert isinstance(said, SseReply) and said.status == 200, said
+    await said.events()
+    return get
+
+
 def refused(reply: Reply | SseReply, status: int, reason: str) -> None:
     assert isinstance(reply, Reply), f"expected a refusal, got a {reply.status} stream"
     assert reply.status == status, (reply.status, reply.body)
@@ -85,13 +96,7 @@ async def test_resume_off_emits_no_ids_and_no_priming(runtime: str) -> None:
             messages = [json.loads(e.data) for e in events]
             assert [m["result"]["content"][0]["text"] for m in messages if "id" in m] == ["said 2"]
             # The standalone stream: its first event is the first message, without an id.
-            get = await (await peer(port, client)).send("GET", headers={TOKEN: token})
-            assert isinstance(get, SseReply) and get.status == 200, get
-            said = await (await peer(port, client)).send(
-                "POST", tool(2, "announce"), {TOKEN: token}
-            )
-            assert isinstance(said, SseReply) and said.status == 200, said
-            await said.events()
+            get = await announced_on_a_get_stream(port, client, token)
             first = (await get.next_batch())[0]
             assert json.loads(first.data)["method"] == "notifications/tools/list_changed"
             assert first.id is None
@@ -134,13 +139,7 @@ async def test_with_resumption_on_a_standalone_stream_opens_with_a_priming_event
     with trio.fail_after(30):
         async with serve_configured(runtime, app, ServerConfig(port=0)) as port:
             client, token = await session(port)
-            get = await (await peer(port, client)).send("GET", headers={TOKEN: token})
-            assert isinstance(get, SseReply) and get.status == 200, get
-            said = await (await peer(port, client)).send(
-                "POST", tool(2, "announce"), {TOKEN: token}
-            )
-            assert isinstance(said, SseReply) and said.status == 200, said
-            await said.events()
+            get = await announced_on_a_get_stream(port, client, token)
             events = await get.next_batch()
             for _ in range(8):  # (the two events may arrive in pieces)
                 if len(events) >= 2:
