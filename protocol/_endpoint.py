@@ -301,7 +301,7 @@ def check_method(method: str, allowed: str) -> None:
     Raises:
         RemoteProtocolError: 405 ``method_not_allowed``.
     """
-    if method not in (m.strip() for m in allowed.split(",")):
+    if method != allowed and method not in [m.strip() for m in allowed.split(",")]:
         raise _refuse(
             405,
             Reason.METHOD_NOT_ALLOWED,

@@ -27,6 +27,7 @@ from typing import Final
 from ._errors import Reason, RemoteProtocolError
 
 _EVENT_ID: Final = re.compile(r"([0-9a-f]{8}):(0|[1-9][0-9]{0,17})")
+_EPOCH: Final = re.compile(r"[0-9a-f]{8}")
 MAX_EPOCH: Final = 0xFFFFFFFF
 
 
@@ -43,7 +44,7 @@ class EventId:
     seq: int
 
     def __post_init__(self) -> None:
-        if len(self.epoch) != 8 or not all(c in "0123456789abcdef" for c in self.epoch):
+        if _EPOCH.fullmatch(self.epoch) is None:
             raise ValueError(f"epoch must be 8 lowercase hex digits, got {self.epoch!r}")
         if self.seq < 0:
             raise ValueError(f"seq must be >= 0, got {self.seq}")

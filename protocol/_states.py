@@ -25,6 +25,11 @@ progress for the drain window) -> DEAD (no progress for the liveness timeout).
 A session is NEW until the client's ``notifications/initialized``; requests are
 served in NEW too (as the official SDKs do); CLOSED is terminal and every later
 request for it gets 404.
+
+The states and inputs are looked up in the tables for every frame a stream
+carries, so they hash by identity (C code) rather than by :class:`enum.Enum`'s
+hash of the member's name (a Python call per lookup): each member is a
+singleton, so identity is what equality already means for them.
 """
 
 from __future__ import annotations
@@ -37,7 +42,13 @@ from typing import Final, TypeVar
 from ._errors import LocalProtocolError
 
 
-class StreamState(enum.Enum):
+class _Member(enum.Enum):
+    """An enum whose members hash by identity (see the module docstring)."""
+
+    __hash__ = object.__hash__
+
+
+class StreamState(_Member):
     """States of one SSE stream."""
 
     LIVE_ATTACHED = "LIVE_ATTACHED"
@@ -47,7 +58,7 @@ class StreamState(enum.Enum):
     CLOSED = "CLOSED"
 
 
-class StreamInput(enum.Enum):
+class StreamInput(_Member):
     """What can happen to a stream."""
 
     ATTACH = "ATTACH"  # a connection starts writing this stream
@@ -57,7 +68,7 @@ class StreamInput(enum.Enum):
     ABORT = "ABORT"  # session ended or request cancelled
 
 
-class SessionState(enum.Enum):
+class SessionState(_Member):
     """States of one session."""
 
     NEW = "NEW"
@@ -65,7 +76,7 @@ class SessionState(enum.Enum):
     CLOSED = "CLOSED"
 
 
-class SessionInput(enum.Enum):
+class SessionInput(_Member):
     """What can happen to a session."""
 
     INITIALIZED = "INITIALIZED"  # notifications/initialized received
@@ -136,7 +147,7 @@ SESSION_TRANSITIONS: Final[Mapping[SessionState, Mapping[SessionInput, SessionSt
 del SS, SI
 
 
-class CreditState(enum.Enum):
+class CreditState(_Member):
     """States of one session's drain credit (see :mod:`protocol._credit`)."""
 
     OPEN = "OPEN"
@@ -145,7 +156,7 @@ class CreditState(enum.Enum):
     DEAD = "DEAD"
 
 
-class CreditInput(enum.Enum):
+class CreditInput(_Member):
     """What can happen to a session's credit."""
 
     EXHAUST = "EXHAUST"  # a frame had to wait for credit
