@@ -10,6 +10,13 @@ It prints the weir files whose Python functions ran (relative to the package, in
 first-run order), how many times control moved from one file into another ("moves"),
 and the files entered most often.  Only Python function calls of the server's thread
 count: C functions, the standard library, h11 and msgspec are not weir's files.
+It also counts the Python functions that ran in all (any file's, generator and
+coroutine resumptions included) for this and four more traced calls, and prints
+the least and the median: a count of the call's steps, which varies from call to
+call only with what else the server's thread did meanwhile (a read that finds no
+data yet and waits, the acknowledgement poller's turns), so the least of five is
+the steps of the call itself, near enough to compare two checkouts without a
+timing.
 
 The count is of what ran, not of what imports what: it is the number the course's
 design is judged by (how many places a reader follows to see one call through).
@@ -40,6 +47,8 @@ import weir
 
 #: Bound (seconds) on every wait: the server's start, one answer.
 TIMEOUT = 10.0
+#: Traced calls whose Python calls are counted (the first also gives the files).
+COUNTED = 5
 SESSIONLESS = "2026-07-28"
 SESSION_ERA = "2025-11-25"
 
@@ -54,10 +63,18 @@ class Tracer:
         self.order: list[str] = []
         self.entered: Counter[str] = Counter()
         self.moves = 0
+        #: Python functions (and generator or coroutine resumptions) that ran, any
+        #: file's, per traced call.
+        self.calls: list[int] = []
+        #: Only count the calls (the files are the first traced call's).
+        self.counting = False
         self._last: str | None = None
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
         if not self.on or event != "call":
+            return
+        self.calls[-1] += 1
+        if self.counting:
             return
         path = frame.f_code.co_filename
         if not path.startswith(self.root):
@@ -128,9 +145,20 @@ def _serve_asyncio(port: int, json_response: bool) -> Iterator[None]:
     try:
         yield
     finally:
-        loop.call_soon_threadsafe(server.close)
+        asyncio.run_coroutine_threadsafe(_stop_asyncio(server), loop).result(TIMEOUT)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(TIMEOUT)
+        loop.close()
+
+
+async def _stop_asyncio(server: asyncio.Server) -> None:
+    """Stop listening and end every task still running (the connection's), so the
+    loop stops with nothing pending."""
+    server.close()
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _post(sock: socket.socket, body: dict[str, Any], headers: dict[str, str]) -> bytes:
@@ -216,12 +244,15 @@ def trace(runtime: str, era: str, json_response: bool) -> Tracer:
             warm = _post(sock, _call(1, era), headers)
             if b'"result"' not in warm:
                 raise RuntimeError(f"the warm-up call failed: {warm[:400]!r}")
-            tracer.on = True
-            answer = _post(sock, _call(2, era), headers)
-            tracer.on = False
-            if b'"result"' not in answer:
-                raise RuntimeError(f"the traced call failed: {answer[:400]!r}")
-            time.sleep(0.3)  # (let the acknowledgement poller settle outside the trace)
+            for n in range(2, 2 + COUNTED):
+                tracer.calls.append(0)
+                tracer.on = True
+                answer = _post(sock, _call(n, era), headers)
+                tracer.on = False
+                tracer.counting = True  # (the files are the first traced call's)
+                if b'"result"' not in answer:
+                    raise RuntimeError(f"the traced call failed: {answer[:400]!r}")
+                time.sleep(0.3)  # (let the acknowledgement poller settle outside the trace)
     finally:
         threading.setprofile(None)
     return tracer
@@ -238,6 +269,11 @@ def main(argv: list[str] | None = None) -> None:
     mode = "JSON" if args.json_response else "SSE"
     print(f"{args.runtime}, {args.era} era, {mode}: one tools/call")
     print(f"files: {len(tracer.order)}   moves between files: {tracer.moves}")
+    calls = sorted(tracer.calls)
+    print(
+        f"Python calls (any file's, Trio's and the standard library's too), least and "
+        f"median of {len(calls)} calls: {calls[0]} {calls[len(calls) // 2]}"
+    )
     by_folder = Counter(path.split(os.sep)[0] for path in tracer.order)
     print("per folder:", dict(sorted(by_folder.items())))
     print("entered most:", ", ".join(f"{p} {n}" for p, n in tracer.entered.most_common(6)))
