@@ -122,7 +122,7 @@ class Calls:
             await self._initialize(conn, post, who)
             return
         course = PostCourse(post, self.post_rules)
-        clock = trio.current_time
+        clock = trio.lowlevel.current_clock().current_time  # (one call per reading)
         now = clock()  # read again only after a step that may wait (the gate's deadlines)
         effect = course.start(now)
         session: Session | None = None
@@ -300,7 +300,7 @@ class Calls:
         nothing; ``run`` accounts for it like any other (:meth:`Session.done`).
         """
         entries = BatchEntries(requests, token, lane, self.post_rules)
-        clock = trio.current_time
+        clock = trio.lowlevel.current_clock().current_time  # (one call per reading)
         async with trio.open_nursery() as nursery:
             effect = entries.start(clock())
             while effect is not None:

@@ -122,7 +122,7 @@ class Legacy:
         (its messages already checked by ``route_legacy``): the core decides the
         order, this performs each effect it asks for."""
         course = LegacyPostCourse(post, self.shared.post_rules)
-        clock = trio.current_time
+        clock = trio.lowlevel.current_clock().current_time  # (one call per reading)
         now = clock()  # read again only after a step that may wait (the gate's deadlines)
         effect = course.start(now)
         session: Session | None = None

@@ -106,6 +106,15 @@ class KeepsResults(Protocol):
         """Free at least ``nbytes`` of the session's kept results, oldest first."""
 
 
+def _run_clock() -> Callable[[], float]:
+    """The current Trio run's clock's ``current_time`` (outside a run, Trio's own
+    function, which raises when called there)."""
+    try:
+        return trio.lowlevel.current_clock().current_time
+    except RuntimeError:
+        return trio.current_time
+
+
 class Session:
     """Live state of one session in this process.
 
@@ -120,6 +129,7 @@ class Session:
         "budget",
         "caller",
         "calls",
+        "clock",
         "credit",
         "finished",
         "flow",
@@ -161,6 +171,9 @@ class Session:
             budget.register(record.session_id, self.shed)
         #: Admission and in-order credit grants (the pure part; see weir.protocol).
         self.flow = SessionFlow(credit or CreditLimits(), now)
+        #: The run's clock, read directly: ``self.clock()`` reaches it through
+        #: two more Python calls, and credit reads the time several times per call.
+        self.clock: Callable[[], float] = _run_clock()
         self.credit = self.flow.credit
         #: The waiting frames' wake-ups, by the flow's ticket.
         self._grants: dict[int, trio.Event] = {}
@@ -381,7 +394,7 @@ class Session:
         while True:
             if self.closed:
                 raise SessionClosed(self.session_id)
-            verdict = self.flow.try_admit(n, trio.current_time(), request_id, lane)
+            verdict = self.flow.try_admit(n, self.clock(), request_id, lane)
             if verdict is Admit.ADMITTED:
                 return
             if verdict is Admit.BLOCKED:
@@ -394,14 +407,14 @@ class Session:
     def done(self, n: int = 1, lane: Hashable | None = None, *, keep: bool = False) -> None:
         """``n`` admitted requests of ``lane`` have their response enqueued (or will
         never have one): their reservations end (``keep``: at :meth:`settle`)."""
-        self._granted(self.flow.done(n, trio.current_time(), lane, keep=keep))
+        self._granted(self.flow.done(n, self.clock(), lane, keep=keep))
         if self.on_activity is not None:
             self.on_activity()
 
     def settle(self, lane: Hashable | None) -> None:
         """Whatever ``lane`` still reserves ends (a JSON body took its credit, or
         will never be sent)."""
-        self._granted(self.flow.settle(lane, trio.current_time()))
+        self._granted(self.flow.settle(lane, self.clock()))
 
     def move_reservations(self, key: Hashable, lane: str) -> None:
         """What was reserved under ``key`` before the stream existed is ``lane``'s."""
@@ -424,14 +437,14 @@ class Session:
             return
         if self.closed:
             raise SessionClosed(self.session_id)
-        ticket = self.flow.wait_for(nbytes, trio.current_time(), lane)
+        ticket = self.flow.wait_for(nbytes, self.clock(), lane)
         granted = self._grants[ticket] = trio.Event()
         self._pulse(timer=True)
         try:
             await granted.wait()
         except BaseException:
             self._grants.pop(ticket, None)
-            if not self.flow.cancel(ticket, trio.current_time()) and not self.closed:
+            if not self.flow.cancel(ticket, self.clock()) and not self.closed:
                 self.release(1, nbytes, lane)  # granted, but we are cancelled: give it back
             raise
         if self.closed:
@@ -440,7 +453,7 @@ class Session:
     def try_acquire_now(self, nbytes: int, lane: Hashable | None = None) -> bool:
         """Take credit for one frame if that needs no wait (it fits, and no earlier
         frame of ``lane`` waits)."""
-        if not self.flow.try_acquire(nbytes, trio.current_time(), lane):
+        if not self.flow.try_acquire(nbytes, self.clock(), lane):
             return False
         # A first pending frame starts the liveness clock: a new deadline.
         self._pulse(timer=self.credit.frames_in_use == 1)
@@ -451,7 +464,7 @@ class Session:
         frames in order."""
         if not frames and not nbytes:
             return
-        self._granted(self.flow.release(frames, nbytes, trio.current_time(), lane))
+        self._granted(self.flow.release(frames, nbytes, self.clock(), lane))
 
     def drained(self, handle: StreamHandle, upto_seq: int) -> None:
         """A peer acknowledged every frame of ``handle``'s stream below ``upto_seq``."""
@@ -476,7 +489,7 @@ class Session:
 
     def progress(self) -> None:
         """A peer acknowledged some bytes (not necessarily a whole frame)."""
-        self.credit.progress(trio.current_time())
+        self.credit.progress(self.clock())
         self._pulse()
 
     @property
@@ -499,7 +512,7 @@ class Session:
                 h.writer_scope.cancel()
             frames, nbytes = h.log.drain_all()
             if frames or nbytes:
-                self.credit.release(frames, nbytes, trio.current_time())
+                self.credit.release(frames, nbytes, self.clock())
         self.flow.close()
         for ev in self._grants.values():
             ev.set()

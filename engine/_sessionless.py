@@ -193,7 +193,7 @@ class Sessionless:
         rules = self._rules()
         wall = time.time() if rules.retry_window > 0 else 0.0  # (only the window reads it)
         course = SessionlessCourse(msg, who.principal, who.authorized, rules, wall=wall)
-        clock = trio.current_time
+        clock = trio.lowlevel.current_clock().current_time  # (one call per reading)
         now = clock()  # read again only after a step that may wait (the gate's deadlines)
         effect = course.start(now)
         owner: Session | None = None

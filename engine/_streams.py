@@ -182,7 +182,7 @@ class Streams:
         effect still running at the bound is cancelled and failed with
         :class:`~weir.protocol.get.TailCut`, and the course ends the stream.
         """
-        clock = trio.current_time
+        clock = trio.lowlevel.current_clock().current_time  # (one call per reading)
         effect: GetEffect | DeleteEffect | None = course.start(clock())
         session: Session | None = None
         cut_at = math.inf  # the replay's bound, once it started
