@@ -108,7 +108,9 @@ class KeepsResults(Protocol):
 
 def _run_clock() -> Callable[[], float]:
     """The current Trio run's clock's ``current_time`` (outside a run, Trio's own
-    function, which raises when called there)."""
+    function, which raises when called there).  A session reads the clock directly:
+    ``trio.current_time()`` reaches it through two more Python calls, and credit
+    reads the time several times per call."""
     try:
         return trio.lowlevel.current_clock().current_time
     except RuntimeError:
@@ -171,16 +173,13 @@ class Session:
             budget.register(record.session_id, self.shed)
         #: Admission and in-order credit grants (the pure part; see weir.protocol).
         self.flow = SessionFlow(credit or CreditLimits(), now)
-        #: The run's clock, read directly: ``self.clock()`` reaches it through
-        #: two more Python calls, and credit reads the time several times per call.
-        self.clock: Callable[[], float] = _run_clock()
+        self.clock: Callable[[], float] = _run_clock()  #: (see :func:`_run_clock`)
         self.credit = self.flow.credit
         #: The waiting frames' wake-ups, by the flow's ticket.
         self._grants: dict[int, trio.Event] = {}
         #: The instant this session is scheduled at in the server's deadline heap
         #: (inf: not scheduled), and the key of that entry (see engine._timers).
-        self.timer_at = math.inf
-        self.timer_key = 0
+        self.timer_at, self.timer_key = math.inf, 0
         #: Asks for a wake-up at an earlier deadline (set by the server: the heap).
         self.schedule: Callable[[Session, float], None] | None = None
         #: Told when a handler ends, a response is enqueued or a writer detaches (the
