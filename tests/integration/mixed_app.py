@@ -54,6 +54,16 @@ async def announce(ctx: Context) -> str:
     return "announced"
 
 
+@app.tool()
+async def confirm(key: str, ctx: Context) -> str:
+    """Ask the user to confirm ``key`` (on the sessionless era, an input round: the
+    handler runs again with the answer), noting each run and the confirmation."""
+    _note(f"ask {key} {os.getpid()}")
+    answer = await ctx.elicit(f"Charge {key}?", {"type": "object"}, key="ok")
+    _note(f"confirmed {key} {os.getpid()}")
+    return f"{key}: {answer.get('action')}"
+
+
 @app.tool(task="required")
 async def charge_task(key: str, ctx: Context, seconds: float = 30.0) -> str:
     """:func:`charge` as a task (the tasks extension), noting when its run ends."""
