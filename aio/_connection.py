@@ -423,11 +423,12 @@ class Connection:
                     await serve_delete(self, session, mcp)
             except Gone:
                 raise session_refusal(sid) from None
-            except StoreUnavailable:
-                raise store_unavailable() from None
-        except RemoteProtocolError as exc:
+        except (RemoteProtocolError, StoreUnavailable) as exc:
             if self.conn.response_in_progress:
                 raise
+            if isinstance(exc, StoreUnavailable):  # (on any path: session, sessionless, tasks)
+                log.warning("store unavailable: %s", exc)
+                exc = store_unavailable()
             self.driver.metrics.refused(str(exc.reason))
             if exc.reason is Reason.IN_PROGRESS:
                 self.driver.metrics.duplicates_in_progress += 1
