@@ -34,7 +34,7 @@ from weir.common._listen import deliver_task
 from weir.common._memory import trim
 from weir.common._metrics_share import MetricsShare
 from weir.engine._memory_store import MemoryStore
-from weir.engine._session_store import SessionStore
+from weir.engine._session_store import REQUEST_STATE_KEY, SessionStore
 from weir.engine._tasks import TaskSettings
 from weir.protocol import (
     LOOPBACK_HOSTS,
@@ -149,8 +149,9 @@ class AsyncioDriver:
         app's lifespan yielded, when :func:`main` runs one).
 
         The sessionless revision's request state is sealed with ``state_keys`` (the
-        first seals, all open; none: one drawn now, so states do not outlive the
-        process).  With a ``retry_window`` (seconds; authorization needed), a
+        first seals, all open; none: on a shared store the one key its replicas agree
+        on, see :meth:`request_sealer`; else one drawn now, so states do not outlive
+        the process).  With a ``retry_window`` (seconds; authorization needed), a
         sessionless call without an ``Idempotency-Key`` that repeats one of its
         principal's within the window is taken for a retry and replayed (the core's
         rule, as on the Trio engine).
@@ -282,6 +283,10 @@ class AsyncioDriver:
             on_change=self.task_changed,
         )
         self.sealer = StateSealer(tuple(state_keys) or (new_key(),))
+        #: No key given on a shared store: the replicas' one key is fetched from the
+        #: store when a request first needs it (:meth:`request_sealer`).
+        self._key_from_store = store.shared and not state_keys
+        self._key_fetch = asyncio.Lock()
         #: The sessionless idempotency gate, listeners, and keyed calls' runs (a
         #: keyed call outlives its response and its connection; shutdown ends it).
         self.keyed = KeyedCalls(self.shared)
@@ -308,6 +313,24 @@ class AsyncioDriver:
         self._handlers: set[asyncio.Task[Any]] = set()
         #: ``app.changed(...)`` from outside a request reaches this driver's sessions.
         self.detach = app.attach_changes(self.changed)
+
+    async def request_sealer(self) -> StateSealer:
+        """The sealer of sessionless request state.  Given no ``state_keys`` on a shared
+        store, its key is the one every replica on the store agrees on (the first one
+        stored wins, as the Trio engine's), fetched once, when the first request needs
+        it: a round that began on another replica, Trio or asyncio, continues here.
+
+        Raises:
+            StoreUnavailable: the store did not answer (the request is refused 503;
+                the next one asks again).
+        """
+        if self._key_from_store:
+            async with self._key_fetch:
+                if self._key_from_store:
+                    key = await self.shared.store.shared_value(REQUEST_STATE_KEY, new_key())
+                    self.sealer = StateSealer([key])
+                    self._key_from_store = False
+        return self.sealer
 
     def sessionless(self) -> SessionlessRules:
         """The sessionless course's rules: the runtime's, and whether the app has a

@@ -308,7 +308,7 @@ class SessionlessPosts:
         if isinstance(effect, ToolTasking):
             return driver.app.tasking(effect.name)
         if isinstance(effect, OpenRequestState):
-            return driver.sealer.open(effect.state)
+            return (await driver.request_sealer()).open(effect.state)
         if effect is ACCEPTED:
             await conn.send(conn.conn.send_response(202, ()))
         elif effect is ANSWER_DISCOVER:
@@ -489,7 +489,7 @@ class SessionlessPosts:
                 elif isinstance(effect, EncodeResult):
                     answer = self._encode_result(owner, req, effect.result, stream)
                 elif isinstance(effect, SealState):
-                    answer = driver.sealer.seal(dict(effect.claims))
+                    answer = (await driver.request_sealer()).seal(dict(effect.claims))
                 elif isinstance(effect, RecordOutcome):
                     await driver.keyed.record(principal, effect.key, effect.payload)
                 elif isinstance(effect, GiveBack):

@@ -72,7 +72,7 @@ from ._listen import AcceptGate
 from ._owners import Owners
 from ._replicas import Replicas
 from ._routing import Router
-from ._session_store import SessionStore
+from ._session_store import REQUEST_STATE_KEY, SessionStore
 from ._session_table import SessionTable
 from ._sessionless import Sessionless
 from ._shared import Shared, with_declared_auth
@@ -230,7 +230,7 @@ class Server:
         try:
             if self.store.shared and not self.config.state_keys:
                 # Replicas must open each other's request state: one key, in the store.
-                key = await self.store.shared_value("request-state-key", new_key())
+                key = await self.store.shared_value(REQUEST_STATE_KEY, new_key())
                 shared.sealer = StateSealer([key])
             async with self.app.lifespan_context() as state:
                 shared.state = state

@@ -51,11 +51,15 @@ shared one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
 from weir.protocol.gate import CallStart
 
 from ._store_records import SessionRecord, StoredEvent, StoredTask, StreamInfo, TaskWrite
+
+#: The :meth:`SessionStore.shared_value` under which replicas agree on the key that
+#: seals sessionless request state (when none is configured), on either runtime.
+REQUEST_STATE_KEY: Final = "request-state-key"
 
 
 class SessionStore(Protocol):

@@ -419,6 +419,49 @@ async def test_a_keyed_sessionless_call_replays_on_the_other_runtime(
         assert [line.split()[0] for line in ledger(tmp_path)] == ["start", "done"]
 
 
+@pytest.mark.parametrize("first", ["trio", "asyncio"])
+async def test_an_input_round_begun_on_one_runtime_continues_on_the_other(
+    first: str, valkey_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2026-07-28 with no request-state key configured (no ``--state-key-file``): a
+    ``tools/call`` answered ``input_required`` by one runtime carries a
+    ``requestState`` the other runtime opens -- both seal with the one key the
+    replicas agree on in the store -- so round two, sent there, runs the tool with
+    the answer."""
+    monkeypatch.delenv("WEIR_STATE_KEYS", raising=False)
+    other = "asyncio" if first == "trio" else "trio"
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+    }
+    headers = {
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/call",
+        "mcp-name": "confirm",
+        "accept": "application/json, text/event-stream",
+    }
+    params: dict[str, Any] = {"name": "confirm", "arguments": {"key": first}, "_meta": meta}
+    with replicas(valkey_url, tmp_path, monkeypatch) as procs, trio.fail_after(60):
+        c = await Client.connect(procs[first].port)
+        one = await c.request(
+            "POST", "/mcp", call(1, "confirm", {}) | {"params": params}, headers=headers
+        )
+        await c.aclose()
+        asked = answer_of(one)["result"]
+        assert asked["resultType"] == "input_required", asked
+        params |= {
+            "inputResponses": {"ok": {"action": "accept", "content": {}}},
+            "requestState": asked["requestState"],
+        }
+        c = await Client.connect(procs[other].port)
+        two = await c.request(
+            "POST", "/mcp", call(2, "confirm", {}) | {"params": params}, headers=headers
+        )
+        await c.aclose()
+        assert two.status == 200, two
+        assert answer_of(two)["result"]["content"][0]["text"] == f"{first}: accept", two
+
+
 def inline_count(metrics: Reply, tool: str) -> float:
     """``weir_inline_calls_total`` of ``tool`` in a ``/metrics`` reply (0 if absent)."""
     for line in metrics.body.decode().splitlines():

@@ -25,14 +25,12 @@ shared Valkey, a round whose key one runtime gave back continues on the other
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
-from weir.common import new_key
 from weir.engine import App, Context
 from weir.protocol import SERVER_ERROR, Reason, RemoteProtocolError
 from weir.protocol.streams import StreamKind
@@ -225,9 +223,6 @@ async def test_a_key_one_runtime_gave_back_serves_the_next_round_on_the_other(
     runtime, gives the key back in the store; round two under the same key, on the
     other runtime, runs the handler there and is answered."""
     other = "asyncio" if first == "trio" else "trio"
-    # One seal key for both: the Trio engine takes the store's shared key when it is
-    # given none, the asyncio runtime draws its own, so they must be told one.
-    monkeypatch.setenv("WEIR_STATE_KEYS", base64.b64encode(new_key()).decode())
     meta = _meta("elicitation")
     key = f"round-{first}"
     with replicas(valkey_url, tmp_path, monkeypatch) as procs, trio.fail_after(60):
