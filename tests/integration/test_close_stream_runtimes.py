@@ -27,7 +27,8 @@ from weir.engine import App, Context
 
 from .rawhttp import Client, raw_request
 from .runtimes import RUNTIMES, Served, serving, wait_in_thread
-from .test_tail_effects_mixed import HDR, events_of, open_session
+from .test_channel_runtimes import HDR
+from .test_tail_effects_mixed import events_of, open_session
 
 
 @dataclass

@@ -168,7 +168,7 @@ async def test_a_retry_waits_for_the_call_running_on_the_other_runtime(
     other = "asyncio" if runs_on == "trio" else "trio"
     with replicas(valkey_url, tmp_path, monkeypatch) as procs, trio.fail_after(60):
         c = await Client.connect(procs[runs_on].port)
-        sid = await _initialize(c)
+        sid = await initialize(c)
         hdr = {**HDR, "idempotency-key": "slow"}
         body = json.dumps(charge(5, "slow", 3.0)).encode()
         await c.send_raw(
@@ -199,7 +199,7 @@ async def test_a_sigkilled_replicas_call_is_answered_interrupted_by_the_other_ru
     survivor = "asyncio" if killed == "trio" else "trio"
     with replicas(valkey_url, tmp_path, monkeypatch) as procs, trio.fail_after(60):
         c = await Client.connect(procs[killed].port)
-        sid = await _initialize(c)
+        sid = await initialize(c)
         hdr = {**HDR, "idempotency-key": "doomed"}
         body = json.dumps(charge(7, "doomed", 30.0)).encode()
         await c.send_raw(
@@ -227,11 +227,12 @@ async def test_a_sigkilled_replicas_call_is_answered_interrupted_by_the_other_ru
         assert [line.split()[:2] for line in ledger(tmp_path)] == [["start", "doomed"]]
 
 
-async def _initialize(c: Client) -> str:
-    init = await c.request("POST", "/mcp", INIT, headers=HDR)
-    assert init.status == 200, init
-    sid = init.headers["mcp-session-id"]
-    assert (await c.request("POST", "/mcp", NOTE, session=sid, headers=HDR)).status == 202
+async def initialize(c: Client, init: dict[str, Any] = INIT, headers: dict[str, str] = HDR) -> str:
+    """Open a session on ``c`` (``initialize``, then the initialized notification)."""
+    opened = await c.request("POST", "/mcp", init, headers=headers)
+    assert opened.status == 200, opened
+    sid = opened.headers["mcp-session-id"]
+    assert (await c.request("POST", "/mcp", NOTE, session=sid, headers=headers)).status == 202
     return sid
 
 
@@ -246,7 +247,7 @@ async def test_a_stream_cut_on_one_runtime_resumes_on_the_other_with_exact_event
     resumer = "asyncio" if producer == "trio" else "trio"
     with replicas(valkey_url, tmp_path, monkeypatch) as procs, trio.fail_after(60):
         c = await Client.connect(procs[producer].port)
-        sid = await _initialize(c)
+        sid = await initialize(c)
         body = json.dumps(call(3, "chatter", {"count": 10})).encode()
         await c.send_raw(
             raw_request("POST", "/mcp", body=body, headers={"mcp-session-id": sid, **HDR})
@@ -332,7 +333,7 @@ async def test_a_cancellation_sent_to_the_other_runtime_stops_the_call(
     other = "asyncio" if runs_on == "trio" else "trio"
     with replicas(valkey_url, tmp_path, monkeypatch) as procs, trio.fail_after(60):
         c = await Client.connect(procs[runs_on].port)
-        sid = await _initialize(c)
+        sid = await initialize(c)
         hdr = {**HDR, "idempotency-key": "long", "mcp-session-id": sid}
         body = json.dumps(charge(4, "long", 30.0)).encode()
         await c.send_raw(raw_request("POST", "/mcp", body=body, headers=hdr))
@@ -363,7 +364,7 @@ async def test_announced_changes_cross_runtimes_on_the_stores_bus(
     Both runtimes' announcements go on the same bus, in the same encoding."""
     with replicas(valkey_url, tmp_path, monkeypatch) as procs, trio.fail_after(60):
         g = await Client.connect(procs[listening].port)
-        sid = await _initialize(g)
+        sid = await initialize(g)
         headers = {**HDR, "accept": "text/event-stream", "mcp-session-id": sid}
         await g.send_raw(raw_request("GET", "/mcp", headers=headers))
         head = await _response_head(g)  # the stream is open: a change now reaches it

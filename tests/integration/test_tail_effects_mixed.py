@@ -37,21 +37,9 @@ import trio
 from weir.protocol._resume import StoreTail
 
 from .rawhttp import Client, raw_request
-from .test_mixed_replicas import charge, ledger, replicas
+from .test_channel_runtimes import HDR, INIT
+from .test_mixed_replicas import charge, initialize, ledger, replicas
 
-VERSION = "2025-11-25"
-HDR = {"mcp-protocol-version": VERSION, "accept": "application/json, text/event-stream"}
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 0,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": VERSION,
-        "capabilities": {},
-        "clientInfo": {"name": "tail", "version": "0"},
-    },
-}
-NOTE = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 #: How long the tailed call runs (the tail's reads are counted over it).
 CALL_SECONDS = 1.5
 #: Seconds from the SIGKILL within which the tail ends: the lease (2 s), the tail's
@@ -60,11 +48,8 @@ KILL_BOUND = 10.0
 
 
 async def open_session(c: Client) -> str:
-    init = await c.request("POST", "/mcp", INIT, headers=HDR)
-    assert init.status == 200, init
-    sid = init.headers["mcp-session-id"]
-    assert (await c.request("POST", "/mcp", NOTE, session=sid, headers=HDR)).status == 202
-    return sid
+    """A 2025-11-25 session on ``c`` (its streams open with a priming event)."""
+    return await initialize(c, INIT, HDR)
 
 
 def events_of(body: bytes) -> list[dict[str, str]]:
