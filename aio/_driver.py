@@ -320,9 +320,12 @@ class AsyncioDriver:
         stored wins, as the Trio engine's), fetched once, when the first request needs
         it: a round that began on another replica, Trio or asyncio, continues here.
 
+        ``weir serve --runtime asyncio`` asks for it at start-up, so its requests
+        never wait for it (nor fail for want of it while the store is down).
+
         Raises:
-            StoreUnavailable: the store did not answer (the request is refused 503;
-                the next one asks again).
+            StoreUnavailable: the store did not answer (the request is answered 503
+                ``store_unavailable``; the next one asks again).
         """
         if self._key_from_store:
             async with self._key_fetch:

@@ -318,6 +318,7 @@ async def _serve(
             stack.push_async_callback(store.aclose)
             state = await _enter_lifespan(app, stack, config.startup_timeout)
             driver = config.driver(app, state, store)
+            await driver.request_sealer()  # (a shared store's key: before the first request)
             loop.set_exception_handler(AcceptFailures(driver))
             server, url, inode = await _listen(driver, config)
             publisher = None

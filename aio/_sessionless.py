@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Final
@@ -66,6 +67,7 @@ from weir.common import (
     runs_inline,
     sessionless_inline,
 )
+from weir.engine._store_errors import StoreUnavailable
 from weir.protocol import RemoteProtocolError
 from weir.protocol.course import GATE_STEPS
 from weir.protocol.jsonrpc import ErrorResponse, Request, RequestId, Response, encode_result
@@ -110,11 +112,13 @@ from ._calls import _fit
 from ._listen import serve_listen
 from ._owners import new_owner
 from ._session import Gone, Session
+from ._shared import store_unavailable
 
 if TYPE_CHECKING:
     from ._connection import Connection
     from ._driver import AsyncioDriver
 
+log = logging.getLogger("weir.asyncio")
 #: Seconds a streamed answer's head waits for the handler's first message.
 FIRST_OUTPUT_WAIT: Final = 1.0
 #: The most credit owners one connection holds at once (a gateway's carries many
@@ -393,11 +397,15 @@ class SessionlessPosts:
             try:
                 try:
                     body = await self._drive_run(owner, run, stream, backend, principal)
-                except RemoteProtocolError as exc:
+                except (RemoteProtocolError, StoreUnavailable) as failed:
+                    exc = failed
+                    if isinstance(exc, StoreUnavailable):  # (e.g. a task's record not written)
+                        log.warning("store unavailable: %s", exc)
+                        exc = store_unavailable(msg.request_id)
                     if not answering.started:
                         answering.refused.append(exc)  # answered as this POST's status
                         return
-                    body = encode_refusal(exc)
+                    body = encode_refusal(exc)  # the stream's final event: the call is answered
                 first.set()
                 if body is not None:
                     await owner.append(stream, body.decode(), final=True)

@@ -139,7 +139,8 @@ from ._keyed import KeyedCalls
 from ._owners import Owners, open_answer_stream
 from ._requester import Requester
 from ._session import Session, SessionClosed, StreamHandle, StreamLost
-from ._shared import Shared
+from ._shared import Shared, log, store_unavailable
+from ._store_errors import StoreUnavailable
 from ._tasks import Tasks
 from ._writer import SSE_HEADERS, PeerGone, write_stream
 
@@ -362,11 +363,15 @@ class Sessionless:
             try:
                 try:
                     body = await self._drive_run(owner, who, run, handle, backend)
-                except RemoteProtocolError as exc:
+                except (RemoteProtocolError, StoreUnavailable) as failed:
+                    exc = failed
+                    if isinstance(exc, StoreUnavailable):  # (e.g. a task's record not written)
+                        log.warning("store unavailable: %s", exc)
+                        exc = store_unavailable(self.config, msg.request_id)
                     if not answering.started:
                         answering.refused.append(exc)  # answered as this POST's status
                         return
-                    body = error_body(exc)
+                    body = error_body(exc)  # the stream's final event: the call is answered
                 first.set()
                 await handle.respond(body.decode() if body is not None else None)
             except StreamLost:

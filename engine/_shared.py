@@ -183,12 +183,16 @@ def retention_full(config: ServerConfig, request_id: RequestId) -> RemoteProtoco
     )
 
 
-def store_unavailable(config: ServerConfig) -> RemoteProtocolError:
-    """The refusal of a request the store could not serve: 503 ``store_unavailable``."""
+def store_unavailable(
+    config: ServerConfig, request_id: RequestId | None = None
+) -> RemoteProtocolError:
+    """The refusal of a request the store could not serve: 503 ``store_unavailable``
+    (``request_id``: the JSON-RPC error answers that request, as on its stream)."""
     return RemoteProtocolError(
         "the session store is unavailable; nothing was executed",
         http_status=503,
         reason=Reason.STORE_UNAVAILABLE,
         code=SERVER_ERROR,
+        request_id=request_id,
         retry_after_ms=config.retry_ms,
     )

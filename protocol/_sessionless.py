@@ -103,6 +103,11 @@ class SessionlessMessage:
     message: Request | Notification
     meta: RequestMeta | None  # None for a notification (this era defines none on HTTP)
 
+    @property
+    def request_id(self) -> RequestId | None:
+        """The request's id (None: a notification)."""
+        return self.message.id if isinstance(self.message, Request) else None
+
 
 def is_sessionless(header_version: str | None) -> bool:
     """Does ``MCP-Protocol-Version`` put this request in the sessionless era?"""

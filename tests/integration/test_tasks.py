@@ -18,7 +18,6 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,15 +32,11 @@ from weir.engine._session_store import SessionStore
 from weir.protocol.tasks import TASKS_EXTENSION, decode_record, encode_record, new_task
 
 from .configured import RUNTIMES, run_configured
-from .conftest import ValkeyProcess
 from .runtimes import wait_in_thread
-from .serverproc import WeirProcess
 from .test_auth import jwt_authorization, token
 from .test_sessionless_loopback import eventually
 
 V = "2026-07-28"
-#: The app of the tests that start ``weir serve`` (its ``charge_task`` runs 30 s).
-MIXED_APP = "tests.integration.mixed_app:app"
 DECLARED: dict[str, Any] = {"elicitation": {}, "extensions": {TASKS_EXTENSION: {}}}
 
 app = App("tasks")
@@ -486,31 +481,6 @@ async def test_replicas_share_tasks_through_the_store(valkey_url: str) -> None:
         assert await eventually(lambda: ran[-1:] == ["r"], timeout=5)
         await result(b.port, rpc(4, "tasks/cancel", {"taskId": running["taskId"]}))
         assert (await get(c.port, running["taskId"]))["status"] == "cancelled"
-
-
-@RUNTIMES
-async def test_a_task_read_while_the_store_is_down_is_refused_503(
-    runtime: str, private_valkey: ValkeyProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``tasks/get`` while the shared store does not answer: 503 ``store_unavailable``
-    (retry later), as for any other request -- not a dropped connection, and no
-    traceback in the server's log."""
-    monkeypatch.setenv("WEIR_TEST_LEDGER", str(tmp_path / "ledger"))
-    out, err = (tmp_path / "out").open("w+b"), (tmp_path / "err").open("w+b")
-    proc = WeirProcess(MIXED_APP, out, err, ["--store", private_valkey.url], driver=runtime)
-    try:
-        call = rpc(1, "tools/call", {"name": "charge_task", "arguments": {"key": "down"}})
-        task_id = (await result(proc.port, call))["taskId"]
-        private_valkey.pause()
-        try:
-            with trio.fail_after(30):
-                reply = await post(proc.port, rpc(2, "tasks/get", {"taskId": task_id}))
-        finally:
-            private_valkey.resume()
-        assert reply.status == 503 and reply.reason == "store_unavailable", reply
-        assert "Traceback" not in proc.stderr(), proc.stderr()[-3000:]
-    finally:
-        proc.stop()
 
 
 # ---------------------------------------------------------------- weir's client
