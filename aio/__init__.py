@@ -97,8 +97,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._driver import AsyncioDriver, serve
-from ._run import STARTUP_TIMEOUT, AsyncioConfig, StartupFailed, event_loop_name, run
+from ._driver import AsyncioDriver
+from ._run import STARTUP_TIMEOUT, AsyncioConfig, StartupFailed, event_loop_name, run, serve
 from ._shared import open_store
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 :class:`AsyncioDriver` holds the sessions and counts the connections; everything a
 client can make it hold has a limit (sessions, connections, idle time, each session's
-credit and history).  :func:`serve` starts an ``asyncio`` server around it;
+credit and history).  :func:`weir.asyncio.serve` starts an ``asyncio`` server around it;
 :func:`weir.asyncio.run` (``weir serve --runtime asyncio``) also runs the app's
 lifespan around serving and stops on a signal.
 """
@@ -21,7 +21,7 @@ import ssl
 from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from weir.app import MAX_NOTES_RUNNING, NOTE_WAIT, SESSION_CLOSE_WAIT, App, load_app
+from weir.app import MAX_NOTES_RUNNING, NOTE_WAIT, SESSION_CLOSE_WAIT, App
 from weir.common import (
     Authorization,
     Metrics,
@@ -37,7 +37,6 @@ from weir.engine._memory_store import MemoryStore
 from weir.engine._session_store import REQUEST_STATE_KEY, SessionStore
 from weir.engine._tasks import TaskSettings
 from weir.protocol import (
-    LOOPBACK_HOSTS,
     SERVER_ERROR,
     CreditLimits,
     EndpointConfig,
@@ -586,29 +585,3 @@ class AsyncioDriver:
             writer.transport.abort()
             return
         await Connection(self, tls[1]).run(tls[0])
-
-
-async def serve(
-    host: str = "127.0.0.1",
-    port: int = 0,
-    *,
-    app: App | None = None,
-    path: str = "/mcp",
-    credit: CreditLimits | None = None,
-    json_only_clients: bool = True,
-    state: Any = None,
-    store: SessionStore | None = None,
-) -> asyncio.Server:
-    """Start serving ``app`` (the demo app by default) at ``http://host:port/path``
-    (port 0: a free one).
-
-    ``credit`` sets each session's drain credit and timers (the core's defaults
-    otherwise).  With ``json_only_clients`` a client whose ``Accept`` lists only
-    ``application/json`` is answered with JSON bodies; without it such a POST is 406,
-    as the Streamable HTTP transport allows (``weir serve``'s default).  ``store``
-    keeps sessions and the gate (see :class:`AsyncioDriver`; the caller closes it).
-    """
-    hosts = LOOPBACK_HOSTS | {host.lower()}
-    endpoint = EndpointConfig(path=path, allowed_hosts=hosts, json_response=json_only_clients)
-    driver = AsyncioDriver(app or load_app("demo"), endpoint, credit, state=state, store=store)
-    return await asyncio.start_server(driver.connection, host, port)

@@ -41,14 +41,14 @@ import ssl
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from weir.app import App
+from weir.app import App, load_app
 from weir.common import Authorization, declared_authorization, principal_session_limit
 from weir.common._metrics_share import PERIOD as PUBLISH_PERIOD
 from weir.common._unix import bind_unix, remove_unix
 from weir.engine._session_store import SessionStore
 from weir.engine._store_errors import StoreUnavailable
 from weir.engine._tasks import TaskSettings
-from weir.protocol import CreditLimits, EndpointConfig, HttpLimits, ReadTimeouts
+from weir.protocol import LOOPBACK_HOSTS, CreditLimits, EndpointConfig, HttpLimits, ReadTimeouts
 
 from ._drain import drain
 from ._driver import AsyncioDriver
@@ -410,3 +410,30 @@ def _one_line(exc: BaseException) -> str:
         first = first.exceptions[0]
     text = " ".join(str(first).split())
     return f"{type(first).__name__}: {text}" if text else type(first).__name__
+
+
+async def serve(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    app: App | None = None,
+    path: str = "/mcp",
+    credit: CreditLimits | None = None,
+    json_only_clients: bool = True,
+    state: Any = None,
+    store: SessionStore | None = None,
+) -> asyncio.Server:
+    """Start serving ``app`` (the demo app by default) at ``http://host:port/path``
+    (port 0: a free one).
+
+    ``credit`` sets each session's drain credit and timers (the core's defaults
+    otherwise).  With ``json_only_clients`` a client whose ``Accept`` lists only
+    ``application/json`` is answered with JSON bodies; without it such a POST is 406,
+    as the Streamable HTTP transport allows (``weir serve``'s default).  ``store``
+    keeps sessions and the gate (see :class:`AsyncioDriver`; the caller closes it).
+    """
+    hosts = LOOPBACK_HOSTS | {host.lower()}
+    endpoint = EndpointConfig(path=path, allowed_hosts=hosts, json_response=json_only_clients)
+    driver = AsyncioDriver(app or load_app("demo"), endpoint, credit, state=state, store=store)
+    await driver.request_sealer()  # (a shared store's key: before the first request)
+    return await asyncio.start_server(driver.connection, host, port)
