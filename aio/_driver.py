@@ -34,7 +34,7 @@ from weir.common._listen import deliver_task
 from weir.common._memory import trim
 from weir.common._metrics_share import MetricsShare
 from weir.engine._memory_store import MemoryStore
-from weir.engine._session_store import REQUEST_STATE_KEY, SessionStore
+from weir.engine._session_store import SessionStore, replicas_sealer
 from weir.engine._tasks import TaskSettings
 from weir.protocol import (
     SERVER_ERROR,
@@ -329,8 +329,7 @@ class AsyncioDriver:
         if self._key_from_store:
             async with self._key_fetch:
                 if self._key_from_store:
-                    key = await self.shared.store.shared_value(REQUEST_STATE_KEY, new_key())
-                    self.sealer = StateSealer([key])
+                    self.sealer = await replicas_sealer(self.shared.store)
                     self._key_from_store = False
         return self.sealer
 

@@ -55,7 +55,7 @@ from typing import Any
 import trio
 
 from weir.app import App
-from weir.common import StateSealer, new_key
+from weir.common import StateSealer
 from weir.common._logs import DrainReport
 from weir.common._metrics_share import PERIOD as PUBLISH_PERIOD
 from weir.common._unix import remove_unix
@@ -72,7 +72,7 @@ from ._listen import AcceptGate
 from ._owners import Owners
 from ._replicas import Replicas
 from ._routing import Router
-from ._session_store import REQUEST_STATE_KEY, SessionStore
+from ._session_store import SessionStore, replicas_sealer
 from ._session_table import SessionTable
 from ._sessionless import Sessionless
 from ._shared import Shared, with_declared_auth
@@ -230,8 +230,7 @@ class Server:
         try:
             if self.store.shared and not self.config.state_keys:
                 # Replicas must open each other's request state: one key, in the store.
-                key = await self.store.shared_value(REQUEST_STATE_KEY, new_key())
-                shared.sealer = StateSealer([key])
+                shared.sealer = await replicas_sealer(self.store)
             async with self.app.lifespan_context() as state:
                 shared.state = state
                 if listen:

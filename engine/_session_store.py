@@ -53,6 +53,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final, Protocol
 
+from weir.common import StateSealer, new_key
 from weir.protocol.gate import CallStart
 
 from ._store_records import SessionRecord, StoredEvent, StoredTask, StreamInfo, TaskWrite
@@ -60,6 +61,17 @@ from ._store_records import SessionRecord, StoredEvent, StoredTask, StreamInfo, 
 #: The :meth:`SessionStore.shared_value` under which replicas agree on the key that
 #: seals sessionless request state (when none is configured), on either runtime.
 REQUEST_STATE_KEY: Final = "request-state-key"
+
+
+async def replicas_sealer(store: SessionStore) -> StateSealer:
+    """The sealer of sessionless request state that every replica on ``store`` uses
+    when none is given a key: the first key stored wins, so a round begun on one
+    replica, of either runtime, continues on any other.
+
+    Raises:
+        StoreUnavailable: the store did not answer.
+    """
+    return StateSealer([await store.shared_value(REQUEST_STATE_KEY, new_key())])
 
 
 class SessionStore(Protocol):
