@@ -130,7 +130,9 @@ async def _post(conn: Connection, post: LegacyMessages, who: Who) -> None:
             answer: object = None
             if session is None:
                 assert isinstance(effect, LoadSession)
-                session = answer = await driver.shared.load(who.principal, post.session_id, None)
+                session = answer = await driver.shared.load(
+                    who.principal, post.session_id, effect.request_id
+                )
                 shared = PostEffects(conn, session)
             elif isinstance(effect, RunOnLegacy):
                 stream = session.streams.by_epoch(effect.epoch)

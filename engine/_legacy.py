@@ -131,7 +131,9 @@ class Legacy:
                 try:
                     if session is None:
                         assert isinstance(effect, LoadSession)
-                        session = await self.table.session(who.principal, post.session_id)
+                        session = await self.table.session(
+                            who.principal, post.session_id, effect.request_id
+                        )
                         answer: object = session
                     elif isinstance(effect, RunOnLegacy):
                         if effect.course.replay is not None:

@@ -55,7 +55,7 @@ from weir.protocol.states import CreditState, SessionInput
 from ._memory_store import MemoryStore
 from ._metrics import redact
 from ._session import Session
-from ._shared import Shared, log
+from ._shared import Shared, log, store_unavailable
 from ._store_errors import StoreUnavailable
 from ._store_records import SessionRecord, client_of, is_session_id
 from ._timers import Deadlines, Timed
@@ -117,7 +117,9 @@ class SessionTable:
         *,
         verify: bool = True,
     ) -> Session:
-        """``principal``'s live session ``session_id``, or the 404 refusal.
+        """``principal``'s live session ``session_id``, or the 404 refusal (503
+        ``store_unavailable`` when a shared store does not answer; both answer
+        ``request_id``).
 
         An id weir never mints (:func:`~._store_records.is_session_id`) is refused before
         anything is looked up.  A session of another principal is answered exactly
@@ -136,7 +138,10 @@ class SessionTable:
             raise session_refusal(sid, request_id)  # as if it did not exist; left alone
         shared = self.store.shared
         if shared and (session is None or verify):
-            record = await self.store.get_session(principal, sid)
+            try:
+                record = await self.store.get_session(principal, sid)
+            except StoreUnavailable as exc:
+                raise self._unavailable(exc, request_id) from None
             if record is None:
                 if session is not None:
                     await self.end_session(session)
@@ -151,8 +156,19 @@ class SessionTable:
         self._last_seen[session.session_id] = now
         session.provisional = False
         if shared:
-            await self.touch_shared(session, now)
+            try:
+                await self.touch_shared(session, now)
+            except StoreUnavailable as exc:
+                raise self._unavailable(exc, request_id) from None
         return session
+
+    def _unavailable(
+        self, exc: StoreUnavailable, request_id: RequestId | None
+    ) -> RemoteProtocolError:
+        """The 503 refusal of a request whose session the store could not answer for
+        (its JSON-RPC error answers ``request_id``, as the 404 would)."""
+        log.warning("store unavailable: %s", exc)
+        return store_unavailable(self.config, request_id)
 
     def adopt(self, record: SessionRecord) -> Session:
         """The live session of ``record`` (made on another replica), registered here.

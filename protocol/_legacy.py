@@ -183,9 +183,6 @@ class AdmitLegacyBatch:
     epoch: str
 
 
-#: A legacy POST loads its session like any request that is not a lone call.
-_LOAD = LoadSession(verify=True, request_id=None)
-
 LegacyEffect = (
     LoadSession
     | Mail
@@ -218,10 +215,14 @@ class LegacyPostCourse(Steps[LegacyEffect]):
 
 def _course(c: LegacyPostCourse) -> _Steps:
     post, rules = c.post, c.rules
-    session = cast(LegacySession, (yield _LOAD))
+    first = post.messages[0]
+    rid = first.id if isinstance(first, Request) else None  # (the id a refusal answers)
+    del first
+    # A legacy POST loads its session like any request that is not a lone call.
+    session = cast(LegacySession, (yield LoadSession(verify=True, request_id=rid)))
     epoch = next((log.epoch for log in session.streams if log.kind is StreamKind.LEGACY), None)
     if epoch is None:
-        raise session_refusal(post.session_id)
+        raise session_refusal(post.session_id, rid)
     absorbed = absorb(post.messages)
     if absorbed.cancels or absorbed.answers or absorbed.notes or absorbed.initialized:
         routed = route_mail(

@@ -24,6 +24,7 @@ warning, never an error (the store's client library may log its own reconnection
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +32,9 @@ from typing import Any
 
 import pytest
 import trio
+
+from tests.engine.helpers import H11Client, SseReply
+from tests.engine.helpers import Reply as EngineReply
 
 from .configured import RUNTIMES
 from .conftest import ValkeyProcess
@@ -62,6 +66,10 @@ async def while_frozen(valkey: ValkeyProcess, port: int, message: dict[str, Any]
             return await post(port, message)
     finally:
         valkey.resume()
+
+
+def ping(rid: int) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "method": "ping"}
 
 
 def no_error_logged(proc: WeirProcess) -> None:
@@ -114,4 +122,41 @@ async def test_a_round_is_sealed_while_the_store_is_down(
         assert reply.status == 200, reply
         asked = answer_of(reply)["result"]
         assert asked["resultType"] == "input_required" and asked["requestState"], asked
+        no_error_logged(proc)
+
+
+@RUNTIMES
+async def test_a_session_refused_while_the_store_is_down_answers_the_requests_id(
+    runtime: str, private_valkey: ValkeyProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session-era POST and a 2024-11-05 ``/messages`` POST whose session the store
+    cannot look up: 503 ``store_unavailable`` whose JSON-RPC error carries the
+    request's id (the Trio runtime answered ``null`` for both, asyncio for the
+    legacy one), so a client can tell which of its calls was not run."""
+    with served(runtime, private_valkey, tmp_path, monkeypatch) as proc:
+        session = H11Client(await trio.open_tcp_stream("127.0.0.1", proc.port))
+        await session.initialize()
+        legacy = H11Client(await trio.open_tcp_stream("127.0.0.1", proc.port))
+        legacy.protocol_version = None  # (the legacy transport has no version header)
+        stream = await legacy.send("GET", target="/sse", headers={"accept": "text/event-stream"})
+        assert isinstance(stream, SseReply), stream
+        [endpoint] = await stream.next_batch()
+        poster = H11Client(await trio.open_tcp_stream("127.0.0.1", proc.port))
+        poster.protocol_version = None
+        private_valkey.pause()
+        try:
+            with trio.fail_after(30):
+                replies = {
+                    5: await session.post(ping(5)),
+                    6: await poster.send(
+                        "POST", json.dumps(ping(6)).encode(), target=endpoint.data
+                    ),
+                }
+        finally:
+            private_valkey.resume()
+        for rid, reply in replies.items():
+            assert isinstance(reply, EngineReply) and reply.status == 503, reply
+            error = reply.json()
+            assert error["id"] == rid, error
+            assert error["error"]["data"]["reason"] == "store_unavailable", error
         no_error_logged(proc)

@@ -40,7 +40,11 @@ from weir.protocol.streams import StreamKind, StreamLog, StreamTable
 
 SID = "s" * 22
 EP = "0000000c"
-LOAD = LoadSession(verify=True, request_id=None)
+
+
+def load(rid: int | None = 1) -> LoadSession:
+    """The legacy POST's first effect: its session, re-read (refusals answer ``rid``)."""
+    return LoadSession(verify=True, request_id=rid)
 
 
 def legacy_table(kind: StreamKind = StreamKind.LEGACY) -> StreamTable:
@@ -96,7 +100,7 @@ RULES = PostRules()
 
 def test_an_admitted_call_runs_on_the_legacy_stream_before_the_202() -> None:
     d = Driver(LegacyPostCourse(post(call()), RULES))
-    assert d.effect == LOAD
+    assert d.effect == load()
     assert d.step(FakeSession()) == AdmitRequests(1, 1, EP)  # under the LEGACY stream
     claim = d.step(True)
     assert isinstance(claim, ClaimCall) and claim.token is None
@@ -125,7 +129,7 @@ def test_refused_at_admission_nothing_runs_and_nothing_is_given_back() -> None:
     with pytest.raises(RemoteProtocolError) as err:
         d.fail(refusal)
     assert err.value is refusal
-    assert d.effects == [LOAD, AdmitRequests(1, 1, EP)]
+    assert d.effects == [load(), AdmitRequests(1, 1, EP)]
 
 
 def test_gate_replay_runs_nothing_and_is_handed_over() -> None:
@@ -185,6 +189,7 @@ def test_notifications_and_answers_are_mail_then_202() -> None:
     msgs: list[Any] = [Notification(method="notifications/initialized"), note]
     msgs.append(Response(id="weir:r1:1", result={}))
     d = Driver(LegacyPostCourse(post(*msgs, batch=True), RULES))
+    assert d.effect == load(None)  # (no request: a refusal answers no id)
     mail = d.step(session)
     assert isinstance(mail, Mail) and mail.initialized and mail.notes == [note]
     assert [a.id for a in mail.answer_here] == ["weir:r1:1"] and mail.forward == []
@@ -203,7 +208,8 @@ def test_a_session_without_its_legacy_stream_is_404() -> None:
     d = Driver(LegacyPostCourse(post(call()), RULES))
     with pytest.raises(RemoteProtocolError) as err:
         d.step(FakeSession(streams=legacy_table(StreamKind.STANDALONE)))
-    assert err.value.http_status == 404 and d.effects == [LOAD]
+    assert err.value.http_status == 404 and err.value.request_id == 1
+    assert d.effects == [load()]
 
 
 def test_a_session_that_ends_during_admission_is_404_and_nothing_is_accounted() -> None:
@@ -212,7 +218,7 @@ def test_a_session_that_ends_during_admission_is_404_and_nothing_is_accounted() 
     with pytest.raises(RemoteProtocolError) as err:
         d.step(False)  # admission answers: the session ended while the request waited
     assert err.value.http_status == 404 and err.value.request_id == 3
-    assert d.effects == [LOAD, AdmitRequests(1, 3, EP)]  # nothing admitted: no Finished
+    assert d.effects == [load(3), AdmitRequests(1, 3, EP)]  # nothing admitted: no Finished
 
 
 # ---------------------------------------------------------------- the stream's course
