@@ -132,6 +132,7 @@ class Session:
         "caller",
         "calls",
         "clock",
+        "closed",
         "credit",
         "finished",
         "flow",
@@ -147,6 +148,7 @@ class Session:
         "results_kept_by",
         "running",
         "schedule",
+        "session_id",
         "started",
         "state",
         "streams",
@@ -164,6 +166,9 @@ class Session:
         budget: RetentionBudget | None = None,
     ) -> None:
         self.record = record
+        #: The ``Mcp-Session-Id`` (its record may be replaced, never by another
+        #: session's: an attribute, not a property, as it is read on every request).
+        self.session_id = record.session_id
         #: Where this session's replay history and kept results are charged.
         self.budget = budget
         #: Who keeps this session's finished results (shedding asks it to free the
@@ -193,6 +198,9 @@ class Session:
         # Created on demand by whoever waits, set and dropped by the next pulse.
         self._credit_event: trio.Event | None = None
         self.state = SessionState.NEW
+        #: True once deleted or torn down (``state`` is ``CLOSED``; kept by
+        #: :meth:`handle`, read on every request).
+        self.closed = False
         self.streams = StreamTable(max_closed=max_closed_streams)
         self.handles: dict[str, StreamHandle] = {}
         self.running: dict[RequestId, trio.CancelScope] = {}
@@ -280,11 +288,6 @@ class Session:
         return ev
 
     @property
-    def session_id(self) -> str:
-        """The ``Mcp-Session-Id``."""
-        return self.record.session_id
-
-    @property
     def channel(self) -> ChannelRecord:
         """The channel binding (generation, secret, bound) the course checks tokens on."""
         return self.record
@@ -294,14 +297,10 @@ class Session:
         """The revision ``initialize`` negotiated."""
         return self.record.protocol_version
 
-    @property
-    def closed(self) -> bool:
-        """True once deleted or torn down."""
-        return self.state is SessionState.CLOSED
-
     def handle(self, event: SessionInput) -> None:
         """Apply a lifecycle input (see :mod:`protocol._states`)."""
-        self.state = session_transition(self.state, event)
+        self.state = state = session_transition(self.state, event)
+        self.closed = state is SessionState.CLOSED
 
     def open_stream(
         self,
@@ -422,7 +421,8 @@ class Session:
     def _granted(self, tickets: list[int]) -> None:
         for ticket in tickets:
             self._grants.pop(ticket).set()
-        self._pulse()
+        if self._credit_event is not None:  # (no timer to move: nothing else to pulse)
+            self._pulse()
 
     async def acquire(self, nbytes: int, lane: Hashable | None = None) -> None:
         """Take credit for one frame of ``nbytes``, behind earlier waiters of ``lane``
@@ -455,7 +455,9 @@ class Session:
         if not self.flow.try_acquire(nbytes, self.clock(), lane):
             return False
         # A first pending frame starts the liveness clock: a new deadline.
-        self._pulse(timer=self.credit.frames_in_use == 1)
+        first = self.credit.frames_in_use == 1
+        if first or self._credit_event is not None:
+            self._pulse(timer=first)
         return True
 
     def release(self, frames: int, nbytes: int, lane: Hashable | None = None) -> None:

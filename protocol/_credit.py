@@ -125,10 +125,10 @@ class SessionCredit:
         """Whether a frame of ``nbytes`` fits in the remaining credit, counting
         ``own_frames``/``own_bytes`` of the reservations as free (the part reserved
         for the frame's own request)."""
-        lim = self.limits
-        if self.held_frames - own_frames >= lim.frames:
+        lim = self.limits  # (the two sums are held_frames and held_bytes, inlined: hot)
+        if self.frames_in_use + self.reserved_frames - own_frames >= lim.frames:
             return False
-        held = self.held_bytes
+        held = self.bytes_in_use + self.reserved_bytes
         return held == 0 or held - own_bytes + nbytes <= lim.bytes
 
     def try_acquire(self, nbytes: int, now: float) -> bool:
@@ -158,7 +158,8 @@ class SessionCredit:
         Raises:
             LocalProtocolError: the session is ``DEAD``.
         """
-        self.check_alive()
+        if self.state is CreditState.DEAD:  # (checked here: a call only when it raises)
+            self.check_alive()
         if self.frames_in_use == 0:
             self.last_progress = now  # the liveness clock starts with the first pending frame
         self.frames_in_use += 1

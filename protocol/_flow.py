@@ -308,8 +308,11 @@ class SessionFlow:
         ):
             return False
         lim = credit.limits
-        frames = min(own_frames, 1 if credit.held_frames >= lim.frames else 0)
-        held = credit.held_bytes
+        # (credit.held_frames and held_bytes, inlined: one frame's hot path)
+        frames = min(
+            own_frames, 1 if credit.frames_in_use + credit.reserved_frames >= lim.frames else 0
+        )
+        held = credit.bytes_in_use + credit.reserved_bytes
         nbytes_drawn = min(own_bytes, max(0, held + nbytes - lim.bytes)) if held else 0
         credit.take(nbytes, now)
         if frames or nbytes_drawn:
@@ -326,7 +329,9 @@ class SessionFlow:
         lane waits (other lanes' waiters do not matter)."""
         if self.closed or (lane is not None and lane in self._lanes):
             return False
-        self.credit.check_alive()
+        credit = self.credit
+        if credit.state is CreditState.DEAD:  # (checked here: a call only when it raises)
+            credit.check_alive()
         return self._take(nbytes, now, lane)
 
     def wait_for(self, nbytes: int, now: float, lane: Hashable | None = None) -> int:

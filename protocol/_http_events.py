@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 from ._errors import Reason
 
@@ -30,6 +30,10 @@ class _Need(enum.Enum):
 NEED_DATA: Final = _Need.NEED_DATA
 
 
+class _Lookup(Protocol):
+    def __call__(self, name: str, default: str | None = None, /) -> str | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Headers:
     """Request headers, names lower-cased, values decoded as latin-1.
@@ -40,6 +44,13 @@ class Headers:
 
     items: tuple[tuple[str, str], ...]
     _map: Mapping[str, str] = field(repr=False, compare=False)
+    #: ``get(name, default=None)``: the value of header ``name`` (lower-case), or
+    #: ``default``.  The map's own lookup: a request reads its headers about ten
+    #: times, and a method wrapping it was a Python call each time.
+    get: _Lookup = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "get", self._map.get)
 
     @classmethod
     def from_raw(cls, raw: Iterable[tuple[bytes, bytes]]) -> Headers:
@@ -56,10 +67,6 @@ class Headers:
         return cls.from_raw(
             (k.replace("_", "-").lower().encode(), v.encode("latin-1")) for k, v in named.items()
         )
-
-    def get(self, name: str, default: str | None = None) -> str | None:
-        """The value of header ``name`` (lower-case), or ``default``."""
-        return self._map.get(name, default)
 
     def __contains__(self, name: object) -> bool:
         return name in self._map

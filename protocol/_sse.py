@@ -161,7 +161,9 @@ def encode_event(
     if retry is not None:
         _check_retry(retry)
         parts.append(f"retry: {retry}\n")
-    parts.append("data: " + _normalise_newlines(data).replace("\n", "\ndata: ") + "\n\n")
+    if "\r" in data:
+        data = _normalise_newlines(data)
+    parts.append("data: " + data.replace("\n", "\ndata: ") + "\n\n")
     return "".join(parts).encode()
 
 
@@ -190,7 +192,9 @@ def encode_comment(text: str = "", *, blank_line: bool = True) -> bytes:
     Raises:
         ValueError: ``text`` is not encodable as UTF-8.
     """
-    body = ": " + _normalise_newlines(text).replace("\n", "\n: ")
+    if "\r" in text:
+        text = _normalise_newlines(text)
+    body = ": " + text.replace("\n", "\n: ")
     return (body + ("\n\n" if blank_line else "\n")).encode()
 
 
