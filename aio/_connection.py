@@ -170,7 +170,7 @@ class Connection:
                 session.drained(stream, upto)
         if partial is not None:
             session = partial[0]
-            session.flow.credit.progress(session.loop.time())  # part of a frame
+            session.flow.credit.progress(session.clock())  # part of a frame
         if drained:
             self._unmark(self.acks.acked)
         return self.acks.acked > acked

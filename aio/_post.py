@@ -74,7 +74,7 @@ class PostEffects:
         decides the order, this performs each effect it asks for."""
         session = self.session
         course = PostCourse(post, self.conn.driver.post_rules)
-        clock = session.loop.time
+        clock = session.clock
         effect = course.start(clock())
         while effect is not None:
             try:
@@ -115,7 +115,7 @@ class PostEffects:
         elif effect is MARK_BOUND:
             await self.conn.driver.shared.mark_bound(session)
         elif isinstance(effect, Rebind):
-            session.flow.credit.admit(session.loop.time(), effect.request.id)  # (429 if half-open)
+            session.flow.credit.admit(session.clock(), effect.request.id)  # (429 if half-open)
             await serve_rebind(self.conn, session, effect.request)
         elif isinstance(effect, OpenRequestStream):
             binding = effect.token[0] if effect.token else 0

@@ -33,8 +33,9 @@ import asyncio
 import contextlib
 import itertools
 import math
+import time
 from collections import OrderedDict
-from collections.abc import Coroutine, Hashable
+from collections.abc import Callable, Coroutine, Hashable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from weir.app import Caller, StreamGone
@@ -81,6 +82,15 @@ class Gone(StreamGone):
     :class:`~weir.app.StreamGone`)."""
 
 
+def loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """``loop``'s clock as one callable: :func:`time.monotonic` itself where the loop
+    keeps the standard ``time`` (which returns exactly that, through one more Python
+    frame), else the loop's own (uvloop's is native; a test's loop may be virtual)."""
+    if type(loop).time is asyncio.BaseEventLoop.time:
+        return time.monotonic
+    return loop.time
+
+
 class Session:
     """One session: its flow control, its streams, its handler tasks, its timer."""
 
@@ -99,8 +109,13 @@ class Session:
         #: What the app layer keeps about the client (capabilities, log level, …).
         self.caller = caller
         self.loop = asyncio.get_running_loop()
+        #: The loop's clock (:func:`loop_clock`), read on every frame.
+        self.clock = loop_clock(self.loop)
         self.state = SessionState.NEW
-        self.flow = SessionFlow(credit, self.loop.time())
+        #: Torn down (:meth:`teardown` is the one way to ``CLOSED``; an attribute, as
+        #: it is read several times per frame).
+        self.closed = False
+        self.flow = SessionFlow(credit, self.clock())
         self.streams = StreamTable(max_closed=MAX_CLOSED_STREAMS)
         self.epochs = 0  # streams opened so far; the next one's epoch
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -119,7 +134,7 @@ class Session:
         self._wakeups: dict[str, asyncio.Event] = {}  # per stream epoch, for its writer
         self._timer: asyncio.TimerHandle | None = None
         #: When a request last named this session (idle expiry counts from here).
-        self.last_seen = self.loop.time()
+        self.last_seen = self.clock()
         #: Made by ``initialize`` and named by no request since: forgotten after the
         #: driver's ``initialize_timeout`` rather than its idle timeout.
         self.provisional = False
@@ -158,10 +173,6 @@ class Session:
         #: generation, secret, bound); None for a sessionless owner, which has none.
         self.record: SessionRecord | None = None
         self._log_locks: dict[str, asyncio.Lock] = {}
-
-    @property
-    def closed(self) -> bool:
-        return self.state is SessionState.CLOSED
 
     @property
     def channel(self) -> SessionRecord | None:
@@ -203,7 +214,7 @@ class Session:
 
     def _on_timer(self) -> None:
         self._timer = None
-        if self.flow.credit.handle_timer(self.loop.time()) is CreditState.DEAD:
+        if self.flow.credit.handle_timer(self.clock()) is CreditState.DEAD:
             self.driver.metrics.teardowns += 1
             self.driver.end(self)  # no progress for the liveness timeout
             # The peer stalled: its connections go too, with what the kernel and the
@@ -227,19 +238,19 @@ class Session:
         while True:
             if self.closed:
                 raise Gone
-            verdict = self.flow.try_admit(n, self.loop.time(), request_id, lane)
+            verdict = self.flow.try_admit(n, self.clock(), request_id, lane)
             if verdict is Admit.ADMITTED:
                 return
             if verdict is Admit.BLOCKED:
                 self.arm_timer()
             changed = self._changed
-            wait = max(0.0, self.flow.deadline() - self.loop.time())
+            wait = max(0.0, self.flow.deadline() - self.clock())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), None if wait == math.inf else wait)
 
     def done(self, lane: Hashable | None = None) -> None:
         """One admitted request of ``lane`` is answered (or never will be)."""
-        self._granted(self.flow.done(1, self.loop.time(), lane))
+        self._granted(self.flow.done(1, self.clock(), lane))
 
     # ------------------------------------------------------------------ frames
     async def append(
@@ -311,7 +322,7 @@ class Session:
         size = len(encoded[1])
         if self.closed or stream.state is StreamState.CLOSED:
             return False
-        if not self.flow.try_acquire(size, self.loop.time(), stream.epoch):
+        if not self.flow.try_acquire(size, self.clock(), stream.epoch):
             return False
         self.flow.observe_frame(size)
         if self.flow.credit.frames_in_use == 1:
@@ -349,7 +360,7 @@ class Session:
         Its size also feeds the session's typical frame size, which admission
         divides the remaining credit by (as on the Trio engine).
         """
-        now = self.loop.time()
+        now = self.clock()
         self.flow.observe_frame(size)
         if self.flow.try_acquire(size, now, lane):
             if self.flow.credit.frames_in_use == 1:
@@ -364,7 +375,7 @@ class Session:
                 await granted
             except asyncio.CancelledError:
                 self._grants.pop(ticket, None)
-                if not self.flow.cancel(ticket, self.loop.time()) and not self.closed:
+                if not self.flow.cancel(ticket, self.clock()) and not self.closed:
                     self.release(1, size, lane)  # granted while we were cancelled
                 raise
             if self.closed:
@@ -373,7 +384,7 @@ class Session:
     def release(self, frames: int, nbytes: int, lane: Hashable | None = None) -> None:
         """Credit back (frames of ``lane`` acknowledged or discarded); grant waiters in
         order."""
-        self._granted(self.flow.release(frames, nbytes, self.loop.time(), lane))
+        self._granted(self.flow.release(frames, nbytes, self.clock(), lane))
         self.arm_timer()
 
     def _granted(self, tickets: list[int]) -> None:
@@ -563,6 +574,7 @@ class Session:
         if self.closed:
             return
         self.state = session_transition(self.state, SessionInput.TEARDOWN)
+        self.closed = True
         if self._timer is not None:
             self._timer.cancel()
         self.flow.close()
@@ -570,7 +582,7 @@ class Session:
             if not future.done():
                 future.set_result(None)
         self._grants.clear()
-        now = self.loop.time()
+        now = self.clock()
         for stream in self.streams:
             if stream.state is not StreamState.CLOSED:
                 stream.handle(StreamInput.ABORT)

@@ -243,7 +243,7 @@ class SharedState:
             await self._touch(session)
         if session is None:
             raise session_refusal(sid, request_id)
-        session.last_seen = session.loop.time()
+        session.last_seen = session.clock()
         session.provisional = False
         return session
 
@@ -267,7 +267,7 @@ class SharedState:
     async def _touch(self, session: Session) -> None:
         idle = self.driver.idle_timeout
         every = idle / 4 if idle is not None else math.inf
-        now = session.loop.time()
+        now = session.clock()
         if now - self._touched.get(session.sid, -math.inf) < every:
             return
         self._touched[session.sid] = now
