@@ -83,9 +83,8 @@ class Gone(StreamGone):
 
 
 def loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
-    """``loop``'s clock as one callable: :func:`time.monotonic` itself where the loop
-    keeps the standard ``time`` (which returns exactly that, through one more Python
-    frame), else the loop's own (uvloop's is native; a test's loop may be virtual)."""
+    """``loop``'s clock: :func:`time.monotonic` itself where the loop's ``time`` is the
+    standard one (which returns just that), else the loop's own (uvloop's, a test's)."""
     if type(loop).time is asyncio.BaseEventLoop.time:
         return time.monotonic
     return loop.time
@@ -109,12 +108,9 @@ class Session:
         #: What the app layer keeps about the client (capabilities, log level, …).
         self.caller = caller
         self.loop = asyncio.get_running_loop()
-        #: The loop's clock (:func:`loop_clock`), read on every frame.
-        self.clock = loop_clock(self.loop)
+        self.clock = loop_clock(self.loop)  # (read on every frame)
         self.state = SessionState.NEW
-        #: Torn down (:meth:`teardown` is the one way to ``CLOSED``; an attribute, as
-        #: it is read several times per frame).
-        self.closed = False
+        self.closed = False  # (set by close(), the one way to CLOSED; read per frame)
         self.flow = SessionFlow(credit, self.clock())
         self.streams = StreamTable(max_closed=MAX_CLOSED_STREAMS)
         self.epochs = 0  # streams opened so far; the next one's epoch
@@ -176,8 +172,7 @@ class Session:
 
     @property
     def channel(self) -> SessionRecord | None:
-        """The channel binding (generation, secret, bound) the courses check tokens on:
-        the record as last read (:meth:`take_record`)."""
+        """The channel binding the courses check tokens on: the record as last read."""
         return self.record
 
     @property
@@ -187,8 +182,7 @@ class Session:
 
     def take_record(self, record: SessionRecord) -> None:
         """The store's record, read again (or changed here).  A newer generation fences
-        every stream opened before it: they were opened under an older one, and are
-        never inherited (as a rebind on the Trio runtime ends them)."""
+        every stream opened before it (as a rebind on the Trio runtime ends them)."""
         fenced = self.record is not None and record.generation > self.record.generation
         self.record = record
         if fenced:

@@ -165,10 +165,7 @@ class Session:
         now: float = 0.0,
         budget: RetentionBudget | None = None,
     ) -> None:
-        self.record = record
-        #: The ``Mcp-Session-Id`` (its record may be replaced, never by another
-        #: session's: an attribute, not a property, as it is read on every request).
-        self.session_id = record.session_id
+        self.record, self.session_id = record, record.session_id  # (never another id)
         #: Where this session's replay history and kept results are charged.
         self.budget = budget
         #: Who keeps this session's finished results (shedding asks it to free the
@@ -197,10 +194,7 @@ class Session:
         self.provisional = False
         # Created on demand by whoever waits, set and dropped by the next pulse.
         self._credit_event: trio.Event | None = None
-        self.state = SessionState.NEW
-        #: True once deleted or torn down (``state`` is ``CLOSED``; kept by
-        #: :meth:`handle`, read on every request).
-        self.closed = False
+        self.state, self.closed = SessionState.NEW, False  # (closed: kept by handle())
         self.streams = StreamTable(max_closed=max_closed_streams)
         self.handles: dict[str, StreamHandle] = {}
         self.running: dict[RequestId, trio.CancelScope] = {}
