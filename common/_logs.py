@@ -15,7 +15,8 @@ Levels: ``--log-level`` sets the root; the access log (``weir.access``) is at IN
 while on, whatever the root; weir's lifecycle lines (``weir.ops``: store connected,
 lost, recovered; the shutdown drain; workers) are at INFO and shown unless
 ``--log-level`` is error or critical; third-party libraries (coredis, h11, hpack,
-asyncio, trio) at WARNING unless ``--log-level debug``.
+asyncio, trio) at WARNING unless ``--log-level debug``, without the reports of their
+work being cancelled (weir's shutdown cancels it; see :class:`_NoCancellations`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,29 @@ _encode = msgspec.json.Encoder(enc_hook=str).encode
 _E = TypeVar("_E", bound=BaseException)
 
 _THIRD_PARTY = ("coredis", "h11", "hpack", "asyncio", "trio", "jwt", "urllib3")
+
+
+def is_cancellation(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a runtime's cancellation (trio's ``Cancelled``, asyncio's
+    ``CancelledError``); looked up among the loaded modules, importing neither."""
+    for module, name in (("trio", "Cancelled"), ("asyncio", "CancelledError")):
+        kind = getattr(sys.modules.get(module), name, None)
+        if kind is not None and isinstance(exc, kind):
+            return True
+    return False
+
+
+class _NoCancellations(logging.Filter):
+    """Drops a library's report of its own work being cancelled.  weir cancels that
+    work -- a store client's reconnection in progress, say -- when it shuts down,
+    which is no error, yet the client library logs it as one, with a traceback, at
+    random (whether a reconnection was under way).  Its real failures still show."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.exc_info is None or not is_cancellation(record.exc_info[1])
+
+
+_NO_CANCELLATIONS = _NoCancellations()
 
 
 class _Stamp:
@@ -165,9 +189,12 @@ def configure(level: str, *, fmt: str = "text", worker: str = "main", access: bo
     root.setLevel(root_level)
     debug = root_level <= logging.DEBUG
     for name in _THIRD_PARTY:
-        logging.getLogger(name).setLevel(
-            logging.NOTSET if debug else max(root_level, logging.WARNING)
-        )
+        library = logging.getLogger(name)
+        library.setLevel(logging.NOTSET if debug else max(root_level, logging.WARNING))
+        if debug:  # (everything, its cancellations too)
+            library.removeFilter(_NO_CANCELLATIONS)
+        else:
+            library.addFilter(_NO_CANCELLATIONS)  # (once: a filter is added only once)
     OPS.setLevel(min(root_level, logging.INFO) if root_level < logging.ERROR else root_level)
     access_logger = logging.getLogger("weir.access")
     access_logger.setLevel(logging.INFO if access else logging.CRITICAL + 1)

@@ -67,6 +67,7 @@ that task ever stops, every later operation raises :class:`StoreUnavailable`.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
@@ -283,6 +284,11 @@ class RedisConnection:
                 StoreUnavailable(f"{what}: no answer from {self._where} within {self.timeout}s")
             ) from exc
         except Exception as exc:
+            if trio.current_effective_deadline() == -math.inf:
+                # This task is being cancelled (the shutdown, a request's scope), and
+                # the client library, cancelled while connecting, made a connection
+                # error of it: no outage to report; the cancellation goes on.
+                await trio.lowlevel.checkpoint()
             failure = self._store_failure(what, exc)
             if failure is exc:
                 raise
