@@ -23,25 +23,16 @@ from weir.common._access import ACCESS, AccessRecord
 from weir.common._logs import DIRECT, configure
 from weir.protocol._http_events import Headers
 
+from .logstate import logging_restored
+
 BODY = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo"}}'
 
 
 @pytest.fixture
 def stderr_logs() -> Iterator[io.StringIO]:
-    """``configure``'s logging, writing to a buffer; everything put back after."""
-    root = logging.getLogger()
-    saved = (root.handlers[:], root.level, ACCESS.level, ACCESS.disabled)
-    saved_direct = (DIRECT.handler, DIRECT.formatter)
-    buffer = io.StringIO()
-    try:
-        yield buffer
-    finally:
-        root.handlers[:] = saved[0]
-        root.setLevel(saved[1])
-        ACCESS.setLevel(saved[2])
-        ACCESS.disabled = saved[3]
-        DIRECT.handler, DIRECT.formatter = saved_direct
-        ACCESS.filters.clear()
+    """A buffer for ``configure``'s handler; logging put back after."""
+    with logging_restored():
+        yield io.StringIO()
 
 
 def _record() -> AccessRecord:

@@ -22,24 +22,16 @@ import trio
 
 from weir.common._logs import DIRECT, configure, is_cancellation
 
+from .logstate import logging_restored
+
 LIBRARY = logging.getLogger("coredis")
 
 
 @pytest.fixture
 def logged() -> Iterator[io.StringIO]:
-    """A buffer for :func:`configured`; the loggers put back after."""
-    root = logging.getLogger()
-    saved = (root.handlers[:], root.level, LIBRARY.level, LIBRARY.filters[:])
-    saved_direct = (DIRECT.handler, DIRECT.formatter)
-    buffer = io.StringIO()
-    try:
-        yield buffer
-    finally:
-        root.handlers[:] = saved[0]
-        root.setLevel(saved[1])
-        LIBRARY.setLevel(saved[2])
-        LIBRARY.filters[:] = saved[3]
-        DIRECT.handler, DIRECT.formatter = saved_direct
+    """A buffer for :func:`configured`; logging put back after."""
+    with logging_restored():
+        yield io.StringIO()
 
 
 def configured(level: str, buffer: io.StringIO) -> None:
