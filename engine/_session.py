@@ -518,3 +518,7 @@ class Session:
             self.budget.release_owner(self.record.session_id)
         self.finished.clear()
         self._pulse(timer=True)
+        if self.timer_key and self.schedule is not None:
+            # Its entry in the deadline heap is stale now: counted as such, so the
+            # heap lets go of it at its next compaction, not at its deadline.
+            self.schedule(self, math.inf)

@@ -16,10 +16,11 @@ task per session, the server keeps one :class:`Deadlines` heap and one task
   nothing per frame.
 * A session has exactly one *valid* entry: the one whose key equals its
   ``timer_key``.  Entries superseded by an earlier one, or of closed sessions,
-  are skipped when they reach the top.  Superseded entries are counted as they
-  appear (no scan), and the heap is rebuilt from the valid ones when they make
-  up more than half of it, so it stays within about twice the scheduled
-  sessions at O(1) amortised cost per schedule.
+  are skipped when they reach the top.  Stale entries are counted as they appear
+  (no scan; a session that closes is scheduled at ``inf``, which makes its entry
+  stale), and the heap is rebuilt from the valid ones when they make up more than
+  half of it, so it stays within about twice the scheduled sessions at O(1)
+  amortised cost per schedule -- a closed session is not held until its deadline.
 * The task wakes when a new entry becomes the earliest, and calls the handler
   for every due entry, in deadline order.  The handler must not block (it only
   applies the timers and, for a dead session, starts its teardown elsewhere), so
@@ -69,13 +70,13 @@ class Deadlines:
         """Make ``when`` the session's deadline (its previous entry becomes stale)."""
         if session.timer_key:
             self._superseded += 1  # its current entry stays in the heap, now stale
-        if when == math.inf:
+        if when == math.inf:  # (none: a closed session's entry is stale too)
             session.timer_at, session.timer_key = math.inf, 0
-            return
-        key = next(self._keys)
-        session.timer_at, session.timer_key = when, key
-        heapq.heappush(self._heap, (when, key, session))
-        self.scheduled += 1
+        else:
+            key = next(self._keys)
+            session.timer_at, session.timer_key = when, key
+            heapq.heappush(self._heap, (when, key, session))
+            self.scheduled += 1
         if len(self._heap) > 64 and 2 * self._superseded > len(self._heap):
             self._compact()
         if when < self._sleeping_until and self._wake is not None:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import trio
 import trio.testing
 
+from weir.engine._session import Session
+from weir.engine._store_records import SessionRecord
 from weir.engine._timers import Deadlines, Timed
 
 
@@ -81,3 +83,24 @@ def test_an_infinite_deadline_unschedules() -> None:
     assert s.timer_at == math.inf
     heap.fire_due(10.0)
     assert heap.fired == 0
+
+
+def test_closed_sessions_are_let_go_of_before_their_deadline() -> None:
+    """Sessions that close while scheduled (a sessionless connection's credit owner:
+    one per connection, its liveness deadline a minute away) are unscheduled as they
+    close; the heap then keeps about as many entries as live sessions, not one per
+    session closed within the deadline (it held them all, found by a probe)."""
+    heap = Deadlines(lambda session, now: None)
+    live = [Fake(f"live{i}") for i in range(10)]
+    for s in live:
+        heap.schedule(s, 1e6)
+    for i in range(2000):  # a new connection each: its owner scheduled, then closed
+        record = SessionRecord(
+            session_id=f"o{i}", principal="p", protocol_version="v", created_at=0
+        )
+        owner = Session(record)
+        owner.schedule = heap.schedule
+        heap.schedule(owner, 60.0 + i)
+        owner.close()
+        assert owner.timer_key == 0 and len(heap) <= max(64, 2 * len(live)) + 1, i
+    assert sorted(map(id, heap.pending())) == sorted(map(id, live))
