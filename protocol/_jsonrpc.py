@@ -85,6 +85,12 @@ _any_decoder: Final = msgspec.json.Decoder()
 _encoder: Final = msgspec.json.Encoder()
 
 
+#: The longest string id a message may carry, in characters.  Every answer repeats
+#: its request's id, and the server keeps ids while the request runs (and in the
+#: gate's records): an id near the per-session byte credit could never be answered.
+MAX_ID_LENGTH: Final = 1024
+
+
 def _invalid(message: str, request_id: RequestId | None = None) -> RemoteProtocolError:
     return RemoteProtocolError(
         message, reason=Reason.INVALID_REQUEST, code=INVALID_REQUEST, request_id=request_id
@@ -92,6 +98,9 @@ def _invalid(message: str, request_id: RequestId | None = None) -> RemoteProtoco
 
 
 def _classify(env: _Envelope) -> Message:
+    if isinstance(env.id, str) and len(env.id) > MAX_ID_LENGTH:
+        # (answered with no id: repeating this one is what must not happen)
+        raise _invalid(f"an id is at most {MAX_ID_LENGTH} characters")
     if env.jsonrpc != "2.0":
         rid = env.id if isinstance(env.id, int | str) else None
         raise _invalid('"jsonrpc" must be exactly "2.0"', rid)

@@ -132,6 +132,27 @@ async def test_parse_error_and_invalid_request(runtime: str) -> None:
 
 
 @RUNTIMES
+async def test_an_id_too_long_to_repeat_is_refused_without_it(runtime: str) -> None:
+    """An id as long as a session's whole byte credit could never be answered (each
+    answer repeats it): Trio sent an empty stream and logged the id with a traceback,
+    asyncio sent one frame past the credit.  Ids are capped (1,024 characters); a
+    longer one is refused before anything runs, and the refusal does not repeat it."""
+    async with session_of(runtime) as s:
+        reply = await s.post(rpc("i" * (1024 * 1024), "ping"))
+        body = refused(reply, 400, "invalid_request")
+        assert isinstance(reply, Reply)
+        assert len(reply.body) < 512, reply.body[:200]
+        assert body["id"] is None
+        longest = "i" * 1024
+        answered = await s.post(rpc(longest, "ping"))
+        assert answered.status == 200, answered
+        messages = (
+            await answered.messages() if isinstance(answered, SseReply) else [answered.json()]
+        )
+        assert [m["id"] for m in messages] == [longest]
+
+
+@RUNTIMES
 async def test_not_found_and_method_not_allowed(runtime: str) -> None:
     async with session_of(runtime) as s:
         ping = json.dumps(rpc(1, "ping")).encode()

@@ -9,7 +9,13 @@ import pytest
 
 from weir.protocol import INVALID_REQUEST, Reason, RemoteProtocolError
 from weir.protocol._errors import PARSE_ERROR
-from weir.protocol._jsonrpc import ErrorObject, decode_body, decode_message, encode
+from weir.protocol._jsonrpc import (
+    MAX_ID_LENGTH,
+    ErrorObject,
+    decode_body,
+    decode_message,
+    encode,
+)
 from weir.protocol.jsonrpc import (
     ErrorResponse,
     Message,
@@ -181,6 +187,20 @@ def test_invalid_envelopes_are_invalid_request(body: bytes, request_id: object) 
     assert exc.code == INVALID_REQUEST
     assert exc.reason is Reason.INVALID_REQUEST
     assert exc.request_id == request_id
+
+
+@pytest.mark.parametrize("kind", ["method", "result", "error"])
+def test_an_id_longer_than_the_limit_is_refused_without_repeating_it(kind: str) -> None:
+    member = {"method": '"ping"', "result": "{}", "error": '{"code":1,"message":"m"}'}[kind]
+    fits = "i" * MAX_ID_LENGTH
+    assert decode_message(f'{{"jsonrpc":"2.0","id":"{fits}","{kind}":{member}}}'.encode())
+    long = fits + "i"
+    exc = refusal_of(f'{{"jsonrpc":"2.0","id":"{long}","{kind}":{member}}}'.encode())
+    assert (exc.code, exc.reason, exc.request_id) == (INVALID_REQUEST, Reason.INVALID_REQUEST, None)
+    assert long not in str(exc)
+    in_a_batch = f'[{{"jsonrpc":"2.0","id":"{long}","{kind}":{member}}}]'.encode()
+    with pytest.raises(RemoteProtocolError):
+        decode_body(in_a_batch, allow_batch=True)
 
 
 def test_batch_allowed_decodes_every_member_in_order() -> None:
