@@ -438,7 +438,7 @@ class Connection:
     async def write_stream(self, session: Session, stream: StreamLog, start: int) -> None:
         """Write ``stream`` from seq ``start``: what the log holds, then live, to its end
         (the head names the session, unless it is a sessionless owner)."""
-        if displaces_writer(stream):  # the displaced writer did not let go in time
+        if displaces_writer(stream):  # (a writer that is not a resumption's to displace)
             raise RemoteProtocolError(
                 "this stream is already being written to another connection",
                 http_status=409,
@@ -475,13 +475,15 @@ class Connection:
                 watch.cancel()
                 self._watching = watch
             session.writers.discard(me)
+            # A writer a newer reader displaced has been unregistered already: the
+            # stream is that reader's now, and stays attached.
             if session.stream_writers.get(stream.epoch) is me:
                 del session.stream_writers[stream.epoch]
                 # A close asked for this connection ends with it (honoured, or moot
                 # because the stream finished first): a resumption is not cut short.
                 session.close_requests.pop(stream.epoch, None)
-            if stream.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
-                stream.handle(StreamInput.DETACH)
+                if stream.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
+                    stream.handle(StreamInput.DETACH)
 
     def _watch_for_hang_up(self) -> asyncio.Task[bytes]:
         """Read while a stream is written: EOF means the peer is gone, so stop writing.

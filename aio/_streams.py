@@ -41,6 +41,7 @@ from weir.protocol.get import (
 )
 from weir.protocol.post import MARK_BOUND, AllocateEpoch, LoadSession
 from weir.protocol.resume import TailPause, TailSend
+from weir.protocol.states import StreamInput
 from weir.protocol.streams import StreamKind, StreamLog
 
 from ._session import Gone, Session
@@ -67,7 +68,6 @@ async def serve_get(conn: Connection, session: Session, get: OpenStream) -> None
     course = GetCourse(get, conn.driver.stream_rules)
     clock = session.loop.time
     effect = course.start(clock())
-    old: asyncio.Task[object] | None = None
     cut_at: float | None = None  # the replay's bound, once it started
     while effect is not None:
         answer: object = None
@@ -98,14 +98,16 @@ async def serve_get(conn: Connection, session: Session, get: OpenStream) -> None
                 stream = session.streams.by_epoch(effect.epoch)
                 session.spawn(_prime(session, stream))
             elif isinstance(effect, ClaimReader):
+                # The newest reader wins: the old connection is given up at once, and
+                # from here to this reader's attaching nothing waits, so resumptions
+                # that arrive together are settled in the order they claim.
                 session.close_requests.pop(effect.epoch, None)  # an earlier close is done
-                old = session.stream_writers.get(effect.epoch)
+                old = session.stream_writers.pop(effect.epoch, None)
                 if old is not None:
-                    old.cancel()  # the newest reader wins: the old connection is given up
+                    old.cancel()  # (it unwinds later, leaving the stream to this reader)
                 answer = old is not None
             elif isinstance(effect, DetachStream):
-                if old is not None:
-                    await asyncio.wait({old}, timeout=1.0)  # it detaches as it unwinds
+                session.streams.by_epoch(effect.epoch).handle(StreamInput.DETACH)
             else:
                 raise AssertionError(f"a GET course asked for {effect!r} out of turn")
         except BaseException as exc:

@@ -40,6 +40,11 @@ SSE_HEADERS = (
 )
 
 
+#: Seconds a displaced writer may spend sending the head it owes before its cut (the
+#: head is a few hundred bytes into a socket that has carried nothing of this response).
+DISPLACED_HEAD_GRACE = 1.0
+
+
 class PeerGone(Exception):
     """The peer went away (or a newer reader took over) while we wrote its stream."""
 
@@ -115,6 +120,12 @@ async def write_stream(
         # Whatever ended the writer, a stream it leaves must not keep holding credit.
         _let_go(session, handle, scope, gone=gone)
     if gone:
+        displaced = scope.cancelled_caught and not peer_gone and handle.writer_scope is not scope
+        if displaced and not pump.head_sent and not http.should_close:
+            # A newer reader took the stream before this response had begun: it still
+            # gets its status line before the cut, as one displaced later would have.
+            with trio.move_on_after(DISPLACED_HEAD_GRACE):
+                await conn.send(pump.pending)
         http.send_failed()
         raise PeerGone
     if not pump.ended:
@@ -176,7 +187,16 @@ async def _write_ready(
 class _Pump:
     """A writer's cursor into one stream log, and the bytes not written yet."""
 
-    __slots__ = ("conn", "ended", "handle", "keepalive", "next_seq", "pending", "session")
+    __slots__ = (
+        "conn",
+        "ended",
+        "handle",
+        "head_sent",
+        "keepalive",
+        "next_seq",
+        "pending",
+        "session",
+    )
 
     #: Scheduling steps the fast path yields, waiting for a ready answer, before writing
     #: (a handler that returns without blocking needs about this many to finish).
@@ -191,6 +211,7 @@ class _Pump:
         self.next_seq = next_seq
         self.pending = head  # written with the first frames (or before the first wait)
         self.ended = False  # the terminating chunk went out with the last frames
+        self.head_sent = False  # the response's head has been handed to the socket
         #: Seconds of quiet before a keep-alive comment (None: never).
         self.keepalive: float | None = None
 
@@ -237,6 +258,7 @@ class _Pump:
             if fast:
                 return False  # not ready within a few steps: wait, watching the peer
             if self.pending:
+                self.head_sent = True
                 await self.conn.send(self.pending)  # the head goes out before any wait
                 self.pending = b""
                 continue  # frames may have arrived while we sent: never wait past them
@@ -272,4 +294,5 @@ class _Pump:
             out += http.end_stream()
             self.ended = True
         self.pending = b""
+        self.head_sent = True
         await self.conn.send(out, marks)

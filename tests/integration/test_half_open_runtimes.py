@@ -87,11 +87,21 @@ class RawStream:
     def send(
         self, method: str, headers: dict[str, str], body: bytes = b"", target: str = "/mcp"
     ) -> int:
+        self.start(method, headers, body, target)
+        return self.status()
+
+    def start(
+        self, method: str, headers: dict[str, str], body: bytes = b"", target: str = "/mcp"
+    ) -> None:
+        """Send the request, reading nothing."""
         hdrs = {"host": f"127.0.0.1:{self.port}", "content-length": str(len(body)), **headers}
         request = h11.Request(method=method, target=target, headers=list(hdrs.items()))
         out = self.h11.send(request)
         out = (out or b"") + (self.h11.send(h11.Data(data=body)) or b"" if body else b"")
         self.sock.sendall(out + (self.h11.send(h11.EndOfMessage()) or b""))
+
+    def status(self) -> int:
+        """The response's status code (its head read, the body not)."""
         for _ in range(10_000):
             event = self._next()
             if isinstance(event, h11.Response):
@@ -242,6 +252,46 @@ def test_a_resumption_displaces_a_writer_still_attached_to_an_old_connection(run
             old.next_event()
         old.close()
         new.close()
+
+
+@RUNTIMES
+def test_resumptions_sent_back_to_back_each_get_a_status_line(runtime: str) -> None:
+    # Each resumption displaces the one before it, perhaps before that one's writer has
+    # sent its head: the displaced response still starts (200) before it is cut, so no
+    # client sees its connection closed with no answer at all.
+    app, gate = gated_app()
+    with serving(runtime, app) as running, Client(running.port) as c:
+        c.initialize()
+        old, prime_id = _slow_call_primed(running.port, c, 9)
+        headers = {**_headers(c), "accept": "text/event-stream", "last-event-id": prime_id}
+        readers: list[RawStream] = []
+        for _ in range(5):
+            pair = [RawStream(running.port), RawStream(running.port)]
+            for reader in pair:
+                reader.start("GET", headers)  # the second on the heels of the first
+            readers += pair
+        statuses = [reader.status() for reader in readers]
+        assert statuses == [200] * len(readers), [
+            r.body() for r, s in zip(readers, statuses, strict=True) if s != 200
+        ]
+        gate.set()
+        # One of them (whichever the server took last) is the stream's reader: it gets
+        # the answer; every other was cut.
+        answered = [_answer_or_cut(reader) for reader in readers]
+        assert answered.count(9) == 1 and answered.count(None) == len(readers) - 1
+        for reader in (old, *readers):
+            reader.close()
+
+
+def _answer_or_cut(reader: RawStream) -> int | None:
+    """The id of the answer on a resumed stream that then ends; None if it was cut."""
+    try:
+        answer = reader.next_event()
+        assert answer is not None
+        assert reader.next_event() is None
+    except h11.RemoteProtocolError:
+        return None
+    return int(json.loads(answer.data)["id"])
 
 
 @RUNTIMES
