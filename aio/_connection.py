@@ -60,7 +60,6 @@ from weir.protocol import (
     session_refusal,
 )
 from weir.protocol.forwarded import peer_address
-from weir.protocol.jsonrpc import Request
 from weir.protocol.resume import displaces_writer
 from weir.protocol.sessionless import SessionlessMessage
 from weir.protocol.sse import encode_comment, encode_retry
@@ -410,10 +409,8 @@ class Connection:
                 await serve_initialize(self, mcp, who)
                 return
             sid = mcp.ctx.session_id or ""
-            first = mcp.messages[0] if isinstance(mcp, PostMessages) else None
-            session = await driver.shared.load(
-                who.principal, sid, first.id if isinstance(first, Request) else None
-            )
+            rid = mcp.refusal_id if isinstance(mcp, PostMessages) else None
+            session = await driver.shared.load(who.principal, sid, rid)
             try:
                 if isinstance(mcp, PostMessages):
                     await PostEffects(self, session).run(mcp)

@@ -41,7 +41,7 @@ from ._event_ids import EventId, parse_event_id
 from ._forwarded import TrustedProxies
 from ._http_events import Headers, HttpRequest
 from ._http_response import raw_error_response
-from ._jsonrpc import Message, Request, RequestId, decode_body, error_body
+from ._jsonrpc import Message, Request, RequestId, decode_body, error_body, refusal_id
 from ._lifecycle import ALL_VERSIONS, DEFAULT_VERSION, SUPPORTED_VERSIONS
 from ._sessionless import (
     SessionlessMessage,
@@ -113,6 +113,11 @@ class PostMessages:
     def requests(self) -> list[Request]:
         """The messages that expect a response."""
         return [m for m in self.messages if isinstance(m, Request)]
+
+    @property
+    def refusal_id(self) -> RequestId | None:
+        """The id a refusal of the whole POST answers (None for a batch)."""
+        return refusal_id(self.messages, self.is_batch)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -218,8 +223,7 @@ def _id_of(request: HttpRequest) -> RequestId | None:
         messages, is_batch = decode_body(request.body, allow_batch=False)
     except RemoteProtocolError:
         return None
-    first = messages[0]
-    return first.id if isinstance(first, Request) and not is_batch else None
+    return refusal_id(messages, is_batch)
 
 
 def route(request: HttpRequest, config: EndpointConfig) -> McpRequest:
@@ -328,9 +332,11 @@ def _route_post(request: HttpRequest, ctx: RequestContext, config: EndpointConfi
             )
         return post
     if ctx.session_id is None:
-        rid = messages[0].id if not is_batch and isinstance(messages[0], Request) else None
         raise _refuse(
-            400, Reason.SESSION_REQUIRED, "Mcp-Session-Id header is required", request_id=rid
+            400,
+            Reason.SESSION_REQUIRED,
+            "Mcp-Session-Id header is required",
+            request_id=post.refusal_id,
         )
     return post
 

@@ -191,6 +191,17 @@ def decode_body(
     return [_classify(env)], False
 
 
+def refusal_id(messages: list[Message], is_batch: bool) -> RequestId | None:
+    """The id a refusal of a whole POST body answers: its request's when the body is
+    one request; None for a batch (no entry speaks for the others), a notification or
+    a response.  Every course that refuses a body before its entries are served uses
+    this one rule."""
+    if is_batch or len(messages) != 1:
+        return None
+    first = messages[0]
+    return first.id if isinstance(first, Request) else None
+
+
 def _parse_error(exc: Exception) -> RemoteProtocolError:
     return RemoteProtocolError(f"parse error: {exc}", reason=Reason.PARSE_ERROR, code=PARSE_ERROR)
 

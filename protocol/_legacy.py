@@ -77,7 +77,7 @@ from ._endpoint import (
 )
 from ._errors import Reason
 from ._http_events import Headers, HttpRequest
-from ._jsonrpc import Message, Request, RequestId, decode_body
+from ._jsonrpc import Message, Request, RequestId, decode_body, refusal_id
 from ._lifecycle import ForgetSession
 from ._messages import absorb, route_mail
 from ._post import (
@@ -215,9 +215,7 @@ class LegacyPostCourse(Steps[LegacyEffect]):
 
 def _course(c: LegacyPostCourse) -> _Steps:
     post, rules = c.post, c.rules
-    first = post.messages[0]
-    rid = first.id if isinstance(first, Request) else None  # (the id a refusal answers)
-    del first
+    rid = refusal_id(post.messages, post.is_batch)
     # A legacy POST loads its session like any request that is not a lone call.
     session = cast(LegacySession, (yield LoadSession(verify=True, request_id=rid)))
     epoch = next((log.epoch for log in session.streams if log.kind is StreamKind.LEGACY), None)

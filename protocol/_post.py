@@ -376,7 +376,7 @@ def _course(c: PostCourse) -> _Steps:
     post, rules = c.post, c.rules
     messages = post.messages
     first = messages[0]
-    rid = first.id if isinstance(first, Request) else None
+    rid = post.refusal_id
     lone = len(messages) == 1 and isinstance(first, Request)
     method = first.method if lone and isinstance(first, Request) else None
     lone_call = method == "tools/call"

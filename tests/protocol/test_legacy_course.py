@@ -212,6 +212,14 @@ def test_a_session_without_its_legacy_stream_is_404() -> None:
     assert d.effects == [load()]
 
 
+def test_a_refused_batch_answers_no_entry_s_id() -> None:
+    d = Driver(LegacyPostCourse(post(call(1), call(2), batch=True), RULES))
+    with pytest.raises(RemoteProtocolError) as err:
+        d.step(FakeSession(streams=legacy_table(StreamKind.STANDALONE)))
+    assert err.value.http_status == 404 and err.value.request_id is None
+    assert d.effects == [load(None)]  # (so a refusal for want of the store is id null too)
+
+
 def test_a_session_that_ends_during_admission_is_404_and_nothing_is_accounted() -> None:
     d = Driver(LegacyPostCourse(post(call(rid=3)), RULES))
     d.step(FakeSession())

@@ -335,6 +335,19 @@ def test_a_stale_channel_token_is_refused_before_anything_is_absorbed() -> None:
     assert err.value.reason is Reason.CURSOR_STALE and d.effects == [LoadSession(True, 1)]
 
 
+@pytest.mark.parametrize("entries", [1, 2])
+def test_a_refused_batch_answers_no_entry_s_id(entries: int) -> None:
+    # A refusal of the whole body (the store down, the session gone, a stale token)
+    # answers with id null: no entry of a batch speaks for the others, however many.
+    session = FakeSession(channel=Channel(generation=3))
+    msgs = [Request(id=i + 1, method="tools/list") for i in range(entries)]
+    d = Driver(PostCourse(post(*msgs, batch=True, mcp_channel_token="2.sekrit"), RULES), session)
+    with pytest.raises(RemoteProtocolError) as err:
+        d.step(session)
+    assert err.value.reason is Reason.CURSOR_STALE and err.value.request_id is None
+    assert d.effects == [LoadSession(True, None)]
+
+
 def test_the_first_proving_token_binds_the_session() -> None:
     session = FakeSession(channel=Channel(generation=1, bound=False))
     p = post(Request(id=1, method="tools/list"), mcp_channel_token="1.sekrit")
