@@ -21,7 +21,9 @@ one cluster slot and every script touches a single slot::
                                            clock), touched ("1" once served)
     <prefix>:{<P>:<S>}:c           HASH    the idempotency gate: "f:<call key>" -> request
                                            fingerprint, "p:<call key>" -> stored response
-                                           (absent while the call runs)
+                                           (absent while the call runs; "" once
+                                           evicted), n / b -> finished calls and
+                                           their bytes (for the gate's bounds)
     <prefix>:{<P>:<S>}:x           ZSET    <call key> -> expiry time (ms, server clock)
     <prefix>:{<P>:<S>}:e:<epoch>   STREAM  one event log; entry id "<seq+1>-0",
                                            fields d=data, f="1"/"0" (final),
@@ -189,6 +191,8 @@ class RedisConnection:
         self.health = StoreHealth(where)
         self._ttl = _ms(retention.ttl)
         self._idempotency_ttl = _ms(retention.idempotency_ttl)
+        #: What each gate may hold: finished calls, bytes of keys and responses.
+        self._gate_bounds = (max(1, retention.calls_per_session), retention.call_bytes_per_session)
         self._maxlen = max(1, retention.events_per_stream)
         self._owner_scope = trio.CancelScope()
         self._owner_done = trio.Event()

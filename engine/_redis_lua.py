@@ -18,6 +18,8 @@ Key layout and the meaning of every hash field are described in
 
 from __future__ import annotations
 
+from weir.protocol.gate import ENTRY_OVERHEAD
+
 # The epoch permutation (protocol.scramble_epoch), in Lua: a four-round Feistel network
 # on the 32-bit counter keyed by the session's salt; ``inverse`` undoes it.
 _FEISTEL = """
@@ -124,13 +126,73 @@ local function wipe_streams()
   local names = redis.call('SMEMBERS', IDX)
   for _, name in ipairs(names) do redis.call('DEL', name) end
 end
+-- The gate's tally, as the in-process ledger keeps it: finished calls ('n') and bytes
+-- ('b': every key, running or finished, at its length plus the entry overhead, and
+-- every stored response).  Entries written before the tally existed may take it below
+-- zero as they go: it is then restarted at zero.
+local OVERHEAD = @ENTRY_OVERHEAD@
+local function tally(calls, nbytes)
+  if calls ~= 0 then redis.call('HINCRBY', CALLS, 'n', calls) end
+  if redis.call('HINCRBY', CALLS, 'b', nbytes) < 0 then
+    redis.call('HSET', CALLS, 'n', 0, 'b', 0)
+  end
+end
 -- Forget everything the gate holds for a claim (its fields and its epoch's back-link).
 local function forget_call(key)
+  if redis.call('HEXISTS', CALLS, 'f:' .. key) == 1 then
+    local payload = redis.call('HGET', CALLS, 'p:' .. key)
+    if payload then tally(-1, -(#key + OVERHEAD + #payload)) else tally(0, -(#key + OVERHEAD)) end
+  end
   local epoch = redis.call('HGET', CALLS, 'e:' .. key)
   if epoch then redis.call('HDEL', CALLS, 'k:' .. epoch) end
   redis.call('HDEL', CALLS, 'f:' .. key, 'p:' .. key, 'r:' .. key, 'e:' .. key, 'l:' .. key,
     'o:' .. key, 'c:' .. key)
   redis.call('ZREM', CEXP, key)
+end
+-- Store a finished call's response (in place of any it had).
+local function keep(key, payload)
+  local held = redis.call('HGET', CALLS, 'p:' .. key)
+  if held then tally(0, #payload - #held) else tally(1, #payload) end
+  redis.call('HSET', CALLS, 'p:' .. key, payload)
+end
+-- Hold the gate to its bounds, as the in-process ledger does, oldest first (by expiry;
+-- running claims are skipped, never dropped): past ``max_calls`` the oldest finished
+-- calls are forgotten whole; past ``max_bytes`` the oldest responses but ``just``'s
+-- become tombstones ('' -- a retry is told the outcome was evicted, nothing re-runs),
+-- and only if the keys alone are over are finished calls forgotten.  At most 128
+-- entries are looked at: each finish adds one, so the bounds keep up.
+local function trim(just, max_calls, max_bytes)
+  local n = tonumber(redis.call('HGET', CALLS, 'n') or '0')
+  local b = tonumber(redis.call('HGET', CALLS, 'b') or '0')
+  if n <= max_calls and b <= max_bytes then return end
+  local oldest = redis.call('ZRANGE', CEXP, 0, 127)
+  local function forget_while(over)
+    for _, key in ipairs(oldest) do
+      if not over() then return end
+      local payload = redis.call('HGET', CALLS, 'p:' .. key)
+      if payload then
+        n, b = n - 1, b - (#key + OVERHEAD + #payload)
+        forget_call(key)
+      end
+    end
+  end
+  forget_while(function() return n > max_calls end)
+  for _, key in ipairs(oldest) do
+    if b <= max_bytes or key == just then break end
+    local payload = redis.call('HGET', CALLS, 'p:' .. key)
+    if payload and payload ~= '' then
+      redis.call('HSET', CALLS, 'p:' .. key, '')
+      redis.call('HINCRBY', CALLS, 'b', -#payload)
+      b = b - #payload
+    end
+  end
+  -- Forgetting keys weakens the gate: only when the finished keys can cover the excess
+  -- (the newest response alone may hold it, and is kept).
+  local keys = 0
+  for _, key in ipairs(oldest) do
+    if redis.call('HEXISTS', CALLS, 'p:' .. key) == 1 then keys = keys + #key + OVERHEAD end
+  end
+  if keys >= b - max_bytes then forget_while(function() return b > max_bytes end) end
 end
 -- A running claim whose lease ran out: the replica running it is gone.  Its outcome
 -- becomes the ``interrupted`` error (it may have had effects: never run it again),
@@ -139,7 +201,7 @@ local function interrupt(key, message)
   local rid = redis.call('HGET', CALLS, 'r:' .. key) or 'null'
   local payload = '{"jsonrpc":"2.0","id":' .. rid .. ',"error":{"code":-32000,"message":'
     .. cjson.encode(message) .. ',"data":{"reason":"interrupted"}}}'
-  redis.call('HSET', CALLS, 'p:' .. key, payload)
+  keep(key, payload)
   redis.call('HDEL', CALLS, 'l:' .. key)
   local epoch = redis.call('HGET', CALLS, 'e:' .. key)
   if epoch then
@@ -155,7 +217,7 @@ local function interrupt(key, message)
   return payload
 end
 """
-)
+).replace("@ENTRY_OVERHEAD@", str(ENTRY_OVERHEAD))
 
 # ARGV: ttl, field, value, field, value, ...
 _CREATE = """
@@ -270,6 +332,7 @@ local reply
 if not fp then
   redis.call('HSET', CALLS, 'f:' .. ARGV[2], ARGV[3], 'r:' .. ARGV[2], ARGV[6],
     'e:' .. ARGV[2], epoch, 'o:' .. ARGV[2], ARGV[7], 'k:' .. epoch, ARGV[2])
+  tally(0, #ARGV[2] + OVERHEAD)
   if tonumber(ARGV[8]) > 0 then
     redis.call('HSET', CALLS, 'l:' .. ARGV[2], now + tonumber(ARGV[8]))
   end
@@ -280,7 +343,9 @@ elseif fp ~= ARGV[3] then
   reply = {'mismatch', epoch}
 else
   local payload = redis.call('HGET', CALLS, 'p:' .. ARGV[2])
-  if payload then
+  if payload == '' then
+    reply = {'evicted', epoch}  -- it ran; its response was dropped to keep the bounds
+  elseif payload then
     reply = {'done', epoch, payload}
   else
     local lease = tonumber(redis.call('HGET', CALLS, 'l:' .. ARGV[2]) or '0')
@@ -295,23 +360,26 @@ touch()
 return reply
 """
 
-# ARGV: ttl, call key, payload ('' when released), '1' = store / '0' = release, idempotency ttl
+# ARGV: ttl, call key, payload ('' when released), '1' = store / '0' = release, idempotency ttl,
+# the gate's bounds: finished calls, bytes
 _FINISH = """
 if redis.call('EXISTS', S) == 0 then return 0 end
 if ARGV[4] == '0' then
   forget_call(ARGV[2])
 elseif redis.call('HEXISTS', CALLS, 'f:' .. ARGV[2]) == 1 then
-  redis.call('HSET', CALLS, 'p:' .. ARGV[2], ARGV[3])
+  keep(ARGV[2], ARGV[3])
   redis.call('HDEL', CALLS, 'l:' .. ARGV[2])
   redis.call('ZADD', CEXP, now_ms() + tonumber(ARGV[5]), ARGV[2])
+  trim(ARGV[2], tonumber(ARGV[6]), tonumber(ARGV[7]))
 end
 touch()
 return 1
 """
 
 # KEYS[5] = the stream.  ARGV: ttl, generation, seq + 1, data, final ('1'/'0'), binding, maxlen,
-# call key ('' for none), idempotency ttl, replica id.  With a call key the data is also stored as
-# that call's response: the final event and the gate's record are one atomic step.
+# call key ('' for none), idempotency ttl, replica id, the gate's bounds (finished calls, bytes).
+# With a call key the data is also stored as that call's response: the final event and the
+# gate's record are one atomic step.
 _APPEND = """
 local E = KEYS[5]
 if redis.call('EXISTS', S) == 0 then return 'gone' end
@@ -336,9 +404,10 @@ end
 redis.call('XADD', E, 'MAXLEN', '~', ARGV[7], id, 'd', ARGV[4], 'f', ARGV[5], 'b', ARGV[6],
   'r', ARGV[10])
 if ARGV[8] ~= '' and redis.call('HEXISTS', CALLS, 'f:' .. ARGV[8]) == 1 then
-  redis.call('HSET', CALLS, 'p:' .. ARGV[8], ARGV[4])
+  keep(ARGV[8], ARGV[4])
   redis.call('HDEL', CALLS, 'l:' .. ARGV[8])
   redis.call('ZADD', CEXP, now_ms() + tonumber(ARGV[9]), ARGV[8])
+  trim(ARGV[8], tonumber(ARGV[11]), tonumber(ARGV[12]))
 end
 redis.call('SADD', IDX, E)
 redis.call('PEXPIRE', E, TTL)

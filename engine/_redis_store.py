@@ -29,8 +29,14 @@ claim expires ``retention.ttl`` after its last lease renewal (a process that die
 mid-call does not block the key forever; a call still running keeps its claim and
 its record), a finished call's response after ``retention.idempotency_ttl``;
 expired entries of the gate are pruned lazily, at most 64 per
-:meth:`~RedisStore.begin_call`.  Reads (:meth:`~RedisStore.get_session`,
-:meth:`~RedisStore.read_events`) do not extend a session's life;
+:meth:`~RedisStore.begin_call`.  Within that hour a gate (a session's, or a
+principal's sessionless one) holds at most ``retention.calls_per_session`` finished
+calls and ``retention.call_bytes_per_session`` bytes of keys and responses, with the
+memory store's rule: past the bytes the oldest responses become tombstones (a retry
+is told ``outcome_evicted``; nothing runs twice), past the count the oldest finished
+calls are forgotten whole; a running claim is never dropped.  Reads
+(:meth:`~RedisStore.get_session`, :meth:`~RedisStore.read_events`) do not extend a
+session's life;
 :meth:`~RedisStore.touch_session` (a replica serving the session) does, and sets
 its ``seen``.  Idleness is the server's to judge: :meth:`~RedisStore.expire_idle`
 compares ``seen`` with the server's clock and deletes in the same script.
@@ -274,6 +280,8 @@ class RedisStore(RedisConnection):
             if status == "unbound":
                 raise ChannelRejected(ChannelVerdict.UNBOUND)
             epoch = _text(reply[1])
+            if status == "evicted":
+                return CallStart(CallOutcome.EVICTED, epoch)
             if status == "done":
                 return CallStart(CallOutcome.DONE, epoch, _blob(reply[2]))
             return CallStart(CallOutcome(status), epoch)
@@ -307,9 +315,12 @@ class RedisStore(RedisConnection):
     async def finish_call(
         self, principal: str, session_id: str, key: str, payload: bytes | None
     ) -> None:
-        """Store the response for ``idempotency_ttl`` (``None``: release the claim)."""
+        """Store the response for ``idempotency_ttl`` (``None``: release the claim),
+        within the gate's bounds (see the module doc)."""
         args: list[str | bytes | int] = (
-            [key, b"", "0", 0] if payload is None else [key, payload, "1", self._idempotency_ttl]
+            [key, b"", "0", 0, 0, 0]
+            if payload is None
+            else [key, payload, "1", self._idempotency_ttl, *self._gate_bounds]
         )
         await self._script("finish_call", self._finish, principal, session_id, args, durable=True)
 
@@ -353,6 +364,7 @@ class RedisStore(RedisConnection):
             call_key or "",
             self._idempotency_ttl,
             replica,
+            *self._gate_bounds,
         ]
         status = _text(
             await self._script(

@@ -208,9 +208,10 @@ class Retention:
         events_per_stream: newest events kept per stream log.
         ttl: seconds a session's keys live after their last update.
         idempotency_ttl: seconds a finished call's stored response is kept.
-        calls_per_session: finished calls the memory store remembers per session
-            (it has no clock for ``idempotency_ttl``; beyond it the oldest finished
-            ones are forgotten, running claims never).
+        calls_per_session: finished calls a gate (a session's, or a principal's
+            sessionless one) remembers; beyond it the oldest finished ones are
+            forgotten, running claims never.  Every store keeps it (a shared store
+            within ``idempotency_ttl`` as well; the memory store has no clock for it).
         call_bytes_per_session: bytes the gate keeps per session: every key (its
             length plus ``ENTRY_OVERHEAD``) and every stored response.  Beyond it the
             oldest responses are dropped and leave a tombstone (a retry is told the

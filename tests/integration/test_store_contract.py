@@ -10,6 +10,7 @@ RedisStore its own key prefix, so tests never see each other's data.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import secrets
 import uuid
@@ -356,6 +357,86 @@ async def test_begin_call_outcomes(store: SessionStore) -> None:
     await store.finish_call(P, sid, "call-2", b"\x00\xff\r\n")
     done = await store.begin_call(P, sid, "call-2", FP, None)
     assert done.payload == b"\x00\xff\r\n"
+
+
+@contextlib.asynccontextmanager
+async def store_keeping(
+    kind: str, request: pytest.FixtureRequest, retention: Retention
+) -> AsyncIterator[SessionStore]:
+    """A store of ``kind`` (``memory``, ``redis``, ``cluster``, ``redis-asyncio``) that
+    keeps what ``retention`` says."""
+    if kind == "memory":
+        yield MemoryStore(retention)
+        return
+    fixture = "valkey_cluster_url" if kind.startswith("cluster") else "valkey_url"
+    url: str = request.getfixturevalue(fixture)
+    if kind.endswith("asyncio"):
+        connect = on_asyncio(AsyncioRedisStore.connect)
+        on_loop = await connect(url, prefix=new_prefix(), retention=retention)
+        assert isinstance(on_loop, AsyncioRedisStore)
+        try:
+            yield cast(SessionStore, OnAsyncio(on_loop))
+        finally:
+            await on_asyncio(on_loop.aclose)()
+        return
+    async with await RedisStore.connect(url, prefix=new_prefix(), retention=retention) as s:
+        yield s
+
+
+async def _finish(store: SessionStore, sid: str, key: str, payload: bytes, *, event: bool) -> None:
+    """Claim ``key`` and record its response: with ``finish_call``, or (``event``) as the
+    final event of its stream, which records it in the same step."""
+    start = await store.begin_call(P, sid, key, FP, None)
+    assert start.outcome is CallOutcome.EXECUTE
+    if event:
+        await store.append_event(
+            P, sid, start.epoch, 1, payload, final=True, generation=1, call_key=key
+        )
+    else:
+        await store.finish_call(P, sid, key, payload)
+
+
+GATE_KINDS = pytest.mark.parametrize("kind", ["memory", "redis", "cluster", "redis-asyncio"])
+
+
+@GATE_KINDS
+@pytest.mark.parametrize("event", [False, True], ids=["finish", "final-event"])
+async def test_a_gate_holds_at_most_its_count_of_finished_calls(
+    kind: str, event: bool, request: pytest.FixtureRequest
+) -> None:
+    async with store_keeping(kind, request, Retention(calls_per_session=3)) as store:
+        sid = (await new_session(store)).session_id
+        for key in ("a", "b", "c", "d"):
+            await _finish(store, sid, key, b"r-" + key.encode(), event=event)
+        for key in ("b", "c", "d"):  # the newest three are kept ...
+            kept = await store.begin_call(P, sid, key, FP, None)
+            assert kept.outcome is CallOutcome.DONE and kept.payload == b"r-" + key.encode()
+        # ... and the oldest is forgotten whole: the only way a retry could run again,
+        # reached only past the gate's count of distinct calls.
+        assert (await store.begin_call(P, sid, "a", FP, None)).outcome is CallOutcome.EXECUTE
+
+
+@GATE_KINDS
+async def test_a_gate_over_its_bytes_keeps_the_keys_and_drops_the_oldest_responses(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    # Each finished call: its 1-character key at 129 bytes and a 100-byte response;
+    # three are 687 bytes, over the 600 the gate may hold.
+    retention = Retention(calls_per_session=100, call_bytes_per_session=600)
+    async with store_keeping(kind, request, retention) as store:
+        sid = (await new_session(store)).session_id
+        for key in ("a", "b", "c"):
+            await _finish(store, sid, key, key.encode() * 100, event=False)
+        # The oldest response went; its key stayed: a retry is told so and runs nothing.
+        assert (await store.begin_call(P, sid, "a", FP, None)).outcome is CallOutcome.EVICTED
+        for key in ("b", "c"):
+            kept = await store.begin_call(P, sid, key, FP, None)
+            assert kept.outcome is CallOutcome.DONE and kept.payload == key.encode() * 100
+        # A running claim is never dropped, however full the gate.
+        assert (await store.begin_call(P, sid, "e", FP, None)).outcome is CallOutcome.EXECUTE
+        await _finish(store, sid, "d", b"d" * 500, event=False)
+        assert (await store.begin_call(P, sid, "e", FP, None)).outcome is CallOutcome.RUNNING
+        assert (await store.begin_call(P, sid, "b", FP, None)).outcome is CallOutcome.EVICTED
 
 
 async def test_cancelled_call_releases_the_key(store: SessionStore) -> None:
