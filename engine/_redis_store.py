@@ -354,18 +354,9 @@ class RedisStore(RedisConnection):
         """
         if not 0 <= seq < _MAX_SEQ:
             raise ValueError(f"event seq out of range: {seq}")
-        args: list[str | bytes | int] = [
-            generation,
-            seq + 1,
-            data,
-            "1" if final else "0",
-            int(binding),
-            self._maxlen,
-            call_key or "",
-            self._idempotency_ttl,
-            replica,
-            *self._gate_bounds,
-        ]
+        args: list[str | bytes | int] = [generation, seq + 1, data, "1" if final else "0"]
+        args += [int(binding), self._maxlen, call_key or "", self._idempotency_ttl, replica]
+        args += self._gate_bounds
         status = _text(
             await self._script(
                 "append_event",

@@ -83,9 +83,29 @@ async def write_stream(
         return
     scope = trio.CancelScope()
     handle.writer_scope = scope
-    peer_gone = False
     pump = _Pump(conn, session, handle, next_seq, http.start_stream(200, headers))
     pump.keepalive = keepalive
+    gone = True  # unless the writer ends as it should
+    try:
+        peer_gone = await _run_watched(pump, scope)
+        gone = peer_gone or scope.cancelled_caught or http.should_close
+    finally:
+        # Whatever ended the writer, a stream it leaves must not keep holding credit.
+        _let_go(session, handle, scope, gone=gone)
+    if gone:
+        if scope.cancelled_caught and not peer_gone and handle.writer_scope is not scope:
+            await _displaced(pump)
+        http.send_failed()
+        raise PeerGone
+    if not pump.ended:
+        await conn.send(pump.pending + http.end_stream())
+
+
+async def _run_watched(pump: _Pump, scope: trio.CancelScope) -> bool:
+    """Run ``pump`` within ``scope`` -- once it has to wait, with a task watching the
+    peer, which cancels ``scope`` if the peer goes away; whether it went away."""
+    conn = pump.conn
+    peer_gone = False
 
     async def watch_peer() -> None:
         nonlocal peer_gone
@@ -94,42 +114,34 @@ async def write_stream(
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             data = b""
         if data:
-            http.receive_data(data)  # a pipelined request: served after this response
+            conn.http.receive_data(data)  # a pipelined request: served after this response
             return
         peer_gone = True
         scope.cancel()
 
-    gone = True  # unless the writer ends as it should
-    try:
-        with scope:
-            try:
-                if not await pump.run(fast=True):
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(watch_peer)
-                        await pump.run(fast=False)
-                        nursery.cancel_scope.cancel()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                peer_gone = True
-            except BaseExceptionGroup as group:
-                # A write that failed in the nursery arrives wrapped: the peer is gone.
-                if group.split((trio.BrokenResourceError, trio.ClosedResourceError))[1]:
-                    raise
-                peer_gone = True
-        gone = peer_gone or scope.cancelled_caught or http.should_close
-    finally:
-        # Whatever ended the writer, a stream it leaves must not keep holding credit.
-        _let_go(session, handle, scope, gone=gone)
-    if gone:
-        displaced = scope.cancelled_caught and not peer_gone and handle.writer_scope is not scope
-        if displaced and not pump.head_sent and not http.should_close:
-            # A newer reader took the stream before this response had begun: it still
-            # gets its status line before the cut, as one displaced later would have.
-            with trio.move_on_after(DISPLACED_HEAD_GRACE):
-                await conn.send(pump.pending)
-        http.send_failed()
-        raise PeerGone
-    if not pump.ended:
-        await conn.send(pump.pending + http.end_stream())
+    with scope:
+        try:
+            if not await pump.run(fast=True):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(watch_peer)
+                    await pump.run(fast=False)
+                    nursery.cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            peer_gone = True
+        except BaseExceptionGroup as group:
+            # A write that failed in the nursery arrives wrapped: the peer is gone.
+            if group.split((trio.BrokenResourceError, trio.ClosedResourceError))[1]:
+                raise
+            peer_gone = True
+    return peer_gone
+
+
+async def _displaced(pump: _Pump) -> None:
+    """A newer reader took the stream from this writer: if its response had not begun,
+    it still gets its status line before the cut, as one displaced later would have."""
+    if not pump.head_sent and not pump.conn.http.should_close:
+        with trio.move_on_after(DISPLACED_HEAD_GRACE):
+            await pump.conn.send(pump.pending)
 
 
 def _let_go(
