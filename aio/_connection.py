@@ -472,8 +472,6 @@ class Connection:
                 watch.cancel()
                 self._watching = watch
             session.writers.discard(me)
-            # A writer a newer reader displaced has been unregistered already: the
-            # stream is that reader's now, and stays attached.
             if session.stream_writers.get(stream.epoch) is me:
                 del session.stream_writers[stream.epoch]
                 # A close asked for this connection ends with it (honoured, or moot
@@ -481,6 +479,11 @@ class Connection:
                 session.close_requests.pop(stream.epoch, None)
                 if stream.state in (StreamState.LIVE_ATTACHED, StreamState.FINAL_ATTACHED):
                     stream.handle(StreamInput.DETACH)
+            else:
+                # A newer reader displaced this writer (and unregistered it): the stream,
+                # still attached, and its credit are that reader's now, so this
+                # connection's end must not let go of it.
+                self._wrote.discard((session, stream))
 
     def _watch_for_hang_up(self) -> asyncio.Task[bytes]:
         """Read while a stream is written: EOF means the peer is gone, so stop writing.
