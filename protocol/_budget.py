@@ -38,6 +38,18 @@ shed at all: the unacknowledged frames of live streams.
 The bookkeeping is per owner, not per item: one small record and one ordered
 dictionary entry per session, O(1) per charge.  No clock, no I/O.
 
+A budget full of what cannot be shed
+------------------------------------
+Asking every owner to shed is a walk over all of them.  Once one such walk reaches
+the charging owner still over ``total``, the budget is *stuck*: everything else that
+could go has gone.
+From then on a charge over it asks only the charging owner (the one whose new bytes
+may be sheddable) and walks everyone again only after as many charges as there are
+owners (at least :data:`STUCK_RESCAN`), so a walk costs O(1) per charge, amortized:
+bytes that became sheddable without a charge over the total (frames acknowledged
+since, results kept while there was room) wait at most that long.  So a client that fills the
+budget with keys cannot make every later response pay for a walk over every session.
+
 A result larger than credit
 ---------------------------
 A response bigger than a session's whole byte credit could never be sent within
@@ -60,6 +72,10 @@ if TYPE_CHECKING:
 #: Asked to free at least ``n`` bytes, oldest first; reports what it frees by charging.
 Shed = Callable[[int], object]
 
+#: While the budget is stuck over its total, the fewest charges between two walks over
+#: every owner (more when there are more owners than this).
+STUCK_RESCAN: Final = 64
+
 
 class _Owner:
     __slots__ = ("held", "shed")
@@ -80,7 +96,16 @@ class RetentionBudget:
         ValueError: a limit below 1, or ``per_owner > total``.
     """
 
-    __slots__ = ("_owners", "_shedding", "evicted_bytes", "evictions", "held", "per_owner", "total")
+    __slots__ = (
+        "_owners",
+        "_shedding",
+        "_stuck",
+        "evicted_bytes",
+        "evictions",
+        "held",
+        "per_owner",
+        "total",
+    )
 
     def __init__(self, *, total: int, per_owner: int) -> None:
         if total < 1 or per_owner < 1:
@@ -96,6 +121,8 @@ class RetentionBudget:
         self.evicted_bytes = 0
         self._owners: OrderedDict[str, _Owner] = OrderedDict()
         self._shedding = False
+        #: Stuck over ``total`` (see the module doc): charges left before the next walk.
+        self._stuck = 0
 
     def register(self, owner: str, shed: Shed) -> None:
         """Say how ``owner`` frees bytes when asked (before or after its first charge)."""
@@ -145,10 +172,17 @@ class RetentionBudget:
         try:
             if entry.held > self.per_owner:
                 self._shed(entry, entry.held - self.per_owner)
-            if self.held > self.total:
+            if self.held <= self.total:
+                self._stuck = 0
+            elif self._stuck:
+                self._stuck -= 1  # all else was shed at the last walk: only the new bytes
+                self._shed(entry, self.held - self.total)
+            else:
                 for other in list(self._owners.values()):  # least recently charged first
                     if self.held <= self.total:
                         break
+                    if other is entry:  # (the last: every other owner shed what it could)
+                        self._stuck = max(STUCK_RESCAN, len(self._owners))
                     if other.held > 0:
                         self._shed(other, self.held - self.total)
         finally:

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from weir.protocol._budget import STUCK_RESCAN
 from weir.protocol.budget import RetentionBudget
 from weir.protocol.streams import StreamKind, StreamLog
 
@@ -75,6 +76,30 @@ def test_an_owner_that_must_keep_bytes_frees_what_it_can() -> None:
     a.put("live", 60)
     a.put("b", 60)  # 120: "live" gives up 30 and that is enough
     assert a.items == {"live": 30, "b": 60} and budget.owner_held("a") == 90
+
+
+def test_a_budget_full_of_what_must_stay_does_not_walk_every_owner_per_charge() -> None:
+    budget = RetentionBudget(total=1000, per_owner=1000)
+    keepers = [Owner(budget, f"k{i}") for i in range(100)]
+    for i, owner in enumerate(keepers):  # 100 owners whose 10 bytes must stay
+        owner.keep["key"] = 10
+        owner.put("key", 10 + (i == 99) * 100)  # the last one goes over: all shed at once
+    assert budget.held == 1000 + 100 - 100
+    new = Owner(budget, "new")
+    walks_before = sum(o.shed_calls for o in keepers)
+    for n in range(STUCK_RESCAN * 4):  # (256 charges)
+        new.put(f"r{n}", 5)  # each result is the new owner's, sheddable: it goes
+    asked = sum(o.shed_calls for o in keepers) - walks_before
+    # Stuck over the total: a walk over the 100 keepers only every 101 charges (one per
+    # owner; before: a walk per charge, 25,600 asks), and the total still holds.
+    assert asked <= 100 * 3 and budget.held <= budget.total
+    # Bytes that became sheddable without a charge of their own are reached at the
+    # next walk, within as many charges as there are owners.
+    keepers[0].keep.clear()
+    keepers[0].items["key"] = 10
+    for n in range(len(budget) + 1):
+        new.put(f"s{n}", 5)
+    assert keepers[0].items == {}
 
 
 def test_release_owner_returns_what_it_held() -> None:
