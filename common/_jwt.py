@@ -39,6 +39,8 @@ from ._jwks import Key, log, usable_keys
 
 #: The algorithms :class:`JwtVerifier` accepts unless told otherwise.
 DEFAULT_ALGORITHMS: tuple[str, ...] = ("RS256", "ES256", "PS256", "EdDSA")
+#: Longest ``sub`` a token may carry (characters).
+MAX_SUBJECT = 1024
 _ASYMMETRIC = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA")
 
 
@@ -231,11 +233,17 @@ class JwtVerifier:
                 options={"require": ["exp", "iss", "aud", "sub"]},
             )
         except jwt.ExpiredSignatureError:
-            raise TokenExpired("the token has expired") from None
+            # (PyJWT takes ``true`` for 1, long ago: a NumericDate it is not.)
+            raise _expired_or_invalid(token) from None
         except (jwt.PyJWTError, ValueError, TypeError) as exc:
             raise InvalidToken(type(exc).__name__) from None
-        if claims.get("iss") != self.issuer or not isinstance(claims.get("sub"), str):
+        sub = claims.get("sub")
+        if claims.get("iss") != self.issuer or not isinstance(sub, str):
             raise InvalidToken("the token's iss or sub is wrong")  # (exact, whatever PyJWT does)
+        if not 0 < len(sub) <= MAX_SUBJECT:
+            # The subject names a principal, which keys its sessions, gates and limits:
+            # none is no one, and one this long is no identifier an issuer hands out.
+            raise InvalidToken("the token's sub is empty or too long")
         expires_at = _numeric_date(claims["exp"])
         if expires_at is None:
             # PyJWT takes anything int() takes (a string of digits, an int past a
@@ -255,6 +263,15 @@ class JwtVerifier:
         if len(self._cache) > 4096:
             self._cache.popitem(last=False)
         return access
+
+
+def _expired_or_invalid(token: str) -> InvalidToken:
+    """The refusal of a verified token PyJWT found expired: expired if its ``exp`` is a
+    NumericDate, else invalid."""
+    claims = jwt.decode(token, options={"verify_signature": False})
+    if _numeric_date(claims.get("exp")) is None:
+        return InvalidToken("the token's exp is not a NumericDate")
+    return TokenExpired("the token has expired")
 
 
 def _numeric_date(value: object) -> float | None:

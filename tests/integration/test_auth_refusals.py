@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from weir.app.samples.demo import app
+from weir.common._jwt import MAX_SUBJECT
 from weir.engine import AccessToken, Authorization, Server, ServerConfig
 
 from .configured import RUNTIMES, serve_configured
@@ -196,8 +197,8 @@ async def test_a_failing_verifier_is_a_503_to_retry_not_a_dropped_connection(
 
 @pytest.mark.parametrize(
     "exp",
-    [10**400, str(4102444800), [4102444800]],
-    ids=["beyond-a-float", "string", "list"],
+    [10**400, str(4102444800), [4102444800], True],
+    ids=["beyond-a-float", "string", "list", "true"],
 )
 @RUNTIMES
 async def test_an_exp_that_is_not_a_numeric_date_is_an_invalid_token(
@@ -208,3 +209,14 @@ async def test_an_exp_that_is_not_a_numeric_date_is_an_invalid_token(
     with trio.fail_after(30):
         async with jwt_port(runtime) as port:
             assert_fixed_401(await post(port, INIT, token(exp=exp)))
+
+
+@pytest.mark.parametrize("sub", ["", "s" * (MAX_SUBJECT + 1)], ids=["empty", "too-long"])
+@RUNTIMES
+async def test_a_subject_that_names_no_one_is_an_invalid_token(sub: str, runtime: str) -> None:
+    # Signed by the issuer, yet no principal: an empty sub would make every such token one
+    # principal, and a 30,000-character one a principal that long in every key and limit.
+    with trio.fail_after(30):
+        async with jwt_port(runtime) as port:
+            assert_fixed_401(await post(port, INIT, token(sub=sub)))
+            assert (await post(port, INIT, token(sub="s" * MAX_SUBJECT))).status == 200
