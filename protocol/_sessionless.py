@@ -43,6 +43,7 @@ from typing import Any, Final
 from ._errors import INVALID_PARAMS, INVALID_REQUEST, Reason, RemoteProtocolError
 from ._http_events import Headers
 from ._jsonrpc import Message, Notification, Request, RequestId
+from ._tasks import task_id_of
 
 #: Revisions served without sessions, newest first.
 SESSIONLESS_VERSIONS: Final = ("2026-07-28",)
@@ -260,6 +261,8 @@ def _check_routing(headers: Headers, req: Request) -> None:
     if field is None:
         return
     params = req.params if isinstance(req.params, dict) else {}
+    if field == "taskId":
+        task_id_of(params, req.id)  # a task id that can be no task's is refused as that
     target = params.get(field)
     raw = headers.get("mcp-name")
     if raw is None:

@@ -156,6 +156,20 @@ def test_routing_headers_must_match_the_body(headers: dict[str, str | None], ok:
     assert caught.value.request_id == 7
 
 
+@pytest.mark.parametrize("task_id", ["", "t" * 257, "t" * 10_000])
+@pytest.mark.parametrize("method", ["tasks/get", "tasks/cancel", "tasks/update"])
+def test_a_task_id_that_can_be_no_tasks_is_refused_as_that_not_as_a_mismatch(
+    method: str, task_id: str
+) -> None:
+    # Header and body agree; the id breaks the 1-256 rule: refused for the id, whatever
+    # its length does to the header check.
+    params = {"taskId": task_id, "_meta": META}
+    body = {"jsonrpc": "2.0", "id": 9, "method": method, "params": params}
+    exc = _refused(body, {"mcp-name": task_id})
+    assert (exc.http_status, exc.code, exc.request_id) == (400, -32602, 9)
+    assert exc.reason is Reason.INVALID_REQUEST and "taskId" in str(exc)
+
+
 @pytest.mark.parametrize("method", ["GET", "DELETE"])
 def test_get_and_delete_are_405_with_a_json_rpc_body(method: str) -> None:
     exc = _refused({}, method=method)
