@@ -270,6 +270,7 @@ class Metrics:
             out.append(Family(name, kind, help_, [("", labels, v) for labels, v in samples]))
 
         live = [s for s in sessions.values() if not s.closed]
+        held = [o for o in owners if not o.closed]
         metric("weir_sessions", "gauge", "Live sessions.", [("", len(live))])
         metric(
             "weir_half_open_sessions",
@@ -326,14 +327,14 @@ class Metrics:
         metric(
             "weir_credit_in_use_frames",
             "gauge",
-            "Unacknowledged frames, all sessions.",
-            [("", sum(s.credit.frames_in_use for s in live))],
+            "Unacknowledged frames, all sessions and 2026-07-28 credit owners.",
+            [("", sum(s.credit.frames_in_use for s in (*live, *held)))],
         )
         metric(
             "weir_credit_in_use_bytes",
             "gauge",
-            "Unacknowledged bytes, all sessions.",
-            [("", sum(s.credit.bytes_in_use for s in live))],
+            "Unacknowledged bytes, all sessions and 2026-07-28 credit owners.",
+            [("", sum(s.credit.bytes_in_use for s in (*live, *held)))],
         )
         peak_frames, peak_bytes = self.credit_peaks(live)
         metric(
@@ -427,7 +428,6 @@ class Metrics:
             f"Unacknowledged bytes of the {self.top} sessions holding the most credit.",
             [(f'{{session="{_label(s)}"}}', s.credit.bytes_in_use) for s in worst],
         )
-        held = [o for o in owners if not o.closed]
         metric(
             "weir_sessionless_owners",
             "gauge",
