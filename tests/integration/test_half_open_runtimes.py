@@ -45,10 +45,13 @@ are small (a fraction of a second); every wait is bounded in count and time.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import h11
@@ -209,6 +212,26 @@ def _slow_call_primed(port: int, c: Client, rid: int) -> tuple[RawStream, str]:
     return post, prime.id
 
 
+@contextlib.contextmanager
+def _primed_slow_call(runtime: str, rid: int) -> Iterator[tuple[int, Client, PrimedCall]]:
+    """A server on ``runtime`` with a session whose gated ``slow`` call ``rid`` is
+    primed and waiting: its port, the session's client, and the call."""
+    app, gate = gated_app()
+    with serving(runtime, app) as running, Client(running.port) as c:
+        c.initialize()
+        post, prime_id = _slow_call_primed(running.port, c, rid)
+        yield running.port, c, PrimedCall(post, prime_id, gate)
+
+
+@dataclasses.dataclass
+class PrimedCall:
+    """A call's POST stream, its priming event's id, and the gate that finishes it."""
+
+    post: RawStream
+    prime_id: str
+    gate: threading.Event
+
+
 def _resume(port: int, c: Client, cursor: str) -> RawStream:
     get = RawStream(port)
     headers = {**_headers(c), "accept": "text/event-stream", "last-event-id": cursor}
@@ -218,16 +241,13 @@ def _resume(port: int, c: Client, cursor: str) -> RawStream:
 
 @RUNTIMES
 def test_a_response_lost_with_its_connection_is_replayed_after_the_cursor(runtime: str) -> None:
-    app, gate = gated_app()
-    with serving(runtime, app) as running, Client(running.port) as c:
-        c.initialize()
-        post, prime_id = _slow_call_primed(running.port, c, 7)
-        post.close()  # the answer is not here yet: it is lost with the connection
-        gate.set()
-        get = _resume(running.port, c, prime_id)
+    with _primed_slow_call(runtime, 7) as (port, c, call):
+        call.post.close()  # the answer is not here yet: it is lost with the connection
+        call.gate.set()
+        get = _resume(port, c, call.prime_id)
         answer = get.next_event()
         assert answer is not None and answer.id is not None
-        epoch, seq = prime_id.split(":")
+        epoch, seq = call.prime_id.split(":")
         assert answer.id == f"{epoch}:{int(seq) + 1}"  # exactly after the cursor
         rpc = json.loads(answer.data)
         assert rpc["id"] == 7 and rpc["result"]["content"][0]["text"] == "finished"
@@ -237,20 +257,17 @@ def test_a_response_lost_with_its_connection_is_replayed_after_the_cursor(runtim
 
 @RUNTIMES
 def test_a_resumption_displaces_a_writer_still_attached_to_an_old_connection(runtime: str) -> None:
-    app, gate = gated_app()
-    with serving(runtime, app) as running, Client(running.port) as c:
-        c.initialize()
-        old, prime_id = _slow_call_primed(running.port, c, 8)
+    with _primed_slow_call(runtime, 8) as (port, c, call):
         # The old connection stays open (half-open, say): the client resumes anyway.
-        new = _resume(running.port, c, prime_id)
-        gate.set()
+        new = _resume(port, c, call.prime_id)
+        call.gate.set()
         answer = new.next_event()
         assert answer is not None and json.loads(answer.data)["result"]["content"][0]["text"]
         assert new.next_event() is None
         # The displaced writer's connection is cut, mid-stream, without the answer.
         with pytest.raises(h11.RemoteProtocolError, match="incomplete chunked read"):
-            old.next_event()
-        old.close()
+            call.post.next_event()
+        call.post.close()
         new.close()
 
 
@@ -259,14 +276,11 @@ def test_resumptions_sent_back_to_back_each_get_a_status_line(runtime: str) -> N
     # Each resumption displaces the one before it, perhaps before that one's writer has
     # sent its head: the displaced response still starts (200) before it is cut, so no
     # client sees its connection closed with no answer at all.
-    app, gate = gated_app()
-    with serving(runtime, app) as running, Client(running.port) as c:
-        c.initialize()
-        old, prime_id = _slow_call_primed(running.port, c, 9)
-        headers = {**_headers(c), "accept": "text/event-stream", "last-event-id": prime_id}
+    with _primed_slow_call(runtime, 9) as (port, c, call):
+        headers = {**_headers(c), "accept": "text/event-stream", "last-event-id": call.prime_id}
         readers: list[RawStream] = []
         for _ in range(5):
-            pair = [RawStream(running.port), RawStream(running.port)]
+            pair = [RawStream(port), RawStream(port)]
             for reader in pair:
                 reader.start("GET", headers)  # the second on the heels of the first
             readers += pair
@@ -274,12 +288,12 @@ def test_resumptions_sent_back_to_back_each_get_a_status_line(runtime: str) -> N
         assert statuses == [200] * len(readers), [
             r.body() for r, s in zip(readers, statuses, strict=True) if s != 200
         ]
-        gate.set()
+        call.gate.set()
         # One of them (whichever the server took last) is the stream's reader: it gets
         # the answer; every other was cut.
         answered = [_answer_or_cut(reader) for reader in readers]
         assert answered.count(9) == 1 and answered.count(None) == len(readers) - 1
-        for reader in (old, *readers):
+        for reader in (call.post, *readers):
             reader.close()
 
 
