@@ -10,8 +10,9 @@ import trio
 import trio.testing
 
 from weir.engine import App, MemoryStore, Server, ServerConfig
+from weir.engine._memory_store import INTERNAL_RECORD_BYTES
 from weir.engine._store_errors import RetentionFull
-from weir.engine._store_records import Retention, SessionRecord
+from weir.engine._store_records import SESSIONLESS_NAMESPACE, Retention, SessionRecord
 from weir.protocol._gate import ENTRY_OVERHEAD
 from weir.protocol.budget import RetentionBudget
 from weir.protocol.gate import CallOutcome
@@ -278,3 +279,32 @@ async def test_an_initialize_with_megabytes_of_capabilities_makes_no_session(
         assert isinstance(ok, Reply) and ok.status == 200
         (session,) = server.sessions.values()
         assert session.caller.client_info == {"name": "t", "version": "0"}
+
+
+async def test_a_principals_gate_is_charged_for_itself_while_it_holds_a_key() -> None:
+    """A principal's sessionless gate stays as long as it holds a key, with no clock
+    to end it: the budget counts the record too, so many principals' gates are
+    bounded by what they cost (a new one past it is refused), not by their keys only."""
+    per_gate = INTERNAL_RECORD_BYTES + 1 + ENTRY_OVERHEAD  # the record and a 1-byte key
+    budget = RetentionBudget(total=3 * per_gate, per_owner=3 * per_gate)
+    store = MemoryStore(budget=budget)
+    for n in range(3):
+        gate = SessionRecord(
+            session_id=SESSIONLESS_NAMESPACE,
+            principal=f"p{n}",
+            protocol_version="v",
+            created_at=0.0,
+        )
+        await store.create_session(gate)
+        start = await store.begin_call(f"p{n}", SESSIONLESS_NAMESPACE, "k", b"fp", None)
+        assert start.outcome is CallOutcome.EXECUTE
+    assert budget.held == 3 * per_gate
+    fourth = SessionRecord(
+        session_id=SESSIONLESS_NAMESPACE, principal="p3", protocol_version="v", created_at=0.0
+    )
+    await store.create_session(fourth)
+    with pytest.raises(RetentionFull):  # (its keys alone would have fit)
+        await store.begin_call("p3", SESSIONLESS_NAMESPACE, "k", b"fp", None)
+    assert budget.held == 3 * per_gate  # the refused gate was dropped, record and all
+    await store.finish_call("p0", SESSIONLESS_NAMESPACE, "k", None)  # nothing ran: given back
+    assert budget.held == 2 * per_gate  # an empty gate is not kept, nor charged
