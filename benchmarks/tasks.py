@@ -128,8 +128,15 @@ async def one_client(port: int, args: argparse.Namespace, out: dict[str, list[fl
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds ``pid``'s live threads have run: to the nanosecond where the kernel
+    keeps scheduler statistics (a short run may use less than one 10 ms clock tick, which
+    ``/proc/<pid>/stat`` would report as none), else in clock ticks."""
+    try:
+        threads = Path(f"/proc/{pid}/task").iterdir()
+        return sum(int((t / "schedstat").read_text().split()[0]) for t in threads) / 1e9
+    except (OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _rss_mib(pid: int) -> float:
