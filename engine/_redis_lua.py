@@ -162,8 +162,8 @@ end
 -- and only if the keys alone are over are finished calls forgotten.  At most 128
 -- entries are looked at: each finish adds one, so the bounds keep up.
 local function trim(just, max_calls, max_bytes)
-  local n = tonumber(redis.call('HGET', CALLS, 'n') or '0')
-  local b = tonumber(redis.call('HGET', CALLS, 'b') or '0')
+  local tallied = redis.call('HMGET', CALLS, 'n', 'b')
+  local n, b = tonumber(tallied[1] or '0'), tonumber(tallied[2] or '0')
   if n <= max_calls and b <= max_bytes then return end
   local oldest = redis.call('ZRANGE', CEXP, 0, 127)
   local function forget_while(over)
@@ -182,7 +182,7 @@ local function trim(just, max_calls, max_bytes)
     local payload = redis.call('HGET', CALLS, 'p:' .. key)
     if payload and payload ~= '' then
       redis.call('HSET', CALLS, 'p:' .. key, '')
-      redis.call('HINCRBY', CALLS, 'b', -#payload)
+      tally(0, -#payload)
       b = b - #payload
     end
   end

@@ -126,29 +126,37 @@ def store_url(request: pytest.FixtureRequest) -> str | None:
     return url + ("#asyncio" if request.param.endswith("asyncio") else "")
 
 
-@pytest.fixture
-async def store(store_url: str | None) -> AsyncIterator[SessionStore]:
+@contextlib.asynccontextmanager
+async def open_store(
+    store_url: str | None, retention: Retention | None = None
+) -> AsyncIterator[SessionStore]:
+    """The store ``store_url`` names (see :func:`store_url`), keeping what ``retention``
+    says (the simulator's model keeps the memory store's defaults)."""
+    retention = retention or Retention()
     if store_url is None:
-        yield MemoryStore()
+        yield MemoryStore(retention)
         return
     if store_url == "sim":
         yield SimStore()
         return
     if store_url.endswith("#asyncio"):
         url = store_url.removesuffix("#asyncio")
-        on_loop = await on_asyncio(AsyncioRedisStore.connect)(url, prefix=new_prefix())
+        connect = on_asyncio(AsyncioRedisStore.connect)
+        on_loop = await connect(url, prefix=new_prefix(), retention=retention)
         assert isinstance(on_loop, AsyncioRedisStore)
-        bridged = OnAsyncio(on_loop)
         try:
-            yield cast(SessionStore, bridged)
+            yield cast(SessionStore, OnAsyncio(on_loop))
         finally:
             await on_asyncio(on_loop.aclose)()
         return
-    redis_store = await RedisStore.connect(store_url, prefix=new_prefix())
-    try:
-        yield redis_store
-    finally:
-        await redis_store.aclose()
+    async with await RedisStore.connect(store_url, prefix=new_prefix(), retention=retention) as s:
+        yield s
+
+
+@pytest.fixture
+async def store(store_url: str | None) -> AsyncIterator[SessionStore]:
+    async with open_store(store_url) as s:
+        yield s
 
 
 @pytest.fixture(params=["redis", "cluster"])
@@ -359,28 +367,16 @@ async def test_begin_call_outcomes(store: SessionStore) -> None:
     assert done.payload == b"\x00\xff\r\n"
 
 
-@contextlib.asynccontextmanager
-async def store_keeping(
+def store_keeping(
     kind: str, request: pytest.FixtureRequest, retention: Retention
-) -> AsyncIterator[SessionStore]:
+) -> contextlib.AbstractAsyncContextManager[SessionStore]:
     """A store of ``kind`` (``memory``, ``redis``, ``cluster``, ``redis-asyncio``) that
     keeps what ``retention`` says."""
     if kind == "memory":
-        yield MemoryStore(retention)
-        return
+        return open_store(None, retention)
     fixture = "valkey_cluster_url" if kind.startswith("cluster") else "valkey_url"
     url: str = request.getfixturevalue(fixture)
-    if kind.endswith("asyncio"):
-        connect = on_asyncio(AsyncioRedisStore.connect)
-        on_loop = await connect(url, prefix=new_prefix(), retention=retention)
-        assert isinstance(on_loop, AsyncioRedisStore)
-        try:
-            yield cast(SessionStore, OnAsyncio(on_loop))
-        finally:
-            await on_asyncio(on_loop.aclose)()
-        return
-    async with await RedisStore.connect(url, prefix=new_prefix(), retention=retention) as s:
-        yield s
+    return open_store(url + ("#asyncio" if kind.endswith("asyncio") else ""), retention)
 
 
 async def _finish(store: SessionStore, sid: str, key: str, payload: bytes, *, event: bool) -> None:
