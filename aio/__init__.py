@@ -56,7 +56,9 @@ runs on asyncio here).
   store not answering is 503 ``store_unavailable``, with nothing run.
 * **Limits** (:mod:`._driver`).  Sessions (503 ``session_limit``), connections (503
   ``overloaded``), request bytes buffered by all connections together (503
-  ``overloaded`` past ``max_inbound_bytes``), idle sessions (forgotten after
+  ``overloaded`` past ``max_inbound_bytes``), response bytes every session's credit
+  holds unacknowledged (new requests get 503 ``overloaded`` past
+  ``max_outbound_bytes``), idle sessions (forgotten after
   ``idle_timeout`` unless busy; one that saw nothing after its ``initialize``, after
   ``initialize_timeout``), each session's credit, its replay history (a stream's
   last 256 frames; at most 16 closed streams) and its gate records (256 finished

@@ -39,6 +39,7 @@ from weir.engine._tasks import TaskSettings
 from weir.protocol import (
     SERVER_ERROR,
     CreditLimits,
+    CreditPool,
     EndpointConfig,
     HttpLimits,
     ReadTimeouts,
@@ -121,6 +122,7 @@ class AsyncioDriver:
         resume: str = "pinned",
         initialize_timeout: float = 60.0,
         max_inbound_bytes: int = 256 * 1024 * 1024,
+        max_outbound_bytes: int = 128 * 1024 * 1024,
         session_retain_bytes: int = SESSION_RETAIN_BYTES,
         memory_budget: int = MEMORY_BUDGET,
         ssl_context: ssl.SSLContext | None = None,
@@ -132,7 +134,9 @@ class AsyncioDriver:
         (and running nothing) is forgotten (``None``: never), so is one that saw no
         request or notification within ``initialize_timeout`` seconds of its
         ``initialize`` (an abandoned ``initialize`` costs at most that long), and each
-        session holds at most its ``credit`` in unacknowledged frames.  The bytes of
+        session holds at most its ``credit`` in unacknowledged frames, and new requests
+        get 503 ``overloaded`` while every session's credit together holds
+        ``max_outbound_bytes`` (the process's :class:`CreditPool`).  The bytes of
         requests not yet complete, over every connection, stay within
         ``max_inbound_bytes`` (the request whose bytes would pass it gets 503
         ``overloaded`` and its connection is closed).  Reads have the core's
@@ -199,6 +203,8 @@ class AsyncioDriver:
         """
         #: Replay history and kept results, in bytes, per session and in total.
         self.budget = RetentionBudget(total=memory_budget, per_owner=session_retain_bytes)
+        #: Unacknowledged response bytes of every credit owner (admission's 503 past it).
+        self.credit_pool = CreditPool(max_outbound_bytes)
         self.legacy_sse_path, self.legacy_messages_path = legacy_sse_path, legacy_messages_path
         #: The most sessions one principal holds (429 beyond), and how many each holds.
         self.principal_limit = max_sessions_per_principal or max_sessions

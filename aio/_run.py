@@ -90,6 +90,8 @@ class AsyncioConfig:
         max_inbound_bytes: bytes of request heads and bodies all connections together
             may buffer before their requests are complete (503 ``overloaded`` beyond,
             and the connection is closed).
+        max_outbound_bytes: unacknowledged response bytes every session's credit
+            together may hold before new requests get 503 ``overloaded``.
         sse_keepalive: a ``:`` comment on a quiet SSE stream this often (``None``: never).
         startup_timeout: how long the app's lifespan may take to start.
         state_keys: the keys that seal sessionless request state (the first seals,
@@ -141,6 +143,7 @@ class AsyncioConfig:
     idle_timeout: float | None = 600.0
     initialize_timeout: float = 60.0
     max_inbound_bytes: int = 256 * 1024 * 1024
+    max_outbound_bytes: int = 128 * 1024 * 1024
     sse_keepalive: float | None = 15.0
     startup_timeout: float = STARTUP_TIMEOUT
     state_keys: tuple[bytes, ...] = dataclasses.field(default=(), repr=False)
@@ -180,6 +183,7 @@ class AsyncioConfig:
             idle_timeout=self.idle_timeout,
             initialize_timeout=self.initialize_timeout,
             max_inbound_bytes=self.max_inbound_bytes,
+            max_outbound_bytes=self.max_outbound_bytes,
             read_timeouts=self.read_timeouts,
             state=state,
             limits=self.limits,

@@ -111,7 +111,7 @@ class Session:
         self.clock = loop_clock(self.loop)  # (read on every frame)
         self.state = SessionState.NEW
         self.closed = False  # (set by close(), the one way to CLOSED; read per frame)
-        self.flow = SessionFlow(credit, self.clock())
+        self.flow = SessionFlow(credit, self.clock(), driver.credit_pool)
         self.streams = StreamTable(max_closed=MAX_CLOSED_STREAMS)
         self.epochs = 0  # streams opened so far; the next one's epoch
         self.tasks: set[asyncio.Task[Any]] = set()

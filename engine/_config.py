@@ -72,6 +72,10 @@ class ServerConfig:
             together may have buffered before their requests are complete; a
             request that would pass it gets 503 ``overloaded`` and its connection
             is closed.
+        max_outbound_bytes: bytes of responses every credit owner together may
+            hold unacknowledged before new requests are refused 503 ``overloaded``
+            (each owner stays within its own ``credit`` too; results of requests
+            already admitted may pass it).
         sse_keepalive: seconds between ``:`` comments on a quiet SSE stream, so
             proxies that cut idle streams do not (``None``: never).
         max_stream_events: frames each stream retains for replay (at least the
@@ -154,6 +158,7 @@ class ServerConfig:
     session_retain_bytes: int = 4 * 1024 * 1024
     memory_budget: int = 256 * 1024 * 1024
     max_inbound_bytes: int = 256 * 1024 * 1024
+    max_outbound_bytes: int = 128 * 1024 * 1024
     sse_keepalive: float | None = 15.0
     max_stream_events: int = 4096
     max_closed_streams: int = 64
@@ -237,6 +242,7 @@ class ServerConfig:
             "session_retain_bytes",
             "memory_budget",
             "max_inbound_bytes",
+            "max_outbound_bytes",
             "task_poll_ms",
             "max_tasks_per_principal",
             "max_task_result_bytes",

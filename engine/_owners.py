@@ -63,6 +63,7 @@ class Owners:
     def __init__(self, shared: Shared, equip: Callable[[Session], None]) -> None:
         self.config = shared.config
         self.budget = shared.budget
+        self.credit_pool = shared.credit_pool
         self._equip = equip
         #: Every live owner.
         self.owners: set[Session] = set()
@@ -130,7 +131,9 @@ class Owners:
             secret="",
             salt=secrets.token_hex(8),
         )
-        owner = Session(record, credit=self.config.credit, now=now, budget=self.budget)
+        owner = Session(
+            record, credit=self.config.credit, now=now, budget=self.budget, pool=self.credit_pool
+        )
         self._equip(owner)
         self.owners.add(owner)
         return owner

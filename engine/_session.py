@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Protocol
 import trio
 
 from weir.app import Caller
-from weir.protocol import Admit, CreditLimits, SessionFlow
+from weir.protocol import Admit, CreditLimits, CreditPool, SessionFlow
 from weir.protocol.budget import RetentionBudget
 from weir.protocol.jsonrpc import Message, RequestId
 from weir.protocol.messages import server_request_id
@@ -164,6 +164,7 @@ class Session:
         credit: CreditLimits | None = None,
         now: float = 0.0,
         budget: RetentionBudget | None = None,
+        pool: CreditPool | None = None,
     ) -> None:
         self.record, self.session_id = record, record.session_id  # (never another id)
         #: Where this session's replay history and kept results are charged.
@@ -174,7 +175,7 @@ class Session:
         if budget is not None:
             budget.register(record.session_id, self.shed)
         #: Admission and in-order credit grants (the pure part; see weir.protocol).
-        self.flow = SessionFlow(credit or CreditLimits(), now)
+        self.flow = SessionFlow(credit or CreditLimits(), now, pool)
         self.clock: Callable[[], float] = _run_clock()  #: (see :func:`_run_clock`)
         self.credit = self.flow.credit
         #: The waiting frames' wake-ups, by the flow's ticket.

@@ -230,6 +230,7 @@ class SessionTable:
             credit=cfg.credit,
             now=now,
             budget=self.shared.budget,
+            pool=self.shared.credit_pool,
         )
 
     def check_room(self, principal: str, request_id: RequestId | None) -> None:

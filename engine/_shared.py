@@ -37,6 +37,7 @@ from weir.common import StateSealer, new_key
 from weir.common._metrics_share import MetricsShare
 from weir.protocol import (
     SERVER_ERROR,
+    CreditPool,
     EndpointConfig,
     HeadCache,
     Reason,
@@ -78,6 +79,8 @@ class Shared:
         )
         if isinstance(self.store, MemoryStore) and self.store.budget is None:
             self.store.budget = self.budget
+        #: Unacknowledged response bytes of every credit owner (admission's 503 past it).
+        self.credit_pool = CreditPool(config.max_outbound_bytes)
         #: The endpoint's routing rules (path, Host and Origin checks).
         self.endpoint: EndpointConfig = config.endpoint()
         self.replica_id = config.replica_id or secrets.token_hex(4)

@@ -432,6 +432,13 @@ def _limit_options(s: argparse.ArgumentParser) -> None:
             "BYTES",
             "request bytes all connections may buffer at once (503 beyond)",
         ),
+        (
+            "--max-outbound-bytes",
+            int,
+            d.max_outbound_bytes,
+            "BYTES",
+            "unacknowledged response bytes all clients may hold before new requests get 503",
+        ),
         ("--max-sessions", int, d.max_sessions, "N", "live sessions in this process (503)"),
         (
             "--max-sessions-per-principal",
@@ -589,6 +596,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             session_retain_bytes=args.session_retain_bytes,
             memory_budget=args.memory_budget,
             max_inbound_bytes=args.max_inbound_bytes,
+            max_outbound_bytes=args.max_outbound_bytes,
             claim_lease=args.claim_lease,
             task_ttl=args.task_ttl,
             task_poll_ms=args.task_poll_ms,

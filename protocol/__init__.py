@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from ._credit import (
     CreditLimits,
+    CreditPool,
     DrainTracker,
 )
 from ._deadlines import (
@@ -99,6 +100,7 @@ __all__ = [
     "Admit",
     "ConnectionClosed",
     "CreditLimits",
+    "CreditPool",
     "DeleteSession",
     "DrainTracker",
     "EndpointConfig",

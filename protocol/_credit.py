@@ -32,6 +32,15 @@ byte lies in that byte stream (:meth:`~DrainTracker.mark`), and reports how many
 bytes the peer has acknowledged since last time (:meth:`~DrainTracker.bytes_drained`,
 computed by the driver as ``written - unacknowledged``); the tracker returns the
 marks that are now fully acknowledged, in order.
+
+:class:`CreditPool` is what every owner's credit in one process holds together.  Credit
+is per owner, and without authorization every connection is an owner of its own, so the
+per-owner bound alone lets many connections that stop reading hold many times one
+credit.  A credit given a pool adds to it what it takes and takes out what it releases
+(or all it still holds when it leaves); admission (``SessionFlow.try_admit``) refuses
+new work 503 ``overloaded`` while the pool holds its limit.  It bounds what new work may
+add, not a frame already admitted: the total can pass the limit by the results of
+requests admitted before it was reached, each within its owner's credit.
 """
 
 from __future__ import annotations
@@ -44,6 +53,45 @@ from ._errors import SERVER_ERROR, LocalProtocolError, Reason, RemoteProtocolErr
 from ._states import CreditInput, CreditState, credit_transition
 
 T = TypeVar("T")
+
+
+class CreditPool:
+    """Unacknowledged bytes that every owner's credit in one process holds together
+    (see the module docstring).
+
+    Args:
+        limit: bytes held at which admission refuses new work (``>= 1``).
+
+    Raises:
+        ValueError: ``limit`` is below 1.
+    """
+
+    __slots__ = ("bytes_in_use", "limit", "peak_bytes")
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("a credit pool's limit must be >= 1 byte")
+        self.limit = limit
+        #: Bytes taken and not released by the credits in the pool.
+        self.bytes_in_use = 0
+        #: Its high-water mark.
+        self.peak_bytes = 0
+
+    @property
+    def full(self) -> bool:
+        """True while the pool holds its limit or more (admission refuses)."""
+        return self.bytes_in_use >= self.limit
+
+    def refusal(self, retry_after_ms: int, request_id: int | str | None) -> RemoteProtocolError:
+        """The 503 ``overloaded`` answer to work refused while the pool is full."""
+        return RemoteProtocolError(
+            "this server holds its limit of unacknowledged response bytes; retry later",
+            http_status=503,
+            reason=Reason.OVERLOADED,
+            code=SERVER_ERROR,
+            request_id=request_id,
+            retry_after_ms=retry_after_ms,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,6 +125,7 @@ class SessionCredit:
     Args:
         limits: the budget and timers.
         now: creation time.
+        pool: the process's pool this credit's bytes also count in (None: none).
     """
 
     __slots__ = (
@@ -87,13 +136,15 @@ class SessionCredit:
         "limits",
         "peak_bytes",
         "peak_frames",
+        "pool",
         "reserved_bytes",
         "reserved_frames",
         "state",
     )
 
-    def __init__(self, limits: CreditLimits, now: float) -> None:
+    def __init__(self, limits: CreditLimits, now: float, pool: CreditPool | None = None) -> None:
         self.limits = limits
+        self.pool = pool
         self.state = CreditState.OPEN
         self.frames_in_use = 0
         self.bytes_in_use = 0
@@ -168,10 +219,17 @@ class SessionCredit:
             self.peak_frames = self.frames_in_use
         if self.bytes_in_use > self.peak_bytes:
             self.peak_bytes = self.bytes_in_use
+        pool = self.pool
+        if pool is not None:
+            pool.bytes_in_use += nbytes
+            if pool.bytes_in_use > pool.peak_bytes:
+                pool.peak_bytes = pool.bytes_in_use
 
     def correct(self, acquired: int, actual: int) -> None:
         """Replace a frame's acquired byte count by its actual encoded size."""
         self.bytes_in_use += actual - acquired
+        if self.pool is not None:
+            self.pool.bytes_in_use += actual - acquired
 
     def release(self, frames: int, nbytes: int, now: float) -> None:
         """Return credit for drained (or discarded) frames; counts as progress."""
@@ -182,8 +240,17 @@ class SessionCredit:
             )
         self.frames_in_use -= frames
         self.bytes_in_use -= nbytes
+        if self.pool is not None:
+            self.pool.bytes_in_use -= nbytes
         if frames or nbytes:
             self.progress(now)
+
+    def leave_pool(self) -> None:
+        """Give the pool back everything this credit still holds and stop counting in
+        it (the owner ended; what its frames still hold goes with it).  Idempotent."""
+        if self.pool is not None:
+            self.pool.bytes_in_use -= self.bytes_in_use
+            self.pool = None
 
     # ------------------------------------------------------------ state
     def mark_blocked(self, now: float) -> None:

@@ -16,7 +16,10 @@ every driver admits and grants identically:
   (else it could never make progress); one that has no room for a reservation
   admits nothing, even with nothing in flight: a request admitted into a full
   credit would run and then find no room for its result.  A half-open session
-  refuses at once: 429 ``stream_half_open``.  Otherwise the answer is
+  refuses at once: 429 ``stream_half_open``; so does every session while the
+  process's :class:`~weir.protocol._credit.CreditPool` holds its limit: 503
+  ``overloaded`` (other owners hold the bytes, so this session's changes could
+  not end a wait).  Otherwise the answer is
   :attr:`Admit.WAIT` (or :attr:`Admit.BLOCKED`, when this refusal is what
   exhausted the credit, so the credit's deadline moved): the driver waits for a
   change -- a grant, a release, the session ending -- or the deadline, and asks
@@ -93,7 +96,7 @@ import itertools
 import math
 from collections.abc import Hashable
 
-from ._credit import CreditLimits, SessionCredit
+from ._credit import CreditLimits, CreditPool, SessionCredit
 from ._jsonrpc import RequestId
 from ._states import CreditState
 
@@ -167,8 +170,8 @@ class SessionFlow:
         "typical_frame",
     )
 
-    def __init__(self, limits: CreditLimits, now: float) -> None:
-        self.credit = SessionCredit(limits, now)
+    def __init__(self, limits: CreditLimits, now: float, pool: CreditPool | None = None) -> None:
+        self.credit = SessionCredit(limits, now, pool)
         #: Admitted requests whose response is not enqueued yet.
         self.inflight = 0
         #: A moving average of this session's frame sizes (admission's byte estimate).
@@ -194,11 +197,14 @@ class SessionFlow:
         The driver checks :attr:`closed` first (a closed session admits nothing).
 
         Raises:
-            RemoteProtocolError: 429 ``stream_half_open`` if the session is half-open.
+            RemoteProtocolError: 429 ``stream_half_open`` if the session is half-open;
+                503 ``overloaded`` if the process's credit pool holds its limit.
         """
         credit = self.credit
         credit.admit(now, request_id)
         lim = credit.limits
+        if credit.pool is not None and credit.pool.full:
+            raise credit.pool.refusal(max(1000, int(lim.drain_window * 1000)), request_id)
         unit = max(1, math.ceil(self.typical_frame))
         free_frames = lim.frames - credit.held_frames
         free_bytes = lim.bytes - credit.held_bytes
@@ -417,6 +423,7 @@ class SessionFlow:
         self._lanes.clear()
         self._reserves.clear()
         self.credit.reserved_frames = self.credit.reserved_bytes = 0
+        self.credit.leave_pool()
         return queued
 
     def deadline(self) -> float:

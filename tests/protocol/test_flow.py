@@ -4,7 +4,8 @@ A Hypothesis state machine drives one :class:`SessionFlow` with frames of a few
 streams (lanes) that fit or wait, releases, cancellations, admissions and the
 end, against a model of what it must do: credit never over-committed, grants in
 ticket order within each lane and never held back by another lane's waiter, no
-ticket granted twice, nothing granted after the end.
+ticket granted twice, nothing granted after the end, and the process's credit pool
+holding exactly what the flow holds until the end, and nothing of it after.
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from weir.protocol import Admit, CreditLimits, Reason, RemoteProtocolError, SessionFlow
+from weir.protocol import (
+    Admit,
+    CreditLimits,
+    CreditPool,
+    Reason,
+    RemoteProtocolError,
+    SessionFlow,
+)
 from weir.protocol._budget import FRAMING_ALLOWANCE, HEAD_ALLOWANCE, fit_result
 from weir.protocol.budget import fit_response
 from weir.protocol.states import CreditState
@@ -28,7 +36,9 @@ LANES = [None, "a", "b"]
 class FlowMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.flow = SessionFlow(LIMITS, 0.0)
+        #: A pool this flow alone could never fill (its admission is the flow's own).
+        self.pool = CreditPool(LIMITS.bytes * 1000)
+        self.flow = SessionFlow(LIMITS, 0.0, self.pool)
         self.now = 0.0
         self.held: list[tuple[int, str | None]] = []  # (size, lane) of frames holding credit
         #: (ticket, size, lane), in issue order
@@ -191,6 +201,11 @@ class FlowMachine(RuleBasedStateMachine):
         self.drawn.clear()
 
     @invariant()
+    def the_pool_holds_what_the_flow_holds_until_its_end(self) -> None:
+        held = 0 if self.flow.closed else sum(s for s, _ in self.held)
+        assert self.pool.bytes_in_use == held
+
+    @invariant()
     def credit_is_never_overcommitted(self) -> None:
         credit = self.flow.credit
         assert credit.frames_in_use == len(self.held)
@@ -257,6 +272,44 @@ def test_a_session_that_stops_draining_is_refused_429_after_the_window() -> None
         flow.try_admit(1, 6.0)
     assert info.value.reason is Reason.STREAM_HALF_OPEN
     assert flow.release(1, 10, 6.5) == [1]  # progress: the waiter is granted
+
+
+def test_a_full_credit_pool_refuses_every_owner_503_until_bytes_come_back() -> None:
+    """Owners each within their own credit can together fill the process's pool; then
+    every owner's admission is refused 503 ``overloaded`` (with a retry delay), even
+    one holding nothing, until acknowledged bytes -- or an owner's end -- return room."""
+    pool = CreditPool(1500)
+    limits = CreditLimits(frames=4, bytes=1000, drain_window=5.0)
+    stalled = [SessionFlow(limits, 0.0, pool) for _ in range(2)]
+    fresh = SessionFlow(limits, 0.0, pool)
+    for flow in stalled:
+        assert flow.try_admit(1, 0.0, lane="s") is Admit.ADMITTED
+        assert flow.try_acquire(800, 0.0, lane="s")  # each within its own credit
+    assert pool.bytes_in_use == 1600 and pool.full
+    with pytest.raises(RemoteProtocolError) as info:
+        fresh.try_admit(1, 1.0, request_id=7)
+    refusal = info.value
+    assert (refusal.http_status, refusal.reason) == (503, Reason.OVERLOADED)
+    assert refusal.request_id == 7 and refusal.retry_after_ms == 5000
+    assert fresh.inflight == 0 and fresh.credit.reserved_bytes == 0  # nothing admitted
+    # A frame's real size replaces its estimate in the pool too.
+    stalled[0].credit.correct(800, 600)
+    assert pool.bytes_in_use == 1400 and not pool.full
+    assert fresh.try_admit(1, 2.0) is Admit.ADMITTED
+    assert stalled[1].try_acquire(200, 2.0, lane="s")
+    assert pool.full
+    # An owner that ends gives back all it held, however its frames fare afterwards.
+    stalled[1].close()
+    assert pool.bytes_in_use == 600
+    stalled[1].release(1, 800, 3.0)  # (its writer lets go of a frame after the end)
+    assert pool.bytes_in_use == 600 and pool.peak_bytes == 1600
+    stalled[0].release(1, 600, 3.0)
+    assert pool.bytes_in_use == 0
+
+
+def test_a_credit_pool_needs_room_for_a_byte() -> None:
+    with pytest.raises(ValueError):
+        CreditPool(0)
 
 
 def test_a_large_waiting_frame_is_not_overtaken_by_small_ones_of_its_stream() -> None:

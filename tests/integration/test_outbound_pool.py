@@ -1,0 +1,118 @@
+"""The process's cap on unacknowledged response bytes (``max_outbound_bytes``).
+
+Credit is per owner, and without authorization every connection is an owner of its
+own: the per-owner bound alone lets many connections that stop reading hold many
+credits' worth of answers.  Here two anonymous connections ask for answers large
+enough to fill a small cap and never read them (real sockets with small receive
+buffers, so the bytes stay unacknowledged); then a reader's new requests, of either
+era, are refused 503 ``overloaded`` before anything runs, and are served again once
+the stalled connections are gone and their bytes returned.  Both runtimes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import trio
+
+from weir.engine import App, ServerConfig
+from weir.protocol import CreditLimits
+
+from .configured import RUNTIMES, serve_configured
+from .rawhttp import Client, call, initialize, raw_request
+
+V = "2026-07-28"
+META = {
+    "io.modelcontextprotocol/protocolVersion": V,
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+ANSWER = 48 * 1024
+
+app = App("outbound")
+runs: list[int] = []
+
+
+@app.tool()
+async def bulk(size: int) -> str:
+    """``size`` bytes of text; counts its runs (a refused request must not run)."""
+    runs.append(size)
+    return "x" * size
+
+
+def sessionless(rid: int, size: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """A 2026-07-28 ``tools/call bulk`` of ``size`` bytes, and its headers."""
+    params = {"name": "bulk", "arguments": {"size": size}, "_meta": META}
+    message = {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+    headers = {"mcp-protocol-version": V, "mcp-method": "tools/call", "mcp-name": "bulk"}
+    return message, headers
+
+
+async def credit_in_use(port: int) -> float:
+    """``weir_credit_in_use_bytes`` from ``GET /metrics``."""
+    c = await Client.connect(port)
+    try:
+        page = (await c.request("GET", "/metrics")).body.decode()
+    finally:
+        await c.aclose()
+    for line in page.splitlines():
+        if line.startswith("weir_credit_in_use_bytes "):
+            return float(line.split()[1])
+    raise AssertionError("weir_credit_in_use_bytes not in /metrics")
+
+
+async def until_credit_in_use(port: int, done: Any) -> float:
+    """Poll the gauge until ``done(value)`` (bounded: 400 reads, 20 s)."""
+    value = await credit_in_use(port)
+    for _ in range(400):
+        if done(value):
+            break
+        await trio.sleep(0.05)
+        value = await credit_in_use(port)
+    return value
+
+
+@RUNTIMES
+async def test_stalled_owners_that_fill_the_cap_get_new_requests_refused_until_they_go(
+    runtime: str,
+) -> None:
+    credit = CreditLimits(frames=8, bytes=64 * 1024, drain_window=0.3, liveness_timeout=60.0)
+    config = ServerConfig(port=0, credit=credit, max_outbound_bytes=2 * ANSWER)
+    with trio.fail_after(60):
+        async with serve_configured(runtime, app, config) as port:
+            reader = await Client.connect(port)
+            stalled = [await Client.connect(port, rcvbuf=4096) for _ in range(2)]
+            try:
+                sid = await initialize(reader)
+                for rid, peer in enumerate(stalled, start=1):
+                    message, headers = sessionless(rid, ANSWER)
+                    body = json.dumps(message).encode()
+                    await peer.send_raw(raw_request("POST", "/mcp", body=body, headers=headers))
+                held = await until_credit_in_use(port, lambda v: v >= 2 * ANSWER)
+                assert held >= 2 * ANSWER  # each owner within its 64 KiB, the two over the cap
+                ran = len(runs)
+
+                message, headers = sessionless(10, 10)
+                refused = await reader.request("POST", "/mcp", message, headers=headers)
+                assert refused.status == 503 and refused.reason == "overloaded", refused
+                assert refused.json()["id"] == 10 and int(refused.headers["retry-after"]) >= 1
+                refused = await reader.request(
+                    "POST", "/mcp", call(11, "bulk", {"size": 10}), session=sid
+                )
+                assert refused.status == 503 and refused.reason == "overloaded", refused
+                assert len(runs) == ran  # nothing refused ran
+
+                for peer in stalled:
+                    await peer.aclose()
+                assert await until_credit_in_use(port, lambda v: v == 0) == 0
+                served = await reader.request("POST", "/mcp", message, headers=headers)
+                assert served.status == 200, served
+                assert served.json()["result"]["content"][0]["text"] == "x" * 10
+                served = await reader.request(
+                    "POST", "/mcp", call(12, "bulk", {"size": 10}), session=sid
+                )
+                assert served.status == 200 and "result" in served.json(), served
+            finally:
+                for peer in stalled:
+                    await peer.aclose()
+                await reader.aclose()
