@@ -76,7 +76,7 @@ from weir.protocol.streams import StreamKind
 from ._channel import raise_channel
 from ._connection import Connection
 from ._execution import Execution
-from ._json_reply import answer_json, send_json
+from ._json_reply import answer_json, frame_json, send_framed
 from ._memory_store import MemoryStore
 from ._requester import Requester
 from ._session import Session, SessionClosed, StreamHandle
@@ -453,7 +453,9 @@ class Calls:
                     body = await self.execution.answer_now(session, plans[0], None)
                 finally:
                     session.done(1, lane, keep=True)
-                await send_json(conn, session, headers, body, lane)
+                data = frame_json(conn, session, headers, body)
+                del body  # (only the framed copy waits on a stalled peer)
+                await send_framed(conn, session, data, lane)
                 return
 
             async def feed(run: Callable[[int, CallCourse], Awaitable[None]]) -> None:

@@ -8,6 +8,11 @@ on what its requests reserved -- and keeps it until the peer acknowledges its la
 byte (:class:`~weir.engine._session.JsonCharge`); a teardown cancels a write that
 is stuck on a stalled peer.  Used by session-era POSTs in JSON mode, batches, and
 the sessionless era's JSON answers and replays.
+
+A stalled peer keeps the write waiting, and whatever the waiting frames reference
+stays in memory with it: callers that can frame the body themselves
+(:func:`frame_json`), drop their own reference and hand over only the framed bytes
+(:func:`send_framed`), so one copy of the answer is held, the one its credit counts.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ async def answer_json(
     headers = [("content-type", "application/json"), ("mcp-session-id", session.session_id)]
     body = b"[" + b",".join(bodies) + b"]" if is_batch else bodies.pop()
     bodies.clear()
-    await send_json(conn, session, headers, body, lane)
+    data = frame_json(conn, session, headers, body)
+    del body  # (only the framed copy waits on a stalled peer)
+    await send_framed(conn, session, data, lane)
 
 
 async def send_json(
@@ -53,10 +60,27 @@ async def send_json(
     peer acknowledges its last byte; a teardown cancels a write that is stuck on
     a stalled peer.
     """
-    data = conn.http.send_response(200, headers, body)
+    data = frame_json(conn, session, headers, body)
     del body  # (the caller's reference may remain; this frame keeps only ``data``)
+    await send_framed(conn, session, data, lane)
+
+
+def frame_json(
+    conn: Connection, session: Session, headers: list[tuple[str, str]], body: bytes
+) -> bytes:
+    """The bytes of a ``200`` with ``body`` (the next thing ``conn`` sends); the
+    session learns their size (its typical frame)."""
+    data = conn.http.send_response(200, headers, body)
+    session.flow.observe_frame(len(data))
+    return data
+
+
+async def send_framed(
+    conn: Connection, session: Session, data: bytes, lane: Hashable | None = None
+) -> None:
+    """Write what :func:`frame_json` made under the session's drain credit, as
+    :func:`send_json` does."""
     n = len(data)
-    session.flow.observe_frame(n)
     try:
         if not session.try_acquire_now(n, lane):
             await session.acquire(n, lane)

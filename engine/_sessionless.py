@@ -134,7 +134,7 @@ from ._changes import Changes
 from ._connection import Connection
 from ._context import SessionlessBackend
 from ._execution import Execution
-from ._json_reply import send_json
+from ._json_reply import frame_json, send_framed, send_json
 from ._keyed import KeyedCalls
 from ._owners import Owners, open_answer_stream
 from ._requester import Requester
@@ -335,7 +335,9 @@ class Sessionless:
                 owner.done(1, lane, keep=True)  # the reservation is the body's
             if body is None:
                 raise PeerGone  # cancelled with the server going away: nothing to answer
-            await send_json(conn, owner, list(_JSON), body, lane)
+            data = frame_json(conn, owner, list(_JSON), body)
+            del body  # (only the framed copy waits on a stalled peer)
+            await send_framed(conn, owner, data, lane)
         finally:
             owner.settle(lane)
 

@@ -7,11 +7,16 @@ enough to fill a small cap and never read them (real sockets with small receive
 buffers, so the bytes stay unacknowledged); then a reader's new requests, of either
 era, are refused 503 ``overloaded`` before anything runs, and are served again once
 the stalled connections are gone and their bytes returned.  Both runtimes.
+
+What the pool counts is the answer's bytes; a stalled JSON answer must not keep a
+second, uncounted copy of itself alive (the caller's encoded body beside the framed
+bytes being written), which Python's allocator trace shows.
 """
 
 from __future__ import annotations
 
 import json
+import tracemalloc
 from typing import Any
 
 import trio
@@ -116,3 +121,28 @@ async def test_stalled_owners_that_fill_the_cap_get_new_requests_refused_until_t
                 for peer in stalled:
                     await peer.aclose()
                 await reader.aclose()
+
+
+@RUNTIMES
+async def test_a_stalled_json_answer_is_held_in_memory_once(runtime: str) -> None:
+    size = 2 * 1024 * 1024
+    credit = CreditLimits(frames=8, bytes=4 * 1024 * 1024, drain_window=5.0, liveness_timeout=60.0)
+    config = ServerConfig(port=0, credit=credit, json_response=True)
+    tracemalloc.start()
+    try:
+        with trio.fail_after(60):
+            async with serve_configured(runtime, app, config) as port:
+                peer = await Client.connect(port, rcvbuf=4096)
+                try:
+                    message, headers = sessionless(1, size)
+                    body = json.dumps(message).encode()
+                    await peer.send_raw(raw_request("POST", "/mcp", body=body, headers=headers))
+                    assert await until_credit_in_use(port, lambda v: v >= size) >= size
+                    held = [t for t in tracemalloc.take_snapshot().traces if t.size >= size]
+                    # Trio: the framed bytes being written; asyncio: at most the part of
+                    # them the kernel has not taken.
+                    assert len(held) <= 1, [t.traceback.format()[-3:] for t in held]
+                finally:
+                    await peer.aclose()
+    finally:
+        tracemalloc.stop()
