@@ -10,7 +10,9 @@ the stalled connections are gone and their bytes returned.  Both runtimes.
 
 What the pool counts is the answer's bytes; a stalled JSON answer must not keep a
 second, uncounted copy of itself alive (the caller's encoded body beside the framed
-bytes being written), which Python's allocator trace shows.
+bytes being written), which Python's allocator trace shows.  (A 2026-07-28 call without
+an ``Idempotency-Key``: a session-era call's result is also kept for a retry's replay,
+a copy the retention budget counts.)
 """
 
 from __future__ import annotations
