@@ -17,7 +17,7 @@ every driver admits and grants identically:
   admits nothing, even with nothing in flight: a request admitted into a full
   credit would run and then find no room for its result.  A half-open session
   refuses at once: 429 ``stream_half_open``; so does every session while the
-  process's :class:`~weir.protocol._credit.CreditPool` holds its limit: 503
+  process's :class:`~weir.protocol.CreditPool` holds its limit: 503
   ``overloaded`` (other owners hold the bytes, so this session's changes could
   not end a wait).  Otherwise the answer is
   :attr:`Admit.WAIT` (or :attr:`Admit.BLOCKED`, when this refusal is what
@@ -203,8 +203,9 @@ class SessionFlow:
         credit = self.credit
         credit.admit(now, request_id)
         lim = credit.limits
-        if credit.pool is not None and credit.pool.full:
-            raise credit.pool.refusal(max(1000, int(lim.drain_window * 1000)), request_id)
+        pool = credit.pool  # (pool.full, inlined: every admission reads it)
+        if pool is not None and pool.bytes_in_use >= pool.limit:
+            raise pool.refusal(max(1000, int(lim.drain_window * 1000)), request_id)
         unit = max(1, math.ceil(self.typical_frame))
         free_frames = lim.frames - credit.held_frames
         free_bytes = lim.bytes - credit.held_bytes
