@@ -250,6 +250,23 @@ def metric(text: str, name: str, labels: str = "") -> float:
     return 0.0
 
 
+async def scrape(port: int, name: str) -> float:
+    """One unlabelled sample of ``GET /metrics`` on 127.0.0.1:``port``, read on a
+    connection of its own.
+
+    Raises:
+        AssertionError: the page has no such sample.
+    """
+    c = await Client.connect(port)
+    try:
+        page = (await c.request("GET", "/metrics")).body.decode()
+    finally:
+        await c.aclose()
+    if not any(line.startswith(f"{name} ") for line in page.splitlines()):
+        raise AssertionError(f"{name} not in /metrics")
+    return metric(page, name)
+
+
 async def percentile_latency(port: int, sid: str, n: int, q: float = 0.99) -> float:
     """The ``q`` latency (seconds) of ``n`` sequential ``ping`` requests on one session."""
     client = await Client.connect(port)

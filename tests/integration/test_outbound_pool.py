@@ -27,7 +27,7 @@ from weir.engine import App, ServerConfig
 from weir.protocol import CreditLimits
 
 from .configured import RUNTIMES, serve_configured
-from .rawhttp import Client, call, initialize, raw_request
+from .rawhttp import Client, call, initialize, raw_request, scrape
 
 V = "2026-07-28"
 META = {
@@ -55,27 +55,14 @@ def sessionless(rid: int, size: int) -> tuple[dict[str, Any], dict[str, str]]:
     return message, headers
 
 
-async def credit_in_use(port: int) -> float:
-    """``weir_credit_in_use_bytes`` from ``GET /metrics``."""
-    c = await Client.connect(port)
-    try:
-        page = (await c.request("GET", "/metrics")).body.decode()
-    finally:
-        await c.aclose()
-    for line in page.splitlines():
-        if line.startswith("weir_credit_in_use_bytes "):
-            return float(line.split()[1])
-    raise AssertionError("weir_credit_in_use_bytes not in /metrics")
-
-
 async def until_credit_in_use(port: int, done: Any) -> float:
-    """Poll the gauge until ``done(value)`` (bounded: 400 reads, 20 s)."""
-    value = await credit_in_use(port)
+    """Poll ``weir_credit_in_use_bytes`` until ``done(value)`` (bounded: 400 reads, 20 s)."""
+    value = await scrape(port, "weir_credit_in_use_bytes")
     for _ in range(400):
         if done(value):
             break
         await trio.sleep(0.05)
-        value = await credit_in_use(port)
+        value = await scrape(port, "weir_credit_in_use_bytes")
     return value
 
 
@@ -95,8 +82,10 @@ async def test_stalled_owners_that_fill_the_cap_get_new_requests_refused_until_t
                     message, headers = sessionless(rid, ANSWER)
                     body = json.dumps(message).encode()
                     await peer.send_raw(raw_request("POST", "/mcp", body=body, headers=headers))
+                # What anonymous owners hold is in the credit gauge, as a session's is.
                 held = await until_credit_in_use(port, lambda v: v >= 2 * ANSWER)
                 assert held >= 2 * ANSWER  # each owner within its 64 KiB, the two over the cap
+                assert await scrape(port, "weir_sessionless_owners") == 2
                 ran = len(runs)
 
                 message, headers = sessionless(10, 10)
