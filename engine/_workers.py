@@ -16,9 +16,16 @@ workers in ``$WEIR_METRICS_DIR``; each publishes its counters there, so a scrape
 any worker answers for all (:mod:`weir.common._metrics_share`).  The parent
 removes it when it exits.
 
-The parent prints ``weir: serving URL`` once every child has, forwards SIGINT and
-SIGTERM to the children, and exits with the first non-zero child status (a child
-that dies takes the others down: a half-running server is worse than none).
+The parent prints ``weir: serving URL`` once every child has and forwards SIGINT and
+SIGTERM to the children.  A child that dies unasked (SIGKILL, the OOM killer, a crash)
+is started again under a new replica id (``<id>-<i>.<n>``: what the dead one held in
+the store -- its calls' claims -- is never mistaken for the new one's; the shared store
+answers those calls ``interrupted`` when their leases lapse); the others serve on
+meanwhile, as the kernel stops sending connections to a closed listener.  A slot
+that dies more than :data:`MAX_RESTARTS` times within :data:`RESTART_WINDOW` seconds
+is in a crash loop, not unlucky: then every worker is stopped and the parent exits
+with that child's status (1 for a signal).  After a signal nothing is restarted, and
+the parent exits 0 once every child has (or with the first failure's status).
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO
 
 from weir.common import new_key
@@ -46,6 +53,10 @@ from weir.common._metrics_share import ENV as METRICS_ENV
 from ._server import ServerConfig
 
 _START_TIMEOUT = 30.0
+#: Restarts of one worker slot allowed within :data:`RESTART_WINDOW` seconds; one
+#: more death in that window stops the server.
+MAX_RESTARTS = 3
+RESTART_WINDOW = 60.0
 
 
 def _child_argv(argv: Sequence[str], app_dir: str, port: int, replica: str) -> list[str]:
@@ -120,7 +131,7 @@ def run_workers(args: argparse.Namespace, config: ServerConfig, argv: Sequence[s
         for i in range(args.workers):
             replica = f"{base}-{i}"
             child_argv = _child_argv(argv, args.app_dir, port, replica)
-            readiness.append(_start_worker(children, replica, child_argv, env))
+            readiness.append(_start_worker(children, i, replica, child_argv, env))
         deadline = time.monotonic() + _START_TIMEOUT
         for proc, ready in zip(children, readiness, strict=True):
             while not ready.wait(0.1):
@@ -131,7 +142,12 @@ def run_workers(args: argparse.Namespace, config: ServerConfig, argv: Sequence[s
             f"weir: serving {config.scheme}://{host}:{port}{config.path} ({args.workers} workers)",
             flush=True,
         )
-        return _supervise(children, base)
+
+        def restart(i: int, generation: int) -> None:
+            replica = f"{base}-{i}.{generation}"
+            _start_worker(children, i, replica, _child_argv(argv, args.app_dir, port, replica), env)
+
+        return _supervise(children, base, restart)
     except RuntimeError as exc:
         print(f"weir: {exc}", file=sys.stderr)
         return 1
@@ -142,12 +158,19 @@ def run_workers(args: argparse.Namespace, config: ServerConfig, argv: Sequence[s
 
 
 def _start_worker(
-    children: list[subprocess.Popen[str]], replica: str, argv: list[str], env: dict[str, str]
+    children: list[subprocess.Popen[str]],
+    slot: int,
+    replica: str,
+    argv: list[str],
+    env: dict[str, str],
 ) -> threading.Event:
-    """Start worker ``replica`` (added to ``children`` at once, so it is stopped
-    whatever happens next); the event is set when it says it is serving."""
+    """Start worker ``replica`` as ``children[slot]`` (put there at once, so it is
+    stopped whatever happens next); the event is set when it says it is serving."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
-    children.append(proc)
+    if slot < len(children):
+        children[slot] = proc
+    else:
+        children.append(proc)
     ready = threading.Event()
     assert proc.stdout is not None
     threading.Thread(target=_pump, args=(proc.stdout, ready), daemon=True).start()
@@ -160,29 +183,63 @@ def _start_worker(
     return ready
 
 
-def _supervise(children: list[subprocess.Popen[str]], base: str) -> int:
-    """Forward SIGINT and SIGTERM to the workers, say when each exits, stop the rest
-    when one fails; the exit status once all have exited (the first failure's)."""
+def _supervise(
+    children: list[subprocess.Popen[str]], base: str, restart: Callable[[int, int], None]
+) -> int:
+    """Forward SIGINT and SIGTERM to the workers, say when each exits, start again one
+    that died unasked (``restart(slot, generation)``), stop them all at a crash loop;
+    the exit status once all have exited (the first failure's, 0 after a signal)."""
+    stopping = False
 
     def forward(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
         for child in children:
             if child.poll() is None:
                 child.send_signal(signum)
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
-    said: set[int] = set()
+    told = [False] * len(children)  # whether each slot's current child's exit was told
+    deaths: list[list[float]] = [[] for _ in children]
+    generations = [0] * len(children)
+    failure = 0
     while True:
-        statuses = [c.poll() for c in children]
-        for i, status in enumerate(statuses):
-            if status is not None and i not in said:
-                said.add(i)
-                _exited(f"{base}-{i}", children[i].pid, status)
-        if all(s is not None for s in statuses):
-            return next((s for s in statuses if s), 0) or 0
-        if any(s not in (None, 0) for s in statuses):
-            forward(signal.SIGTERM, None)
+        for i, child in enumerate(children):
+            status = child.poll()
+            if status is None or told[i]:
+                continue
+            told[i] = True
+            name = f"{base}-{i}" + (f".{generations[i]}" if generations[i] else "")
+            _exited(name, child.pid, status)
+            if stopping:
+                failure = failure or (status if status > 0 else 0)
+                continue
+            now = time.monotonic()
+            deaths[i] = [t for t in deaths[i] if now - t < RESTART_WINDOW] + [now]
+            if len(deaths[i]) > MAX_RESTARTS:
+                _crash_loop(name, len(deaths[i]))
+                failure = status if status > 0 else 1
+                forward(signal.SIGTERM, None)
+                continue
+            generations[i] += 1
+            restart(i, generations[i])
+            told[i] = False
+            if stopping:  # (a signal between the start and its place in ``children``)
+                children[i].send_signal(signal.SIGTERM)
+        if all(told):
+            return failure
         time.sleep(0.2)
+
+
+def _crash_loop(replica: str, deaths: int) -> None:
+    OPS.error(
+        "worker %s died %d times within %d s: stopping every worker",
+        replica,
+        deaths,
+        int(RESTART_WINDOW),
+        extra={"fields": {"event": "worker_crash_loop", "replica": replica}},
+    )
 
 
 def _stop_workers(children: list[subprocess.Popen[str]]) -> None:

@@ -6,11 +6,14 @@ sessions through a shared store; with the memory store it is refused, since a
 session would be known to one worker only.  ``--reuse-port`` makes the listener
 bind with ``SO_REUSEPORT``, so it can share its port with another socket that
 did.  At a signal the workers stop at once when nothing runs (a shared store's
-background loops are no work to wait for).  Real processes on loopback ports, a real Valkey store.
+background loops are no work to wait for).  A worker killed without warning is started
+again while the others serve on; one that keeps dying stops them all.  Real processes
+on loopback ports, a real Valkey store.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import tempfile
@@ -22,6 +25,7 @@ from tests.integration.rawhttp import Client, echo_on_fresh_connections, initial
 from tests.integration.runtimes import RUNTIMES
 from tests.integration.serverproc import WeirProcess
 from tests.integration.test_cli_startup import one_line_failure, weir
+from weir.engine._workers import MAX_RESTARTS
 
 #: What each asyncio worker says on stderr once it serves.
 ASYNCIO_WORKER = "weir: runtime asyncio, event loop"
@@ -60,6 +64,67 @@ async def test_any_worker_serves_any_session_and_all_stop_at_a_signal(
             assert workers == (2 if runtime == "asyncio" else 0), server.output()
             server.proc.send_signal(signal.SIGINT)  # (forwarded to every worker)
             assert server.proc.wait(30) == 0, server.output()
+        finally:
+            server.stop()
+
+
+def workers_of(parent: int) -> set[int]:
+    """The live child processes of ``parent`` (Linux: its main thread's children)."""
+    text = Path(f"/proc/{parent}/task/{parent}/children").read_text()
+    return {int(pid) for pid in text.split()}
+
+
+async def replaced(parent: int, gone: int, count: int) -> set[int]:
+    """Wait until ``parent`` has ``count`` workers again, none of them ``gone``
+    (bounded: 300 looks, 30 s); the workers then."""
+    now = workers_of(parent)
+    for _ in range(300):
+        if len(now) == count and gone not in now:
+            break
+        await trio.sleep(0.1)
+        now = workers_of(parent)
+    return now
+
+
+@RUNTIMES
+async def test_a_killed_worker_is_started_again_and_a_crash_loop_stops_them_all(
+    runtime: str, valkey_url: str
+) -> None:
+    args = ["--workers", "2", "--store", valkey_url, "--shutdown-grace", "60"]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        server = WeirProcess("demo", out, err, args, driver=runtime)
+        try:
+            parent = server.proc.pid
+            with trio.fail_after(120):
+                first = await Client.connect(server.port)
+                try:
+                    sid = await initialize(first)
+                finally:
+                    await first.aclose()
+                workers = workers_of(parent)
+                assert len(workers) == 2, workers
+                victim = min(workers)
+                os.kill(victim, signal.SIGKILL)
+                now = await replaced(parent, victim, 2)
+                assert len(now) == 2 and victim not in now, (now, server.output())
+                # The session lives in the store: every fresh connection, whichever
+                # worker takes it, still serves it.
+                for i, reply in enumerate(await echo_on_fresh_connections(server.port, sid, 8)):
+                    assert reply.status == 200, (reply, server.output())
+                    assert reply.json()["result"]["content"][0]["text"] == f"n{i}"
+                assert server.proc.poll() is None
+                # The same slot dying again and again is a crash loop: it is started
+                # again MAX_RESTARTS times in the window, and at the next death all stop.
+                slot = (now - workers).pop()
+                for _ in range(MAX_RESTARTS - 1):
+                    os.kill(slot, signal.SIGKILL)
+                    again = await replaced(parent, slot, 2)
+                    assert len(again) == 2, (again, server.output())
+                    slot = (again - now).pop()
+                    now = again
+                os.kill(slot, signal.SIGKILL)
+                assert await trio.to_thread.run_sync(server.proc.wait, 30) == 1
+            assert f"died {MAX_RESTARTS + 1} times within" in server.output()
         finally:
             server.stop()
 
