@@ -17,6 +17,8 @@ import os
 import signal
 import socket
 import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
@@ -39,33 +41,46 @@ def test_workers_with_the_memory_store_are_refused(runtime: str, tmp_path: Path)
     assert "--store redis://" in line
 
 
-@RUNTIMES
-async def test_any_worker_serves_any_session_and_all_stop_at_a_signal(
-    runtime: str, valkey_url: str
-) -> None:
-    # (a long grace: nothing runs at the signal, so nothing may wait it out)
+@asynccontextmanager
+async def two_workers(runtime: str, valkey_url: str) -> AsyncIterator[tuple[WeirProcess, str]]:
+    """``weir serve --workers 2`` on ``runtime`` and a Valkey store, with one session
+    opened; the server and the session id.  Stopped on the way out."""
+    # (a long grace: nothing runs at a signal, so nothing may wait it out)
     args = ["--workers", "2", "--store", valkey_url, "--shutdown-grace", "60"]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         server = WeirProcess("demo", out, err, args, driver=runtime)
         try:
+            first = await Client.connect(server.port)
+            try:
+                sid = await initialize(first)
+            finally:
+                await first.aclose()
+            yield server, sid
+        finally:
+            server.stop()
+
+
+async def every_connection_serves(server: WeirProcess, sid: str) -> None:
+    """Eight calls of session ``sid``, each on a fresh connection (whichever worker
+    takes it), all answered."""
+    for i, reply in enumerate(await echo_on_fresh_connections(server.port, sid, 8)):
+        assert reply.status == 200, (reply, server.output())
+        assert reply.json()["result"]["content"][0]["text"] == f"n{i}"
+
+
+@RUNTIMES
+async def test_any_worker_serves_any_session_and_all_stop_at_a_signal(
+    runtime: str, valkey_url: str
+) -> None:
+    with trio.fail_after(90):
+        async with two_workers(runtime, valkey_url) as (server, sid):
             assert server.url.endswith("/mcp"), server.url
-            with trio.fail_after(60):
-                first = await Client.connect(server.port)
-                try:
-                    sid = await initialize(first)
-                finally:
-                    await first.aclose()
-                replies = await echo_on_fresh_connections(server.port, sid, 8)
-                for i, reply in enumerate(replies):
-                    assert reply.status == 200, (reply, server.output())
-                    assert reply.json()["result"]["content"][0]["text"] == f"n{i}"
+            await every_connection_serves(server, sid)
             # Each worker runs on the runtime the parent was asked for.
             workers = server.stderr().count(ASYNCIO_WORKER)
             assert workers == (2 if runtime == "asyncio" else 0), server.output()
             server.proc.send_signal(signal.SIGINT)  # (forwarded to every worker)
-            assert server.proc.wait(30) == 0, server.output()
-        finally:
-            server.stop()
+            assert await trio.to_thread.run_sync(server.proc.wait, 30) == 0, server.output()
 
 
 def workers_of(parent: int) -> set[int]:
@@ -90,43 +105,30 @@ async def replaced(parent: int, gone: int, count: int) -> set[int]:
 async def test_a_killed_worker_is_started_again_and_a_crash_loop_stops_them_all(
     runtime: str, valkey_url: str
 ) -> None:
-    args = ["--workers", "2", "--store", valkey_url, "--shutdown-grace", "60"]
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        server = WeirProcess("demo", out, err, args, driver=runtime)
-        try:
+    with trio.fail_after(150):
+        async with two_workers(runtime, valkey_url) as (server, sid):
             parent = server.proc.pid
-            with trio.fail_after(120):
-                first = await Client.connect(server.port)
-                try:
-                    sid = await initialize(first)
-                finally:
-                    await first.aclose()
-                workers = workers_of(parent)
-                assert len(workers) == 2, workers
-                victim = min(workers)
-                os.kill(victim, signal.SIGKILL)
-                now = await replaced(parent, victim, 2)
-                assert len(now) == 2 and victim not in now, (now, server.output())
-                # The session lives in the store: every fresh connection, whichever
-                # worker takes it, still serves it.
-                for i, reply in enumerate(await echo_on_fresh_connections(server.port, sid, 8)):
-                    assert reply.status == 200, (reply, server.output())
-                    assert reply.json()["result"]["content"][0]["text"] == f"n{i}"
-                assert server.proc.poll() is None
-                # The same slot dying again and again is a crash loop: it is started
-                # again MAX_RESTARTS times in the window, and at the next death all stop.
-                slot = (now - workers).pop()
-                for _ in range(MAX_RESTARTS - 1):
-                    os.kill(slot, signal.SIGKILL)
-                    again = await replaced(parent, slot, 2)
-                    assert len(again) == 2, (again, server.output())
-                    slot = (again - now).pop()
-                    now = again
+            workers = workers_of(parent)
+            assert len(workers) == 2, workers
+            victim = min(workers)
+            os.kill(victim, signal.SIGKILL)
+            now = await replaced(parent, victim, 2)
+            assert len(now) == 2 and victim not in now, (now, server.output())
+            # The session lives in the store: every worker serves it.
+            await every_connection_serves(server, sid)
+            assert server.proc.poll() is None
+            # The same slot dying again and again is a crash loop: it is started
+            # again MAX_RESTARTS times in the window, and at the next death all stop.
+            slot = (now - workers).pop()
+            for _ in range(MAX_RESTARTS - 1):
                 os.kill(slot, signal.SIGKILL)
-                assert await trio.to_thread.run_sync(server.proc.wait, 30) == 1
+                again = await replaced(parent, slot, 2)
+                assert len(again) == 2, (again, server.output())
+                slot = (again - now).pop()
+                now = again
+            os.kill(slot, signal.SIGKILL)
+            assert await trio.to_thread.run_sync(server.proc.wait, 30) == 1
             assert f"died {MAX_RESTARTS + 1} times within" in server.output()
-        finally:
-            server.stop()
 
 
 @RUNTIMES
