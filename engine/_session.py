@@ -176,8 +176,7 @@ class Session:
             budget.register(record.session_id, self.shed)
         #: Admission and in-order credit grants (the pure part; see weir.protocol).
         self.flow = SessionFlow(credit or CreditLimits(), now, pool)
-        self.clock: Callable[[], float] = _run_clock()  #: (see :func:`_run_clock`)
-        self.credit = self.flow.credit
+        self.credit, self.clock = self.flow.credit, _run_clock()  # (see :func:`_run_clock`)
         #: The waiting frames' wake-ups, by the flow's ticket.
         self._grants: dict[int, trio.Event] = {}
         #: The instant this session is scheduled at in the server's deadline heap
