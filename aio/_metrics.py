@@ -118,6 +118,7 @@ def metered(driver: AsyncioDriver) -> tuple[dict[str, Metered], dict[str, Any]]:
     return {sid: SessionView(s) for sid, s in driver.sessions.items()}, {
         "gate": ConnectionCount(driver),
         "budget": driver.budget,
+        "pool": driver.credit_pool,
         "owners": [SessionView(o) for o in driver.owners],
         "listen_streams": len(driver.listeners),
     }

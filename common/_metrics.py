@@ -51,6 +51,7 @@ from ._exposition import (
 )
 
 if TYPE_CHECKING:
+    from weir.protocol import CreditPool
     from weir.protocol.budget import RetentionBudget
 
     from ._metrics_share import MetricsShare
@@ -252,6 +253,7 @@ class Metrics:
         *,
         gate: Connections | None = None,
         budget: RetentionBudget | None = None,
+        pool: CreditPool | None = None,
         owners: Collection[Metered] = (),
         listen_streams: int = 0,
     ) -> list[Family]:
@@ -259,8 +261,8 @@ class Metrics:
 
         ``owners``: the sessionless era's credit owners (connections or principals);
         ``listen_streams``: its open ``subscriptions/listen`` streams; the retention
-        series are left out without ``budget``, and the connection series without
-        ``gate``.
+        series are left out without ``budget``, the connection series without
+        ``gate``, the cap on unacknowledged bytes without ``pool``.
         """
         from weir import __version__
 
@@ -336,6 +338,13 @@ class Metrics:
             "Unacknowledged bytes, all sessions and 2026-07-28 credit owners.",
             [("", sum(s.credit.bytes_in_use for s in (*live, *held)))],
         )
+        if pool is not None:
+            metric(
+                "weir_outbound_limit_bytes",
+                "gauge",
+                "Unacknowledged bytes at which new requests get 503 (--max-outbound-bytes).",
+                [("", pool.limit)],
+            )
         peak_frames, peak_bytes = self.credit_peaks(live)
         metric(
             "weir_credit_peak_frames",

@@ -184,6 +184,7 @@ class Router:
         return {
             "gate": self.gate,
             "budget": self.shared.budget,
+            "pool": self.shared.credit_pool,
             "owners": self.owners.owners,
             "listen_streams": len(self.changes.subscribers),
         }
