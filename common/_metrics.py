@@ -345,6 +345,12 @@ class Metrics:
                 "Unacknowledged bytes at which new requests get 503 (--max-outbound-bytes).",
                 [("", pool.limit)],
             )
+            metric(
+                "weir_outbound_peak_bytes",
+                "gauge",
+                "The most unacknowledged bytes all credit owners held at once since start.",
+                [("", pool.peak_bytes)],
+            )
         peak_frames, peak_bytes = self.credit_peaks(live)
         metric(
             "weir_credit_peak_frames",

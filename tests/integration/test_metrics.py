@@ -46,6 +46,7 @@ BOTH = {
     "weir_credit_in_use_frames",
     "weir_credit_in_use_bytes",
     "weir_outbound_limit_bytes",
+    "weir_outbound_peak_bytes",
     "weir_credit_peak_frames",
     "weir_credit_peak_bytes",
     "weir_notifications_dropped_total",

@@ -87,6 +87,7 @@ async def test_stalled_owners_that_fill_the_cap_get_new_requests_refused_until_t
                 assert held >= 2 * ANSWER  # each owner within its 64 KiB, the two over the cap
                 assert await scrape(port, "weir_sessionless_owners") == 2
                 assert await scrape(port, "weir_outbound_limit_bytes") == 2 * ANSWER
+                assert await scrape(port, "weir_outbound_peak_bytes") >= held
                 ran = len(runs)
 
                 message, headers = sessionless(10, 10)
