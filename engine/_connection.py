@@ -38,6 +38,10 @@ from ._session import JsonCharge
 from ._socket_io import SocketIO, socket_io
 from ._tls import TlsMeter
 
+#: A write of pieces this large in all is gathered (``writev``) rather than joined:
+#: below it the join is cheaper than the extra system-call arguments.
+GATHER_MIN = 64 * 1024
+
 if TYPE_CHECKING:
     from ._session import Session, StreamHandle
 
@@ -122,24 +126,39 @@ class Connection:
         return await self.stream.receive_some(max_bytes)
 
     async def send(
-        self, data: bytes, marks: Sequence[tuple[int, tuple[Holder, int]]] | None = None
+        self,
+        data: bytes | list[bytes],
+        marks: Sequence[tuple[int, tuple[Holder, int]]] | None = None,
     ) -> None:
-        """Write ``data``; ``marks`` are (offset within ``data`` just past a frame, token).
+        """Write ``data`` (or the concatenation of its pieces); ``marks`` are (offset
+        within ``data`` just past a frame, token).
 
+        Pieces of at least :data:`GATHER_MIN` bytes in all go to a plain TCP socket as
+        gathered writes, so a large frame a stalled peer is slow to take is not also
+        held as a joined copy; smaller ones (and any on TLS) are joined first.
         A failed or cancelled write leaves the HTTP core unusable (``send_failed``).
         """
         start = self.tracker.written
         try:
             io = self.io
+            exact = io is not None and self.meter.exact
+            if isinstance(data, list):
+                if exact and sum(map(len, data)) >= GATHER_MIN:
+                    assert io is not None
+                    await self._send_gathered(io, data)
+                    data = b""
+                else:
+                    data = b"".join(data)
             if isinstance(self.meter, TlsMeter):
                 await self._send_records(data, self.meter)
-            elif io is not None and self.meter.exact:
+            elif exact:
+                assert io is not None
                 view = memoryview(data)
                 while view:
                     n = await io.send(view)
                     self.tracker.wrote(n)
                     view = view[n:]
-            else:
+            elif data:
                 await self.stream.send_all(data)
                 self.tracker.wrote(len(data))
         except OSError as exc:
@@ -152,6 +171,21 @@ class Connection:
             self.tracker.mark(start + offset, token)
         if self.check_acks() and self.poller is not None:
             self.poller.watch(self)
+
+    async def _send_gathered(self, io: SocketIO, parts: list[bytes]) -> None:
+        """Write ``parts`` in order with gathered writes, counting what the kernel took."""
+        views = [memoryview(part) for part in parts if part]
+        first, wrote = 0, self.tracker.wrote
+        while first < len(views):
+            n = await io.send(views[first:] if first else views)
+            wrote(n)
+            while n:  # skip what went out; the first piece left may be cut
+                head = views[first]
+                if n < len(head):
+                    views[first] = head[n:]
+                    break
+                n -= len(head)
+                first += 1
 
     async def _send_records(self, data: bytes, meter: TlsMeter) -> None:
         """Under TLS: one record's plaintext at a time, each recorded with the

@@ -35,6 +35,9 @@ import os
 
 import trio
 
+#: The most pieces one gathered write hands the kernel (well under any ``IOV_MAX``).
+GATHER_MAX = 64
+
 
 class SocketIO:
     """``receive``/``send`` on one connected, non-blocking socket (module docstring)."""
@@ -83,8 +86,12 @@ class SocketIO:
         except OSError as exc:
             raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
 
-    async def send(self, data: memoryview) -> int:
+    async def send(self, data: memoryview | list[memoryview]) -> int:
         """Hand the kernel a prefix of ``data``; how many bytes it took (at least one).
+
+        ``data`` may be a list of pieces, written as one gathered write (``writev``, at
+        most :data:`GATHER_MAX` of them): a large frame goes out without being joined
+        into a second copy first.
 
         Raises:
             trio.ClosedResourceError: the socket was closed (before or during the wait).
@@ -100,8 +107,10 @@ class SocketIO:
             n = self._write(data)
         return n
 
-    def _write(self, data: memoryview) -> int | None:
+    def _write(self, data: memoryview | list[memoryview]) -> int | None:
         try:
+            if isinstance(data, list):
+                return os.writev(self._live(), data[:GATHER_MAX])
             return os.write(self._live(), data)
         except BlockingIOError:
             return None
@@ -114,4 +123,4 @@ def socket_io(stream: trio.abc.Stream) -> SocketIO | None:
     return None
 
 
-__all__ = ["SocketIO", "socket_io"]
+__all__ = ["GATHER_MAX", "SocketIO", "socket_io"]

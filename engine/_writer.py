@@ -286,14 +286,17 @@ class _Pump:
                 self.pending = http.send_stream_data(KEEPALIVE)
 
     async def _write(self, frames: list[bytes]) -> None:
+        """Write ``frames`` (with the head or anything else pending, and the stream's
+        end if they complete it), marking where each frame that holds credit ends.
+
+        The frames go out as pieces, never joined here: the stream's log keeps each
+        frame for a resumption, and a large one written to a slow peer must not be
+        held a second time by the write (see :meth:`Connection.send`)."""
         handle, log_, http = self.handle, self.handle.log, self.conn.http
-        data = b"".join(frames)
-        size = len(data)
-        chunk = http.send_stream_data(data)
-        del data  # one copy of the frames is enough while the write may block
-        out = self.pending + chunk if self.pending else chunk
-        del chunk
-        offset = len(out) - size - 2  # the frames follow the chunk header
+        out = http.send_stream_parts(frames)
+        if self.pending:
+            out.insert(0, self.pending)
+        offset = sum(map(len, out)) - sum(map(len, frames)) - 2  # the frames' start
         marks: list[tuple[int, tuple[StreamHandle, int]]] = []
         first, drained = self.next_seq, log_.drained_seq
         for i, frame in enumerate(frames):
@@ -303,7 +306,7 @@ class _Pump:
         self.next_seq = first + len(frames)
         if completes(log_, self.next_seq):
             handle.handle(StreamInput.DELIVERED)
-            out += http.end_stream()
+            out.append(http.end_stream())
             self.ended = True
         self.pending = b""
         self.head_sent = True

@@ -64,8 +64,9 @@ bytes for the same input (``tests/protocol/test_http_fastpath.py`` checks this
 differentially); ``HttpConnection(fast_path=False)`` uses h11 alone.
 
 Outbound, a response is either complete (:meth:`send_response`, with
-``Content-Length``) or streamed (:meth:`start_stream` / :meth:`send_stream_data` /
-:meth:`end_stream`, chunked -- used for ``text/event-stream``).  When a response
+``Content-Length``) or streamed (:meth:`start_stream` / :meth:`send_stream_data` or
+:meth:`send_stream_parts` / :meth:`end_stream`, chunked -- used for
+``text/event-stream``).  When a response
 is finished and the request was fully read, the connection is reused (keep-alive)
 unless either side asked to close.  If a write fails or is cancelled the driver
 must call :meth:`send_failed`; the connection is then unusable.
@@ -74,7 +75,7 @@ must call :meth:`send_failed`; the connection is then unusable.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import h11
 
@@ -497,6 +498,23 @@ class HttpConnection:
             self._fast_check(_Phase.STREAM, "Data")
             return b"%x\r\n%s\r\n" % (len(data), data)
         return self._send(h11.Data(data=data))
+
+    def send_stream_parts(self, parts: Sequence[bytes]) -> list[bytes]:
+        """Frame the concatenation of ``parts`` as one chunk, without copying them.
+
+        Returns the pieces to write in order; their concatenation equals
+        ``send_stream_data(b"".join(parts))``.  On the fast path the pieces are a
+        chunk-size line, ``parts`` themselves and the chunk's closing ``CRLF``, so a
+        runtime with a gathered write (``writev``) sends a large frame without making
+        a second copy of it while a slow peer takes it; otherwise one joined piece.
+        """
+        size = sum(map(len, parts))
+        if not size:
+            return []
+        if self._h11 is None:
+            self._fast_check(_Phase.STREAM, "Data")
+            return [b"%x\r\n" % size, *parts, b"\r\n"]
+        return [self._send(h11.Data(data=b"".join(parts)))]
 
     def end_stream(self) -> bytes:
         """Finish the streamed response (terminating chunk)."""

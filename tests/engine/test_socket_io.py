@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import socket
 import struct
+from typing import Any, cast
 
 import pytest
 import trio
 import trio.testing
 
-from weir.engine._socket_io import socket_io
+from weir.engine._connection import GATHER_MIN, Connection
+from weir.engine._socket_io import GATHER_MAX, socket_io
+from weir.protocol import HttpLimits
 
 
 async def _pair() -> tuple[trio.SocketStream, trio.SocketStream]:
@@ -158,3 +161,64 @@ def test_only_plain_tcp_streams_get_one() -> None:
             pass
 
     assert socket_io(NotASocket()) is None
+
+
+class _Holder:
+    """Stands where a stream handle would: records which frames drained."""
+
+    def __init__(self) -> None:
+        self.drained_upto: list[int] = []
+        self.session = self  # (progress on a part of a frame lands here)
+
+    def drained(self, upto: int) -> None:
+        self.drained_upto.append(upto)
+
+    def progress(self) -> None:
+        pass
+
+
+async def test_pieces_go_out_gathered_in_order_with_marks_where_joined_bytes_put_them() -> None:
+    server, client = await _pair()
+    server.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+    client.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    conn = Connection(server, HttpLimits(), notsent_lowat=None)
+    # More pieces than one writev takes, of odd sizes, some empty, well over GATHER_MIN.
+    pieces = [b"head"] + [bytes([65 + i % 26]) * (i % 7 and 1000 + 37 * i) for i in range(150)]
+    assert len(pieces) > GATHER_MAX and sum(map(len, pieces)) > GATHER_MIN
+    joined = b"".join(pieces)
+    holder = _Holder()
+    ends = [len(b"".join(pieces[: k + 1])) for k in (10, 140)]
+    marks = cast(Any, [(ends[0], (holder, 0)), (ends[1], (holder, 1))])
+    received = bytearray()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn.send, pieces, marks)
+            await trio.testing.wait_all_tasks_blocked()
+            assert 0 < conn.tracker.written < len(joined)  # the kernel is full: it waits
+            for _ in range(100_000):
+                if len(received) == len(joined):
+                    break
+                received += await client.receive_some(65536)
+    assert bytes(received) == joined and conn.tracker.written == len(joined)
+    for _ in range(200):  # the kernel hears the loopback peer's last ack at once
+        if not conn.check_acks():
+            break
+        await trio.sleep(0.01)
+    assert holder.drained_upto == [1, 2]  # both frames, in order: the marks were right
+    await server.aclose()
+    await client.aclose()
+
+
+async def test_pieces_to_a_stream_without_a_descriptor_are_joined() -> None:
+    server, client = trio.testing.memory_stream_pair()
+    conn = Connection(server, HttpLimits(), notsent_lowat=None)
+    pieces = [b"a" * GATHER_MIN, b"", b"b" * 10]
+    received = bytearray()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn.send, pieces)
+            for _ in range(1000):
+                if len(received) == GATHER_MIN + 10:
+                    break
+                received += await client.receive_some(65536)
+    assert bytes(received) == b"".join(pieces) and conn.tracker.written == len(received)

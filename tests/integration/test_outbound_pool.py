@@ -8,9 +8,10 @@ buffers, so the bytes stay unacknowledged); then a reader's new requests, of eit
 era, are refused 503 ``overloaded`` before anything runs, and are served again once
 the stalled connections are gone and their bytes returned.  Both runtimes.
 
-What the pool counts is the answer's bytes; a stalled JSON answer must not keep a
-second, uncounted copy of itself alive (the caller's encoded body beside the framed
-bytes being written), which Python's allocator trace shows.  (A 2026-07-28 call without
+What the pool counts is the answer's bytes; a stalled answer must not keep a second,
+uncounted copy of itself alive -- in JSON the caller's encoded body beside the framed
+bytes being written, in SSE the write's joined chunk beside the frame the stream's log
+keeps -- which Python's allocator trace shows.  (A 2026-07-28 call without
 an ``Idempotency-Key``: a session-era call's result is also kept for a retry's replay,
 a copy the retention budget counts.)
 """
@@ -21,6 +22,7 @@ import json
 import tracemalloc
 from typing import Any
 
+import pytest
 import trio
 
 from weir.engine import App, ServerConfig
@@ -117,10 +119,11 @@ async def test_stalled_owners_that_fill_the_cap_get_new_requests_refused_until_t
 
 
 @RUNTIMES
-async def test_a_stalled_json_answer_is_held_in_memory_once(runtime: str) -> None:
+@pytest.mark.parametrize("mode", ["json", "sse"])
+async def test_a_stalled_answer_is_held_in_memory_once(runtime: str, mode: str) -> None:
     size = 2 * 1024 * 1024
     credit = CreditLimits(frames=8, bytes=4 * 1024 * 1024, drain_window=5.0, liveness_timeout=60.0)
-    config = ServerConfig(port=0, credit=credit, json_response=True)
+    config = ServerConfig(port=0, credit=credit, json_response=mode == "json")
     tracemalloc.start()
     try:
         with trio.fail_after(60):
@@ -132,8 +135,9 @@ async def test_a_stalled_json_answer_is_held_in_memory_once(runtime: str) -> Non
                     await peer.send_raw(raw_request("POST", "/mcp", body=body, headers=headers))
                     assert await until_credit_in_use(port, lambda v: v >= size) >= size
                     held = [t for t in tracemalloc.take_snapshot().traces if t.size >= size]
-                    # Trio: the framed bytes being written; asyncio: at most the part of
-                    # them the kernel has not taken.
+                    # JSON: the framed bytes being written (asyncio: at most the part
+                    # the kernel has not taken).  SSE: the frame in the stream's log,
+                    # kept for a resumption -- the write sends it gathered, not joined.
                     assert len(held) <= 1, [t.traceback.format()[-3:] for t in held]
                 finally:
                     await peer.aclose()

@@ -151,6 +151,37 @@ def test_keep_alive_two_requests_with_complete_and_streamed_responses() -> None:
     assert conn.should_close
 
 
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_chunk_in_parts_is_the_same_bytes_and_copies_nothing_on_the_fast_path(
+    fast_path: bool,
+) -> None:
+    frames = [b"data: one\n\n", b"", b"data: " + b"x" * 70000 + b"\n\n"]
+    whole, parts = HttpConnection(fast_path=fast_path), HttpConnection(fast_path=fast_path)
+    outs: list[bytes] = []
+    for conn in (whole, parts):
+        conn.receive_data(request_bytes("GET", "/mcp", [("Host", "x")]))
+        only_request(conn)
+        outs.append(conn.start_stream(200, [("content-type", "text/event-stream")]))
+    outs[0] += whole.send_stream_data(b"".join(frames)) + whole.end_stream()
+    pieces = parts.send_stream_parts(frames)
+    assert parts.send_stream_parts([b"", b""]) == []
+    outs[1] += b"".join(pieces) + parts.end_stream()
+    assert outs[0] == outs[1]
+    (response,) = parse_responses(outs[1])
+    assert response.body == b"".join(frames)
+    if fast_path:  # the caller's frames themselves, between the size line and CRLF
+        assert pieces[0] == b"%x\r\n" % sum(map(len, frames))
+        assert all(a is b for a, b in zip(pieces[1:-1], frames, strict=True))
+
+
+def test_parts_outside_a_streamed_response_are_refused() -> None:
+    conn = HttpConnection()
+    conn.receive_data(post_bytes())
+    only_request(conn)
+    with pytest.raises(LocalProtocolError):
+        conn.send_stream_parts([b"data: x\n\n"])
+
+
 def test_pipelined_request_waits_until_the_first_response_ends() -> None:
     conn = HttpConnection()
     conn.receive_data(post_bytes() + request_bytes("DELETE", "/mcp", [("Host", "x")]))
