@@ -508,6 +508,10 @@ class Session:
             frames, nbytes = h.log.drain_all()
             if frames or nbytes:
                 self.credit.release(frames, nbytes, self.clock())
+            # Nothing resumes a closed session's streams: their frames go now, not
+            # when the last reference to this object does (a stale deadline entry,
+            # a connection still closing) -- which can be minutes.
+            h.log.trim_drained()
         self.flow.close()
         for ev in self._grants.values():
             ev.set()

@@ -18,6 +18,7 @@ a copy the retention budget counts.)
 
 from __future__ import annotations
 
+import gc
 import json
 import tracemalloc
 from typing import Any
@@ -143,3 +144,43 @@ async def test_a_stalled_answer_is_held_in_memory_once(runtime: str, mode: str) 
                     await peer.aclose()
     finally:
         tracemalloc.stop()
+
+
+@RUNTIMES
+async def test_stalled_answers_are_let_go_when_their_connections_close(runtime: str) -> None:
+    """An owner that ends frees its answers at once: a closed session object can
+    outlive its end (a stale deadline entry holds it until the heap is compacted),
+    and must not keep its streams' frames alive meanwhile."""
+    size, peers = 512 * 1024, 5
+    credit = CreditLimits(frames=8, bytes=1024 * 1024, drain_window=5.0, liveness_timeout=60.0)
+    config = ServerConfig(port=0, credit=credit)  # SSE: the answer is a stream's frame
+    tracemalloc.start()
+    try:
+        with trio.fail_after(60):
+            async with serve_configured(runtime, app, config) as port:
+                stalled = [await Client.connect(port, rcvbuf=4096) for _ in range(peers)]
+                for rid, peer in enumerate(stalled, start=1):
+                    message, headers = sessionless(rid, size)
+                    body = json.dumps(message).encode()
+                    await peer.send_raw(raw_request("POST", "/mcp", body=body, headers=headers))
+                assert await until_credit_in_use(port, lambda v: v >= peers * size) >= peers * size
+                assert len(_blocks_of(size)) >= peers
+                for peer in stalled:
+                    await peer.aclose()
+                assert await until_credit_in_use(port, lambda v: v == 0) == 0
+                held = _blocks_of(size)
+                for _ in range(100):  # (bounded: 10 s, far short of the 60 s liveness)
+                    if not held:
+                        break
+                    await trio.sleep(0.1)
+                    held = _blocks_of(size)
+                assert not held, [t.traceback.format()[-3:] for t in held]
+                assert await scrape(port, "weir_sessionless_owners") == 0
+    finally:
+        tracemalloc.stop()
+
+
+def _blocks_of(size: int) -> list[tracemalloc.Trace]:
+    """The live allocations of at least ``size`` bytes (after a full collection)."""
+    gc.collect()
+    return [t for t in tracemalloc.take_snapshot().traces if t.size >= size]
