@@ -35,7 +35,7 @@ from weir.protocol import DrainTracker, HeadCache, HttpConnection, HttpLimits
 
 from ._acks import MIN_POLL, AckPoller, kernel_queue
 from ._session import JsonCharge
-from ._socket_io import SocketIO, socket_io
+from ._socket_io import GATHER_MAX, SocketIO, socket_io
 from ._tls import TlsMeter
 
 #: A write of pieces this large in all is gathered (``writev``) rather than joined:
@@ -133,9 +133,11 @@ class Connection:
         """Write ``data`` (or the concatenation of its pieces); ``marks`` are (offset
         within ``data`` just past a frame, token).
 
-        Pieces of at least :data:`GATHER_MIN` bytes in all go to a plain TCP socket as
-        gathered writes, so a large frame a stalled peer is slow to take is not also
-        held as a joined copy; smaller ones (and any on TLS) are joined first.
+        Up to :data:`~weir.engine._socket_io.GATHER_MAX` pieces of at least
+        :data:`GATHER_MIN` bytes in all go to a plain TCP socket as gathered writes, so
+        a large frame a stalled peer is slow to take is not also held as a joined copy;
+        anything else (many small frames, a small write, TLS) is joined first, one
+        system call rather than one per few dozen frames.
         A failed or cancelled write leaves the HTTP core unusable (``send_failed``).
         """
         start = self.tracker.written
@@ -143,7 +145,7 @@ class Connection:
             io = self.io
             exact = io is not None and self.meter.exact
             if isinstance(data, list):
-                if exact and sum(map(len, data)) >= GATHER_MIN:
+                if exact and len(data) <= GATHER_MAX and sum(map(len, data)) >= GATHER_MIN:
                     assert io is not None
                     await self._send_gathered(io, data)
                     data = b""

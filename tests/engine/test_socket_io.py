@@ -182,12 +182,13 @@ async def test_pieces_go_out_gathered_in_order_with_marks_where_joined_bytes_put
     server.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
     client.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
     conn = Connection(server, HttpLimits(), notsent_lowat=None)
-    # More pieces than one writev takes, of odd sizes, some empty, well over GATHER_MIN.
-    pieces = [b"head"] + [bytes([65 + i % 26]) * (i % 7 and 1000 + 37 * i) for i in range(150)]
-    assert len(pieces) > GATHER_MAX and sum(map(len, pieces)) > GATHER_MIN
+    # As many pieces as one writev takes, of odd sizes, some empty, well over GATHER_MIN.
+    count = GATHER_MAX - 1
+    pieces = [b"head"] + [bytes([65 + i % 26]) * (i % 7 and 5000 + 37 * i) for i in range(count)]
+    assert sum(map(len, pieces)) > 4 * GATHER_MIN
     joined = b"".join(pieces)
     holder = _Holder()
-    ends = [len(b"".join(pieces[: k + 1])) for k in (10, 140)]
+    ends = [len(b"".join(pieces[: k + 1])) for k in (10, 50)]
     marks = cast(Any, [(ends[0], (holder, 0)), (ends[1], (holder, 1))])
     received = bytearray()
     with trio.fail_after(30):
