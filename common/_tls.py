@@ -16,10 +16,12 @@ written so far).  Every ciphertext byte of plaintext ``[0, p)`` precedes ciphert
 offset ``c`` of the pair ``(p, c)`` recorded after it, so once the peer has
 acknowledged ``c`` ciphertext bytes it has received every record of ``[0, p)``:
 acknowledged plaintext is the largest recorded ``p`` whose ``c`` is acknowledged.
-The runtime writes at most one TLS record per recorded pair, so the count is exact
-at record boundaries -- and a TLS peer cannot read any byte of a record before its
-last byte arrives (the record's authentication tag), so a record is the smallest
-unit a peer can have received anyway.  Pairs are pruned as they are acknowledged;
+The runtime writes at most one TLS record per recorded pair
+(:func:`record_plaintexts` cuts what it writes into such pieces without joining a
+large frame into a copy first), so the count is exact at record boundaries -- and a
+TLS peer cannot read any byte of a record before its last byte arrives (the record's
+authentication tag), so a record is the smallest unit a peer can have received
+anyway.  Pairs are pruned as they are acknowledged;
 at most :data:`MAX_PAIRS` are kept (beyond, the newest is merged into the one
 before it, which can only delay, never advance, what counts as acknowledged).
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import ssl
 from collections import deque
+from collections.abc import Iterator, Sequence
 from typing import Final
 
 #: Most (plaintext, ciphertext) pairs one connection keeps unacknowledged.
@@ -46,6 +49,33 @@ LINGER_QUIET: Final = 0.25
 #: The most plaintext one TLS record carries (RFC 8446 section 5.1): the runtime
 #: writes at most this much per recorded pair.
 RECORD_PLAINTEXT: Final = 16384
+
+
+def record_plaintexts(pieces: Sequence[bytes]) -> Iterator[bytes | memoryview]:
+    """The concatenation of ``pieces`` in order, cut into plaintexts of at most
+    :data:`RECORD_PLAINTEXT` bytes (one TLS record each).
+
+    A large piece is cut into views of itself, never copied whole; small ones (and a
+    large one's ends) are gathered into full records, so a chunk's size line or a
+    stream's end does not cost a record of its own.  At most one record per piece
+    boundary is a copy (of at most :data:`RECORD_PLAINTEXT` bytes).
+    """
+    gathered = bytearray()
+    for piece in pieces:
+        view = memoryview(piece)
+        while view:
+            if gathered or len(view) < RECORD_PLAINTEXT:
+                room = RECORD_PLAINTEXT - len(gathered)
+                gathered += view[:room]
+                view = view[room:]
+                if len(gathered) == RECORD_PLAINTEXT:
+                    yield bytes(gathered)
+                    gathered.clear()
+            else:
+                yield view[:RECORD_PLAINTEXT]
+                view = view[RECORD_PLAINTEXT:]
+    if gathered:
+        yield bytes(gathered)
 
 
 class TlsConfigError(ValueError):

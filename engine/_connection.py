@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from weir.common._sendqueue import KernelSendQueue
-from weir.common._tls import RECORD_PLAINTEXT
+from weir.common._tls import record_plaintexts
 from weir.protocol import DrainTracker, HeadCache, HttpConnection, HttpLimits
 
 from ._acks import MIN_POLL, AckPoller, kernel_queue
@@ -134,35 +134,34 @@ class Connection:
         within ``data`` just past a frame, token).
 
         Up to :data:`~weir.engine._socket_io.GATHER_MAX` pieces of at least
-        :data:`GATHER_MIN` bytes in all go to a plain TCP socket as gathered writes, so
-        a large frame a stalled peer is slow to take is not also held as a joined copy;
-        anything else (many small frames, a small write, TLS) is joined first, one
-        system call rather than one per few dozen frames.
+        :data:`GATHER_MIN` bytes in all go to a plain TCP socket as gathered writes, and
+        under TLS pieces are cut into records without being joined, so a large frame a
+        stalled peer is slow to take is not also held as a joined copy; anything else
+        (many small frames, a small write) is joined first, one system call rather
+        than one per few dozen frames.
         A failed or cancelled write leaves the HTTP core unusable (``send_failed``).
         """
         start = self.tracker.written
         try:
-            io = self.io
-            exact = io is not None and self.meter.exact
-            if isinstance(data, list):
-                if exact and len(data) <= GATHER_MAX and sum(map(len, data)) >= GATHER_MIN:
-                    assert io is not None
-                    await self._send_gathered(io, data)
-                    data = b""
-                else:
-                    data = b"".join(data)
-            if isinstance(self.meter, TlsMeter):
-                await self._send_records(data, self.meter)
-            elif exact:
-                assert io is not None
-                view = memoryview(data)
+            io, meter = self.io, self.meter
+            if isinstance(meter, TlsMeter):
+                await self._send_records(data if isinstance(data, list) else [data], meter)
+            elif io is None or not meter.exact:
+                joined = data if isinstance(data, bytes) else b"".join(data)
+                await self.stream.send_all(joined)
+                self.tracker.wrote(len(joined))
+            elif (
+                isinstance(data, list)
+                and len(data) <= GATHER_MAX
+                and (sum(map(len, data)) >= GATHER_MIN)
+            ):
+                await self._send_gathered(io, data)
+            else:
+                view = memoryview(data if isinstance(data, bytes) else b"".join(data))
                 while view:
                     n = await io.send(view)
                     self.tracker.wrote(n)
                     view = view[n:]
-            elif data:
-                await self.stream.send_all(data)
-                self.tracker.wrote(len(data))
         except OSError as exc:
             self.http.send_failed()
             raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
@@ -189,16 +188,15 @@ class Connection:
                 n -= len(head)
                 first += 1
 
-    async def _send_records(self, data: bytes, meter: TlsMeter) -> None:
-        """Under TLS: one record's plaintext at a time, each recorded with the
-        ciphertext written so far once it is wholly in the kernel (``engine._tls``).
+    async def _send_records(self, pieces: list[bytes], meter: TlsMeter) -> None:
+        """Under TLS: one record's plaintext at a time (cut from ``pieces`` without
+        joining them, :func:`~weir.common._tls.record_plaintexts`), each recorded with
+        the ciphertext written so far once it is wholly in the kernel (``engine._tls``).
 
         Each record is watched by the ACK poller, so a peer reading a long write
         slowly shows progress before the write returns."""
-        view, send_all, tracker = memoryview(data), self.stream.send_all, self.tracker
-        poller = self.poller
-        for at in range(0, len(data), RECORD_PLAINTEXT):
-            chunk = view[at : at + RECORD_PLAINTEXT]
+        send_all, tracker, poller = self.stream.send_all, self.tracker, self.poller
+        for chunk in record_plaintexts(pieces):
             await send_all(chunk)
             meter.wrote(tracker.wrote(len(chunk)))
             if poller is not None:

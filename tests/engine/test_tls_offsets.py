@@ -1,10 +1,13 @@
-"""``CipherOffsets``: plaintext acknowledged from ciphertext acknowledged (pure)."""
+"""``CipherOffsets``: plaintext acknowledged from ciphertext acknowledged; the records a
+write is cut into (pure)."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from weir.common._tls import MAX_PAIRS, CipherOffsets
+from weir.common._tls import MAX_PAIRS, RECORD_PLAINTEXT, CipherOffsets, record_plaintexts
 
 
 def test_plaintext_counts_only_once_its_whole_record_is_acknowledged() -> None:
@@ -53,3 +56,23 @@ def test_offsets_must_only_grow() -> None:
         offsets.wrote(5, 50)
     with pytest.raises(ValueError):
         offsets.wrote(20, 30)
+
+
+@given(st.lists(st.integers(min_value=0, max_value=3 * RECORD_PLAINTEXT + 7), max_size=12))
+def test_records_cut_from_pieces_are_their_bytes_in_order_each_at_most_one_record(
+    sizes: list[int],
+) -> None:
+    pieces = [bytes([65 + i % 26]) * size for i, size in enumerate(sizes)]
+    records = list(record_plaintexts(pieces))
+    assert b"".join(records) == b"".join(pieces)
+    assert all(0 < len(r) <= RECORD_PLAINTEXT for r in records)
+    # Only the last record may be short: small pieces share records, none is split
+    # into more records than its bytes need.
+    assert all(len(r) == RECORD_PLAINTEXT for r in records[:-1])
+
+
+def test_a_large_piece_is_cut_into_views_of_itself_not_copied() -> None:
+    frame = b"x" * (4 * RECORD_PLAINTEXT)
+    records = list(record_plaintexts([frame]))
+    assert len(records) == 4
+    assert all(isinstance(r, memoryview) and r.obj is frame for r in records)
