@@ -114,9 +114,16 @@ class FlowMachine(RuleBasedStateMachine):
             # reserved (and does not hold) is never made to wait by other lanes.
             assert lane_waits or self.overbooked or not (own_f >= 1 and size <= own_b)
             ticket = self.flow.wait_for(size, self.now, lane)
-            self.queued.append((ticket, size, lane))
-            if lane in self.units:
+            # A waiter counts as its reservation's only if nothing of its lane waits
+            # ahead of it that queued before the lane reserved (behind such a frame it
+            # waits for that frame, which no reservation promised anything).
+            # (The default lane, None, keeps no order among its waiters.)
+            ahead = lane is not None and any(
+                q[2] == lane and q[0] not in self.reserved_waiters for q in self.queued
+            )
+            if lane in self.units and not ahead:
                 self.reserved_waiters.add(ticket)
+            self.queued.append((ticket, size, lane))
 
     @precondition(lambda self: self.held)
     @rule(data=st.data())
