@@ -580,10 +580,9 @@ class Session:
         for stream in self.streams:
             if stream.state is not StreamState.CLOSED:
                 stream.handle(StreamInput.ABORT)
-            frames, nbytes = stream.drain_all()  # its frames hold no credit any more
+            frames, nbytes = stream.forget()  # no credit held, nothing to resume
             if frames or nbytes:
                 self.flow.credit.release(frames, nbytes, now)
-            stream.trim_drained()  # nothing resumes a closed session: no history either
             self.wake(stream)
         for answer in self.pending.values():
             if not answer.done():

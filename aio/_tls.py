@@ -27,7 +27,7 @@ import logging
 import ssl
 from typing import Any
 
-from weir.common._tls import RECORD_PLAINTEXT, CipherOffsets
+from weir.common._tls import CipherOffsets, record_plaintexts
 
 log = logging.getLogger("weir.asyncio")
 _HANDSHAKE_ROUNDS = 64
@@ -61,9 +61,7 @@ class TlsWriter:
 
     def write(self, data: bytes) -> None:
         """Encrypt ``data`` (one record per 16 KiB) and hand it to the transport."""
-        view = memoryview(data)
-        for at in range(0, len(data), RECORD_PLAINTEXT):
-            chunk = view[at : at + RECORD_PLAINTEXT]
+        for chunk in record_plaintexts((data,)):
             self.tls.write(chunk)
             self.flush()
             self._plaintext += len(chunk)

@@ -505,13 +505,12 @@ class Session:
                 h.handle(StreamInput.ABORT)
             if h.writer_scope is not None:
                 h.writer_scope.cancel()
-            frames, nbytes = h.log.drain_all()
-            if frames or nbytes:
-                self.credit.release(frames, nbytes, self.clock())
             # Nothing resumes a closed session's streams: their frames go now, not
             # when the last reference to this object does (a stale deadline entry,
             # a connection still closing) -- which can be minutes.
-            h.log.trim_drained()
+            frames, nbytes = h.log.forget()
+            if frames or nbytes:
+                self.credit.release(frames, nbytes, self.clock())
         self.flow.close()
         for ev in self._grants.values():
             ev.set()

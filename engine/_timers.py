@@ -19,8 +19,11 @@ task per session, the server keeps one :class:`Deadlines` heap and one task
   are skipped when they reach the top.  Stale entries are counted as they appear
   (no scan; a session that closes is scheduled at ``inf``, which makes its entry
   stale), and the heap is rebuilt from the valid ones when they make up more than
-  half of it, so it stays within about twice the scheduled sessions at O(1)
-  amortised cost per schedule -- a closed session is not held until its deadline.
+  half of it (and above 64 entries), so it stays within about twice the
+  scheduled sessions at O(1) amortised cost per schedule.  Below that size a
+  closed session's stale entry may stay until its deadline: the heap holds the
+  session *object* that long, never what it buffered (``Session.close`` lets go of
+  its streams' frames when it closes, so a stale entry costs its object only).
 * The task wakes when a new entry becomes the earliest, and calls the handler
   for every due entry, in deadline order.  The handler must not block (it only
   applies the timers and, for a dead session, starts its teardown elsewhere), so

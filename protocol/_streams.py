@@ -217,11 +217,17 @@ class StreamLog:
         """(frames, bytes) appended but not yet acknowledged."""
         return self._next_seq - self._drained, self._undrained_bytes
 
-    def drain_all(self) -> tuple[int, int]:
-        """Forget that anything is pending (the stream was aborted); return what was held."""
+    def forget(self) -> tuple[int, int]:
+        """The stream's owner is gone: nothing it holds is pending any more and nothing
+        will resume it, so every frame goes now.  Returns the (frames, bytes) that were
+        still unacknowledged, the credit its owner releases.
+
+        Later cursors into it are ``cursor_unknown``; :attr:`next_seq` is unchanged.
+        """
         held = self.undrained()
         self._drained = self._next_seq
         self._undrained_bytes = 0
+        self.trim_drained()
         return held
 
     def trim_drained(self) -> int:

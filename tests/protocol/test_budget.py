@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from weir.protocol import Reason, RemoteProtocolError
 from weir.protocol._budget import STUCK_RESCAN
 from weir.protocol.budget import RetentionBudget
 from weir.protocol.streams import StreamKind, StreamLog
@@ -184,8 +185,12 @@ def test_stream_log_counts_retained_bytes_and_trims_only_acknowledged_frames() -
     assert log.trim_drained() == sum(sizes[3:])
     assert log.first_retained() == 3
     assert log.retained_bytes == sum(sizes[3:])
-    log.drain_all()
-    assert log.trim_drained() == 0 and log.retained_bytes == 0
+    assert log.forget() == (2, sum(sizes[3:]))  # what was still pending
+    assert log.retained_bytes == 0 and log.undrained() == (0, 0)
+    assert log.next_seq == 5 and log.frames_from(5) == []
+    with pytest.raises(RemoteProtocolError) as refused:  # a cursor into it: unknown
+        log.frames_from(3)
+    assert refused.value.reason is Reason.CURSOR_UNKNOWN
 
 
 def test_mark_drained_visits_only_the_newly_drained_frames() -> None:
