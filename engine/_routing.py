@@ -147,7 +147,12 @@ class Router:
             elif isinstance(mcp, DeleteSession):
                 await self.streams.delete(conn, mcp, who)
             else:
-                await self.sessionless.post(conn, mcp, who)
+                # The course is handed the request and this frame lets go of it: what
+                # the course stops needing (a call's params, once its handler has
+                # them) must not stay here while a slow peer takes the answer.
+                course = self.sessionless.post(conn, mcp, who)
+                del mcp
+                await course
         except SessionGone:
             if conn.http.response_in_progress:
                 raise

@@ -194,6 +194,7 @@ class Sessionless:
         rules = self._rules()
         wall = time.time() if rules.retry_window > 0 else 0.0  # (only the window reads it)
         course = SessionlessCourse(msg, who.principal, who.authorized, rules, wall=wall)
+        del msg  # (the course's: it lets go of the params once the handler has them)
         clock = trio.lowlevel.current_clock().current_time  # (one call per reading)
         now = clock()  # read again only after a step that may wait (the gate's deadlines)
         effect = course.start(now)
@@ -207,7 +208,7 @@ class Sessionless:
                         if effect is CHOOSE_OWNER:
                             owner = self.owners.owner(conn, who)
                         else:
-                            answer = await self._before_owner(conn, msg, effect)
+                            answer = await self._before_owner(conn, course.msg, effect)
                     elif isinstance(effect, AdmitRequests):
                         try:  # 429 once this connection's peer stopped reading
                             await owner.admit(effect.n, effect.request_id, effect.lane)
@@ -217,7 +218,7 @@ class Sessionless:
                         now = clock()
                     elif isinstance(effect, RespondJson):
                         self._count_execution(effect.run)
-                        await self._respond_json(conn, owner, msg, who, effect)
+                        await self._respond_json(conn, owner, course.msg, who, effect)
                     elif isinstance(effect, GATE_STEPS):
                         answer = await self.keyed.effect(who.principal, effect)
                         now = clock()
@@ -228,7 +229,7 @@ class Sessionless:
                     elif isinstance(effect, RunOnStream):
                         assert answering is not None
                         self._count_execution(effect.run)
-                        await self._run_on_stream(owner, msg, who, effect.run, answering)
+                        await self._run_on_stream(owner, course.msg, who, effect.run, answering)
                     elif effect is ATTACH_WRITER:
                         assert answering is not None
                         ka, handle = self.config.sse_keepalive, answering.handle
@@ -448,7 +449,6 @@ class Sessionless:
         handler (``inline``: in this task, see :meth:`_runs_now`), seal, encode and
         record as it asks; the body it responds with."""
         backend.detached = run.detached  # a keyed call is not cancelled with its response
-        req = run.request
         body: bytes | None = None
         now = run.now  # (a run reads no clock: it records and responds in order)
         effect = run.start(now)
@@ -458,7 +458,7 @@ class Sessionless:
                 if effect is RUN_HANDLER:
                     answer = await self._run_handler(owner, run, backend, inline)
                 elif isinstance(effect, EncodeResult):
-                    answer = self._encode_result(req, effect.result, handle)
+                    answer = self._encode_result(run.request, effect.result, handle)
                 elif isinstance(effect, SealState):
                     answer = self.shared.sealer.seal(dict(effect.claims))
                 elif isinstance(effect, RecordOutcome):

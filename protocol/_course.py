@@ -130,7 +130,10 @@ class CallCourse:
     ``key`` is the gate key while this delivery holds it (claimed and not yet
     recorded or given back), else ``None``; ``epoch`` is the stream epoch the store
     allocated with the claim (``None`` until then, and for ungated requests);
-    ``replay`` is the answer of a course that runs nothing.
+    ``replay`` is the answer of a course that runs nothing.  Once the handler has
+    ended (:meth:`finished`, :meth:`cancelled`, :meth:`abandoned`) ``request`` keeps
+    its id and method only: a course outlives its handler while its answer is
+    written, and a slow peer must not keep the request's params alive meanwhile.
     """
 
     __slots__ = ("_claim_step", "_gate", "epoch", "key", "phase", "replay", "request")
@@ -229,6 +232,7 @@ class CallCourse:
         """
         if self.phase is not CoursePhase.RUNNING:
             self._misuse(CoursePhase.RUNNING, "finished")
+        self._let_go_of_params()
         key = self.key
         if key is None:
             self.phase = CoursePhase.DONE
@@ -263,6 +267,7 @@ class CallCourse:
         """
         if self.phase is not CoursePhase.RUNNING:
             self._misuse(CoursePhase.RUNNING, "abandoned")
+        self._let_go_of_params()
         key = self.key
         self.phase, self.key = CoursePhase.DONE, None
         return Record(key, interrupted(self.request)) if key is not None else None
@@ -277,9 +282,15 @@ class CallCourse:
         """
         if self.phase is not CoursePhase.RUNNING:
             self._misuse(CoursePhase.RUNNING, "cancelled")
+        self._let_go_of_params()
         key = self.key
         self.phase, self.key = CoursePhase.DONE, None
         return Record(key, cancelled(self.request)) if key is not None else None
+
+    def _let_go_of_params(self) -> None:
+        req = self.request
+        if req.params is not None:
+            self.request = Request(id=req.id, method=req.method)
 
     def _claim(self) -> Claim:
         assert self._claim_step is not None

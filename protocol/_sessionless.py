@@ -109,6 +109,20 @@ class SessionlessMessage:
         """The request's id (None: a notification)."""
         return self.message.id if isinstance(self.message, Request) else None
 
+    def without_params(self) -> SessionlessMessage:
+        """This message as it stands once its handler has the request: the headers,
+        the client's meta, the request's id and method, and not its params (which can
+        be as large as a request may be, and would otherwise stay as long as a slow
+        peer takes the answer)."""
+        message = self.message
+        if message.params is None:
+            return self
+        if isinstance(message, Request):
+            light: Request | Notification = Request(id=message.id, method=message.method)
+        else:
+            light = Notification(method=message.method)
+        return SessionlessMessage(headers=self.headers, message=light, meta=self.meta)
+
 
 def is_sessionless(header_version: str | None) -> bool:
     """Does ``MCP-Protocol-Version`` put this request in the sessionless era?"""

@@ -252,6 +252,12 @@ class SessionlessCourse(Steps[SessionlessEffect]):
     ``principal`` and ``authorized``: who the request speaks for (a request state is
     bound to them); ``wall``: the wall clock (seconds) as the request arrived, for
     the retry window's bucket (shared by replicas, so not the runtime's clock).
+
+    ``msg`` is the message the course was made with until it hands the request to a
+    :class:`SessionlessRun`; from then on it is that message without the request's
+    params (:meth:`SessionlessMessage.without_params`), so a course that lasts while a
+    slow peer takes the answer does not keep the arguments.  A runtime reads it from
+    here, not from a reference of its own.
     """
 
     __slots__ = ("authorized", "lane", "msg", "principal", "rules", "wall")
@@ -346,7 +352,11 @@ def _course(c: SessionlessCourse) -> _Steps:
     )
     run.task = tasking
     sse = method in INPUT_METHODS and not rules.json_response
-    if not (sse and accepts(msg.headers.get("accept"), "text/event-stream")):
+    json = not (sse and accepts(msg.headers.get("accept"), "text/event-stream"))
+    # The run has the request now: the course keeps only what it still reads.
+    c.msg = msg.without_params()
+    del msg, message, req, params
+    if json:
         yield RespondJson(run, lane)
         return
     try:

@@ -125,6 +125,7 @@ class SessionlessRun(Steps[RunEffect]):
 
     __slots__ = (
         "_binding",
+        "_params_gone",
         "app_rounds",
         "authorized",
         "call",
@@ -152,6 +153,7 @@ class SessionlessRun(Steps[RunEffect]):
         self.principal = principal
         self.authorized = authorized
         self._binding: str | None = None
+        self._params_gone = False
         #: The app keeps its own rounds' state: its ``requestState`` goes out sealed.
         self.app_rounds = app_rounds
         #: How the call may become a task (None: it cannot): ``upfront``, the runtime
@@ -168,8 +170,20 @@ class SessionlessRun(Steps[RunEffect]):
         """What a new request state is bound to (:func:`state_binding`; computed once,
         and only when a state is sealed)."""
         if self._binding is None:
+            if self._params_gone:  # (a binding of the bare request would be wrong)
+                raise RuntimeError("a run's binding is read before its params are let go")
             self._binding = state_binding(self.principal, self.authorized, self.request)
         return self._binding
+
+    def _let_go_of_params(self) -> None:
+        """The handler has returned and any state is sealed: keep the request's id and
+        method (what encoding and recording read), not its params, which can be as
+        large as a request may be and would otherwise stay while a slow peer takes
+        the answer."""
+        req = self.request
+        if req.params is not None:
+            self.request = Request(id=req.id, method=req.method)
+            self._params_gone = True
 
     @property
     def detached(self) -> bool:
@@ -190,7 +204,7 @@ def state_binding(principal: str, authorized: bool, req: Request) -> str:
 
 
 def _run(r: SessionlessRun) -> _RunSteps:
-    req, call = r.request, r.call
+    call, rid = r.call, r.request.id  # (not the request: its params are let go of)
     if call is not None:
         call.started()
     try:
@@ -199,6 +213,7 @@ def _run(r: SessionlessRun) -> _RunSteps:
         body: bytes | None = None
         if outcome is None or isinstance(outcome, bytes):
             body = outcome
+            r._let_go_of_params()
         else:
             result: dict[str, Any]
             if isinstance(outcome, InputAsked):
@@ -217,9 +232,10 @@ def _run(r: SessionlessRun) -> _RunSteps:
                 try:
                     state: str = yield SealState(claims)
                 except ValueError as exc:  # too large to seal: the call's own error
-                    body = encode_error(req.id, INVALID_PARAMS, str(exc))
+                    body = encode_error(rid, INVALID_PARAMS, str(exc))
                 else:
                     result["requestState"] = state
+            r._let_go_of_params()
             if body is None:
                 body = yield EncodeResult(result)
     except GeneratorExit:

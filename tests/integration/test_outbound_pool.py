@@ -11,9 +11,10 @@ the stalled connections are gone and their bytes returned.  Both runtimes.
 What the pool counts is the answer's bytes; a stalled answer must not keep a second,
 uncounted copy of itself alive -- in JSON the caller's encoded body beside the framed
 bytes being written, in SSE the write's joined chunk beside the frame the stream's log
-keeps -- which Python's allocator trace shows.  (A 2026-07-28 call without
-an ``Idempotency-Key``: a session-era call's result is also kept for a retry's replay,
-a copy the retention budget counts.)
+keeps -- which Python's allocator trace shows; nor the request it answers, whose
+handler has returned (searched for by its content among the live objects).  (A
+2026-07-28 call without an ``Idempotency-Key``: a session-era call's result is also
+kept for a retry's replay, a copy the retention budget counts.)
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ async def bulk(size: int) -> str:
     """``size`` bytes of text; counts its runs (a refused request must not run)."""
     runs.append(size)
     return "x" * size
+
+
+@app.tool()
+async def shout(text: str) -> str:
+    """``text`` in capitals: a large answer to a large request, told apart from it."""
+    return text.upper()
 
 
 def sessionless(rid: int, size: int) -> tuple[dict[str, Any], dict[str, str]]:
@@ -144,6 +151,76 @@ async def test_a_stalled_answer_is_held_in_memory_once(runtime: str, mode: str) 
                     await peer.aclose()
     finally:
         tracemalloc.stop()
+
+
+@RUNTIMES
+@pytest.mark.parametrize("mode", ["json", "sse"])
+@pytest.mark.parametrize("era", ["session", "sessionless"])
+async def test_a_stalled_answer_does_not_keep_its_request(
+    runtime: str, mode: str, era: str
+) -> None:
+    """The answer is what the credit and the pool count; the request it answers is
+    done with once the handler returned.  A peer that sends a large request and never
+    reads the answer must not also keep the request's bytes (raw or decoded) alive
+    for as long as it stalls (up to the liveness timeout): nothing bounds those."""
+    size = 1024 * 1024
+    credit = CreditLimits(frames=8, bytes=4 * 1024 * 1024, drain_window=5.0, liveness_timeout=60.0)
+    config = ServerConfig(port=0, credit=credit, json_response=mode == "json")
+    with trio.fail_after(60):
+        async with serve_configured(runtime, app, config) as port:
+            peer = await Client.connect(port, rcvbuf=4096)
+            try:
+                arguments = {"text": "y" * size}
+                if era == "session":
+                    sid = await initialize(peer)
+                    message, headers = call(1, "shout", arguments), {"mcp-session-id": sid}
+                else:
+                    params = {"name": "shout", "arguments": arguments, "_meta": META}
+                    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+                    headers = {"mcp-protocol-version": V, "mcp-method": "tools/call"}
+                    headers["mcp-name"] = "shout"
+                    del params
+                body = json.dumps(message).encode()
+                raw = raw_request("POST", "/mcp", body=body, headers=headers)
+                await peer.send_raw(raw)
+                del raw, body, message, arguments
+                assert await until_credit_in_use(port, lambda v: v >= size) >= size
+                # The request (small letters) is not held; the answer (capitals) is,
+                # where weir holds it whole: a stream's frame, or Trio's write (the
+                # asyncio transport keeps only what the kernel has not taken).
+                assert not _held_texts(b"y" * 4096, size)
+                if mode == "sse" or runtime == "trio":
+                    assert _held_texts(b"Y" * 4096, size)
+            finally:
+                await peer.aclose()
+
+
+def _held_texts(marker: bytes, size: int) -> list[str]:
+    """What holds a live string or buffer of at least ``size`` bytes containing
+    ``marker``: searched from every object the collector tracks, through untracked
+    containers (a dict of strings is not tracked), a few levels deep."""
+    gc.collect()
+    text = marker.decode()
+    found: list[str] = []
+
+    def holds(obj: object, depth: int) -> bool:
+        for ref in gc.get_referents(obj):
+            if isinstance(ref, str) and len(ref) >= size and text in ref[:65536]:
+                return True
+            if isinstance(ref, (bytes, bytearray)) and len(ref) >= size and marker in ref:
+                return True
+            if isinstance(ref, memoryview) and ref.nbytes >= size and marker in ref.tobytes():
+                return True
+            deeper = depth < 4 and not gc.is_tracked(ref) and not isinstance(ref, (str, bytes))
+            if deeper and holds(ref, depth + 1):
+                return True
+        return False
+
+    for obj in gc.get_objects():
+        if holds(obj, 0):
+            code = getattr(obj, "cr_code", None) or getattr(obj, "f_code", None)
+            found.append(code.co_qualname if code is not None else type(obj).__name__)
+    return found
 
 
 @RUNTIMES

@@ -71,6 +71,24 @@ def test_a_granted_claim_runs_then_records_the_response() -> None:
     assert course.key is None and course.phase is CoursePhase.DONE
 
 
+@pytest.mark.parametrize("end", ["finished", "cancelled", "abandoned"])
+def test_a_course_whose_handler_ended_keeps_only_the_requests_id_and_method(end: str) -> None:
+    # A course outlives its handler while its answer is written (a slow peer: up to
+    # the liveness timeout); the arguments are not needed and must not stay with it.
+    course = _course(rid=7, key="k1")
+    course.claimed(CallStart(CallOutcome.EXECUTE, "e7"), 0.0, local=False)
+    course.started()
+    assert course.request.params == CALL  # the handler's, while it runs
+    if end == "finished":
+        step = course.finished(b"resp", final_append=False)
+    else:
+        step = course.cancelled() if end == "cancelled" else course.abandoned()
+    assert course.request == Request(id=7, method="tools/call")
+    assert isinstance(step, Record) and step.payload is not None
+    if end != "finished":  # the error stored in its place answers the same id
+        assert msgspec.json.decode(step.payload)["id"] == 7
+
+
 def test_a_done_call_replays_re_addressed_and_never_runs() -> None:
     course = _course(rid="retry-2")
     course.first()

@@ -161,6 +161,32 @@ def test_a_plain_call_admitted_and_answered_as_json() -> None:
     assert r.step(body) == Respond(body) and r.step() is None
 
 
+def test_once_the_handler_has_returned_nothing_keeps_the_requests_params() -> None:
+    # The answer may wait a long time on a slow peer; the course, its message and its
+    # run outlive the handler until then, so none of them may keep the arguments.
+    d = Driver(course(call(arguments={"text": "y" * 100}), accept="application/json"))
+    effects = d.run()
+    run = the_run(effects)
+    assert run.request.params is not None  # the handler gets them...
+    assert d.course.msg.message.params is None  # ...the course no longer holds them
+    assert d.course.msg.meta == META and d.course.msg.request_id == 1
+    r = Driver(run)
+    assert r.step({"content": []}) == EncodeResult({"content": []})
+    assert run.request == Request(id=1, method="tools/call")  # id and method: encoding's
+    with pytest.raises(RuntimeError):  # a binding of the bare request would be wrong
+        _ = run.binding
+
+
+def test_an_input_required_round_seals_the_binding_before_the_params_go() -> None:
+    run = SessionlessRun(call(), {}, None, principal="alice", authorized=False, app_rounds=False)
+    r = Driver(run)
+    seal = r.step(InputAsked({}, {}))
+    assert seal == SealState({"b": state_binding("alice", False, call()), "a": {}})
+    assert run.request.params is not None  # (still there while the state is sealed)
+    r.step("TOKEN")
+    assert run.request.params is None and run.binding == seal.claims["b"]
+
+
 def test_a_cancelled_or_failed_handler_responds_as_the_runtime_answered() -> None:
     r = Driver(
         SessionlessRun(call(), {}, None, principal="alice", authorized=False, app_rounds=False)
