@@ -91,7 +91,76 @@ async def _bounded(hook: Awaitable[Any], wait: float = SESSION_CLOSE_WAIT) -> No
 
 
 class AsyncioDriver:
-    """Serves one :class:`weir.app.App`; :meth:`connection` is the ``start_server`` callback."""
+    """Serves one :class:`weir.app.App`; :meth:`connection` is the ``start_server`` callback.
+
+    Everything a client can make the driver hold is bounded:
+    ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
+    ``overloaded``, then close), a session unused for ``idle_timeout`` seconds
+    (and running nothing) is forgotten (``None``: never), so is one that saw no
+    request or notification within ``initialize_timeout`` seconds of its
+    ``initialize`` (an abandoned ``initialize`` costs at most that long), and each
+    session holds at most its ``credit`` in unacknowledged frames, and new requests
+    get 503 ``overloaded`` while every session's credit together holds
+    ``max_outbound_bytes`` (the process's :class:`CreditPool`).  The bytes of
+    requests not yet complete, over every connection, stay within
+    ``max_inbound_bytes`` (the request whose bytes would pass it gets 503
+    ``overloaded`` and its connection is closed).  Reads have the core's
+    deadlines (``read_timeouts``: idle keep-alive, a whole head, a body; 408 past
+    the last two) and the core's size limits (``limits``: 413, 431, 414).
+    With ``always_json`` every request is answered with one JSON body, whatever
+    the client's ``Accept`` also lists (``weir serve --json-response``); without
+    it a client that accepts SSE gets a stream.  A quiet SSE stream gets a ``:``
+    comment every ``sse_keepalive`` seconds (``None``: never).
+    A retried ``tools/call`` that finds its first delivery still running waits up
+    to ``in_progress_wait`` seconds to replay its response, then gets 409
+    ``in_progress``.  ``state`` is what handlers see as ``Context.state`` (what the
+    app's lifespan yielded, when :func:`main` runs one).
+
+    The sessionless revision's request state is sealed with ``state_keys`` (the
+    first seals, all open; none: on a shared store the one key its replicas agree
+    on, see :meth:`request_sealer`; else one drawn now, so states do not outlive
+    the process).  With a ``retry_window`` (seconds; authorization needed), a
+    sessionless call without an ``Idempotency-Key`` that repeats one of its
+    principal's within the window is taken for a retry and replayed (the core's
+    rule, as on the Trio engine).
+
+    With ``auth`` every request must carry a bearer token its verifier vouches
+    for (see :mod:`._auth`); the principal owns the sessions it opens.  The
+    Prometheus text is served at ``metrics_path`` (None: not at all).  One
+    principal holds at most ``max_sessions_per_principal`` sessions (429
+    ``session_limit`` beyond; None: ``max_sessions``).
+    While it drains (:func:`._drain.drain`), requests are refused 503
+    ``shutting_down`` and SSE streams end with ``retry: retry_ms``.  The
+    2024-11-05 HTTP+SSE transport opens sessions at ``legacy_sse_path`` (None:
+    that transport is not served, neither path) and takes their messages at
+    ``legacy_messages_path``.
+
+    Session records and the gate's claims and outcomes are kept in ``store``
+    (default: a :class:`~weir.engine._memory_store.MemoryStore`, this process only); a
+    shared one (:class:`weir.asyncio.AsyncioRedisStore`; :func:`weir.asyncio.open_store`
+    opens one from a URL) lets this driver serve one cluster with other replicas,
+    Trio or asyncio (``._shared``):
+    ``replica_id`` names this one in its claims (default: drawn), whose leases
+    last ``claim_lease`` seconds unless renewed; with ``resume="shared"`` every
+    stream event is appended to a shared store before it is sent, and a cursor
+    another replica issued is replayed from it (``"pinned"``: this process's own
+    logs only; ``"off"``: events carry no ids and every cursor is refused 409
+    ``cursor_unknown``).  The caller owns the store.
+
+    Replay history and kept results are bounded in bytes, as on the Trio engine:
+    ``session_retain_bytes`` per session, ``memory_budget`` across all sessions
+    (and, on a memory store, every principal's sessionless gate); over either the
+    oldest goes first (see ``._session``), and a new call whose key finds the
+    budget full of keys that must stay is refused 503 ``overloaded`` (a
+    ``ValueError`` if either is below 1 byte, or the first above the second).
+
+    With ``ssl_context`` every connection speaks TLS, its handshake within the
+    head deadline, its drain tracking exact at record boundaries (:mod:`._tls`).
+
+    The tasks extension is served with ``tasks``' bounds (default
+    :class:`~weir.engine._tasks.TaskSettings`; its lease is ``claim_lease``), its
+    records in ``store`` beside the Trio engine's (see :mod:`._tasks`).
+    """
 
     def __init__(
         self,
@@ -128,78 +197,11 @@ class AsyncioDriver:
         ssl_context: ssl.SSLContext | None = None,
         tasks: TaskSettings | None = None,
     ) -> None:
-        """Serve ``app``.  Everything a client can make the driver hold is bounded:
-        ``max_sessions`` (503 ``session_limit`` beyond), ``max_connections`` (503
-        ``overloaded``, then close), a session unused for ``idle_timeout`` seconds
-        (and running nothing) is forgotten (``None``: never), so is one that saw no
-        request or notification within ``initialize_timeout`` seconds of its
-        ``initialize`` (an abandoned ``initialize`` costs at most that long), and each
-        session holds at most its ``credit`` in unacknowledged frames, and new requests
-        get 503 ``overloaded`` while every session's credit together holds
-        ``max_outbound_bytes`` (the process's :class:`CreditPool`).  The bytes of
-        requests not yet complete, over every connection, stay within
-        ``max_inbound_bytes`` (the request whose bytes would pass it gets 503
-        ``overloaded`` and its connection is closed).  Reads have the core's
-        deadlines (``read_timeouts``: idle keep-alive, a whole head, a body; 408 past
-        the last two) and the core's size limits (``limits``: 413, 431, 414).
-        With ``always_json`` every request is answered with one JSON body, whatever
-        the client's ``Accept`` also lists (``weir serve --json-response``); without
-        it a client that accepts SSE gets a stream.  A quiet SSE stream gets a ``:``
-        comment every ``sse_keepalive`` seconds (``None``: never).
-        A retried ``tools/call`` that finds its first delivery still running waits up
-        to ``in_progress_wait`` seconds to replay its response, then gets 409
-        ``in_progress``.  ``state`` is what handlers see as ``Context.state`` (what the
-        app's lifespan yielded, when :func:`main` runs one).
-
-        The sessionless revision's request state is sealed with ``state_keys`` (the
-        first seals, all open; none: on a shared store the one key its replicas agree
-        on, see :meth:`request_sealer`; else one drawn now, so states do not outlive
-        the process).  With a ``retry_window`` (seconds; authorization needed), a
-        sessionless call without an ``Idempotency-Key`` that repeats one of its
-        principal's within the window is taken for a retry and replayed (the core's
-        rule, as on the Trio engine).
+        """Serve ``app`` within the bounds the class docstring lists.
 
         Raises:
-            ValueError: a ``retry_window`` without ``auth`` (every client would be the
-                one anonymous principal: one client's retry could not be told from
-                another's call).
-
-        With ``auth`` every request must carry a bearer token its verifier vouches
-        for (see :mod:`._auth`); the principal owns the sessions it opens.  The
-        Prometheus text is served at ``metrics_path`` (None: not at all).  One
-        principal holds at most ``max_sessions_per_principal`` sessions (429
-        ``session_limit`` beyond; None: ``max_sessions``).
-        While it drains (:func:`._drain.drain`), requests are refused 503
-        ``shutting_down`` and SSE streams end with ``retry: retry_ms``.  The
-        2024-11-05 HTTP+SSE transport opens sessions at ``legacy_sse_path`` (None:
-        that transport is not served, neither path) and takes their messages at
-        ``legacy_messages_path``.
-
-        Session records and the gate's claims and outcomes are kept in ``store``
-        (default: a :class:`~weir.engine._memory_store.MemoryStore`, this process only); a
-        shared one (:class:`weir.asyncio.AsyncioRedisStore`; :func:`weir.asyncio.open_store`
-        opens one from a URL) lets this driver serve one cluster with other replicas,
-        Trio or asyncio (``._shared``):
-        ``replica_id`` names this one in its claims (default: drawn), whose leases
-        last ``claim_lease`` seconds unless renewed; with ``resume="shared"`` every
-        stream event is appended to a shared store before it is sent, and a cursor
-        another replica issued is replayed from it (``"pinned"``: this process's own
-        logs only; ``"off"``: events carry no ids and every cursor is refused 409
-        ``cursor_unknown``).  The caller owns the store.
-
-        Replay history and kept results are bounded in bytes, as on the Trio engine:
-        ``session_retain_bytes`` per session, ``memory_budget`` across all sessions
-        (and, on a memory store, every principal's sessionless gate); over either the
-        oldest goes first (see ``._session``), and a new call whose key finds the
-        budget full of keys that must stay is refused 503 ``overloaded`` (a
-        ``ValueError`` if either is below 1 byte, or the first above the second).
-
-        With ``ssl_context`` every connection speaks TLS, its handshake within the
-        head deadline, its drain tracking exact at record boundaries (:mod:`._tls`).
-
-        The tasks extension is served with ``tasks``' bounds (default
-        :class:`~weir.engine._tasks.TaskSettings`; its lease is ``claim_lease``), its
-        records in ``store`` beside the Trio engine's (see :mod:`._tasks`).
+            ValueError: a ``retry_window`` without ``auth``; a retention bound below 1
+                byte, or ``session_retain_bytes`` above ``memory_budget``.
         """
         #: Replay history and kept results, in bytes, per session and in total.
         self.budget = RetentionBudget(total=memory_budget, per_owner=session_retain_bytes)
@@ -248,35 +250,10 @@ class AsyncioDriver:
         #: Session streams' events carry ids (``resume="off"``: none, and no priming
         #: event: nothing is resumed, as on the Trio engine).
         self.event_ids = resume != "off"
-        #: What a GET's and a DELETE's courses need to know of this runtime: whether
-        #: authorization is on (the principal proves the channel), a shared store's replays.
-        self.stream_rules = StreamRules(
-            resume=resume,
-            shared=self.shared.shared,
-            authorized=auth is not None,
-            keepalive=sse_keepalive,
-            lease=claim_lease,
-            give_up_after=self.credit.liveness_timeout * 10,
-            replica=self.shared.replica_id,
-        )
-        #: What a POST's course needs to know of this runtime: whether the store is
-        #: shared, whether authorization is on (the principal may rebind), JSON for a
-        #: client that does not accept SSE (where the endpoint admits one) or for
-        #: every client with ``always_json``.
-        self.post_rules = PostRules(
-            json_response=always_json,
-            json_unless_sse=True,
-            shared=self.shared.shared,
-            priming=self.event_ids,
-            authorized=auth is not None,
-            in_progress_wait=in_progress_wait,
-        )
-        #: ... and a sessionless one's (the app's fallback is read again per request).
-        self.sessionless_rules = SessionlessRules(
-            json_response=always_json,
-            in_progress_wait=in_progress_wait,
-            retry_window=retry_window,
-            tasks=True,
+        #: What a GET's and DELETE's, a POST's and a sessionless POST's courses need to
+        #: know of this runtime (:meth:`_course_rules`).
+        self.stream_rules, self.post_rules, self.sessionless_rules = self._course_rules(
+            resume, retry_window, claim_lease
         )
         #: The tasks extension: records in the store, runs here (see :mod:`._tasks`).
         self.tasks = AsyncioTasks(
@@ -292,6 +269,13 @@ class AsyncioDriver:
         #: store when a request first needs it (:meth:`request_sealer`).
         self._key_from_store = store.shared and not state_keys
         self._key_fetch = asyncio.Lock()
+        self._init_holdings()
+        #: ``app.changed(...)`` from outside a request reaches this driver's sessions.
+        self.detach = app.attach_changes(self.changed)
+
+    def _init_holdings(self) -> None:
+        """What the driver holds while it serves, empty at the start: sessions,
+        sessionless owners, listeners and the tasks it keeps referenced."""
         #: The sessionless idempotency gate, listeners, and keyed calls' runs (a
         #: keyed call outlives its response and its connection; shutdown ends it).
         self.keyed = KeyedCalls(self.shared)
@@ -316,8 +300,42 @@ class AsyncioDriver:
         self._notes: set[asyncio.Task[None]] = set()
         #: The connection handlers running (shutdown ends them).
         self._handlers: set[asyncio.Task[Any]] = set()
-        #: ``app.changed(...)`` from outside a request reaches this driver's sessions.
-        self.detach = app.attach_changes(self.changed)
+
+    def _course_rules(
+        self, resume: str, retry_window: float, lease: float
+    ) -> tuple[StreamRules, PostRules, SessionlessRules]:
+        """What the courses need to know of this runtime (set once, at construction)."""
+        authorized, shared = self.auth is not None, self.shared.shared
+        # A GET's and a DELETE's: whether authorization is on (the principal proves
+        # the channel), a shared store's replays.
+        stream = StreamRules(
+            resume=resume,
+            shared=shared,
+            authorized=authorized,
+            keepalive=self.sse_keepalive,
+            lease=lease,
+            give_up_after=self.credit.liveness_timeout * 10,
+            replica=self.shared.replica_id,
+        )
+        # A POST's: whether the store is shared, whether authorization is on (the
+        # principal may rebind), JSON for a client that does not accept SSE (where
+        # the endpoint admits one) or for every client with ``always_json``.
+        post = PostRules(
+            json_response=self.always_json,
+            json_unless_sse=True,
+            shared=shared,
+            priming=self.event_ids,
+            authorized=authorized,
+            in_progress_wait=self.in_progress_wait,
+        )
+        # A sessionless one's (the app's fallback is read again per request).
+        sessionless = SessionlessRules(
+            json_response=self.always_json,
+            in_progress_wait=self.in_progress_wait,
+            retry_window=retry_window,
+            tasks=True,
+        )
+        return stream, post, sessionless
 
     async def request_sealer(self) -> StateSealer:
         """The sealer of sessionless request state.  Given no ``state_keys`` on a shared

@@ -40,6 +40,7 @@ from weir.protocol import (
     session_refusal,
 )
 from weir.protocol.legacy import LegacyOpen, route_legacy
+from weir.protocol.sessionless import SessionlessMessage
 
 from ._calls import Calls
 from ._changes import Changes
@@ -52,6 +53,9 @@ from ._sessionless import Sessionless
 from ._shared import Shared, log, store_unavailable
 from ._store_errors import SessionGone, StoreUnavailable
 from ._streams import Streams
+
+#: What :func:`weir.protocol.route` makes of a request to the MCP endpoint.
+Routed = PostMessages | OpenStream | DeleteSession | SessionlessMessage
 
 
 class Router:
@@ -138,21 +142,9 @@ class Router:
             if not endpoint and legacy and path in (cfg.legacy_sse_path, cfg.legacy_messages_path):
                 await self._legacy(conn, request, who)
                 return
-            mcp = route(request, self.endpoint)
+            routed = [route(request, self.endpoint)]
             del request  # the body is decoded: from here on only the messages count
-            if isinstance(mcp, PostMessages):
-                await self._post(conn, mcp, who)
-            elif isinstance(mcp, OpenStream):
-                await self.streams.get(conn, mcp, who)
-            elif isinstance(mcp, DeleteSession):
-                await self.streams.delete(conn, mcp, who)
-            else:
-                # The course is handed the request and this frame lets go of it: what
-                # the course stops needing (a call's params, once its handler has
-                # them) must not stay here while a slow peer takes the answer.
-                course = self.sessionless.post(conn, mcp, who)
-                del mcp
-                await course
+            await self._serve(conn, routed, who)
         except SessionGone:
             if conn.http.response_in_progress:
                 raise
@@ -166,6 +158,23 @@ class Router:
             if conn.http.response_in_progress:
                 raise
             await self._refuse(conn, exc)
+
+    async def _serve(self, conn: Connection, routed: list[Routed], who: Requester) -> None:
+        """Hand the routed request (taken out of ``routed``) to its course, keeping no
+        reference to it here: what a course stops needing (a call's params, once its
+        handler has them) must not stay alive in this frame while a slow peer takes
+        the answer."""
+        mcp = routed.pop()
+        if isinstance(mcp, PostMessages):
+            course = self._post(conn, mcp, who)
+        elif isinstance(mcp, OpenStream):
+            course = self.streams.get(conn, mcp, who)
+        elif isinstance(mcp, DeleteSession):
+            course = self.streams.delete(conn, mcp, who)
+        else:
+            course = self.sessionless.post(conn, mcp, who)
+        del mcp
+        await course
 
     async def _resource_metadata(
         self, conn: Connection, request: HttpRequest, auth: Authorization

@@ -356,9 +356,16 @@ def _course(c: SessionlessCourse) -> _Steps:
     # The run has the request now: the course keeps only what it still reads.
     c.msg = msg.without_params()
     del msg, message, req, params
+    yield from _answer(run, lane, json=json)
+
+
+def _answer(run: SessionlessRun, lane: object, *, json: bool) -> _Steps:
+    """Answer with the run: one JSON body, or a stream it writes to.  A stream that
+    cannot open ends the reservation and gives a keyed call's key back."""
     if json:
         yield RespondJson(run, lane)
         return
+    call = run.call
     try:
         yield OpenAnswerStream(lane)
     except GeneratorExit:
