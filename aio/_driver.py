@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import gc
 import logging
 import math
 import ssl
@@ -31,7 +30,7 @@ from weir.common import (
     server_identity,
 )
 from weir.common._listen import deliver_task
-from weir.common._memory import trim
+from weir.common._memory import RECLAIM_AFTER, reclaim
 from weir.common._metrics_share import MetricsShare
 from weir.engine._memory_store import MemoryStore
 from weir.engine._session_store import SessionStore, replicas_sealer
@@ -67,17 +66,6 @@ from ._tasks import AsyncioTasks
 from ._tls import accept_tls
 
 log = logging.getLogger(__name__)
-#: A session that held at least this much credit is followed by a ``malloc_trim``.
-TRIM_AFTER = 256 * 1024
-
-
-def _reclaim() -> None:
-    """Collect the cycles that may still hold a torn-down session's buffers (its
-    cancelled tasks' tracebacks), then return free heap pages to the OS."""
-    gc.collect()
-    trim()
-
-
 T = TypeVar("T")
 #: Seconds a listen stream's peer has at shutdown to take its final result.
 LISTEN_CLOSE_WAIT = 1.0
@@ -304,10 +292,11 @@ class AsyncioDriver:
     def _course_rules(
         self, resume: str, retry_window: float, lease: float
     ) -> tuple[StreamRules, PostRules, SessionlessRules]:
-        """What the courses need to know of this runtime (set once, at construction)."""
-        authorized, shared = self.auth is not None, self.shared.shared
-        # A GET's and a DELETE's: whether authorization is on (the principal proves
-        # the channel), a shared store's replays.
+        """What the courses need to know of this runtime, set once: a GET's and a
+        DELETE's (authorization proves the channel; a shared store's replays), a
+        POST's (JSON for a client that does not accept SSE, or for every client with
+        ``always_json``), a sessionless one's (its fallback is read per request)."""
+        authorized, shared, json = self.auth is not None, self.shared.shared, self.always_json
         stream = StreamRules(
             resume=resume,
             shared=shared,
@@ -317,23 +306,17 @@ class AsyncioDriver:
             give_up_after=self.credit.liveness_timeout * 10,
             replica=self.shared.replica_id,
         )
-        # A POST's: whether the store is shared, whether authorization is on (the
-        # principal may rebind), JSON for a client that does not accept SSE (where
-        # the endpoint admits one) or for every client with ``always_json``.
+        wait = self.in_progress_wait
         post = PostRules(
-            json_response=self.always_json,
+            json_response=json,
             json_unless_sse=True,
             shared=shared,
             priming=self.event_ids,
             authorized=authorized,
-            in_progress_wait=self.in_progress_wait,
+            in_progress_wait=wait,
         )
-        # A sessionless one's (the app's fallback is read again per request).
         sessionless = SessionlessRules(
-            json_response=self.always_json,
-            in_progress_wait=self.in_progress_wait,
-            retry_window=retry_window,
-            tasks=True,
+            json_response=json, in_progress_wait=wait, retry_window=retry_window, tasks=True
         )
         return stream, post, sessionless
 
@@ -390,13 +373,13 @@ class AsyncioDriver:
     def end(self, session: Session) -> None:
         """Tear a session down; it is 404 from now on.  The app's session-close
         hooks run in the background, each cancelled after ``SESSION_CLOSE_WAIT``.
-        After a heavy session (``TRIM_AFTER`` bytes of credit held), free memory goes
+        After a heavy session (``RECLAIM_AFTER`` bytes of credit held), free memory goes
         back to the operating system a second later (at most once a second)."""
-        if session.flow.credit.bytes_in_use >= TRIM_AFTER:
+        if session.flow.credit.bytes_in_use >= RECLAIM_AFTER:
             now = session.loop.time()
             if now - self._last_trim >= 1.0:
                 self._last_trim = now
-                session.loop.call_later(1.0, _reclaim)
+                session.loop.call_later(1.0, reclaim)
         session.close()
         self.metrics.session_ended(view(session))
         self.owners.discard(session)  # (a sessionless owner: no hooks, never in the table)

@@ -11,8 +11,10 @@ ones come from the heap, where freed blocks stay mapped and fragment it.
 :func:`tune_allocator` pins the threshold (``mallopt(M_MMAP_THRESHOLD, 128 KiB)``,
 which also turns the raising off) and lowers the heap's trim threshold, so large
 buffers are mapped on their own and unmapped when freed.  :func:`trim` asks glibc
-to return free heap pages at once (``malloc_trim(0)``); the server calls it after
-tearing sessions down, at most once a second.
+to return free heap pages at once (``malloc_trim(0)``); :func:`reclaim` collects
+the cycles that may still hold a torn-down session's buffers first.  Both runtimes
+call it after tearing down a session that held at least :data:`RECLAIM_AFTER`
+bytes, at most once a second.
 
 Both do nothing where the C library is not glibc (musl, macOS) or cannot be
 loaded.  ``weir serve`` calls :func:`tune_allocator` at start-up; an embedding
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import sys
 from functools import cache
 
@@ -62,4 +65,15 @@ def trim() -> None:
         libc.malloc_trim(0)
 
 
-__all__ = ["trim", "tune_allocator"]
+def reclaim() -> None:
+    """Collect the cycles that may still hold a torn-down session's buffers (its
+    cancelled tasks' tracebacks), then :func:`trim`."""
+    gc.collect()
+    trim()
+
+
+#: A session that held at least this many bytes (credit, history, kept results) is
+#: followed by a :func:`reclaim`.
+RECLAIM_AFTER = 256 * 1024
+
+__all__ = ["RECLAIM_AFTER", "reclaim", "trim", "tune_allocator"]

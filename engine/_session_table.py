@@ -37,7 +37,6 @@ replica's connection to the client stalled) ends only the local copy too.
 
 from __future__ import annotations
 
-import gc
 import math
 import secrets
 from collections.abc import Awaitable, Callable
@@ -47,7 +46,7 @@ import trio
 
 from weir.app import SESSION_CLOSE_WAIT, Caller
 from weir.common._access import new_session
-from weir.common._memory import trim
+from weir.common._memory import RECLAIM_AFTER, reclaim
 from weir.protocol import SERVER_ERROR, Reason, RemoteProtocolError, session_refusal
 from weir.protocol.jsonrpc import RequestId
 from weir.protocol.states import CreditState, SessionInput
@@ -59,10 +58,6 @@ from ._shared import Shared, log, store_unavailable
 from ._store_errors import StoreUnavailable
 from ._store_records import SessionRecord, client_of, is_session_id
 from ._timers import Deadlines, Timed
-
-#: A session that held at least this much (history, results, credit) is followed by a
-#: ``malloc_trim`` when it ends.
-_TRIM_AFTER = 256 * 1024
 
 
 class SessionTable:
@@ -281,7 +276,7 @@ class SessionTable:
         """End ``session`` here and delete it from the store (``forget``: only this
         process's copy ends; a shared store's record lives on)."""
         sid = session.session_id
-        heavy = self.shared.budget.owner_held(sid) + session.credit.bytes_in_use >= _TRIM_AFTER
+        heavy = self.shared.budget.owner_held(sid) + session.credit.bytes_in_use >= RECLAIM_AFTER
         session.close()
         self.metrics.session_ended(session)
         now = trio.current_time()
@@ -329,11 +324,10 @@ class SessionTable:
         buffers (tracebacks of its cancelled tasks), then return free pages to the OS.
 
         Runs once the cancelled tasks have unwound (a second later), at most once a
-        second, only after sessions that held at least ``_TRIM_AFTER`` bytes.
+        second, only after sessions that held at least ``RECLAIM_AFTER`` bytes.
         """
         await trio.sleep(1.0)
-        gc.collect()
-        trim()
+        reclaim()
 
     def _deadline_due(self, timed: Timed, now: float) -> None:
         """The heap's handler: apply a session's credit timers at ``now``.
