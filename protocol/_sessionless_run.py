@@ -171,7 +171,7 @@ class SessionlessRun(Steps[RunEffect]):
         and only when a state is sealed)."""
         if self._binding is None:
             if self._params_gone:  # (a binding of the bare request would be wrong)
-                raise RuntimeError("a run's binding is read before its params are let go")
+                raise RuntimeError("a run's binding was read after its params were let go")
             self._binding = state_binding(self.principal, self.authorized, self.request)
         return self._binding
 
