@@ -72,8 +72,9 @@ def reclaim() -> None:
     trim()
 
 
-#: A session that held at least this many bytes (credit, history, kept results) is
-#: followed by a :func:`reclaim`.
+#: A session that held at least this many bytes is followed by a :func:`reclaim`
+#: (the Trio engine counts its credit, history and kept results; the asyncio
+#: runtime its credit in use).
 RECLAIM_AFTER = 256 * 1024
 
 __all__ = ["RECLAIM_AFTER", "reclaim", "trim", "tune_allocator"]

@@ -288,9 +288,7 @@ class CallCourse:
         return Record(key, cancelled(self.request)) if key is not None else None
 
     def _let_go_of_params(self) -> None:
-        req = self.request
-        if req.params is not None:
-            self.request = Request(id=req.id, method=req.method)
+        self.request = self.request.without_params()
 
     def _claim(self) -> Claim:
         assert self._claim_step is not None

@@ -36,6 +36,12 @@ class Request(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     method: str
     params: dict[str, Any] | None = None
 
+    def without_params(self) -> Request:
+        """This request as what answers it still reads (its id and method): what a
+        course keeps once the handler has the params, which can be as large as a
+        request may be and must not stay while a slow peer takes the answer."""
+        return self if self.params is None else Request(id=self.id, method=self.method)
+
 
 class Notification(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A JSON-RPC notification: no ``id``, never answered."""

@@ -118,7 +118,7 @@ class SessionlessMessage:
         if message.params is None:
             return self
         if isinstance(message, Request):
-            light: Request | Notification = Request(id=message.id, method=message.method)
+            light: Request | Notification = message.without_params()
         else:
             light = Notification(method=message.method)
         return SessionlessMessage(headers=self.headers, message=light, meta=self.meta)

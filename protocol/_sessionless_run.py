@@ -180,9 +180,8 @@ class SessionlessRun(Steps[RunEffect]):
         method (what encoding and recording read), not its params, which can be as
         large as a request may be and would otherwise stay while a slow peer takes
         the answer."""
-        req = self.request
-        if req.params is not None:
-            self.request = Request(id=req.id, method=req.method)
+        if self.request.params is not None:
+            self.request = self.request.without_params()
             self._params_gone = True
 
     @property
