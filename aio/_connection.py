@@ -130,17 +130,25 @@ class Connection:
     # ----------------------------------------------------------- bytes out, acks in
     async def send(
         self,
-        data: bytes,
+        data: bytes | list[bytes],
         token: tuple[Session, StreamLog | None, int] | None = None,
         tail: int = 0,
     ) -> None:
         """Write ``data``; with ``token``, mark its last byte for acknowledgement first
         (so the mark exists even if the peer stalls and the drain never returns) --
         or, with ``tail``, the byte ``tail`` bytes before its end (a stream's
-        terminator written with its last frames is not a frame)."""
+        terminator written with its last frames is not a frame).
+
+        ``data`` given as a one-item list is taken over (the list is emptied): once
+        the transport has it, only the transport's buffer -- the part the kernel has
+        not taken -- is held while the peer is slow, not the whole write."""
+        if isinstance(data, list):
+            data = data.pop()
         try:
             self.writer.write(data)
-            self.acks.wrote(len(data))
+            size = len(data)
+            del data
+            self.acks.wrote(size)
             if token is not None:
                 self.acks.mark(self.acks.written - tail, token)
                 self._marked[token[0]] = self.acks.written
@@ -150,6 +158,19 @@ class Connection:
         except BaseException:
             self.conn.send_failed()
             raise
+
+    async def send_answer(
+        self, session: Session, headers: list[tuple[str, str]], body: list[bytes]
+    ) -> None:
+        """A ``200`` of the one JSON body in ``body``, holding ``session``'s credit
+        (taken for the body's size) until the peer acknowledges its last byte.
+
+        ``body`` is taken over (emptied), so while a stalled peer keeps the write
+        waiting neither the body nor the framed response is held beside the
+        transport's buffer (see :meth:`send`); callers drop their own references."""
+        size = len(body[0])
+        framed = [self.conn.send_response(200, headers, body.pop())]
+        await self.send(framed, (session, None, size))
 
     def _unacknowledged(self) -> int:
         """Bytes written and not acknowledged: asyncio's buffer plus the kernel's queue

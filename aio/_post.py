@@ -189,9 +189,9 @@ class PostEffects:
         finally:
             session.done(lane)
         headers = [("content-type", "application/json"), ("mcp-session-id", session.sid)]
-        await self.conn.send(
-            self.conn.conn.send_response(200, headers, body), (session, None, len(body))
-        )
+        answer = [body]
+        del body  # (only the transport's buffer waits on a stalled peer)
+        await self.conn.send_answer(session, headers, answer)
 
     async def _run_now(self, stream: StreamLog, course: CallCourse, primes: bool) -> None:
         """:meth:`_run_on_stream` for a lone request answered in this task: its frames
@@ -246,10 +246,12 @@ class PostEffects:
                     session.done(lane)
                 else:
                     task.add_done_callback(lambda _: session.done(lane))
+        tasks.clear()  # (a task keeps its result: the answer's body)
+        answered.clear()
         headers = [("content-type", "application/json"), ("mcp-session-id", session.sid)]
-        await self.conn.send(
-            self.conn.conn.send_response(200, headers, body), (session, None, len(body))
-        )
+        answer = [body]
+        del body  # (only the transport's buffer waits on a stalled peer)
+        await self.conn.send_answer(session, headers, answer)
 
     def _run_on_stream(self, stream: StreamLog, feed: Feed, primes: bool) -> None:
         """Run the requests ``feed`` gives as session tasks, each appending its answer

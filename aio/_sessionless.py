@@ -334,28 +334,29 @@ class SessionlessPosts:
             await self.driver.keyed.record(principal, effect.key, None)
         elif isinstance(effect, AnswerReplay):
             self.driver.metrics.duplicates_replayed += 1
-            await self._send_json(owner, effect.payload, None)
+            await self._send_json(owner, [effect.payload], None)
         elif isinstance(effect, Listen):
             await serve_listen(self.driver, self.conn, owner, effect, principal)
         elif isinstance(effect, ServeTask):
             req = effect.request
             answer = await self.driver.tasks.serve(principal, req, REQUEST_ACCESS.get())
-            body = encode_result(req.id, complete(req.method, answer, self.driver.identity()))
+            body = [encode_result(req.id, complete(req.method, answer, self.driver.identity()))]
             await self._send_json(owner, body, None)
         else:
             raise AssertionError(f"a sessionless course asked for {effect!r} out of turn")
 
-    async def _send_json(self, owner: Session, body: bytes, lane: Hashable | None) -> None:
-        """One JSON body, holding the owner's credit until the peer acknowledges it."""
+    async def _send_json(self, owner: Session, body: list[bytes], lane: Hashable | None) -> None:
+        """One JSON body (taken over from ``body``), holding the owner's credit until
+        the peer acknowledges it."""
         try:
-            await owner.take_credit(len(body), lane)
+            await owner.take_credit(len(body[0]), lane)
         except Gone:
+            body.clear()
             raise ConnectionResetError from None
         finally:
             if lane is not None:
                 owner.done(lane)  # the body holds credit of its own now
-        response = self.conn.conn.send_response(200, _JSON, body)
-        await self.conn.send(response, (owner, None, len(body)))
+        await self.conn.send_answer(owner, list(_JSON), body)
 
     async def _respond_json(
         self, owner: Session, msg: SessionlessMessage, effect: RespondJson, principal: str
@@ -372,7 +373,9 @@ class SessionlessPosts:
         if body is None:
             owner.done(effect.lane)
             raise ConnectionResetError  # cancelled with the server going away
-        await self._send_json(owner, body, effect.lane)
+        answer = [body]
+        del body  # (only the transport's buffer waits on a stalled peer)
+        await self._send_json(owner, answer, effect.lane)
 
     async def _run_on_stream(
         self,

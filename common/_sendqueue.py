@@ -11,9 +11,11 @@ per connection: the Trio engine on the accepted socket (under TLS, on the TCP so
 beneath it), the asyncio runtime on its transport's socket (adding what the transport
 itself still buffers).
 
-``TCP_NOTSENT_LOWAT`` is set as well when asked (16 KiB by default in both runtimes'
-configuration), so the kernel never hides an unbounded backlog of *unsent* bytes:
-beyond it, writes wait in the process, where the session's credit bounds them.
+``TCP_NOTSENT_LOWAT`` is set as well when asked (the Trio runtime does, 16 KiB by
+default), so the kernel never hides an unbounded backlog of *unsent* bytes: beyond it,
+writes wait in the process, where the session's credit bounds them.  (The asyncio
+runtime does not ask: its transport hands the kernel what it accepts and buffers the
+rest itself, and that buffer is counted beside the kernel's queue.)
 
 Where the ioctl is unavailable (not Linux, not a TCP socket -- a Unix socket's
 ``SIOCOUTQ`` counts buffer memory, not bytes -- or an in-memory test stream), the

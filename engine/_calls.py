@@ -453,9 +453,9 @@ class Calls:
                     body = await self.execution.answer_now(session, plans[0], None)
                 finally:
                     session.done(1, lane, keep=True)
-                data = frame_json(conn, session, headers, body)
+                framed = [frame_json(conn, session, headers, body)]
                 del body  # (only the framed copy waits on a stalled peer)
-                await send_framed(conn, session, data, lane)
+                await send_framed(conn, session, framed, lane)
                 return
 
             async def feed(run: Callable[[int, CallCourse], Awaitable[None]]) -> None:

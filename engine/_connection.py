@@ -24,8 +24,9 @@ peer therefore shows as "no progress", however the writer is blocked.
 from __future__ import annotations
 
 import secrets
+import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import trio
 
@@ -41,6 +42,9 @@ from ._tls import TlsMeter
 #: A write of pieces this large in all is gathered (``writev``) rather than joined:
 #: below it the join is cheaper than the extra system-call arguments.
 GATHER_MIN = 64 * 1024
+
+#: A cut piece is copied only when that lets go of at least this many bytes.
+RELEASE_MIN = 64 * 1024
 
 if TYPE_CHECKING:
     from ._session import Session, StreamHandle
@@ -133,35 +137,41 @@ class Connection:
         """Write ``data`` (or the concatenation of its pieces); ``marks`` are (offset
         within ``data`` just past a frame, token).
 
+        A list is taken over: it is emptied before anything is written, so while a
+        slow peer takes the pieces nothing but this write keeps them through it.
         Up to :data:`~weir.engine._socket_io.GATHER_MAX` pieces of at least
         :data:`GATHER_MIN` bytes in all go to a plain TCP socket as gathered writes, and
         under TLS pieces are cut into records without being joined, so a large frame a
         stalled peer is slow to take is not also held as a joined copy; anything else
         (many small frames, a small write) is joined first, one system call rather
-        than one per few dozen frames.
+        than one per few dozen frames.  On a plain TCP socket a piece that only this
+        write holds is cut down to the part the kernel has not taken, once that part
+        is no more than what was taken (:func:`untaken`): a stalled JSON answer holds
+        its unsent bytes, not all of itself.
         A failed or cancelled write leaves the HTTP core unusable (``send_failed``).
         """
         start = self.tracker.written
+        if isinstance(data, list):
+            pieces = data.copy()
+            data.clear()
+        else:
+            pieces = [data]
+        del data
         try:
             io, meter = self.io, self.meter
             if isinstance(meter, TlsMeter):
-                await self._send_records(data if isinstance(data, list) else [data], meter)
+                await self._send_records(pieces, meter)
             elif io is None or not meter.exact:
-                joined = data if isinstance(data, bytes) else b"".join(data)
+                joined = b"".join(pieces)
+                pieces.clear()
                 await self.stream.send_all(joined)
                 self.tracker.wrote(len(joined))
-            elif (
-                isinstance(data, list)
-                and len(data) <= GATHER_MAX
-                and (sum(map(len, data)) >= GATHER_MIN)
-            ):
-                await self._send_gathered(io, data)
             else:
-                view = memoryview(data if isinstance(data, bytes) else b"".join(data))
-                while view:
-                    n = await io.send(view)
-                    self.tracker.wrote(n)
-                    view = view[n:]
+                if len(pieces) > GATHER_MAX or (
+                    len(pieces) > 1 and sum(map(len, pieces)) < GATHER_MIN
+                ):
+                    pieces[:] = [b"".join(pieces)]
+                await self._send_gathered(io, pieces)
         except OSError as exc:
             self.http.send_failed()
             raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
@@ -173,20 +183,24 @@ class Connection:
         if self.check_acks() and self.poller is not None:
             self.poller.watch(self)
 
-    async def _send_gathered(self, io: SocketIO, parts: list[bytes]) -> None:
-        """Write ``parts`` in order with gathered writes, counting what the kernel took."""
-        views = [memoryview(part) for part in parts if part]
-        first, wrote = 0, self.tracker.wrote
-        while first < len(views):
-            n = await io.send(views[first:] if first else views)
+    async def _send_gathered(self, io: SocketIO, pieces: list[bytes]) -> None:
+        """Write ``pieces`` in order (taking them over: the list is emptied), one
+        gathered write at a time, counting what the kernel took."""
+        views = [memoryview(piece) for piece in pieces if piece]
+        pieces.clear()
+        wrote = self.tracker.wrote
+        while views:
+            n = await io.send(views[0] if len(views) == 1 else views)
             wrote(n)
+            done = 0
             while n:  # skip what went out; the first piece left may be cut
-                head = views[first]
+                head = views[done]
                 if n < len(head):
-                    views[first] = head[n:]
+                    views[done] = untaken(head, n)
                     break
                 n -= len(head)
-                first += 1
+                done += 1
+            del views[:done]
 
     async def _send_records(self, pieces: list[bytes], meter: TlsMeter) -> None:
         """Under TLS: one record's plaintext at a time (cut from ``pieces`` without
@@ -227,3 +241,25 @@ class Connection:
         """
         for holder, seq in self.tracker.take_pending():
             holder.drained(0 if isinstance(holder, JsonCharge) else seq + 1)
+
+
+def untaken(view: memoryview, n: int) -> memoryview:
+    """What is left of ``view`` once the kernel took its first ``n`` bytes.
+
+    A slice of a view keeps the whole buffer beneath it alive.  When nothing but
+    this write holds that buffer (its only reference is the views' own) and the
+    part taken is at least what is left, and at least :data:`RELEASE_MIN`, the rest
+    is copied and the buffer let go: a peer that reads slowly or stops costs the
+    bytes it has not been sent, not the whole write.  Each copy is at most the size
+    of what it lets go, so a write copies at most its own size in all, and only
+    when a write is cut part-way -- a peer that keeps up never causes one.  A buffer
+    something else keeps (a stream log's frame, replayed on a resumption) is never
+    copied: that would hold more, not less.
+    """
+    rest = view[n:]
+    base = cast(bytes, view.obj)
+    let_go = len(base) - len(rest)
+    # Three references when only the views hold it: theirs, ``base``, the argument.
+    if let_go >= len(rest) and let_go >= RELEASE_MIN and sys.getrefcount(base) <= 3:
+        return memoryview(bytes(rest))
+    return rest

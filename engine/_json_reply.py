@@ -11,8 +11,10 @@ the sessionless era's JSON answers and replays.
 
 A stalled peer keeps the write waiting, and whatever the waiting frames reference
 stays in memory with it: callers that can frame the body themselves
-(:func:`frame_json`), drop their own reference and hand over only the framed bytes
-(:func:`send_framed`), so one copy of the answer is held, the one its credit counts.
+(:func:`frame_json`), drop their own reference and hand the framed bytes over in a
+list that :func:`send_framed` empties, so one copy of the answer is held, the one its
+credit counts -- and held by the write alone, which lets go of what the kernel has
+taken of it (:meth:`Connection.send`).
 """
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ async def answer_json(
     headers = [("content-type", "application/json"), ("mcp-session-id", session.session_id)]
     body = b"[" + b",".join(bodies) + b"]" if is_batch else bodies.pop()
     bodies.clear()
-    data = frame_json(conn, session, headers, body)
+    framed = [frame_json(conn, session, headers, body)]
     del body  # (only the framed copy waits on a stalled peer)
-    await send_framed(conn, session, data, lane)
+    await send_framed(conn, session, framed, lane)
 
 
 async def send_json(
@@ -60,9 +62,9 @@ async def send_json(
     peer acknowledges its last byte; a teardown cancels a write that is stuck on
     a stalled peer.
     """
-    data = frame_json(conn, session, headers, body)
-    del body  # (the caller's reference may remain; this frame keeps only ``data``)
-    await send_framed(conn, session, data, lane)
+    framed = [frame_json(conn, session, headers, body)]
+    del body  # (the caller's reference may remain; this frame keeps none)
+    await send_framed(conn, session, framed, lane)
 
 
 def frame_json(
@@ -76,15 +78,17 @@ def frame_json(
 
 
 async def send_framed(
-    conn: Connection, session: Session, data: bytes, lane: Hashable | None = None
+    conn: Connection, session: Session, framed: list[bytes], lane: Hashable | None = None
 ) -> None:
     """Write what :func:`frame_json` made under the session's drain credit, as
-    :func:`send_json` does."""
-    n = len(data)
+    :func:`send_json` does.  ``framed`` holds the one framed response and is taken
+    over: emptied once the write begins (or fails before it)."""
+    n = len(framed[0])
     try:
         if not session.try_acquire_now(n, lane):
             await session.acquire(n, lane)
     except SessionClosed:
+        framed.clear()
         conn.http.send_failed()
         raise PeerGone from None
     if lane is not None:
@@ -93,7 +97,7 @@ async def send_framed(
     with trio.CancelScope() as scope:
         session.json_writers[scope] = None
         try:
-            await conn.send(data, [(n, (charge, 0))])
+            await conn.send(framed, [(n, (charge, 0))])
         except BaseException:
             charge.drained(0)  # never written whole: nothing to wait for
             raise

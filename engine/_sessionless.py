@@ -336,9 +336,9 @@ class Sessionless:
                 owner.done(1, lane, keep=True)  # the reservation is the body's
             if body is None:
                 raise PeerGone  # cancelled with the server going away: nothing to answer
-            data = frame_json(conn, owner, list(_JSON), body)
+            framed = [frame_json(conn, owner, list(_JSON), body)]
             del body  # (only the framed copy waits on a stalled peer)
-            await send_framed(conn, owner, data, lane)
+            await send_framed(conn, owner, framed, lane)
         finally:
             owner.settle(lane)
 

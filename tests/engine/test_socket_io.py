@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from weir.engine._connection import GATHER_MIN, Connection
+from weir.engine._connection import GATHER_MIN, RELEASE_MIN, Connection, untaken
 from weir.engine._socket_io import GATHER_MAX, socket_io
 from weir.protocol import HttpLimits
 
@@ -214,6 +214,7 @@ async def test_pieces_to_a_stream_without_a_descriptor_are_joined() -> None:
     server, client = trio.testing.memory_stream_pair()
     conn = Connection(server, HttpLimits(), notsent_lowat=None)
     pieces = [b"a" * GATHER_MIN, b"", b"b" * 10]
+    expected = b"".join(pieces)
     received = bytearray()
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
@@ -222,4 +223,22 @@ async def test_pieces_to_a_stream_without_a_descriptor_are_joined() -> None:
                 if len(received) == GATHER_MIN + 10:
                     break
                 received += await client.receive_some(65536)
-    assert bytes(received) == b"".join(pieces) and conn.tracker.written == len(received)
+    assert bytes(received) == expected and conn.tracker.written == len(received)
+    assert pieces == []  # taken over: the caller's list keeps nothing alive
+
+
+def test_a_cut_piece_is_copied_only_when_that_lets_go_of_more_than_it_copies() -> None:
+    # Only the views hold the buffer, and more of it was taken than is left: a copy.
+    rest = untaken(memoryview(bytes(200_000)), 150_000)
+    assert len(cast(bytes, rest.obj)) == 50_000 and rest == bytes(50_000)
+    # Less taken than left: the cut is a view of the same buffer (copying would
+    # cost more than it frees; a later cut copies once enough is taken).
+    rest = untaken(memoryview(bytes(300_000)), 100_000)
+    assert len(cast(bytes, rest.obj)) == 300_000 and len(rest) == 200_000
+    # Too little taken to be worth a copy.
+    rest = untaken(memoryview(bytes(100_000)), RELEASE_MIN - 1)
+    assert len(cast(bytes, rest.obj)) == 100_000
+    # Something else keeps the buffer (a stream log's frame): a copy would hold more.
+    frame = b"f" * 200_000
+    rest = untaken(memoryview(frame), 150_000)
+    assert rest.obj is frame and rest == frame[150_000:]

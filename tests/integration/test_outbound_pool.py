@@ -143,14 +143,75 @@ async def test_a_stalled_answer_is_held_in_memory_once(runtime: str, mode: str) 
                     await peer.send_raw(raw_request("POST", "/mcp", body=body, headers=headers))
                     assert await until_credit_in_use(port, lambda v: v >= size) >= size
                     held = [t for t in tracemalloc.take_snapshot().traces if t.size >= size]
-                    # JSON: the framed bytes being written (asyncio: at most the part
-                    # the kernel has not taken).  SSE: the frame in the stream's log,
+                    # JSON: the framed bytes being written (or the part the kernel
+                    # has not taken).  SSE: the frame in the stream's log,
                     # kept for a resumption -- the write sends it gathered, not joined.
                     assert len(held) <= 1, [t.traceback.format()[-3:] for t in held]
                 finally:
                     await peer.aclose()
     finally:
         tracemalloc.stop()
+
+
+@app.tool()
+async def numbered(count: int) -> str:
+    """``count`` eight-digit numbers in a row: an answer whose every part is told apart."""
+    return "%08d" * count % tuple(range(count))
+
+
+@RUNTIMES
+async def test_a_stalled_json_answer_keeps_only_what_the_kernel_has_not_taken(
+    runtime: str,
+) -> None:
+    """A JSON answer is one write of its framed bytes.  A peer that reads part of
+    it and stops leaves the rest waiting until it reads on or the liveness timeout
+    ends it; what waits must be the part the kernel has not taken, not the whole
+    answer.  A write lets go of what the kernel took once that is at least what is
+    left, so what it holds is less than twice what the peer has not read; the peer
+    here reads all but about an eighth of a 24 MiB answer (more than the kernel
+    buffers for one socket: its send buffer grows to 4 MiB by default) and stops,
+    so no block of a quarter of the answer may be left; then it reads the rest,
+    and every byte must be as sent."""
+    count = 3 * 1024 * 1024
+    size = 8 * count
+    credit = CreditLimits(frames=8, bytes=32 * 1024 * 1024, drain_window=5.0, liveness_timeout=60.0)
+    config = ServerConfig(port=0, credit=credit, json_response=True)
+    expected = "%08d" * count % tuple(range(count))
+    tracemalloc.start()
+    try:
+        with trio.fail_after(60):
+            async with serve_configured(runtime, app, config) as port:
+                peer = await Client.connect(port, rcvbuf=4096)
+                try:
+                    params = {"name": "numbered", "arguments": {"count": count}, "_meta": META}
+                    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+                    headers = {"mcp-protocol-version": V, "mcp-method": "tools/call"}
+                    headers["mcp-name"] = "numbered"
+                    body = json.dumps(message).encode()
+                    await peer.send_raw(raw_request("POST", "/mcp", body=body, headers=headers))
+                    received: list[bytes] = []  # (in pieces: the test's own copy is
+                    got = 0  # never one block as large as the half looked for)
+                    while got < size - size // 8 + 65536:
+                        received.append(bytes(await peer.stream.receive_some(65536)))
+                        got += len(received[-1])
+                    held = _blocks_of(size // 4)
+                    for _ in range(100):  # (bounded: 10 s; the write is cut at once)
+                        if not held:
+                            break
+                        await trio.sleep(0.1)
+                        held = _blocks_of(size // 4)
+                    assert not held, [t.traceback.format(most_recent_first=True)[:4] for t in held]
+                    # Still unacknowledged as a whole: the answer's credit is all held.
+                    assert await scrape(port, "weir_credit_in_use_bytes") >= size
+                    while not received[-1].endswith(b"}"):
+                        received.append(bytes(await peer.stream.receive_some(1024 * 1024)))
+                finally:
+                    await peer.aclose()
+    finally:
+        tracemalloc.stop()
+    head, _, answer = b"".join(received).partition(b"\r\n\r\n")
+    assert b"content-length: %d" % len(answer) in head.lower()
+    assert json.loads(answer)["result"]["content"][0]["text"] == expected
 
 
 @RUNTIMES
@@ -186,8 +247,10 @@ async def test_a_stalled_answer_does_not_keep_its_request(
                 del raw, body, message, arguments
                 assert await until_credit_in_use(port, lambda v: v >= size) >= size
                 # The request (small letters) is not held; the answer (capitals) is,
-                # where weir holds it whole: a stream's frame, or Trio's write (the
-                # asyncio transport keeps only what the kernel has not taken).
+                # where weir holds it whole: a stream's frame, or Trio's write while
+                # the kernel has taken less than half of it (the asyncio transport
+                # keeps only what the kernel has not taken, and its kernel, without
+                # a low-water mark on unsent bytes, takes this much whole).
                 assert not _held_texts(b"y" * 4096, size)
                 if mode == "sse" or runtime == "trio":
                     assert _held_texts(b"Y" * 4096, size)
