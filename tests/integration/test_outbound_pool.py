@@ -22,6 +22,8 @@ from __future__ import annotations
 import gc
 import json
 import tracemalloc
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -89,9 +91,7 @@ async def test_stalled_owners_that_fill_the_cap_get_new_requests_refused_until_t
             try:
                 sid = await initialize(reader)
                 for rid, peer in enumerate(stalled, start=1):
-                    message, headers = sessionless(rid, ANSWER)
-                    body = json.dumps(message).encode()
-                    await peer.send_raw(raw_request("POST", "/mcp", body=body, headers=headers))
+                    await post(peer, *sessionless(rid, ANSWER))
                 # What anonymous owners hold is in the credit gauge, as a session's is.
                 held = await until_credit_in_use(port, lambda v: v >= 2 * ANSWER)
                 assert held >= 2 * ANSWER  # each owner within its 64 KiB, the two over the cap
@@ -132,25 +132,18 @@ async def test_a_stalled_answer_is_held_in_memory_once(runtime: str, mode: str) 
     size = 2 * 1024 * 1024
     credit = CreditLimits(frames=8, bytes=4 * 1024 * 1024, drain_window=5.0, liveness_timeout=60.0)
     config = ServerConfig(port=0, credit=credit, json_response=mode == "json")
-    tracemalloc.start()
-    try:
-        with trio.fail_after(60):
-            async with serve_configured(runtime, app, config) as port:
-                peer = await Client.connect(port, rcvbuf=4096)
-                try:
-                    message, headers = sessionless(1, size)
-                    body = json.dumps(message).encode()
-                    await peer.send_raw(raw_request("POST", "/mcp", body=body, headers=headers))
-                    assert await until_credit_in_use(port, lambda v: v >= size) >= size
-                    held = [t for t in tracemalloc.take_snapshot().traces if t.size >= size]
-                    # JSON: the framed bytes being written (or the part the kernel
-                    # has not taken).  SSE: the frame in the stream's log,
-                    # kept for a resumption -- the write sends it gathered, not joined.
-                    assert len(held) <= 1, [t.traceback.format()[-3:] for t in held]
-                finally:
-                    await peer.aclose()
-    finally:
-        tracemalloc.stop()
+    async with traced_server(runtime, config) as port:
+        peer = await Client.connect(port, rcvbuf=4096)
+        try:
+            await post(peer, *sessionless(1, size))
+            assert await until_credit_in_use(port, lambda v: v >= size) >= size
+            held = [t for t in tracemalloc.take_snapshot().traces if t.size >= size]
+            # JSON: the framed bytes being written (or the part the kernel
+            # has not taken).  SSE: the frame in the stream's log,
+            # kept for a resumption -- the write sends it gathered, not joined.
+            assert len(held) <= 1, [t.traceback.format()[-3:] for t in held]
+        finally:
+            await peer.aclose()
 
 
 @app.tool()
@@ -177,38 +170,27 @@ async def test_a_stalled_json_answer_keeps_only_what_the_kernel_has_not_taken(
     credit = CreditLimits(frames=8, bytes=32 * 1024 * 1024, drain_window=5.0, liveness_timeout=60.0)
     config = ServerConfig(port=0, credit=credit, json_response=True)
     expected = "%08d" * count % tuple(range(count))
-    tracemalloc.start()
-    try:
-        with trio.fail_after(60):
-            async with serve_configured(runtime, app, config) as port:
-                peer = await Client.connect(port, rcvbuf=4096)
-                try:
-                    params = {"name": "numbered", "arguments": {"count": count}, "_meta": META}
-                    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
-                    headers = {"mcp-protocol-version": V, "mcp-method": "tools/call"}
-                    headers["mcp-name"] = "numbered"
-                    body = json.dumps(message).encode()
-                    await peer.send_raw(raw_request("POST", "/mcp", body=body, headers=headers))
-                    received: list[bytes] = []  # (in pieces: the test's own copy is
-                    got = 0  # never one block as large as the half looked for)
-                    while got < size - size // 8 + 65536:
-                        received.append(bytes(await peer.stream.receive_some(65536)))
-                        got += len(received[-1])
-                    held = _blocks_of(size // 4)
-                    for _ in range(100):  # (bounded: 10 s; the write is cut at once)
-                        if not held:
-                            break
-                        await trio.sleep(0.1)
-                        held = _blocks_of(size // 4)
-                    assert not held, [t.traceback.format(most_recent_first=True)[:4] for t in held]
-                    # Still unacknowledged as a whole: the answer's credit is all held.
-                    assert await scrape(port, "weir_credit_in_use_bytes") >= size
-                    while not received[-1].endswith(b"}"):
-                        received.append(bytes(await peer.stream.receive_some(1024 * 1024)))
-                finally:
-                    await peer.aclose()
-    finally:
-        tracemalloc.stop()
+    async with traced_server(runtime, config) as port:
+        peer = await Client.connect(port, rcvbuf=4096)
+        try:
+            params = {"name": "numbered", "arguments": {"count": count}, "_meta": META}
+            message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+            headers = {"mcp-protocol-version": V, "mcp-method": "tools/call"}
+            headers["mcp-name"] = "numbered"
+            await post(peer, message, headers)
+            received: list[bytes] = []  # (in pieces: the test's own copy is
+            got = 0  # never one block as large as the half looked for)
+            while got < size - size // 8 + 65536:
+                received.append(bytes(await peer.stream.receive_some(65536)))
+                got += len(received[-1])
+            held = await until_no_blocks_of(size // 4)  # (the write is cut at once)
+            assert not held, [t.traceback.format(most_recent_first=True)[:4] for t in held]
+            # Still unacknowledged as a whole: the answer's credit is all held.
+            assert await scrape(port, "weir_credit_in_use_bytes") >= size
+            while not received[-1].endswith(b"}"):
+                received.append(bytes(await peer.stream.receive_some(1024 * 1024)))
+        finally:
+            await peer.aclose()
     head, _, answer = b"".join(received).partition(b"\r\n\r\n")
     assert b"content-length: %d" % len(answer) in head.lower()
     assert json.loads(answer)["result"]["content"][0]["text"] == expected
@@ -294,33 +276,52 @@ async def test_stalled_answers_are_let_go_when_their_connections_close(runtime: 
     size, peers = 512 * 1024, 5
     credit = CreditLimits(frames=8, bytes=1024 * 1024, drain_window=5.0, liveness_timeout=60.0)
     config = ServerConfig(port=0, credit=credit)  # SSE: the answer is a stream's frame
-    tracemalloc.start()
-    try:
-        with trio.fail_after(60):
-            async with serve_configured(runtime, app, config) as port:
-                stalled = [await Client.connect(port, rcvbuf=4096) for _ in range(peers)]
-                for rid, peer in enumerate(stalled, start=1):
-                    message, headers = sessionless(rid, size)
-                    body = json.dumps(message).encode()
-                    await peer.send_raw(raw_request("POST", "/mcp", body=body, headers=headers))
-                assert await until_credit_in_use(port, lambda v: v >= peers * size) >= peers * size
-                assert len(_blocks_of(size)) >= peers
-                for peer in stalled:
-                    await peer.aclose()
-                assert await until_credit_in_use(port, lambda v: v == 0) == 0
-                held = _blocks_of(size)
-                for _ in range(100):  # (bounded: 10 s, far short of the 60 s liveness)
-                    if not held:
-                        break
-                    await trio.sleep(0.1)
-                    held = _blocks_of(size)
-                assert not held, [t.traceback.format()[-3:] for t in held]
-                assert await scrape(port, "weir_sessionless_owners") == 0
-    finally:
-        tracemalloc.stop()
+    async with traced_server(runtime, config) as port:
+        stalled = [await Client.connect(port, rcvbuf=4096) for _ in range(peers)]
+        for rid, peer in enumerate(stalled, start=1):
+            await post(peer, *sessionless(rid, size))
+        assert await until_credit_in_use(port, lambda v: v >= peers * size) >= peers * size
+        assert len(_blocks_of(size)) >= peers
+        for peer in stalled:
+            await peer.aclose()
+        assert await until_credit_in_use(port, lambda v: v == 0) == 0
+        held = await until_no_blocks_of(size)  # (far short of the 60 s liveness)
+        assert not held, [t.traceback.format()[-3:] for t in held]
+        assert await scrape(port, "weir_sessionless_owners") == 0
 
 
 def _blocks_of(size: int) -> list[tracemalloc.Trace]:
     """The live allocations of at least ``size`` bytes (after a full collection)."""
     gc.collect()
     return [t for t in tracemalloc.take_snapshot().traces if t.size >= size]
+
+
+async def until_no_blocks_of(size: int) -> list[tracemalloc.Trace]:
+    """:func:`_blocks_of` ``size``, read again until none is left (bounded: 10 s)."""
+    held = _blocks_of(size)
+    for _ in range(100):
+        if not held:
+            break
+        await trio.sleep(0.1)
+        held = _blocks_of(size)
+    return held
+
+
+@asynccontextmanager
+async def traced_server(runtime: str, config: ServerConfig) -> AsyncIterator[int]:
+    """Serve :data:`app` on ``runtime`` (yields its port) with Python's allocator
+    trace on, all of it bounded to 60 s."""
+    tracemalloc.start()
+    try:
+        with trio.fail_after(60):
+            async with serve_configured(runtime, app, config) as port:
+                yield port
+    finally:
+        tracemalloc.stop()
+
+
+async def post(peer: Client, message: dict[str, Any], headers: dict[str, str]) -> None:
+    """Send ``message`` as a POST to ``/mcp`` with ``headers`` (the answer is not read)."""
+    await peer.send_raw(
+        raw_request("POST", "/mcp", body=json.dumps(message).encode(), headers=headers)
+    )
