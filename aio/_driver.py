@@ -370,16 +370,18 @@ class AsyncioDriver:
             task.add_done_callback(self._loops.discard)
         return task
 
-    def end(self, session: Session) -> None:
+    def end(self, session: Session, kept: int | None = None) -> None:
         """Tear a session down; it is 404 from now on.  The app's session-close
         hooks run in the background, each cancelled after ``SESSION_CLOSE_WAIT``.
-        After a heavy session (``RECLAIM_AFTER`` bytes of credit held), free memory goes
-        back to the operating system a second later (at most once a second)."""
-        if session.flow.credit.bytes_in_use >= RECLAIM_AFTER:
-            now = session.loop.time()
-            if now - self._last_trim >= 1.0:
-                self._last_trim = now
-                session.loop.call_later(1.0, reclaim)
+        After a heavy session (``RECLAIM_AFTER`` bytes of credit and ``kept`` history
+        and results, read before a store's deletion let go of them; None: read now),
+        free memory goes back to the OS a second later (at most once a second)."""
+        held = session.flow.credit.bytes_in_use
+        held += self.budget.owner_held(session.sid) if kept is None else kept
+        now = session.loop.time()
+        if held >= RECLAIM_AFTER and now - self._last_trim >= 1.0:
+            self._last_trim = now
+            session.loop.call_later(1.0, self._reclaim)
         session.close()
         self.metrics.session_ended(view(session))
         self.owners.discard(session)  # (a sessionless owner: no hooks, never in the table)
@@ -391,6 +393,11 @@ class AsyncioDriver:
             self._after(self.shared.discard(session))
             for hook in self.app.session_close_fns:
                 self._after(_bounded(hook(session.sid)))
+
+    def _reclaim(self) -> None:
+        """Return free memory to the operating system, and count it."""
+        reclaim()
+        self.metrics.reclaims += 1
 
     def _after(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` of a session's end in the background (shutdown waits for it)."""

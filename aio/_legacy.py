@@ -107,9 +107,10 @@ async def _open(conn: Connection, who: Who) -> None:
                 await conn.write_stream(session, stream, 0)
             else:  # the legacy session lives exactly as long as its stream
                 assert isinstance(effect, ForgetSession) and session is not None
-                with contextlib.suppress(RemoteProtocolError):  # (store down: it expires)
-                    await driver.shared.delete(session)
-                driver.end(session)
+                kept = None  # (store down: it expires, and kept what it kept)
+                with contextlib.suppress(RemoteProtocolError):
+                    kept = await driver.shared.delete(session)
+                driver.end(session, kept)
         except BaseException as exc:
             effect = course.fail(exc, 0.0)
         else:

@@ -64,9 +64,10 @@ async def serve_initialize(conn: Connection, post: PostMessages, who: Who) -> No
                 answer = None
             else:  # nobody learnt the id, so nobody can use the session
                 assert isinstance(effect, ForgetSession) and session is not None
-                with contextlib.suppress(RemoteProtocolError):  # (store down: it expires)
-                    await driver.shared.delete(session)
-                driver.end(session)
+                kept = None  # (store down: it expires, and kept what it kept)
+                with contextlib.suppress(RemoteProtocolError):
+                    kept = await driver.shared.delete(session)
+                driver.end(session, kept)
                 answer = None
         except BaseException as exc:
             effect = course.fail(exc, 0.0)

@@ -284,13 +284,17 @@ class SharedState:
         with contextlib.suppress(RemoteProtocolError):
             await self._touch(session)
 
-    async def delete(self, session: Session) -> None:
-        """The client's ``DELETE``: the record goes (503 if the store cannot say so)."""
+    async def delete(self, session: Session) -> int:
+        """The client's ``DELETE``: the record goes (503 if the store cannot say so).
+        Returns what the session kept (history and results) until then, for
+        :meth:`~weir.aio._driver.AsyncioDriver.end`: the record took it along."""
+        kept = self.driver.budget.owner_held(session.sid)
         try:
             await self.store.delete_session(session.principal, session.sid)
         except StoreUnavailable:
             raise store_unavailable() from None
         self.forget(session.sid)
+        return kept
 
     def forget(self, sid: str) -> None:
         """This process's bookkeeping of ``sid`` (the local copy ended)."""
@@ -313,6 +317,7 @@ class SharedState:
         driver = self.driver
         idle = driver.idle_timeout
         gone = True
+        kept = driver.budget.owner_held(session.sid)  # (before the record takes it along)
         if self.store.shared:
             slack = idle / 4 if idle is not None else 0.0
             try:
@@ -331,7 +336,7 @@ class SharedState:
             return  # (ended meanwhile: counted by whoever ended it, if anyone)
         if gone:
             driver.metrics.sessions_expired += 1
-        driver.end(session)
+        driver.end(session, kept)
 
     async def post(self, session: Session, box: str, data: bytes) -> None:
         """Leave mail for another replica (an answer or a cancellation it waits for)."""

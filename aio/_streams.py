@@ -153,8 +153,8 @@ async def serve_delete(conn: Connection, session: Session, delete: DeleteSession
             elif effect is MARK_BOUND:
                 await conn.driver.shared.mark_bound(session)
             elif effect is END_SESSION:
-                await conn.driver.shared.delete(session)
-                conn.driver.end(session)
+                kept = await conn.driver.shared.delete(session)
+                conn.driver.end(session, kept)
             elif effect is DELETED:
                 await conn.send(conn.conn.send_response(200, ()))
             else:

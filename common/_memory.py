@@ -72,9 +72,8 @@ def reclaim() -> None:
     trim()
 
 
-#: A session that held at least this many bytes is followed by a :func:`reclaim`
-#: (the Trio engine counts its credit, history and kept results; the asyncio
-#: runtime its credit in use).
+#: A session that held at least this many bytes (its credit in use, replay history
+#: and kept results, on either runtime) is followed by a :func:`reclaim`.
 RECLAIM_AFTER = 256 * 1024
 
 __all__ = ["RECLAIM_AFTER", "reclaim", "trim", "tune_allocator"]

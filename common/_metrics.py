@@ -146,6 +146,8 @@ class Metrics:
         self.duplicates_replayed = 0
         self.duplicates_in_progress = 0
         self.sessions_expired = 0
+        #: Times free memory went back to the operating system after a heavy session.
+        self.reclaims = 0
         #: Client notifications not handed to the app: too many in its hands already.
         self.notifications_dropped = 0
         self.refusals: Counter[str] = Counter()
@@ -375,6 +377,12 @@ class Metrics:
             "counter",
             "Sessions forgotten after the idle or initialize timeout.",
             [("", self.sessions_expired)],
+        )
+        metric(
+            "weir_memory_reclaims_total",
+            "counter",
+            "Times free memory went back to the operating system after a heavy session ended.",
+            [("", self.reclaims)],
         )
         if budget is not None:
             metric(

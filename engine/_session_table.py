@@ -328,6 +328,7 @@ class SessionTable:
         """
         await trio.sleep(1.0)
         reclaim()
+        self.metrics.reclaims += 1
 
     def _deadline_due(self, timed: Timed, now: float) -> None:
         """The heap's handler: apply a session's credit timers at ``now``.

@@ -51,6 +51,7 @@ BOTH = {
     "weir_credit_peak_bytes",
     "weir_notifications_dropped_total",
     "weir_sessions_expired_total",
+    "weir_memory_reclaims_total",
     "weir_connections",
     "weir_connection_limit",
     "weir_session_queue_depth",
