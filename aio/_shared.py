@@ -36,10 +36,8 @@ The rule: a local process never decides alone about shared state.
   claim checks the token, an append the generation.  A rebind (here or on any
   replica) starts a new generation: this process's older streams end as soon as it
   sees it, and their events are no longer stored.
-* **Epochs** come from the store (``begin_call`` or ``allocate_epoch``), so a stream's
-  event ids are unique in the session across replicas.
-* **Failures.**  The store not answering is 503 ``store_unavailable`` and nothing
-  runs; :class:`~weir.engine._store_errors.SessionGone` is the 404.
+* **Epochs** come from the store, so event ids are unique in the session everywhere.
+* **Failures.**  No answer from the store is 503 ``store_unavailable`` (nothing runs).
 """
 
 from __future__ import annotations
@@ -285,9 +283,8 @@ class SharedState:
             await self._touch(session)
 
     async def delete(self, session: Session) -> int:
-        """The client's ``DELETE``: the record goes (503 if the store cannot say so).
-        Returns what the session kept (history and results) until then, for
-        :meth:`~weir.aio._driver.AsyncioDriver.end`: the record took it along."""
+        """The client's ``DELETE``: the record goes (503 if the store cannot say so),
+        with what the session kept (history, results); returns how much that was."""
         kept = self.driver.budget.owner_held(session.sid)
         try:
             await self.store.delete_session(session.principal, session.sid)
@@ -314,19 +311,15 @@ class SharedState:
         """``session`` is idle here (or, provisional, saw nothing after its
         ``initialize``): the store decides whether it is everywhere (and deletes it
         then); this process's copy ends either way."""
-        driver = self.driver
+        driver, gone = self.driver, True
         idle = driver.idle_timeout
-        gone = True
+        untouched: float | None = driver.initialize_timeout
         kept = driver.budget.owner_held(session.sid)  # (before the record takes it along)
         if self.store.shared:
-            slack = idle / 4 if idle is not None else 0.0
+            idle = idle * 1.25 if idle is not None else None  # (slack: a quarter)
+            untouched = untouched if session.provisional else None
             try:
-                gone = await self.store.expire_idle(
-                    session.principal,
-                    session.sid,
-                    idle + slack if idle is not None else None,
-                    driver.initialize_timeout if session.provisional else None,
-                )
+                gone = await self.store.expire_idle(session.principal, session.sid, idle, untouched)
             except StoreUnavailable as exc:
                 log.warning("session sweep: store unavailable: %s", exc)
                 return  # nothing decided: the next sweep asks again
