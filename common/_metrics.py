@@ -268,209 +268,211 @@ class Metrics:
         """
         from weir import __version__
 
-        out: list[Family] = [build_info(__version__, self.runtime), *process_families()]
-
-        def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
-            out.append(Family(name, kind, help_, [("", labels, v) for labels, v in samples]))
-
         live = [s for s in sessions.values() if not s.closed]
         held = [o for o in owners if not o.closed]
-        metric("weir_sessions", "gauge", "Live sessions.", [("", len(live))])
-        metric(
-            "weir_half_open_sessions",
-            "gauge",
-            "Sessions whose streams are half-open.",
-            [("", sum(1 for s in live if s.half_open))],
-        )
-        metric(
-            "weir_admissions_total",
-            "counter",
-            "Requests admitted for dispatch.",
-            [("", self.admissions)],
-        )
-        metric(
-            "weir_refusals_total",
-            "counter",
-            "Requests refused, by reason.",
-            [(f'{{reason="{r}"}}', n) for r, n in sorted(self.refusals.items())] or [("", 0)],
-        )
-        metric(
-            "weir_inline_calls_total",
-            "counter",
-            "Tool calls answered without a handler task, by tool.",
-            [(f'{{tool="{label_value(t)}"}}', n) for t, n in sorted(self.inline_calls.items())]
-            or [("", 0)],
-        )
-        metric(
-            "weir_inline_deferred_total",
-            "counter",
-            "Inline answers that waited for credit in a task.",
-            [(f'{{wait="{w}"}}', n) for w, n in sorted(self.inline_deferred.items())] or [("", 0)],
-        )
-        metric(
-            "weir_teardowns_total",
-            "counter",
-            "Sessions torn down after the liveness timeout.",
-            [("", self.teardowns)],
-        )
-        metric(
-            "weir_tool_executions_total",
-            "counter",
-            "tools/call executions (after the idempotency gate).",
-            [("", self.executions)],
-        )
-        metric(
-            "weir_duplicate_requests_total",
-            "counter",
-            "Duplicate deliveries stopped by the gate.",
-            [
-                ('{outcome="replayed"}', self.duplicates_replayed),
-                ('{outcome="in_progress"}', self.duplicates_in_progress),
-            ],
-        )
-        metric(
-            "weir_credit_in_use_frames",
-            "gauge",
-            "Unacknowledged frames, all sessions and 2026-07-28 credit owners.",
-            [("", sum(s.credit.frames_in_use for s in (*live, *held)))],
-        )
-        metric(
-            "weir_credit_in_use_bytes",
-            "gauge",
-            "Unacknowledged bytes, all sessions and 2026-07-28 credit owners.",
-            [("", sum(s.credit.bytes_in_use for s in (*live, *held)))],
-        )
-        if pool is not None:
-            metric(
-                "weir_outbound_limit_bytes",
-                "gauge",
-                "Unacknowledged bytes at which new requests get 503 (--max-outbound-bytes).",
-                [("", pool.limit)],
-            )
-            metric(
-                "weir_outbound_peak_bytes",
-                "gauge",
-                "The most unacknowledged bytes all credit owners held at once since start.",
-                [("", pool.peak_bytes)],
-            )
-        peak_frames, peak_bytes = self.credit_peaks(live)
-        metric(
-            "weir_credit_peak_frames",
-            "gauge",
-            "The most unacknowledged frames any one session has held since start.",
-            [("", peak_frames)],
-        )
-        metric(
-            "weir_credit_peak_bytes",
-            "gauge",
-            "The most unacknowledged bytes any one session has held since start.",
-            [("", peak_bytes)],
-        )
-        metric(
-            "weir_notifications_dropped_total",
-            "counter",
-            "Client notifications not given to the app: too many were in its hands.",
-            [("", self.notifications_dropped)],
-        )
-        metric(
-            "weir_sessions_expired_total",
-            "counter",
-            "Sessions forgotten after the idle or initialize timeout.",
-            [("", self.sessions_expired)],
-        )
-        metric(
-            "weir_memory_reclaims_total",
-            "counter",
-            "Times free memory went back to the operating system after a heavy session ended.",
-            [("", self.reclaims)],
-        )
+        out: list[Family] = [build_info(__version__, self.runtime), *process_families()]
+        out += self._request_families(live)
+        out += self._credit_families(live, held, pool)
+        out += self._let_go_families()
         if budget is not None:
-            metric(
-                "weir_retained_bytes",
-                "gauge",
-                "Replay history and kept results, all sessions (bounded by --memory-budget).",
-                [("", budget.held)],
-            )
-            metric(
-                "weir_retention_evictions_total",
-                "counter",
-                "Retained items evicted to stay within the retention budget.",
-                [("", budget.evictions)],
-            )
-            metric(
-                "weir_retention_evicted_bytes_total",
-                "counter",
-                "Bytes freed by retention evictions.",
-                [("", budget.evicted_bytes)],
-            )
-        if gate is not None:
-            metric(
-                "weir_connections",
-                "gauge",
-                "Connections being served (bounded by --max-connections).",
-                [("", gate.open)],
-            )
-            metric(
-                "weir_connection_limit",
-                "gauge",
-                "The connection limit in force.",
-                [("", gate.limit)],
-            )
-            if gate.shed_total is not None:
-                metric(
-                    "weir_connections_shed_total",
-                    "counter",
-                    "Idle keep-alive connections closed to make room at the limit.",
-                    [("", gate.shed_total)],
-                )
-            if gate.parked is not None:
-                metric(
-                    "weir_connections_parked",
+            out += [
+                _one(
+                    "weir_retained_bytes",
                     "gauge",
-                    "Idle keep-alive connections held without a task (--park-idle-after).",
-                    [("", gate.parked)],
-                )
-            if gate.accept_errors is not None:
-                metric(
-                    "weir_accept_errors_total",
+                    "Replay history and kept results, all sessions (bounded by --memory-budget).",
+                    budget.held,
+                ),
+                _one(
+                    "weir_retention_evictions_total",
                     "counter",
-                    "accept() failures for lack of descriptors or memory (backed off).",
-                    [("", gate.accept_errors)],
-                )
-        worst = sorted(live, key=lambda s: s.credit.bytes_in_use, reverse=True)[: self.top]
-        worst = [s for s in worst if s.credit.frames_in_use]
-        metric(
-            "weir_session_queue_depth",
-            "gauge",
-            f"Unacknowledged frames of the {self.top} sessions holding the most credit.",
-            [(f'{{session="{_label(s)}"}}', s.credit.frames_in_use) for s in worst],
-        )
-        metric(
-            "weir_session_credit_bytes",
-            "gauge",
-            f"Unacknowledged bytes of the {self.top} sessions holding the most credit.",
-            [(f'{{session="{_label(s)}"}}', s.credit.bytes_in_use) for s in worst],
-        )
-        metric(
-            "weir_sessionless_owners",
-            "gauge",
-            "Credit owners of 2026-07-28 requests (a connection, or a principal).",
-            [("", len(held))],
-        )
-        metric(
-            "weir_sessionless_half_open",
-            "gauge",
-            "Of those, how many are half-open (refused 429).",
-            [("", sum(1 for o in held if o.half_open))],
-        )
-        metric(
-            "weir_listen_streams",
-            "gauge",
-            "Open subscriptions/listen streams.",
-            [("", listen_streams)],
-        )
+                    "Retained items evicted to stay within the retention budget.",
+                    budget.evictions,
+                ),
+                _one(
+                    "weir_retention_evicted_bytes_total",
+                    "counter",
+                    "Bytes freed by retention evictions.",
+                    budget.evicted_bytes,
+                ),
+            ]
+        if gate is not None:
+            out += _connection_families(gate)
+        out += self._owner_families(live, held, listen_streams)
         self._durations(out)
         return out
+
+    def _request_families(self, live: list[Metered]) -> list[Family]:
+        """Sessions, and what happened to requests: admitted, refused, answered inline,
+        executed, stopped as duplicates; sessions torn down and expired."""
+        return [
+            _one("weir_sessions", "gauge", "Live sessions.", len(live)),
+            _one(
+                "weir_half_open_sessions",
+                "gauge",
+                "Sessions whose streams are half-open.",
+                sum(1 for s in live if s.half_open),
+            ),
+            _one(
+                "weir_admissions_total",
+                "counter",
+                "Requests admitted for dispatch.",
+                self.admissions,
+            ),
+            _labelled(
+                "weir_refusals_total",
+                "counter",
+                "Requests refused, by reason.",
+                [(f'{{reason="{r}"}}', n) for r, n in sorted(self.refusals.items())],
+            ),
+            _labelled(
+                "weir_inline_calls_total",
+                "counter",
+                "Tool calls answered without a handler task, by tool.",
+                [(f'{{tool="{label_value(t)}"}}', n) for t, n in sorted(self.inline_calls.items())],
+            ),
+            _labelled(
+                "weir_inline_deferred_total",
+                "counter",
+                "Inline answers that waited for credit in a task.",
+                [(f'{{wait="{w}"}}', n) for w, n in sorted(self.inline_deferred.items())],
+            ),
+            _one(
+                "weir_teardowns_total",
+                "counter",
+                "Sessions torn down after the liveness timeout.",
+                self.teardowns,
+            ),
+            _one(
+                "weir_tool_executions_total",
+                "counter",
+                "tools/call executions (after the idempotency gate).",
+                self.executions,
+            ),
+            _labelled(
+                "weir_duplicate_requests_total",
+                "counter",
+                "Duplicate deliveries stopped by the gate.",
+                [
+                    ('{outcome="replayed"}', self.duplicates_replayed),
+                    ('{outcome="in_progress"}', self.duplicates_in_progress),
+                ],
+            ),
+        ]
+
+    def _credit_families(
+        self, live: list[Metered], held: list[Metered], pool: CreditPool | None
+    ) -> list[Family]:
+        """Unacknowledged frames and bytes now and at their peak, and the process's
+        cap on them (with ``pool``)."""
+        out = [
+            _one(
+                "weir_credit_in_use_frames",
+                "gauge",
+                "Unacknowledged frames, all sessions and 2026-07-28 credit owners.",
+                sum(s.credit.frames_in_use for s in (*live, *held)),
+            ),
+            _one(
+                "weir_credit_in_use_bytes",
+                "gauge",
+                "Unacknowledged bytes, all sessions and 2026-07-28 credit owners.",
+                sum(s.credit.bytes_in_use for s in (*live, *held)),
+            ),
+        ]
+        if pool is not None:
+            out += [
+                _one(
+                    "weir_outbound_limit_bytes",
+                    "gauge",
+                    "Unacknowledged bytes at which new requests get 503 (--max-outbound-bytes).",
+                    pool.limit,
+                ),
+                _one(
+                    "weir_outbound_peak_bytes",
+                    "gauge",
+                    "The most unacknowledged bytes all credit owners held at once since start.",
+                    pool.peak_bytes,
+                ),
+            ]
+        peak_frames, peak_bytes = self.credit_peaks(live)
+        return [
+            *out,
+            _one(
+                "weir_credit_peak_frames",
+                "gauge",
+                "The most unacknowledged frames any one session has held since start.",
+                peak_frames,
+            ),
+            _one(
+                "weir_credit_peak_bytes",
+                "gauge",
+                "The most unacknowledged bytes any one session has held since start.",
+                peak_bytes,
+            ),
+        ]
+
+    def _let_go_families(self) -> list[Family]:
+        """What the server let go of: client notifications it had no room for,
+        sessions it forgot, memory it gave back."""
+        return [
+            _one(
+                "weir_notifications_dropped_total",
+                "counter",
+                "Client notifications not given to the app: too many were in its hands.",
+                self.notifications_dropped,
+            ),
+            _one(
+                "weir_sessions_expired_total",
+                "counter",
+                "Sessions forgotten after the idle or initialize timeout.",
+                self.sessions_expired,
+            ),
+            _one(
+                "weir_memory_reclaims_total",
+                "counter",
+                "Times free memory went back to the operating system after a heavy session ended.",
+                self.reclaims,
+            ),
+        ]
+
+    def _owner_families(
+        self, live: list[Metered], held: list[Metered], listen_streams: int
+    ) -> list[Family]:
+        """The sessions holding the most credit (by hashed id), the sessionless era's
+        credit owners, and its open listen streams."""
+        worst = sorted(live, key=lambda s: s.credit.bytes_in_use, reverse=True)[: self.top]
+        worst = [s for s in worst if s.credit.frames_in_use]
+        return [
+            Family(
+                "weir_session_queue_depth",
+                "gauge",
+                f"Unacknowledged frames of the {self.top} sessions holding the most credit.",
+                [("", f'{{session="{_label(s)}"}}', s.credit.frames_in_use) for s in worst],
+            ),
+            Family(
+                "weir_session_credit_bytes",
+                "gauge",
+                f"Unacknowledged bytes of the {self.top} sessions holding the most credit.",
+                [("", f'{{session="{_label(s)}"}}', s.credit.bytes_in_use) for s in worst],
+            ),
+            _one(
+                "weir_sessionless_owners",
+                "gauge",
+                "Credit owners of 2026-07-28 requests (a connection, or a principal).",
+                len(held),
+            ),
+            _one(
+                "weir_sessionless_half_open",
+                "gauge",
+                "Of those, how many are half-open (refused 429).",
+                sum(1 for o in held if o.half_open),
+            ),
+            _one(
+                "weir_listen_streams",
+                "gauge",
+                "Open subscriptions/listen streams.",
+                listen_streams,
+            ),
+        ]
 
     def _durations(self, out: list[Family]) -> None:
         """The duration histograms and their counts, by label set."""
@@ -497,6 +499,58 @@ class Metrics:
                     total, "counter", f"{what}, by {first} and outcome.", samples or [("", "", 0)]
                 )
             )
+
+
+def _one(name: str, kind: str, help_: str, value: float) -> Family:
+    """A family of one unlabelled sample."""
+    return Family(name, kind, help_, [("", "", value)])
+
+
+def _labelled(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> Family:
+    """A family of labelled samples (one unlabelled 0 while there is none)."""
+    return Family(name, kind, help_, [("", labels, v) for labels, v in samples] or [("", "", 0)])
+
+
+def _connection_families(gate: Connections) -> list[Family]:
+    """The connections served and their limit; what only the Trio runtime counts
+    (connections shed at the limit, parked, accept failures) where it does."""
+    out = [
+        _one(
+            "weir_connections",
+            "gauge",
+            "Connections being served (bounded by --max-connections).",
+            gate.open,
+        ),
+        _one("weir_connection_limit", "gauge", "The connection limit in force.", gate.limit),
+    ]
+    if gate.shed_total is not None:
+        out.append(
+            _one(
+                "weir_connections_shed_total",
+                "counter",
+                "Idle keep-alive connections closed to make room at the limit.",
+                gate.shed_total,
+            )
+        )
+    if gate.parked is not None:
+        out.append(
+            _one(
+                "weir_connections_parked",
+                "gauge",
+                "Idle keep-alive connections held without a task (--park-idle-after).",
+                gate.parked,
+            )
+        )
+    if gate.accept_errors is not None:
+        out.append(
+            _one(
+                "weir_accept_errors_total",
+                "counter",
+                "accept() failures for lack of descriptors or memory (backed off).",
+                gate.accept_errors,
+            )
+        )
+    return out
 
 
 def redact(secret: str) -> str:
