@@ -73,6 +73,7 @@ from ._lifecycle import serve_initialize
 from ._metrics import answer as metrics_answer
 from ._metrics import is_metrics
 from ._post import PostEffects
+from ._read_deadline import ReadDeadline
 from ._session import Gone, Session
 from ._sessionless import SessionlessPosts
 from ._shared import store_unavailable
@@ -231,6 +232,9 @@ class Connection:
     async def run(self, reader: asyncio.StreamReader | TlsReader) -> None:
         conn, self._reader = self.conn, reader
         clock, loop = ReadClock(self.driver.read_timeouts), asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        deadline = ReadDeadline(loop, task)  # (one timer for every read's deadline)
         try:
             while True:
                 event = conn.next_event()
@@ -243,15 +247,20 @@ class Connection:
                 elif event is NEED_DATA:
                     if conn.has_data_to_send:
                         await self.send(conn.data_to_send())  # e.g. 100 Continue
-                    wait = clock.deadline(conn.inbound, loop.time()) - loop.time()
                     if self._watching is not None:
                         if not self._watching.done():
                             await asyncio.wait({self._watching})
                         self._watching = None
+                    deadline.wait_until(clock.deadline(conn.inbound, loop.time()))
                     try:
-                        async with asyncio.timeout(max(0.0, wait)):  # (no task per read)
-                            data = await reader.read(65536)
-                    except TimeoutError:
+                        data: bytes | None = await reader.read(65536)
+                    except asyncio.CancelledError:
+                        if not deadline.timed_out():
+                            raise
+                        data = None
+                    finally:
+                        deadline.done()
+                    if data is None:
                         if clock.owed:  # a head or body trickled past its deadline: 408
                             self.driver.metrics.refused(str(Reason.REQUEST_TIMEOUT))
                             conn.send_failed()
@@ -285,6 +294,7 @@ class Connection:
         except Exception:
             log.exception("connection handler failed")
         finally:
+            deadline.close()
             await self._teardown()
 
     async def _refuse(self, event: HttpError, reader: asyncio.StreamReader | TlsReader) -> None:

@@ -1,0 +1,128 @@
+"""The asyncio runtime's read deadline: one timer per connection, moved lazily.
+
+A wait past its deadline is cancelled and told apart from anyone else's
+cancellation; a deadline moved on by a later wait does not end that wait at the
+earlier instant; a timer that fires between waits lapses.  Real event loop, no
+sleeps: each wait is a future some other callback settles (or nobody does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from weir.asyncio._read_deadline import ReadDeadline
+
+#: Bound (seconds) on each test's whole run.
+BOUND = 5.0
+
+
+def run(body: Callable[[asyncio.AbstractEventLoop, ReadDeadline], Awaitable[str]]) -> str:
+    """``body``'s answer, run in a task of a fresh loop with a deadline for that task."""
+
+    async def main() -> str:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        deadline = ReadDeadline(loop, task)
+        try:
+            return await body(loop, deadline)
+        finally:
+            deadline.close()
+
+    async def bounded() -> str:
+        return await asyncio.wait_for(main(), BOUND)
+
+    return asyncio.run(bounded())
+
+
+async def wait(deadline: ReadDeadline, until: float, bytes_: asyncio.Future[bytes]) -> str:
+    """One read wait as the connection does it: what it ended with."""
+    deadline.wait_until(until)
+    try:
+        return (await bytes_).decode()
+    except asyncio.CancelledError:
+        if not deadline.timed_out():
+            raise
+        return "timed out"
+    finally:
+        deadline.done()
+
+
+def test_a_wait_past_its_deadline_times_out() -> None:
+    async def body(loop: asyncio.AbstractEventLoop, deadline: ReadDeadline) -> str:
+        never: asyncio.Future[bytes] = loop.create_future()
+        return await wait(deadline, loop.time() + 0.01, never)
+
+    assert run(body) == "timed out"
+
+
+def test_a_deadline_moved_on_does_not_end_the_later_wait_early() -> None:
+    async def body(loop: asyncio.AbstractEventLoop, deadline: ReadDeadline) -> str:
+        first: asyncio.Future[bytes] = loop.create_future()
+        first.set_result(b"first")
+        assert await wait(deadline, loop.time() + 0.01, first) == "first"
+        # The timer stays set for the first deadline; this wait's is far later,
+        # and its bytes come after the first deadline has passed.
+        later: asyncio.Future[bytes] = loop.create_future()
+        loop.call_at(loop.time() + 0.05, later.set_result, b"second")
+        return await wait(deadline, loop.time() + 60, later)
+
+    assert run(body) == "second"
+
+
+def test_an_earlier_deadline_arms_the_timer_again() -> None:
+    async def body(loop: asyncio.AbstractEventLoop, deadline: ReadDeadline) -> str:
+        first: asyncio.Future[bytes] = loop.create_future()
+        first.set_result(b"first")
+        assert await wait(deadline, loop.time() + 60, first) == "first"
+        never: asyncio.Future[bytes] = loop.create_future()
+        return await wait(deadline, loop.time() + 0.01, never)
+
+    assert run(body) == "timed out"
+
+
+def test_a_timer_that_fires_between_waits_lapses() -> None:
+    async def body(loop: asyncio.AbstractEventLoop, deadline: ReadDeadline) -> str:
+        first: asyncio.Future[bytes] = loop.create_future()
+        first.set_result(b"first")
+        assert await wait(deadline, loop.time() + 0.01, first) == "first"
+        idle: asyncio.Future[None] = loop.create_future()
+        loop.call_at(loop.time() + 0.05, idle.set_result, None)
+        await idle  # the timer fires meanwhile, with no wait in progress
+        later: asyncio.Future[bytes] = loop.create_future()
+        loop.call_soon(later.set_result, b"second")
+        return await wait(deadline, loop.time() + 60, later)
+
+    assert run(body) == "second"
+
+
+def test_a_cancellation_not_the_timers_goes_through() -> None:
+    async def body(loop: asyncio.AbstractEventLoop, deadline: ReadDeadline) -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        never: asyncio.Future[bytes] = loop.create_future()
+        loop.call_soon(task.cancel)  # (a shutdown, say)
+        try:
+            return await wait(deadline, loop.time() + 60, never)
+        except asyncio.CancelledError:
+            task.uncancel()
+            return "cancelled"
+
+    assert run(body) == "cancelled"
+
+
+def test_a_cancellation_on_top_of_the_timers_goes_through() -> None:
+    async def body(loop: asyncio.AbstractEventLoop, deadline: ReadDeadline) -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        never: asyncio.Future[bytes] = loop.create_future()
+        # The timer cancels the task; someone else asks for a cancellation before
+        # the task runs again: the wait must not swallow that one as a timeout.
+        loop.call_at(loop.time() + 0.01, lambda: loop.call_soon(task.cancel))
+        try:
+            return await wait(deadline, loop.time() + 0.01, never)
+        except asyncio.CancelledError:
+            return "cancelled"
+
+    assert run(body) == "cancelled"
