@@ -49,23 +49,32 @@ async def wait(deadline: ReadDeadline, until: float, bytes_: asyncio.Future[byte
         deadline.done()
 
 
+def arriving(
+    loop: asyncio.AbstractEventLoop, data: bytes | None, at: float | None = None
+) -> asyncio.Future[bytes]:
+    """Bytes a wait will get: ``data`` at loop time ``at`` (None: already there), or
+    never (``data`` None)."""
+    future: asyncio.Future[bytes] = loop.create_future()
+    if data is not None and at is None:
+        future.set_result(data)
+    elif data is not None and at is not None:
+        loop.call_at(at, future.set_result, data)
+    return future
+
+
 def test_a_wait_past_its_deadline_times_out() -> None:
     async def body(loop: asyncio.AbstractEventLoop, deadline: ReadDeadline) -> str:
-        never: asyncio.Future[bytes] = loop.create_future()
-        return await wait(deadline, loop.time() + 0.01, never)
+        return await wait(deadline, loop.time() + 0.01, arriving(loop, None))
 
     assert run(body) == "timed out"
 
 
 def test_a_deadline_moved_on_does_not_end_the_later_wait_early() -> None:
     async def body(loop: asyncio.AbstractEventLoop, deadline: ReadDeadline) -> str:
-        first: asyncio.Future[bytes] = loop.create_future()
-        first.set_result(b"first")
-        assert await wait(deadline, loop.time() + 0.01, first) == "first"
+        assert await wait(deadline, loop.time() + 0.01, arriving(loop, b"first")) == "first"
         # The timer stays set for the first deadline; this wait's is far later,
         # and its bytes come after the first deadline has passed.
-        later: asyncio.Future[bytes] = loop.create_future()
-        loop.call_at(loop.time() + 0.05, later.set_result, b"second")
+        later = arriving(loop, b"second", loop.time() + 0.05)
         return await wait(deadline, loop.time() + 60, later)
 
     assert run(body) == "second"
@@ -73,26 +82,17 @@ def test_a_deadline_moved_on_does_not_end_the_later_wait_early() -> None:
 
 def test_an_earlier_deadline_arms_the_timer_again() -> None:
     async def body(loop: asyncio.AbstractEventLoop, deadline: ReadDeadline) -> str:
-        first: asyncio.Future[bytes] = loop.create_future()
-        first.set_result(b"first")
-        assert await wait(deadline, loop.time() + 60, first) == "first"
-        never: asyncio.Future[bytes] = loop.create_future()
-        return await wait(deadline, loop.time() + 0.01, never)
+        assert await wait(deadline, loop.time() + 60, arriving(loop, b"first")) == "first"
+        return await wait(deadline, loop.time() + 0.01, arriving(loop, None))
 
     assert run(body) == "timed out"
 
 
 def test_a_timer_that_fires_between_waits_lapses() -> None:
     async def body(loop: asyncio.AbstractEventLoop, deadline: ReadDeadline) -> str:
-        first: asyncio.Future[bytes] = loop.create_future()
-        first.set_result(b"first")
-        assert await wait(deadline, loop.time() + 0.01, first) == "first"
-        idle: asyncio.Future[None] = loop.create_future()
-        loop.call_at(loop.time() + 0.05, idle.set_result, None)
-        await idle  # the timer fires meanwhile, with no wait in progress
-        later: asyncio.Future[bytes] = loop.create_future()
-        loop.call_soon(later.set_result, b"second")
-        return await wait(deadline, loop.time() + 60, later)
+        assert await wait(deadline, loop.time() + 0.01, arriving(loop, b"first")) == "first"
+        await arriving(loop, b"", loop.time() + 0.05)  # the timer fires: no wait is on
+        return await wait(deadline, loop.time() + 60, arriving(loop, b"second"))
 
     assert run(body) == "second"
 
@@ -101,10 +101,9 @@ def test_a_cancellation_not_the_timers_goes_through() -> None:
     async def body(loop: asyncio.AbstractEventLoop, deadline: ReadDeadline) -> str:
         task = asyncio.current_task()
         assert task is not None
-        never: asyncio.Future[bytes] = loop.create_future()
         loop.call_soon(task.cancel)  # (a shutdown, say)
         try:
-            return await wait(deadline, loop.time() + 60, never)
+            return await wait(deadline, loop.time() + 60, arriving(loop, None))
         except asyncio.CancelledError:
             task.uncancel()
             return "cancelled"
@@ -116,12 +115,11 @@ def test_a_cancellation_on_top_of_the_timers_goes_through() -> None:
     async def body(loop: asyncio.AbstractEventLoop, deadline: ReadDeadline) -> str:
         task = asyncio.current_task()
         assert task is not None
-        never: asyncio.Future[bytes] = loop.create_future()
         # The timer cancels the task; someone else asks for a cancellation before
         # the task runs again: the wait must not swallow that one as a timeout.
         loop.call_at(loop.time() + 0.01, lambda: loop.call_soon(task.cancel))
         try:
-            return await wait(deadline, loop.time() + 0.01, never)
+            return await wait(deadline, loop.time() + 0.01, arriving(loop, None))
         except asyncio.CancelledError:
             return "cancelled"
 
