@@ -107,7 +107,7 @@ async def _open(conn: Connection, who: Who) -> None:
                 await conn.write_stream(session, stream, 0)
             else:  # the legacy session lives exactly as long as its stream
                 assert isinstance(effect, ForgetSession) and session is not None
-                kept = None  # (store down: it expires, and kept what it kept)
+                kept = None  # (the store is down: its record expires; end() reads the rest)
                 with contextlib.suppress(RemoteProtocolError):
                     kept = await driver.shared.delete(session)
                 driver.end(session, kept)

@@ -64,7 +64,7 @@ async def serve_initialize(conn: Connection, post: PostMessages, who: Who) -> No
                 answer = None
             else:  # nobody learnt the id, so nobody can use the session
                 assert isinstance(effect, ForgetSession) and session is not None
-                kept = None  # (store down: it expires, and kept what it kept)
+                kept = None  # (the store is down: its record expires; end() reads the rest)
                 with contextlib.suppress(RemoteProtocolError):
                     kept = await driver.shared.delete(session)
                 driver.end(session, kept)
