@@ -30,7 +30,7 @@ from weir.common import (
     server_identity,
 )
 from weir.common._listen import deliver_task
-from weir.common._memory import RECLAIM_AFTER, reclaim
+from weir.common._memory import ReclaimPacing, reclaim
 from weir.common._metrics_share import MetricsShare
 from weir.engine._memory_store import MemoryStore
 from weir.engine._session_store import SessionStore, replicas_sealer
@@ -278,7 +278,7 @@ class AsyncioDriver:
         #: Of those, the loops that run as long as the driver (a shared store's relays
         #: and lease renewals): no work a drain waits for.
         self._loops: set[asyncio.Task[Any]] = set()
-        self._last_trim = -math.inf
+        self._reclaims = ReclaimPacing()
         self._identity: dict[str, Any] | None = None
         self.sessions: dict[str, Session] = {}
         self.connections = 0
@@ -378,9 +378,7 @@ class AsyncioDriver:
         free memory goes back to the OS a second later (at most once a second)."""
         held = session.flow.credit.bytes_in_use
         held += self.budget.owner_held(session.sid) if kept is None else kept
-        now = session.loop.time()
-        if held >= RECLAIM_AFTER and now - self._last_trim >= 1.0:
-            self._last_trim = now
+        if self._reclaims.after_end(held, session.loop.time()):
             session.loop.call_later(1.0, self._reclaim)
         session.close()
         self.metrics.session_ended(view(session))

@@ -14,7 +14,7 @@ buffers are mapped on their own and unmapped when freed.  :func:`trim` asks glib
 to return free heap pages at once (``malloc_trim(0)``); :func:`reclaim` collects
 the cycles that may still hold a torn-down session's buffers first.  Both runtimes
 call it after tearing down a session that held at least :data:`RECLAIM_AFTER`
-bytes, at most once a second.
+bytes, at most once a second (:class:`ReclaimPacing` decides, for both).
 
 Both do nothing where the C library is not glibc (musl, macOS) or cannot be
 loaded.  ``weir serve`` calls :func:`tune_allocator` at start-up; an embedding
@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import math
 import sys
 from functools import cache
 
@@ -76,4 +77,26 @@ def reclaim() -> None:
 #: and kept results, on either runtime) is followed by a :func:`reclaim`.
 RECLAIM_AFTER = 256 * 1024
 
-__all__ = ["RECLAIM_AFTER", "reclaim", "trim", "tune_allocator"]
+
+class ReclaimPacing:
+    """When a session's end calls for a :func:`reclaim`: the session held at least
+    :data:`RECLAIM_AFTER` bytes, and none was called for in the last second (a
+    reclaim collects and trims the whole heap: many sessions ending together need
+    one).  The runtime runs it a second later, once the session's cancelled tasks
+    have unwound, and counts it."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last = -math.inf
+
+    def after_end(self, held: int, now: float) -> bool:
+        """A session that held ``held`` bytes ended at ``now`` (seconds, any
+        monotonic clock): whether to reclaim."""
+        if held < RECLAIM_AFTER or now - self._last < 1.0:
+            return False
+        self._last = now
+        return True
+
+
+__all__ = ["RECLAIM_AFTER", "ReclaimPacing", "reclaim", "trim", "tune_allocator"]

@@ -46,7 +46,7 @@ import trio
 
 from weir.app import SESSION_CLOSE_WAIT, Caller
 from weir.common._access import new_session
-from weir.common._memory import RECLAIM_AFTER, reclaim
+from weir.common._memory import ReclaimPacing, reclaim
 from weir.protocol import SERVER_ERROR, Reason, RemoteProtocolError, session_refusal
 from weir.protocol.jsonrpc import RequestId
 from weir.protocol.states import CreditState, SessionInput
@@ -93,7 +93,7 @@ class SessionTable:
         self._last_seen: dict[str, float] = {}
         #: When this replica last told a shared store it served each session.
         self._last_touch: dict[str, float] = {}
-        self._last_trim = -math.inf
+        self._reclaims = ReclaimPacing()
 
     def equip(self, session: Session) -> None:
         """Connect ``session`` to this server: its replica id, credit timers, activity
@@ -276,12 +276,10 @@ class SessionTable:
         """End ``session`` here and delete it from the store (``forget``: only this
         process's copy ends; a shared store's record lives on)."""
         sid = session.session_id
-        heavy = self.shared.budget.owner_held(sid) + session.credit.bytes_in_use >= RECLAIM_AFTER
+        held = self.shared.budget.owner_held(sid) + session.credit.bytes_in_use
         session.close()
         self.metrics.session_ended(session)
-        now = trio.current_time()
-        if heavy and now - self._last_trim >= 1.0:
-            self._last_trim = now
+        if self._reclaims.after_end(held, trio.current_time()):
             self.shared.start(self._reclaim)
         if self.sessions.pop(sid, None) is not None:
             handlers = self.shared.handlers

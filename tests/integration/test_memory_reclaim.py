@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from weir.common._memory import RECLAIM_AFTER
+from weir.common._memory import RECLAIM_AFTER, ReclaimPacing
 from weir.engine import App, ServerConfig
 
 from .configured import RUNTIMES, serve_configured
@@ -67,3 +67,11 @@ async def test_a_session_that_kept_a_large_answer_is_followed_by_a_reclaim(
                 assert await reclaims_after(port, 1) == 1
             finally:
                 await client.aclose()
+
+
+def test_reclaims_follow_heavy_sessions_at_most_once_a_second() -> None:
+    pacing = ReclaimPacing()
+    assert not pacing.after_end(RECLAIM_AFTER - 1, 0.0)  # light: never
+    assert pacing.after_end(RECLAIM_AFTER, 0.0)
+    assert not pacing.after_end(10 * RECLAIM_AFTER, 0.9)  # within the second: one will do
+    assert pacing.after_end(RECLAIM_AFTER, 1.0)
