@@ -140,11 +140,15 @@ class Connection:
         or, with ``tail``, the byte ``tail`` bytes before its end (a stream's
         terminator written with its last frames is not a frame).
 
-        ``data`` given as a one-item list is taken over (the list is emptied): once
-        the transport has it, only the transport's buffer -- the part the kernel has
-        not taken -- is held while the peer is slow, not the whole write."""
+        ``data`` given as a list is taken over (emptied; its pieces joined unless it
+        holds one): once the transport has it, only the transport's buffer -- the
+        part the kernel has not taken -- is held while the peer is slow, not the
+        whole write."""
         if isinstance(data, list):
-            data = data.pop()
+            pieces = data
+            data = pieces.pop() if len(pieces) == 1 else b"".join(pieces)
+            pieces.clear()
+            del pieces
         try:
             self.writer.write(data)
             size = len(data)
