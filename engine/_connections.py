@@ -79,7 +79,7 @@ class _ReadTimer:
     request instead of re-arming a Trio deadline twice.
     """
 
-    __slots__ = ("closed", "deadline", "parks", "scope", "timer_at", "timer_key")
+    __slots__ = ("closed", "deadline", "park_after", "parks", "scope", "timer_at", "timer_key")
 
     def __init__(self, scope: trio.CancelScope) -> None:
         self.scope = scope
@@ -87,6 +87,8 @@ class _ReadTimer:
         self.deadline = math.inf
         #: The deadline is the instant to park, not the keep-alive timeout.
         self.parks = False
+        #: Idle this long, the connection parks (0: it never does).
+        self.park_after = 0.0
         self.timer_at = math.inf
         self.timer_key = 0
         self.closed = False
@@ -305,30 +307,20 @@ class Connections:
     ) -> _End:
         """:meth:`_serve_requests`'s loop: read, parse, respond, until the connection
         is done (or a read misses its deadline: ``timer.scope`` is cancelled)."""
-        http, reads, timers = conn.http, timer.scope, self.read_deadlines
+        http, reads = conn.http, timer.scope
         cfg = self.config
         keepalive = cfg.keepalive_timeout
         # (The descriptor's own reader when there is one: a coroutine less per wait.)
         receive = conn.io.receive if conn.io is not None else conn.stream.receive_some
         # Parked after this long idle (plain TCP under the accept gate only).
-        park_after = cfg.park_idle_after if slot is not None and conn.io is not None else 0.0
+        timer.park_after = cfg.park_idle_after if slot is not None and conn.io is not None else 0.0
         while True:
             event = http.next_event()
             if event is NEED_DATA:
                 if http.has_data_to_send:
                     await conn.send(http.data_to_send())  # e.g. 100 Continue
                 now = trio.current_time()
-                inbound = http.inbound
-                deadline = clock.deadline(inbound, now)
-                if inbound is Inbound.IDLE and slot is not None:
-                    slot.idle_since = now  # idle: it may be shed
-                    if park_after and now + park_after < deadline and self._reads_on_heap:
-                        deadline, timer.parks = now + park_after, True
-                timer.deadline = deadline
-                if not self._reads_on_heap:
-                    reads.deadline = deadline  # (the heap's task has stopped)
-                elif deadline < timer.timer_at:
-                    timers.schedule(timer, deadline)
+                self._arm(timer, http.inbound, clock.deadline(http.inbound, now), now, slot)
                 try:
                     data = await receive(RECV_BYTES)
                 finally:
@@ -358,26 +350,45 @@ class Connections:
                 handoff, event = [event], NEED_DATA
                 self.inbound -= conn.inbound
                 conn.inbound = 0
-                if record is None:
+                try:
                     await self._respond(conn, handoff)
-                else:
-                    try:
-                        await self._respond(conn, handoff)
-                    finally:
+                finally:
+                    if record is not None:
                         _end(conn, record)
                 if http.should_close:
                     return _End.DONE
             elif isinstance(event, HttpError):
-                self.metrics.refused(str(event.reason))
-                out = http.data_to_send()
-                await conn.send(out)
-                if access_log_on():
-                    AccessRecord.refused(
-                        event.status, str(event.reason), peer=conn.address, nbytes=len(out)
-                    ).emit()
+                await self._refuse_malformed(conn, event)
                 return _End.REFUSED
             elif isinstance(event, ConnectionClosed):
                 return _End.DONE
+
+    def _arm(
+        self, timer: _ReadTimer, inbound: Inbound, deadline: float, now: float, slot: Slot | None
+    ) -> None:
+        """Set the deadline of the read about to start: ``deadline``, or the instant to
+        park when the connection is idle and parks sooner.  The heap gets an entry only
+        when the deadline moves earlier than the one it has."""
+        if inbound is Inbound.IDLE and slot is not None:
+            slot.idle_since = now  # idle: it may be shed
+            park_after = timer.park_after
+            if park_after and now + park_after < deadline and self._reads_on_heap:
+                deadline, timer.parks = now + park_after, True
+        timer.deadline = deadline
+        if not self._reads_on_heap:
+            timer.scope.deadline = deadline  # (the heap's task has stopped)
+        elif deadline < timer.timer_at:
+            self.read_deadlines.schedule(timer, deadline)
+
+    async def _refuse_malformed(self, conn: Connection, event: HttpError) -> None:
+        """Send the HTTP core's refusal of a request it could not accept (and log it)."""
+        self.metrics.refused(str(event.reason))
+        out = conn.http.data_to_send()
+        await conn.send(out)
+        if access_log_on():
+            AccessRecord.refused(
+                event.status, str(event.reason), peer=conn.address, nbytes=len(out)
+            ).emit()
 
     def _take_in(self, conn: Connection, data: bytes | bytearray) -> bool:
         """Hand ``data`` to the parser; True if that takes the bytes of requests not
