@@ -249,27 +249,8 @@ class Connection:
                         break
                     conn.receive_data(early)
                 elif event is NEED_DATA:
-                    if conn.has_data_to_send:
-                        await self.send(conn.data_to_send())  # e.g. 100 Continue
-                    if self._watching is not None:
-                        if not self._watching.done():
-                            await asyncio.wait({self._watching})
-                        self._watching = None
-                    deadline.wait_until(clock.deadline(conn.inbound, loop.time()))
-                    try:
-                        data: bytes | None = await reader.read(65536)
-                    except asyncio.CancelledError:
-                        if not deadline.timed_out():
-                            raise
-                        data = None
-                    finally:
-                        deadline.done()
+                    data = await self._read(reader, clock, deadline)
                     if data is None:
-                        if clock.owed:  # a head or body trickled past its deadline: 408
-                            self.driver.metrics.refused(str(Reason.REQUEST_TIMEOUT))
-                            conn.send_failed()
-                            await self.send(closing_refusal(clock.refusal()))
-                            await self._linger(reader)
                         break
                     if not self._charge(len(data)):
                         await self._overloaded(reader)
@@ -278,14 +259,12 @@ class Connection:
                 elif isinstance(event, HttpRequest):
                     clock.request_done()
                     self._give_back()  # (complete: its bytes are the request's now)
-                    if access_log_on():
-                        record = self._begin(event)
-                        try:
-                            await self.respond(event)
-                        finally:
-                            self._end(record)
-                    else:
+                    record = self._begin(event) if access_log_on() else None
+                    try:
                         await self.respond(event)
+                    finally:
+                        if record is not None:
+                            self._end(record)
                     if conn.should_close:
                         break
                 elif isinstance(event, HttpError):
@@ -300,6 +279,35 @@ class Connection:
         finally:
             deadline.close()
             await self._teardown()
+
+    async def _read(
+        self, reader: asyncio.StreamReader | TlsReader, clock: ReadClock, deadline: ReadDeadline
+    ) -> bytes | None:
+        """The next bytes of the connection, read within the deadline ``clock`` gives;
+        None when the read missed its deadline and the connection ends here (a head or
+        body trickled past its deadline is answered 408 first; an idle keep-alive just
+        closes)."""
+        conn = self.conn
+        if conn.has_data_to_send:
+            await self.send(conn.data_to_send())  # e.g. 100 Continue
+        if self._watching is not None:
+            if not self._watching.done():
+                await asyncio.wait({self._watching})
+            self._watching = None
+        deadline.wait_until(clock.deadline(conn.inbound, asyncio.get_running_loop().time()))
+        try:
+            return await reader.read(65536)  # (b"" at EOF: the core hears the end)
+        except asyncio.CancelledError:
+            if not deadline.timed_out():
+                raise
+        finally:
+            deadline.done()
+        if clock.owed:
+            self.driver.metrics.refused(str(Reason.REQUEST_TIMEOUT))
+            conn.send_failed()
+            await self.send(closing_refusal(clock.refusal()))
+            await self._linger(reader)
+        return None
 
     async def _refuse(self, event: HttpError, reader: asyncio.StreamReader | TlsReader) -> None:
         """Send the core's refusal of a request it could not parse, log it, and let
