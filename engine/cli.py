@@ -525,63 +525,26 @@ def _limit_options(s: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    """Build a :class:`ServerConfig` from parsed ``serve`` arguments."""
-    if not args.path.startswith("/"):
-        raise SystemExit(f"weir: --path must start with '/', got {args.path!r}")
-    if not 0 <= args.port <= 65535:
-        raise SystemExit(f"weir: --port must be 0..65535, got {args.port}")
-    try:
-        credit = CreditLimits(
-            frames=args.credit_frames,
-            bytes=args.credit_bytes,
-            drain_window=args.drain_window,
-            liveness_timeout=args.liveness_timeout,
-        )
-    except ValueError as exc:
-        raise SystemExit(f"weir: bad credit options: {exc}") from None
-    if args.shutdown_grace < 0:
-        raise SystemExit("weir: --shutdown-grace must be >= 0")
-    check_deployment(args.store, args.resume, args.workers)
-    if args.store_replicas and args.store == "memory":
-        raise SystemExit("weir: --store-replicas needs a Redis store (--store redis://...)")
-    if not 0 <= args.store_replicas <= 16 or not 0 < args.store_replica_timeout < DEFAULT_TIMEOUT:
-        raise SystemExit(
-            "weir: --store-replicas must be 0 to 16, --store-replica-timeout more than 0 and "
-            f"less than the store's {DEFAULT_TIMEOUT:g} s deadline"
-        )
-    if args.uds is not None and (args.workers > 1 or args.reuse_port):
-        raise SystemExit(
-            "weir: --uds is one process's socket: not with --workers > 1 or --reuse-port"
-        )
+    """Build a :class:`ServerConfig` from parsed ``serve`` arguments (exits with a
+    message naming the option when one is out of range or conflicts with another)."""
+    credit = _checked_credit(args)
     root = _root_path(args.root_path)
-    try:
-        trusted = TrustedProxies.parse(args.forwarded_allow_ips)
-    except ValueError as exc:
-        raise SystemExit(f"weir: --forwarded-allow-ips: {exc}") from None
-    if trusted.everyone and not _is_loopback(args.host) and not args.reuse_port:
-        log.warning(
-            "--forwarded-allow-ips '*' on %s: every client that reaches this port chooses "
-            "the Host weir checks and the address it logs; list your proxies instead",
-            args.host,
-        )
-    state_keys = _state_keys(args.state_key_file)
     metrics_path, legacy_sse_path = route_paths(args)  # (under the root path, if any)
     hosts = None
     if args.allow_host:
         base = ServerConfig(host=args.host).endpoint().allowed_hosts
         hosts = frozenset(base | {h.lower() for h in args.allow_host})
     try:
-        limits = HttpLimits(
-            max_header_bytes=args.max_header_bytes,
-            max_body_bytes=args.max_body_bytes,
-            max_header_fields=args.max_header_fields,
-            max_target_bytes=args.max_target_bytes,
-        )
         return ServerConfig(
             auth=auth_from_args(args),
-            state_keys=state_keys,
+            state_keys=_state_keys(args.state_key_file),
             retry_window=args.retry_window,
-            limits=limits,
+            limits=HttpLimits(
+                max_header_bytes=args.max_header_bytes,
+                max_body_bytes=args.max_body_bytes,
+                max_header_fields=args.max_header_fields,
+                max_target_bytes=args.max_target_bytes,
+            ),
             keepalive_timeout=args.keepalive_timeout,
             park_idle_after=args.park_idle_after,
             head_timeout=args.head_timeout,
@@ -610,7 +573,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             legacy_sse_path=None if legacy_sse_path is None else root + legacy_sse_path,
             legacy_messages_path=root + "/messages",
             metrics_path=None if metrics_path is None else root + metrics_path,
-            forwarded_allow_ips=trusted,
+            forwarded_allow_ips=_trusted_proxies(args),
             json_response=args.json_response,
             allowed_hosts=hosts,
             shutdown_grace=args.shutdown_grace,
@@ -624,6 +587,54 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         )
     except ValueError as exc:
         raise SystemExit(f"weir: {exc}") from None
+
+
+def _trusted_proxies(args: argparse.Namespace) -> TrustedProxies:
+    """``--forwarded-allow-ips``, with a warning when it trusts everyone off loopback."""
+    try:
+        trusted = TrustedProxies.parse(args.forwarded_allow_ips)
+    except ValueError as exc:
+        raise SystemExit(f"weir: --forwarded-allow-ips: {exc}") from None
+    if trusted.everyone and not _is_loopback(args.host) and not args.reuse_port:
+        log.warning(
+            "--forwarded-allow-ips '*' on %s: every client that reaches this port chooses "
+            "the Host weir checks and the address it logs; list your proxies instead",
+            args.host,
+        )
+    return trusted
+
+
+def _checked_credit(args: argparse.Namespace) -> CreditLimits:
+    """The credit limits of ``serve``'s arguments, once the options that need no
+    building are checked (path, port, grace, deployment, store replicas, socket)."""
+    if not args.path.startswith("/"):
+        raise SystemExit(f"weir: --path must start with '/', got {args.path!r}")
+    if not 0 <= args.port <= 65535:
+        raise SystemExit(f"weir: --port must be 0..65535, got {args.port}")
+    try:
+        credit = CreditLimits(
+            frames=args.credit_frames,
+            bytes=args.credit_bytes,
+            drain_window=args.drain_window,
+            liveness_timeout=args.liveness_timeout,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"weir: bad credit options: {exc}") from None
+    if args.shutdown_grace < 0:
+        raise SystemExit("weir: --shutdown-grace must be >= 0")
+    check_deployment(args.store, args.resume, args.workers)
+    if args.store_replicas and args.store == "memory":
+        raise SystemExit("weir: --store-replicas needs a Redis store (--store redis://...)")
+    if not 0 <= args.store_replicas <= 16 or not 0 < args.store_replica_timeout < DEFAULT_TIMEOUT:
+        raise SystemExit(
+            "weir: --store-replicas must be 0 to 16, --store-replica-timeout more than 0 and "
+            f"less than the store's {DEFAULT_TIMEOUT:g} s deadline"
+        )
+    if args.uds is not None and (args.workers > 1 or args.reuse_port):
+        raise SystemExit(
+            "weir: --uds is one process's socket: not with --workers > 1 or --reuse-port"
+        )
+    return credit
 
 
 _ROOT_PATH = re.compile(r"(?:/[!$&'()*+,;=:@A-Za-z0-9._~%-]+)+")
