@@ -104,6 +104,7 @@ from ._client_common import (
 )
 from ._client_exchange import Exchange
 from ._client_http import ConnectionDropped, Pool, Response
+from ._client_sessionless import ask_handlers
 
 __all__ = ["SessionTransport"]
 
@@ -140,13 +141,7 @@ class SessionTransport:
         self.retry = retry
         self._new_key = key_factory
         self._rng = rng
-        self._handlers: dict[str, ServerRequestHandler] = {}
-        if sampling is not None:
-            self._handlers["sampling/createMessage"] = sampling
-        if elicitation is not None:
-            self._handlers["elicitation/create"] = elicitation
-        if roots is not None:
-            self._handlers["roots/list"] = roots
+        self._handlers = ask_handlers(sampling, elicitation, roots)
         self._on_notification = on_notification
         self.session_id: str | None = None
         self.channel_token: str | None = None

@@ -98,6 +98,16 @@ CAPABILITY_OF: Final = {
 }
 
 
+def ask_handlers(
+    sampling: ServerRequestHandler | None,
+    elicitation: ServerRequestHandler | None,
+    roots: ServerRequestHandler | None,
+) -> dict[str, ServerRequestHandler]:
+    """The server-to-client requests a client answers, by method: those given."""
+    given = zip(CAPABILITY_OF, (sampling, elicitation, roots), strict=True)
+    return {method: handler for method, handler in given if handler is not None}
+
+
 def capabilities_for(handlers: dict[str, ServerRequestHandler]) -> JsonObject:
     """The client capabilities that the given ask handlers stand for, and the tasks
     extension (this client drives tasks itself)."""

@@ -72,6 +72,7 @@ from ._client_sessionless import (
     VERSION,
     SessionlessClient,
     TaskCancelled,
+    ask_handlers,
     capabilities_for,
     discover,
 )
@@ -399,15 +400,7 @@ async def open_client(
     if mode not in ("auto", "session", "sessionless"):
         raise ValueError(f"mode must be 'auto', 'session' or 'sessionless', not {mode!r}")
     info = client_info or {"name": "weir-client", "version": "0.1.0"}
-    handlers = {
-        method: handler
-        for method, handler in (
-            ("sampling/createMessage", sampling),
-            ("elicitation/create", elicitation),
-            ("roots/list", roots),
-        )
-        if handler is not None
-    }
+    handlers = ask_handlers(sampling, elicitation, roots)
     if mode != "session":
         pool, found = await _probe(url, timeout, info, handlers)
         if found is not None:
