@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
                 for rev, runtime in arms:
                     runs = cpu[(era, rev, runtime)]
                     mid = statistics.median(runs)
-                    # (CPU is read in 10 ms ticks: a tiny run may measure 0.)
+                    # (Where CPU is read in 10 ms ticks, a tiny run may measure 0.)
                     ratio = f"x{mid / base:.2f}" if base > 0 else "x-"
                     print(
                         f"{era:12} {rev:>10} {runtime:8} {mid:7.0f}  "

@@ -35,7 +35,7 @@ import trio
 
 from .common import REPO, BenchError, Options
 from .report import RunResult
-from .system import machine_busy_seconds, proc_cpu_split
+from .system import CpuReading, cpu_reading, cpu_used, machine_busy_seconds
 
 #: What the client's stdout may hold at most (its lines are short).
 MAX_OUTPUT = 1 << 20
@@ -59,8 +59,8 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _server_cpu(pid: int | None) -> float | None:
-    return sum(proc_cpu_split(pid)) if pid is not None else None
+def _server_cpu(pid: int | None) -> CpuReading | None:
+    return cpu_reading(pid) if pid is not None else None
 
 
 async def run_external(
@@ -111,7 +111,7 @@ async def run_external(
     result.client_cpu_s = _children_cpu() - child0
     result.machine_busy_s = machine_busy_seconds() - busy0
     if cpu0 is not None and cpu1 is not None:
-        result.server_cpu_s = cpu1 - cpu0
+        result.server_cpu_s = cpu_used(cpu0, cpu1)
         result.cpu_us_per_call = result.server_cpu_s / result.calls * 1e6 if result.calls else None
     return result
 

@@ -7,7 +7,8 @@ keep-alive TCP connection, ``initialize``, send ``notifications/initialized`` an
 make ``--warmup`` calls.  **Measured phase**: every session makes K ``tools/call`` of
 ``echo`` (or calls until ``--duration`` has passed), at most ``--concurrency`` in
 flight, optionally paced to ``--rate`` calls/s in total; the server's CPU time
-(``utime + stime`` from ``/proc/PID/stat``) is read at both ends, and so is the
+(nanosecond ``schedstat``, else ``utime + stime`` ticks: see
+:mod:`benchmarks.fanout.system`) is read at both ends, and so is the
 whole machine's busy time (``/proc/stat``), so that CPU taken by other processes on a
 shared machine shows in the report (``--quiet-wait`` waits for a quiet moment first).
 **Report** (:mod:`benchmarks.fanout.report`).
@@ -55,10 +56,11 @@ from .metrics import _series, scrape, store_round_trips
 from .peers import HalfOpenPeers
 from .report import HalfOpenStats, RunResult, Sample, p99_timeline, percentile
 from .system import (
+    cpu_reading,
+    cpu_used,
     machine_busy_seconds,
     own_cpu_seconds,
     proc_cpu_seconds,
-    proc_cpu_split,
     proc_memory,
 )
 
@@ -340,8 +342,8 @@ class Run(HalfOpenPeers):
                 result.rss_after_setup_mib = proc_memory(self.pid)[0] / 2**20
             before = await scrape(metrics_client, opts.metrics_path)
             result.loadavg_before = os.getloadavg()[0]
-            split0 = proc_cpu_split(self.pid) if self.pid is not None else None
-            cpu0 = sum(split0) if split0 is not None else None
+            split0 = cpu_reading(self.pid) if self.pid is not None else None
+            cpu0 = 0.0 if split0 is not None else None
             rtt0 = store_round_trips(opts.store) if opts.store and result.server == "weir" else None
             gw0 = proc_cpu_seconds(self.gateway_pid) if self.gateway_pid else None
             own0, busy0 = own_cpu_seconds(), machine_busy_seconds()
@@ -376,14 +378,16 @@ class Run(HalfOpenPeers):
                             await self.peer_done.wait()
                     load.cancel_scope.cancel()  # the peers stop with the main load
             elapsed = time.monotonic() - self.phase_start
-            split1 = proc_cpu_split(self.pid) if self.pid is not None else None
-            cpu1 = sum(split1) if split1 is not None else None
+            split1 = cpu_reading(self.pid) if self.pid is not None else None
+            # (cpu0 is 0: cpu1 is what the phase used, exact where the kernel says)
+            cpu1 = cpu_used(split0, split1) if split0 is not None and split1 is not None else None
             rtt1 = store_round_trips(opts.store) if rtt0 is not None and opts.store else None
             if rtt0 is not None and rtt1 is not None:
                 self.store_rtt = rtt1 - rtt0
-            if split0 is not None and split1 is not None and cpu1 != cpu0:
-                assert cpu0 is not None and cpu1 is not None
-                result.server_sys_share = (split1[1] - split0[1]) / (cpu1 - cpu0)
+            if split0 is not None and split1 is not None:
+                ticks = split1.user + split1.system - split0.user - split0.system
+                if ticks > 0:
+                    result.server_sys_share = (split1.system - split0.system) / ticks
             gw1 = proc_cpu_seconds(self.gateway_pid) if self.gateway_pid else None
             result.client_cpu_s = own_cpu_seconds() - own0
             result.machine_busy_s = machine_busy_seconds() - busy0

@@ -2,12 +2,14 @@
 
 Theory of operation
 -------------------
-A server's CPU time is ``utime + stime`` from ``/proc/PID/stat`` (read at both ends
-of the measured phase), its memory ``VmRSS`` and ``VmHWM`` from
-``/proc/PID/status``; both include the live direct children, where
-``weir serve --workers N`` runs its workers.  The whole machine's busy time
-(``/proc/stat``, not idle and not iowait) is read too, so that CPU taken by other
-processes on a shared machine shows in the report; :func:`wait_for_quiet`
+A server's CPU time over the measured phase is the nanosecond on-CPU time of its
+threads (``/proc/PID/task/TID/schedstat``, read at both ends: :func:`cpu_used`), or,
+where that is missing or a thread ended meanwhile, ``utime + stime`` from
+``/proc/PID/stat`` (10 ms ticks; that split also gives the system share); its
+memory ``VmRSS`` and ``VmHWM`` from ``/proc/PID/status``; all of them include the
+live direct children, where ``weir serve --workers N`` runs its workers.  The whole
+machine's busy time (``/proc/stat``, not idle and not iowait) is read too, so that
+CPU taken by other processes on a shared machine shows in the report; :func:`wait_for_quiet`
 (``--quiet-wait``) waits, bounded, for a quiet moment before a run.
 
 :func:`child_setup` makes the ``preexec_fn`` that lowers a child's priority
@@ -24,6 +26,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import trio
 
@@ -77,6 +80,50 @@ def proc_cpu_split(pid: int) -> tuple[float, float]:
 def proc_cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of ``pid`` so far."""
     return sum(proc_cpu_split(pid))
+
+
+@dataclass(frozen=True)
+class CpuReading:
+    """A process's CPU time at one moment, two ways: ``user`` and ``system`` in the
+    kernel's 10 ms ticks (``/proc/PID/stat``: every thread, also those that have
+    ended), and ``exact``, the nanosecond on-CPU time of its live threads
+    (``/proc/PID/task/TID/schedstat``; None where the kernel keeps none)."""
+
+    user: float
+    system: float
+    exact: float | None
+
+
+def cpu_reading(pid: int) -> CpuReading:
+    """:class:`CpuReading` of ``pid`` and its live children (``--workers``)."""
+    user, system = proc_cpu_split(pid)
+    exact = 0
+    for p in (pid, *proc_children(pid)):
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p}/task/{tid}/schedstat", "rb") as f:
+                    exact += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                if p == pid and tid == str(pid):
+                    return CpuReading(user, system, None)  # (no schedstat here)
+    return CpuReading(user, system, exact / 1e9)
+
+
+def cpu_used(before: CpuReading, after: CpuReading) -> float:
+    """CPU seconds used between two readings: the exact figure, unless a thread or
+    child ended in between (its time is then missing from the exact sum, so the ticks
+    show more than it by over their rounding) or the kernel keeps none: the ticks."""
+    ticks = after.user + after.system - before.user - before.system
+    if before.exact is None or after.exact is None:
+        return ticks
+    exact = after.exact - before.exact
+    if exact < 0 or ticks - exact > 0.03 + 0.05 * ticks:
+        return ticks
+    return exact
 
 
 def machine_busy_seconds() -> float:
