@@ -223,32 +223,8 @@ class AsyncioDriver:
         self.limits = limits or HttpLimits()
         self.always_json, self.sse_keepalive = always_json, sse_keepalive
         self.in_progress_wait = in_progress_wait
-        self._init_store(
-            store if store is not None else memory_store(),  # (an empty one is falsy)
-            replica_id=replica_id,
-            claim_lease=claim_lease,
-            resume=resume,
-            retry_window=retry_window,
-            tasks=tasks,
-            state_keys=state_keys,
-        )
-        self._init_holdings()
-        #: ``app.changed(...)`` from outside a request reaches this driver's sessions.
-        self.detach = app.attach_changes(self.changed)
-
-    def _init_store(
-        self,
-        store: SessionStore,
-        *,
-        replica_id: str | None,
-        claim_lease: float,
-        resume: str,
-        retry_window: float,
-        tasks: TaskSettings | None,
-        state_keys: Sequence[bytes],
-    ) -> None:
-        """The session store and this driver's side of it: the shared state, the
-        courses' rules, the tasks extension and the request-state sealer."""
+        #: The session store, and this driver's side of it.
+        store = store if store is not None else memory_store()  # (an empty one is falsy)
         if isinstance(store, MemoryStore) and store.budget is None:
             store.budget = self.budget  # (its gates' results count too, as on Trio)
         self.shared = SharedState(
@@ -269,7 +245,7 @@ class AsyncioDriver:
         )
         #: The tasks extension: records in the store, runs here (see :mod:`._tasks`).
         self.tasks = AsyncioTasks(
-            self.app,
+            app,
             dataclasses.replace(tasks or TaskSettings(), lease=claim_lease),
             store,
             self.shared.replica_id,
@@ -281,6 +257,9 @@ class AsyncioDriver:
         #: store when a request first needs it (:meth:`request_sealer`).
         self._key_from_store = store.shared and not state_keys
         self._key_fetch = asyncio.Lock()
+        self._init_holdings()
+        #: ``app.changed(...)`` from outside a request reaches this driver's sessions.
+        self.detach = app.attach_changes(self.changed)
 
     def _init_holdings(self) -> None:
         """What the driver holds while it serves, empty at the start: sessions,

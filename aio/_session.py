@@ -134,26 +134,6 @@ class Session:
         #: Made by ``initialize`` and named by no request since: forgotten after the
         #: driver's ``initialize_timeout`` rather than its idle timeout.
         self.provisional = False
-        self._init_calls()
-        #: A sessionless credit owner (never in the session table): its streams'
-        #: heads name no session, and ``carrier`` is its connection's task, which
-        #: its teardown ends (a stalled peer's connection goes with its owner).
-        self.sessionless = False
-        self.carrier: asyncio.Task[Any] | None = None
-        #: Who owns it: its opener's principal (another principal's request finds
-        #: no such session, 404); ``"anonymous"`` without authorization.
-        self.principal = "anonymous"
-        #: Every event of this session's streams is appended to a shared store before
-        #: it enters its log (``--resume shared``: another replica can replay it), at
-        #: the record's channel ``generation``; one append at a time per stream.
-        self.logged = False
-        #: The store's record of the session as last read (its channel binding:
-        #: generation, secret, bound); None for a sessionless owner, which has none.
-        self.record: SessionRecord | None = None
-        self._log_locks: dict[str, asyncio.Lock] = {}
-
-    def _init_calls(self) -> None:
-        """What the session tracks of its calls, empty at the start."""
         #: Handlers by request id (``notifications/cancelled`` names them), the ids a
         #: client cancelled, and server-to-client requests waiting for an answer --
         #: each bounded by the admitted handlers that created them.
@@ -173,6 +153,22 @@ class Session:
         self._finished_bytes = 0
         #: Streams a handler asked to end early (``Context.close_stream``): epoch -> retry ms.
         self.close_requests: dict[str, int] = {}
+        #: A sessionless credit owner (never in the session table): its streams'
+        #: heads name no session, and ``carrier`` is its connection's task, which
+        #: its teardown ends (a stalled peer's connection goes with its owner).
+        self.sessionless = False
+        self.carrier: asyncio.Task[Any] | None = None
+        #: Who owns it: its opener's principal (another principal's request finds
+        #: no such session, 404); ``"anonymous"`` without authorization.
+        self.principal = "anonymous"
+        #: Every event of this session's streams is appended to a shared store before
+        #: it enters its log (``--resume shared``: another replica can replay it), at
+        #: the record's channel ``generation``; one append at a time per stream.
+        self.logged = False
+        #: The store's record of the session as last read (its channel binding:
+        #: generation, secret, bound); None for a sessionless owner, which has none.
+        self.record: SessionRecord | None = None
+        self._log_locks: dict[str, asyncio.Lock] = {}
 
     @property
     def channel(self) -> SessionRecord | None:
