@@ -145,10 +145,8 @@ class Connection:
         part the kernel has not taken -- is held while the peer is slow, not the
         whole write."""
         if isinstance(data, list):
-            pieces = data
-            data = pieces.pop() if len(pieces) == 1 else b"".join(pieces)
+            pieces, data = data, data[0] if len(data) == 1 else b"".join(data)
             pieces.clear()
-            del pieces
         try:
             self.writer.write(data)
             size = len(data)

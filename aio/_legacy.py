@@ -47,6 +47,7 @@ from weir.protocol.streams import StreamKind, StreamLog
 from ._auth import Who
 from ._calls import execute
 from ._feeds import entries
+from ._lifecycle import forget_session
 from ._post import PostEffects
 from ._session import Gone, Session
 
@@ -107,10 +108,7 @@ async def _open(conn: Connection, who: Who) -> None:
                 await conn.write_stream(session, stream, 0)
             else:  # the legacy session lives exactly as long as its stream
                 assert isinstance(effect, ForgetSession) and session is not None
-                kept = None  # (the store is down: its record expires; end() reads the rest)
-                with contextlib.suppress(RemoteProtocolError):
-                    kept = await driver.shared.delete(session)
-                driver.end(session, kept)
+                await forget_session(conn, session)
         except BaseException as exc:
             effect = course.fail(exc, 0.0)
         else:

@@ -64,15 +64,23 @@ async def serve_initialize(conn: Connection, post: PostMessages, who: Who) -> No
                 answer = None
             else:  # nobody learnt the id, so nobody can use the session
                 assert isinstance(effect, ForgetSession) and session is not None
-                kept = None  # (the store is down: its record expires; end() reads the rest)
-                with contextlib.suppress(RemoteProtocolError):
-                    kept = await driver.shared.delete(session)
-                driver.end(session, kept)
+                await forget_session(conn, session)
                 answer = None
         except BaseException as exc:
             effect = course.fail(exc, 0.0)
         else:
             effect = course.deliver(answer, 0.0)
+
+
+async def forget_session(conn: Connection, session: Session) -> None:
+    """A :class:`~weir.protocol.lifecycle.ForgetSession`: ``session``, which nobody
+    can reach (its id never left, or its legacy stream ended), is deleted from the
+    store -- if the store does not answer, its record expires there -- and ends here,
+    with what it kept read before the deletion let go of it."""
+    kept = None  # (store down: end() reads what the session kept itself)
+    with contextlib.suppress(RemoteProtocolError):
+        kept = await conn.driver.shared.delete(session)
+    conn.driver.end(session, kept)
 
 
 async def serve_rebind(conn: Connection, session: Session, req: Request) -> None:

@@ -102,6 +102,8 @@ def cpu_reading(pid: int) -> CpuReading:
         try:
             tids = os.listdir(f"/proc/{p}/task")
         except OSError:
+            if p == pid:
+                return CpuReading(user, system, None)  # (no /proc here)
             continue
         for tid in tids:
             try:
